@@ -1,0 +1,126 @@
+"""Hardware detection on this machine (no NVIDIA GPU here), with NVML mocked, and the peak table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+
+from workbench import hardware
+
+
+def test_detect_without_torch_is_plain_json_and_fast():
+    hardware.detect(use_torch=False)  # imports done
+    import time
+    t0 = time.perf_counter()
+    info = hardware.detect(use_torch=False)
+    assert time.perf_counter() - t0 < 0.2
+    json.dumps(info)
+    assert info["cpu"]["logical_cores"] >= 1
+    assert 0 < info["cpu"]["ram_available"] <= info["cpu"]["ram_total"]
+    assert "torch" not in info
+
+
+def test_no_torch_import_from_hardware_module():
+    code = ("import sys, workbench.hardware as h, workbench.estimate; h.detect(use_torch=False); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_nvidia_gpu_is_reported_plainly_here():
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has NVML")
+    except pynvml.NVMLError:
+        pass
+    info = hardware.detect(use_torch=False)
+    assert info["nvidia"] == []
+    assert info["nvidia_note"].startswith("no NVIDIA GPU")
+
+
+def test_detect_with_torch_reports_capabilities():
+    info = hardware.detect(use_torch=True)
+    t = info["torch"]
+    assert t["available"] and t["version"]
+    assert isinstance(t["cuda"], bool) and isinstance(t["mps"], bool)
+    json.dumps(info)
+
+
+def _fake_pynvml(monkeypatch):
+    """pynvml whose functions report two GPUs (an RTX 4090 and an A100)."""
+    import pynvml
+    gpus = [
+        dict(name="NVIDIA GeForce RTX 4090", total=24 * 2**30, used=1 * 2**30, cc=(8, 9), util=7, temp=45, power=60_000),
+        dict(name=b"NVIDIA A100-SXM4-80GB", total=80 * 2**30, used=2 * 2**30, cc=(8, 0), util=99, temp=70, power=300_000),
+    ]
+    monkeypatch.setattr(hardware, "_NVML_MISSING", None)
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlSystemGetDriverVersion", lambda: "550.54.14")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: len(gpus))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: gpus[i])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: h["name"])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda h: types.SimpleNamespace(
+        total=h["total"], used=h["used"], free=h["total"] - h["used"]))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCudaComputeCapability", lambda h: h["cc"])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", lambda h: types.SimpleNamespace(gpu=h["util"], memory=3))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTemperature", lambda h, sensor: h["temp"])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", lambda h: h["power"])
+
+    def no_limit(h):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetEnforcedPowerLimit", no_limit)
+
+
+def test_two_gpus_with_mocked_nvml(monkeypatch):
+    _fake_pynvml(monkeypatch)
+    info = hardware.detect(use_torch=False)
+    assert [g["name"] for g in info["nvidia"]] == ["NVIDIA GeForce RTX 4090", "NVIDIA A100-SXM4-80GB"]
+    g0, g1 = info["nvidia"]
+    assert g0["vram_total"] == 24 * 2**30 and g0["vram_free"] == 23 * 2**30
+    assert g0["compute_capability"] == "8.9" and g1["compute_capability"] == "8.0"
+    assert g0["driver"] == "550.54.14"
+    assert g1["utilization_pct"] == 99 and g1["temperature_c"] == 70 and g1["power_w"] == 300.0
+    assert g0["power_limit_w"] is None  # unsupported query: None, not an error
+    assert g0["peak_bf16_tflops"] == pytest.approx(165.2) and g1["peak_bf16_tflops"] == pytest.approx(312)
+    assert info["nvidia_note"] == "2 NVIDIA GPU(s)"
+    json.dumps(info)
+    assert hardware.best_device(info) == "cuda"
+    assert hardware.device_memory(info, "cuda:1")[0] == 78 * 2**30
+
+
+@pytest.mark.parametrize("name,precision,tflops", [
+    ("NVIDIA A100-SXM4-40GB", "bf16", 312),
+    ("NVIDIA H100 80GB HBM3", "bf16", 989),
+    ("NVIDIA H100 PCIe", "bf16", 756),
+    ("NVIDIA H200", "bf16", 989),
+    ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
+    ("NVIDIA GeForce RTX 3090", "fp16", 71),
+    ("NVIDIA GeForce RTX 4060 Ti", "bf16", 44.1),
+    ("NVIDIA GeForce RTX 4060", "bf16", 30.2),
+    ("NVIDIA A10", "bf16", 125),
+    ("NVIDIA L4", "bf16", 121),
+    ("NVIDIA L40S", "bf16", 362.1),
+    ("NVIDIA A100-SXM4-80GB", "tf32", 156),
+    ("Tesla T4", "fp16", 65),
+])
+def test_peak_flops_table(name, precision, tflops):
+    assert hardware.peak_flops(name, precision) == pytest.approx(tflops * 1e12)
+
+
+def test_peak_flops_unknown_or_unsupported():
+    assert hardware.peak_flops("Tesla T4", "bf16") is None  # no native bf16 on Turing
+    assert hardware.peak_flops("Some Future GPU", "bf16") is None
+
+
+def test_measured_cpu_matmul_is_plausible_and_cached():
+    f = hardware.measure_matmul_flops("cpu", "fp32", seconds=0.1)
+    assert 1e8 < f < 1e14
+    assert hardware.measure_matmul_flops("cpu", "fp32") == f  # cached per process
+    peak, source = hardware.mfu_peak("cpu", "fp32")
+    assert (peak, source) == (f, "measured")
