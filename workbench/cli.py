@@ -1,0 +1,54 @@
+"""The `workbench` command: no arguments opens the TUI; subcommands do every action headless.
+
+Each subcommand lives in workbench/commands/<name>.py with ``register(sub)`` and
+``run(args) -> int``. A :class:`WorkbenchError` becomes one line on stderr
+(``workbench: error: ...``) and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from workbench import __version__
+from workbench.errors import WorkbenchError
+
+COMMANDS = ["train", "resume", "stop", "runs", "sample", "presets", "hw", "estimate", "fit", "tui"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="workbench",
+        description="Train small GPT-style language models on your own machine. "
+                    "With no command, opens the terminal UI.")
+    ap.add_argument("--version", action="version", version=f"workbench {__version__}")
+    ap.add_argument("--runs-dir", default=None,
+                    help="where runs live (default: $WORKBENCH_RUNS_DIR or ./runs)")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"workbench.commands.{name}").register(sub)
+    # Accept --runs-dir after the subcommand too.
+    for p in sub.choices.values():
+        p.add_argument("--runs-dir", default=argparse.SUPPRESS, help="where runs live (default: ./runs)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        if args.command is None:
+            from workbench.commands.tui import run as run_tui
+            return run_tui(args)
+        return args.func(args)
+    except WorkbenchError as e:
+        print(f"workbench: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("workbench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""`workbench runs`: every run with its state, progress, losses, checkpoints and disk use."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from workbench import rundir
+
+
+def register(sub) -> None:
+    p = sub.add_parser("runs", help="list runs")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def _f(x, fmt="{:.4f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def run(args) -> int:
+    root = rundir.runs_root(getattr(args, "runs_dir", None))
+    runs = [rundir.summarize_run(d) for d in rundir.iter_run_dirs(root)]
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in runs], indent=1))
+        return 0
+    if not runs:
+        print(f"no runs in {root}; start one with `workbench train`")
+        return 0
+    head = ["RUN", "STATE", "PRESET", "STEP", "TRAIN", "VAL", "BEST VAL", "TOK/S", "MEM MB", "CKPTS", "DISK"]
+    rows = []
+    for r in runs:
+        rows.append([r.id, r.state, r.preset, f"{r.step}/{r.max_iters}", _f(r.train_loss), _f(r.val_loss),
+                     _f(r.best_val_loss), _f(r.tokens_per_s, "{:,.0f}"), _f(r.mem_mb, "{:,.0f}"),
+                     str(len(r.checkpoints)), rundir.human_bytes(r.disk_bytes)])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    for row in [head, *rows]:
+        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
+    for r in runs:
+        if r.error and r.state in ("failed", "crashed"):
+            print(f"{r.id}: {r.error}")
+    return 0

@@ -1,0 +1,66 @@
+"""`workbench sample`: stream text from a run's checkpoint to stdout."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from workbench import rundir
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sample", help="generate text from a run's checkpoint")
+    p.add_argument("run", help="run id or run directory")
+    p.add_argument("--checkpoint", default="latest", help="latest (default), best, or a step number")
+    p.add_argument("--prompt", default="", help="text to continue (cropped from the left to the context)")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=50, help="0 = off")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, e.g. 0.9")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, mps or auto")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    root = rundir.runs_root(getattr(args, "runs_dir", None))
+    run_dir = rundir.resolve_run(root, args.run)
+    ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
+    if args.max_new_tokens < 1:
+        raise rundir.RunError("--max-new-tokens must be at least 1")
+    if args.temperature < 0:
+        raise rundir.RunError("--temperature must be >= 0 (0 = greedy)")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise rundir.RunError("--top-p must be in (0, 1]")
+    t0 = time.time()
+    from workbench.config import load_preset_file
+    from workbench.train.checkpoint import check_model_compatible, load_model_state
+    from workbench.train.loop import pick_device
+    from workbench.train.model import GPT
+    from workbench.train.sample import generate_text
+    from workbench.train.tokenizer import Tokenizer
+
+    p = load_preset_file(run_dir / "preset.toml")
+    tok = Tokenizer.load(run_dir / "tokenizer.model")
+    device = pick_device(args.device)
+    model = GPT(p.model)
+    sd = load_model_state(ckpt["path"])
+    check_model_compatible(model, sd, f"checkpoint {ckpt['name']}")
+    model.load_state_dict(sd)
+    model.to(device)
+    n_prompt = len(tok.encode(args.prompt))
+    if n_prompt >= p.model.seq_len:
+        print(f"note: the prompt is {n_prompt} tokens; only its last {p.model.seq_len - 1} fit the context",
+              file=sys.stderr)
+    print(f"[{run_dir.name} {ckpt['name']}, loaded in {time.time() - t0:.2f} s]", file=sys.stderr, flush=True)
+    sys.stdout.write(args.prompt)
+    sys.stdout.flush()
+
+    def emit(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    generate_text(model, tok, args.prompt, args.max_new_tokens, on_text=emit, temperature=args.temperature,
+                  top_k=args.top_k or None, top_p=args.top_p, seed=args.seed)
+    sys.stdout.write("\n")
+    return 0

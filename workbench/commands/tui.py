@@ -1,0 +1,13 @@
+"""`workbench tui` (also bare `workbench`): the terminal UI."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tui", help="open the terminal UI (the default with no command)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from workbench.tui.app import run_tui
+    return run_tui(getattr(args, "runs_dir", None))

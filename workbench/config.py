@@ -1,0 +1,354 @@
+"""Presets: the [model] / [train] / [data] / [hardware] sections as dataclasses.
+
+Each field's documentation lives once, here, in its ``doc`` metadata (shown by
+``workbench presets show`` and the TUI). Loading validates types and
+constraints and rejects unknown keys; every failure is a :class:`PresetError`
+whose message names the file, the key, the value and what is allowed.
+
+This module imports neither torch nor textual.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import WorkbenchError
+
+
+class PresetError(WorkbenchError):
+    """A preset that cannot be used, with a message that says how to fix it."""
+
+
+def _f(default: Any, doc: str, *, choices: tuple | None = None, min: float | None = None,
+       max: float | None = None, min_exclusive: bool = False) -> Any:
+    meta = {"doc": doc, "choices": choices, "min": min, "max": max, "min_exclusive": min_exclusive}
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = _f(8192, "Tokenizer vocabulary size (sentencepiece BPE trained on the corpus).", min=64)
+    dim: int = _f(256, "Width of the residual stream (embedding size).", min=8)
+    n_layers: int = _f(4, "Number of transformer blocks.", min=1)
+    n_heads: int = _f(8, "Attention (query) heads per block; dim must be divisible by it.", min=1)
+    n_kv_heads: int = _f(4, "Key/value heads (grouped-query attention): n_heads for MHA, 1 for MQA; must divide n_heads.", min=1)
+    seq_len: int = _f(256, "Context length in tokens (training window and sampling context).", min=2)
+    ffn_hidden: int = _f(0, "SwiGLU hidden width; 0 = 8/3 x dim rounded up to a multiple of 64.", min=0)
+    dropout: float = _f(0.0, "Dropout probability on attention output, MLP output and embeddings.", min=0.0, max=0.9)
+    rope_theta: float = _f(10000.0, "RoPE base frequency.", min=1.0)
+    norm_eps: float = _f(1e-5, "RMSNorm epsilon.", min=0.0, min_exclusive=True)
+    tie_embeddings: bool = _f(True, "Share the token embedding and the output projection.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        h = int(8 * self.dim / 3)
+        return 64 * ((h + 63) // 64)
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = _f(8, "Micro-batch size (sequences per forward pass).", min=1)
+    grad_accum: int = _f(1, "Micro-batches per optimizer step; tokens/step = batch_size x grad_accum x seq_len.", min=1)
+    max_iters: int = _f(2000, "Optimizer steps to train for.", min=1)
+    lr: float = _f(6e-4, "Peak learning rate (AdamW), reached after warmup.", min=0.0, max=1.0, min_exclusive=True)
+    min_lr: float = _f(6e-5, "Learning rate at the end of the cosine decay.", min=0.0, max=1.0)
+    warmup_iters: int = _f(100, "Linear warmup steps; must be < max_iters.", min=0)
+    lr_decay_iters: int = _f(0, "Step at which cosine decay reaches min_lr; 0 = max_iters.", min=0)
+    weight_decay: float = _f(0.1, "AdamW weight decay (applied to matrices only, not norms).", min=0.0, max=1.0)
+    beta1: float = _f(0.9, "AdamW beta1.", min=0.0, max=1.0)
+    beta2: float = _f(0.95, "AdamW beta2.", min=0.0, max=1.0)
+    grad_clip: float = _f(1.0, "Clip the global gradient norm to this; 0 = no clipping.", min=0.0)
+    eval_interval: int = _f(200, "Evaluate train and val loss every this many steps.", min=1)
+    eval_iters: int = _f(20, "Batches per loss estimate at eval time.", min=1)
+    log_interval: int = _f(10, "Write a train record to metrics.jsonl every this many steps.", min=1)
+    ckpt_interval: int = _f(500, "Save a checkpoint every this many steps (and at the end).", min=1)
+    keep_last: int = _f(3, "Checkpoints kept besides the best one (older ones are deleted).", min=1)
+    milestone_interval: int = _f(0, "Also keep every checkpoint whose step is a multiple of this; 0 = none.", min=0)
+    patience: int = _f(0, "Early stopping: evals without val-loss improvement before stopping; 0 = off.", min=0)
+    min_delta: float = _f(0.0, "Smallest val-loss decrease that counts as an improvement.", min=0.0)
+    max_skips: int = _f(5, "Consecutive non-finite steps tolerated before rolling back / failing.", min=1)
+    seed: int = _f(1337, "Seed for weights, data windows and dropout.", min=0)
+    sample_prompt: str = _f("", "If set, a short sample from this prompt is written to samples.jsonl at each eval.")
+    sample_tokens: int = _f(64, "Tokens generated for each eval-time sample.", min=1)
+
+
+@dataclass
+class DataConfig:
+    corpus: str = _f("builtin", "Text file, directory of text files, or 'builtin' (Python's own docs and stdlib sources).")
+    val_fraction: float = _f(0.05, "Fraction of tokens held out for validation (the end of the corpus).",
+                             min=0.0, max=0.5, min_exclusive=True)
+    builtin_mb: float = _f(6.0, "Size cap of the built-in corpus in MB.", min=0.05)
+    tokenizer_sample_mb: float = _f(8.0, "MB of corpus text the tokenizer is trained on (a sample of large corpora).", min=0.05)
+
+
+@dataclass
+class HardwareConfig:
+    device: str = _f("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps.")
+    precision: str = _f("auto", "auto, fp32, bf16 or fp16. auto: bf16 on CUDA with bf16 / MPS, fp16+GradScaler on older CUDA, fp32 on CPU.",
+                        choices=("auto", "fp32", "bf16", "fp16"))
+    compile: str = _f("auto", "torch.compile: auto (on for CUDA), true or false.", choices=("auto", "true", "false"))
+    tf32: bool = _f(True, "Allow TF32 matmuls on Ampere or newer.")
+    activation_checkpointing: bool = _f(False, "Recompute block activations in backward to save memory.")
+    fused_adamw: str = _f("auto", "Fused AdamW kernel: auto (on for CUDA), true or false.", choices=("auto", "true", "false"))
+    num_threads: int = _f(0, "CPU threads for torch; 0 = torch's default.", min=0)
+    expected_memory_gb: float = _f(0.0, "Informational: the memory this preset was sized for (0 = not stated).", min=0.0)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "data": DataConfig,
+    "hardware": HardwareConfig,
+}
+
+
+@dataclass
+class Preset:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    name: str = "custom"
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.description:
+            out["description"] = self.description
+        for sec in SECTIONS:
+            out[sec] = dataclasses.asdict(getattr(self, sec))
+        return out
+
+    def tokens_per_step(self) -> int:
+        return self.train.batch_size * self.train.grad_accum * self.model.seq_len
+
+
+def field_doc(section: str, key: str) -> str:
+    for f in fields(SECTIONS[section]):
+        if f.name == key:
+            return f.metadata["doc"]
+    raise KeyError(f"{section}.{key}")
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _type_name(t: Any) -> str:
+    return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}[t]
+
+
+def _check_value(where: str, section: str, f: dataclasses.Field, value: Any) -> Any:
+    t = f.type if isinstance(f.type, str) else f.type.__name__
+    key = f"{section}.{f.name}"
+    if t == "bool":
+        if not isinstance(value, bool):
+            raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
+    elif t == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
+    elif t == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
+        value = float(value)
+    elif t == "str":
+        if isinstance(value, bool) and f.metadata["choices"] and str(value).lower() in f.metadata["choices"]:
+            value = str(value).lower()  # compile = true is natural TOML
+        if not isinstance(value, str):
+            raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
+    m = f.metadata
+    if m["choices"] and value not in m["choices"]:
+        raise PresetError(f"{where}: {key} = {value!r} is not one of {', '.join(m['choices'])}")
+    if m["min"] is not None:
+        lo = m["min"]
+        if (value <= lo) if m["min_exclusive"] else (value < lo):
+            rel = ">" if m["min_exclusive"] else ">="
+            raise PresetError(f"{where}: {key} = {value!r} must be {rel} {lo:g}")
+    if m["max"] is not None and value > m["max"]:
+        raise PresetError(f"{where}: {key} = {value!r} must be <= {m['max']:g}")
+    return value
+
+
+_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def _check_constraints(p: Preset, where: str) -> None:
+    m, t, h = p.model, p.train, p.hardware
+
+    def bad(msg: str) -> None:
+        raise PresetError(f"{where}: {msg}")
+
+    if m.dim % m.n_heads:
+        bad(f"model.dim = {m.dim} must be divisible by model.n_heads = {m.n_heads} "
+            f"(e.g. n_heads = {_nearest_divisor(m.dim, m.n_heads)})")
+    if m.n_heads % m.n_kv_heads:
+        bad(f"model.n_heads = {m.n_heads} must be divisible by model.n_kv_heads = {m.n_kv_heads} "
+            f"(e.g. n_kv_heads = {_nearest_divisor(m.n_heads, m.n_kv_heads)})")
+    if m.head_dim % 2:
+        bad(f"head dim = model.dim / model.n_heads = {m.head_dim} must be even for RoPE")
+    if t.warmup_iters >= t.max_iters:
+        bad(f"train.warmup_iters = {t.warmup_iters} must be < train.max_iters = {t.max_iters}")
+    if t.min_lr > t.lr:
+        bad(f"train.min_lr = {t.min_lr:g} must be <= train.lr = {t.lr:g}")
+    if t.lr_decay_iters and t.lr_decay_iters <= t.warmup_iters:
+        bad(f"train.lr_decay_iters = {t.lr_decay_iters} must be > train.warmup_iters = {t.warmup_iters} (or 0 for max_iters)")
+    if m.vocab_size > 2**31:
+        bad(f"model.vocab_size = {m.vocab_size} is too large")
+    if not _DEVICE_RE.match(h.device):
+        bad(f"hardware.device = {h.device!r} must be auto, cpu, cuda, cuda:N or mps")
+
+
+def _nearest_divisor(n: int, near: int) -> int:
+    divs = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divs, key=lambda d: (abs(d - near), d))
+
+
+def preset_from_dict(data: dict[str, Any], where: str = "preset", name: str | None = None) -> Preset:
+    """Build and validate a Preset from parsed TOML. Unknown keys are errors."""
+    kwargs: dict[str, Any] = {}
+    top_known = set(SECTIONS) | {"name", "description"}
+    for key, value in data.items():
+        if key not in top_known:
+            hint = _did_you_mean(key, top_known)
+            raise PresetError(f"{where}: unknown key {key!r}{hint}; allowed top-level keys: "
+                              f"{', '.join(sorted(top_known))}")
+        if key in ("name", "description"):
+            if not isinstance(value, str):
+                raise PresetError(f"{where}: {key} = {value!r} must be a string")
+            kwargs[key] = value
+    for sec, cls in SECTIONS.items():
+        raw = data.get(sec, {})
+        if not isinstance(raw, dict):
+            raise PresetError(f"{where}: [{sec}] must be a table, got {raw!r}")
+        known = {f.name: f for f in fields(cls)}
+        vals = {}
+        for key, value in raw.items():
+            if key not in known:
+                hint = _did_you_mean(key, known)
+                raise PresetError(f"{where}: unknown key {sec}.{key}{hint}; see `workbench presets show` for the keys")
+            vals[key] = _check_value(where, sec, known[key], value)
+        kwargs[sec] = cls(**vals)
+    if name is not None:
+        kwargs["name"] = name
+    p = Preset(**kwargs)
+    _check_constraints(p, where)
+    return p
+
+
+def _did_you_mean(key: str, options) -> str:
+    import difflib
+    close = difflib.get_close_matches(key, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def parse_toml(text: str, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise PresetError(f"{where}: not valid TOML: {e}") from None
+
+
+def load_preset_file(path: str | Path, overrides: list[str] | None = None) -> Preset:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PresetError(f"preset file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PresetError(f"cannot read preset file {path}: {e}") from None
+    data = parse_toml(text, str(path))
+    if overrides:
+        apply_overrides(data, overrides)
+    return preset_from_dict(data, str(path), name=data.get("name") or path.stem)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `section.key=value` strings (value parsed as TOML) to parsed preset data in place."""
+    for item in overrides:
+        if "=" not in item:
+            raise PresetError(f"--set {item!r}: expected section.key=value, e.g. --set train.max_iters=200")
+        lhs, rhs = item.split("=", 1)
+        lhs = lhs.strip()
+        if lhs.count(".") != 1:
+            raise PresetError(f"--set {item!r}: the key must be section.key, e.g. train.lr")
+        sec, key = lhs.split(".")
+        if sec not in SECTIONS:
+            raise PresetError(f"--set {item!r}: unknown section {sec!r}{_did_you_mean(sec, SECTIONS)}; "
+                              f"sections are {', '.join(SECTIONS)}")
+        known = {f.name for f in fields(SECTIONS[sec])}
+        if key not in known:
+            raise PresetError(f"--set {item!r}: unknown key {sec}.{key}{_did_you_mean(key, known)}")
+        rhs = rhs.strip()
+        try:
+            value = tomllib.loads(f"v = {rhs}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = rhs  # a bare word such as cpu or builtin is taken as a string
+        data.setdefault(sec, {})[key] = value
+    return data
+
+
+# ----------------------------------------------------------------------------- finding presets
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def shipped_presets_dir() -> Path:
+    """The presets that ship with workbench: the checkout's presets/ or the installed copy."""
+    here = Path(__file__).resolve().parent
+    checkout = here.parent / "presets"
+    if checkout.is_dir() and (checkout / "cpu-small.toml").exists():
+        return checkout
+    from importlib import resources
+    return Path(str(resources.files("workbench._presets")))
+
+
+def user_presets_dir() -> Path:
+    return Path(os.environ.get("WORKBENCH_PRESETS_DIR", "presets")).resolve()
+
+
+def preset_paths() -> dict[str, tuple[Path, str]]:
+    """name -> (path, 'shipped'|'user'); user presets override shipped ones by name."""
+    out: dict[str, tuple[Path, str]] = {}
+    shipped = shipped_presets_dir()
+    for p in sorted(shipped.glob("*.toml")):
+        out[p.stem] = (p, "shipped")
+    user = user_presets_dir()
+    if user.is_dir() and user.resolve() != shipped.resolve():
+        for p in sorted(user.glob("*.toml")):
+            out[p.stem] = (p, "user")
+    return out
+
+
+def check_preset_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise PresetError(f"preset name {name!r} is not allowed: use letters, digits, '.', '_' and '-' "
+                          "(no slashes), up to 64 characters")
+    return name
+
+
+def resolve_preset(name_or_path: str, overrides: list[str] | None = None) -> Preset:
+    """A preset by name (user presets first) or by path to a .toml file."""
+    if name_or_path.endswith(".toml") or os.sep in name_or_path:
+        return load_preset_file(name_or_path, overrides)
+    paths = preset_paths()
+    if name_or_path not in paths:
+        check_preset_name(name_or_path)
+        hint = _did_you_mean(name_or_path, paths)
+        raise PresetError(f"unknown preset {name_or_path!r}{hint}; available: {', '.join(sorted(paths))} "
+                          "(`workbench presets list`)")
+    return load_preset_file(paths[name_or_path][0], overrides)
+
+
+def preset_to_toml(p: Preset) -> str:
+    import tomli_w
+    return tomli_w.dumps(p.to_dict())

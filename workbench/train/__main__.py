@@ -1,0 +1,3 @@
+from workbench.train.loop import main
+
+raise SystemExit(main())

@@ -1,0 +1,194 @@
+"""Atomic, complete checkpoints and their retention.
+
+A checkpoint is a directory ``checkpoints/step_NNNNNNN/``:
+
+    model.pt            model state dict (no ``_orig_mod.`` prefix), torch.save
+    state.pt            optimizer, GradScaler, torch CPU/CUDA/MPS RNG states
+    trainer_state.json  step, tokens seen, best val loss, early-stopping counter,
+                        lr scale, data-sampler state, Python / NumPy RNG states
+    meta.json           the sidecar, written LAST: its presence marks completion
+
+Everything is written into ``checkpoints/.tmp_step_NNNNNNN_<pid>/``, each file
+fsynced, then the directory is renamed into place and the parent fsynced. A
+SIGKILL at any moment leaves either the previous complete checkpoints or the
+new one, never a half one that counts. Loading uses ``torch.load(weights_only=True)``
+(no arbitrary pickle), so a checkpoint someone sends you cannot run code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.errors import WorkbenchError
+from workbench.rundir import (CKPT_PREFIX, TMP_PREFIX, best_checkpoint, ckpt_name, dir_size, fsync_dir,
+                              list_checkpoints)
+
+
+class CheckpointError(WorkbenchError):
+    pass
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _test_pause(point: str) -> None:
+    # Test hook: lets the kill -9 tests pause the trainer at a known point inside a save.
+    if os.environ.get("WORKBENCH_TEST_PAUSE_IN_SAVE") == point:
+        marker = os.environ.get("WORKBENCH_TEST_PAUSE_MARKER")
+        if marker:
+            Path(marker).write_text(str(os.getpid()))
+        time.sleep(float(os.environ.get("WORKBENCH_TEST_PAUSE_SECONDS", "30")))
+
+
+def rng_state() -> dict[str, Any]:
+    st: dict[str, Any] = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st["torch_cuda"] = torch.cuda.get_rng_state_all()
+    if hasattr(torch, "mps") and torch.backends.mps.is_available():
+        try:
+            st["torch_mps"] = torch.mps.get_rng_state()
+        except Exception:
+            pass
+    return st
+
+
+def set_rng_state(st: dict[str, Any]) -> None:
+    torch.set_rng_state(st["torch_cpu"])
+    if "torch_cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["torch_cuda"])
+    if "torch_mps" in st and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(st["torch_mps"])
+
+
+def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict, trainer_state: dict,
+                    meta: dict) -> Path:
+    """Write one checkpoint atomically; returns its final path."""
+    cdir = Path(run_dir) / "checkpoints"
+    cdir.mkdir(exist_ok=True)
+    name = ckpt_name(step)
+    tmp = cdir / f"{TMP_PREFIX}{name}_{os.getpid()}"
+    final = cdir / name
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        t0 = time.time()
+        torch.save(model_sd, tmp / "model.pt")
+        _fsync_file(tmp / "model.pt")
+        _test_pause("after_model")
+        torch.save(state, tmp / "state.pt")
+        _fsync_file(tmp / "state.pt")
+        with open(tmp / "trainer_state.json", "w") as f:
+            json.dump(trainer_state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        meta = dict(meta, step=step, bytes=dir_size(tmp), save_s=round(time.time() - t0, 3),
+                    wall_time=time.time(), format=1)
+        with open(tmp / "meta.json", "w") as f:
+            json.dump(meta, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(tmp)
+        _test_pause("before_rename")
+        if final.exists():  # re-saving a step (after a rollback): move the old one aside first
+            old = cdir / f"{TMP_PREFIX}old_{name}_{os.getpid()}"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        fsync_dir(cdir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def apply_retention(run_dir: Path, keep_last: int, milestone_interval: int) -> list[str]:
+    """Keep the last ``keep_last`` checkpoints, the best one, and milestones; delete the rest."""
+    ckpts = list_checkpoints(run_dir)
+    keep = {c["step"] for c in ckpts[-keep_last:]}
+    best = best_checkpoint(ckpts)
+    if best:
+        keep.add(best["step"])
+    if milestone_interval:
+        keep |= {c["step"] for c in ckpts if c["step"] % milestone_interval == 0}
+    removed = []
+    for c in ckpts:
+        if c["step"] not in keep:
+            # Remove the completion marker first, so a kill mid-delete leaves no
+            # directory that looks complete but lacks files.
+            try:
+                os.unlink(Path(c["path"]) / "meta.json")
+            except OSError:
+                pass
+            shutil.rmtree(c["path"], ignore_errors=True)
+            removed.append(c["name"])
+    return removed
+
+
+def _load(path: Path, device: str | torch.device = "cpu") -> Any:
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete") from None
+    except Exception as e:  # UnpicklingError for foreign pickles, RuntimeError for truncation
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot load {path}: not a valid workbench checkpoint file ({first}); "
+                              "it is truncated, corrupted, or an unsafe pickle that is refused") from None
+
+
+def strip_compile_prefix(sd: dict) -> dict:
+    return {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
+
+
+def load_model_state(ckpt_path: Path, device="cpu") -> dict:
+    sd = _load(Path(ckpt_path) / "model.pt", device)
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"{ckpt_path}/model.pt is not a model state dict")
+    return strip_compile_prefix(sd)
+
+
+def load_training_state(ckpt_path: Path, device="cpu") -> tuple[dict, dict]:
+    state = _load(Path(ckpt_path) / "state.pt", device)
+    try:
+        trainer_state = json.loads((Path(ckpt_path) / "trainer_state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {ckpt_path}/trainer_state.json: {e}") from None
+    return state, trainer_state
+
+
+def check_model_compatible(model: torch.nn.Module, sd: dict, where: str) -> None:
+    """Refuse, naming the keys, a state dict whose tensors don't match the model's."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in sd]
+    extra = [k for k in sd if k not in own]
+    shapes = [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
+              if k in sd and tuple(sd[k].shape) != tuple(v.shape)]
+    if missing or extra or shapes:
+        parts = []
+        if shapes:
+            parts.append("shape differs: " + "; ".join(shapes[:3]) + (" ..." if len(shapes) > 3 else ""))
+        if missing:
+            parts.append("missing: " + ", ".join(missing[:3]) + (" ..." if len(missing) > 3 else ""))
+        if extra:
+            parts.append("unexpected: " + ", ".join(extra[:3]) + (" ..." if len(extra) > 3 else ""))
+        raise CheckpointError(f"{where} does not fit this model ({'; '.join(parts)})")
+
+
+def has_nonfinite(sd: dict) -> bool:
+    return any(t.is_floating_point() and not torch.isfinite(t).all() for t in sd.values())
+
+
+__all__ = ["CKPT_PREFIX", "CheckpointError", "apply_retention", "check_model_compatible", "has_nonfinite",
+           "load_model_state", "load_training_state", "rng_state", "save_checkpoint", "set_rng_state",
+           "strip_compile_prefix"]

@@ -1,0 +1,205 @@
+"""A small Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Self-contained (torch only). Attention goes through
+``F.scaled_dot_product_attention`` so CUDA picks the flash / memory-efficient
+kernels. Parameter names follow one simple layout that `workbench export`
+(and the estimator's exact parameter count) rely on:
+
+    tok_emb.weight                     [vocab, dim]
+    layers.{i}.attn_norm.weight        [dim]
+    layers.{i}.attn.wq.weight          [n_heads*hd, dim]
+    layers.{i}.attn.wk.weight          [n_kv*hd, dim]
+    layers.{i}.attn.wv.weight          [n_kv*hd, dim]
+    layers.{i}.attn.wo.weight          [dim, n_heads*hd]
+    layers.{i}.mlp_norm.weight         [dim]
+    layers.{i}.mlp.w1 / w3 .weight     [hidden, dim]   (gate / up)
+    layers.{i}.mlp.w2.weight           [dim, hidden]   (down)
+    norm.weight                        [dim]
+    lm_head.weight                     [vocab, dim]    (absent when tied)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint as activation_checkpoint
+
+from workbench.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 for stability under autocast, return in the input dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape [seq_len, head_dim/2] (the interleaved-pair convention)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    t = torch.arange(seq_len, device=device, dtype=torch.float32)
+    freqs = torch.outer(t, inv)
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, H, T, hd]; rotates consecutive pairs (x0, x1), (x2, x3), ..."""
+    xf = x.float().reshape(*x.shape[:-1], -1, 2)
+    x0, x1 = xf[..., 0], xf[..., 1]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+@dataclass
+class KVCache:
+    """Per-layer key/value tensors [B, n_kv, T_max, hd] filled up to `pos`."""
+    k: list[torch.Tensor] = field(default_factory=list)
+    v: list[torch.Tensor] = field(default_factory=list)
+    pos: int = 0
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, self.n_heads * self.hd, bias=False)
+        self.wk = nn.Linear(cfg.dim, self.n_kv * self.hd, bias=False)
+        self.wv = nn.Linear(cfg.dim, self.n_kv * self.hd, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.hd, cfg.dim, bias=False)
+        self.dropout = cfg.dropout
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.hd).transpose(1, 2)
+        k = self.wk(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        v = self.wv(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        causal = True
+        if cache is not None:
+            p = cache.pos
+            if p > 0 and T > 1:
+                raise ValueError("a KV-cache step after the prompt takes one token at a time")
+            cache.k[layer][:, :, p:p + T] = k
+            cache.v[layer][:, :, p:p + T] = v
+            k, v = cache.k[layer][:, :, :p + T], cache.v[layer][:, :, :p + T]
+            causal = p == 0  # a one-token step after the prompt sees the whole cache
+        if self.n_kv != self.n_heads:
+            # GQA: each KV head serves n_heads / n_kv query heads.
+            rep = self.n_heads // self.n_kv
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd)
+        return self.resid_drop(self.wo(y))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h = cfg.hidden_dim
+        self.w1 = nn.Linear(cfg.dim, h, bias=False)
+        self.w3 = nn.Linear(cfg.dim, h, bias=False)
+        self.w2 = nn.Linear(h, cfg.dim, bias=False)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.drop(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x, cos, sin, cache=None, layer=0):
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig, activation_checkpointing: bool = False):
+        super().__init__()
+        self.cfg = cfg
+        self.activation_checkpointing = activation_checkpointing
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init)
+        # GPT-2 style: scale the residual output projections by depth.
+        for name, p in self.named_parameters():
+            if name.endswith("wo.weight") or name.endswith("w2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def output_weight(self) -> torch.Tensor:
+        return self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                cache: KVCache | None = None):
+        """Returns (logits, loss). With targets, logits are those of every position."""
+        B, T = idx.shape
+        start = cache.pos if cache is not None else 0
+        if start + T > self.cfg.seq_len:
+            raise ValueError(f"sequence of {start + T} tokens exceeds seq_len {self.cfg.seq_len}")
+        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        x = self.drop(self.tok_emb(idx))
+        for i, block in enumerate(self.layers):
+            if self.activation_checkpointing and self.training and cache is None:
+                x = activation_checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin, cache, i)
+        if cache is not None:
+            cache.pos += T
+        x = self.norm(x)
+        if targets is None:
+            # Generation needs only the last position's logits.
+            return F.linear(x[:, -1:, :], self.output_weight()), None
+        logits = F.linear(x, self.output_weight())
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+    def new_cache(self, batch: int, device, dtype) -> KVCache:
+        c = self.cfg
+        shape = (batch, c.n_kv_heads, c.seq_len, c.head_dim)
+        return KVCache(k=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(c.n_layers)],
+                       v=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(c.n_layers)])
+
+
+def configure_optimizer(model: GPT, lr: float, weight_decay: float, betas: tuple[float, float],
+                        fused: bool) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices (>= 2-D) and none on norms."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    kwargs = {"fused": True} if fused else {}
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, **kwargs)

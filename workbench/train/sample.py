@@ -1,0 +1,92 @@
+"""Text generation with a KV cache: the prompt is processed once, then one token a step.
+
+A prompt longer than the context is cropped from the left. When the cache is
+full, it is rebuilt from the last half of the context (one recomputation per
+seq_len/2 new tokens), so generation can run past seq_len.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+
+from workbench.train.model import GPT
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+                generator: torch.Generator | None) -> torch.Tensor:
+    """logits [B, V] -> next ids [B, 1]. temperature 0 = greedy."""
+    if temperature <= 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k:
+        k = min(top_k, logits.size(-1))
+        kth = torch.topk(logits, k).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and 0 < top_p < 1:
+        sorted_logits, idx = torch.sort(logits, descending=True)
+        probs = sorted_logits.softmax(-1)
+        cum = probs.cumsum(-1)
+        drop = cum - probs > top_p  # keep the smallest set whose mass reaches top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+    probs = logits.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+@torch.no_grad()
+def generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.8,
+             top_k: int | None = 50, top_p: float | None = None, seed: int | None = None,
+             use_cache: bool = True, autocast_dtype: torch.dtype | None = None) -> Iterator[int]:
+    """Yield new token ids one at a time."""
+    model.eval()
+    device = next(model.parameters()).device
+    ctx = model.cfg.seq_len
+    gen = None
+    if seed is not None:
+        gen = torch.Generator(device=device if device.type != "mps" else "cpu")
+        gen.manual_seed(seed)
+    ids = list(prompt_ids)[-(ctx - 1):] if prompt_ids else [0]
+    amp = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
+           else torch.autocast(device.type, enabled=False))
+    with amp:
+        if not use_cache:
+            for _ in range(max_new_tokens):
+                x = torch.tensor([ids[-ctx:]], device=device)
+                logits, _ = model(x)
+                nxt = int(sample_next(logits[:, -1], temperature, top_k, top_p, gen))
+                ids.append(nxt)
+                yield nxt
+            return
+        dtype = next(model.parameters()).dtype if autocast_dtype is None else autocast_dtype
+        cache = model.new_cache(1, device, dtype)
+        logits, _ = model(torch.tensor([ids], device=device), cache=cache)
+        for _ in range(max_new_tokens):
+            nxt = int(sample_next(logits[:, -1], temperature, top_k, top_p, gen))
+            ids.append(nxt)
+            yield nxt
+            if cache.pos >= ctx:
+                keep = ids[-(ctx // 2):]
+                cache = model.new_cache(1, device, dtype)
+                logits, _ = model(torch.tensor([keep], device=device), cache=cache)
+            else:
+                logits, _ = model(torch.tensor([[nxt]], device=device), cache=cache)
+
+
+def generate_text(model: GPT, tokenizer, prompt: str, max_new_tokens: int,
+                  on_text: Callable[[str], None] | None = None, **kw) -> str:
+    """Decode incrementally so that multi-byte characters split across tokens print whole."""
+    prompt_ids = tokenizer.encode(prompt)
+    out_ids: list[int] = []
+    shown = ""
+    for tid in generate(model, prompt_ids, max_new_tokens, **kw):
+        out_ids.append(tid)
+        text = tokenizer.decode(out_ids)
+        if on_text and not text.endswith("\ufffd"):
+            on_text(text[len(shown):])
+            shown = text
+    text = tokenizer.decode(out_ids)
+    if on_text and len(text) > len(shown):
+        on_text(text[len(shown):])
+    return text
