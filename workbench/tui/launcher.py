@@ -1,0 +1,119 @@
+"""The CLI commands the TUI runs as subprocesses (it never imports torch itself).
+
+Everything goes through ``sys.executable -m workbench ... --runs-dir DIR`` so it
+uses the same interpreter and venv as the TUI. These functions block: call them
+from thread workers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from workbench.errors import WorkbenchError
+
+
+class LaunchError(WorkbenchError):
+    pass
+
+
+def cli_argv(runs_dir: Path, command: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "workbench", command, *args, "--runs-dir", str(runs_dir)]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _run(argv: list[str], timeout: float) -> str:
+    """Run a CLI command; its stdout, or a LaunchError with its last stderr line."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, env=_env())
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"`{' '.join(argv[2:])}` did not finish within {timeout:.0f}s") from None
+    except OSError as e:
+        raise LaunchError(f"could not run {argv[0]}: {e}") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
+        msg = lines[-1] if lines else f"exit status {proc.returncode}"
+        raise LaunchError(msg.removeprefix("error: ").removeprefix("workbench: "))
+    return proc.stdout
+
+
+def start_run(runs_dir: Path, preset: str, corpus: str = "", name: str = "",
+              overrides: list[str] | None = None, timeout: float = 120) -> str:
+    """``workbench train PRESET ... --detach``; returns the new run id (its last stdout line)."""
+    args = [preset]
+    if corpus:
+        args += ["--corpus", corpus]
+    if name:
+        args += ["--name", name]
+    for item in overrides or []:
+        args += ["--set", item]
+    out = _run(cli_argv(runs_dir, "train", *args, "--detach"), timeout)
+    return _last_line(out)
+
+
+def resume_run(runs_dir: Path, run_id: str, checkpoint: str = "latest", timeout: float = 120) -> str:
+    out = _run(cli_argv(runs_dir, "resume", run_id, "--checkpoint", checkpoint, "--detach"), timeout)
+    return _last_line(out) or run_id
+
+
+def stop_run(runs_dir: Path, run_id: str, timeout: float = 30) -> str:
+    return _last_line(_run(cli_argv(runs_dir, "stop", run_id), timeout))
+
+
+def _last_line(out: str) -> str:
+    lines = [ln.strip() for ln in out.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def sample_argv(runs_dir: Path, run_id: str, checkpoint: str, prompt: str, max_new_tokens: int,
+                temperature: float, top_k: int, top_p: float, seed: int) -> list[str]:
+    return cli_argv(runs_dir, "sample", run_id, "--checkpoint", checkpoint, "--prompt", prompt,
+                    "--max-new-tokens", str(max_new_tokens), "--temperature", str(temperature),
+                    "--top-k", str(top_k), "--top-p", str(top_p), "--seed", str(seed))
+
+
+class SampleProcess:
+    """A running ``workbench sample``: iterate over its stdout as it arrives."""
+
+    def __init__(self, argv: list[str]):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, env=_env(), start_new_session=True)
+
+    def chunks(self) -> Iterator[str]:
+        fd = self.proc.stdout.fileno()
+        decoder = _utf8_decoder()
+        while True:
+            data = os.read(fd, 4096)  # returns as soon as the sampler flushes a token
+            if not data:
+                break
+            text = decoder.decode(data)
+            if text:
+                yield text
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            yield tail
+
+    def finish(self) -> tuple[int, str]:
+        """Wait for exit; (return code, last stderr line)."""
+        err = self.proc.stderr.read().decode("utf-8", "replace") if self.proc.stderr else ""
+        rc = self.proc.wait()
+        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+        return rc, (lines[-1] if lines else "")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+
+
+def _utf8_decoder():
+    import codecs
+    return codecs.getincrementaldecoder("utf-8")("replace")

@@ -1,0 +1,153 @@
+"""What the TUI knows about one run, built from the records the tailer reads.
+
+Plain Python (no textual, no torch) so it is easy to test: ``RunData.feed`` takes
+the new ``metrics.jsonl`` records and keeps the series the panes draw plus the
+latest value of every live number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Events worth a marker on screen, with the style they are shown in.
+EVENT_STYLES = {
+    "start": "green", "resume": "green", "compile_done": "cyan", "checkpoint": "blue",
+    "early_stop": "yellow", "nonfinite_skip": "bold yellow", "rollback": "bold red",
+    "error": "bold red", "stop": "yellow", "finish": "green",
+}
+
+# Records kept for the rate estimate: enough to smooth, few enough to follow changes.
+RATE_WINDOW = 20
+
+
+@dataclass
+class RunData:
+    run_id: str
+    steps: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)
+    eval_train: list[float | None] = field(default_factory=list)
+    eval_val: list[float] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    last_train: dict[str, Any] = field(default_factory=dict)
+    last_eval: dict[str, Any] = field(default_factory=dict)
+    status: dict[str, Any] = field(default_factory=dict)
+    skipped_total: int = 0
+    # (step, elapsed_s) of train records since the last (re)start, warm-up record left out
+    _rate_points: list[tuple[int, float]] = field(default_factory=list)
+    _skip_next_for_rate: bool = True
+
+    def feed(self, records: list[dict]) -> bool:
+        """Add new records; True when anything changed."""
+        for r in records:
+            kind = r.get("kind")
+            if kind == "train":
+                self._feed_train(r)
+            elif kind == "eval":
+                val = _num(r.get("val_loss"))
+                if val is None:
+                    continue
+                self.eval_steps.append(int(r.get("step") or 0))
+                self.eval_val.append(val)
+                self.eval_train.append(_num(r.get("train_loss")))
+                self.last_eval = r
+            elif kind == "event":
+                self.events.append(r)
+                if r.get("event") in ("start", "resume", "compile_done"):
+                    # the first steps after a (re)start or compile are slow: leave them out of the rate
+                    self._rate_points.clear()
+                    self._skip_next_for_rate = True
+        return bool(records)
+
+    def _feed_train(self, r: dict) -> None:
+        step = int(r.get("step") or 0)
+        loss = _num(r.get("loss"))
+        if loss is not None:
+            self.steps.append(step)
+            self.losses.append(loss)
+            self.tokens.append(int(r.get("tokens_seen") or 0))
+        self.skipped_total = max(self.skipped_total, int(r.get("skipped") or 0))
+        self.last_train = r
+        elapsed = _num(r.get("elapsed_s"))
+        if elapsed is None:
+            return
+        if self._skip_next_for_rate:
+            self._skip_next_for_rate = False
+            self._rate_points = [(step, elapsed)]  # the baseline; its own interval is not counted
+            return
+        if self._rate_points and (step < self._rate_points[-1][0] or elapsed < self._rate_points[-1][1]):
+            self._rate_points = []  # a rollback or restart without an event
+        self._rate_points.append((step, elapsed))
+        del self._rate_points[:-RATE_WINDOW]
+
+    # ------------------------------------------------------------------ derived numbers
+
+    @property
+    def step(self) -> int:
+        return max(int(self.last_train.get("step") or 0), int(self.status.get("step") or 0))
+
+    @property
+    def max_iters(self) -> int:
+        return int(self.status.get("max_iters") or 0)
+
+    @property
+    def state(self) -> str:
+        return str(self.status.get("state") or "?")
+
+    @property
+    def compiling(self) -> bool:
+        return bool(self.status.get("compiling")) and self.state in ("starting", "running")
+
+    def steps_per_s(self) -> float | None:
+        """Measured over recent records, leaving out compile and warm-up steps."""
+        pts = self._rate_points
+        if len(pts) < 2:
+            return None
+        (s0, t0), (s1, t1) = pts[0], pts[-1]
+        if t1 <= t0 or s1 <= s0:
+            return None
+        return (s1 - s0) / (t1 - t0)
+
+    def eta_s(self) -> float | None:
+        rate = self.steps_per_s()
+        if rate is None or not self.max_iters:
+            return None
+        return max(0.0, (self.max_iters - self.step) / rate)
+
+    def best_val(self) -> float | None:
+        best = self.status.get("best_val_loss")
+        if best is not None:
+            return float(best)
+        return min(self.eval_val) if self.eval_val else None
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def ema(values: list[float], alpha: float) -> list[float]:
+    """Exponential moving average with bias correction (as TensorBoard smooths)."""
+    if alpha <= 0 or not values:
+        return list(values)
+    out, acc = [], 0.0
+    for i, v in enumerate(values, 1):
+        acc = alpha * acc + (1 - alpha) * v
+        out.append(acc / (1 - alpha ** i))
+    return out
+
+
+def downsample(xs: list, ys: list, n: int) -> tuple[list, list]:
+    """At most about ``n`` points, evenly strided, always keeping the last one."""
+    if len(xs) <= n or n < 2:
+        return list(xs), list(ys)
+    stride = math.ceil(len(xs) / n)
+    ix = list(range(0, len(xs), stride))
+    if ix[-1] != len(xs) - 1:
+        ix.append(len(xs) - 1)
+    return [xs[i] for i in ix], [ys[i] for i in ix]

@@ -1,0 +1,1 @@
+"""Modal screens: confirmation, new run, save-as."""

@@ -1,0 +1,108 @@
+"""The "new run" form: preset, corpus, name, overrides; validated before launching."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, Static
+
+from workbench.config import apply_overrides, parse_toml, preset_from_dict, preset_paths
+from workbench.errors import WorkbenchError
+
+
+@dataclass
+class RunRequest:
+    preset: str
+    corpus: str
+    name: str
+    overrides: list[str]
+
+
+def check_request(req: RunRequest) -> str | None:
+    """The engine's own validation of preset + overrides, before any process starts."""
+    paths = preset_paths()
+    if req.preset not in paths:
+        return f"unknown preset {req.preset!r}"
+    path = paths[req.preset][0]
+    try:
+        data = parse_toml(path.read_text(encoding="utf-8"), str(path))
+        sets = list(req.overrides)
+        if req.corpus:
+            sets.append(f"data.corpus={req.corpus!r}" if req.corpus != "builtin" else "data.corpus=builtin")
+        apply_overrides(data, sets)
+        preset_from_dict(data, req.preset, name=req.preset)
+    except (WorkbenchError, OSError) as e:
+        return str(e)
+    if req.name:
+        from workbench.rundir import sanitize_run_name
+        try:
+            sanitize_run_name(req.name)
+        except WorkbenchError as e:
+            return str(e)
+    return None
+
+
+class NewRunScreen(ModalScreen["RunRequest | None"]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "start", "Start")]
+
+    def __init__(self, preset: str | None = None, overrides: str = ""):
+        super().__init__()
+        self.preset = preset
+        self.overrides = overrides
+
+    def compose(self) -> ComposeResult:
+        names = sorted(preset_paths())
+        initial = self.preset if self.preset in names else (names[0] if names else Select.NULL)
+        with Vertical(classes="dialog wide", id="new-run"):
+            yield Label("[b]Start a new run[/b]")
+            with Horizontal(classes="field"):
+                yield Label("preset", classes="field-label")
+                yield Select([(n, n) for n in names], value=initial, allow_blank=False, id="nr-preset")
+            with Horizontal(classes="field"):
+                yield Label("corpus", classes="field-label")
+                yield Input("builtin", placeholder="builtin or a path to text", id="nr-corpus")
+            with Horizontal(classes="field"):
+                yield Label("name", classes="field-label")
+                yield Input("", placeholder="(automatic)", id="nr-name")
+            with Horizontal(classes="field"):
+                yield Label("--set", classes="field-label")
+                yield Input(self.overrides, placeholder="train.max_iters=500 model.dim=128 …", id="nr-overrides")
+            yield Static("", id="nr-error", classes="error")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Start (ctrl+s)", id="start", variant="success")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "start":
+            self.action_start()
+        else:
+            self.dismiss(None)
+
+    def on_input_submitted(self) -> None:
+        self.action_start()
+
+    def request(self) -> RunRequest:
+        try:
+            sets = shlex.split(self.query_one("#nr-overrides", Input).value)
+        except ValueError:
+            sets = self.query_one("#nr-overrides", Input).value.split()
+        return RunRequest(preset=str(self.query_one("#nr-preset", Select).value),
+                          corpus=self.query_one("#nr-corpus", Input).value.strip(),
+                          name=self.query_one("#nr-name", Input).value.strip(),
+                          overrides=[s.removeprefix("--set=") for s in sets if s != "--set"])
+
+    def action_start(self) -> None:
+        req = self.request()
+        err = check_request(req)
+        if err:
+            self.query_one("#nr-error", Static).update(err)
+            return
+        self.dismiss(req)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,139 @@
+"""The tailer: one background thread that follows the runs the panes show.
+
+Every ``interval`` seconds it reads, for each watched run, only the bytes
+appended to ``metrics.jsonl`` and ``train.log`` since last time (by byte offset,
+never re-reading a file), plus the small ``status.json``, and hands what changed
+to ``post``. It never touches widgets: ``post`` is the app's ``post_message``.
+
+Plain Python apart from the message type, so the offset logic is easy to test.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Callable
+
+from workbench.rundir import MetricsTail, read_status
+
+LOG_TAIL_BYTES = 16384  # how much of an existing train.log to show on first attach
+
+
+class LogTail:
+    """New complete lines of a text file, by byte offset; starts near the end of the file."""
+
+    def __init__(self, path: Path, start_tail_bytes: int = LOG_TAIL_BYTES):
+        self.path = path
+        self.offset: int | None = None
+        self.start_tail_bytes = start_tail_bytes
+        self._partial = b""
+
+    def read_new(self, max_bytes: int = 1 << 20) -> list[str]:
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return []
+        if self.offset is None:
+            self.offset = max(0, size - self.start_tail_bytes)
+            skip_first = self.offset > 0  # we probably landed mid-line
+        else:
+            skip_first = False
+        if size < self.offset:
+            self.offset, self._partial = 0, b""
+        if size == self.offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read(max_bytes)
+        self.offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        if skip_first and lines:
+            lines = lines[1:]
+        # a trainer's progress output may use \r; show the last state of such a line
+        return [ln.decode("utf-8", "replace").rsplit("\r", 1)[-1] for ln in lines]
+
+
+class _Watched:
+    def __init__(self, run_dir: Path, with_log: bool):
+        self.run_dir = run_dir
+        self.metrics = MetricsTail(run_dir / "metrics.jsonl")
+        self.log = LogTail(run_dir / "train.log") if with_log else None
+        self.status_mtime: float | None = None
+        self.status: dict = {}
+        self.last_state: str | None = None
+
+
+class RunWatcher:
+    """Follows a set of run directories; ``poll_once`` is one pass, ``run`` loops."""
+
+    def __init__(self, runs_dir: Path, post: Callable[..., object], interval: float = 1.0):
+        self.runs_dir = runs_dir
+        self.post = post
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._want: dict[str, bool] = {}  # run id -> also tail train.log
+        self._watched: dict[str, _Watched] = {}
+        self.wake = threading.Event()
+        self.stopped = threading.Event()
+
+    def watch(self, run_id: str, with_log: bool = False) -> None:
+        with self._lock:
+            self._want[run_id] = self._want.get(run_id, False) or with_log
+        self.wake.set()
+
+    def unwatch(self, run_id: str) -> None:
+        with self._lock:
+            self._want.pop(run_id, None)
+
+    def poll_once(self) -> int:
+        """Read what is new in every watched run and post it; returns how many runs changed."""
+        from workbench.tui.messages import RunUpdated
+        with self._lock:
+            want = dict(self._want)
+        for rid in list(self._watched):
+            if rid not in want:
+                del self._watched[rid]
+        changed = 0
+        for rid, with_log in want.items():
+            w = self._watched.get(rid)
+            if w is None or (with_log and w.log is None):
+                w = self._watched[rid] = _Watched(self.runs_dir / rid, with_log)
+            records: list[dict] = []
+            while True:  # a long history arrives in 4 MB pieces
+                batch = w.metrics.read_new()
+                if not batch:
+                    break
+                records.extend(batch)
+            status_changed = self._read_status(w)
+            lines = w.log.read_new() if w.log else []
+            if records or status_changed or lines:
+                changed += 1
+                self.post(RunUpdated(rid, records, dict(w.status), lines))
+        return changed
+
+    def _read_status(self, w: _Watched) -> bool:
+        path = w.run_dir / "status.json"
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            mtime = None
+        # a live run's status must be re-checked even unchanged: its process may have died
+        if mtime == w.status_mtime and w.last_state not in ("starting", "running", None):
+            return False
+        st = read_status(w.run_dir) if w.run_dir.is_dir() else {"state": "deleted"}
+        w.status_mtime = mtime
+        changed = st != w.status
+        w.status, w.last_state = st, st.get("state")
+        return changed
+
+    def run(self, cancelled: Callable[[], bool]) -> None:
+        while not cancelled() and not self.stopped.is_set():
+            try:
+                self.poll_once()
+            except Exception as e:  # keep following the other runs
+                from textual import log
+                log.error(f"watcher: {e!r}")
+            self.wake.wait(self.interval)
+            self.wake.clear()

@@ -1,0 +1,1 @@
+"""The panes of the workbench TUI, one module each."""

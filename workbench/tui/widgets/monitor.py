@@ -1,0 +1,136 @@
+"""Train / monitor pane: progress with ETA, live numbers, events, train.log tail."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Label, Log, ProgressBar, RichLog, Select, Static
+
+from workbench.tui import fmt
+from workbench.tui.rundata import EVENT_STYLES, RunData
+
+NO_RUN = "(no runs yet: press n to start one)"
+
+
+def progress_text(d: RunData) -> str:
+    step, total = d.step, d.max_iters
+    pct = f"{100 * step / total:.0f}%" if total else ""
+    if d.compiling:
+        eta = "compiling…"
+    elif d.state in ("starting", "running"):
+        rate = d.steps_per_s()
+        eta = "ETA " + fmt.duration(d.eta_s()) if rate else "warming up…"
+    else:
+        eta = d.state.replace("_", "-")
+    return f"step {step:,} / {total:,}  {pct}  {eta}"
+
+
+def stats_table(d: RunData, wide: bool) -> Table:
+    r = d.last_train
+    mem_parts = []
+    for key, label in (("mem_allocated_mb", "alloc"), ("mem_reserved_mb", "reserved"),
+                       ("mem_device_used_mb", "device"), ("mem_rss_mb", "RSS")):
+        if r.get(key) is not None:
+            mem_parts.append(f"{label} {fmt.mb(r[key])}")
+    mem = " · ".join(mem_parts) if mem_parts else fmt.mb(r.get("mem_mb"))
+    mfu = r.get("mfu")
+    cells = [
+        ("tokens/s", fmt.si(r.get("tokens_per_s"))),
+        ("MFU", "—" if mfu is None else f"{100 * mfu:.1f}%"),
+        ("loss", fmt.loss(r.get("loss"))),
+        ("val loss", fmt.loss(d.last_eval.get("val_loss"))),
+        ("best val", fmt.loss(d.best_val())),
+        ("lr", fmt.num(r.get("lr"), ".2e")),
+        ("grad norm", fmt.num(r.get("grad_norm"), ".3g")),
+        ("memory", mem),
+        ("tokens", fmt.si(r.get("tokens_seen"))),
+        ("elapsed", fmt.duration(r.get("elapsed_s")) if r.get("elapsed_s") is not None else "—"),
+        ("skipped", str(d.skipped_total)),
+        ("events", str(len(d.events))),
+    ]
+    ncols = 3 if wide else 2
+    t = Table.grid(padding=(0, 1), expand=True)
+    for _ in range(ncols):
+        t.add_column(style="dim", no_wrap=True)
+        t.add_column(style="bold", no_wrap=True, ratio=1)
+    for i in range(0, len(cells), ncols):
+        row: list[str] = []
+        for label, value in cells[i:i + ncols]:
+            row += [label, value]
+        t.add_row(*row)
+    return t
+
+
+def event_line(e: dict) -> Text:
+    name = str(e.get("event", "?"))
+    msg = str(e.get("message") or "")
+    return Text.assemble((f"{e.get('step', 0):>7} ", "dim"), (name, EVENT_STYLES.get(name, "")),
+                         (f" {msg}" if msg else "", ""))
+
+
+class MonitorPane(Vertical):
+    BINDINGS = [
+        Binding("x", "app.stop_run", "Stop run"),
+        Binding("r", "app.resume_run", "Resume"),
+        Binding("c", "app.show_curves", "Loss curves"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="mon-top"):
+            yield Select([], prompt=NO_RUN, id="mon-run", allow_blank=True)
+            yield Label("", id="mon-state")
+        with Horizontal(id="mon-progress-row"):
+            yield ProgressBar(total=1, show_eta=False, show_percentage=False, id="mon-progress")
+            yield Label("", id="mon-progress-text")
+        yield Static("", id="mon-stats")
+        with Horizontal(id="mon-bottom"):
+            yield RichLog(id="mon-events", max_lines=500, auto_scroll=True, wrap=False)
+            yield Log(id="mon-log", max_lines=2000, auto_scroll=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#mon-events", RichLog).border_title = "events"
+        self.query_one("#mon-log", Log).border_title = "train.log"
+
+    def set_runs(self, run_ids: list[str], current: str | None) -> None:
+        sel = self.query_one("#mon-run", Select)
+        options = [(rid, rid) for rid in run_ids]
+        with self.prevent(Select.Changed):
+            sel.set_options(options)
+            if current in run_ids:
+                sel.value = current
+
+    def show_run(self, d: RunData | None, reset: bool = False) -> None:
+        """Redraw from the run's data; ``reset`` when the run shown changed."""
+        if reset:
+            self.query_one("#mon-events", RichLog).clear()
+            self.query_one("#mon-log", Log).clear()
+            self._events_shown = 0
+        if d is None:
+            self.query_one("#mon-state", Label).update("")
+            self.query_one("#mon-progress-text", Label).update("")
+            self.query_one("#mon-stats", Static).update("No run selected. Press [b]n[/b] to start one.")
+            return
+        self.query_one("#mon-state", Label).update(fmt.state_markup(d.state) + (
+            f"  [dim]{d.status.get('preset', '')}[/]" if d.status.get("preset") else ""))
+        bar = self.query_one("#mon-progress", ProgressBar)
+        bar.update(total=max(1, d.max_iters), progress=min(d.step, max(1, d.max_iters)))
+        self.query_one("#mon-progress-text", Label).update(progress_text(d))
+        table = stats_table(d, wide=self.size.width >= 110)
+        if d.status.get("error") and d.state in ("failed", "crashed"):
+            self.query_one("#mon-stats", Static).update(
+                Group(table, Text(f"{d.state}: {d.status['error']}", style="bold red")))
+        else:
+            self.query_one("#mon-stats", Static).update(table)
+        ev = self.query_one("#mon-events", RichLog)
+        shown = getattr(self, "_events_shown", 0)
+        for e in d.events[shown:]:
+            ev.write(event_line(e))
+        self._events_shown = len(d.events)
+
+    def append_log(self, lines: list[str]) -> None:
+        if lines:
+            self.query_one("#mon-log", Log).write_lines(lines)

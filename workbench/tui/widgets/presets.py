@@ -1,0 +1,188 @@
+"""Presets pane: shipped and user presets, a TOML editor validated as you type, the estimate."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import OptionList, Static, TextArea
+from textual.widgets.option_list import Option
+
+from workbench.config import Preset, PresetError, parse_toml, preset_from_dict, preset_paths
+from workbench.tui import fmt
+
+
+def locate_error(text: str, message: str) -> int | None:
+    """1-based line of the problem a validation message names, when it can be found."""
+    m = re.search(r"at line (\d+)", message)
+    if m:
+        return int(m.group(1))
+    m = re.search(r"(?:unknown key |\b)(model|train|data|hardware)\.([A-Za-z_][A-Za-z0-9_]*)", message)
+    if not m:
+        return None
+    section, key = m.groups()
+    current = None
+    for i, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if s.startswith("[") and s.endswith("]"):
+            current = s.strip("[]").strip()
+        elif current == section and re.match(rf"{re.escape(key)}\s*=", s):
+            return i
+    return None
+
+
+def validate(text: str, name: str) -> tuple[Preset | None, str]:
+    """(preset, '') when valid, else (None, 'line N: message')."""
+    try:
+        p = preset_from_dict(parse_toml(text, name), name, name=name)
+    except PresetError as e:
+        msg = str(e).removeprefix(f"{name}: ")
+        line = locate_error(text, msg)
+        return None, (f"line {line}: {msg}" if line and "at line" not in msg else msg)
+    return p, ""
+
+
+def estimate_table(p: Preset, measured: dict | None = None) -> Table:
+    t = Table.grid(padding=(0, 1))
+    t.add_column(style="dim")
+    t.add_column()
+    try:
+        from workbench.estimate import count_params
+        n = count_params(p.model)
+        t.add_row("params", f"{fmt.si(n)} (estimate)")
+    except Exception:
+        t.add_row("params", "—")
+    t.add_row("tokens/step", f"{p.tokens_per_step():,}")
+    t.add_row("total tokens", fmt.si(p.tokens_per_step() * p.train.max_iters))
+    try:
+        from workbench.estimate import estimate_memory
+        mem = estimate_memory(p)
+        total = mem.get("total") if isinstance(mem, dict) else getattr(mem, "total", None)
+        if isinstance(total, (int, float)):
+            t.add_row("memory", f"{total / 1024**3:.2f} GB (estimate)")
+    except Exception:
+        pass
+    if p.hardware.expected_memory_gb:
+        t.add_row("sized for", f"{p.hardware.expected_memory_gb:g} GB")
+    if measured and measured.get("tokens_per_s"):
+        tps = measured["tokens_per_s"]
+        t.add_row("tokens/s", f"{fmt.si(tps)} (measured, {measured['run']})")
+        t.add_row("time", fmt.duration(p.tokens_per_step() * p.train.max_iters / tps) + " (from measured)")
+    return t
+
+
+class PresetsPane(Horizontal):
+    BINDINGS = [
+        Binding("ctrl+s", "save", "Save"),
+        Binding("ctrl+o", "save_as", "Save as…"),
+        Binding("ctrl+t", "train", "Train with it"),
+        Binding("ctrl+r", "revert", "Revert", show=False),
+    ]
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.current: str | None = None
+        self.buffers: dict[str, str] = {}  # unsaved edits per preset, kept while switching
+        self.paths: dict[str, tuple[Path, str]] = {}
+        self.valid: Preset | None = None
+        self.measured: dict[str, dict] = {}  # preset name -> latest measured tokens/s
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="preset-side"):
+            yield OptionList(id="preset-list")
+            yield Static("", id="preset-estimate")
+        with Vertical(id="preset-main"):
+            yield TextArea("", language="toml", id="preset-editor", show_line_numbers=True,
+                           tab_behavior="indent")
+            yield Static("", id="preset-status")
+
+    def on_mount(self) -> None:
+        self.query_one("#preset-list", OptionList).border_title = "presets"
+        self.query_one("#preset-estimate", Static).border_title = "estimate"
+        self.reload()
+
+    def reload(self, select: str | None = None) -> None:
+        self.paths = preset_paths()
+        ol = self.query_one("#preset-list", OptionList)
+        ol.clear_options()
+        for name, (_path, kind) in sorted(self.paths.items()):
+            mark = "*" if name in self.buffers else " "
+            ol.add_option(Option(Text.assemble(f"{mark}{name} ", (f"[{kind}]", "dim")), id=name))
+        target = select or self.current or (sorted(self.paths)[0] if self.paths else None)
+        if target in self.paths:
+            ol.highlighted = ol.get_option_index(target)
+            self.load(target)
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option.id and event.option.id != self.current:
+            self.load(event.option.id)
+
+    def load(self, name: str) -> None:
+        editor = self.query_one("#preset-editor", TextArea)
+        if self.current and self.current in self.paths:
+            self._stash()
+        self.current = name
+        path, kind = self.paths[name]
+        text = self.buffers.get(name)
+        if text is None:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as e:
+                text = f"# cannot read {path}: {e}\n"
+        with self.prevent(TextArea.Changed):
+            editor.load_text(text)
+        editor.border_title = f"{name} [{kind}]  {path}"
+        self.check()
+
+    def _stash(self) -> None:
+        editor = self.query_one("#preset-editor", TextArea)
+        name = self.current
+        try:
+            on_disk = self.paths[name][0].read_text(encoding="utf-8")
+        except OSError:
+            on_disk = None
+        if editor.text != on_disk:
+            self.buffers[name] = editor.text
+        else:
+            self.buffers.pop(name, None)
+
+    def on_text_area_changed(self, event: TextArea.Changed) -> None:
+        # validate as you type, but not on every keystroke of a fast typist
+        if getattr(self, "_check_timer", None):
+            self._check_timer.stop()
+        self._check_timer = self.set_timer(0.25, self.check)
+
+    def check(self) -> None:
+        if not self.current:
+            return
+        text = self.query_one("#preset-editor", TextArea).text
+        self.valid, err = validate(text, self.current)
+        status = self.query_one("#preset-status", Static)
+        status.set_class(bool(err), "error")
+        status.update(Text(f"✗ {err}", style="bold red") if err else Text("✓ valid", style="green"))
+        if self.valid is not None:
+            self.query_one("#preset-estimate", Static).update(
+                estimate_table(self.valid, self.measured.get(self.current)))
+
+    def editor_text(self) -> str:
+        return self.query_one("#preset-editor", TextArea).text
+
+    def action_save(self) -> None:
+        self.app.save_preset(as_new=False)
+
+    def action_save_as(self) -> None:
+        self.app.save_preset(as_new=True)
+
+    def action_train(self) -> None:
+        self.app.action_new_run(self.current)
+
+    def action_revert(self) -> None:
+        if self.current:
+            self.buffers.pop(self.current, None)
+            name, self.current = self.current, None
+            self.load(name)

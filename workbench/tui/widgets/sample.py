@@ -1,0 +1,134 @@
+"""Sample pane: prompt and sampling settings, two checkpoints side by side, streamed output,
+and the samples the trainer wrote at eval time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Button, Collapsible, Input, Label, Select, Static
+
+from workbench.rundir import list_checkpoints
+
+NONE = "none"
+
+
+def checkpoint_options(run_dir: Path) -> list[tuple[str, str]]:
+    opts = [("latest", "latest"), ("best", "best")]
+    for c in reversed(list_checkpoints(run_dir)):
+        val = c.get("val_loss")
+        label = f"step {c['step']}" + (f" (val {val:.3f})" if isinstance(val, (int, float)) else "")
+        opts.append((label, str(c["step"])))
+    return opts
+
+
+def trainer_samples(run_dir: Path, limit: int = 20) -> list[dict]:
+    """The last ``limit`` entries of samples.jsonl (reads only the file's tail)."""
+    from workbench.rundir import last_records
+    recs = last_records(run_dir / "samples.jsonl", tail_bytes=32768)
+    return recs[-limit:]
+
+
+class SampleOutput(VerticalScroll):
+    """Accumulates streamed text; one per checkpoint column."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("", classes="sample-text")
+
+    def reset(self, title: str, prompt: str) -> None:
+        self.border_title = title
+        self.text = Text(prompt, style="bold")
+        self.query_one(Static).update(self.text)
+
+    def append(self, chunk: str, style: str = "") -> None:
+        if not hasattr(self, "text"):
+            self.text = Text()
+        self.text.append(chunk, style=style)
+        self.query_one(Static).update(self.text)
+        self.scroll_end(animate=False)
+
+
+class SamplePane(Vertical):
+    BINDINGS = [
+        Binding("ctrl+g", "app.generate", "Generate"),
+        Binding("ctrl+k", "app.cancel_sampling", "Stop sampling", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(classes="sample-row"):
+            yield Select([], prompt="run", id="smp-run", allow_blank=True)
+            yield Select([("latest", "latest")], value="latest", allow_blank=False, id="smp-ckpt-a")
+            yield Select([("none", NONE)], value=NONE, allow_blank=False, id="smp-ckpt-b")
+        with Horizontal(classes="sample-row"):
+            yield Input("def ", placeholder="prompt", id="smp-prompt")
+            yield Button("Generate", id="smp-go", variant="primary")
+        with Horizontal(classes="sample-row", id="smp-params"):
+            for key, label, value in (("temperature", "temp", "0.8"), ("top_k", "top-k", "50"),
+                                      ("top_p", "top-p", "0.95"), ("max_new_tokens", "tokens", "200"),
+                                      ("seed", "seed", "1337")):
+                yield Label(label, classes="param-label")
+                yield Input(value, id=f"smp-{key}", classes="param", type="number")
+        with Horizontal(id="smp-outputs"):
+            yield SampleOutput(id="smp-out-a")
+            yield SampleOutput(id="smp-out-b")
+        with Collapsible(title="samples written by the trainer", id="smp-trainer", collapsed=True):
+            yield Static("", id="smp-trainer-text")
+
+    def on_mount(self) -> None:
+        self.query_one("#smp-out-a", SampleOutput).border_title = "checkpoint A"
+        self.query_one("#smp-out-b", SampleOutput).border_title = "checkpoint B (choose one to compare)"
+
+    def set_runs(self, run_ids: list[str], current: str | None = None) -> None:
+        sel = self.query_one("#smp-run", Select)
+        keep = current if current is not None else (sel.value if sel.value != Select.NULL else None)
+        with self.prevent(Select.Changed):
+            sel.set_options([(r, r) for r in run_ids])
+            if keep in run_ids:
+                sel.value = keep
+
+    def show_run(self, run_dir: Path | None, checkpoint: str | None = None) -> None:
+        """Fill the checkpoint choices and the trainer's samples for this run."""
+        a = self.query_one("#smp-ckpt-a", Select)
+        b = self.query_one("#smp-ckpt-b", Select)
+        opts = checkpoint_options(run_dir) if run_dir else [("latest", "latest")]
+        with self.prevent(Select.Changed):
+            a.set_options(opts)
+            a.value = checkpoint if checkpoint and checkpoint in {v for _, v in opts} else "latest"
+            b.set_options([("none", NONE)] + opts)
+            b.value = NONE
+        lines = Text()
+        for rec in trainer_samples(run_dir) if run_dir else []:
+            lines.append(f"step {rec.get('step', '?')}", style="bold cyan")
+            if rec.get("checkpoint"):
+                lines.append(f" ({rec['checkpoint']})", style="dim")
+            lines.append("\n")
+            lines.append(str(rec.get("prompt", "")), style="bold")
+            lines.append(str(rec.get("text", "")) + "\n\n")
+        self.query_one("#smp-trainer-text", Static).update(lines or Text("no samples yet", style="dim"))
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "smp-go":
+            event.stop()
+            self.app.action_generate()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.app.action_generate()
+
+    def params(self) -> dict:
+        """The sampling settings, with a clear message for a bad value."""
+        out: dict = {}
+        casts = {"temperature": float, "top_k": int, "top_p": float, "max_new_tokens": int, "seed": int}
+        for key, cast in casts.items():
+            raw = self.query_one(f"#smp-{key}", Input).value.strip()
+            try:
+                out[key] = cast(raw)
+            except ValueError:
+                raise ValueError(f"{key.replace('_', ' ')} must be {'an integer' if cast is int else 'a number'}, "
+                                 f"not {raw!r}") from None
+        out["prompt"] = self.query_one("#smp-prompt", Input).value
+        return out
