@@ -94,9 +94,14 @@ def train_tokenizer(text: str, vocab_size: int, sample_mb: float = 8.0, seed: in
         msg = str(e)
         m = re.search(r"value <= (\d+)", msg)
         if m:
-            # The largest vocab the corpus supports, rounded down to a multiple of 64.
-            ok = max(64, int(m.group(1)) // 64 * 64)
+            ok = int(m.group(1))
             raise TokenizerError(f"the corpus is too small for model.vocab_size = {vocab_size}: it supports at "
                                  f"most {m.group(1)}; use --set model.vocab_size={ok} or a larger corpus") from None
+        m = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", msg)
+        if m:
+            need = int(m.group(2)) + 1
+            ok = (need + 63) // 64 * 64
+            raise TokenizerError(f"model.vocab_size = {vocab_size} is too small: this corpus needs at least {need} "
+                                 f"pieces (256 byte pieces plus its characters); use --set model.vocab_size={ok}") from None
         raise TokenizerError(f"tokenizer training failed: {msg.strip().splitlines()[-1]}") from None
     return Tokenizer(buf.getvalue())

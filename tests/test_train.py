@@ -1,0 +1,111 @@
+"""A tiny real run on the built-in corpus, through the real CLI, and what it leaves behind."""
+
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+
+import torch
+
+from tests.conftest import read_jsonl, tiny, wb
+from workbench import rundir
+from workbench.config import load_preset_file
+from workbench.train.checkpoint import load_model_state
+from workbench.train.model import GPT
+
+TRAIN_KEYS = {"kind", "step", "loss", "lr", "tokens_per_s", "tokens_seen", "elapsed_s", "mem_mb", "mfu",
+              "grad_norm", "skipped"}
+
+
+def test_run_directory_contract(trained_run):
+    d = trained_run
+    for name in ("preset.toml", "metrics.jsonl", "status.json", "train.log", "samples.jsonl", "tokenizer.model"):
+        assert (d / name).exists(), name
+    preset = tomllib.loads((d / "preset.toml").read_text())
+    assert preset["model"]["dim"] == 64 and preset["train"]["max_iters"] == 60
+    status = json.loads((d / "status.json").read_text())
+    assert {"state", "pid", "step", "max_iters", "error"} <= status.keys()
+    assert status["state"] == "finished" and status["step"] == 60 and status["error"] is None
+    recs = read_jsonl(d / "metrics.jsonl")
+    train = [r for r in recs if r["kind"] == "train"]
+    evals = [r for r in recs if r["kind"] == "eval"]
+    events = [r["event"] for r in recs if r["kind"] == "event"]
+    assert [r["step"] for r in train] == list(range(1, 61))
+    for r in train:
+        assert TRAIN_KEYS <= r.keys()
+    assert all(r["tokens_per_s"] > 0 for r in train[1:])
+    assert {"train_loss", "val_loss"} <= evals[0].keys() and [e["step"] for e in evals] == [0, 20, 40, 60]
+    assert events[0] == "start" and "checkpoint" in events and events[-1] == "finish"
+    # The loss falls: val loss at the end clearly below the start.
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
+    # Checkpoints: complete directories with sidecars that need no torch to read.
+    ckpts = rundir.list_checkpoints(d)
+    assert [c["step"] for c in ckpts] == [20, 40, 60]
+    for c in ckpts:
+        assert {"step", "train_loss", "val_loss", "tokens_seen", "wall_time", "bytes"} <= c.keys()
+    samples = read_jsonl(d / "samples.jsonl")
+    assert [s["step"] for s in samples] == [20, 40, 60] and all(s["text"] for s in samples)
+
+
+def test_state_dict_loads_into_uncompiled_model(trained_run):
+    p = load_preset_file(trained_run / "preset.toml")
+    sd = load_model_state(rundir.select_checkpoint(trained_run, "latest")["path"])
+    assert not any(k.startswith("_orig_mod.") for k in sd)
+    m = GPT(p.model)
+    m.load_state_dict(sd)  # strict
+    assert all(torch.isfinite(v).all() for v in sd.values())
+
+
+def test_sample_streams_text(trained_run):
+    root = str(trained_run.parent)
+    cp = wb("sample", "tiny", "--runs-dir", root, "--prompt", "def ", "--max-new-tokens", "30", "--seed", "1",
+            check=True)
+    assert cp.stdout.startswith("def ") and len(cp.stdout) > len("def ") + 10
+    again = wb("sample", "tiny", "--runs-dir", root, "--prompt", "def ", "--max-new-tokens", "30", "--seed", "1",
+               check=True)
+    assert again.stdout == cp.stdout  # same seed, same text
+    greedy = wb("sample", "tiny", "--runs-dir", root, "--checkpoint", "best", "--prompt", "import ",
+                "--temperature", "0", "--max-new-tokens", "10", check=True)
+    assert greedy.stdout.startswith("import ")
+
+
+def test_runs_lists_the_run(trained_run):
+    out = json.loads(wb("runs", "--json", "--runs-dir", str(trained_run.parent), check=True).stdout)
+    r = next(r for r in out if r["id"] == "tiny")
+    assert r["state"] == "finished" and r["step"] == 60 and r["best_val_loss"] is not None
+    assert len(r["checkpoints"]) == 3 and r["disk_bytes"] > 0
+    table = wb("runs", "--runs-dir", str(trained_run.parent), check=True).stdout
+    assert "tiny" in table and "finished" in table and "60/60" in table
+
+
+def test_detach_stop_resume(tmp_path):
+    root = str(tmp_path)
+    cp = wb("train", "cpu-small", "--name", "bg", "--runs-dir", root, "--detach",
+            *tiny("train.max_iters=100000", "train.eval_interval=1000", "train.ckpt_interval=1000"), check=True)
+    assert cp.stdout.strip().splitlines()[-1] == "bg"
+    d = tmp_path / "bg"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        st = rundir.read_status(d)
+        if st["state"] == "running" and st.get("step", 0) >= 3:
+            break
+        time.sleep(0.2)
+    assert st["state"] == "running", st
+    # A second trainer on the same run is refused and changes nothing.
+    before = (d / "preset.toml").read_bytes()
+    second = wb("resume", "bg", "--runs-dir", root)
+    assert second.returncode == 2 and "already being trained" in second.stderr
+    assert (d / "preset.toml").read_bytes() == before
+    assert rundir.read_status(d)["pid"] == st["pid"] and rundir.read_status(d)["state"] == "running"
+    stop = wb("stop", "bg", "--runs-dir", root, check=True)
+    assert "stopped at step" in stop.stdout
+    st = rundir.read_status(d)
+    assert st["state"] == "stopped"
+    ck = rundir.list_checkpoints(d)
+    assert ck and ck[-1]["step"] == st["step"]
+    res = wb("resume", "bg", "--runs-dir", root, "--set", f"train.max_iters={st['step'] + 3}", check=True)
+    assert "finished at step" in res.stdout
+    assert rundir.read_status(d)["step"] == st["step"] + 3
+    events = [r for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "event"]
+    assert any(e["event"] == "preset_changed" for e in events)
