@@ -109,17 +109,24 @@ class WorkbenchApp(App[int]):
         else:
             self._show_hardware()
         self.set_interval(max(0.5, self.watch_interval), self._redraw_curves_if_dirty)
-        self.call_after_refresh(self._focus_pane, self.query_one(TabbedContent).active)
+        self.call_after_refresh(lambda: self._focus_pane(self.query_one(TabbedContent).active))
 
     # ------------------------------------------------------------------ tabs and focus
 
     def action_show_tab(self, tab: str) -> None:
-        self.query_one(TabbedContent).active = tab
+        tabs = self.query_one(TabbedContent)
+        if tabs.active == tab:
+            return
+        # Drop focus first: otherwise Textual refocuses a sibling of the hidden widget, and
+        # focusing a widget in a pane makes that pane active again.
+        self.screen.set_focus(None)
+        tabs.active = tab
 
     @on(TabbedContent.TabActivated)
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
         tab = event.pane.id or ""
-        self._focus_pane(tab)
+        # after the refresh that displays the pane: a hidden widget cannot take focus
+        self.call_after_refresh(self._focus_pane, tab)
         if tab == "curves":
             self.query_one(CurvesPane).redraw()
         elif tab == "hardware":

@@ -65,9 +65,36 @@ def stats_table(d: RunData, wide: bool) -> Table:
     return t
 
 
+def event_message(e: dict) -> str:
+    """A short description of an event record, from its message or its known fields."""
+    if e.get("message"):
+        return str(e["message"])
+    name = e.get("event")
+    if name in ("start", "resume"):
+        parts = [str(e[k]) for k in ("device", "precision") if e.get(k)]
+        if e.get("params"):
+            parts.append(f"{fmt.si(e['params'])} params")
+        if e.get("compile") is not None:
+            parts.append("compile " + ("on" if e["compile"] else "off"))
+        if e.get("checkpoint"):
+            parts.append(f"from {e['checkpoint']}")
+        return ", ".join(parts)
+    if name == "checkpoint":
+        return " ".join(str(x) for x in (e.get("name"), f"({e['reason']})" if e.get("reason") else None) if x)
+    return str(e.get("error") or e.get("reason") or "")
+
+
+def run_header(d: RunData, preset: str = "") -> str:
+    """State, preset and device line for the run shown."""
+    start = next((e for e in reversed(d.events) if e.get("event") in ("start", "resume")), {})
+    bits = [b for b in (preset, start.get("device"), start.get("precision"),
+                        f"{fmt.si(start['params'])} params" if start.get("params") else "") if b]
+    return fmt.state_markup(d.state) + (f"  [dim]{' · '.join(bits)}[/]" if bits else "")
+
+
 def event_line(e: dict) -> Text:
     name = str(e.get("event", "?"))
-    msg = str(e.get("message") or "")
+    msg = event_message(e)
     return Text.assemble((f"{e.get('step', 0):>7} ", "dim"), (name, EVENT_STYLES.get(name, "")),
                          (f" {msg}" if msg else "", ""))
 
@@ -114,8 +141,7 @@ class MonitorPane(Vertical):
             self.query_one("#mon-progress-text", Label).update("")
             self.query_one("#mon-stats", Static).update("No run selected. Press [b]n[/b] to start one.")
             return
-        self.query_one("#mon-state", Label).update(fmt.state_markup(d.state) + (
-            f"  [dim]{d.status.get('preset', '')}[/]" if d.status.get("preset") else ""))
+        self.query_one("#mon-state", Label).update(run_header(d, self.preset_of(d.run_id)))
         bar = self.query_one("#mon-progress", ProgressBar)
         bar.update(total=max(1, d.max_iters), progress=min(d.step, max(1, d.max_iters)))
         self.query_one("#mon-progress-text", Label).update(progress_text(d))
@@ -130,6 +156,10 @@ class MonitorPane(Vertical):
         for e in d.events[shown:]:
             ev.write(event_line(e))
         self._events_shown = len(d.events)
+
+    def preset_of(self, run_id: str) -> str:
+        s = getattr(self.app, "summary", lambda _r: None)(run_id)
+        return s.preset if s is not None else ""
 
     def append_log(self, lines: list[str]) -> None:
         if lines:

@@ -97,7 +97,7 @@ class PresetsPane(Horizontal):
             yield OptionList(id="preset-list")
             yield Static("", id="preset-estimate")
         with Vertical(id="preset-main"):
-            yield TextArea("", language="toml", id="preset-editor", show_line_numbers=True,
+            yield TextArea("", language="toml", id="preset-editor", show_line_numbers=True, soft_wrap=False,
                            tab_behavior="indent")
             yield Static("", id="preset-status")
 

@@ -1,0 +1,68 @@
+"""Shared fixtures for the TUI tests: canned run directories and an app factory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import psutil
+import pytest
+
+from .fixtures.make_runs import HARDWARE, make_runs
+
+
+@pytest.fixture
+def runs_dir(tmp_path, monkeypatch):
+    """alpha (finished), beta (stopped), gamma (failed); user presets go to tmp."""
+    monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
+    return make_runs(tmp_path / "runs")
+
+
+@pytest.fixture
+def live_runs_dir(tmp_path, monkeypatch):
+    """The same plus delta, 'running' under this test process's pid (never stop it!)."""
+    monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
+    me = psutil.Process(os.getpid())
+    return make_runs(tmp_path / "runs", live_pid=me.pid, live_pid_start=me.create_time())
+
+
+def make_app(runs_dir, **kw):
+    from workbench.tui.app import WorkbenchApp
+    kw.setdefault("hardware_info", HARDWARE)
+    kw.setdefault("watch_interval", 0.1)
+    kw.setdefault("list_interval", 60.0)
+    return WorkbenchApp(runs_dir, **kw)
+
+
+async def wait_for(pilot, cond, timeout: float = 5.0, what: str = "condition"):
+    """Let the app run until ``cond()`` is true (thread workers deliver asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if cond():
+                return
+        except Exception:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def text_of(widget) -> str:
+    """The plain text a Static/Label shows (its content, rendered wide without colour)."""
+    from rich.console import Console
+    from rich.text import Text
+    from textual.content import Content
+    content = widget.content
+    if isinstance(content, str):
+        content = Content.from_markup(content)
+    if isinstance(content, (Text, Content)):
+        return content.plain
+    console = Console(width=400, record=True, color_system=None, file=open(os.devnull, "w"))
+    console.print(content)
+    return console.export_text()

@@ -1,0 +1,353 @@
+"""Pilot tests: each pane on canned run directories, asserting what it shows after key presses."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from textual.widgets import DataTable, Input, Log, RichLog, Select, SelectionList, Static, TextArea
+
+from .conftest import make_app, run, text_of, wait_for
+
+
+def _log_text(log) -> str:
+    if isinstance(log, RichLog):
+        return "\n".join(strip.text for strip in log.lines)
+    return "\n".join(log.lines)
+
+
+# ----------------------------------------------------------------------------- hardware
+
+def test_hardware_pane_shows_injected_machine_and_starts_recommended(runs_dir):
+    async def go():
+        app = make_app(runs_dir)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("1")
+            await pilot.pause()
+            body = text_of(app.query_one("#hw-body", Static))
+            assert "Fixture CPU 9000" in body and "8 physical, 16 threads" in body
+            assert "NVIDIA GeForce RTX 4060" in body and "8.9" in body and "45°C" in body
+            assert "bf16, fp16, fp32" in body and "flash (SDPA)" in body
+            assert "Recommended preset: gpu-8gb" in body
+            await pilot.press("t")
+            await pilot.pause()
+            assert app.screen.__class__.__name__ == "NewRunScreen", app.focused
+            assert app.screen.query_one("#nr-preset", Select).value == "gpu-8gb"
+            await pilot.press("escape")
+            assert app.screen.__class__.__name__ != "NewRunScreen"
+    run(go())
+
+
+# ----------------------------------------------------------------------------- train / monitor
+
+def test_monitor_follows_a_live_run_and_new_records(live_runs_dir):
+    async def go():
+        app = make_app(live_runs_dir)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: app.monitored == "delta", what="the live run to be picked")
+            await wait_for(pilot, lambda: "step 120 / 400" in text_of(app.query_one("#mon-progress-text")),
+                           what="progress")
+            assert "ETA" in text_of(app.query_one("#mon-progress-text"))
+            stats = text_of(app.query_one("#mon-stats"))
+            assert "25.6k" in stats and "1.2%" in stats and "310 MB" in stats and "1.00e-03" in stats
+            assert "running" in text_of(app.query_one("#mon-state"))
+            assert "checkpoint" in _log_text(app.query_one("#mon-events", RichLog))
+            assert "step   120 | loss" in _log_text(app.query_one("#mon-log", Log))
+            # the trainer writes more: the pane follows
+            with open(live_runs_dir / "delta" / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"kind": "train", "step": 130, "loss": 3.25, "tokens_per_s": 30000.0,
+                                    "elapsed_s": 13.0, "tokens_seen": 33280, "lr": 9e-4, "grad_norm": 0.5,
+                                    "mem_mb": 320, "mfu": None, "skipped": 2}) + "\n")
+                f.write(json.dumps({"kind": "event", "event": "nonfinite_skip", "step": 130,
+                                    "message": "loss was inf"}) + "\n")
+            with open(live_runs_dir / "delta" / "train.log", "a") as f:
+                f.write("step   130 | loss 3.2500\n")
+            await wait_for(pilot, lambda: "3.2500" in text_of(app.query_one("#mon-stats")), what="new record")
+            stats = text_of(app.query_one("#mon-stats"))
+            assert "30k" in stats and "skipped   2" in stats.replace("skipped  ", "skipped   ")
+            assert "step 130 / 400" in text_of(app.query_one("#mon-progress-text"))
+            await wait_for(pilot, lambda: "loss was inf" in _log_text(app.query_one("#mon-events", RichLog)))
+            assert "step   130 | loss 3.2500" in _log_text(app.query_one("#mon-log", Log))
+            # stop asks first; "n" leaves the run alone (never say yes: delta's pid is this test)
+            await pilot.press("x")
+            await pilot.pause()
+            assert app.screen.__class__.__name__ == "ConfirmScreen"
+            assert "Stop run delta" in text_of(app.screen.query_one("#confirm-question"))
+            await pilot.press("n")
+            await pilot.pause()
+            assert app.screen.__class__.__name__ != "ConfirmScreen"
+    run(go())
+
+
+def test_monitor_switches_run_and_shows_failure(runs_dir):
+    async def go():
+        app = make_app(runs_dir, initial_tab="train")
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.monitored == "gamma")  # newest run
+            await wait_for(pilot, lambda: "CUDA out of memory" in text_of(app.query_one("#mon-stats")))
+            app.query_one("#mon-run", Select).value = "alpha"
+            await wait_for(pilot, lambda: "step 400 / 400" in text_of(app.query_one("#mon-progress-text")))
+            assert "finished" in text_of(app.query_one("#mon-progress-text"))
+            assert "2.4286" in text_of(app.query_one("#mon-stats"))  # best val loss
+            await pilot.press("x")  # not running: no confirmation, a warning instead
+            await pilot.pause()
+            assert app.screen.__class__.__name__ != "ConfirmScreen"
+    run(go())
+
+
+# ----------------------------------------------------------------------------- loss curves
+
+def test_curves_toggle_log_axis_smoothing_and_overlay(runs_dir):
+    async def go():
+        app = make_app(runs_dir, initial_tab="train")
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.monitored == "gamma")
+            app.monitor("alpha", switch=False)
+            await pilot.press("4")
+            await pilot.pause()
+            pane = app.query_one("#curves-pane")
+            sl = app.query_one("#curves-runs", SelectionList)
+            sl.deselect_all()
+            sl.select("alpha")
+            await wait_for(pilot, lambda: len(app.run_data["alpha"].steps) == 40, what="alpha's metrics")
+            pane.redraw()
+            await pilot.pause()
+            plot = text_of(app.query_one("#curves-plot"))
+            assert "train" in plot and "val" in plot and "step" in plot
+            await pilot.press("l", "x", "s")
+            await pilot.pause()
+            settings = text_of(app.query_one("#curves-settings"))
+            assert "y: log" in settings and "x: tokens" in settings and "smoothing: 0.6" in settings
+            assert "tokens seen" in text_of(app.query_one("#curves-plot"))
+            await pilot.press("v")
+            assert pane.show == "train"
+            # overlay a second run: both appear in the legend by name
+            sl.select("beta")
+            await wait_for(pilot, lambda: len(app.run_data.get("beta").steps) == 15, what="beta's metrics")
+            pane.redraw()
+            await pilot.pause()
+            plot = text_of(app.query_one("#curves-plot"))
+            assert "alpha" in plot and "beta" in plot
+    run(go())
+
+
+# ----------------------------------------------------------------------------- runs browser
+
+def test_runs_browser_lists_runs_checkpoints_and_deletes_with_confirmation(runs_dir):
+    async def go():
+        app = make_app(runs_dir)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await pilot.press("6")
+            await pilot.pause()
+            table = app.query_one("#runs-table", DataTable)
+            await wait_for(pilot, lambda: table.row_count == 3)
+            rows = {str(table.get_row_at(i)[0]): [str(c) for c in table.get_row_at(i)] for i in range(3)}
+            assert rows["alpha"][1] == "finished" and rows["alpha"][3] == "400/400"
+            assert rows["beta"][1] == "stopped" and rows["beta"][5] == "5.2192"
+            assert rows["gamma"][1] == "failed"
+            # highlight alpha: its two checkpoints from the sidecars, best marked
+            table.move_cursor(row=table.get_row_index("alpha"))
+            await pilot.pause()
+            ck = app.query_one("#ckpt-table", DataTable)
+            assert ck.row_count == 2
+            assert [str(ck.get_row_at(i)[0]) for i in range(2)] == ["step_0000400", "step_0000200"]
+            assert str(ck.get_row_at(0)[6]) == "best"
+            # delete a checkpoint: focus the checkpoint table, d, then confirm
+            ck.focus()
+            ck.move_cursor(row=1)
+            await pilot.press("d")
+            await pilot.pause()
+            assert "step_0000200" in text_of(app.screen.query_one("#confirm-question"))
+            await pilot.press("y")
+            await wait_for(pilot, lambda: not (runs_dir / "alpha/checkpoints/step_0000200").exists())
+            await wait_for(pilot, lambda: ck.row_count == 1)
+            # delete a run; "n" first keeps it
+            table.focus()
+            table.move_cursor(row=table.get_row_index("beta"))
+            await pilot.press("d")
+            await pilot.pause()
+            await pilot.press("n")
+            await pilot.pause()
+            assert (runs_dir / "beta").exists()
+            await pilot.press("d")
+            await pilot.pause()
+            await pilot.press("y")
+            await wait_for(pilot, lambda: not (runs_dir / "beta").exists())
+            await wait_for(pilot, lambda: table.row_count == 2)
+            # open in loss curves, then sample, from the browser
+            table.move_cursor(row=table.get_row_index("alpha"))
+            await pilot.press("l")
+            await pilot.pause()
+            assert app.query_one("#tabs").active == "curves"
+            assert "alpha" in app.query_one("#curves-runs", SelectionList).selected
+            await pilot.press("6")
+            await pilot.pause()
+            await pilot.press("s")
+            await pilot.pause()
+            assert app.query_one("#tabs").active == "sample"
+            assert app.query_one("#smp-run", Select).value == "alpha"
+    run(go())
+
+
+def test_runs_browser_refuses_to_delete_a_live_run(live_runs_dir):
+    async def go():
+        app = make_app(live_runs_dir, initial_tab="runs")
+        async with app.run_test(size=(160, 48)) as pilot:
+            table = app.query_one("#runs-table", DataTable)
+            await wait_for(pilot, lambda: table.row_count == 4)
+            table.move_cursor(row=table.get_row_index("delta"))
+            table.focus()
+            await pilot.press("d")
+            await pilot.pause()
+            assert app.screen.__class__.__name__ != "ConfirmScreen"
+            assert (live_runs_dir / "delta").exists()
+    run(go())
+
+
+# ----------------------------------------------------------------------------- sample
+
+def test_sample_pane_streams_two_checkpoints_side_by_side(runs_dir, monkeypatch):
+    from workbench.tui import launcher
+
+    calls = []
+
+    def fake_argv(runs, run_id, ckpt, prompt, *rest):
+        calls.append((run_id, ckpt, prompt, rest))
+        # a real subprocess that streams like the sampler: one flushed piece at a time
+        code = ("import sys, time\n"
+                f"for w in ['<{ckpt}>', ' hello', ' world']:\n"
+                "    sys.stdout.write(w); sys.stdout.flush(); time.sleep(0.05)\n")
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(launcher, "sample_argv", fake_argv)
+
+    async def go():
+        app = make_app(runs_dir)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: app.summaries)
+            app.open_sample("alpha")
+            await pilot.pause()
+            a = app.query_one("#smp-ckpt-a", Select)
+            b = app.query_one("#smp-ckpt-b", Select)
+            labels = [str(p) for p, _v in a._options]
+            assert "step 400 (val 2.429)" in labels and "step 200 (val 3.377)" in labels
+            b.value = "200"
+            prompt = app.query_one("#smp-prompt", Input)
+            prompt.value = "import "
+            app.query_one("#smp-temperature", Input).value = "0.5"
+            await pilot.pause()
+            prompt.focus()
+            await pilot.press("enter")
+            out_a, out_b = app.query_one("#smp-out-a"), app.query_one("#smp-out-b")
+            await wait_for(pilot, lambda: "world" in out_a.text.plain and "world" in out_b.text.plain,
+                           what=f"streamed text {getattr(out_a, 'text', None)!r} {getattr(out_b, 'text', None)!r}")
+            assert out_a.text.plain.startswith("import <latest> hello world")
+            assert out_b.text.plain.startswith("import <200> hello world")
+            assert {c[1] for c in calls} == {"latest", "200"}
+            assert calls[0][3][0:1] == (200,) and calls[0][3][1] == 0.5  # max tokens, temperature
+            # bad settings are refused with a message, not sent to the sampler
+            app.query_one("#smp-top_k", Input).value = "many"
+            app.action_generate()
+            assert len(calls) == 2
+            # the trainer's own samples
+            app.query_one("#smp-trainer").collapsed = False
+            await pilot.pause()
+            assert "foo_400" in text_of(app.query_one("#smp-trainer-text"))
+    run(go())
+
+
+# ----------------------------------------------------------------------------- presets
+
+def test_presets_validate_as_you_type_and_save_atomically(runs_dir, tmp_path):
+    user_dir = tmp_path / "user-presets"
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="presets")
+        async with app.run_test(size=(140, 44)) as pilot:
+            pane = app.query_one("#presets-pane")
+            await wait_for(pilot, lambda: pane.current is not None)
+            await pilot.pause()
+            pane.load("cpu-small")
+            editor = app.query_one("#preset-editor", TextArea)
+            assert 'name = "cpu-small"' in editor.text
+            await wait_for(pilot, lambda: "valid" in text_of(app.query_one("#preset-status")))
+            assert "params" in text_of(app.query_one("#preset-estimate"))
+            # a misspelt key, typed: the engine's message with the line it is on
+            editor.focus()
+            line = next(i for i, ln in enumerate(editor.text.splitlines()) if ln.startswith("lr = "))
+            editor.move_cursor((line, 2))
+            await pilot.press("r")
+            await wait_for(pilot, lambda: "lrr" in text_of(app.query_one("#preset-status")))
+            status = text_of(app.query_one("#preset-status"))
+            assert f"line {line + 1}:" in status and "did you mean 'lr'" in status
+            # saving an invalid preset writes nothing
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert not (user_dir / "cpu-small.toml").exists()
+            # broken TOML: tomllib's line and column
+            editor.focus()
+            await pilot.press("backspace", "=")
+            await wait_for(pilot, lambda: "not valid TOML" in text_of(app.query_one("#preset-status")),
+                           what=f"TOML error; editor line is {editor.document.get_line(line)!r}, focus {app.focused}")
+            await pilot.press("backspace")
+            await wait_for(pilot, lambda: "valid" in text_of(app.query_one("#preset-status"))
+                           and "not" not in text_of(app.query_one("#preset-status")))
+            # change a value and save: a shipped preset becomes a user copy
+            editor.text = editor.text.replace("max_iters = 2000", "max_iters = 1234")
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: (user_dir / "cpu-small.toml").exists())
+            assert "max_iters = 1234" in (user_dir / "cpu-small.toml").read_text()
+            assert pane.paths["cpu-small"][1] == "user"
+            # save as: a new name, written with that name inside
+            await pilot.press("ctrl+o")
+            await pilot.pause()
+            name_input = app.screen.query_one("#name-input", Input)
+            name_input.value = "my-small"
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: (user_dir / "my-small.toml").exists())
+            assert 'name = "my-small"' in (user_dir / "my-small.toml").read_text()
+            assert pane.current == "my-small"
+    run(go())
+
+
+# ----------------------------------------------------------------------------- new run form and palette
+
+def test_new_run_form_validates_overrides_before_starting(runs_dir):
+    async def go():
+        app = make_app(runs_dir)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.press("n")
+            await pilot.pause()
+            screen = app.screen
+            screen.query_one("#nr-preset", Select).value = "cpu-small"
+            screen.query_one("#nr-overrides", Input).value = "train.lrr=1 model.dim=64"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert app.screen is screen  # not started
+            assert "unknown key train.lrr" in text_of(screen.query_one("#nr-error"))
+            screen.query_one("#nr-overrides", Input).value = "model.dim=60"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert "n_heads" in text_of(screen.query_one("#nr-error"))
+            await pilot.press("escape")
+    run(go())
+
+
+def test_command_palette_runs_workbench_actions(runs_dir):
+    async def go():
+        app = make_app(runs_dir)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.summaries)
+            await pilot.press("ctrl+p")
+            await pilot.pause()
+            await pilot.press(*"toggle log scale")
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.query_one("#curves-pane").log_y)
+            assert app.query_one("#tabs").active == "curves"
+            await pilot.press("ctrl+p")
+            await pilot.press(*"go to runs")
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.query_one("#tabs").active == "runs")
+    run(go())

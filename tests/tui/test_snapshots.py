@@ -1,0 +1,46 @@
+"""Snapshots of the main screens at 80x24 and 160x48 on fixed fixture data.
+
+Hardware is injected, the runs are canned (no live pid, no clock on screen), so the
+pictures only change when the UI does. Update with `pytest --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import make_app, wait_for
+
+SIZES = [(80, 24), (160, 48)]
+
+
+def _app(runs_dir, tab):
+    return make_app(runs_dir, initial_tab=tab)
+
+
+async def _settle(pilot, app, tab):
+    await wait_for(pilot, lambda: len(app.summaries) == 3, what="run list")
+    if tab in ("train", "curves"):
+        app.monitor("alpha", switch=False)
+        await wait_for(pilot, lambda: len(app.run_data["alpha"].steps) == 40, what="alpha metrics")
+        await wait_for(pilot, lambda: app.run_data["alpha"].state == "finished", what="alpha status")
+    if tab == "curves":
+        sl = app.query_one("#curves-runs")
+        sl.deselect_all()
+        sl.select("alpha")
+        await wait_for(pilot, lambda: len(app.run_data["alpha"].eval_steps) == 4)
+        app.query_one("#curves-pane").redraw()
+    if tab == "runs":
+        t = app.query_one("#runs-table")
+        t.move_cursor(row=t.get_row_index("alpha"))
+    await pilot.pause(0.2)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("tab", ["hardware", "train", "curves", "runs"])
+def test_main_screens(snap_compare, runs_dir, tab, size):
+    app = _app(runs_dir, tab)
+
+    async def before(pilot):
+        await _settle(pilot, app, tab)
+
+    assert snap_compare(app, terminal_size=size, run_before=before)

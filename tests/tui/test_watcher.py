@@ -1,0 +1,91 @@
+"""The tailer reads only bytes appended since its last read, and the run model built from them."""
+
+import json
+import os
+
+from workbench.rundir import MetricsTail
+from workbench.tui.rundata import RunData, downsample, ema
+from workbench.tui.watcher import LogTail, RunWatcher
+
+
+def _rec(step, **kw):
+    return json.dumps({"kind": "train", "step": step, "loss": 5.0 - step / 100, "elapsed_s": step * 0.5,
+                       "tokens_seen": step * 256, **kw}) + "\n"
+
+
+def test_metrics_tail_reads_only_new_bytes(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(_rec(1) + _rec(2))
+    tail = MetricsTail(path)
+    assert [r["step"] for r in tail.read_new()] == [1, 2]
+    size = path.stat().st_size
+    assert tail.offset == size
+    # Scribble over the bytes already read: a reader that re-read the file would see it.
+    with open(path, "r+b") as f:
+        f.write(b"X" * size)
+    assert tail.read_new() == []
+    with open(path, "a") as f:
+        f.write(_rec(3))
+        f.write('{"kind": "train", "step": 4')  # half a line: kept until its newline arrives
+    assert [r["step"] for r in tail.read_new()] == [3]
+    with open(path, "a") as f:
+        f.write(', "loss": 1.0}\n')
+    assert [r["step"] for r in tail.read_new()] == [4]
+
+
+def test_log_tail_starts_near_the_end_and_follows(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text("".join(f"line {i}\n" for i in range(5000)))
+    tail = LogTail(path, start_tail_bytes=100)
+    first = tail.read_new()
+    assert first[-1] == "line 4999" and len(first) < 20
+    assert all(ln.startswith("line ") for ln in first)  # no half line from the cut
+    with open(path, "a") as f:
+        f.write("step 1\rstep 2\n")
+    assert tail.read_new() == ["step 2"]
+
+
+def test_watcher_posts_only_what_is_new(tmp_path):
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(_rec(10))
+    (run / "status.json").write_text(json.dumps({"state": "finished", "step": 10, "max_iters": 20}))
+    posted = []
+    w = RunWatcher(tmp_path, posted.append)
+    w.watch("r1", with_log=True)
+    assert w.poll_once() == 1
+    assert [r["step"] for r in posted[0].records] == [10] and posted[0].status["state"] == "finished"
+    assert w.poll_once() == 0  # nothing new: nothing posted
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(_rec(20))
+    with open(run / "train.log", "a") as f:
+        f.write("hello\n")
+    w.poll_once()
+    assert [r["step"] for r in posted[-1].records] == [20] and posted[-1].log_lines == ["hello"]
+
+
+def test_eta_leaves_out_warmup_and_compile():
+    d = RunData("r")
+    d.status = {"state": "running", "max_iters": 1000}
+    d.feed([{"kind": "event", "event": "start", "step": 0}])
+    # first record is slow (compile / warm-up): 10 steps in 60 s
+    d.feed([{"kind": "train", "step": 10, "loss": 5.0, "elapsed_s": 60.0}])
+    assert d.steps_per_s() is None
+    d.feed([{"kind": "train", "step": s, "loss": 4.0, "elapsed_s": 60.0 + (s - 10) / 10} for s in (20, 30, 40)])
+    assert abs(d.steps_per_s() - 10.0) < 1e-9  # 10 steps/s, not diluted by the first minute
+    assert abs(d.eta_s() - (1000 - 40) / 10.0) < 1e-9
+    d.feed([{"kind": "event", "event": "resume", "step": 40}])
+    assert d.steps_per_s() is None  # a resume starts the measurement over
+
+
+def test_non_finite_losses_are_not_plotted():
+    d = RunData("r")
+    d.feed([{"kind": "train", "step": 1, "loss": float("nan")}, {"kind": "train", "step": 2, "loss": 3.0},
+            {"kind": "eval", "step": 2, "val_loss": None}])
+    assert d.steps == [2] and d.eval_steps == []
+
+
+def test_ema_and_downsample():
+    assert ema([1.0, 1.0, 1.0], 0.9) == [1.0, 1.0, 1.0]  # bias-corrected: no ramp from zero
+    xs, ys = downsample(list(range(1000)), list(range(1000)), 100)
+    assert len(xs) <= 101 and xs[-1] == 999
