@@ -35,7 +35,7 @@ def make_app(runs_dir, **kw):
     return WorkbenchApp(runs_dir, **kw)
 
 
-async def wait_for(pilot, cond, timeout: float = 5.0, what: str = "condition"):
+async def wait_for(pilot, cond, timeout: float = 20.0, what: str = "condition"):
     """Let the app run until ``cond()`` is true (thread workers deliver asynchronously)."""
     deadline = time.monotonic() + timeout
     while True:

@@ -89,3 +89,22 @@ def test_ema_and_downsample():
     assert ema([1.0, 1.0, 1.0], 0.9) == [1.0, 1.0, 1.0]  # bias-corrected: no ramp from zero
     xs, ys = downsample(list(range(1000)), list(range(1000)), 100)
     assert len(xs) <= 101 and xs[-1] == 999
+
+
+def test_watching_a_run_for_its_log_later_does_not_repeat_its_metrics(tmp_path):
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(_rec(10) + _rec(20))
+    (run / "train.log").write_text("a\nb\n")
+    posted = []
+    w = RunWatcher(tmp_path, posted.append)
+    w.watch("r1")  # for the loss curves: metrics only
+    w.poll_once()
+    w.watch("r1", with_log=True, fresh_log=True)  # now shown in the Train pane
+    w.poll_once()
+    steps = [r["step"] for m in posted for r in m.records]
+    assert steps == [10, 20]
+    assert posted[-1].log_lines == ["a", "b"]
+    w.watch("r1", with_log=True, fresh_log=True)  # shown again after another run: the tail again
+    w.poll_once()
+    assert posted[-1].log_lines == ["a", "b"] and posted[-1].records == []

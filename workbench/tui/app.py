@@ -231,11 +231,8 @@ class WorkbenchApp(App[int]):
         changed = run_id != self.monitored
         self.monitored = run_id
         d = self.run_data.setdefault(run_id, RunData(run_id))
-        if changed:
-            self.watcher.watch(run_id, with_log=True)
-            # the log tail must start over for the newly shown run
-            self.watcher.unwatch(run_id)
-            self.watcher.watch(run_id, with_log=True)
+        if changed:  # the pane is cleared, so its train.log tail starts over
+            self.watcher.watch(run_id, with_log=True, fresh_log=True)
         mon = self.query_one(MonitorPane)
         mon.set_runs([s.id for s in self.summaries] or [run_id], run_id)
         mon.show_run(d, reset=changed)
@@ -318,7 +315,6 @@ class WorkbenchApp(App[int]):
             self.notify(f"The trainer did not say which run it started ({msg.run_id!r}).", severity="error")
             return
         self.notify(f"Run {msg.run_id} {msg.how}; it keeps running if you close workbench.")
-        self.run_data.pop(msg.run_id, None) if msg.how == "started" else None
         self.monitor(msg.run_id)
         self.action_refresh_runs()
 

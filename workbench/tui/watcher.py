@@ -75,12 +75,17 @@ class RunWatcher:
         self._lock = threading.Lock()
         self._want: dict[str, bool] = {}  # run id -> also tail train.log
         self._watched: dict[str, _Watched] = {}
+        self._fresh_log: set[str] = set()  # runs whose train.log tail should start over
         self.wake = threading.Event()
         self.stopped = threading.Event()
 
-    def watch(self, run_id: str, with_log: bool = False) -> None:
+    def watch(self, run_id: str, with_log: bool = False, fresh_log: bool = False) -> None:
+        """Follow ``run_id``; ``with_log`` also tails train.log, ``fresh_log`` restarts that tail
+        (from the last few KB) because the pane showing it was cleared."""
         with self._lock:
             self._want[run_id] = self._want.get(run_id, False) or with_log
+            if fresh_log:
+                self._fresh_log.add(run_id)
         self.wake.set()
 
     def unwatch(self, run_id: str) -> None:
@@ -92,14 +97,17 @@ class RunWatcher:
         from workbench.tui.messages import RunUpdated
         with self._lock:
             want = dict(self._want)
+            fresh, self._fresh_log = self._fresh_log, set()
         for rid in list(self._watched):
             if rid not in want:
                 del self._watched[rid]
         changed = 0
         for rid, with_log in want.items():
             w = self._watched.get(rid)
-            if w is None or (with_log and w.log is None):
+            if w is None:
                 w = self._watched[rid] = _Watched(self.runs_dir / rid, with_log)
+            elif with_log and (w.log is None or rid in fresh):
+                w.log = LogTail(w.run_dir / "train.log")  # metrics keep their offset: no duplicates
             records: list[dict] = []
             while True:  # a long history arrives in 4 MB pieces
                 batch = w.metrics.read_new()
