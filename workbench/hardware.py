@@ -399,3 +399,102 @@ def device_memory(info: dict[str, Any], device: str) -> tuple[int | None, str]:
         total = info["cpu"]["ram_total"]
         return int(min(ram, total * 2 / 3)), "unified memory usable by MPS (~2/3 of RAM)"
     return ram, "available RAM"
+
+
+# ----------------------------------------------------------------------------- recommendation
+
+# Larger to smaller, per device class: the first that fits (by estimate) is recommended.
+_LADDER = {
+    "cuda": ["datacenter-80gb", "gpu-24gb", "gpu-8gb", "medium", "cpu-small"],
+    "mps": ["apple-m4pro", "medium", "cpu-small"],
+    "cpu": ["cpu-small"],
+}
+
+
+def _first_choice(device: str, mem: int | None) -> str:
+    if device == "cpu":
+        return "cpu-small"
+    if device == "mps":
+        return "apple-m4pro"
+    gb = (mem or 0) / GB
+    if gb >= 60:
+        return "datacenter-80gb"
+    if gb >= 20:
+        return "gpu-24gb"
+    if gb >= 7:
+        return "gpu-8gb"
+    return "medium"
+
+
+def suggest_changes(preset, device: str, available: int) -> str:
+    """What to change so ``preset`` fits ``available`` bytes on ``device``, by estimate:
+    a smaller micro-batch with more accumulation, then activation checkpointing, bf16, a shorter sequence."""
+    from workbench import estimate as est
+    from workbench.commands.fit import plan_accumulation, search_batch
+    seqs = preset.train.batch_size * preset.train.grad_accum
+    limit = (1 - est.HEADROOM) * available
+
+    def best_batch(**kw) -> int:
+        return search_batch(lambda b: est.estimate_memory(preset, device=device, batch_size=b, **kw)["total"] <= limit,
+                            cap=seqs, start=min(preset.train.batch_size, seqs))[0]
+
+    def plan(b: int) -> str:
+        bs, acc, note = plan_accumulation(seqs, b)
+        same = "same tokens per step" if not note else f"{(bs * acc - seqs) / seqs:+.0%} tokens per step"
+        return f"batch_size {preset.train.batch_size} -> {bs} with grad_accum {acc} ({same})"
+
+    b = best_batch()
+    if b:
+        return plan(b) + f"; `workbench fit {preset.name}` writes it"
+    if not preset.hardware.activation_checkpointing:
+        b = best_batch(activation_checkpointing=True)
+        if b:
+            return "hardware.activation_checkpointing = true and " + plan(b)
+    if device != "cpu" and est.resolve_precision(None, preset, device) == "fp32":
+        return "hardware.precision = bf16 (halves activations)"
+    return f"a shorter model.seq_len (now {preset.model.seq_len}) or a smaller model"
+
+
+def recommend_preset(info: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(preset name, one-line reason) for this machine (or ``info`` from ``detect``).
+
+    CPU -> cpu-small; MPS -> apple-m4pro; CUDA by VRAM (>= 60 GB datacenter-80gb,
+    >= 20 gpu-24gb, >= 7 gpu-8gb, else medium), then checked with the memory
+    estimate: if the first choice does not fit with headroom, the next smaller
+    preset that does is recommended and the reason says what to change to run
+    the first choice.
+    """
+    from workbench import estimate as est
+    from workbench.config import PresetError, preset_paths, resolve_preset
+    if info is None:
+        info = detect(use_torch=False)
+    device = best_device(info)
+    mem, what = device_memory(info, device)
+    first = _first_choice(device, mem)
+    known = preset_paths()
+    ladder = [n for n in _LADDER[device] if n in known]
+    if first not in known or not mem:
+        return first, f"{device} with {human(mem)} {what}" if mem else f"{device} detected"
+    ladder = ladder[ladder.index(first):] if first in ladder else [first]
+    first_note = ""
+    for name in ladder:
+        try:
+            p = resolve_preset(name)
+            m = est.estimate_memory(p, device=device)
+        except PresetError:
+            continue
+        if est.fits(m, mem):
+            why = (f"{device}: needs ~{human(m['total'])} (estimate) of {human(mem)} {what}")
+            if name != first:
+                why += f"; {first_note}"
+            return name, why
+        if name == first:
+            first_note = (f"{first} needs ~{human(m['total'])} (estimate), more than {human(mem)} {what} "
+                          f"allows with {est.HEADROOM:.0%} headroom; to run it: "
+                          + suggest_changes(p, device, mem))
+    return first, first_note or f"{device} with {human(mem)} {what}"
+
+
+def human(n: int | None) -> str:
+    from workbench.estimate import human_bytes
+    return human_bytes(n)
