@@ -37,6 +37,9 @@ def stats_table(d: RunData, wide: bool) -> Table:
         if r.get(key) is not None:
             mem_parts.append(f"{label} {fmt.mb(r[key])}")
     mem = " · ".join(mem_parts) if mem_parts else fmt.mb(r.get("mem_mb"))
+    start = next((e for e in reversed(d.events) if e.get("event") in ("start", "resume")), {})
+    device = str(start.get("device") or "")
+    mem_label = "RSS" if device == "cpu" else "GPU mem" if device.startswith(("cuda", "mps")) else "memory"
     mfu = r.get("mfu")
     cells = [
         ("tokens/s", fmt.si(r.get("tokens_per_s"))),
@@ -46,7 +49,7 @@ def stats_table(d: RunData, wide: bool) -> Table:
         ("best val", fmt.loss(d.best_val())),
         ("lr", fmt.num(r.get("lr"), ".2e")),
         ("grad norm", fmt.num(r.get("grad_norm"), ".3g")),
-        ("memory", mem),
+        (mem_label, mem),
         ("tokens", fmt.si(r.get("tokens_seen"))),
         ("elapsed", fmt.duration(r.get("elapsed_s")) if r.get("elapsed_s") is not None else "—"),
         ("skipped", str(d.skipped_total)),
