@@ -49,6 +49,11 @@ def run(args) -> int:
     if diffs:
         raise rundir.RunError(f"checkpoint {ckpt['name']} does not fit the run's preset: {'; '.join(diffs)}; "
                               "restore those values in preset.toml or start a new run")
+    # Load the checkpoint once here (weights_only) so a truncated, foreign or unsafe file is
+    # refused before anything in the run directory changes.
+    from workbench.train.checkpoint import load_model_state, load_training_state
+    load_model_state(ckpt["path"])
+    load_training_state(ckpt["path"])
     if args.overrides:
         rundir.write_text_atomic(run_dir / "preset.toml", preset_to_toml(p))
     sel = str(ckpt["step"])

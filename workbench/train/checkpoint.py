@@ -17,6 +17,7 @@ new one, never a half one that counts. Loading uses ``torch.load(weights_only=Tr
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -85,6 +86,9 @@ def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict, train
         torch.save(model_sd, tmp / "model.pt")
         _fsync_file(tmp / "model.pt")
         _test_pause("after_model")
+        if os.environ.get("WORKBENCH_TEST_FAIL_SAVE_AT_STEP") == str(step):
+            # Test hook: the disk filling up in the middle of a save.
+            raise OSError(errno.ENOSPC, "No space left on device")
         torch.save(state, tmp / "state.pt")
         _fsync_file(tmp / "state.pt")
         with open(tmp / "trainer_state.json", "w") as f:

@@ -41,7 +41,7 @@ MAX_ROLLBACKS = 2
 
 
 class TrainError(WorkbenchError):
-    pass
+    exit_code = 1  # the run failed (bad input is caught before a run starts and exits 2)
 
 
 # ----------------------------------------------------------------------------- device / precision
@@ -221,6 +221,8 @@ class Trainer:
         self.fpt = flops_per_token(p)
         self.peak = peak_flops_for(self.device, self.precision)
         n_params = self.model.num_params()
+        if self.resume:
+            self._apply_restored_rng()  # last: setup above (e.g. the FLOP/s calibration) draws random numbers
         self.log(f"run {rd.name}: preset {p.name}, {n_params / 1e6:.2f} M params, device {self.device}, "
                  f"precision {self.precision}, compile {'on' if self.compiled else 'off'}, "
                  f"{self.tokens_per_step:,} tokens/step, corpus {self.data.source}"
@@ -242,7 +244,7 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             if state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
-            set_rng_state(state["rng"])
+            self._restored_rng = state["rng"]
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
             raise CheckpointError(f"checkpoint {meta['name']} does not match this run's optimizer: {e}") from None
         self.step = ts["step"]
@@ -253,10 +255,7 @@ class Trainer:
         self.rollbacks = ts.get("rollbacks", 0)
         self.skipped_total = ts.get("skipped_total", 0)
         self.sampler.set_state(ts["sampler"])
-        py = ts["python_rng"]
-        random.setstate((py[0], tuple(py[1]), py[2]))
-        np_state = ts["numpy_rng"]
-        np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
+        self._restored_host_rng = (ts["python_rng"], ts["numpy_rng"])
         self.elapsed_before = ts.get("elapsed_s", 0.0)
         # Safe changes since the checkpoint (schedule length, intervals) are allowed and recorded.
         old = ts.get("train_preset", {})
@@ -267,6 +266,12 @@ class Trainer:
             self.log("preset changes since that checkpoint: "
                      + ", ".join(f"train.{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
         self.resumed_from = meta["name"]
+
+    def _apply_restored_rng(self) -> None:
+        set_rng_state(self._restored_rng)
+        py, nps = self._restored_host_rng
+        random.setstate((py[0], tuple(py[1]), py[2]))
+        np.random.set_state((nps[0], np.array(nps[1], dtype=np.uint32), *nps[2:]))
 
     # -- checkpoints
     def save(self, train_loss: float | None, val_loss: float | None, reason: str) -> None:
@@ -354,6 +359,14 @@ class Trainer:
             done.add(nxt)
             return True
         return False
+
+    def _step_hooks(self) -> None:
+        """Test hooks (environment variables) that kill or signal this process after a given step."""
+        env = os.environ
+        if env.get("WORKBENCH_TEST_SIGTERM_AT_STEP") == str(self.step):
+            os.kill(os.getpid(), signal.SIGTERM)
+        if env.get("WORKBENCH_TEST_KILL_AT_STEP") == str(self.step):
+            os.kill(os.getpid(), signal.SIGKILL)
 
     # -- the loop
     def train(self) -> str:
@@ -444,6 +457,7 @@ class Trainer:
                 if window_steps:
                     window_t0, window_tokens, window_steps = now, 0, 0
 
+            self._step_hooks()
             saved = False
             if self.step % t.eval_interval == 0 or self.step == t.max_iters:
                 tl, vl = self.evaluate()
@@ -494,6 +508,7 @@ class Trainer:
         rollbacks, skipped = self.rollbacks + 1, self.skipped_total
         from_step = self.step
         self._restore(ckpts[-1]["name"])
+        self._apply_restored_rng()
         self.lr_scale, self.rollbacks, self.skipped_total = new_scale, rollbacks, skipped
         self.consecutive_skips = 0
         self.event("rollback", from_step=from_step, to=ckpts[-1]["name"], lr_scale=new_scale)

@@ -1,0 +1,227 @@
+"""Trustworthy runs: bitwise resume, SIGTERM, kill -9 at random moments, NaN guard, retention, safety."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import read_jsonl, tiny, wb
+from workbench import rundir
+from workbench.train.checkpoint import has_nonfinite, load_model_state, load_training_state
+
+N = 16
+# dropout > 0 so that the torch RNG state matters; checkpoints every 5 steps; a fixed
+# decay horizon so that stopping early does not change the schedule.
+EXACT = tiny(f"train.max_iters={N}", "train.lr_decay_iters=16", "train.ckpt_interval=5",
+             "train.eval_interval=8", "model.dropout=0.1", "train.sample_prompt='def '",
+             "train.sample_tokens=8", "train.patience=0")
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """step -> loss, the last record of each step winning (a resume re-runs steps after its checkpoint)."""
+    out = {}
+    for r in read_jsonl(run_dir / "metrics.jsonl"):
+        if r["kind"] == "train":
+            out[r["step"]] = r["loss"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[int, float]:
+    root = tmp_path_factory.mktemp("straight")
+    wb("train", "cpu-small", "--name", "straight", "--runs-dir", str(root), *EXACT, check=True)
+    got = losses(root / "straight")
+    assert sorted(got) == list(range(1, N + 1))
+    return got
+
+
+@pytest.mark.parametrize("k,how", [(7, "kill"), (10, "sigterm"), (12, "kill")])
+def test_resume_is_bitwise_identical(tmp_path, uninterrupted, k, how):
+    """k=7 and k=12 are SIGKILLs between checkpoints (resume goes back to steps 5 and 10);
+    k=10 is a SIGTERM, which saves at step 10."""
+    root = str(tmp_path)
+    env = {"WORKBENCH_TEST_KILL_AT_STEP" if how == "kill" else "WORKBENCH_TEST_SIGTERM_AT_STEP": str(k)}
+    cp = wb("train", "cpu-small", "--name", "r", "--runs-dir", root, *EXACT, env=env)
+    d = tmp_path / "r"
+    if how == "kill":
+        assert cp.returncode == -signal.SIGKILL
+        assert rundir.read_status(d)["state"] == "crashed"
+    else:
+        assert cp.returncode == 0 and rundir.read_status(d)["state"] == "stopped"
+    before = losses(d)
+    assert max(before) == k
+    last_ckpt = rundir.list_checkpoints(d)[-1]["step"]
+    assert last_ckpt == (k if how == "sigterm" else k // 5 * 5)
+    res = wb("resume", "r", "--runs-dir", root, check=True)  # a fresh process
+    assert f"resumed from checkpoint step_{last_ckpt:07d}" in res.stdout
+    after = losses(d)
+    assert after == uninterrupted  # every logged loss, bit for bit
+    assert {s: v for s, v in before.items()} == {s: uninterrupted[s] for s in before}
+
+
+def test_sigterm_saves_and_stale_lock_does_not_block(tmp_path):
+    root = str(tmp_path)
+    wb("train", "cpu-small", "--name", "s", "--runs-dir", root, *EXACT,
+       env={"WORKBENCH_TEST_SIGTERM_AT_STEP": "3"}, check=True)
+    d = tmp_path / "s"
+    st = rundir.read_status(d)
+    assert st["state"] == "stopped" and st["step"] == 3
+    assert [c["step"] for c in rundir.list_checkpoints(d)] == [3]
+    assert (d / "lock").exists()  # the lock file stays; only a live flock counts
+    wb("resume", "s", "--runs-dir", root, check=True)
+    assert rundir.read_status(d)["state"] == "finished"
+
+
+def _wait(pred, timeout=60.0, every=0.05):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError("timed out waiting")
+
+
+@pytest.mark.slow
+def test_kill_minus_nine_at_random_moments_always_resumes(tmp_path):
+    """12 SIGKILLs: 8 at random times, 4 paused inside a save (after model.pt, before the rename)."""
+    root = str(tmp_path)
+    rng = random.Random(1234)
+    long = tiny("train.max_iters=100000", "train.ckpt_interval=3", "train.eval_interval=1000",
+                "train.log_interval=1", "train.keep_last=2")
+    d = tmp_path / "k"
+    marker = tmp_path / "paused"
+    loaded_steps = []
+    for trial in range(12):
+        env = {}
+        if trial % 3 == 2:
+            env = {"WORKBENCH_TEST_PAUSE_IN_SAVE": "after_model" if trial % 2 else "before_rename",
+                   "WORKBENCH_TEST_PAUSE_MARKER": str(marker), "WORKBENCH_TEST_PAUSE_SECONDS": "60"}
+        if marker.exists():
+            marker.unlink()
+        if trial == 0:
+            wb("train", "cpu-small", "--name", "k", "--runs-dir", root, "--detach", *long, env=env, check=True)
+        else:
+            cp = wb("resume", "k", "--runs-dir", root, "--detach", env=env)
+            assert cp.returncode == 0, cp.stderr
+        pid = _wait(lambda: (s := rundir.read_json(d / "status.json")) and s.get("state") == "running"
+                    and s.get("pid"))
+        if env:
+            _wait(marker.exists)
+        else:
+            time.sleep(rng.uniform(0.2, 2.5))
+        os.kill(pid, signal.SIGKILL)
+        _wait(lambda: not rundir.pid_alive(pid))
+        assert rundir.read_status(d)["state"] == "crashed"
+        # Every checkpoint that counts is complete and loads.
+        for c in rundir.list_checkpoints(d):
+            sd = load_model_state(c["path"])
+            state, ts = load_training_state(c["path"])
+            assert ts["step"] == c["step"] and not has_nonfinite(sd)
+        ck = rundir.list_checkpoints(d)
+        if ck:
+            loaded_steps.append(ck[-1]["step"])
+    assert loaded_steps, "no checkpoint was ever written"
+    # Progress was kept across the kills, and a last resume finishes cleanly.
+    last = rundir.list_checkpoints(d)[-1]["step"]
+    cp = wb("resume", "k", "--runs-dir", root, "--set", f"train.max_iters={last + 4}")
+    assert cp.returncode == 0, cp.stderr
+    assert rundir.read_status(d)["state"] == "finished"
+    leftovers = [p.name for p in (d / "checkpoints").iterdir() if p.name.startswith(".tmp_")]
+    assert leftovers == []
+
+
+def test_nan_step_is_skipped_and_counted(tmp_path):
+    root = str(tmp_path)
+    wb("train", "cpu-small", "--name", "n", "--runs-dir", root, *tiny("train.max_iters=12", "train.ckpt_interval=4",
+       "train.eval_interval=4"), env={"WORKBENCH_TEST_NAN_STEPS": "6"}, check=True)
+    d = tmp_path / "n"
+    recs = read_jsonl(d / "metrics.jsonl")
+    skips = [r for r in recs if r.get("event") == "nonfinite_skip"]
+    assert [s["step"] for s in skips] == [6]
+    train = {r["step"]: r for r in recs if r["kind"] == "train"}
+    assert train[6]["loss"] is None and train[5]["skipped"] == 0 and train[12]["skipped"] == 1
+    assert rundir.read_status(d)["state"] == "finished"
+    for c in rundir.list_checkpoints(d):
+        assert not has_nonfinite(load_model_state(c["path"]))
+        state, _ = load_training_state(c["path"])
+        for s in state["optimizer"]["state"].values():
+            assert torch.isfinite(s["exp_avg"]).all()
+
+
+def test_repeated_nan_rolls_back_with_lower_lr(tmp_path):
+    root = str(tmp_path)
+    wb("train", "cpu-small", "--name", "rb", "--runs-dir", root,
+       *tiny("train.max_iters=14", "train.ckpt_interval=4", "train.eval_interval=100", "train.max_skips=3"),
+       env={"WORKBENCH_TEST_NAN_STEPS": "6,7,8"}, check=True)
+    d = tmp_path / "rb"
+    recs = read_jsonl(d / "metrics.jsonl")
+    rb = [r for r in recs if r.get("event") == "rollback"]
+    assert len(rb) == 1 and rb[0]["to"] == "step_0000004" and rb[0]["lr_scale"] == 0.5
+    assert rundir.read_status(d)["state"] == "finished"
+    after = [r for r in recs if r["kind"] == "train" and r["step"] > 8]
+    assert all(r["loss"] is not None for r in after)
+
+
+def test_persistent_nan_fails_with_advice(tmp_path):
+    root = str(tmp_path)
+    cp = wb("train", "cpu-small", "--name", "f", "--runs-dir", root,
+            *tiny("train.max_iters=40", "train.ckpt_interval=2", "train.eval_interval=100", "train.max_skips=2"),
+            env={"WORKBENCH_TEST_NAN_STEPS": ",".join(str(i) for i in range(3, 41)),
+                 "WORKBENCH_TEST_NAN_ALWAYS": "1"})
+    assert cp.returncode == 1
+    d = tmp_path / "f"
+    st = rundir.read_status(d)
+    assert st["state"] == "failed"
+    assert "consecutive non-finite steps" in st["error"] and "lower train.lr" in st["error"]
+    assert "rollbacks did not help" in st["error"]
+    assert cp.stderr.strip().splitlines()[-1].startswith("workbench: error: 2 consecutive non-finite steps")
+    for c in rundir.list_checkpoints(d):
+        assert not has_nonfinite(load_model_state(c["path"]))
+
+
+def test_retention_keeps_last_k_best_and_milestones(tmp_path):
+    root = str(tmp_path)
+    wb("train", "cpu-small", "--name", "ret", "--runs-dir", root,
+       *tiny("train.max_iters=20", "train.ckpt_interval=2", "train.eval_interval=7", "train.keep_last=2",
+             "train.milestone_interval=8"), check=True)
+    d = tmp_path / "ret"
+    evals = [r for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "eval" and r["step"] > 0]
+    best = min(evals, key=lambda r: (r["val_loss"], -r["step"]))["step"]
+    steps = {c["step"] for c in rundir.list_checkpoints(d)}
+    assert steps == {18, 20, 8, 16, best}
+    on_disk = {p.name for p in (d / "checkpoints").iterdir()}
+    assert on_disk == {f"step_{s:07d}" for s in steps}
+
+
+class _Evil:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_malicious_checkpoint_is_refused_without_running(trained_run, tmp_path):
+    import shutil
+    run = tmp_path / "evil"
+    shutil.copytree(trained_run, run)
+    pwned = tmp_path / "pwned"
+    ck = rundir.list_checkpoints(run)[-1]
+    with open(Path(ck["path"]) / "model.pt", "wb") as f:
+        pickle.dump({"tok_emb.weight": _Evil(pwned)}, f)
+    cp = wb("sample", str(run), "--prompt", "x", "--max-new-tokens", "3")
+    assert cp.returncode == 2
+    assert "not a valid workbench checkpoint file" in cp.stderr and "unsafe pickle" in cp.stderr
+    assert not pwned.exists()
+    # The torch.save flavour of the same attack is refused too.
+    torch.save({"tok_emb.weight": _Evil(pwned)}, Path(ck["path"]) / "model.pt")
+    cp = wb("sample", str(run), "--prompt", "x", "--max-new-tokens", "3")
+    assert cp.returncode == 2 and not pwned.exists()
