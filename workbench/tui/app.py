@@ -315,6 +315,9 @@ class WorkbenchApp(App[int]):
             self.notify(f"The trainer did not say which run it started ({msg.run_id!r}).", severity="error")
             return
         self.notify(f"Run {msg.run_id} {msg.how}; it keeps running if you close workbench.")
+        curves = self.query_one(CurvesPane)
+        curves.select_run(msg.run_id)  # its loss is what the user wants to see next
+        self.watch_runs_for_curves(curves.selected_ids())
         self.monitor(msg.run_id)
         self.action_refresh_runs()
 

@@ -77,6 +77,9 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
                 yield Button("Start (ctrl+s)", id="start", variant="success")
                 yield Button("Cancel (esc)", id="cancel")
 
+    def on_mount(self) -> None:
+        self.query_one("#nr-preset", Select).focus()  # tab order: preset, corpus, name, --set
+
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "start":
             self.action_start()
