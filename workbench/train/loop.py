@@ -86,13 +86,19 @@ def lr_at(step: int, p: Preset) -> float:
 
 
 def memory_mb(device: torch.device) -> dict:
-    if device.type == "cuda":
-        return {"mem_mb": torch.cuda.max_memory_allocated(device) / 2**20,
-                "mem_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
-    if device.type == "mps":
-        return {"mem_mb": torch.mps.current_allocated_memory() / 2**20}
+    """mem_mb is the headline figure: peak allocated on CUDA, allocated on MPS, process RSS on CPU."""
     import psutil
-    return {"mem_mb": psutil.Process().memory_info().rss / 2**20}
+    rss = psutil.Process().memory_info().rss / 2**20
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+        return {"mem_mb": peak, "mem_allocated_mb": peak,
+                "mem_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20,
+                "mem_device_used_mb": (total - free) / 2**20, "mem_rss_mb": rss}
+    if device.type == "mps":
+        alloc = torch.mps.current_allocated_memory() / 2**20
+        return {"mem_mb": alloc, "mem_allocated_mb": alloc, "mem_rss_mb": rss}
+    return {"mem_mb": rss, "mem_rss_mb": rss}
 
 
 def is_oom(e: BaseException) -> bool:
@@ -162,9 +168,10 @@ class Trainer:
         self.metrics = rundir.MetricsWriter(rd / "metrics.jsonl")
         self.step = 0
         self.started = time.time()
+        # A resume keeps the run's original start time and records when it resumed.
+        when = {"resumed": self.started} if self.resume else {"started": self.started}
         rundir.write_status(rd, state="starting", pid=os.getpid(), pid_start=rundir.process_start_time(os.getpid()),
-                            step=0, max_iters=p.train.max_iters, error=None, started=self.started,
-                            compiling=False)
+                            max_iters=p.train.max_iters, error=None, compiling=False, **when)
         if removed:
             self.log(f"removed incomplete checkpoint temporaries: {', '.join(removed)}")
 
