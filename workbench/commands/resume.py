@@ -51,8 +51,13 @@ def run(args) -> int:
                               "restore those values in preset.toml or start a new run")
     # Load the checkpoint once here (weights_only) so a truncated, foreign or unsafe file is
     # refused before anything in the run directory changes.
-    from workbench.train.checkpoint import load_model_state, load_training_state
-    load_model_state(ckpt["path"])
+    import torch
+
+    from workbench.train.checkpoint import check_model_compatible, load_model_state, load_training_state
+    from workbench.train.model import GPT
+    sd = load_model_state(ckpt["path"])
+    with torch.device("meta"):
+        check_model_compatible(GPT(p.model), sd, f"checkpoint {ckpt['name']}")
     load_training_state(ckpt["path"])
     if args.overrides:
         rundir.write_text_atomic(run_dir / "preset.toml", preset_to_toml(p))
