@@ -124,3 +124,19 @@ def test_measured_cpu_matmul_is_plausible_and_cached():
     assert hardware.measure_matmul_flops("cpu", "fp32") == f  # cached per process
     peak, source = hardware.mfu_peak("cpu", "fp32")
     assert (peak, source) == (f, "measured")
+
+
+def test_recommendation_here_and_with_mocked_gpus(monkeypatch):
+    info = hardware.detect(use_torch=False)
+    if not info["nvidia"]:
+        name, reason = hardware.recommend_preset(info)
+        assert name == "cpu-small" and "estimate" in reason
+    _fake_pynvml(monkeypatch)
+    info = hardware.detect(use_torch=False)
+    name, reason = hardware.recommend_preset(info)  # GPU 0 is the 24 GB RTX 4090
+    assert name == "gpu-24gb", reason
+    # an 8 GB card: gpu-8gb's batch of 24 x 1024 does not fit, so a smaller preset and what to change
+    info["nvidia"] = [dict(info["nvidia"][0], vram_total=8 * 2**30, vram_free=7 * 2**30 + 2**29)]
+    name, reason = hardware.recommend_preset(info)
+    assert name == "medium"
+    assert "gpu-8gb needs" in reason and "grad_accum" in reason
