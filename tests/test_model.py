@@ -86,3 +86,27 @@ def test_loss_is_finite_and_near_log_vocab_at_init():
     x, y = torch.randint(0, 97, (4, 32)), torch.randint(0, 97, (4, 32))
     _, loss = m(x, y)
     assert abs(loss.item() - torch.log(torch.tensor(97.0)).item()) < 0.5
+
+
+def test_chunked_loss_equals_full_loss_and_gradients():
+    torch.manual_seed(0)
+    full = GPT(cfg())
+    chunked = GPT(cfg(), loss_chunk_tokens=24)  # 2 x 32 tokens in chunks of 24 (uneven last chunk)
+    chunked.load_state_dict(full.state_dict())
+    x, y = torch.randint(0, 97, (2, 32)), torch.randint(0, 97, (2, 32))
+    _, a = full(x, y)
+    logits, b = chunked(x, y)
+    assert logits is None
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    a.backward()
+    b.backward()
+    for (n, p), q in zip(full.named_parameters(), chunked.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_auto_loss_chunk_turns_on_only_for_big_logits():
+    from workbench.estimate import auto_loss_chunk
+    assert auto_loss_chunk(8, 256, 8192, "auto") == 0            # cpu-small: 64 MiB of logits
+    assert auto_loss_chunk(24, 1024, 32768, "auto") == 2048      # gpu-8gb: 3 GiB -> 256 MiB chunks
+    assert auto_loss_chunk(24, 1024, 32768, "false") == 0
+    assert auto_loss_chunk(8, 256, 8192, "true") == 2048

@@ -6,6 +6,7 @@ import json
 import time
 import tomllib
 
+import pytest
 import torch
 
 from tests.conftest import read_jsonl, tiny, wb
@@ -109,3 +110,18 @@ def test_detach_stop_resume(tmp_path):
     assert rundir.read_status(d)["step"] == st["step"] + 3
     events = [r for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "event"]
     assert any(e["event"] == "preset_changed" for e in events)
+
+
+@pytest.mark.slow
+def test_compiled_run_with_chunked_loss_saves_plain_state_dict(tmp_path):
+    """torch.compile per block (chosen with the chunked loss) trains, and its checkpoint loads uncompiled."""
+    cp = wb("train", "cpu-small", "--name", "c", "--runs-dir", str(tmp_path),
+            *tiny("train.max_iters=4", "train.eval_interval=4", "train.ckpt_interval=4", "hardware.compile=true",
+                  "hardware.chunked_loss=true"), check=True, timeout=600)
+    assert "compile per block" in cp.stdout
+    start = next(r for r in read_jsonl(tmp_path / "c" / "metrics.jsonl") if r.get("event") == "start")
+    assert start["compile_mode"] == "per block" and start["loss_chunk_tokens"] > 0
+    assert any(r.get("event") == "compile_done" for r in read_jsonl(tmp_path / "c" / "metrics.jsonl"))
+    sd = load_model_state(rundir.select_checkpoint(tmp_path / "c", "latest")["path"])
+    m = GPT(load_preset_file(tmp_path / "c" / "preset.toml").model)
+    m.load_state_dict(sd)

@@ -101,6 +101,8 @@ class HardwareConfig:
     compile: str = _f("auto", "torch.compile: auto (on for CUDA), true or false.", choices=("auto", "true", "false"))
     tf32: bool = _f(True, "Allow TF32 matmuls on Ampere or newer.")
     activation_checkpointing: bool = _f(False, "Recompute block activations in backward to save memory.")
+    chunked_loss: str = _f("auto", "Compute the loss in chunks so the full fp32 logits never exist: auto (when "
+                           "they would exceed 1 GiB), true or false.", choices=("auto", "true", "false"))
     fused_adamw: str = _f("auto", "Fused AdamW kernel: auto (on for CUDA), true or false.", choices=("auto", "true", "false"))
     num_threads: int = _f(0, "CPU threads for torch; 0 = torch's default.", min=0)
     expected_memory_gb: float = _f(0.0, "Informational: the memory this preset was sized for (0 = not stated).", min=0.0)

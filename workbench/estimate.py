@@ -88,7 +88,7 @@ CUDA_WORKSPACE_BYTES = 72 * MB
 HEADROOM = 0.10
 # workbench.train.loop keeps the logits returned by the model until the next
 # forward (`_, loss = model(x, y)`); they count at every phase of the peak.
-LOGITS_HELD = True  # "fits" means total <= (1 - HEADROOM) x what the device has
+LOGITS_HELD = False  # "fits" means total <= (1 - HEADROOM) x what the device has
 
 
 def _resolve_device(device: str | None, preset) -> str:
@@ -158,6 +158,17 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
     return norms + linear_inputs + wo_input + attn + mlp + drop
 
 
+def auto_loss_chunk(batch_size: int, seq_len: int, vocab_size: int, setting: str) -> int:
+    """Tokens per loss chunk: 0 (off) unless the step's fp32 logits would exceed 1 GiB (or forced on)."""
+    n_tok = batch_size * seq_len
+    if setting == "false":
+        return 0
+    if setting == "auto" and n_tok * vocab_size * 4 <= 2**30:
+        return 0
+    # About 256 MiB of fp32 logits per chunk.
+    return max(256, min(n_tok, (2**28) // (4 * vocab_size)))
+
+
 def estimate_memory(preset, precision: str | None = None, device: str | None = None,
                     batch_size: int | None = None, activation_checkpointing: bool | None = None,
                     attention: str | None = None, fused_adamw: bool | None = None) -> dict[str, Any]:
@@ -221,8 +232,11 @@ def estimate_memory(preset, precision: str | None = None, device: str | None = N
     grads_resident = grads if t.grad_accum > 1 else 0
 
     static = weights + optimizer + grads_resident
-    # The loop writes `_, loss = model(x, y)`: `_` keeps this micro-batch's logits
-    # alive through backward and into the next forward (LOGITS_HELD).
+    # Logits exist for one loss chunk at a time when the loss is chunked (hardware.chunked_loss).
+    chunk = auto_loss_chunk(B, T, V, h.chunked_loss)
+    if chunk:
+        BTV = chunk * V
+    # The loop drops the logits right after the forward (LOGITS_HELD False).
     held = a * BTV if LOGITS_HELD else 0
     # logits (+ the previous ones), their fp32 copy (none in fp32), log-softmax output
     fwd_logits = held + a * BTV + (4 * BTV if mixed else 0) + 4 * BTV

@@ -21,7 +21,7 @@ def register(sub) -> None:
                                    "component, whether it fits this machine, tokens/s, time to max_iters, "
                                    "energy and cost. Every number is an estimate unless it says measured.")
     p.add_argument("preset", help="preset name or path to a .toml file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a preset value, e.g. --set train.batch_size=4 (repeatable)")
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "mps"],
                    help="device to estimate for (default: the preset's hardware.device)")

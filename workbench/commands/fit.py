@@ -32,7 +32,7 @@ def register(sub) -> None:
     p = sub.add_parser("fit", help="find the largest micro-batch that fits and write it as a new preset",
                        description=__doc__.split("\n\n")[0] + " Writes presets/<NAME>.toml.")
     p.add_argument("preset", help="preset name or path to a .toml file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a preset value first, e.g. --set model.seq_len=512 (repeatable)")
     p.add_argument("--out", default=None, metavar="NAME", help="name of the new preset (default: <preset>-fit)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],

@@ -63,11 +63,11 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(st: dict[str, Any]) -> None:
-    torch.set_rng_state(st["torch_cpu"])
+    torch.set_rng_state(st["torch_cpu"].cpu())
     if "torch_cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["torch_cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in st["torch_cuda"]])
     if "torch_mps" in st and torch.backends.mps.is_available():
-        torch.mps.set_rng_state(st["torch_mps"])
+        torch.mps.set_rng_state(st["torch_mps"].cpu())
 
 
 def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict, trainer_state: dict,

@@ -132,10 +132,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, activation_checkpointing: bool = False):
+    def __init__(self, cfg: ModelConfig, activation_checkpointing: bool = False, loss_chunk_tokens: int = 0):
         super().__init__()
         self.cfg = cfg
         self.activation_checkpointing = activation_checkpointing
+        # > 0: compute the loss this many tokens at a time, never holding all logits (see chunked_cross_entropy).
+        self.loss_chunk_tokens = loss_chunk_tokens
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -183,6 +185,10 @@ class GPT(nn.Module):
         if targets is None:
             # Generation needs only the last position's logits.
             return F.linear(x[:, -1:, :], self.output_weight()), None
+        n_tok = x.shape[0] * x.shape[1]
+        if self.loss_chunk_tokens and n_tok > self.loss_chunk_tokens:
+            return None, chunked_cross_entropy(x.reshape(n_tok, -1), self.output_weight(), targets.reshape(-1),
+                                               self.loss_chunk_tokens)
         logits = F.linear(x, self.output_weight())
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
@@ -192,6 +198,24 @@ class GPT(nn.Module):
         shape = (batch, c.n_kv_heads, c.seq_len, c.head_dim)
         return KVCache(k=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(c.n_layers)],
                        v=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(c.n_layers)])
+
+
+def _ce_chunk(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(F.linear(x, w).float(), t, reduction="sum")
+
+
+def chunked_cross_entropy(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Mean cross-entropy of (x @ w.T) against targets, ``chunk`` rows at a time.
+
+    Each chunk's logits are recomputed in backward (activation checkpointing), so the
+    peak holds one chunk's logits instead of [tokens, vocab] in fp32 several times over:
+    with vocab 32k and 24k tokens a step that is ~10 GiB less.
+    """
+    total = x.new_zeros((), dtype=torch.float32)
+    for i in range(0, x.shape[0], chunk):
+        total = total + activation_checkpoint(_ce_chunk, x[i:i + chunk], w, targets[i:i + chunk],
+                                              use_reentrant=False)
+    return total / x.shape[0]
 
 
 def configure_optimizer(model: GPT, lr: float, weight_decay: float, betas: tuple[float, float],
