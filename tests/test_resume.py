@@ -225,3 +225,19 @@ def test_malicious_checkpoint_is_refused_without_running(trained_run, tmp_path):
     torch.save({"tok_emb.weight": _Evil(pwned)}, Path(ck["path"]) / "model.pt")
     cp = wb("sample", str(run), "--prompt", "x", "--max-new-tokens", "3")
     assert cp.returncode == 2 and not pwned.exists()
+
+
+def test_out_of_memory_stops_cleanly_with_advice(tmp_path):
+    root = str(tmp_path)
+    cp = wb("train", "cpu-small", "--name", "oom", "--runs-dir", root,
+            *tiny("train.max_iters=10", "train.ckpt_interval=2", "train.eval_interval=100"),
+            env={"WORKBENCH_TEST_OOM_AT_STEP": "3"})
+    assert cp.returncode == 1
+    last = cp.stderr.strip().splitlines()[-1]
+    assert last.startswith("workbench: error: out of memory on cpu at batch_size 4 x seq_len 32; lower "
+                           "train.batch_size (raise train.grad_accum to keep the tokens per step) (estimated ")
+    assert "GiB at batch_size 2), lower model.seq_len, or set hardware.activation_checkpointing = true" in last
+    d = tmp_path / "oom"
+    st = rundir.read_status(d)
+    assert st["state"] == "failed" and st["error"] in last
+    assert [p.name for p in (d / "checkpoints").iterdir()] == ["step_0000002"]

@@ -76,8 +76,11 @@ def test_runs_lists_the_run(trained_run):
     r = next(r for r in out if r["id"] == "tiny")
     assert r["state"] == "finished" and r["step"] == 60 and r["best_val_loss"] is not None
     assert len(r["checkpoints"]) == 3 and r["disk_bytes"] > 0
+    # Measured memory beside the estimate: the process's peak RSS vs `workbench estimate` for cpu.
+    assert r["device"] == "cpu" and r["est_mem_mb"] > 0 and r["mem_mb"] > 0
+    assert abs(r["mem_err_pct"]) < 35, r
     table = wb("runs", "--runs-dir", str(trained_run.parent), check=True).stdout
-    assert "tiny" in table and "finished" in table and "60/60" in table
+    assert "tiny" in table and "finished" in table and "60/60" in table and "EST MB" in table
 
 
 def test_detach_stop_resume(tmp_path):

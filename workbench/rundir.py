@@ -415,6 +415,37 @@ class RunSummary:
     disk_bytes: int = 0
     error: str | None = None
     started: float | None = None
+    device: str | None = None
+    est_mem_mb: float | None = None   # the estimator's figure for what mem_mb measures
+    mem_err_pct: float | None = None  # (measured - estimate) / estimate
+
+
+def first_event(path: Path, event: str, head_bytes: int = 16384) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(head_bytes)
+    except OSError:
+        return None
+    for line in head.split(b"\n"):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r.get("event") == event:
+            return r
+    return None
+
+
+def estimate_for_run(run_dir: Path, device: str, precision: str) -> float | None:
+    """MiB the estimator predicts for the figure the trainer logs as mem_mb
+    (peak allocated on CUDA/MPS, the whole process's RSS on CPU)."""
+    try:
+        from workbench.config import load_preset_file
+        from workbench.estimate import estimate_memory
+        m = estimate_memory(load_preset_file(Path(run_dir) / "preset.toml"), precision, device)
+    except Exception:
+        return None
+    return (m["total"] if device == "cpu" else m["peak_allocated"]) / 2**20
 
 
 def summarize_run(run_dir: Path) -> RunSummary:
@@ -432,9 +463,17 @@ def summarize_run(run_dir: Path) -> RunSummary:
     for r in last_records(run_dir / "metrics.jsonl"):
         if r.get("kind") == "train":
             s.train_loss, s.tokens_per_s = r.get("loss"), r.get("tokens_per_s")
-            s.mem_mb = r.get("mem_mb")
+            mem = r.get("mem_peak_rss_mb", r.get("mem_mb"))
+            if mem is not None:
+                s.mem_mb = max(s.mem_mb or 0.0, mem)
         elif r.get("kind") == "eval":
             s.val_loss = r.get("val_loss")
+    start = first_event(run_dir / "metrics.jsonl", "start")
+    if start and start.get("device"):
+        s.device = start["device"].split(":")[0]
+        s.est_mem_mb = estimate_for_run(run_dir, s.device, start.get("precision", "fp32"))
+        if s.est_mem_mb and s.mem_mb:
+            s.mem_err_pct = 100.0 * (s.mem_mb - s.est_mem_mb) / s.est_mem_mb
     s.checkpoints = list_checkpoints(run_dir)
     if s.best_val_loss is None:
         b = best_checkpoint(s.checkpoints)

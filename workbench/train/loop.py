@@ -88,8 +88,11 @@ def lr_at(step: int, p: Preset) -> float:
 
 def memory_mb(device: torch.device) -> dict:
     """mem_mb is the headline figure: peak allocated on CUDA, allocated on MPS, process RSS on CPU."""
+    import resource
+
     import psutil
     rss = psutil.Process().memory_info().rss / 2**20
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         peak = torch.cuda.max_memory_allocated(device) / 2**20
@@ -99,7 +102,8 @@ def memory_mb(device: torch.device) -> dict:
     if device.type == "mps":
         alloc = torch.mps.current_allocated_memory() / 2**20
         return {"mem_mb": alloc, "mem_allocated_mb": alloc, "mem_rss_mb": rss}
-    return {"mem_mb": rss, "mem_rss_mb": rss}
+    # RSS after the step misses the activations' peak inside it; the peak RSS catches it.
+    return {"mem_mb": rss, "mem_rss_mb": rss, "mem_peak_rss_mb": peak_rss}
 
 
 def is_oom(e: BaseException) -> bool:
@@ -390,6 +394,8 @@ class Trainer:
             os.kill(os.getpid(), signal.SIGTERM)
         if env.get("WORKBENCH_TEST_KILL_AT_STEP") == str(self.step):
             os.kill(os.getpid(), signal.SIGKILL)
+        if env.get("WORKBENCH_TEST_OOM_AT_STEP") == str(self.step):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test hook)")
 
     # -- the loop
     def train(self) -> str:
@@ -587,11 +593,9 @@ class Trainer:
         est = ""
         try:
             from workbench.estimate import estimate_memory
-            from workbench.config import preset_from_dict, apply_overrides
-            d = apply_overrides(self.preset.to_dict(), [f"train.batch_size={half}"])
-            m = estimate_memory(preset_from_dict(d), self.precision, str(self.device))
+            m = estimate_memory(self.preset, self.precision, self.device.type, batch_size=half)
             est = f" (estimated {m['total'] / 2**30:.1f} GiB at batch_size {half})"
-        except Exception:
+        except Exception:  # the advice stands without the number
             pass
         return (f"out of memory on {self.device} at batch_size {t.batch_size} x seq_len "
                 f"{self.preset.model.seq_len}; lower train.batch_size (raise train.grad_accum to keep the "
