@@ -36,7 +36,8 @@ echo "== throughput (bench/throughput.py)"
 $PY bench/throughput.py gpu-8gb --steps 60
 $PY bench/throughput.py gpu-8gb --steps 60 --set hardware.activation_checkpointing=false
 G124="model.vocab_size=32768 model.dim=768 model.n_layers=12 model.n_heads=12 model.n_kv_heads=12 model.ffn_hidden=2560
-      model.seq_len=1024 model.dropout=0.0 train.batch_size=32 hardware.activation_checkpointing=false data.builtin_mb=24"
+      model.seq_len=1024 model.dropout=0.0 train.batch_size=32 hardware.activation_checkpointing=false
+      hardware.chunked_loss=false data.builtin_mb=24"
 $PY bench/throughput.py gpu-8gb --steps 60 --set $G124
 $PY bench/throughput.py gpu-8gb --steps 60 --set $G124 hardware.compile=false
 echo "== estimates"
