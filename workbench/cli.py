@@ -14,7 +14,8 @@ import sys
 from workbench import __version__
 from workbench.errors import WorkbenchError
 
-COMMANDS = ["train", "resume", "stop", "runs", "sample", "presets", "hw", "estimate", "fit", "tui"]
+COMMANDS = ["train", "resume", "stop", "runs", "sample", "presets", "hw", "estimate", "fit", "export", "metrics",
+            "tui"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where runs live (default: $WORKBENCH_RUNS_DIR or ./runs)")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"workbench.commands.{name}").register(sub)
+        try:
+            mod = importlib.import_module(f"workbench.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"workbench.commands.{name}":
+                raise
+            continue  # a command still being written
+        mod.register(sub)
     # Accept --runs-dir after the subcommand too.
     for p in sub.choices.values():
         p.add_argument("--runs-dir", default=argparse.SUPPRESS, help="where runs live (default: ./runs)")
