@@ -104,7 +104,9 @@ class HardwareConfig:
     chunked_loss: str = _f("auto", "Compute the loss in chunks so the full fp32 logits never exist: auto (when "
                            "they would exceed 1 GiB), true or false.", choices=("auto", "true", "false"))
     fused_adamw: str = _f("auto", "Fused AdamW kernel: auto (on for CUDA), true or false.", choices=("auto", "true", "false"))
-    num_threads: int = _f(0, "CPU threads for torch; 0 = torch's default.", min=0)
+    num_threads: int = _f(0, "CPU threads for torch; 0 = torch's default (torchrun sets 1 per process).", min=0)
+    nproc: int = _f(1, "Processes (one per GPU) on this machine; > 1 trains data-parallel under torchrun "
+                       "(DDP; NCCL on CUDA, gloo on CPU). train.batch_size is per process.", min=1)
     expected_memory_gb: float = _f(0.0, "Informational: the memory this preset was sized for (0 = not stated).", min=0.0)
 
 

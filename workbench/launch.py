@@ -8,20 +8,81 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from workbench import rundir
 
 
-def start_detached(run_dir: Path, resume: bool = False, checkpoint: str | None = None) -> int:
-    """Start the trainer in a new session (closing a terminal or the TUI does not stop it)."""
-    cmd = [sys.executable, "-m", "workbench.train", str(run_dir), "--detached"]
+@dataclass
+class Topology:
+    """How many trainer processes, where: ``--nproc`` on each of ``--nnodes`` machines."""
+    nproc: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    @property
+    def distributed(self) -> bool:
+        return self.nproc * self.nnodes > 1
+
+
+def add_topology_options(p) -> None:
+    p.add_argument("--nproc", type=int, default=None, help="processes on this machine (default: hardware.nproc)")
+    p.add_argument("--nnodes", type=int, default=1, help="machines taking part (default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this machine's rank, 0 .. nnodes-1")
+    p.add_argument("--master-addr", default="127.0.0.1", help="address of the node-rank-0 machine")
+    p.add_argument("--master-port", type=int, default=29500, help="its rendezvous port")
+
+
+def topology_from_args(args, preset_nproc: int) -> Topology:
+    t = Topology(nproc=args.nproc or preset_nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+                 master_addr=args.master_addr, master_port=args.master_port)
+    if t.nproc < 1 or t.nnodes < 1 or not 0 <= t.node_rank < t.nnodes:
+        raise rundir.RunError(f"--nproc {t.nproc}, --nnodes {t.nnodes}, --node-rank {t.node_rank}: need nproc >= 1, "
+                              "nnodes >= 1 and 0 <= node-rank < nnodes")
+    return t
+
+
+def trainer_command(run_dir: Path, topo: Topology, resume: bool, checkpoint: str | None,
+                    detached: bool) -> list[str]:
+    """``python -m workbench.train RUN`` directly, or under torchrun for several processes."""
+    cmd = [sys.executable]
+    if topo.distributed:
+        cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={topo.nproc}"]
+        if topo.nnodes == 1:
+            cmd += ["--standalone"]
+        else:
+            cmd += [f"--nnodes={topo.nnodes}", f"--node-rank={topo.node_rank}",
+                    f"--master-addr={topo.master_addr}", f"--master-port={topo.master_port}"]
+    cmd += ["-m", "workbench.train", str(run_dir)]
+    if detached:
+        cmd.append("--detached")
     if resume:
         cmd.append("--resume")
         if checkpoint:
             cmd += ["--checkpoint", str(checkpoint)]
-    log = open(Path(run_dir) / "train.log", "a", encoding="utf-8")
+    return cmd
+
+
+class TrainingFailed(rundir.WorkbenchError):
+    exit_code = 1
+
+
+def _env() -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, set here so it does not warn every run
+    return env
+
+
+def start_detached(run_dir: Path, resume: bool = False, checkpoint: str | None = None,
+                   topo: Topology | None = None) -> int:
+    """Start the trainer in a new session (closing a terminal or the TUI does not stop it)."""
+    topo = topo or Topology()
+    cmd = trainer_command(run_dir, topo, resume, checkpoint, detached=True)
+    log = open(Path(run_dir) / "train.log", "a", encoding="utf-8")
+    env = _env() if topo.distributed else dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, env=env, close_fds=True)
     log.close()
@@ -30,6 +91,21 @@ def start_detached(run_dir: Path, resume: bool = False, checkpoint: str | None =
     return proc.pid
 
 
-def run_foreground(run_dir: Path, resume: bool = False, checkpoint: str | None = None) -> int:
-    from workbench.train.loop import Trainer  # imports torch
-    return Trainer(Path(run_dir), resume=resume, checkpoint=checkpoint, echo=True).run()
+def run_foreground(run_dir: Path, resume: bool = False, checkpoint: str | None = None,
+                   topo: Topology | None = None) -> int:
+    topo = topo or Topology()
+    if not topo.distributed:
+        from workbench.train.loop import Trainer  # imports torch
+        return Trainer(Path(run_dir), resume=resume, checkpoint=checkpoint, echo=True).run()
+    # Several processes: torchrun in this terminal's process group, so Ctrl-C reaches every rank
+    # (each finishes its step; rank 0 saves) and torchrun.
+    cmd = trainer_command(run_dir, topo, resume, checkpoint, detached=False)
+    proc = subprocess.Popen(cmd, env=_env())
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        rc = proc.wait()
+    if rc != 0:
+        st = rundir.read_status(run_dir)
+        raise TrainingFailed(st.get("error") or f"the trainer processes exited with status {rc}; see train.log")
+    return 0

@@ -19,6 +19,7 @@ def register(sub) -> None:
     p.add_argument("--checkpoint", default=None, help="latest (default), best, or a step number")
     add_set_option(p)
     p.add_argument("--detach", action="store_true", help="continue in the background")
+    launch.add_topology_options(p)
     p.set_defaults(func=run)
 
 
@@ -61,13 +62,14 @@ def run(args) -> int:
     load_training_state(ckpt["path"])
     if args.overrides:
         rundir.write_text_atomic(run_dir / "preset.toml", preset_to_toml(p))
+    topo = launch.topology_from_args(args, p.hardware.nproc)
     sel = str(ckpt["step"])
     if args.detach:
-        pid = launch.start_detached(run_dir, resume=True, checkpoint=sel)
+        pid = launch.start_detached(run_dir, resume=True, checkpoint=sel, topo=topo)
         print(f"resuming run {run_dir.name} from {ckpt['name']} (pid {pid})")
         print(run_dir.name)
         return 0
     print(f"resuming run {run_dir.name} from {ckpt['name']}")
-    return launch.run_foreground(run_dir, resume=True, checkpoint=sel)
+    return launch.run_foreground(run_dir, resume=True, checkpoint=sel, topo=topo)
 
 

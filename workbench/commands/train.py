@@ -20,6 +20,7 @@ def register(sub) -> None:
     p.add_argument("--name", default=None, help="run id (default: <preset>-<date>-<time>)")
     add_set_option(p)
     p.add_argument("--detach", action="store_true", help="start in the background and print the run id")
+    launch.add_topology_options(p)
     p.set_defaults(func=run)
 
 
@@ -53,7 +54,9 @@ def _toml_str(s: str) -> str:
 
 
 def run(args) -> int:
-    p = resolve_for_run(args.preset, args.overrides, args.corpus)
+    overrides = list(args.overrides) + ([f"hardware.nproc={args.nproc}"] if args.nproc else [])
+    p = resolve_for_run(args.preset, overrides, args.corpus)
+    topo = launch.topology_from_args(args, p.hardware.nproc)
     root = rundir.runs_root(getattr(args, "runs_dir", None))
     # Prepare the data first: corpus and tokenizer problems are reported before any
     # run directory exists, and the trainer then finds tokenizer and tokens cached.
@@ -66,10 +69,10 @@ def run(args) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise rundir.RunError(f"cannot write to {run_dir}: {e.strerror}") from None
     if args.detach:
-        pid = launch.start_detached(run_dir)
+        pid = launch.start_detached(run_dir, topo=topo)
         print(f"started run {run_dir.name} (pid {pid}); watch it with `workbench runs` or the TUI, "
               f"stop it with `workbench stop {run_dir.name}`")
         print(run_dir.name)
         return 0
     print(f"run {run_dir.name} in {run_dir}")
-    return launch.run_foreground(run_dir)
+    return launch.run_foreground(run_dir, topo=topo)

@@ -34,11 +34,22 @@ from workbench.train.checkpoint import (CheckpointError, apply_retention, check_
                                         load_model_state, load_training_state, rng_state, save_checkpoint,
                                         set_rng_state)
 from workbench.train.data import TokenData, WindowSampler, prepare_data
+from workbench.train.dist import Dist
 from workbench.estimate import auto_loss_chunk
 from workbench.train.model import GPT, configure_optimizer
 
 ROLLBACK_LR_FACTOR = 0.5
 MAX_ROLLBACKS = 2
+
+
+class _NoMetrics:
+    """What ranks other than 0 write to: nothing."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class TrainError(WorkbenchError):
@@ -142,11 +153,15 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.resume, self.ckpt_selector, self.echo = resume, checkpoint, echo
         self.stop_requested = False
+        self.stop_agreed = False
         self.log_file = None  # opened once the run's lock is held
         self.metrics: rundir.MetricsWriter | None = None
+        self.dist = Dist()
 
     # -- output
     def log(self, msg: str) -> None:
+        if not self.dist.is_main:
+            return
         line = f"{time.strftime('%H:%M:%S')} {msg}"
         print(line, flush=True)  # detached: stdout *is* train.log
         if self.log_file:
@@ -155,6 +170,10 @@ class Trainer:
 
     def event(self, event: str, **kw) -> None:
         self.metrics.write({"kind": "event", "event": event, "step": self.step, "time": time.time(), **kw})
+
+    def _status(self, **fields) -> None:
+        if self.dist.is_main:
+            rundir.write_status(self.run_dir, **fields)
 
     def _on_signal(self, signum, _frame) -> None:
         if self.stop_requested and signum == signal.SIGINT:
@@ -166,24 +185,30 @@ class Trainer:
     def setup(self) -> None:
         rd = self.run_dir
         self.preset = p = load_preset_file(rd / "preset.toml")
-        self.lock = rundir.RunLock(rd).acquire()
-        if self.echo:
-            self.log_file = open(rd / "train.log", "a", encoding="utf-8")
-        removed = rundir.clean_stale_temporaries(rd)
-        self.metrics = rundir.MetricsWriter(rd / "metrics.jsonl")
+        main = self.dist.is_main
+        removed = []
+        if main:  # rank 0 alone owns the run directory
+            self.lock = rundir.RunLock(rd).acquire()
+            if self.echo:
+                self.log_file = open(rd / "train.log", "a", encoding="utf-8")
+            removed = rundir.clean_stale_temporaries(rd)
+            self.metrics = rundir.MetricsWriter(rd / "metrics.jsonl")
+        else:
+            self.metrics = _NoMetrics()
         self.step = 0
         self.started = time.time()
         # A resume keeps the run's original start time and records when it resumed.
         when = {"resumed": self.started} if self.resume else {"started": self.started}
-        rundir.write_status(rd, state="starting", pid=os.getpid(), pid_start=rundir.process_start_time(os.getpid()),
-                            max_iters=p.train.max_iters, error=None, compiling=False, **when)
+        self._status(state="starting", pid=os.getpid(), pid_start=rundir.process_start_time(os.getpid()),
+                     max_iters=p.train.max_iters, error=None, compiling=False, world_size=self.dist.world, **when)
         if removed:
             self.log(f"removed incomplete checkpoint temporaries: {', '.join(removed)}")
 
         h = p.hardware
         if h.num_threads:
             torch.set_num_threads(h.num_threads)
-        self.device = pick_device(h.device)
+        self.device = self.dist.device_for(pick_device(h.device))
+        self.dist.init(self.device)
         self.precision = pick_precision(h.precision, self.device)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = h.tf32
@@ -194,15 +219,18 @@ class Trainer:
         if self.precision == "bf16" and self.device.type == "cpu":
             self.log("warning: bf16 autocast on CPU is much slower than fp32 unless the CPU has native bf16")
 
-        torch.manual_seed(p.train.seed)
+        torch.manual_seed(p.train.seed + self.dist.rank)  # distinct dropout per rank; DDP syncs the weights
         random.seed(p.train.seed)
         np.random.seed(p.train.seed % 2**32)
 
         self.data: TokenData = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=self.log)
         tok_copy = rd / "tokenizer.model"
-        if not tok_copy.exists():
+        if main and not tok_copy.exists():
             self.data.tokenizer.save(tok_copy)
-        self.sampler = WindowSampler(self.data.train, p.model.seq_len, p.train.batch_size, p.train.seed)
+        # One generator draws the global batch on every rank; each rank trains on its own slice. So the
+        # data of N ranks x batch b equals one process with batch N x b, and one sampler state resumes all.
+        self.sampler = WindowSampler(self.data.train, p.model.seq_len, p.train.batch_size * self.dist.world,
+                                     p.train.seed)
 
         chunk = auto_loss_chunk(p.train.batch_size, p.model.seq_len, p.model.vocab_size, h.chunked_loss)
         self.model = GPT(p.model, activation_checkpointing=h.activation_checkpointing,
@@ -240,10 +268,18 @@ class Trainer:
                     block.compile()
                 self.compile_mode = "per block"
             else:
-                self.fwd_model = torch.compile(self.model)
                 self.compile_mode = "whole model"
             self.compiled = True
-        self.tokens_per_step = p.tokens_per_step()
+        self.eval_model = self.model
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.fwd_model = DDP(self.model, device_ids=ids, broadcast_buffers=False)
+        if self.compile_mode == "whole model":
+            self.fwd_model = torch.compile(self.fwd_model)
+            if not self.dist.enabled:
+                self.eval_model = self.fwd_model
+        self.tokens_per_step = p.tokens_per_step() * self.dist.world
         self.fpt = flops_per_token(p)
         self.peak = peak_flops_for(self.device, self.precision)
         n_params = self.model.num_params()
@@ -258,20 +294,32 @@ class Trainer:
                    loss_chunk_tokens=self.model.loss_chunk_tokens, tokens_per_step=self.tokens_per_step,
                    corpus=self.data.source, train_tokens=int(self.data.n_train),
                    val_tokens=int(len(self.data.tokens) - self.data.n_train),
-                   peak_flops=self.peak, pid=os.getpid())
+                   peak_flops=self.peak, pid=os.getpid(), world_size=self.dist.world)
 
-    def _restore(self, selector: str | None) -> None:
+    def _read_checkpoint(self, selector: str | None):
         meta = rundir.select_checkpoint(self.run_dir, selector)
         path = Path(meta["path"])
-        sd = load_model_state(path, self.device)
+        # On CPU: RNG states must stay CPU tensors; load_state_dict moves the rest where it belongs.
+        return meta, load_model_state(path), *load_training_state(path)
+
+    def _restore(self, selector: str | None) -> None:
+        # Rank 0 reads the checkpoint and sends it to the others (other nodes may not see the files).
+        got = self._read_checkpoint(selector) if self.dist.is_main else None
+        meta, sd, state, ts = self.dist.broadcast(got)
         check_model_compatible(self.model, sd, f"checkpoint {meta['name']}")
         self.model.load_state_dict(sd)
-        state, ts = load_training_state(path)  # on CPU: RNG states must stay CPU tensors; the optimizer moves its own
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             if state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
-            self._restored_rng = state["rng"]
+            ranks = state.get("rank_rng")
+            if ranks and len(ranks) == self.dist.world:
+                self._restored_rng = ranks[self.dist.rank]
+            else:
+                self._restored_rng = state["rng"]
+                if self.dist.enabled:  # another world size: rank-specific dropout streams cannot continue
+                    torch.manual_seed(self.preset.train.seed + self.dist.rank + 7919 * ts["step"])
+                    self._restored_rng = rng_state()
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
             raise CheckpointError(f"checkpoint {meta['name']} does not match this run's optimizer: {e}") from None
         self.step = ts["step"]
@@ -302,9 +350,15 @@ class Trainer:
 
     # -- checkpoints
     def save(self, train_loss: float | None, val_loss: float | None, reason: str) -> None:
+        # Collective: every rank's RNG state goes into the checkpoint, which rank 0 writes.
+        rank_rng = self.dist.gather(rng_state())
+        if not self.dist.is_main:
+            return
         sd = self.model.state_dict()
         state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
-                 "rng": rng_state()}
+                 "rng": rank_rng[0]}
+        if self.dist.enabled:
+            state["rank_rng"] = rank_rng
         py = random.getstate()
         nps = np.random.get_state()
         ts = {"step": self.step, "tokens_seen": self.tokens_seen, "best_val": self.best_val,
@@ -315,7 +369,7 @@ class Trainer:
               "elapsed_s": self.elapsed(), "train_preset": vars(self.preset.train)}
         meta = {"train_loss": train_loss, "val_loss": val_loss, "tokens_seen": self.tokens_seen,
                 "elapsed_s": round(self.elapsed(), 2), "reason": reason, "preset": self.preset.name,
-                "best_val_loss": self.best_val, "model": vars(self.preset.model)}
+                "best_val_loss": self.best_val, "model": vars(self.preset.model), "world_size": self.dist.world}
         t0 = time.time()
         try:
             path = save_checkpoint(self.run_dir, self.step, sd, state, ts, meta)
@@ -336,25 +390,26 @@ class Trainer:
     # -- evaluation
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
-        """Mean loss over eval_iters fixed windows of train and of val (the same windows every eval)."""
+        """Mean loss over eval_iters fixed windows of train and of val (the same windows every eval).
+        Under DDP each rank takes its slice of the same global batches and the means are averaged."""
         p = self.preset
         self.model.eval()
         out = []
         for split, tokens in (("train", self.data.train), ("val", self.data.val)):
-            s = WindowSampler(tokens, p.model.seq_len, p.train.batch_size, seed=p.train.seed + 1)
+            s = WindowSampler(tokens, p.model.seq_len, p.train.batch_size * self.dist.world, seed=p.train.seed + 1)
             losses = []
             for _ in range(p.train.eval_iters):
-                x, y = self._to_device(*s.next_batch())
+                x, y = self._to_device(*self._slice(*s.next_batch()))
                 with self.autocast:
-                    loss = self.fwd_model(x, y)[1]  # drop the logits now: they would live through backward
+                    loss = self.eval_model(x, y)[1]
                 losses.append(loss.float())
-            out.append(torch.stack(losses).mean().item())
+            out.append(self.dist.sum_(torch.stack(losses).mean()).item() / self.dist.world)
         self.model.train()
         return out[0], out[1]
 
     def write_sample(self) -> None:
         p = self.preset.train
-        if not p.sample_prompt:
+        if not p.sample_prompt or not self.dist.is_main:
             return
         from workbench.train.sample import generate_text
         text = generate_text(self.model, self.data.tokenizer, p.sample_prompt, p.sample_tokens,
@@ -402,7 +457,7 @@ class Trainer:
         p, t = self.preset, self.preset.train
         self.model.train()
         self.ckpt_time = 0.0
-        rundir.write_status(self.run_dir, state="running", compiling=self.compiled, step=self.step)
+        self._status(state="running", compiling=self.compiled, step=self.step)
         if self.step == 0 and not self.resume:
             tl, vl = self.evaluate()
             self.metrics.write({"kind": "eval", "step": 0, "train_loss": tl, "val_loss": vl, "time": time.time()})
@@ -416,14 +471,18 @@ class Trainer:
                 g["lr"] = lr
             poison = self._nan_hook()
             loss_sum = torch.zeros((), device=self.device)
-            for _ in range(t.grad_accum):
-                x, y = self._to_device(*self.sampler.next_batch())
-                with self.autocast:
-                    loss = self.fwd_model(x, y)[1]  # drop the logits now: they would live through backward
-                if poison:
-                    loss = loss * float("nan")
-                loss = loss / t.grad_accum
-                self.scaler.scale(loss).backward()
+            for micro in range(t.grad_accum):
+                x, y = self._to_device(*self._next_batch())
+                # DDP: gradients are all-reduced once, on the last micro-batch.
+                sync = (contextlib.nullcontext() if not self.dist.enabled or micro == t.grad_accum - 1
+                        else self.fwd_model.no_sync())
+                with sync:
+                    with self.autocast:
+                        loss = self.fwd_model(x, y)[1]  # drop the logits now: they would live through backward
+                    if poison:
+                        loss = loss * float("nan")
+                    loss = loss / t.grad_accum
+                    self.scaler.scale(loss).backward()
                 loss_sum += loss.detach()
             self.scaler.unscale_(self.optimizer)
             if t.grad_clip > 0:
@@ -431,8 +490,15 @@ class Trainer:
             else:
                 grad_norm = torch.linalg.vector_norm(
                     torch.stack([q.grad.detach().norm() for q in self.model.parameters() if q.grad is not None]))
-            # One host sync per step: the non-finite guard needs to know before the update.
-            loss_val = loss_sum.item()
+            # One host sync per step: the non-finite guard needs to know before the update. Under DDP
+            # the same sync averages the loss over ranks and agrees on a stop request.
+            if self.dist.enabled:
+                vec = self.dist.sum_(torch.stack([loss_sum.float(), torch.tensor(
+                    float(self.stop_requested), device=self.device)]))
+                loss_val = vec[0].item() / self.dist.world
+                self.stop_agreed = bool(vec[1].item() > 0)
+            else:
+                loss_val = loss_sum.item()
             gn = float(grad_norm)
             finite = math.isfinite(loss_val) and (math.isfinite(gn) or self.precision == "fp16")
             if finite:
@@ -466,7 +532,7 @@ class Trainer:
                 if self.compiled and not getattr(self, "_compile_reported", False):
                     self._compile_reported = True
                     self.event("compile_done", seconds=round(now - self.started, 1))
-                    rundir.write_status(self.run_dir, compiling=False)
+                    self._status(compiling=False)
             else:
                 window_tokens += self.tokens_per_step
                 window_steps += 1
@@ -479,7 +545,7 @@ class Trainer:
                        "skipped": self.skipped_total, "time": now, **memory_mb(self.device)}
                 rec["mfu"] = (tps * self.fpt / self.peak) if (tps and self.fpt and self.peak) else None
                 self.metrics.write(rec)
-                rundir.write_status(self.run_dir, step=self.step, tokens_seen=self.tokens_seen)
+                self._status(step=self.step, tokens_seen=self.tokens_seen)
                 tps_s = f"{tps:,.0f} tok/s" if tps else "warming up"
                 self.log(f"step {self.step}/{t.max_iters}: loss {loss_val:.4f}, lr {lr:.2e}, "
                          f"grad norm {gn:.3f}, {tps_s}, mem {rec['mem_mb']:.0f} MB")
@@ -497,7 +563,7 @@ class Trainer:
                          + (" (best)" if improved else ""))
                 if improved:
                     self.best_val, self.bad_evals = vl, 0
-                    rundir.write_status(self.run_dir, best_val_loss=vl)
+                    self._status(best_val_loss=vl)
                 else:
                     self.bad_evals += 1
                 self.write_sample()
@@ -515,7 +581,7 @@ class Trainer:
                 self.save(last_loss, None, "interval")
                 saved = True
                 window_t0 = None
-            if self.stop_requested:
+            if self.stop_agreed if self.dist.enabled else self.stop_requested:
                 if not saved:
                     self.save(last_loss, None, "stop")
                 state = "stopped"
@@ -525,9 +591,19 @@ class Trainer:
                 window_t0, window_tokens, window_steps = time.time(), 0, 0
         return state
 
+    def _next_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._slice(*self.sampler.next_batch())
+
+    def _slice(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's part of a global batch (all of it in a single process)."""
+        if self.dist.enabled:
+            b, r = self.preset.train.batch_size, self.dist.rank
+            x, y = x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]
+        return x, y
+
     def _rollback_or_fail(self) -> None:
         t = self.preset.train
-        ckpts = rundir.list_checkpoints(self.run_dir)
+        ckpts = self.dist.broadcast(rundir.list_checkpoints(self.run_dir) if self.dist.is_main else None)
         hint = ("lower train.lr, use hardware.precision = bf16 or fp32 instead of fp16, "
                 "or set train.grad_clip = 1.0")
         if not ckpts or self.rollbacks >= MAX_ROLLBACKS:
@@ -553,11 +629,11 @@ class Trainer:
             state = self.train()
             self.metrics.write({"kind": "event", "event": "finish" if state == "finished" else state,
                                 "step": self.step, "time": time.time()})
-            rundir.write_status(self.run_dir, state=state, step=self.step, compiling=False,
-                                finished=time.time(), ckpt_seconds=round(self.ckpt_time, 3),
-                                best_val_loss=self.best_val)
+            self._status(state=state, step=self.step, compiling=False, finished=time.time(),
+                         ckpt_seconds=round(self.ckpt_time, 3), best_val_loss=self.best_val)
             self.log(f"{state} at step {self.step}" + (f", best val loss {self.best_val:.4f}"
                                                      if self.best_val is not None else ""))
+            self._clean_exit = True
             return 0
         except BaseException as e:  # noqa: BLE001 - every failure must reach status.json
             if isinstance(e, WorkbenchError):
@@ -566,6 +642,11 @@ class Trainer:
                 msg = self._oom_message()
             elif isinstance(e, KeyboardInterrupt):
                 msg = "interrupted twice; stopped without saving (the last checkpoint is intact)"
+            elif self.dist.enabled and isinstance(e, (RuntimeError, OSError)):
+                msg = (f"rank {self.dist.rank}: another rank of this run stopped (its process died or was killed: "
+                       f"{type(e).__name__} in a collective); see train.log for which, then "
+                       f"`workbench resume {self.run_dir.name}`")
+                self.log(traceback.format_exc())
             else:
                 msg = f"{type(e).__name__}: {e} (traceback in train.log)"
                 self.log(traceback.format_exc())
@@ -586,6 +667,7 @@ class Trainer:
                 self.lock.release()
             if self.metrics:
                 self.metrics.close()
+            self.dist.close(clean=getattr(self, "_clean_exit", False))
 
     def _oom_message(self) -> str:
         t = self.preset.train
