@@ -213,9 +213,9 @@ def test_sample_pane_streams_two_checkpoints_side_by_side(runs_dir, monkeypatch)
 
     def fake_argv(runs, run_id, ckpt, prompt, *rest):
         calls.append((run_id, ckpt, prompt, rest))
-        # a real subprocess that streams like the sampler: one flushed piece at a time
+        # a real subprocess that streams like the sampler: the prompt, then one flushed piece at a time
         code = ("import sys, time\n"
-                f"for w in ['<{ckpt}>', ' hello', ' world']:\n"
+                f"for w in [{prompt!r}, '<{ckpt}>', ' hello', ' world']:\n"
                 "    sys.stdout.write(w); sys.stdout.flush(); time.sleep(0.05)\n")
         return [sys.executable, "-c", code]
 

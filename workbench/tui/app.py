@@ -215,7 +215,8 @@ class WorkbenchApp(App[int]):
             self._listed_once = True
             if self.monitored:
                 self.query_one(CurvesPane).select_run(self.monitored)
-                self._sample_run_changed(self.monitored)
+        if self.monitored and self.query_one("#smp-run", Select).value == Select.NULL:
+            self._sample_run_changed(self.monitored)  # e.g. the first run, started from this TUI
         presets = self.query_one(PresetsPane)
         for s in reversed(msg.runs):  # newest wins
             if s.tokens_per_s:
@@ -461,11 +462,12 @@ class WorkbenchApp(App[int]):
                       f"seed={params['seed']}", params["prompt"])
             argv = launcher.sample_argv(self.runs_dir, str(run), ck, params["prompt"], params["max_new_tokens"],
                                         params["temperature"], params["top_k"], params["top_p"], params["seed"])
-            self._sample_worker(argv, out)
+            self._sample_worker(argv, out, params["prompt"])
 
     @work(thread=True, group="sample", exit_on_error=False)
-    def _sample_worker(self, argv: list[str], out: SampleOutput) -> None:
+    def _sample_worker(self, argv: list[str], out: SampleOutput, prompt: str = "") -> None:
         worker = get_current_worker()
+        echo = launcher.PromptEcho(prompt)
         try:
             proc = launcher.SampleProcess(argv)
         except OSError as e:
@@ -478,7 +480,8 @@ class WorkbenchApp(App[int]):
                 if worker.is_cancelled:
                     proc.kill()
                     break
-                self.call_from_thread(out.append, chunk)
+                if (chunk := echo.strip(chunk)):
+                    self.call_from_thread(out.append, chunk)
             rc, err = proc.finish()
         finally:
             if proc in self._samplers:
@@ -486,7 +489,7 @@ class WorkbenchApp(App[int]):
         if rc != 0 and not worker.is_cancelled:
             self.call_from_thread(out.append, f"\n[sampler failed: {err or f'exit status {rc}'}]", "bold red")
         else:
-            self.call_from_thread(out.append, f"\n[{time.monotonic() - started:.1f}s]", "dim")
+            self.call_from_thread(out.finish, f"[{time.monotonic() - started:.1f}s]")
 
     def action_cancel_sampling(self) -> None:
         for proc in list(self._samplers):

@@ -76,9 +76,33 @@ def _last_line(out: str) -> str:
 
 def sample_argv(runs_dir: Path, run_id: str, checkpoint: str, prompt: str, max_new_tokens: int,
                 temperature: float, top_k: int, top_p: float, seed: int) -> list[str]:
-    return cli_argv(runs_dir, "sample", run_id, "--checkpoint", checkpoint, "--prompt", prompt,
+    # --prompt=TEXT, so that a prompt starting with "-" is not taken for an option
+    return cli_argv(runs_dir, "sample", run_id, "--checkpoint", checkpoint, f"--prompt={prompt}",
                     "--max-new-tokens", str(max_new_tokens), "--temperature", str(temperature),
                     "--top-k", str(top_k), "--top-p", str(top_p), "--seed", str(seed))
+
+
+class PromptEcho:
+    """Drops the sampler's echo of the prompt from the start of its stream.
+
+    ``workbench sample`` prints the prompt before the generated text; the pane shows the
+    prompt itself (in bold), so without this it would appear twice."""
+
+    def __init__(self, prompt: str):
+        self.rest = prompt
+
+    def strip(self, chunk: str) -> str:
+        if not self.rest:
+            return chunk
+        n = 0
+        limit = min(len(chunk), len(self.rest))
+        while n < limit and chunk[n] == self.rest[n]:
+            n += 1
+        if n == len(chunk) and n < len(self.rest):
+            self.rest = self.rest[n:]  # the echo continues in the next chunk
+            return ""
+        self.rest = ""  # echo done (or the stream differs: show everything after what matched)
+        return chunk[n:]
 
 
 class SampleProcess:

@@ -51,6 +51,11 @@ class SampleOutput(VerticalScroll):
         self.query_one(Static).update(self.text)
         self.scroll_end(animate=False)
 
+    def finish(self, note: str) -> None:
+        """The sampler is done: ``note`` (e.g. the time taken) on a line of its own."""
+        plain = getattr(self, "text", Text()).plain
+        self.append(("" if not plain or plain.endswith("\n") else "\n") + note, "dim")
+
 
 class SamplePane(Vertical):
     BINDINGS = [
@@ -90,16 +95,22 @@ class SamplePane(Vertical):
             if keep in run_ids:
                 sel.value = keep
 
-    def show_run(self, run_dir: Path | None, checkpoint: str | None = None) -> None:
-        """Fill the checkpoint choices and the trainer's samples for this run."""
+    def show_run(self, run_dir: Path | None, checkpoint: str | None = None, keep: bool = False) -> None:
+        """Fill the checkpoint choices and the trainer's samples for this run; ``keep`` re-reads
+        them for the same run (a live run writes new checkpoints) keeping what was chosen."""
         a = self.query_one("#smp-ckpt-a", Select)
         b = self.query_one("#smp-ckpt-b", Select)
         opts = checkpoint_options(run_dir) if run_dir else [("latest", "latest")]
+        values = {v for _, v in opts}
+        old_a, old_b = str(a.value), str(b.value)
         with self.prevent(Select.Changed):
             a.set_options(opts)
-            a.value = checkpoint if checkpoint and checkpoint in {v for _, v in opts} else "latest"
+            if checkpoint and checkpoint in values:
+                a.value = checkpoint
+            else:
+                a.value = old_a if keep and old_a in values else "latest"
             b.set_options([("none", NONE)] + opts)
-            b.value = NONE
+            b.value = old_b if keep and old_b in values else NONE
         lines = Text()
         for rec in trainer_samples(run_dir) if run_dir else []:
             lines.append(f"step {rec.get('step', '?')}", style="bold cyan")

@@ -1,0 +1,90 @@
+"""The Sample pane on a REAL tiny run: the real `workbench sample` subprocesses (torch, in
+their own processes) stream text from two checkpoints side by side into the pane.
+
+The run is trained once for this module (about 20 steps of a tiny model on the built-in
+corpus; the tokenizer and corpus come from the session's shared cache).
+"""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Input, Select
+
+from tests.conftest import wb
+from .conftest import make_app, run, text_of, wait_for
+
+pytestmark = pytest.mark.slow
+
+TINY_RUN = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.seq_len=32",
+            "model.vocab_size=512", "train.batch_size=4", "train.warmup_iters=2", "train.eval_iters=2",
+            "train.max_iters=20", "train.eval_interval=10", "train.ckpt_interval=10", "data.builtin_mb=0.3",
+            "data.tokenizer_sample_mb=0.3", "train.sample_prompt=import", "train.sample_tokens=8"]
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory):
+    """A runs directory holding ``t``: a finished real run with checkpoints at steps 10 and 20."""
+    root = tmp_path_factory.mktemp("real-runs")
+    wb("train", "cpu-small", "--name", "t", "--runs-dir", str(root), "--set", *TINY_RUN, check=True)
+    assert (root / "t" / "checkpoints" / "step_0000010" / "meta.json").is_file()
+    return root
+
+
+def test_sample_pane_streams_real_text_from_two_checkpoints(real_runs, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
+    prompt_text = "import os"
+    # what the CLI itself prints for checkpoint 10 with these settings: the pane must show the same
+    cli = wb("sample", "t", "--runs-dir", str(real_runs), "--checkpoint", "10", f"--prompt={prompt_text}",
+             "--max-new-tokens", "24", "--temperature", "0.8", "--top-k", "50", "--top-p", "0.95",
+             "--seed", "7", check=True).stdout
+
+    async def go():
+        app = make_app(real_runs)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: app.summaries, what="the run list")
+            await pilot.press("5")
+            await wait_for(pilot, lambda: app.query_one("#smp-run", Select).value == "t", what="run t chosen")
+            a = app.query_one("#smp-ckpt-a", Select)
+            b = app.query_one("#smp-ckpt-b", Select)
+            labels = [str(p) for p, _v in a._options]
+            assert any(lbl.startswith("step 10 (val ") for lbl in labels), labels
+            assert any(lbl.startswith("step 20 (val ") for lbl in labels), labels
+            a.value, b.value = "10", "20"
+            app.query_one("#smp-prompt", Input).value = prompt_text
+            app.query_one("#smp-max_new_tokens", Input).value = "24"
+            app.query_one("#smp-seed", Input).value = "7"
+            out_a, out_b = app.query_one("#smp-out-a"), app.query_one("#smp-out-b")
+            pieces = {"a": 0, "b": 0}
+            for key, out in (("a", out_a), ("b", out_b)):  # count the streamed pieces
+                orig = out.append
+
+                def counting(chunk, style="", _orig=orig, _key=key):
+                    pieces[_key] += 1
+                    return _orig(chunk, style)
+
+                out.append = counting
+            app.query_one("#smp-prompt", Input).focus()
+            await pilot.press("enter")
+
+            def done(out):
+                return "s]" in out.text.plain.splitlines()[-1] or "sampler failed" in out.text.plain
+
+            await wait_for(pilot, lambda: done(out_a) and done(out_b), timeout=120,
+                           what=f"both samplers to finish: {getattr(out_a, 'text', '')!r} "
+                                f"{getattr(out_b, 'text', '')!r}")
+            text_a, text_b = out_a.text.plain, out_b.text.plain
+            assert "sampler failed" not in text_a + text_b, (text_a, text_b)
+            assert "t @ 10" in str(out_a.border_title) and "t @ 20" in str(out_b.border_title)
+            for text in (text_a, text_b):
+                assert text.startswith(prompt_text) and not text.startswith(prompt_text * 2), text
+                generated = text[len(prompt_text):].rsplit("[", 1)[0].strip()
+                assert len(generated) >= 10, text  # real text came out of the model
+            # exactly what the CLI prints (prompt once, then the tokens), then the time taken
+            assert text_a.rsplit("\n[", 1)[0].rstrip("\n") == cli.rstrip("\n")
+            assert pieces["a"] > 3 and pieces["b"] > 3, pieces  # streamed, not delivered at the end
+            # the samples the trainer wrote at its evals
+            app.query_one("#smp-trainer").collapsed = False
+            await pilot.pause()
+            trainer = text_of(app.query_one("#smp-trainer-text"))
+            assert "step 10" in trainer and "step 20" in trainer and "import" in trainer
+    run(go())
