@@ -351,3 +351,50 @@ def test_command_palette_runs_workbench_actions(runs_dir):
             await pilot.press("enter")
             await wait_for(pilot, lambda: app.query_one("#tabs").active == "runs")
     run(go())
+
+
+def test_curves_runs_are_chosen_with_keyboard_and_mouse(runs_dir):
+    """The first run is highlighted when the pane opens; down/space tick runs at once and after the
+    list refreshes; a click ticks too; the box says ✓ in text, not only in colour."""
+    from workbench.tui.messages import RunsListed
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="train")
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.monitored == "gamma" and app.summaries)
+            sl = app.query_one("#curves-runs", SelectionList)
+            plot = app.query_one("#curves-plot")
+            assert sl.selected == ["gamma"]  # the run the Train pane shows
+            await pilot.press("4", "down", "space")  # as fast as a user types them
+            assert app.focused is sl
+            assert sl.selected == ["gamma", "beta"], sl.selected
+            await wait_for(pilot, lambda: "beta" in text_of(plot) and "gamma" in text_of(plot), what="overlay")
+            # the list refreshes every few seconds (here: at once); the highlight stays on beta
+            app.post_message(RunsListed(list(app.summaries)))
+            await pilot.pause()
+            await pilot.press("space")
+            assert sl.selected == ["gamma"]
+            # text (capture-pane, monochrome) shows which are ticked
+            lines = [strip.text for strip in (sl.render_line(y) for y in range(3))]
+            assert lines[0].lstrip().startswith("▐✓▌ gamma") and lines[1].lstrip().startswith("▐ ▌ beta"), lines
+            # the mouse: click alpha's row (border, then gamma, beta, alpha)
+            await pilot.click(sl, offset=(6, 3))
+            await pilot.pause()
+            assert "alpha" in sl.selected
+            await wait_for(pilot, lambda: "alpha" in text_of(plot), what="alpha plotted")
+    run(go())
+
+
+def test_tab_keys_move_focus_at_once(runs_dir):
+    """A key typed right after a tab key acts in the new pane (t on Hardware starts the form)."""
+    async def go():
+        app = make_app(runs_dir, initial_tab="train")
+        async with app.run_test(size=(120, 36)) as pilot:
+            from textual import events
+            await wait_for(pilot, lambda: app.summaries)
+            for key in ("1", "t"):  # queued together, as keys typed ahead of a busy app arrive
+                app.post_message(events.Key(key, key))
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "NewRunScreen",
+                           timeout=5, what=f"the new-run form (focus: {app.focused})")
+    run(go())
+

@@ -98,6 +98,11 @@ class WorkbenchApp(App[int]):
     def _has_runs(self) -> bool:
         return next(iter_run_dirs(self.runs_dir), None) is not None
 
+    def _panes_gone(self) -> bool:
+        """True while the app shuts down: a worker's message may still arrive after the panes are
+        removed, and handling it must not raise (it would print a traceback on quit)."""
+        return not self.is_running or not self.screen_stack or not self.query(TabbedContent)
+
     def on_mount(self) -> None:
         self.sub_title = str(self.runs_dir)
         self._watch_worker()
@@ -109,38 +114,51 @@ class WorkbenchApp(App[int]):
         else:
             self._show_hardware()
         self.set_interval(max(0.5, self.watch_interval), self._redraw_curves_if_dirty)
-        self.call_after_refresh(lambda: self._focus_pane(self.query_one(TabbedContent).active))
+        self._focus_pane(self.query_one(TabbedContent).active)
 
     # ------------------------------------------------------------------ tabs and focus
 
+    PANE_FOCUS = {"hardware": "#hardware-pane", "presets": "#preset-list", "train": "#mon-log",
+                  "curves": "#curves-runs", "sample": "#smp-run", "runs": "#runs-table"}
+
     def action_show_tab(self, tab: str) -> None:
         tabs = self.query_one(TabbedContent)
-        if tabs.active == tab:
-            return
-        # Drop focus first: otherwise Textual refocuses a sibling of the hidden widget, and
-        # focusing a widget in a pane makes that pane active again.
-        self.screen.set_focus(None)
-        tabs.active = tab
+        if tabs.active != tab:
+            tabs.active = tab  # the switcher shows the new pane at once
+        # Focus its main widget now, in the same step: keys typed right after the tab key (a
+        # quick "3 x y", or keys buffered while the app was busy) must reach the new pane, not
+        # the old one or nothing.
+        self._focus_pane(tab)
 
     @on(TabbedContent.TabActivated)
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
         tab = event.pane.id or ""
-        # after the refresh that displays the pane: a hidden widget cannot take focus
-        self.call_after_refresh(self._focus_pane, tab)
+        focused = self.default_screen.focused
+        if focused is None or event.pane not in focused.ancestors:  # e.g. a click on the tab
+            self._focus_pane(tab)
         if tab == "curves":
             self.query_one(CurvesPane).redraw()
         elif tab == "hardware":
             self._refresh_hardware_if_visible()
+        elif tab == "sample":
+            run = self.query_one("#smp-run", Select).value
+            if run != Select.NULL and (self.runs_dir / str(run)).is_dir():
+                self.query_one(SamplePane).show_run(self.runs_dir / str(run), keep=True)
 
     def _focus_pane(self, tab: str) -> None:
         """Focus the pane's main widget so its key bindings are live and shown in the footer."""
-        target = {"hardware": "#hardware-pane", "presets": "#preset-list", "train": "#mon-log",
-                  "curves": "#curves-runs", "sample": "#smp-run", "runs": "#runs-table"}.get(tab)
-        if target:
-            try:
-                self.query_one(target).focus()
-            except Exception:
-                pass
+        target = self.PANE_FOCUS.get(tab)
+        if not target:
+            return
+        try:
+            widget = self.query_one(target)
+        except Exception:
+            return
+        # synchronous (Widget.focus() waits for the next idle); on the panes' own screen, which
+        # may be under a dialog or the command palette just now
+        widget.screen.set_focus(widget)
+        if tab == "curves":
+            self.query_one(CurvesPane).ensure_highlight()
 
     # ------------------------------------------------------------------ the tailer
 
@@ -155,6 +173,8 @@ class WorkbenchApp(App[int]):
         self.action_cancel_sampling()
 
     def on_run_updated(self, msg: RunUpdated) -> None:
+        if self._panes_gone():
+            return
         d = self.run_data.setdefault(msg.run_id, RunData(msg.run_id))
         prev_state = d.state
         d.status = msg.status
@@ -169,6 +189,8 @@ class WorkbenchApp(App[int]):
             self.action_refresh_runs()  # the browser should show the new state now
 
     def _redraw_curves_if_dirty(self) -> None:
+        if self._panes_gone():
+            return
         if self._curves_dirty and self.query_one(TabbedContent).active == "curves":
             self._curves_dirty = False
             self.query_one(CurvesPane).redraw()
@@ -196,6 +218,8 @@ class WorkbenchApp(App[int]):
         self.post_message(RunsListed(runs))
 
     def on_runs_listed(self, msg: RunsListed) -> None:
+        if self._panes_gone():
+            return
         self.summaries = msg.runs
         ids = [s.id for s in msg.runs]
         for rid in list(self.run_data):  # a deleted run is no longer followed
@@ -312,6 +336,8 @@ class WorkbenchApp(App[int]):
             self.call_from_thread(self.notify, f"{kind} failed: {e}", severity="error", timeout=10)
 
     def on_run_started(self, msg: RunStarted) -> None:
+        if self._panes_gone():
+            return
         if not msg.run_id or not (self.runs_dir / msg.run_id).is_dir():
             self.notify(f"The trainer did not say which run it started ({msg.run_id!r}).", severity="error")
             return
@@ -561,6 +587,8 @@ class WorkbenchApp(App[int]):
             self._read_hardware()
 
     def _refresh_hardware_if_visible(self) -> None:
+        if self._panes_gone():
+            return
         if self.injected_hardware is None and self.query_one(TabbedContent).active == "hardware":
             self._read_hardware()
 
@@ -572,6 +600,8 @@ class WorkbenchApp(App[int]):
         self.post_message(HardwareRead(info))
 
     def on_hardware_read(self, msg: HardwareRead) -> None:
+        if self._panes_gone():
+            return
         self.hardware_info = msg.info
         self._show_hardware()
 

@@ -66,7 +66,9 @@ def resume_run(runs_dir: Path, run_id: str, checkpoint: str = "latest", timeout:
 
 
 def stop_run(runs_dir: Path, run_id: str, timeout: float = 30) -> str:
-    return _last_line(_run(cli_argv(runs_dir, "stop", run_id), timeout))
+    """Send the stop (SIGTERM) and return at once: the save that follows can take longer than
+    any timeout here, and the monitor shows the state change when the trainer writes it."""
+    return _last_line(_run(cli_argv(runs_dir, "stop", run_id, "--no-wait"), timeout))
 
 
 def _last_line(out: str) -> str:

@@ -2,15 +2,42 @@
 
 from __future__ import annotations
 
+from rich.segment import Segment
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
+from textual.strip import Strip
 from textual.widgets import Label, SelectionList, Static
+
+try:  # the box's glyph (Textual draws it for ticked and unticked alike)
+    from textual.widgets._toggle_button import ToggleButton
+    _BOX = ToggleButton.BUTTON_INNER
+except ImportError:  # pragma: no cover - a Textual without it: leave the rows as drawn
+    _BOX = None
+from textual.widgets.option_list import OptionDoesNotExist
 
 from workbench.tui.plot import SMOOTHING, render_loss_plot
 from workbench.tui.rundata import RunData
+
+
+class RunChecklist(SelectionList[str]):
+    """A SelectionList whose box shows the state in the glyph itself (✓ or blank), not only in its
+    colour, so it reads right in any terminal theme and in ``tmux capture-pane``."""
+
+    def render_line(self, y: int) -> Strip:
+        strip = super().render_line(y)
+        segments = list(strip)
+        if len(segments) < 2 or segments[1].text != _BOX:
+            return strip
+        try:
+            option = self.get_option_at_index(self.scroll_offset.y + y)
+        except OptionDoesNotExist:
+            return strip
+        ticked = option.value in self._selected
+        segments[1] = Segment("✓" if ticked else " ", segments[1].style)
+        return Strip(segments, strip.cell_length)
 
 
 class LossPlot(Static):
@@ -26,7 +53,10 @@ class LossPlot(Static):
         if w < 10 or h < 4:
             return
         if not runs:
-            self.update(Text("Select runs on the left (space) to plot their loss.", style="dim"))
+            pane_runs = pane.query_one("#curves-runs", SelectionList).option_count
+            self.update(Text("No runs yet: start one with n." if not pane_runs else
+                             "No run ticked: choose one on the left with ↑/↓ and press space "
+                             "(or click it) to plot its loss.", style="dim"))
             return
         text = render_loss_plot(runs, w, h, x_axis=pane.x_axis, log_y=pane.log_y,
                                 smoothing=pane.smoothing, show=pane.show)
@@ -53,20 +83,46 @@ class CurvesPane(Horizontal):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="curves-side"):
-            yield SelectionList[str](id="curves-runs")
+            yield RunChecklist(id="curves-runs")
             yield Label("", id="curves-settings")
         yield LossPlot("", id="curves-plot")
 
     def on_mount(self) -> None:
-        self.query_one("#curves-runs", SelectionList).border_title = "runs (space)"
+        sl = self.query_one("#curves-runs", SelectionList)
+        sl.border_title = "runs"
+        sl.border_subtitle = "↑↓ space"
         self._show_settings()
 
     def set_runs(self, run_ids: list[str]) -> None:
-        sl = self.query_one("#curves-runs", SelectionList)
+        """Called on every listing (every few seconds): a no-op unless the runs changed, and the
+        highlighted run stays highlighted, so a keypress after a refresh still lands on it."""
+        sl = self.query_one("#curves-runs", RunChecklist)
+        if [str(o.value) for o in sl.options] == run_ids:  # type: ignore[attr-defined]
+            return
         selected = set(sl.selected)
-        with self.prevent(SelectionList.SelectedChanged):
+        current = self.highlighted_id()
+        with self.prevent(SelectionList.SelectedChanged, SelectionList.SelectionHighlighted):
             sl.clear_options()
             sl.add_options([(rid, rid, rid in selected) for rid in run_ids])
+            if current in run_ids:
+                sl.highlighted = run_ids.index(current)
+            elif run_ids:
+                sl.highlighted = 0
+
+    def highlighted_id(self) -> str | None:
+        sl = self.query_one("#curves-runs", RunChecklist)
+        if sl.highlighted is None:
+            return None
+        try:
+            return str(sl.get_option_at_index(sl.highlighted).value)
+        except Exception:
+            return None
+
+    def ensure_highlight(self) -> None:
+        """Something is always highlighted (the first run when the pane opens), so space toggles it."""
+        sl = self.query_one("#curves-runs", RunChecklist)
+        if sl.highlighted is None and sl.option_count:
+            sl.highlighted = 0
 
     def select_run(self, run_id: str, only: bool = False) -> None:
         sl = self.query_one("#curves-runs", SelectionList)
