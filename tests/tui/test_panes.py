@@ -398,3 +398,32 @@ def test_tab_keys_move_focus_at_once(runs_dir):
                            timeout=5, what=f"the new-run form (focus: {app.focused})")
     run(go())
 
+
+def test_presets_editor_highlights_toml_when_available(runs_dir):
+    import pytest
+    pytest.importorskip("tree_sitter_toml", reason="TOML highlighting needs textual[syntax]")
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="presets")
+        async with app.run_test(size=(120, 36)) as pilot:
+            pane = app.query_one("#presets-pane")
+            await wait_for(pilot, lambda: pane.current is not None)
+            editor = app.query_one("#preset-editor", TextArea)
+            assert editor.is_syntax_aware and editor.language == "toml"
+    run(go())
+
+
+def test_presets_editor_works_without_a_toml_grammar(runs_dir, monkeypatch):
+    """tree-sitter installed without its TOML grammar (Textual raises then): plain text, still valid."""
+    import textual.widgets._text_area as text_area
+    monkeypatch.setattr(text_area, "get_language", lambda name: None)
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="presets")
+        async with app.run_test(size=(120, 36)) as pilot:
+            pane = app.query_one("#presets-pane")
+            await wait_for(pilot, lambda: pane.current is not None)
+            editor = app.query_one("#preset-editor", TextArea)
+            assert not editor.is_syntax_aware and "[model]" in editor.text
+            await wait_for(pilot, lambda: "valid" in text_of(app.query_one("#preset-status")))
+    run(go())

@@ -97,14 +97,27 @@ class PresetsPane(Horizontal):
             yield OptionList(id="preset-list")
             yield Static("", id="preset-estimate")
         with Vertical(id="preset-main"):
-            yield TextArea("", language="toml", id="preset-editor", show_line_numbers=True, soft_wrap=False,
+            # plain text here; TOML highlighting is switched on in on_mount when it is available
+            yield TextArea("", id="preset-editor", show_line_numbers=True, soft_wrap=False,
                            tab_behavior="indent")
             yield Static("", id="preset-status")
 
     def on_mount(self) -> None:
+        self._use_toml_highlighting()
         self.query_one("#preset-list", OptionList).border_title = "presets"
         self.query_one("#preset-estimate", Static).border_title = "estimate"
         self.reload()
+
+    def _use_toml_highlighting(self) -> None:
+        """Highlight TOML when tree-sitter and its TOML grammar are installed (textual[syntax]).
+
+        Optional: without tree-sitter Textual quietly shows plain text, but with tree-sitter and
+        no TOML grammar it raises, and the editor must work either way."""
+        editor = self.query_one("#preset-editor", TextArea)
+        try:
+            editor.language = "toml"
+        except Exception:
+            editor.language = None
 
     def reload(self, select: str | None = None) -> None:
         self.paths = preset_paths()
