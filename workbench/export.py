@@ -103,7 +103,8 @@ def hf_state_dict(sd: dict, cfg) -> dict:
         out[d + "post_attention_layernorm.weight"] = sd[s + "mlp_norm.weight"]
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
-    return out
+    # config.json says float32: a checkpoint kept in bf16/fp16 is widened (exactly).
+    return {k: v.float() if v.is_floating_point() else v for k, v in out.items()}
 
 
 def tokenizer_files(seq_len: int) -> dict[str, dict]:
@@ -267,8 +268,8 @@ def _write_json(path: Path, obj: dict) -> None:
 def write_hf(dest: Path, sd: dict, cfg, tokenizer_model: bytes | None) -> None:
     """Fill the (existing, empty) directory ``dest`` with a Hugging Face Llama model."""
     _write_json(dest / "config.json", hf_config(cfg))
-    _write_json(dest / "generation_config.json", {"do_sample": True, "temperature": 0.8, "top_k": 50,
-                                                  "max_length": cfg.seq_len})
+    # workbench sample's defaults; no max_length (it would clash with a caller's max_new_tokens).
+    _write_json(dest / "generation_config.json", {"do_sample": True, "temperature": 0.8, "top_k": 50})
     _save_safetensors(hf_state_dict(sd, cfg), dest / "model.safetensors")
     if tokenizer_model is not None:
         (dest / "tokenizer.model").write_bytes(tokenizer_model)
