@@ -28,13 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where runs live (default: $WORKBENCH_RUNS_DIR or ./runs)")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"workbench.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"workbench.commands.{name}":
-                raise
-            continue  # a command still being written
-        mod.register(sub)
+        importlib.import_module(f"workbench.commands.{name}").register(sub)
     # Accept --runs-dir after the subcommand too.
     for p in sub.choices.values():
         p.add_argument("--runs-dir", default=argparse.SUPPRESS, help="where runs live (default: ./runs)")

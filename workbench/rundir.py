@@ -303,8 +303,12 @@ class MetricsTail:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """All records of a metrics file (for one-shot readers such as `workbench runs`)."""
-    return MetricsTail(path).read_new(max_bytes=1 << 40)
+    """All records of a metrics file (for one-shot readers such as `workbench metrics`)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return []
+    return MetricsTail(path).read_new(max_bytes=size + 1)
 
 
 def last_records(path: Path, tail_bytes: int = 65536) -> list[dict]:
