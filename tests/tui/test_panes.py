@@ -396,6 +396,8 @@ def test_tab_keys_move_focus_at_once(runs_dir):
                 app.post_message(events.Key(key, key))
             await wait_for(pilot, lambda: app.screen.__class__.__name__ == "NewRunScreen",
                            timeout=5, what=f"the new-run form (focus: {app.focused})")
+            await wait_for(pilot, lambda: app.screen.query_one("#nr-preset").has_focus, what="the form mounted")
+            await pilot.press("escape")
     run(go())
 
 
@@ -426,4 +428,23 @@ def test_presets_editor_works_without_a_toml_grammar(runs_dir, monkeypatch):
             editor = app.query_one("#preset-editor", TextArea)
             assert not editor.is_syntax_aware and "[model]" in editor.text
             await wait_for(pilot, lambda: "valid" in text_of(app.query_one("#preset-status")))
+    run(go())
+
+
+def test_train_log_shows_its_newest_lines_after_the_pane_was_hidden_and_resized(live_runs_dir):
+    async def go():
+        app = make_app(live_runs_dir, initial_tab="train")
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.monitored == "delta")
+            log = app.query_one("#mon-log", Log)
+            await wait_for(pilot, lambda: log.line_count >= 12, what="the first lines")
+            await pilot.press("4")
+            with open(live_runs_dir / "delta" / "train.log", "a") as f:
+                f.write("".join(f"later line {i}\n" for i in range(60)))
+            await wait_for(pilot, lambda: "later line 59" in _log_text(log), what="lines read while hidden")
+            await pilot.resize_terminal(80, 24)  # the tmux window shrinks meanwhile
+            await pilot.pause(0.2)
+            await pilot.press("3")
+            await pilot.pause(0.2)
+            assert log.scroll_y == log.max_scroll_y > 0
     run(go())

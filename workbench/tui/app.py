@@ -138,6 +138,9 @@ class WorkbenchApp(App[int]):
             self._focus_pane(tab)
         if tab == "curves":
             self.query_one(CurvesPane).redraw()
+        elif tab == "train":
+            # lines written while the pane was hidden could not scroll it (no size then)
+            self.call_after_refresh(self.query_one(MonitorPane).follow_tails)
         elif tab == "hardware":
             self._refresh_hardware_if_visible()
         elif tab == "sample":

@@ -66,9 +66,9 @@ class LossPlot(Static):
 
 class CurvesPane(Horizontal):
     BINDINGS = [
-        Binding("l", "toggle_log", "Log scale"),
+        Binding("l", "toggle_log", "Log y"),
         Binding("x", "toggle_x", "Step/tokens"),
-        Binding("s", "cycle_smoothing", "Smoothing"),
+        Binding("s", "cycle_smoothing", "Smooth"),
         Binding("v", "cycle_show", "Train/val"),
     ]
 

@@ -18,6 +18,8 @@ NO_RUN = "(no runs yet: press n to start one)"
 
 def progress_text(d: RunData) -> str:
     step, total = d.step, d.max_iters
+    if not total and d.state == "starting":
+        return "starting the trainer…"
     pct = f"{100 * step / total:.0f}%" if total else ""
     if d.compiling:
         eta = "compiling…"
@@ -36,10 +38,12 @@ def stats_table(d: RunData, wide: bool) -> Table:
                        ("mem_device_used_mb", "device"), ("mem_rss_mb", "RSS")):
         if r.get(key) is not None:
             mem_parts.append(f"{label} {fmt.mb(r[key])}")
-    mem = " · ".join(mem_parts) if mem_parts else fmt.mb(r.get("mem_mb"))
     start = next((e for e in reversed(d.events) if e.get("event") in ("start", "resume")), {})
     device = str(start.get("device") or "")
     mem_label = "RSS" if device == "cpu" else "GPU mem" if device.startswith(("cuda", "mps")) else "memory"
+    if len(mem_parts) == 1 and mem_parts[0].startswith(mem_label + " "):
+        mem_parts = [mem_parts[0][len(mem_label) + 1:]]  # "RSS 326 MB" under the label RSS: once is enough
+    mem = " · ".join(mem_parts) if mem_parts else fmt.mb(r.get("mem_mb"))
     mfu = r.get("mfu")
     cells = [
         ("tokens/s", fmt.si(r.get("tokens_per_s"))),
@@ -124,6 +128,7 @@ class MonitorPane(Vertical):
     def on_mount(self) -> None:
         self.query_one("#mon-events", RichLog).border_title = "events"
         self.query_one("#mon-log", Log).border_title = "train.log"
+        self.show_run(None)  # until a run is chosen: say how to start one
 
     def set_runs(self, run_ids: list[str], current: str | None) -> None:
         sel = self.query_one("#mon-run", Select)
@@ -142,7 +147,7 @@ class MonitorPane(Vertical):
         if d is None:
             self.query_one("#mon-state", Label).update("")
             self.query_one("#mon-progress-text", Label).update("")
-            self.query_one("#mon-stats", Static).update("No run selected. Press [b]n[/b] to start one.")
+            self.query_one("#mon-stats", Static).update("No run shown. Press [b]n[/b] to start one, or choose a run above.")
             return
         self.query_one("#mon-state", Label).update(run_header(d, self.preset_of(d.run_id)))
         bar = self.query_one("#mon-progress", ProgressBar)
@@ -163,6 +168,15 @@ class MonitorPane(Vertical):
     def preset_of(self, run_id: str) -> str:
         s = getattr(self.app, "summary", lambda _r: None)(run_id)
         return s.preset if s is not None else ""
+
+    def follow_tails(self) -> None:
+        """Show the newest events and train.log lines (after the pane was hidden or resized)."""
+        for log in (self.query_one("#mon-events", RichLog), self.query_one("#mon-log", Log)):
+            if log.auto_scroll:
+                log.scroll_end(animate=False, immediate=True, x_axis=False)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.follow_tails)
 
     def append_log(self, lines: list[str]) -> None:
         if lines:

@@ -16,12 +16,13 @@ class RunsPane(Vertical):
     BINDINGS = [
         Binding("enter", "app.monitor_selected", "Monitor", show=False),
         Binding("m", "app.monitor_selected", "Monitor"),
-        Binding("r", "app.resume_selected('latest')", "Resume latest"),
-        Binding("c", "app.resume_selected('chosen')", "Resume from ckpt"),
+        # short labels: all of them fit the footer of an 80-column terminal
+        Binding("r", "app.resume_selected('latest')", "Resume"),
+        Binding("c", "app.resume_selected('chosen')", "Resume ckpt"),
         Binding("s", "app.sample_selected", "Sample"),
-        Binding("l", "app.curves_selected", "Loss curves"),
+        Binding("l", "app.curves_selected", "Curves"),
         Binding("d", "app.delete_selected", "Delete"),
-        Binding("f", "app.refresh_runs", "Refresh"),
+        Binding("f", "app.refresh_runs", "Refresh", show=False),
     ]
 
     def __init__(self, **kw):
