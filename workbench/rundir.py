@@ -124,23 +124,26 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename over ``path``."""
+def write_text_atomic(path: Path, text: str, fsync: bool = True) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename over ``path``.
+    Readers see the old or the new file, never half of one (with or without the fsync,
+    which only adds durability across power loss)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+def write_json_atomic(path: Path, obj: Any, fsync: bool = True) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True) + "\n", fsync)
 
 
 def read_json(path: Path) -> dict | None:
@@ -188,7 +191,9 @@ def write_status(run_dir: Path, **fields: Any) -> dict:
     cur = read_json(path) or {}
     cur.update(fields)
     cur["updated"] = time.time()
-    write_json_atomic(path, cur)
+    # No fsync: status is rewritten every log interval from the training loop, and an fsync
+    # there cost more than a whole step of a small model. The rename keeps it atomic.
+    write_json_atomic(path, cur, fsync=False)
     return cur
 
 

@@ -543,7 +543,9 @@ class Trainer:
                        "grad_norm": gn if math.isfinite(gn) else None, "tokens_per_s": tps,
                        "tokens_seen": self.tokens_seen, "elapsed_s": round(self.elapsed(), 3),
                        "skipped": self.skipped_total, "time": now, **memory_mb(self.device)}
-                rec["mfu"] = (tps * self.fpt / self.peak) if (tps and self.fpt and self.peak) else None
+                # peak is one process's (one GPU, or the CPU share it measured); tps is global.
+                peak = self.peak * self.dist.world if self.peak else None
+                rec["mfu"] = (tps * self.fpt / peak) if (tps and self.fpt and peak) else None
                 self.metrics.write(rec)
                 self._status(step=self.step, tokens_seen=self.tokens_seen)
                 tps_s = f"{tps:,.0f} tok/s" if tps else "warming up"
