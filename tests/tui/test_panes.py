@@ -241,14 +241,24 @@ def test_sample_pane_streams_two_checkpoints_side_by_side(runs_dir, monkeypatch)
             out_a, out_b = app.query_one("#smp-out-a"), app.query_one("#smp-out-b")
             await wait_for(pilot, lambda: "world" in out_a.text.plain and "world" in out_b.text.plain,
                            what=f"streamed text {getattr(out_a, 'text', None)!r} {getattr(out_b, 'text', None)!r}")
-            assert out_a.text.plain.startswith("import <latest> hello world")
+            # "latest" is pinned to the step it means now: the title and the sampler agree on it
+            assert out_a.text.plain.startswith("import <400> hello world")
             assert out_b.text.plain.startswith("import <200> hello world")
-            assert {c[1] for c in calls} == {"latest", "200"}
+            assert {c[1] for c in calls} == {"400", "200"}
+            assert "alpha @ latest (step 400)" in str(out_a.border_title)
             assert calls[0][3][0:1] == (200,) and calls[0][3][1] == 0.5  # max tokens, temperature
             # bad settings are refused with a message, not sent to the sampler
             app.query_one("#smp-top_k", Input).value = "many"
             app.action_generate()
             assert len(calls) == 2
+            # a checkpoint pruned since the list was read: refused with a message, nothing started
+            app.query_one("#smp-top_k", Input).value = "50"
+            import shutil
+            shutil.rmtree(runs_dir / "alpha" / "checkpoints" / "step_0000200")
+            app.action_generate()
+            assert len(calls) == 2
+            await wait_for(pilot, lambda: any("step 200 of alpha is gone" in str(n.message)
+                                              for n in app._notifications), what="the message")
             # the trainer's own samples
             app.query_one("#smp-trainer").collapsed = False
             await pilot.pause()
@@ -447,4 +457,20 @@ def test_train_log_shows_its_newest_lines_after_the_pane_was_hidden_and_resized(
             await pilot.press("3")
             await pilot.pause(0.2)
             assert log.scroll_y == log.max_scroll_y > 0
+    run(go())
+
+
+def test_a_run_started_here_is_shown_in_train_curves_and_sample(runs_dir):
+    from workbench.tui.messages import RunStarted
+
+    async def go():
+        app = make_app(runs_dir)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: app.query_one("#smp-run", Select).value == "gamma", what="first run")
+            app.post_message(RunStarted("beta", "resumed"))  # as the launcher reports it
+            await wait_for(pilot, lambda: app.query_one("#smp-run", Select).value == "beta", what="Sample on beta")
+            assert app.monitored == "beta" and app.query_one("#tabs").active == "train"
+            assert "beta" in app.query_one("#curves-runs", SelectionList).selected
+            labels = [str(p) for p, _v in app.query_one("#smp-ckpt-a", Select)._options]
+            assert "step 100 (val 5.219)" in labels, labels
     run(go())

@@ -34,7 +34,7 @@ from workbench.tui.widgets.hardware import HardwarePane
 from workbench.tui.widgets.monitor import MonitorPane
 from workbench.tui.widgets.presets import PresetsPane
 from workbench.tui.widgets.runs import RunsPane
-from workbench.tui.widgets.sample import SampleOutput, SamplePane
+from workbench.tui.widgets.sample import SampleOutput, SamplePane, resolve_checkpoint
 
 
 class WorkbenchApp(App[int]):
@@ -75,6 +75,7 @@ class WorkbenchApp(App[int]):
         self._samplers: list[launcher.SampleProcess] = []
         self._curves_dirty = False
         self._listed_once = False
+        self._pending_sample_run: str | None = None  # a run started here, for the Sample pane
 
     # ------------------------------------------------------------------ layout
 
@@ -242,7 +243,11 @@ class WorkbenchApp(App[int]):
             self._listed_once = True
             if self.monitored:
                 self.query_one(CurvesPane).select_run(self.monitored)
-        if self.monitored and self.query_one("#smp-run", Select).value == Select.NULL:
+        pending = self._pending_sample_run
+        if pending in ids:
+            self._pending_sample_run = None
+            self._sample_run_changed(pending)
+        elif self.monitored and self.query_one("#smp-run", Select).value == Select.NULL:
             self._sample_run_changed(self.monitored)  # e.g. the first run, started from this TUI
         presets = self.query_one(PresetsPane)
         for s in reversed(msg.runs):  # newest wins
@@ -350,6 +355,7 @@ class WorkbenchApp(App[int]):
         self.watch_runs_for_curves(curves.selected_ids())
         self.monitor(msg.run_id)
         self.action_refresh_runs()
+        self._pending_sample_run = msg.run_id  # and its checkpoints in Sample, once it is listed
 
     # ------------------------------------------------------------------ runs browser actions
 
@@ -482,12 +488,23 @@ class WorkbenchApp(App[int]):
         self.action_cancel_sampling()
         a = str(pane.query_one("#smp-ckpt-a", Select).value)
         b = str(pane.query_one("#smp-ckpt-b", Select).value)
+        # a live run writes and prunes checkpoints: re-read them, and refuse a choice that is gone
+        pane.show_run(self.runs_dir / str(run), keep=True)
+        gone = [ck for ck, now in ((a, pane.query_one("#smp-ckpt-a", Select).value),
+                                   (b, pane.query_one("#smp-ckpt-b", Select).value)) if str(now) != ck]
+        if gone:
+            self.notify(f"Checkpoint step {gone[0]} of {run} is gone (the trainer keeps only recent and best "
+                        "checkpoints); choose another.", severity="warning", timeout=8)
+            return
         columns = [("#smp-out-a", a)] + ([("#smp-out-b", b)] if b != "none" else [])
         if b == "none":
             pane.query_one("#smp-out-b", SampleOutput).reset("checkpoint B (choose one to compare)", "")
-        for out_id, ck in columns:
+        for out_id, choice in columns:
             out = pane.query_one(out_id, SampleOutput)
-            out.reset(f"{run} @ {ck}  T={params['temperature']} k={params['top_k']} p={params['top_p']} "
+            # latest / best pinned to a step now, so the title names what the sampler loads
+            ck = resolve_checkpoint(self.runs_dir / str(run), choice)
+            shown = choice if ck == choice else f"{choice} (step {ck})"
+            out.reset(f"{run} @ {shown}  T={params['temperature']} k={params['top_k']} p={params['top_p']} "
                       f"seed={params['seed']}", params["prompt"])
             argv = launcher.sample_argv(self.runs_dir, str(run), ck, params["prompt"], params["max_new_tokens"],
                                         params["temperature"], params["top_k"], params["top_p"], params["seed"])

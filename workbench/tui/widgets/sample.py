@@ -26,6 +26,18 @@ def checkpoint_options(run_dir: Path) -> list[tuple[str, str]]:
     return opts
 
 
+def resolve_checkpoint(run_dir: Path, choice: str) -> str:
+    """``latest`` / ``best`` as the step they mean now (a step stays as it is); the choice
+    itself when it cannot be resolved, so that the sampler reports why."""
+    from workbench.rundir import select_checkpoint
+    if choice not in ("latest", "best"):
+        return choice
+    try:
+        return str(select_checkpoint(run_dir, choice)["step"])
+    except Exception:
+        return choice
+
+
 def trainer_samples(run_dir: Path, limit: int = 20) -> list[dict]:
     """The last ``limit`` entries of samples.jsonl (reads only the file's tail)."""
     from workbench.rundir import last_records
