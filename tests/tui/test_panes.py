@@ -474,3 +474,11 @@ def test_a_run_started_here_is_shown_in_train_curves_and_sample(runs_dir):
             labels = [str(p) for p, _v in app.query_one("#smp-ckpt-a", Select)._options]
             assert "step 100 (val 5.219)" in labels, labels
     run(go())
+
+
+def test_checkpoint_events_say_why_not_the_step_twice():
+    from workbench.tui.widgets.monitor import event_line
+    e = {"kind": "event", "event": "checkpoint", "step": 4600, "name": "step_0004600", "reason": "best",
+         "removed": ["step_0003800", "step_0004000"]}
+    assert event_line(e).plain == "   4600 checkpoint best, pruned 2"
+    assert event_line(dict(e, removed=[], reason="interval")).plain == "   4600 checkpoint interval"

@@ -86,8 +86,11 @@ def event_message(e: dict) -> str:
         if e.get("checkpoint"):
             parts.append(f"from {e['checkpoint']}")
         return ", ".join(parts)
-    if name == "checkpoint":
-        return " ".join(str(x) for x in (e.get("name"), f"({e['reason']})" if e.get("reason") else None) if x)
+    if name == "checkpoint":  # the step is in its own column already: say why, and what was pruned
+        bits = [str(e.get("reason") or e.get("name") or "saved")]
+        if e.get("removed"):
+            bits.append(f"pruned {len(e['removed'])}")
+        return ", ".join(bits)
     return str(e.get("error") or e.get("reason") or "")
 
 
