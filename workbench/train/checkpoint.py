@@ -146,7 +146,7 @@ def _load(path: Path, device: str | torch.device = "cpu") -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete") from None
     except Exception as e:  # UnpicklingError for foreign pickles, RuntimeError for truncation
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        first = str(e).strip().splitlines()[0].split(". ")[0][:120] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"cannot load {path}: not a valid workbench checkpoint file ({first}); "
                               "it is truncated, corrupted, or an unsafe pickle that is refused") from None
 
