@@ -33,7 +33,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     root = str(tmp_path)
     wb("train", "cpu-small", "--name", "one", "--runs-dir", root, *tiny(*COMMON, "train.batch_size=4"), check=True)
     wb("train", "cpu-small", "--name", "two", "--runs-dir", root, "--nproc", "2",
-       *tiny(*COMMON, "train.batch_size=2"), check=True)
+       *tiny(*COMMON, "train.batch_size=4"), check=True)  # batch_size is global: 2 per process
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert sorted(two) == list(range(1, 9))  # one set of records: rank 0 alone writes
     for s in one:
@@ -43,14 +43,14 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     d = tmp_path / "two"
     assert [c["step"] for c in rundir.list_checkpoints(d)] == [4, 8]
     start = next(r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "start")
-    assert start["world_size"] == 2 and start["tokens_per_step"] == 2 * 2 * 32
+    assert start["world_size"] == 2 and start["tokens_per_step"] == 4 * 32
     assert rundir.read_status(d)["state"] == "finished"
 
 
 def test_stop_and_resume_under_ddp_is_exact(tmp_path):
     root = str(tmp_path)
     args = tiny("train.max_iters=10", "train.lr_decay_iters=10", "train.ckpt_interval=100", "train.eval_interval=100",
-                "train.batch_size=2", "model.dropout=0.1")
+                "train.batch_size=4", "model.dropout=0.1")
     wb("train", "cpu-small", "--name", "straight", "--runs-dir", root, "--nproc", "2", *args, check=True)
     cp = wb("train", "cpu-small", "--name", "stopped", "--runs-dir", root, "--nproc", "2", *args,
             env={"WORKBENCH_TEST_SIGTERM_AT_STEP": "4"})
@@ -67,7 +67,7 @@ def test_stop_and_resume_under_ddp_is_exact(tmp_path):
 def test_a_dying_rank_fails_the_run_clearly_and_resume_works(tmp_path):
     root = str(tmp_path)
     wb("train", "cpu-small", "--name", "r", "--runs-dir", root, "--nproc", "2", "--detach",
-       *tiny("train.max_iters=100000", "train.ckpt_interval=5", "train.eval_interval=1000", "train.batch_size=2"),
+       *tiny("train.max_iters=100000", "train.ckpt_interval=5", "train.eval_interval=1000", "train.batch_size=4"),
        check=True)
     d = tmp_path / "r"
     end = time.time() + 120
@@ -104,7 +104,7 @@ def test_two_nodes_on_one_machine(tmp_path):
     for node in (0, 1):
         cmd = [sys.executable, "-m", "workbench", "train", "cpu-small", "--name", "n", "--runs-dir",
                str(tmp_path / f"node{node}"), "--nnodes", "2", "--node-rank", str(node), "--nproc", "1",
-               "--master-addr", "127.0.0.1", "--master-port", port, *tiny(*COMMON, "train.batch_size=2")]
+               "--master-addr", "127.0.0.1", "--master-port", port, *tiny(*COMMON, "train.batch_size=4")]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       stdin=subprocess.DEVNULL))
     outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -119,10 +119,27 @@ def test_two_nodes_on_one_machine(tmp_path):
     assert rundir.list_checkpoints(tmp_path / "node1" / "n") == []
 
 
+def test_auto_layout_and_a_batch_that_does_not_split(tmp_path):
+    """hardware.nproc = 0 picks one process per physical core here; 3 processes cannot share batch 4."""
+    root = str(tmp_path)
+    cp = wb("train", "cpu-small", "--name", "a", "--runs-dir", root,
+            *tiny("train.max_iters=3", "train.eval_interval=100", "train.ckpt_interval=100", "hardware.nproc=0"),
+            check=True)
+    cores = psutil.cpu_count(logical=False)
+    want = max(n for n in range(1, min(8, cores) + 1) if 4 % n == 0)
+    assert f"process layout: {want} process" in cp.stdout
+    start = next(r for r in read_jsonl(tmp_path / "a" / "metrics.jsonl") if r.get("event") == "start")
+    assert start["world_size"] == want
+    bad = wb("train", "cpu-small", "--name", "b", "--runs-dir", root, "--nproc", "3", *tiny("train.max_iters=3"))
+    assert bad.returncode == 2
+    assert "train.batch_size = 4 does not split over 3 processes (--nproc)" in bad.stderr
+    assert not (tmp_path / "b").exists()
+
+
 def test_workbench_stop_stops_every_rank_cleanly(tmp_path):
     root = str(tmp_path)
     wb("train", "cpu-small", "--name", "s", "--runs-dir", root, "--nproc", "2", "--detach",
-       *tiny("train.max_iters=100000", "train.ckpt_interval=1000", "train.eval_interval=1000", "train.batch_size=2"),
+       *tiny("train.max_iters=100000", "train.ckpt_interval=1000", "train.eval_interval=1000", "train.batch_size=4"),
        check=True)
     d = tmp_path / "s"
     end = time.time() + 120

@@ -59,7 +59,8 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = _f(8, "Micro-batch size (sequences per forward pass).", min=1)
+    batch_size: int = _f(8, "Micro-batch size in sequences, over all processes together (each of N "
+                            "data-parallel processes takes batch_size / N).", min=1)
     grad_accum: int = _f(1, "Micro-batches per optimizer step; tokens/step = batch_size x grad_accum x seq_len.", min=1)
     max_iters: int = _f(2000, "Optimizer steps to train for.", min=1)
     lr: float = _f(6e-4, "Peak learning rate (AdamW), reached after warmup.", min=0.0, max=1.0, min_exclusive=True)
@@ -105,8 +106,9 @@ class HardwareConfig:
                            "they would exceed 1 GiB), true or false.", choices=("auto", "true", "false"))
     fused_adamw: str = _f("auto", "Fused AdamW kernel: auto (on for CUDA), true or false.", choices=("auto", "true", "false"))
     num_threads: int = _f(0, "CPU threads for torch; 0 = torch's default (torchrun sets 1 per process).", min=0)
-    nproc: int = _f(1, "Processes (one per GPU) on this machine; > 1 trains data-parallel under torchrun "
-                       "(DDP; NCCL on CUDA, gloo on CPU). train.batch_size is per process.", min=1)
+    nproc: int = _f(1, "Trainer processes on this machine; > 1 trains data-parallel under torchrun (DDP; NCCL "
+                       "on CUDA, one GPU each; gloo on CPU, one thread each). 0 = auto: one per GPU, or on a "
+                       "CPU one per physical core. train.batch_size is split evenly over all processes.", min=0)
     expected_memory_gb: float = _f(0.0, "Informational: the memory this preset was sized for (0 = not stated).", min=0.0)
 
 

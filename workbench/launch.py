@@ -36,12 +36,40 @@ def add_topology_options(p) -> None:
     p.add_argument("--master-port", type=int, default=29500, help="its rendezvous port")
 
 
-def topology_from_args(args, preset_nproc: int) -> Topology:
-    t = Topology(nproc=args.nproc or preset_nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+def auto_nproc(preset) -> tuple[int, str]:
+    """hardware.nproc = 0: one process per GPU, or on a CPU one per physical core (1 thread each,
+    measured faster than one process with as many threads: 3,197 vs 2,633 tokens/s for cpu-small
+    on 2 cores), the largest count that divides train.batch_size."""
+    from workbench.hardware import detect
+    info = detect(use_torch=False)
+    dev = preset.hardware.device
+    gpus = len(info.get("nvidia") or [])
+    if dev.startswith("cuda") or (dev == "auto" and gpus):
+        n, what = max(1, gpus), "one per GPU"
+    elif dev == "mps":
+        return 1, "one process (MPS)"
+    else:
+        n, what = min(8, info.get("cpu", {}).get("physical_cores") or 1), "one per physical core, 1 thread each"
+    b = preset.train.batch_size
+    while n > 1 and b % n:
+        n -= 1
+    return n, (what if n > 1 else "one process")
+
+
+def topology_from_args(args, preset) -> Topology:
+    nproc, why = (args.nproc, "--nproc") if args.nproc else (preset.hardware.nproc, "hardware.nproc")
+    if nproc == 0:
+        nproc, how = auto_nproc(preset)
+        print(f"process layout: {nproc} process{'es' if nproc > 1 else ''} ({how}; hardware.nproc = 0 is auto)")
+    t = Topology(nproc=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
                  master_addr=args.master_addr, master_port=args.master_port)
     if t.nproc < 1 or t.nnodes < 1 or not 0 <= t.node_rank < t.nnodes:
         raise rundir.RunError(f"--nproc {t.nproc}, --nnodes {t.nnodes}, --node-rank {t.node_rank}: need nproc >= 1, "
                               "nnodes >= 1 and 0 <= node-rank < nnodes")
+    world = t.nproc * t.nnodes
+    if preset.train.batch_size % world:
+        raise rundir.RunError(f"train.batch_size = {preset.train.batch_size} does not split over {world} processes "
+                              f"({why}); use a batch size that is a multiple of {world}")
     return t
 
 

@@ -62,7 +62,7 @@ def run(args) -> int:
     load_training_state(ckpt["path"])
     if args.overrides:
         rundir.write_text_atomic(run_dir / "preset.toml", preset_to_toml(p))
-    topo = launch.topology_from_args(args, p.hardware.nproc)
+    topo = launch.topology_from_args(args, p)
     sel = str(ckpt["step"])
     if args.detach:
         pid = launch.start_detached(run_dir, resume=True, checkpoint=sel, topo=topo)

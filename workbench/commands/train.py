@@ -56,7 +56,7 @@ def _toml_str(s: str) -> str:
 def run(args) -> int:
     overrides = list(args.overrides) + ([f"hardware.nproc={args.nproc}"] if args.nproc else [])
     p = resolve_for_run(args.preset, overrides, args.corpus)
-    topo = launch.topology_from_args(args, p.hardware.nproc)
+    topo = launch.topology_from_args(args, p)
     root = rundir.runs_root(getattr(args, "runs_dir", None))
     # Prepare the data first: corpus and tokenizer problems are reported before any
     # run directory exists, and the trainer then finds tokenizer and tokens cached.

@@ -227,10 +227,12 @@ class Trainer:
         tok_copy = rd / "tokenizer.model"
         if main and not tok_copy.exists():
             self.data.tokenizer.save(tok_copy)
-        # One generator draws the global batch on every rank; each rank trains on its own slice. So the
-        # data of N ranks x batch b equals one process with batch N x b, and one sampler state resumes all.
-        self.sampler = WindowSampler(self.data.train, p.model.seq_len, p.train.batch_size * self.dist.world,
-                                     p.train.seed)
+        # One generator draws the global batch on every rank; each rank trains on its own slice. So N
+        # ranks see exactly the data of one process, and one sampler state resumes them all.
+        if p.train.batch_size % self.dist.world:
+            raise TrainError(f"train.batch_size = {p.train.batch_size} does not split over {self.dist.world} "
+                             "processes; use a multiple")
+        self.sampler = WindowSampler(self.data.train, p.model.seq_len, p.train.batch_size, p.train.seed)
 
         chunk = auto_loss_chunk(p.train.batch_size, p.model.seq_len, p.model.vocab_size, h.chunked_loss)
         self.model = GPT(p.model, activation_checkpointing=h.activation_checkpointing,
@@ -279,7 +281,7 @@ class Trainer:
             self.fwd_model = torch.compile(self.fwd_model)
             if not self.dist.enabled:
                 self.eval_model = self.fwd_model
-        self.tokens_per_step = p.tokens_per_step() * self.dist.world
+        self.tokens_per_step = p.tokens_per_step()
         self.fpt = flops_per_token(p)
         self.peak = peak_flops_for(self.device, self.precision)
         n_params = self.model.num_params()
@@ -396,7 +398,7 @@ class Trainer:
         self.model.eval()
         out = []
         for split, tokens in (("train", self.data.train), ("val", self.data.val)):
-            s = WindowSampler(tokens, p.model.seq_len, p.train.batch_size * self.dist.world, seed=p.train.seed + 1)
+            s = WindowSampler(tokens, p.model.seq_len, p.train.batch_size, seed=p.train.seed + 1)
             losses = []
             for _ in range(p.train.eval_iters):
                 x, y = self._to_device(*self._slice(*s.next_batch()))
@@ -599,7 +601,7 @@ class Trainer:
     def _slice(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """This rank's part of a global batch (all of it in a single process)."""
         if self.dist.enabled:
-            b, r = self.preset.train.batch_size, self.dist.rank
+            b, r = self.preset.train.batch_size // self.dist.world, self.dist.rank
             x, y = x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]
         return x, y
 
