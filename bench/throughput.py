@@ -27,13 +27,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(preset: str, overrides: list[str], steps: int, log_every: int, nproc: int = 1) -> dict:
+def measure(preset: str, overrides: list[str], steps: int, log_every: int, nproc: int | None = None) -> dict:
     ov = list(overrides) + [f"train.max_iters={steps}", f"train.log_interval={log_every}",
                             f"train.eval_interval={steps * 10}", f"train.ckpt_interval={steps * 10}",
                             "train.warmup_iters=0", "train.sample_prompt=''", "train.eval_iters=1"]
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "workbench", "train", preset, "--name", "bench", "--runs-dir", tmp,
-               "--nproc", str(nproc), "--set", *ov]
+               *(["--nproc", str(nproc)] if nproc else []), "--set", *ov]
         cp = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if cp.returncode != 0:
             raise SystemExit(f"bench: workbench train failed:\n{cp.stderr[-2000:]}")
@@ -45,7 +45,7 @@ def measure(preset: str, overrides: list[str], steps: int, log_every: int, nproc
             "mfu": statistics.median(r["mfu"] for r in body) if body[0].get("mfu") is not None else None,
             "mem_mb": max(r["mem_mb"] for r in train), "device": start["device"], "precision": start["precision"],
             "compile": start.get("compile_mode", "off") if start["compile"] else "off", "params": start["params"],
-            "tokens_per_step": start["tokens_per_step"]}
+            "tokens_per_step": start["tokens_per_step"], "world_size": start.get("world_size", 1)}
 
 
 def reference(preset: str, overrides: list[str], steps: int, log_every: int) -> float:
@@ -62,7 +62,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--log-every", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=1, help="repetitions; medians are printed")
-    ap.add_argument("--nproc", type=int, default=1, help="trainer processes (torchrun, DDP); batch_size is per process")
+    ap.add_argument("--nproc", type=int, default=None,
+                    help="trainer processes (torchrun, DDP); default: the preset's hardware.nproc (0 = auto)")
     ap.add_argument("--vs-reference", action="store_true", help="also time bench/reference_loop.py and print the ratio")
     args = ap.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
@@ -71,10 +72,10 @@ def main() -> int:
         wb.append(measure(args.preset, args.overrides, args.steps, args.log_every, args.nproc))
         if args.vs_reference:
             ref.append(reference(args.preset, args.overrides, args.steps, args.log_every))
-    tps = statistics.median(r["tokens_per_s"] for r in wb)
+    tps = statistics.median(x["tokens_per_s"] for x in wb)
     r = wb[0]
     mfu = f"{statistics.median(x['mfu'] for x in wb):.1%}" if r["mfu"] is not None else "n/a"
-    label = f"{args.preset} {' '.join(args.overrides)}".strip() + (f" nproc={args.nproc}" if args.nproc > 1 else "")
+    label = f"{args.preset} {' '.join(args.overrides)}".strip() + f" ({r['world_size']} process{'es' if r['world_size'] > 1 else ''})"
     line = (f"{label}: {tps:,.0f} tokens/s (median of {args.repeat}), MFU {mfu}, {r['params'] / 1e6:.1f} M params, "
             f"{r['tokens_per_step']:,} tokens/step, device {r['device']}, {r['precision']}, compile {r['compile']}, "
             f"peak mem {r['mem_mb']:,.0f} MB")
