@@ -144,6 +144,9 @@ def _load(path: Path, device: str | torch.device = "cpu") -> Any:
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
+        if not Path(path).parent.exists():
+            raise CheckpointError(f"checkpoint {Path(path).parent.name} no longer exists: the trainer's retention "
+                                  "(train.keep_last) deleted it; choose a newer one (`workbench runs`)") from None
         raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is incomplete") from None
     except Exception as e:  # UnpicklingError for foreign pickles, RuntimeError for truncation
         first = str(e).strip().splitlines()[0].split(". ")[0][:120] if str(e).strip() else type(e).__name__
