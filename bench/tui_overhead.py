@@ -63,7 +63,7 @@ def tokens_per_s(run_dir: Path) -> float:
 
 
 def one_run(env, runs: Path, name: str, max_iters: int, with_tui: bool, pane: str) -> float:
-    sock = f"wbbench-{os.getpid()}"
+    sock = f"wbbench-{os.getpid()}-{name}"  # one tmux server per run: reusing a socket name races its kill
     if with_tui:
         cmd = shlex.join([sys.executable, "-m", "workbench", "--runs-dir", str(runs)])
         subprocess.run(["tmux", "-L", sock, "new-session", "-d", "-s", "b", "-x", "160", "-y", "48", cmd],

@@ -55,7 +55,7 @@ class WorkbenchApp(App[int]):
     ]
 
     def __init__(self, runs_dir: str | os.PathLike | None = None, hardware_info: dict | None = None,
-                 watch_interval: float = 1.0, list_interval: float = 5.0, hardware_interval: float = 3.0,
+                 watch_interval: float = 2.0, list_interval: float = 5.0, hardware_interval: float = 3.0,
                  initial_tab: str | None = None):
         """``hardware_info`` replaces live detection (tests and snapshots); intervals in seconds."""
         super().__init__()
