@@ -269,11 +269,11 @@ class MetricsWriter:
         self.f.close()
 
 
-class MetricsTail:
-    """Reads only the bytes appended since the last call (never re-reads the file).
+class LineTail:
+    """Complete lines appended to a file since the last call, by byte offset (never re-reading it).
 
-    A half-written last line is kept until its newline arrives. If the file
-    shrinks (replaced), reading starts again from the beginning.
+    A half-written last line waits for its newline. If the file shrinks (replaced),
+    reading starts again from the beginning.
     """
 
     def __init__(self, path: Path, offset: int = 0):
@@ -281,7 +281,7 @@ class MetricsTail:
         self.offset = offset
         self._partial = b""
 
-    def read_new(self, max_bytes: int = 4 << 20) -> list[dict]:
+    def read_lines(self, max_bytes: int = 4 << 20) -> list[bytes]:
         try:
             size = os.path.getsize(self.path)
         except OSError:
@@ -294,11 +294,17 @@ class MetricsTail:
             f.seek(self.offset)
             chunk = f.read(max_bytes)
         self.offset += len(chunk)
-        data = self._partial + chunk
-        lines = data.split(b"\n")
+        lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()
+        return lines
+
+
+class MetricsTail(LineTail):
+    """The records appended to metrics.jsonl since the last call (see LineTail)."""
+
+    def read_new(self, max_bytes: int = 4 << 20) -> list[dict]:
         out = []
-        for line in lines:
+        for line in self.read_lines(max_bytes):
             if line.strip():
                 try:
                     out.append(json.loads(line))

@@ -15,40 +15,30 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from workbench.rundir import MetricsTail, read_status
+from workbench.rundir import LineTail, MetricsTail, read_status
 
 LOG_TAIL_BYTES = 16384  # how much of an existing train.log to show on first attach
 
 
-class LogTail:
+class LogTail(LineTail):
     """New complete lines of a text file, by byte offset; starts near the end of the file."""
 
     def __init__(self, path: Path, start_tail_bytes: int = LOG_TAIL_BYTES):
-        self.path = path
-        self.offset: int | None = None
+        super().__init__(path)
         self.start_tail_bytes = start_tail_bytes
-        self._partial = b""
+        self._started = False
 
     def read_new(self, max_bytes: int = 1 << 20) -> list[str]:
-        try:
-            size = os.path.getsize(self.path)
-        except OSError:
-            return []
-        if self.offset is None:
+        skip_first = False
+        if not self._started:
+            try:
+                size = os.path.getsize(self.path)
+            except OSError:
+                return []
+            self._started = True
             self.offset = max(0, size - self.start_tail_bytes)
             skip_first = self.offset > 0  # we probably landed mid-line
-        else:
-            skip_first = False
-        if size < self.offset:
-            self.offset, self._partial = 0, b""
-        if size == self.offset:
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read(max_bytes)
-        self.offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
+        lines = self.read_lines(max_bytes)
         if skip_first and lines:
             lines = lines[1:]
         # a trainer's progress output may use \r; show the last state of such a line
