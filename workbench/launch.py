@@ -37,9 +37,10 @@ def add_topology_options(p) -> None:
 
 
 def auto_nproc(preset) -> tuple[int, str]:
-    """hardware.nproc = 0: one process per GPU, or on a CPU one per physical core (1 thread each,
-    measured faster than one process with as many threads: 3,197 vs 2,633 tokens/s for cpu-small
-    on 2 cores), the largest count that divides train.batch_size."""
+    """hardware.nproc = 0: one process per GPU, or on a CPU one per physical core (1 thread each;
+    for cpu-small on 2 cores: 4,189 vs 4,313 tokens/s for 1 x 2 threads on a quiet machine, but
+    3,197 vs 2,633 when another process shared the cores), the largest count that divides
+    train.batch_size."""
     from workbench.hardware import detect
     info = detect(use_torch=False)
     dev = preset.hardware.device
