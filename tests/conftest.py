@@ -49,6 +49,21 @@ def wb(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: fl
     return cp
 
 
+def wait_running(run_dir: Path, min_step: int, timeout: float = 120) -> dict:
+    """The status of a detached run once its trainer is running at or past ``min_step``."""
+    import time
+
+    from workbench import rundir
+    end = time.time() + timeout
+    st: dict = {}
+    while time.time() < end:
+        st = rundir.read_json(run_dir / "status.json") or {}
+        if st.get("state") == "running" and (st.get("step") or 0) >= min_step:
+            break
+        time.sleep(0.2)
+    return st
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 

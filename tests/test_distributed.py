@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import read_jsonl, tiny, wb
+from tests.conftest import read_jsonl, tiny, wait_running, wb
 from workbench import rundir
 
 pytestmark = pytest.mark.slow
@@ -70,12 +70,7 @@ def test_a_dying_rank_fails_the_run_clearly_and_resume_works(tmp_path):
        *tiny("train.max_iters=100000", "train.ckpt_interval=5", "train.eval_interval=1000", "train.batch_size=4"),
        check=True)
     d = tmp_path / "r"
-    end = time.time() + 120
-    while time.time() < end:
-        st = rundir.read_json(d / "status.json") or {}
-        if st.get("state") == "running" and (st.get("step") or 0) >= 6:
-            break
-        time.sleep(0.2)
+    st = wait_running(d, 6)
     rank0 = psutil.Process(st["pid"])
     other = [c for c in rank0.parent().children() if c.pid != rank0.pid]
     os.kill(other[0].pid, signal.SIGKILL)
@@ -142,12 +137,7 @@ def test_workbench_stop_stops_every_rank_cleanly(tmp_path):
        *tiny("train.max_iters=100000", "train.ckpt_interval=1000", "train.eval_interval=1000", "train.batch_size=4"),
        check=True)
     d = tmp_path / "s"
-    end = time.time() + 120
-    while time.time() < end:
-        st = rundir.read_json(d / "status.json") or {}
-        if st.get("state") == "running" and (st.get("step") or 0) >= 3:
-            break
-        time.sleep(0.2)
+    st = wait_running(d, 3)
     rank0 = psutil.Process(st["pid"])
     group = [rank0.parent(), *rank0.parent().children()]
     out = wb("stop", "s", "--runs-dir", root, check=True).stdout

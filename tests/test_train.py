@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 import tomllib
 
 import pytest
 import torch
 
-from tests.conftest import read_jsonl, tiny, wb
+from tests.conftest import read_jsonl, tiny, wait_running, wb
 from workbench import rundir
 from workbench.config import load_preset_file
 from workbench.train.checkpoint import load_model_state
@@ -89,12 +88,7 @@ def test_detach_stop_resume(tmp_path):
             *tiny("train.max_iters=100000", "train.eval_interval=1000", "train.ckpt_interval=1000"), check=True)
     assert cp.stdout.strip().splitlines()[-1] == "bg"
     d = tmp_path / "bg"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        st = rundir.read_status(d)
-        if st["state"] == "running" and st.get("step", 0) >= 3:
-            break
-        time.sleep(0.2)
+    st = rundir.read_status(d) if wait_running(d, 3) else {}
     assert st["state"] == "running", st
     # A second trainer on the same run is refused and changes nothing.
     before = (d / "preset.toml").read_bytes()

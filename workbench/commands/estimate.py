@@ -11,6 +11,7 @@ from typing import Any
 from workbench import estimate as est
 from workbench.config import PresetError, parse_toml, resolve_preset
 from workbench.errors import WorkbenchError
+from workbench.commands.common import add_set_option
 
 CPU_WATTS_ASSUMED = 65.0  # a desktop CPU package under load (the seeds' "CPU (i7) 65W")
 
@@ -21,8 +22,7 @@ def register(sub) -> None:
                                    "component, whether it fits this machine, tokens/s, time to max_iters, "
                                    "energy and cost. Every number is an estimate unless it says measured.")
     p.add_argument("preset", help="preset name or path to a .toml file")
-    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a preset value, e.g. --set train.batch_size=4 (repeatable)")
+    add_set_option(p)
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "mps"],
                    help="device to estimate for (default: the preset's hardware.device)")
     p.add_argument("--precision", default=None, choices=["auto", "fp32", "bf16", "fp16"],

@@ -22,6 +22,7 @@ from workbench import estimate as est
 from workbench.config import (Preset, PresetError, check_preset_name, preset_from_dict, preset_to_toml,
                               resolve_preset, user_presets_dir)
 from workbench.errors import WorkbenchError
+from workbench.commands.common import add_set_option
 
 MARGIN = 0.10  # keep this share of device memory free (fragmentation, eval, a longer run)
 
@@ -32,8 +33,7 @@ def register(sub) -> None:
     p = sub.add_parser("fit", help="find the largest micro-batch that fits and write it as a new preset",
                        description=__doc__.split("\n\n")[0] + " Writes presets/<NAME>.toml.")
     p.add_argument("preset", help="preset name or path to a .toml file")
-    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a preset value first, e.g. --set model.seq_len=512 (repeatable)")
+    add_set_option(p)
     p.add_argument("--out", default=None, metavar="NAME", help="name of the new preset (default: <preset>-fit)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                    help="device to fit (default: auto = cuda > mps > cpu)")
