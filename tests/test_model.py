@@ -88,25 +88,57 @@ def test_loss_is_finite_and_near_log_vocab_at_init():
     assert abs(loss.item() - torch.log(torch.tensor(97.0)).item()) < 0.5
 
 
-def test_chunked_loss_equals_full_loss_and_gradients():
+def _loss_and_grads(model, x, y, accum=1):
+    total = 0.0
+    for i in range(accum):
+        b = x.shape[0] // accum
+        _, loss = model(x[i * b:(i + 1) * b], y[i * b:(i + 1) * b])
+        (loss / accum).backward()
+        total += loss.item() / accum
+    return total, {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_fused_loss_equals_plain_loss_and_gradients(accum):
     torch.manual_seed(0)
-    full = GPT(cfg())
-    chunked = GPT(cfg(), loss_chunk_tokens=24)  # 2 x 32 tokens in chunks of 24 (uneven last chunk)
-    chunked.load_state_dict(full.state_dict())
+    plain = GPT(cfg())
+    fused = GPT(cfg(), loss_chunk_tokens=24)  # 2 x 32 tokens in chunks of 24 (uneven last chunk)
+    fused.load_state_dict(plain.state_dict())
+    x, y = torch.randint(0, 97, (4, 32)), torch.randint(0, 97, (4, 32))
+    logits, _ = fused(x, y)
+    assert logits is None  # the fused loss never builds the full logits
+    fused.zero_grad(set_to_none=True)
+    a, ga = _loss_and_grads(plain, x, y, accum)
+    b, gb = _loss_and_grads(fused, x, y, accum)
+    assert abs(a - b) < 1e-5
+    assert ga["tok_emb.weight"].abs().sum() > 0  # tied: embedding and output gradients both land here
+    for n in ga:
+        torch.testing.assert_close(ga[n], gb[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_fused_loss_under_bf16_autocast_and_without_grad():
+    torch.manual_seed(0)
+    plain, fused = GPT(cfg()), GPT(cfg(), loss_chunk_tokens=16)
+    fused.load_state_dict(plain.state_dict())
     x, y = torch.randint(0, 97, (2, 32)), torch.randint(0, 97, (2, 32))
-    _, a = full(x, y)
-    logits, b = chunked(x, y)
-    assert logits is None
-    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    a.backward()
-    b.backward()
-    for (n, p), q in zip(full.named_parameters(), chunked.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=n)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, ga = _loss_and_grads(plain, x, y)
+        b, gb = _loss_and_grads(fused, x, y)
+    assert abs(a - b) < 2e-2
+    for n in ga:
+        assert ga[n].dtype == gb[n].dtype == torch.float32
+        torch.testing.assert_close(ga[n], gb[n], atol=2e-3, rtol=5e-2, msg=n)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x, y)[1], fused(x, y)[1], atol=1e-5, rtol=1e-5)
 
 
-def test_auto_loss_chunk_turns_on_only_for_big_logits():
+def test_auto_loss_chunk_on_cpu_always_on_gpus_for_big_logits():
     from workbench.estimate import auto_loss_chunk
-    assert auto_loss_chunk(8, 256, 8192, "auto") == 0            # cpu-small: 64 MiB of logits
-    assert auto_loss_chunk(24, 1024, 32768, "auto") == 2048      # gpu-8gb: 3 GiB -> 256 MiB chunks
-    assert auto_loss_chunk(24, 1024, 32768, "false") == 0
-    assert auto_loss_chunk(8, 256, 8192, "true") == 2048
+    assert auto_loss_chunk(8, 256, 8192, "auto", "cuda") == 0            # cpu-small: 64 MiB of logits
+    assert auto_loss_chunk(24, 1024, 32768, "auto", "cuda") == 2048      # gpu-8gb: 3 GiB -> 256 MiB chunks
+    assert auto_loss_chunk(24, 1024, 32768, "false", "cuda") == 0
+    assert auto_loss_chunk(8, 256, 8192, "true", "cuda") == 2048
+    # CPU: always fused, ~8 MiB of fp32 logits per chunk (cache-sized)
+    assert auto_loss_chunk(8, 256, 8192, "auto", "cpu") == 256
+    assert auto_loss_chunk(8, 512, 16384, "auto", "cpu") == 128
+    assert auto_loss_chunk(8, 256, 8192, "false", "cpu") == 0
