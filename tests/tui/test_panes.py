@@ -142,8 +142,8 @@ def test_runs_browser_lists_runs_checkpoints_and_deletes_with_confirmation(runs_
             table = app.query_one("#runs-table", DataTable)
             await wait_for(pilot, lambda: table.row_count == 3)
             rows = {str(table.get_row_at(i)[0]): [str(c) for c in table.get_row_at(i)] for i in range(3)}
-            assert rows["alpha"][1] == "finished" and rows["alpha"][3] == "400/400"
-            assert rows["beta"][1] == "stopped" and rows["beta"][5] == "5.2192"
+            assert rows["alpha"][1] == "finished" and rows["alpha"][2] == "400/400"
+            assert rows["beta"][1] == "stopped" and rows["beta"][4] == "5.2192"
             assert rows["gamma"][1] == "failed"
             # highlight alpha: its two checkpoints from the sidecars, best marked
             table.move_cursor(row=table.get_row_index("alpha"))

@@ -36,7 +36,9 @@ class RunsPane(Vertical):
 
     def on_mount(self) -> None:
         t = self.query_one("#runs-table", DataTable)
-        t.add_columns("run", "state", "preset", "step", "train", "best val", "tok/s", "disk")
+        # No preset column: run ids start with the preset's name, and the line under the table
+        # names it; without it the disk column fits an 80-column terminal.
+        t.add_columns("run", "state", "step", "train", "best val", "tok/s", "disk")
         t.border_title = "runs"
         c = self.query_one("#ckpt-table", DataTable)
         c.add_columns("checkpoint", "step", "train loss", "val loss", "tokens", "size", "")
@@ -49,7 +51,7 @@ class RunsPane(Vertical):
         t.clear()
         for r in runs:
             steps = f"{r.step:,}/{r.max_iters:,}" if r.max_iters else f"{r.step:,}"
-            t.add_row(r.id, Text.from_markup(fmt.state_markup(r.state)), r.preset, steps,
+            t.add_row(r.id, Text.from_markup(fmt.state_markup(r.state)), steps,
                       fmt.loss(r.train_loss), fmt.loss(r.best_val_loss), fmt.si(r.tokens_per_s),
                       human_bytes(r.disk_bytes), key=r.id)
         if current in self.summaries:
@@ -86,7 +88,7 @@ class RunsPane(Vertical):
             detail.update("No runs here yet. Press [b]n[/b] to start one.")
             return
         msg = Text.assemble((run.id, "bold"), "  ", Text.from_markup(fmt.state_markup(run.state)),
-                            f"  {len(run.checkpoints)} checkpoint(s)")
+                            f"  preset {run.preset}  {len(run.checkpoints)} checkpoint(s)")
         if run.error and run.state in ("failed", "crashed"):
             msg.append(f"\n{run.error}", style="red")
         detail.update(msg)
