@@ -47,14 +47,14 @@ from workbench.config import Preset, TrainConfig, HardwareConfig  # noqa: E402
 from workbench.estimate import estimate_memory, layer_activation_bytes, estimate_time, estimate_cost  # noqa: E402
 
 
-def _tiny(**train) -> Preset:
+def _tiny(hw: dict | None = None, **train) -> Preset:
     m = ModelConfig(vocab_size=1000, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=16, ffn_hidden=128)
     return Preset(model=m, train=TrainConfig(batch_size=2, **train),
-                  hardware=HardwareConfig(device="cpu", precision="fp32"), name="tiny")
+                  hardware=HardwareConfig(device="cpu", precision="fp32", **(hw or {})), name="tiny")
 
 
 def test_memory_components_hand_computed_fp32_cpu():
-    p = _tiny()
+    p = _tiny({"chunked_loss": "false", "fused_adamw": "false"})  # the plain loss and per-tensor AdamW
     m = estimate_memory(p, "fp32", "cpu")
     n = count_params(p.model)
     # per layer: 2 L + 128*... : N = 2 * (64*64 + 2*64*32 + 64*64 + 3*64*128 + 2*64) + 1000*64 + 64
@@ -76,6 +76,20 @@ def test_memory_components_hand_computed_fp32_cpu():
     assert (c["weights"], c["gradients"], c["optimizer"], c["logits"]) == (4 * n, 4 * n, 8 * n, held)
     assert m["peak_allocated"] == sum(c.values())
     assert m["total"] == m["peak_allocated"] + m["fragmentation"] + m["framework"]
+
+
+def test_memory_with_fused_loss_and_fused_adamw_cpu_defaults():
+    p = _tiny()  # CPU defaults: the fused loss (one chunk of all 32 tokens here) and fused AdamW
+    m = estimate_memory(p, "fp32", "cpu")
+    n = count_params(p.model)
+    B, T, D, V = 2, 16, 64, 1000
+    plain = estimate_memory(_tiny({"chunked_loss": "false"}), "fp32", "cpu")
+    fused_grads = 4 * B * T * D + 4 * V * D  # grad x and grad w, computed in the forward pass
+    # end of forward: one chunk's fp32 logits (here all 32 rows) + the gradients it produced
+    assert m["phases"]["end of forward"] - plain["phases"]["end of forward"] == (
+        (4 * B * T * V + fused_grads) - (4 * B * T * V + 4 * B * T * V))
+    assert m["phases"]["start of backward"] - plain["phases"]["start of backward"] == fused_grads - 12 * B * T * V
+    assert m["phases"]["optimizer step"] == 16 * n  # fused AdamW: no temporaries
 
 
 def test_memory_bf16_checkpointing_and_accumulation():
@@ -121,16 +135,23 @@ def _peak_of_timeline(run_steps) -> int:
     return max(sum(s) for s in sizes)
 
 
-@pytest.mark.parametrize("prec,ckpt,accum", [("fp32", False, 1), ("bf16", False, 2), ("fp32", True, 2)])
-def test_estimated_peak_matches_allocations_on_cpu(prec, ckpt, accum):
-    """The estimate's peak against the allocations torch records (the training loop's step)."""
+@pytest.mark.parametrize("prec,ckpt,accum,loss", [("fp32", False, 1, "auto"), ("bf16", False, 2, "auto"),
+                                                   ("fp32", True, 2, "false"), ("fp32", False, 1, "false")])
+def test_estimated_peak_matches_allocations_on_cpu(prec, ckpt, accum, loss):
+    """The estimate's peak against the allocations torch records (the training loop's step), with
+    the CPU defaults (fused loss, fused AdamW) and with the plain loss and per-tensor AdamW."""
+    from workbench.estimate import auto_loss_chunk
     from workbench.train.model import configure_optimizer
     cfg = ModelConfig(vocab_size=4096, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=64)
+    fused = loss == "auto"
     p = Preset(model=cfg, train=TrainConfig(batch_size=4, grad_accum=accum),
-               hardware=HardwareConfig(device="cpu", precision=prec, activation_checkpointing=ckpt))
+               hardware=HardwareConfig(device="cpu", precision=prec, activation_checkpointing=ckpt,
+                                       chunked_loss=loss, fused_adamw="auto" if fused else "false"))
     torch.manual_seed(0)
-    model = GPT(cfg, activation_checkpointing=ckpt)
-    opt = configure_optimizer(model, 1e-3, 0.1, (0.9, 0.95), fused=False)
+    chunk = auto_loss_chunk(4, cfg.seq_len, cfg.vocab_size, loss, "cpu")
+    assert (chunk > 0) == fused
+    model = GPT(cfg, activation_checkpointing=ckpt, loss_chunk_tokens=chunk)
+    opt = configure_optimizer(model, 1e-3, 0.1, (0.9, 0.95), fused=fused)
     amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16")
 
     def step():

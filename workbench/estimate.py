@@ -169,7 +169,7 @@ def auto_loss_chunk(batch_size: int, seq_len: int, vocab_size: int, setting: str
     if setting == "false":
         return 0
     if not (device.startswith("cuda") or device == "mps"):
-        return max(64, min(n_tok, (2**23) // (4 * vocab_size)))
+        return min(n_tok, max(64, (2**23) // (4 * vocab_size)))
     if setting == "auto" and n_tok * vocab_size * 4 <= 2**30:
         return 0
     return max(256, min(n_tok, (2**28) // (4 * vocab_size)))

@@ -242,18 +242,27 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
             for i in range(0, n, chunk):
                 xs, ts = x[i:i + chunk].to(cdt), targets[i:i + chunk, None]
                 z = (xs @ wc.t()).float()
-                lse = torch.logsumexp(z, dim=-1, keepdim=True)
-                total += (lse - z.gather(1, ts)).sum()
+                # log-sum-exp in place (torch.logsumexp would allocate another chunk of logits)
+                target_logit = z.gather(1, ts)
+                m = z.amax(dim=-1, keepdim=True)
+                z.sub_(m).exp_()
+                s = z.sum(dim=-1, keepdim=True)
+                total += (m + s.log() - target_logit).sum()
                 if gx is None and gw is None:
                     continue
-                z.sub_(lse).exp_()                                     # softmax
-                z.scatter_add_(1, ts, z.new_full(ts.shape, -1.0))      # - onehot
-                z.div_(n)
+                z.div_(s * n)                                            # softmax / N
+                z.scatter_add_(1, ts, z.new_full(ts.shape, -1.0 / n))    # - onehot / N
                 zc = z.to(cdt)
                 if gx is not None:
-                    gx[i:i + chunk] = zc @ wc
+                    if gx.dtype == cdt:
+                        torch.mm(zc, wc, out=gx[i:i + chunk])
+                    else:
+                        gx[i:i + chunk] = zc @ wc
                 if gw is not None:
-                    gw += zc.t() @ xs
+                    if cdt == torch.float32:
+                        gw.addmm_(zc.t(), xs)  # no [vocab, dim] temporary
+                    else:
+                        gw += zc.t() @ xs
         ctx.save_for_backward(gx, gw)
         ctx.w_dtype = w.dtype
         return total / n
