@@ -109,6 +109,10 @@ class HardwareConfig:
     nproc: int = _f(1, "Trainer processes on this machine; > 1 trains data-parallel under torchrun (DDP; NCCL "
                        "on CUDA, one GPU each; gloo on CPU, one thread each). 0 = auto: one per GPU, or on a "
                        "CPU one per physical core. train.batch_size is split evenly over all processes.", min=0)
+    shard: bool = _f(False, "With more than one process: shard parameters, gradients and optimizer state "
+                     "over the processes with FSDP2 (fully_shard on each transformer block, then on the whole "
+                     "model), so each holds about 1/N of them, instead of a full copy each with DDP. "
+                     "Checkpoints stay whole (any process count resumes them). No effect with one process.")
     expected_memory_gb: float = _f(0.0, "Informational: the memory this preset was sized for (0 = not stated).", min=0.0)
 
 

@@ -192,10 +192,69 @@ def check_model_compatible(model: torch.nn.Module, sd: dict, where: str) -> None
         raise CheckpointError(f"{where} does not fit this model ({'; '.join(parts)})")
 
 
+# ----------------------------------------------------------------------------- sharded (FSDP2) runs
+# On disk a sharded run's checkpoint is the same as a single process's: the whole model's state dict and
+# the optimizer's own state_dict() layout (parameters numbered 0..n-1 through the param groups in order).
+# torch.distributed.checkpoint's full state dicts name parameters instead; these convert between the two.
+
+def optimizer_state_by_name(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sd: dict) -> dict:
+    """An optimizer state dict in the numbered layout -> keyed by parameter name, for ``optimizer``
+    over ``model`` (the numbers follow ``optimizer``'s param groups, as they did when it was saved)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = sd["param_groups"]
+    if len(groups) != len(optimizer.param_groups):
+        raise ValueError(f"{len(groups)} parameter groups, this optimizer has {len(optimizer.param_groups)}")
+    to_name: dict[int, str] = {}
+    out_groups = []
+    for g, own in zip(groups, optimizer.param_groups):
+        if len(g["params"]) != len(own["params"]):
+            raise ValueError(f"a parameter group of {len(g['params'])} tensors, this optimizer's has {len(own['params'])}")
+        fqns = [names[id(p)] for p in own["params"]]
+        to_name.update(zip(g["params"], fqns))
+        out_groups.append(dict(g, params=fqns))
+    return {"state": {to_name[i]: st for i, st in sd["state"].items()}, "param_groups": out_groups}
+
+
+def optimizer_state_by_index(sd: dict) -> dict:
+    """The inverse of :func:`optimizer_state_by_name`: parameter names -> their numbers in group order."""
+    index: dict[str, int] = {}
+    groups = []
+    for g in sd["param_groups"]:
+        ids = [index.setdefault(name, len(index)) for name in g["params"]]
+        groups.append(dict(g, params=ids))
+    return {"state": {index[name]: st for name, st in sd["state"].items()}, "param_groups": groups}
+
+
+def gather_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Collective (every rank calls it): the whole model's and optimizer's state dicts of an FSDP2 model,
+    gathered onto rank 0's CPU in the plain on-disk layout; the other ranks get empty dicts."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    msd = get_model_state_dict(model, options=opts)
+    osd = get_optimizer_state_dict(model, optimizer, options=opts)
+    return msd, (optimizer_state_by_index(osd) if osd else {})
+
+
+def load_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: dict | None,
+                       optimizer_sd: dict | None) -> None:
+    """Collective: load whole (plain-layout) state dicts, held by every rank, into an FSDP2 model and
+    its optimizer; each rank keeps its own shards."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+    opts = StateDictOptions(full_state_dict=True)
+    if model_sd is not None:
+        set_model_state_dict(model, model_sd, options=opts)
+    if optimizer is not None and optimizer_sd is not None:
+        set_optimizer_state_dict(model, optimizer, optimizer_state_by_name(model, optimizer, optimizer_sd),
+                                 options=opts)
+
+
 def has_nonfinite(sd: dict) -> bool:
     return any(t.is_floating_point() and not torch.isfinite(t).all() for t in sd.values())
 
 
-__all__ = ["CKPT_PREFIX", "CheckpointError", "apply_retention", "check_model_compatible", "has_nonfinite",
-           "load_model_state", "load_training_state", "rng_state", "save_checkpoint", "set_rng_state",
+__all__ = ["CKPT_PREFIX", "CheckpointError", "apply_retention", "check_model_compatible", "gather_sharded_state",
+           "has_nonfinite", "load_model_state", "load_sharded_state", "load_training_state",
+           "optimizer_state_by_index", "optimizer_state_by_name", "rng_state", "save_checkpoint", "set_rng_state",
            "strip_compile_prefix"]

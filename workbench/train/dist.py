@@ -4,6 +4,7 @@ torchrun sets WORLD_SIZE / RANK / LOCAL_RANK. With a world of one (plain
 ``python -m workbench.train``) every method is a cheap no-op, so the single-process
 loop is unchanged. Rank 0 alone writes the run directory; every rank computes the
 same decisions (evals, checkpoints, early stop, stop requests) so collectives line up.
+Replicated (DDP) by default; sharded (FSDP2, ``hardware.shard``) on request.
 """
 
 from __future__ import annotations
@@ -35,6 +36,20 @@ class Dist:
             torch.cuda.set_device(self.local_rank)
             return torch.device("cuda", self.local_rank)
         return device
+
+    def shard(self, model: torch.nn.Module) -> None:
+        """FSDP2 instead of DDP: each rank keeps 1/world of every parameter, its gradient and its
+        optimizer state. Rank 0's weights go to every rank first (DDP does the same when it wraps),
+        since each rank initialised its own; then each transformer block becomes one all-gather /
+        reduce-scatter unit and the root takes the rest (embedding, final norm). In place: the
+        model's parameters become DTensor shards, so an optimizer must be built after this."""
+        from torch.distributed.fsdp import fully_shard
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t, src=0)
+        for block in model.layers:
+            fully_shard(block)
+        fully_shard(model)
 
     def sum_(self, t: torch.Tensor) -> torch.Tensor:
         if self.enabled:

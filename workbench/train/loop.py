@@ -31,8 +31,8 @@ from workbench import rundir
 from workbench.config import Preset, load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.train.checkpoint import (CheckpointError, apply_retention, check_model_compatible,
-                                        load_model_state, load_training_state, rng_state, save_checkpoint,
-                                        set_rng_state)
+                                        gather_sharded_state, load_model_state, load_sharded_state,
+                                        load_training_state, rng_state, save_checkpoint, set_rng_state)
 from workbench.train.data import TokenData, WindowSampler, prepare_data
 from workbench.train.dist import Dist
 from workbench.estimate import auto_loss_chunk
@@ -273,10 +273,28 @@ class Trainer:
                 self.compile_mode = "whole model"
             self.compiled = True
         self.eval_model = self.model
-        if self.dist.enabled:
+        self.parallel = "none"
+        if self.dist.enabled and h.shard:
+            if self.precision == "fp16":
+                raise TrainError("hardware.shard = true does not support fp16 (its GradScaler would decide to skip "
+                                 "a step on each rank's shard alone); use hardware.precision = bf16 or fp32")
+            # FSDP2 shards the model in place (self.model is the sharded module; evals and samples are
+            # collectives now). Its parameters are new objects, so the optimizer is built again over them
+            # and takes over any state a resume loaded into the first one.
+            self.parallel = "fsdp"
+            restored = self.optimizer.state_dict() if self.resume else None
+            self.dist.shard(self.model)
+            self.optimizer = configure_optimizer(self.model, p.train.lr, p.train.weight_decay,
+                                                 (p.train.beta1, p.train.beta2),
+                                                 fused=bool(self.optimizer.defaults.get("fused")))
+            if restored:
+                load_sharded_state(self.model, self.optimizer, None, restored)
+                del restored
+        elif self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.fwd_model = DDP(self.model, device_ids=ids, broadcast_buffers=False)
+            self.parallel = "ddp"
         if self.compile_mode == "whole model":
             self.fwd_model = torch.compile(self.fwd_model)
             if not self.dist.enabled:
@@ -287,7 +305,9 @@ class Trainer:
         n_params = self.model.num_params()
         if self.resume:
             self._apply_restored_rng()  # last: setup above (e.g. the FLOP/s calibration) draws random numbers
-        self.log(f"run {rd.name}: preset {p.name}, {n_params / 1e6:.2f} M params, device {self.device}, "
+        layout = {"fsdp": f" x {self.dist.world} processes, sharded (FSDP2)",
+                  "ddp": f" x {self.dist.world} processes, replicated (DDP)"}.get(self.parallel, "")
+        self.log(f"run {rd.name}: preset {p.name}, {n_params / 1e6:.2f} M params, device {self.device}{layout}, "
                  f"precision {self.precision}, compile {self.compile_mode if self.compiled else 'off'}, "
                  f"{self.tokens_per_step:,} tokens/step, corpus {self.data.source}"
                  + (" (tokenizer and tokens from cache)" if self.data.cached else ""))
@@ -296,7 +316,7 @@ class Trainer:
                    loss_chunk_tokens=self.model.loss_chunk_tokens, tokens_per_step=self.tokens_per_step,
                    corpus=self.data.source, train_tokens=int(self.data.n_train),
                    val_tokens=int(len(self.data.tokens) - self.data.n_train),
-                   peak_flops=self.peak, pid=os.getpid(), world_size=self.dist.world)
+                   peak_flops=self.peak, pid=os.getpid(), world_size=self.dist.world, parallel=self.parallel)
 
     def _read_checkpoint(self, selector: str | None):
         meta = rundir.select_checkpoint(self.run_dir, selector)
@@ -309,9 +329,16 @@ class Trainer:
         got = self._read_checkpoint(selector) if self.dist.is_main else None
         meta, sd, state, ts = self.dist.broadcast(got)
         check_model_compatible(self.model, sd, f"checkpoint {meta['name']}")
-        self.model.load_state_dict(sd)
+        sharded = getattr(self, "parallel", "none") == "fsdp"  # a rollback; at start-up sharding comes later
+        if sharded:
+            load_sharded_state(self.model, None, sd, None)
+        else:
+            self.model.load_state_dict(sd)
         try:
-            self.optimizer.load_state_dict(state["optimizer"])
+            if sharded:
+                load_sharded_state(self.model, self.optimizer, None, state["optimizer"])
+            else:
+                self.optimizer.load_state_dict(state["optimizer"])
             if state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
             ranks = state.get("rank_rng")
@@ -354,10 +381,13 @@ class Trainer:
     def save(self, train_loss: float | None, val_loss: float | None, reason: str) -> None:
         # Collective: every rank's RNG state goes into the checkpoint, which rank 0 writes.
         rank_rng = self.dist.gather(rng_state())
+        if self.parallel == "fsdp":  # also collective: the shards are gathered whole onto rank 0's CPU
+            sd, optim_sd = gather_sharded_state(self.model, self.optimizer)
         if not self.dist.is_main:
             return
-        sd = self.model.state_dict()
-        state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
+        if self.parallel != "fsdp":
+            sd, optim_sd = self.model.state_dict(), self.optimizer.state_dict()
+        state = {"optimizer": optim_sd, "scaler": self.scaler.state_dict(),
                  "rng": rank_rng[0]}
         if self.dist.enabled:
             state["rank_rng"] = rank_rng
@@ -411,12 +441,15 @@ class Trainer:
 
     def write_sample(self) -> None:
         p = self.preset.train
-        if not p.sample_prompt or not self.dist.is_main:
+        # Sharded, each forward is a collective: every rank generates (the same number of forwards), rank 0 writes.
+        if not p.sample_prompt or not (self.dist.is_main or self.parallel == "fsdp"):
             return
         from workbench.train.sample import generate_text
         text = generate_text(self.model, self.data.tokenizer, p.sample_prompt, p.sample_tokens,
                              temperature=0.8, top_k=50, seed=self.step, autocast_dtype=self.amp_dtype)
         self.model.train()
+        if not self.dist.is_main:
+            return
         import json
         with open(self.run_dir / "samples.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps({"step": self.step, "prompt": p.sample_prompt, "text": text,
@@ -475,8 +508,11 @@ class Trainer:
             loss_sum = torch.zeros((), device=self.device)
             for micro in range(t.grad_accum):
                 x, y = self._to_device(*self._next_batch())
-                # DDP: gradients are all-reduced once, on the last micro-batch.
-                sync = (contextlib.nullcontext() if not self.dist.enabled or micro == t.grad_accum - 1
+                # DDP: gradients are all-reduced once, on the last micro-batch. FSDP2 likewise
+                # reduce-scatters only then (earlier micro-batches accumulate unsharded gradients).
+                if self.parallel == "fsdp":
+                    self.model.set_requires_gradient_sync(micro == t.grad_accum - 1)
+                sync = (contextlib.nullcontext() if self.parallel != "ddp" or micro == t.grad_accum - 1
                         else self.fwd_model.no_sync())
                 with sync:
                     with self.autocast:
@@ -671,6 +707,13 @@ class Trainer:
                 self.lock.release()
             if self.metrics:
                 self.metrics.close()
+            if getattr(self, "parallel", None) == "fsdp":
+                # FSDP2's state holds the gloo/NCCL group: free it before the group is destroyed, not in the
+                # interpreter's exit (where gloo at times aborts a rank: "terminate called ...").
+                for name in ("model", "fwd_model", "eval_model", "optimizer"):
+                    self.__dict__.pop(name, None)
+                import gc
+                gc.collect()
             self.dist.close(clean=getattr(self, "_clean_exit", False))
 
     def _oom_message(self) -> str:
