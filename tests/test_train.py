@@ -110,15 +110,27 @@ def test_detach_stop_resume(tmp_path):
 
 
 @pytest.mark.slow
-def test_compiled_run_with_chunked_loss_saves_plain_state_dict(tmp_path):
-    """torch.compile per block (chosen with the chunked loss) trains, and its checkpoint loads uncompiled."""
+@pytest.mark.parametrize("extra,mode", [("hardware.activation_checkpointing=false", "all but the loss"),
+                                        ("hardware.activation_checkpointing=true", "per block")])
+def test_compiled_run_with_fused_loss_saves_plain_state_dict(tmp_path, extra, mode):
+    """torch.compile around the fused loss (or per block under activation checkpointing) trains,
+    and its checkpoint loads uncompiled."""
     cp = wb("train", "cpu-small", "--name", "c", "--runs-dir", str(tmp_path),
             *tiny("train.max_iters=4", "train.eval_interval=4", "train.ckpt_interval=4", "hardware.compile=true",
-                  "hardware.chunked_loss=true"), check=True, timeout=600)
-    assert "compile per block" in cp.stdout
+                  "hardware.chunked_loss=true", extra), check=True, timeout=600)
+    assert f"compile {mode}" in cp.stdout
     start = next(r for r in read_jsonl(tmp_path / "c" / "metrics.jsonl") if r.get("event") == "start")
-    assert start["compile_mode"] == "per block" and start["loss_chunk_tokens"] > 0
+    assert start["compile_mode"] == mode and start["loss_chunk_tokens"] > 0
     assert any(r.get("event") == "compile_done" for r in read_jsonl(tmp_path / "c" / "metrics.jsonl"))
     sd = load_model_state(rundir.select_checkpoint(tmp_path / "c", "latest")["path"])
     m = GPT(load_preset_file(tmp_path / "c" / "preset.toml").model)
     m.load_state_dict(sd)
+
+
+def test_compile_auto_pays_only_where_it_pays_back():
+    from workbench.train.loop import CPU_COMPILE_MIN_STEPS, compile_wanted
+    assert compile_wanted("auto", "cuda", 1)
+    assert compile_wanted("auto", "cpu", CPU_COMPILE_MIN_STEPS)          # e.g. cpu-small's 2000 steps
+    assert not compile_wanted("auto", "cpu", CPU_COMPILE_MIN_STEPS - 1)  # a short run: start at once
+    assert not compile_wanted("auto", "mps", 10_000)
+    assert compile_wanted("true", "cpu", 1) and not compile_wanted("false", "cuda", 10_000)

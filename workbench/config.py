@@ -99,12 +99,14 @@ class HardwareConfig:
     device: str = _f("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps.")
     precision: str = _f("auto", "auto, fp32, bf16 or fp16. auto: bf16 on CUDA with bf16 / MPS, fp16+GradScaler on older CUDA, fp32 on CPU.",
                         choices=("auto", "fp32", "bf16", "fp16"))
-    compile: str = _f("auto", "torch.compile: auto (on for CUDA), true or false.", choices=("auto", "true", "false"))
+    compile: str = _f("auto", "torch.compile: auto (on for CUDA; on a CPU for runs with >= 300 steps left, which "
+                      "pay back its start-up), true or false.", choices=("auto", "true", "false"))
     tf32: bool = _f(True, "Allow TF32 matmuls on Ampere or newer.")
     activation_checkpointing: bool = _f(False, "Recompute block activations in backward to save memory.")
-    chunked_loss: str = _f("auto", "Compute the loss in chunks so the full fp32 logits never exist: auto (when "
-                           "they would exceed 1 GiB), true or false.", choices=("auto", "true", "false"))
-    fused_adamw: str = _f("auto", "Fused AdamW kernel: auto (on for CUDA), true or false.", choices=("auto", "true", "false"))
+    chunked_loss: str = _f("auto", "Fused loss: logits, softmax and their gradients a chunk of tokens at a time, so "
+                           "the full logits never exist: auto (on CPU always, it is faster there; on GPUs when "
+                           "the fp32 logits would exceed 1 GiB), true or false.", choices=("auto", "true", "false"))
+    fused_adamw: str = _f("auto", "Fused AdamW kernel: auto (on for CUDA and CPU), true or false.", choices=("auto", "true", "false"))
     num_threads: int = _f(0, "CPU threads for torch; 0 = torch's default (torchrun sets 1 per process).", min=0)
     nproc: int = _f(1, "Trainer processes on this machine; > 1 trains data-parallel under torchrun (DDP; NCCL "
                        "on CUDA, one GPU each; gloo on CPU, one thread each). 0 = auto: one per GPU, or on a "

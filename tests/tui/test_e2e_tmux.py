@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ("model.dim=64 model.n_layers=2 model.n_heads=4 model.n_kv_heads=2 model.seq_len=64 "
         "model.vocab_size=512 train.batch_size=4 train.max_iters=5000 data.builtin_mb=0.3 "
         "data.tokenizer_sample_mb=0.3 train.warmup_iters=2 train.eval_interval=25 train.eval_iters=2 "
-        "train.ckpt_interval=25 train.log_interval=5")
+        "train.ckpt_interval=25 train.log_interval=5 hardware.compile=false")
 
 
 class Tmux:

@@ -194,7 +194,10 @@ class GPT(nn.Module):
         """Returns (logits, loss). With targets, logits are those of every position (None with
         the fused loss, which never builds them)."""
         compiled = self.__dict__.get("_hidden_compiled")
-        x = compiled(idx) if compiled is not None and cache is None else self.hidden(idx, cache)
+        if compiled is not None and cache is None and torch.is_grad_enabled():
+            x = compiled(idx)  # training steps only: evals and sampling stay eager (one graph to compile)
+        else:
+            x = self.hidden(idx, cache)
         if targets is None:
             # Generation needs only the last position's logits.
             return F.linear(x[:, -1:, :], self.output_weight()), None
