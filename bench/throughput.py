@@ -2,6 +2,7 @@
 
     python bench/throughput.py cpu-small [--set k=v ...] [--steps 30] [--repeat 3] [--nproc 2]
     python bench/throughput.py cpu-small --vs-reference [--repeat 3]
+    python bench/throughput.py cpu-small --vs-reference --as-full-run   # the settings auto picks for the preset's own length
 
 Runs the real trainer (`workbench train`, under torchrun when --nproc > 1) on a
 throwaway run directory and reports the median of the per-interval tokens/s the
@@ -55,6 +56,13 @@ def reference(preset: str, overrides: list[str], steps: int, log_every: int) -> 
     return float(re.search(r"([\d,]+) tokens/s", out).group(1).replace(",", ""))
 
 
+def full_run_compile(preset: str, overrides: list[str]) -> bool:
+    from workbench.config import resolve_preset
+    from workbench.train.loop import compile_wanted, pick_device
+    p = resolve_preset(preset, overrides)
+    return compile_wanted(p.hardware.compile, pick_device(p.hardware.device).type, p.train.max_iters)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("preset")
@@ -65,7 +73,12 @@ def main() -> int:
     ap.add_argument("--nproc", type=int, default=None,
                     help="trainer processes (torchrun, DDP); default: the preset's hardware.nproc (0 = auto)")
     ap.add_argument("--vs-reference", action="store_true", help="also time bench/reference_loop.py and print the ratio")
+    ap.add_argument("--as-full-run", action="store_true",
+                    help="use the settings auto picks for a run of the preset's own max_iters (the bench's short "
+                         "run would otherwise skip what only pays back over a long run: torch.compile on a CPU)")
     args = ap.parse_args()
+    if args.as_full_run:
+        args.overrides = [*args.overrides, f"hardware.compile={str(full_run_compile(args.preset, args.overrides)).lower()}"]
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     wb, ref = [], []
     for _ in range(args.repeat):  # alternate, so drift in machine load hits both sides alike

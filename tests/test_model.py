@@ -138,7 +138,9 @@ def test_auto_loss_chunk_on_cpu_always_on_gpus_for_big_logits():
     assert auto_loss_chunk(24, 1024, 32768, "auto", "cuda") == 2048      # gpu-8gb: 3 GiB -> 256 MiB chunks
     assert auto_loss_chunk(24, 1024, 32768, "false", "cuda") == 0
     assert auto_loss_chunk(8, 256, 8192, "true", "cuda") == 2048
-    # CPU: always fused, ~8 MiB of fp32 logits per chunk (cache-sized)
-    assert auto_loss_chunk(8, 256, 8192, "auto", "cpu") == 256
-    assert auto_loss_chunk(8, 512, 16384, "auto", "cpu") == 128
+    # CPU: always fused, 512 tokens a chunk, at most 64 MiB of fp32 logits
+    assert auto_loss_chunk(8, 256, 8192, "auto", "cpu") == 512
+    assert auto_loss_chunk(8, 512, 16384, "auto", "cpu") == 512
+    assert auto_loss_chunk(8, 512, 65536, "auto", "cpu") == 256
+    assert auto_loss_chunk(2, 16, 8192, "auto", "cpu") == 32
     assert auto_loss_chunk(8, 256, 8192, "false", "cpu") == 0
