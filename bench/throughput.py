@@ -58,9 +58,11 @@ def reference(preset: str, overrides: list[str], steps: int, log_every: int) -> 
 
 def full_run_compile(preset: str, overrides: list[str]) -> bool:
     from workbench.config import resolve_preset
-    from workbench.train.loop import compile_wanted, pick_device
+    from workbench.train.loop import compile_wanted, eager_seconds, peak_flops_for, pick_device, pick_precision
     p = resolve_preset(preset, overrides)
-    return compile_wanted(p.hardware.compile, pick_device(p.hardware.device).type, p.train.max_iters)
+    dev = pick_device(p.hardware.device)
+    peak = peak_flops_for(dev, pick_precision(p.hardware.precision, dev))
+    return compile_wanted(p.hardware.compile, dev.type, eager_seconds(p, p.train.max_iters, peak))
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ TINY = [
     "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.seq_len=32",
     "model.vocab_size=512", "train.batch_size=4", "train.warmup_iters=2", "train.eval_iters=2",
     "train.log_interval=1", "data.builtin_mb=0.3", "data.tokenizer_sample_mb=0.3", "hardware.nproc=1",
-    # tiny models: a compile would not pay back (auto compiles CPU runs of >= 300 steps)
+    # tiny models: a compile would not pay back (auto compiles CPU runs of 10 minutes or more)
     "hardware.compile=false",
 ]
 

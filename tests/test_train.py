@@ -128,9 +128,15 @@ def test_compiled_run_with_fused_loss_saves_plain_state_dict(tmp_path, extra, mo
 
 
 def test_compile_auto_pays_only_where_it_pays_back():
-    from workbench.train.loop import CPU_COMPILE_MIN_STEPS, compile_wanted
-    assert compile_wanted("auto", "cuda", 1)
-    assert compile_wanted("auto", "cpu", CPU_COMPILE_MIN_STEPS)          # e.g. cpu-small's 2000 steps
-    assert not compile_wanted("auto", "cpu", CPU_COMPILE_MIN_STEPS - 1)  # a short run: start at once
+    from workbench.config import resolve_preset
+    from workbench.train.loop import CPU_COMPILE_MIN_SECONDS, compile_wanted, eager_seconds
+    assert compile_wanted("auto", "cuda", None)
+    assert compile_wanted("auto", "cpu", CPU_COMPILE_MIN_SECONDS)          # a long CPU run
+    assert not compile_wanted("auto", "cpu", CPU_COMPILE_MIN_SECONDS - 1)  # a short one starts at once
+    assert not compile_wanted("auto", "cpu", None)                         # no estimate: eager
     assert not compile_wanted("auto", "mps", 10_000)
     assert compile_wanted("true", "cpu", 1) and not compile_wanted("false", "cuda", 10_000)
+    # cpu-small at ~200 GFLOP/s: its 2000 steps take ~15 min (compile), the README's 200-step run ~1.5 min (not)
+    p = resolve_preset("cpu-small", [])
+    assert compile_wanted("auto", "cpu", eager_seconds(p, 2000, 2e11))
+    assert not compile_wanted("auto", "cpu", eager_seconds(p, 200, 2e11))

@@ -99,8 +99,8 @@ class HardwareConfig:
     device: str = _f("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps.")
     precision: str = _f("auto", "auto, fp32, bf16 or fp16. auto: bf16 on CUDA with bf16 / MPS, fp16+GradScaler on older CUDA, fp32 on CPU.",
                         choices=("auto", "fp32", "bf16", "fp16"))
-    compile: str = _f("auto", "torch.compile: auto (on for CUDA; on a CPU for runs with >= 300 steps left, which "
-                      "pay back its start-up), true or false.", choices=("auto", "true", "false"))
+    compile: str = _f("auto", "torch.compile: auto (on for CUDA; on a CPU when the rest of the run would take 10 "
+                      "minutes or more eager, so the compile pays back), true or false.", choices=("auto", "true", "false"))
     tf32: bool = _f(True, "Allow TF32 matmuls on Ampere or newer.")
     activation_checkpointing: bool = _f(False, "Recompute block activations in backward to save memory.")
     chunked_loss: str = _f("auto", "Fused loss: logits, softmax and their gradients a chunk of tokens at a time, so "

@@ -25,7 +25,11 @@ import traceback
 from pathlib import Path
 
 import numpy as np
-import torch
+
+# Read before torch can set it: inductor writes its default cache dir into the environment.
+_USER_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+import torch  # noqa: E402
 
 from workbench import rundir
 from workbench.config import Preset, load_preset_file
@@ -58,16 +62,27 @@ class TrainError(WorkbenchError):
 
 # ----------------------------------------------------------------------------- device / precision
 
-# hardware.compile = auto compiles a CPU run with at least this many steps left.
-CPU_COMPILE_MIN_STEPS = 300
+# hardware.compile = auto compiles a CPU run expected to take at least this long (eager).
+CPU_COMPILE_MIN_SECONDS = 600
 
 
-def compile_wanted(setting: str, device_type: str, steps_left: int) -> bool:
-    """torch.compile or not: auto is on for CUDA, and on a CPU when the run is long enough to pay
-    back the compile (cpu-small: ~10 s cold for +6 % tokens/s); off on MPS."""
+def compile_wanted(setting: str, device_type: str, eager_seconds_left: float | None) -> bool:
+    """torch.compile or not. auto: on for CUDA; on a CPU when the rest of the run would take
+    10 minutes or more eager, so the compile pays back (cpu-small: ~15-20 s cold for +4-6 %
+    tokens/s, i.e. after ~15 minutes; a resume compiles warm from the run's cache); off on MPS."""
     if setting != "auto":
         return setting == "true"
-    return device_type == "cuda" or (device_type == "cpu" and steps_left >= CPU_COMPILE_MIN_STEPS)
+    if device_type == "cuda":
+        return True
+    return device_type == "cpu" and eager_seconds_left is not None and eager_seconds_left >= CPU_COMPILE_MIN_SECONDS
+
+
+def eager_seconds(p: Preset, steps: int, peak: float | None) -> float | None:
+    """Rough eager run time from FLOPs at 70 % of the peak (the CPU loop reaches 70-85 %)."""
+    fpt = flops_per_token(p)
+    if not (fpt and peak):
+        return None
+    return steps * p.tokens_per_step() * fpt / (0.7 * peak)
 
 
 def pick_device(want: str) -> torch.device:
@@ -266,16 +281,19 @@ class Trainer:
         if self.resume:
             self._restore(self.ckpt_selector)
 
-        # auto: always on CUDA; on a CPU when the run has enough steps left to pay back the
-        # compile (cpu-small: ~10 s cold, then +6 % tokens/s over the eager fused loss).
-        want_compile = compile_wanted(h.compile, self.device.type, p.train.max_iters - self.step)
+        self.tokens_per_step = p.tokens_per_step()
+        self.fpt = flops_per_token(p)
+        self.peak = peak_flops_for(self.device, self.precision)
+        want_compile = compile_wanted(h.compile, self.device.type,
+                                      eager_seconds(p, p.train.max_iters - self.step, self.peak))
         self.compiled = False
         self.compile_mode = "off"
         self.fwd_model = self.model
         if want_compile:
             cache = rd / "cache" / "inductor"
             cache.mkdir(parents=True, exist_ok=True)
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
+            if not _USER_INDUCTOR_CACHE:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
             # Measured on an H100 (gpu-8gb, bf16): compiling the whole model is fastest
             # (358k tok/s) but its graph ignores activation checkpointing and the chunked loss
             # (9.6 GB peak vs 3.5 GB eager). Compiling each block in place keeps checkpointing
@@ -319,9 +337,6 @@ class Trainer:
             self.fwd_model = torch.compile(self.fwd_model)
             if not self.dist.enabled:
                 self.eval_model = self.fwd_model
-        self.tokens_per_step = p.tokens_per_step()
-        self.fpt = flops_per_token(p)
-        self.peak = peak_flops_for(self.device, self.precision)
         n_params = self.model.num_params()
         if self.resume:
             self._apply_restored_rng()  # last: setup above (e.g. the FLOP/s calibration) draws random numbers
