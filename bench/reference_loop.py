@@ -50,7 +50,7 @@ def main() -> int:
         ix = torch.randint(len(tokens) - T - 1, (B,))
         x = torch.stack([tokens[i:i + T] for i in ix]).to(device)
         y = torch.stack([tokens[i + 1:i + T + 1] for i in ix]).to(device)
-        logits = F.linear(model.norm(_body(model, x)), model.output_weight())
+        logits = F.linear(model.hidden(x), model.output_weight())  # embedding, blocks, final norm
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -64,14 +64,6 @@ def main() -> int:
     tps = statistics.median(rates[1:] or rates)
     print(f"reference {args.preset} {' '.join(args.overrides)}: {tps:,.0f} tokens/s, device {device}, fp32")
     return 0
-
-
-def _body(model, x):
-    h = model.tok_emb(x)
-    cos, sin = model.rope_cos[: x.shape[1]], model.rope_sin[: x.shape[1]]
-    for block in model.layers:
-        h = block(h, cos, sin)
-    return h
 
 
 if __name__ == "__main__":

@@ -68,8 +68,8 @@ CPU_COMPILE_MIN_SECONDS = 600
 
 def compile_wanted(setting: str, device_type: str, eager_seconds_left: float | None) -> bool:
     """torch.compile or not. auto: on for CUDA; on a CPU when the rest of the run would take
-    10 minutes or more eager, so the compile pays back (cpu-small: ~15-20 s cold for +4-6 %
-    tokens/s, i.e. after ~15 minutes; a resume compiles warm from the run's cache); off on MPS."""
+    10 minutes or more eager, so the compile pays back (cpu-small: 18 s cold for +4-6 %
+    tokens/s, i.e. after ~7 minutes; a resume compiles warm from the run's cache); off on MPS."""
     if setting != "auto":
         return setting == "true"
     if device_type == "cuda":
