@@ -8,7 +8,7 @@ memory ends only that size): a few real AdamW steps of the preset's model
 (eager, no torch.compile) with the training loop's step. Measured peak memory
 is torch.cuda.max_memory_allocated / max_memory_reserved on CUDA, the driver's
 allocation on MPS, and the process's peak RSS (ru_maxrss) on CPU. The table sets
-each beside workbench.estimate.estimate_memory, with the estimate's error in percent.
+each beside workbench.plan.estimate.estimate_memory, with the estimate's error in percent.
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ def one(preset_name: str, overrides: list[str], batch: int, device: str, steps: 
     """Run in the child: a few steps at ``batch``; print one JSON line."""
     import resource
 
-    import torch
-
-    from workbench.commands.fit import Prober
     from workbench.config import resolve_preset
-    from workbench.estimate import resolve_precision
-    p = resolve_preset(preset_name, overrides + [f"train.batch_size={batch}"])
-    precision = resolve_precision(None, p, device)
-    if device == "cuda" and p.hardware.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
+    from workbench.machine.probe import this_machine
+    from workbench.plan.estimate import what_if
+    from workbench.plan.settings import resolve_settings
+    from workbench.train.probe import Prober
+    from workbench.train.runtime import apply_backend_flags
+    p = what_if(resolve_preset(preset_name, overrides + [f"train.batch_size={batch}"]), device=device)
+    s = resolve_settings(p, this_machine(), world_size=1)
+    apply_backend_flags(s)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    prober = Prober(p, device, precision, micro_batches=2 if p.train.grad_accum > 1 else 1)
+    prober = Prober(p, s, micro_batches=2 if p.train.grad_accum > 1 else 1)
     r = prober.trial(batch, steps)
-    r["precision"] = precision
+    r["precision"] = s.precision
     r["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     r["rss_before_model"] = rss0
     return r
@@ -49,7 +49,7 @@ def one(preset_name: str, overrides: list[str], batch: int, device: str, steps: 
 
 def sweep(preset_name: str, overrides: list[str], sizes: list[int], device: str, steps: int) -> list[dict]:
     from workbench.config import resolve_preset
-    from workbench.estimate import estimate_memory
+    from workbench.plan.estimate import estimate_memory
     out = []
     for b in sizes:
         cmd = [sys.executable, __file__, preset_name, "--one", str(b), "--device", device, "--steps", str(steps)]
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     device = args.device
     if device == "auto":
-        from workbench import hardware
-        device = hardware.best_device(hardware.detect(use_torch=True))
+        from workbench.machine.probe import this_machine
+        device = this_machine().best_device()
     if args.one is not None:
         print(json.dumps(one(args.preset, args.overrides, args.one, device, args.steps)))
         return 0

@@ -47,8 +47,10 @@ def main() -> int:
     t0 = time.perf_counter()
     slow = list(generate(model, prompt, args.new_tokens, temperature=0, use_cache=False))
     t_slow = time.perf_counter() - t0
-    same = "same tokens" if fast == slow else f"tokens differ at {next(i for i, (a, b) in enumerate(zip(fast, slow)) if a != b)}"
-    print(f"{args.preset}: {args.new_tokens} new tokens: KV cache {t_fast:.2f} s ({args.new_tokens / t_fast:,.0f} tok/s), "
+    first_diff = next((i for i, (a, b) in enumerate(zip(fast, slow)) if a != b), None)
+    same = "same tokens" if fast == slow else f"tokens differ at {first_diff}"
+    print(f"{args.preset}: {args.new_tokens} new tokens: KV cache {t_fast:.2f} s "
+          f"({args.new_tokens / t_fast:,.0f} tok/s), "
           f"recompute {t_slow:.2f} s ({args.new_tokens / t_slow:,.0f} tok/s), ratio {t_slow / t_fast:.1f}x ({same}); "
           f"first token {first:.2f} s after start (imports + model build){'' if rest else ''}")
     return 0

@@ -2,7 +2,7 @@
 
     python bench/throughput.py cpu-small [--set k=v ...] [--steps 30] [--repeat 3] [--nproc 2]
     python bench/throughput.py cpu-small --vs-reference [--repeat 3]
-    python bench/throughput.py cpu-small --vs-reference --as-full-run   # the settings auto picks for the preset's own length
+    python bench/throughput.py cpu-small --vs-reference --as-full-run   # auto's settings for the preset's own length
 
 Runs the real trainer (`workbench train`, under torchrun when --nproc > 1) on a
 throwaway run directory and reports the median of the per-interval tokens/s the
@@ -58,11 +58,10 @@ def reference(preset: str, overrides: list[str], steps: int, log_every: int) -> 
 
 def full_run_compile(preset: str, overrides: list[str]) -> bool:
     from workbench.config import resolve_preset
-    from workbench.train.loop import compile_wanted, eager_seconds, peak_flops_for, pick_device, pick_precision
+    from workbench.machine.probe import measured_peak, this_machine
+    from workbench.plan.settings import resolve_settings
     p = resolve_preset(preset, overrides)
-    dev = pick_device(p.hardware.device)
-    peak = peak_flops_for(dev, pick_precision(p.hardware.precision, dev))
-    return compile_wanted(p.hardware.compile, dev.type, eager_seconds(p, p.train.max_iters, peak))
+    return resolve_settings(p, this_machine(), world_size=1, peak=measured_peak).compile
 
 
 def main() -> int:
@@ -80,7 +79,8 @@ def main() -> int:
                          "run would otherwise skip what only pays back over a long run: torch.compile on a CPU)")
     args = ap.parse_args()
     if args.as_full_run:
-        args.overrides = [*args.overrides, f"hardware.compile={str(full_run_compile(args.preset, args.overrides)).lower()}"]
+        compile_full = str(full_run_compile(args.preset, args.overrides)).lower()
+        args.overrides = [*args.overrides, f"hardware.compile={compile_full}"]
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     wb, ref = [], []
     for _ in range(args.repeat):  # alternate, so drift in machine load hits both sides alike
@@ -90,7 +90,8 @@ def main() -> int:
     tps = statistics.median(x["tokens_per_s"] for x in wb)
     r = wb[0]
     mfu = f"{statistics.median(x['mfu'] for x in wb):.1%}" if r["mfu"] is not None else "n/a"
-    label = f"{args.preset} {' '.join(args.overrides)}".strip() + f" ({r['world_size']} process{'es' if r['world_size'] > 1 else ''})"
+    procs = f"{r['world_size']} process{'es' if r['world_size'] > 1 else ''}"
+    label = f"{args.preset} {' '.join(args.overrides)}".strip() + f" ({procs})"
     line = (f"{label}: {tps:,.0f} tokens/s (median of {args.repeat}), MFU {mfu}, {r['params'] / 1e6:.1f} M params, "
             f"{r['tokens_per_step']:,} tokens/step, device {r['device']}, {r['precision']}, compile {r['compile']}, "
             f"peak mem {r['mem_mb']:,.0f} MB")

@@ -55,11 +55,11 @@ def wait_running(run_dir: Path, min_step: int, timeout: float = 120) -> dict:
     """The status of a detached run once its trainer is running at or past ``min_step``."""
     import time
 
-    from workbench import rundir
+    from workbench.fs import read_json
     end = time.time() + timeout
     st: dict = {}
     while time.time() < end:
-        st = rundir.read_json(run_dir / "status.json") or {}
+        st = read_json(run_dir / "status.json") or {}
         if st.get("state") == "running" and (st.get("step") or 0) >= min_step:
             break
         time.sleep(0.2)

@@ -43,7 +43,8 @@ def _truncate(ws: Path, run: Path) -> None:
 
 
 def _foreign(ws: Path, run: Path) -> None:
-    torch.save({"transformer.wte.weight": torch.zeros(3, 3)}, Path(rundir.list_checkpoints(run)[-1]["path"]) / "model.pt")
+    torch.save({"transformer.wte.weight": torch.zeros(3, 3)},
+               Path(rundir.list_checkpoints(run)[-1]["path"]) / "model.pt")
 
 
 def _no_ckpt(ws: Path, run: Path) -> None:

@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import REPO, wb
-from workbench.config import (PresetError, apply_overrides, load_preset_file, preset_from_dict, preset_paths,
-                              resolve_preset, preset_to_toml, parse_toml)
+from workbench.config import (
+    PresetError,
+    apply_overrides,
+    load_preset_file,
+    parse_toml,
+    preset_from_dict,
+    preset_paths,
+    preset_to_toml,
+    resolve_preset,
+)
 
 SHIPPED = ["cpu-small", "medium", "gpu-8gb", "apple-m4pro", "gpu-24gb", "datacenter-80gb"]
 
@@ -27,7 +35,8 @@ def test_gpu_8gb_has_the_seed_values():
     p = resolve_preset("gpu-8gb")
     m, t = p.model, p.train
     assert (m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.vocab_size, m.seq_len) == (768, 12, 12, 6, 32768, 1024)
-    assert (t.batch_size, t.lr, t.max_iters, t.eval_interval, t.eval_iters, m.dropout) == (24, 3e-4, 10000, 500, 50, 0.1)
+    assert (t.batch_size, t.lr, t.max_iters, t.eval_interval, t.eval_iters, m.dropout) == (
+        24, 3e-4, 10000, 500, 50, 0.1)
 
 
 BAD = [

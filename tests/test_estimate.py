@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from workbench.config import ModelConfig, preset_paths, resolve_preset
-from workbench.estimate import count_params, flops_per_token, matmul_params
+from workbench.plan.flops import count_params, flops_per_token, matmul_params
 from workbench.train.model import GPT
 
 
@@ -23,7 +23,8 @@ def test_param_count_equals_model_for_every_preset(name):
     assert count_params(cfg) == _meta_count(cfg)
 
 
-@pytest.mark.parametrize("n_heads,n_kv_heads,tie", [(8, 8, True), (8, 2, True), (8, 1, True), (8, 4, False), (6, 3, False)])
+@pytest.mark.parametrize("n_heads,n_kv_heads,tie",
+                         [(8, 8, True), (8, 2, True), (8, 1, True), (8, 4, False), (6, 3, False)])
 def test_param_count_gqa_mqa_and_untied(n_heads, n_kv_heads, tie):
     cfg = ModelConfig(vocab_size=300, dim=96, n_layers=3, n_heads=n_heads, n_kv_heads=n_kv_heads,
                       seq_len=32, ffn_hidden=0, tie_embeddings=tie)
@@ -43,8 +44,8 @@ def test_flops_per_token_hand_computed():
 
 # ----------------------------------------------------------------------------- memory
 
-from workbench.config import Preset, TrainConfig, HardwareConfig  # noqa: E402
-from workbench.estimate import estimate_memory, layer_activation_bytes, estimate_time, estimate_cost  # noqa: E402
+from workbench.config import HardwareConfig, Preset, TrainConfig  # noqa: E402
+from workbench.plan.estimate import estimate_cost, estimate_memory, estimate_time, layer_activation_bytes  # noqa: E402
 
 
 def _tiny(hw: dict | None = None, **train) -> Preset:
@@ -124,6 +125,7 @@ def _peak_of_timeline(run_steps) -> int:
     import json
     import tempfile
     import warnings
+
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
         run_steps()
@@ -140,7 +142,7 @@ def _peak_of_timeline(run_steps) -> int:
 def test_estimated_peak_matches_allocations_on_cpu(prec, ckpt, accum, loss):
     """The estimate's peak against the allocations torch records (the training loop's step), with
     the CPU defaults (fused loss, fused AdamW) and with the plain loss and per-tensor AdamW."""
-    from workbench.estimate import auto_loss_chunk
+    from workbench.plan.settings import auto_loss_chunk
     from workbench.train.model import configure_optimizer
     cfg = ModelConfig(vocab_size=4096, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=64)
     fused = loss == "auto"

@@ -17,8 +17,8 @@ import torch
 from tests.conftest import wb
 from workbench import rundir
 from workbench.config import ModelConfig, load_preset_file
-from workbench.export import export_state_dict, hf_state_dict, rope_permute, tokenizer_json
 from workbench.train.checkpoint import load_model_state
+from workbench.train.export import export_state_dict, hf_state_dict, rope_permute, tokenizer_json
 from workbench.train.model import GPT, apply_rope, rope_tables
 from workbench.train.tokenizer import Tokenizer
 

@@ -13,6 +13,11 @@ import pytest
 from workbench.commands import fit
 from workbench.config import load_preset_file, resolve_preset
 from workbench.errors import WorkbenchError
+from workbench.machine.detect import Machine
+from workbench.plan.batch import plan_accumulation, search_batch
+from workbench.plan.settings import resolve_settings
+from workbench.train.probe import Prober
+from workbench.train.runtime import is_oom
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,21 +25,21 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("threshold", [1, 2, 3, 7, 8, 24, 63, 100])
 @pytest.mark.parametrize("start", [1, 16])
 def test_search_finds_the_largest_size_that_fits(threshold, start):
-    best, tried = fit.search_batch(lambda b: b <= threshold, cap=100, start=start)
+    best, tried = search_batch(lambda b: b <= threshold, cap=100, start=start)
     assert best == threshold
     assert len(tried) <= 16  # doubling then bisection, not a linear scan
     assert all(ok == (b <= threshold) for b, ok in tried)
 
 
 def test_search_reports_nothing_fits():
-    best, tried = fit.search_batch(lambda b: False, cap=64, start=8)
+    best, tried = search_batch(lambda b: False, cap=64, start=8)
     assert best == 0 and tried[-1] == (1, False)
 
 
 @pytest.mark.parametrize("seqs", [1, 6, 24, 64, 96, 97, 128])
 @pytest.mark.parametrize("max_batch", [1, 3, 5, 8, 13, 32, 200])
 def test_plan_keeps_tokens_per_step(seqs, max_batch):
-    b, a, note = fit.plan_accumulation(seqs, max_batch)
+    b, a, note = plan_accumulation(seqs, max_batch)
     assert 1 <= b <= max(1, max_batch)
     if not note:
         assert b * a == seqs  # exactly the same tokens per optimizer step
@@ -82,17 +87,17 @@ def test_fit_never_writes_over_its_source(tmp_path, monkeypatch):
 
 
 def test_oom_messages_are_recognised():
-    assert fit.is_oom_error(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
-    assert fit.is_oom_error(RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB)"))
+    assert is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_oom(RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB)"))
     import torch
-    assert fit.is_oom_error(torch.OutOfMemoryError("boom"))
-    assert not fit.is_oom_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert is_oom(torch.OutOfMemoryError("boom"))
+    assert not is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
 
 
 def test_probe_runs_real_steps_on_cpu():
     p = resolve_preset("cpu-small", ["model.dim=64", "model.n_layers=1", "model.vocab_size=256",
                                      "model.seq_len=32", "model.n_heads=4", "model.n_kv_heads=2"])
-    prober = fit.Prober(p, "cpu", "fp32")
+    prober = Prober(p, resolve_settings(p, Machine(), world_size=1))
     r = prober.trial(4, steps=2)
     assert r["ok"] and not r["oom"] and r["tokens_per_s"] > 0
 

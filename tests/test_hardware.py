@@ -9,14 +9,17 @@ import types
 
 import pytest
 
-from workbench import hardware
+from workbench.machine import detect as hardware
+from workbench.machine import probe
+from workbench.machine.peaks import peak_flops
+from workbench.plan.recommend import recommend_preset
 
 
 def test_detect_without_torch_is_plain_json_and_fast():
-    hardware.detect(use_torch=False)  # imports done
+    hardware.detect()  # imports done
     import time
     t0 = time.perf_counter()
-    info = hardware.detect(use_torch=False)
+    info = hardware.detect()
     assert time.perf_counter() - t0 < 0.2
     json.dumps(info)
     assert info["cpu"]["logical_cores"] >= 1
@@ -25,7 +28,7 @@ def test_detect_without_torch_is_plain_json_and_fast():
 
 
 def test_no_torch_import_from_hardware_module():
-    code = ("import sys, workbench.hardware as h, workbench.estimate; h.detect(use_torch=False); "
+    code = ("import sys, workbench.machine.detect as h, workbench.plan.estimate; h.detect(); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -38,13 +41,13 @@ def test_no_nvidia_gpu_is_reported_plainly_here():
         pytest.skip("this machine has NVML")
     except pynvml.NVMLError:
         pass
-    info = hardware.detect(use_torch=False)
+    info = hardware.detect()
     assert info["nvidia"] == []
     assert info["nvidia_note"].startswith("no NVIDIA GPU")
 
 
 def test_detect_with_torch_reports_capabilities():
-    info = hardware.detect(use_torch=True)
+    info = probe.detect_with_torch()
     t = info["torch"]
     assert t["available"] and t["version"]
     assert isinstance(t["cuda"], bool) and isinstance(t["mps"], bool)
@@ -55,8 +58,10 @@ def _fake_pynvml(monkeypatch):
     """pynvml whose functions report two GPUs (an RTX 4090 and an A100)."""
     import pynvml
     gpus = [
-        dict(name="NVIDIA GeForce RTX 4090", total=24 * 2**30, used=1 * 2**30, cc=(8, 9), util=7, temp=45, power=60_000),
-        dict(name=b"NVIDIA A100-SXM4-80GB", total=80 * 2**30, used=2 * 2**30, cc=(8, 0), util=99, temp=70, power=300_000),
+        dict(name="NVIDIA GeForce RTX 4090", total=24 * 2**30, used=1 * 2**30, cc=(8, 9), util=7, temp=45,
+             power=60_000),
+        dict(name=b"NVIDIA A100-SXM4-80GB", total=80 * 2**30, used=2 * 2**30, cc=(8, 0), util=99, temp=70,
+             power=300_000),
     ]
     monkeypatch.setattr(hardware, "_NVML_MISSING", None)
     monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
@@ -68,7 +73,8 @@ def _fake_pynvml(monkeypatch):
     monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda h: types.SimpleNamespace(
         total=h["total"], used=h["used"], free=h["total"] - h["used"]))
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCudaComputeCapability", lambda h: h["cc"])
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", lambda h: types.SimpleNamespace(gpu=h["util"], memory=3))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates",
+                        lambda h: types.SimpleNamespace(gpu=h["util"], memory=3))
     monkeypatch.setattr(pynvml, "nvmlDeviceGetTemperature", lambda h, sensor: h["temp"])
     monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", lambda h: h["power"])
 
@@ -79,7 +85,7 @@ def _fake_pynvml(monkeypatch):
 
 def test_two_gpus_with_mocked_nvml(monkeypatch):
     _fake_pynvml(monkeypatch)
-    info = hardware.detect(use_torch=False)
+    info = hardware.detect()
     assert [g["name"] for g in info["nvidia"]] == ["NVIDIA GeForce RTX 4090", "NVIDIA A100-SXM4-80GB"]
     g0, g1 = info["nvidia"]
     assert g0["vram_total"] == 24 * 2**30 and g0["vram_free"] == 23 * 2**30
@@ -110,36 +116,36 @@ def test_two_gpus_with_mocked_nvml(monkeypatch):
     ("Tesla T4", "fp16", 65),
 ])
 def test_peak_flops_table(name, precision, tflops):
-    assert hardware.peak_flops(name, precision) == pytest.approx(tflops * 1e12)
+    assert peak_flops(name, precision) == pytest.approx(tflops * 1e12)
 
 
 def test_peak_flops_unknown_or_unsupported():
-    assert hardware.peak_flops("Tesla T4", "bf16") is None  # no native bf16 on Turing
-    assert hardware.peak_flops("Some Future GPU", "bf16") is None
+    assert peak_flops("Tesla T4", "bf16") is None  # no native bf16 on Turing
+    assert peak_flops("Some Future GPU", "bf16") is None
 
 
 def test_measured_cpu_matmul_is_plausible_and_cached():
-    f = hardware.measure_matmul_flops("cpu", "fp32", seconds=0.1)
+    f = probe.measure_matmul_flops("cpu", "fp32", seconds=0.1)
     assert 1e8 < f < 1e14
-    assert hardware.measure_matmul_flops("cpu", "fp32") == f  # cached per process
-    peak, source = hardware.mfu_peak("cpu", "fp32")
+    assert probe.measure_matmul_flops("cpu", "fp32") == f  # cached per process
+    peak, source = probe.mfu_peak("cpu", "fp32")
     assert (peak, source) == (f, "measured")
 
 
 def test_recommendation_here_and_with_mocked_gpus(monkeypatch):
-    info = hardware.detect(use_torch=False)
+    info = hardware.detect()
     if not info["nvidia"]:
-        name, reason = hardware.recommend_preset(info)
+        name, reason = recommend_preset(info)
         assert name == "cpu-small" and "estimate" in reason
     _fake_pynvml(monkeypatch)
-    info = hardware.detect(use_torch=False)
-    name, reason = hardware.recommend_preset(info)  # GPU 0 is the 24 GB RTX 4090
+    info = hardware.detect()
+    name, reason = recommend_preset(info)  # GPU 0 is the 24 GB RTX 4090
     assert name == "gpu-24gb", reason
     # an 8 GB card: with the chunked loss gpu-8gb's batch of 24 x 1024 fits...
     info["nvidia"] = [dict(info["nvidia"][0], vram_total=8 * 2**30, vram_free=7 * 2**30 + 2**29)]
-    name, reason = hardware.recommend_preset(info)
+    name, reason = recommend_preset(info)
     assert name == "gpu-8gb", reason
     # ...a 6 GB card gets a smaller preset and what to change
     info["nvidia"] = [dict(info["nvidia"][0], vram_total=6 * 2**30, vram_free=5 * 2**30 + 2**29)]
-    name, reason = hardware.recommend_preset(info)
+    name, reason = recommend_preset(info)
     assert name == "medium", reason

@@ -14,6 +14,7 @@ import torch
 
 from tests.conftest import read_jsonl, tiny, wb
 from workbench import rundir
+from workbench.fs import read_json
 from workbench.train.checkpoint import has_nonfinite, load_model_state, load_training_state
 
 N = 16
@@ -111,7 +112,7 @@ def test_kill_minus_nine_at_random_moments_always_resumes(tmp_path):
         else:
             cp = wb("resume", "k", "--runs-dir", root, "--detach", env=env)
             assert cp.returncode == 0, cp.stderr
-        pid = _wait(lambda: (s := rundir.read_json(d / "status.json")) and s.get("state") == "running"
+        pid = _wait(lambda: (s := read_json(d / "status.json")) and s.get("state") == "running"
                     and s.get("pid"))
         if env:
             _wait(marker.exists)

@@ -129,7 +129,7 @@ def test_compiled_run_with_fused_loss_saves_plain_state_dict(tmp_path, extra, mo
 
 def test_compile_auto_pays_only_where_it_pays_back():
     from workbench.config import resolve_preset
-    from workbench.train.loop import CPU_COMPILE_MIN_SECONDS, compile_wanted, eager_seconds
+    from workbench.plan.settings import CPU_COMPILE_MIN_SECONDS, compile_wanted, eager_seconds
     assert compile_wanted("auto", "cuda", None)
     assert compile_wanted("auto", "cpu", CPU_COMPILE_MIN_SECONDS)          # a long CPU run
     assert not compile_wanted("auto", "cpu", CPU_COMPILE_MIN_SECONDS - 1)  # a short one starts at once

@@ -11,14 +11,19 @@ This module imports neither torch nor textual.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import tomllib
 from dataclasses import dataclass, field, fields
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from workbench.errors import WorkbenchError
+from workbench.fs import write_atomic
 
 
 class PresetError(WorkbenchError):
@@ -37,7 +42,8 @@ class ModelConfig:
     dim: int = _f(256, "Width of the residual stream (embedding size).", min=8)
     n_layers: int = _f(4, "Number of transformer blocks.", min=1)
     n_heads: int = _f(8, "Attention (query) heads per block; dim must be divisible by it.", min=1)
-    n_kv_heads: int = _f(4, "Key/value heads (grouped-query attention): n_heads for MHA, 1 for MQA; must divide n_heads.", min=1)
+    n_kv_heads: int = _f(4, "Key/value heads (grouped-query attention): n_heads for MHA, 1 for MQA; "
+                            "must divide n_heads.", min=1)
     seq_len: int = _f(256, "Context length in tokens (training window and sampling context).", min=2)
     ffn_hidden: int = _f(0, "SwiGLU hidden width; 0 = 8/3 x dim rounded up to a multiple of 64.", min=0)
     dropout: float = _f(0.0, "Dropout probability on attention output, MLP output and embeddings.", min=0.0, max=0.9)
@@ -87,26 +93,31 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = _f("builtin", "Text file, directory of text files, or 'builtin' (Python's own docs and stdlib sources).")
+    corpus: str = _f("builtin", "Text file, directory of text files, or 'builtin' (Python's own docs and "
+                                "stdlib sources).")
     val_fraction: float = _f(0.05, "Fraction of tokens held out for validation (the end of the corpus).",
                              min=0.0, max=0.5, min_exclusive=True)
     builtin_mb: float = _f(6.0, "Size cap of the built-in corpus in MB.", min=0.05)
-    tokenizer_sample_mb: float = _f(8.0, "MB of corpus text the tokenizer is trained on (a sample of large corpora).", min=0.05)
+    tokenizer_sample_mb: float = _f(8.0, "MB of corpus text the tokenizer is trained on (a sample of large "
+                                         "corpora).", min=0.05)
 
 
 @dataclass
 class HardwareConfig:
     device: str = _f("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps.")
-    precision: str = _f("auto", "auto, fp32, bf16 or fp16. auto: bf16 on CUDA with bf16 / MPS, fp16+GradScaler on older CUDA, fp32 on CPU.",
+    precision: str = _f("auto", "auto, fp32, bf16 or fp16. auto: bf16 on CUDA with bf16 / MPS, fp16+GradScaler "
+                                "on older CUDA, fp32 on CPU.",
                         choices=("auto", "fp32", "bf16", "fp16"))
     compile: str = _f("auto", "torch.compile: auto (on for CUDA; on a CPU when the rest of the run would take 10 "
-                      "minutes or more eager, so the compile pays back), true or false.", choices=("auto", "true", "false"))
+                      "minutes or more eager, so the compile pays back), true or false.",
+                      choices=("auto", "true", "false"))
     tf32: bool = _f(True, "Allow TF32 matmuls on Ampere or newer.")
     activation_checkpointing: bool = _f(False, "Recompute block activations in backward to save memory.")
     chunked_loss: str = _f("auto", "Fused loss: logits, softmax and their gradients a chunk of tokens at a time, so "
                            "the full logits never exist: auto (on CPU always, it is faster there; on GPUs when "
                            "the fp32 logits would exceed 1 GiB), true or false.", choices=("auto", "true", "false"))
-    fused_adamw: str = _f("auto", "Fused AdamW kernel: auto (on for CUDA and CPU), true or false.", choices=("auto", "true", "false"))
+    fused_adamw: str = _f("auto", "Fused AdamW kernel: auto (on for CUDA and CPU), true or false.",
+                          choices=("auto", "true", "false"))
     num_threads: int = _f(0, "CPU threads for torch; 0 = torch's default (torchrun sets 1 per process).", min=0)
     nproc: int = _f(1, "Trainer processes on this machine; > 1 trains data-parallel under torchrun (DDP; NCCL "
                        "on CUDA, one GPU each; gloo on CPU, one thread each). 0 = auto: one per GPU, or on a "
@@ -115,7 +126,8 @@ class HardwareConfig:
                      "over the processes with FSDP2 (fully_shard on each transformer block, then on the whole "
                      "model), so each holds about 1/N of them, instead of a full copy each with DDP. "
                      "Checkpoints stay whole (any process count resumes them). No effect with one process.")
-    expected_memory_gb: float = _f(0.0, "Informational: the memory this preset was sized for (0 = not stated).", min=0.0)
+    expected_memory_gb: float = _f(0.0, "Informational: the memory this preset was sized for (0 = not stated).",
+                                   min=0.0)
 
 
 SECTIONS: dict[str, type] = {
@@ -213,7 +225,8 @@ def _check_constraints(p: Preset, where: str) -> None:
     if t.min_lr > t.lr:
         bad(f"train.min_lr = {t.min_lr:g} must be <= train.lr = {t.lr:g}")
     if t.lr_decay_iters and t.lr_decay_iters <= t.warmup_iters:
-        bad(f"train.lr_decay_iters = {t.lr_decay_iters} must be > train.warmup_iters = {t.warmup_iters} (or 0 for max_iters)")
+        bad(f"train.lr_decay_iters = {t.lr_decay_iters} must be > train.warmup_iters = {t.warmup_iters} "
+            "(or 0 for max_iters)")
     if m.vocab_size > 2**31:
         bad(f"model.vocab_size = {m.vocab_size} is too large")
     if not _DEVICE_RE.match(h.device):
@@ -258,7 +271,6 @@ def preset_from_dict(data: dict[str, Any], where: str = "preset", name: str | No
 
 
 def _did_you_mean(key: str, options) -> str:
-    import difflib
     close = difflib.get_close_matches(key, list(options), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -284,27 +296,33 @@ def load_preset_file(path: str | Path, overrides: list[str] | None = None) -> Pr
     return preset_from_dict(data, str(path), name=data.get("name") or path.stem)
 
 
+def parse_override(item: str) -> tuple[str, str, Any]:
+    """``section.key=value`` -> (section, key, value parsed as TOML; a bare word is a string)."""
+    if "=" not in item:
+        raise PresetError(f"--set {item!r}: expected section.key=value, e.g. --set train.max_iters=200")
+    lhs, rhs = item.split("=", 1)
+    lhs = lhs.strip()
+    if lhs.count(".") != 1:
+        raise PresetError(f"--set {item!r}: the key must be section.key, e.g. train.lr")
+    sec, key = lhs.split(".")
+    if sec not in SECTIONS:
+        raise PresetError(f"--set {item!r}: unknown section {sec!r}{_did_you_mean(sec, SECTIONS)}; "
+                          f"sections are {', '.join(SECTIONS)}")
+    known = {f.name for f in fields(SECTIONS[sec])}
+    if key not in known:
+        raise PresetError(f"--set {item!r}: unknown key {sec}.{key}{_did_you_mean(key, known)}")
+    rhs = rhs.strip()
+    try:
+        value = tomllib.loads(f"v = {rhs}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = rhs  # a bare word such as cpu or builtin is taken as a string
+    return sec, key, value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `section.key=value` strings (value parsed as TOML) to parsed preset data in place."""
     for item in overrides:
-        if "=" not in item:
-            raise PresetError(f"--set {item!r}: expected section.key=value, e.g. --set train.max_iters=200")
-        lhs, rhs = item.split("=", 1)
-        lhs = lhs.strip()
-        if lhs.count(".") != 1:
-            raise PresetError(f"--set {item!r}: the key must be section.key, e.g. train.lr")
-        sec, key = lhs.split(".")
-        if sec not in SECTIONS:
-            raise PresetError(f"--set {item!r}: unknown section {sec!r}{_did_you_mean(sec, SECTIONS)}; "
-                              f"sections are {', '.join(SECTIONS)}")
-        known = {f.name for f in fields(SECTIONS[sec])}
-        if key not in known:
-            raise PresetError(f"--set {item!r}: unknown key {sec}.{key}{_did_you_mean(key, known)}")
-        rhs = rhs.strip()
-        try:
-            value = tomllib.loads(f"v = {rhs}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = rhs  # a bare word such as cpu or builtin is taken as a string
+        sec, key, value = parse_override(item)
         data.setdefault(sec, {})[key] = value
     return data
 
@@ -320,7 +338,6 @@ def shipped_presets_dir() -> Path:
     checkout = here.parent / "presets"
     if checkout.is_dir() and (checkout / "cpu-small.toml").exists():
         return checkout
-    from importlib import resources
     return Path(str(resources.files("workbench._presets")))
 
 
@@ -362,5 +379,32 @@ def resolve_preset(name_or_path: str, overrides: list[str] | None = None) -> Pre
 
 
 def preset_to_toml(p: Preset) -> str:
-    import tomli_w
     return tomli_w.dumps(p.to_dict())
+
+
+def toml_string(s: str) -> str:
+    """``s`` as a TOML basic string (a Windows path's backslashes escaped), e.g. for ``--set``."""
+    return tomli_w.dumps({"v": s})[4:].strip()
+
+
+def preset_source_path(name_or_path: str) -> Path | None:
+    """The file a preset argument names (a path, or the user/shipped file of that name)."""
+    if name_or_path.endswith(".toml") or os.sep in name_or_path:
+        return Path(name_or_path)
+    found = preset_paths().get(name_or_path)
+    return found[0] if found else None
+
+
+def save_user_preset(p: Preset, header: str = "", force: bool = False, source_path: Path | None = None) -> Path:
+    """Write ``<user presets>/<name>.toml`` atomically, never over the preset it came from and over
+    another file only with ``force``; ``header`` lines become comments at the top."""
+    check_preset_name(p.name)
+    out_dir = user_presets_dir()
+    path = out_dir / f"{p.name}.toml"
+    if source_path is not None and path.resolve() == source_path.resolve():
+        raise PresetError(f"{path} is the preset being fitted; choose another name with --out NAME")
+    if path.exists() and not force:
+        raise PresetError(f"{path} already exists; choose another name with --out NAME or overwrite it with --force")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, "".join(f"# {line}\n" for line in header.splitlines()) + preset_to_toml(p))
+    return path

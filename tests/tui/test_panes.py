@@ -49,7 +49,7 @@ def test_monitor_follows_a_live_run_and_new_records(live_runs_dir):
                            what="progress")
             assert "ETA" in text_of(app.query_one("#mon-progress-text"))
             stats = text_of(app.query_one("#mon-stats"))
-            assert "25.6k" in stats and "1.2%" in stats and "310 MB" in stats and "1.00e-03" in stats
+            assert "25.6k" in stats and "1.2%" in stats and "310 MiB" in stats and "1.00e-03" in stats
             assert "running" in text_of(app.query_one("#mon-state"))
             assert "checkpoint" in _log_text(app.query_one("#mon-events", RichLog))
             assert "step   120 | loss" in _log_text(app.query_one("#mon-log", Log))

@@ -11,6 +11,7 @@ import pytest
 from textual.widgets import Input, Select
 
 from tests.conftest import wb
+
 from .conftest import make_app, run, text_of, wait_for
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,6 @@
 """The tailer reads only bytes appended since its last read, and the run model built from them."""
 
 import json
-import os
 
 from workbench.rundir import MetricsTail
 from workbench.tui.rundata import RunData, downsample, ema

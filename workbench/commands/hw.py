@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from workbench.estimate import human_bytes
+from workbench.fmt import human_bytes
+from workbench.machine.detect import detect
+from workbench.plan.recommend import recommend_preset
 
 
 def register(sub) -> None:
@@ -21,9 +23,12 @@ def _yn(v) -> str:
 
 
 def run(args) -> int:
-    from workbench import hardware
-    info = hardware.detect(use_torch=not args.no_torch)
-    name, reason = hardware.recommend_preset(info)
+    if args.no_torch:
+        info = detect()
+    else:
+        from workbench.machine.probe import detect_with_torch  # imports torch
+        info = detect_with_torch()
+    name, reason = recommend_preset(info)
     info["recommendation"] = {"preset": name, "reason": reason}
     if args.json:
         print(json.dumps(info, indent=2))

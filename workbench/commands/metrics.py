@@ -23,8 +23,9 @@ from pathlib import Path
 
 from workbench import rundir
 from workbench.errors import WorkbenchError
+from workbench.fs import write_atomic
+from workbench.rundir import EvalRecord, TrainRecord
 
-KINDS = ("train", "eval")
 COLUMNS = ["kind", "step", "loss", "val_loss", "train_loss", "lr", "tokens_per_s", "tokens_seen", "elapsed_s",
            "mem_mb", "mfu", "grad_norm"]
 TB_DIR = "tb"
@@ -52,10 +53,7 @@ def load_records(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise MetricsError(f"run {Path(run_dir).name} has no metrics.jsonl yet; it has not started training")
-    # Not rundir.read_metrics: its read(1 << 40) asks for a 1 TiB buffer and raises MemoryError here.
-    tail = rundir.MetricsTail(path)
-    records = tail.read_new(max_bytes=os.path.getsize(path) + 1)
-    return [r for r in records if isinstance(r, dict) and r.get("kind") in KINDS]
+    return [r.to_dict() for r in rundir.read_metrics(path) if isinstance(r, (TrainRecord, EvalRecord))]
 
 
 def columns_for(records: list[dict]) -> list[str]:
@@ -153,7 +151,7 @@ def run(args) -> int:
         if args.out:
             out = Path(args.out).expanduser()
             try:
-                rundir.write_text_atomic(out, text)
+                write_atomic(out, text)
             except OSError as e:
                 raise MetricsError(f"cannot write {out}: {e.strerror or e}") from None
             n_train = sum(r["kind"] == "train" for r in records)

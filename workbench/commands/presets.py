@@ -6,10 +6,20 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import tomli_w
+
 from workbench.commands.common import add_set_option
-from workbench.config import (SECTIONS, PresetError, check_preset_name, load_preset_file, preset_paths,
-                              preset_to_toml, resolve_preset, user_presets_dir)
-from workbench.rundir import write_text_atomic
+from workbench.config import (
+    SECTIONS,
+    PresetError,
+    check_preset_name,
+    load_preset_file,
+    preset_paths,
+    preset_to_toml,
+    resolve_preset,
+    user_presets_dir,
+)
+from workbench.fs import write_atomic
 
 
 def register(sub) -> None:
@@ -42,7 +52,6 @@ def cmd_list(args) -> int:
 
 def documented_toml(p) -> str:
     """The preset as TOML with each key's documentation as a comment."""
-    import tomli_w
     out = [f'name = {tomli_w.dumps({"v": p.name})[4:].strip()}']
     if p.description:
         out.append(f'description = {tomli_w.dumps({"v": p.description})[4:].strip()}')
@@ -82,6 +91,6 @@ def cmd_copy(args) -> int:
     dst = d / f"{args.dst}.toml"
     if dst.exists():
         raise PresetError(f"{dst} already exists; choose another name or delete it first")
-    write_text_atomic(dst, preset_to_toml(p))
+    write_atomic(dst, preset_to_toml(p))
     print(f"wrote {dst}")
     return 0

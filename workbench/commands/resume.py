@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from workbench import launch, rundir
+from workbench import rundir
+from workbench.commands import launch
 from workbench.commands.common import add_set_option
-from workbench.config import PresetError, apply_overrides, parse_toml, preset_from_dict, preset_to_toml
+from workbench.config import PresetError, apply_overrides, parse_override, parse_toml, preset_from_dict, preset_to_toml
+from workbench.fs import write_atomic
+from workbench.machine.detect import Machine, detect
+from workbench.plan.settings import resolve_settings
 
 # Keys that change what the checkpoint's tensors mean; resuming with other values is refused.
 SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "tie_embeddings")
@@ -35,16 +39,13 @@ def run(args) -> int:
         raise rundir.RunError(f"run {run_dir.name} is already being trained; "
                               f"stop it first with `workbench stop {run_dir.name}`")
     ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
-    text = (run_dir / "preset.toml").read_text(encoding="utf-8")
-    data = parse_toml(text, str(run_dir / "preset.toml"))
-    if args.overrides:
-        for item in args.overrides:
-            sec = item.split("=", 1)[0].split(".", 1)[0].strip()
-            key = item.split("=", 1)[0].split(".", 1)[-1].strip()
-            if sec == "data" or (sec == "model" and key != "dropout"):
-                raise PresetError(f"--set {item!r}: {sec}.{key} cannot change when resuming (it changes the "
-                                  "model or its data); start a new run with `workbench train` instead")
-        apply_overrides(data, args.overrides)
+    data = parse_toml((run_dir / "preset.toml").read_text(encoding="utf-8"), str(run_dir / "preset.toml"))
+    for item in args.overrides:
+        sec, key, _value = parse_override(item)
+        if sec == "data" or (sec == "model" and key != "dropout"):
+            raise PresetError(f"--set {item!r}: {sec}.{key} cannot change when resuming (it changes the "
+                              "model or its data); start a new run with `workbench train` instead")
+    apply_overrides(data, args.overrides)
     p = preset_from_dict(data, str(run_dir / "preset.toml"), name=data.get("name"))
     diffs = model_differences(data.get("model", {}), ckpt.get("model") or {})
     if diffs:
@@ -52,17 +53,13 @@ def run(args) -> int:
                               "restore those values in preset.toml or start a new run")
     # Load the checkpoint once here (weights_only) so a truncated, foreign or unsafe file is
     # refused before anything in the run directory changes.
-    import torch
-
-    from workbench.train.checkpoint import check_model_compatible, load_model_state, load_training_state
-    from workbench.train.model import GPT
-    sd = load_model_state(ckpt["path"])
-    with torch.device("meta"):
-        check_model_compatible(GPT(p.model), sd, f"checkpoint {ckpt['name']}")
-    load_training_state(ckpt["path"])
+    from workbench.train.checkpoint import load_run_model  # imports torch
+    load_run_model(run_dir, ckpt["step"], shapes_only=True, training_state=True)
+    machine = Machine.from_info(detect())
+    topo = launch.topology_from_args(args, p, machine)
+    resolve_settings(p, machine, world_size=topo.nproc * topo.nnodes)
     if args.overrides:
-        rundir.write_text_atomic(run_dir / "preset.toml", preset_to_toml(p))
-    topo = launch.topology_from_args(args, p)
+        write_atomic(run_dir / "preset.toml", preset_to_toml(p))
     sel = str(ckpt["step"])
     if args.detach:
         pid = launch.start_detached(run_dir, resume=True, checkpoint=sel, topo=topo)
@@ -71,5 +68,3 @@ def run(args) -> int:
         return 0
     print(f"resuming run {run_dir.name} from {ckpt['name']}")
     return launch.run_foreground(run_dir, resume=True, checkpoint=sel, topo=topo)
-
-

@@ -6,6 +6,8 @@ import dataclasses
 import json
 
 from workbench import rundir
+from workbench.fmt import human_bytes
+from workbench.plan.summary import summarize_run
 
 
 def register(sub) -> None:
@@ -20,7 +22,7 @@ def _f(x, fmt="{:.4f}") -> str:
 
 def run(args) -> int:
     root = rundir.runs_root(getattr(args, "runs_dir", None))
-    runs = [rundir.summarize_run(d) for d in rundir.iter_run_dirs(root)]
+    runs = [summarize_run(d) for d in rundir.iter_run_dirs(root)]
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in runs], indent=1))
         return 0
@@ -34,7 +36,7 @@ def run(args) -> int:
         rows.append([r.id, r.state, r.preset, f"{r.step}/{r.max_iters}", _f(r.train_loss), _f(r.val_loss),
                      _f(r.best_val_loss), _f(r.tokens_per_s, "{:,.0f}"), _f(r.mem_mb, "{:,.0f}"),
                      _f(r.est_mem_mb, "{:,.0f}"), _f(r.mem_err_pct, "{:+.0f}%"),
-                     str(len(r.checkpoints)), rundir.human_bytes(r.disk_bytes)])
+                     str(len(r.checkpoints)), human_bytes(r.disk_bytes)])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     for row in [head, *rows]:
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())

@@ -33,27 +33,24 @@ def run(args) -> int:
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise rundir.RunError("--top-p must be in (0, 1]")
     t0 = time.time()
-    import torch
+    import torch  # noqa: I001 - torch loads only once the arguments are known to be good
 
-    from workbench.config import load_preset_file
-    from workbench.train.checkpoint import check_model_compatible, load_model_state
-    from workbench.train.loop import pick_device
-    from workbench.train.model import GPT
+    from workbench.machine.detect import Machine
+    from workbench.machine.probe import this_machine
+    from workbench.plan.settings import resolve_device
+    from workbench.train.checkpoint import load_run_model
     from workbench.train.sample import generate_text
     from workbench.train.tokenizer import Tokenizer
 
-    p = load_preset_file(run_dir / "preset.toml")
     tok = Tokenizer.load(run_dir / "tokenizer.model")
-    device = pick_device(args.device)
-    model = GPT(p.model)
-    if device.type == "cpu" and model.num_params() < 50e6:
+    # Every machine has a CPU: asking torch about GPUs is only worth it when one is wanted.
+    device = resolve_device(args.device, Machine() if args.device == "cpu" else this_machine())
+    loaded = load_run_model(run_dir, ckpt["step"], device)
+    model, p = loaded.model, loaded.preset
+    if device == "cpu" and model.num_params() < 50e6:
         # One token at a time is a chain of tiny ops: one thread is faster, and far faster when
         # another process (a trainer) is using the cores (measured: 9 us vs 7.6 ms per attention).
         torch.set_num_threads(1)
-    sd = load_model_state(ckpt["path"])
-    check_model_compatible(model, sd, f"checkpoint {ckpt['name']}")
-    model.load_state_dict(sd)
-    model.to(device)
     n_prompt = len(tok.encode(args.prompt))
     if n_prompt >= p.model.seq_len:
         print(f"note: the prompt is {n_prompt} tokens; only its last {p.model.seq_len - 1} fit the context",

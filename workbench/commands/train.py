@@ -5,9 +5,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from workbench import launch, rundir
+from workbench import rundir
+from workbench.commands import launch
 from workbench.commands.common import add_set_option
-from workbench.config import preset_paths, preset_to_toml
+from workbench.config import Preset, preset_paths, preset_to_toml, resolve_preset, toml_string
+from workbench.fs import write_atomic
+from workbench.machine.detect import Machine, detect
+from workbench.plan.recommend import recommend_preset
+from workbench.plan.settings import resolve_settings
 
 
 def register(sub) -> None:
@@ -24,39 +29,32 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def default_preset_name() -> str:
-    try:
-        from workbench.hardware import recommend_preset
-        name, _why = recommend_preset()
-        if name in preset_paths():
-            return name
-    except Exception:
-        pass
-    return "cpu-small"
+def default_preset_name(info: dict) -> str:
+    name, _why = recommend_preset(info)
+    return name if name in preset_paths() else "cpu-small"
 
 
-def resolve_for_run(preset_arg: str | None, overrides: list[str], corpus: str | None):
+def resolve_for_run(preset_arg: str | None, overrides: list[str], corpus: str | None, info: dict) -> Preset:
     """The validated preset for a new run, with data.corpus made absolute."""
-    from workbench.config import resolve_preset
-    name = preset_arg or default_preset_name()
+    name = preset_arg or default_preset_name(info)
     ov = list(overrides)
     if corpus is not None:
-        ov.append(f"data.corpus={_toml_str(corpus)}")
+        ov.append(f"data.corpus={toml_string(corpus)}")
     p = resolve_preset(name, ov)
     if p.data.corpus != "builtin":
         p.data.corpus = str(Path(p.data.corpus).expanduser().resolve())
     return p
 
 
-def _toml_str(s: str) -> str:
-    import json
-    return json.dumps(s)  # a JSON string is a valid TOML basic string
-
-
 def run(args) -> int:
     overrides = list(args.overrides) + ([f"hardware.nproc={args.nproc}"] if args.nproc else [])
-    p = resolve_for_run(args.preset, overrides, args.corpus)
-    topo = launch.topology_from_args(args, p)
+    info = detect()
+    machine = Machine.from_info(info)
+    p = resolve_for_run(args.preset, overrides, args.corpus, info)
+    topo = launch.topology_from_args(args, p, machine)
+    # What the run asks of this machine is checked before anything is written (the trainer decides
+    # again with torch's view of the devices, by the same rules).
+    resolve_settings(p, machine, world_size=topo.nproc * topo.nnodes)
     root = rundir.runs_root(getattr(args, "runs_dir", None))
     # Prepare the data first: corpus and tokenizer problems are reported before any
     # run directory exists, and the trainer then finds tokenizer and tokens cached.
@@ -64,7 +62,7 @@ def run(args) -> int:
     prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True))
     run_dir = rundir.new_run_dir(root, p.name, args.name)
     try:
-        rundir.write_text_atomic(run_dir / "preset.toml", preset_to_toml(p))
+        write_atomic(run_dir / "preset.toml", preset_to_toml(p))
     except OSError as e:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise rundir.RunError(f"cannot write to {run_dir}: {e.strerror}") from None

@@ -1,3 +1,29 @@
-from workbench.train.loop import main
+"""``python -m workbench.train RUN_DIR [--resume [--checkpoint SEL]] [--detached]``: the trainer process."""
 
-raise SystemExit(main())
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from workbench.errors import WorkbenchError
+from workbench.train.loop import Trainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workbench.train",
+                                 description="Run the trainer on a run directory (the launcher writes preset.toml).")
+    ap.add_argument("run_dir")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--checkpoint", default=None)
+    ap.add_argument("--detached", action="store_true", help="stdout is train.log already")
+    args = ap.parse_args(argv)
+    try:
+        return Trainer(Path(args.run_dir), args.resume, args.checkpoint, echo=not args.detached).run()
+    except WorkbenchError as e:
+        print(f"workbench: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

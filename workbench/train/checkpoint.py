@@ -17,61 +17,30 @@ new one, never a half one that counts. Loading uses ``torch.load(weights_only=Tr
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from workbench.config import Preset, load_preset_file
 from workbench.errors import WorkbenchError
-from workbench.rundir import (CKPT_PREFIX, TMP_PREFIX, best_checkpoint, ckpt_name, dir_size, fsync_dir,
-                              list_checkpoints)
+from workbench.fs import dir_size, fsync_dir, fsync_file
+from workbench.rundir import TMP_PREFIX, best_checkpoint, ckpt_name, list_checkpoints, select_checkpoint
+from workbench.train.faults import NO_FAULTS, Faults
+from workbench.train.model import GPT
 
 
 class CheckpointError(WorkbenchError):
     pass
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _test_pause(point: str) -> None:
-    # Test hook: lets the kill -9 tests pause the trainer at a known point inside a save.
-    if os.environ.get("WORKBENCH_TEST_PAUSE_IN_SAVE") == point:
-        marker = os.environ.get("WORKBENCH_TEST_PAUSE_MARKER")
-        if marker:
-            Path(marker).write_text(str(os.getpid()))
-        time.sleep(float(os.environ.get("WORKBENCH_TEST_PAUSE_SECONDS", "30")))
-
-
-def rng_state() -> dict[str, Any]:
-    st: dict[str, Any] = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        st["torch_cuda"] = torch.cuda.get_rng_state_all()
-    if hasattr(torch, "mps") and torch.backends.mps.is_available():
-        try:
-            st["torch_mps"] = torch.mps.get_rng_state()
-        except Exception:
-            pass
-    return st
-
-
-def set_rng_state(st: dict[str, Any]) -> None:
-    torch.set_rng_state(st["torch_cpu"].cpu())
-    if "torch_cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in st["torch_cuda"]])
-    if "torch_mps" in st and torch.backends.mps.is_available():
-        torch.mps.set_rng_state(st["torch_mps"].cpu())
-
-
 def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict, trainer_state: dict,
-                    meta: dict) -> Path:
+                    meta: dict, faults: Faults = NO_FAULTS) -> Path:
     """Write one checkpoint atomically; returns its final path."""
     cdir = Path(run_dir) / "checkpoints"
     cdir.mkdir(exist_ok=True)
@@ -84,13 +53,10 @@ def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict, train
     try:
         t0 = time.time()
         torch.save(model_sd, tmp / "model.pt")
-        _fsync_file(tmp / "model.pt")
-        _test_pause("after_model")
-        if os.environ.get("WORKBENCH_TEST_FAIL_SAVE_AT_STEP") == str(step):
-            # Test hook: the disk filling up in the middle of a save.
-            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync_file(tmp / "model.pt")
+        faults.in_save("after_model", step)
         torch.save(state, tmp / "state.pt")
-        _fsync_file(tmp / "state.pt")
+        fsync_file(tmp / "state.pt")
         with open(tmp / "trainer_state.json", "w") as f:
             json.dump(trainer_state, f)
             f.flush()
@@ -102,7 +68,7 @@ def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict, train
             f.flush()
             os.fsync(f.fileno())
         fsync_dir(tmp)
-        _test_pause("before_rename")
+        faults.in_save("before_rename", step)
         if final.exists():  # re-saving a step (after a rollback): move the old one aside first
             old = cdir / f"{TMP_PREFIX}old_{name}_{os.getpid()}"
             os.rename(final, old)
@@ -192,6 +158,60 @@ def check_model_compatible(model: torch.nn.Module, sd: dict, where: str) -> None
         raise CheckpointError(f"{where} does not fit this model ({'; '.join(parts)})")
 
 
+def load_weights(model: torch.nn.Module, sd: dict, where: str) -> None:
+    """Load a checkpoint's weights into ``model`` (strict), refusing one of another shape first."""
+    check_model_compatible(model, sd, where)
+    model.load_state_dict(sd)
+
+
+@dataclass
+class Checkpoint:
+    """Everything one checkpoint holds, read by rank 0 and handed to the others."""
+    meta: dict              # the sidecar, with its path and name
+    model: dict             # the weights
+    state: dict             # optimizer, GradScaler, torch RNG (state.pt)
+    trainer_state: dict     # trainer_state.json (see workbench.train.state.TrainerState)
+
+
+def read_checkpoint(run_dir: Path, selector: str | int | None = "latest") -> Checkpoint:
+    meta = select_checkpoint(run_dir, selector)
+    path = Path(meta["path"])
+    return Checkpoint(meta, load_model_state(path), *load_training_state(path))
+
+
+@dataclass
+class LoadedModel:
+    preset: Preset
+    meta: dict              # the checkpoint's sidecar
+    model: GPT              # weights loaded; on the meta device (shapes only) when asked
+    state_dict: dict        # the weights as read (CPU tensors)
+
+
+def load_run_model(run_dir: Path, checkpoint: str | int | None = "latest", device: str | torch.device = "cpu",
+                   shapes_only: bool = False, training_state: bool = False) -> LoadedModel:
+    """The one way to get a run's checkpoint into a model (sample, export, resume checks).
+
+    ``shapes_only`` builds the model on the meta device and only checks that the weights fit it
+    (no memory, no init time: export and resume); ``training_state`` also reads and checks the
+    optimizer state file, so a truncated or unsafe one is refused before anything starts."""
+    run_dir = Path(run_dir)
+    meta = select_checkpoint(run_dir, checkpoint)
+    preset = load_preset_file(run_dir / "preset.toml")
+    sd = load_model_state(meta["path"])
+    if training_state:
+        load_training_state(meta["path"])
+    where = f"checkpoint {meta['name']}"
+    if shapes_only:
+        with torch.device("meta"):
+            model = GPT(preset.model)
+        check_model_compatible(model, sd, where)
+    else:
+        model = GPT(preset.model)
+        load_weights(model, sd, where)
+        model.to(device)
+    return LoadedModel(preset, meta, model, sd)
+
+
 # ----------------------------------------------------------------------------- sharded (FSDP2) runs
 # On disk a sharded run's checkpoint is the same as a single process's: the whole model's state dict and
 # the optimizer's own state_dict() layout (parameters numbered 0..n-1 through the param groups in order).
@@ -208,7 +228,8 @@ def optimizer_state_by_name(model: torch.nn.Module, optimizer: torch.optim.Optim
     out_groups = []
     for g, own in zip(groups, optimizer.param_groups):
         if len(g["params"]) != len(own["params"]):
-            raise ValueError(f"a parameter group of {len(g['params'])} tensors, this optimizer's has {len(own['params'])}")
+            raise ValueError(f"a parameter group of {len(g['params'])} tensors, "
+                             f"this optimizer's has {len(own['params'])}")
         fqns = [names[id(p)] for p in own["params"]]
         to_name.update(zip(g["params"], fqns))
         out_groups.append(dict(g, params=fqns))
@@ -228,8 +249,7 @@ def optimizer_state_by_index(sd: dict) -> dict:
 def gather_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """Collective (every rank calls it): the whole model's and optimizer's state dicts of an FSDP2 model,
     gathered onto rank 0's CPU in the plain on-disk layout; the other ranks get empty dicts."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     msd = get_model_state_dict(model, options=opts)
     osd = get_optimizer_state_dict(model, optimizer, options=opts)
@@ -240,8 +260,7 @@ def load_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer 
                        optimizer_sd: dict | None) -> None:
     """Collective: load whole (plain-layout) state dicts, held by every rank, into an FSDP2 model and
     its optimizer; each rank keeps its own shards."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
     opts = StateDictOptions(full_state_dict=True)
     if model_sd is not None:
         set_model_state_dict(model, model_sd, options=opts)
@@ -252,9 +271,3 @@ def load_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer 
 
 def has_nonfinite(sd: dict) -> bool:
     return any(t.is_floating_point() and not torch.isfinite(t).all() for t in sd.values())
-
-
-__all__ = ["CKPT_PREFIX", "CheckpointError", "apply_retention", "check_model_compatible", "gather_sharded_state",
-           "has_nonfinite", "load_model_state", "load_sharded_state", "load_training_state",
-           "optimizer_state_by_index", "optimizer_state_by_name", "rng_state", "save_checkpoint", "set_rng_state",
-           "strip_compile_prefix"]

@@ -27,6 +27,7 @@ import numpy as np
 
 from workbench.config import DataConfig
 from workbench.errors import WorkbenchError
+from workbench.fs import write_atomic
 from workbench.train.corpus import load_corpus
 from workbench.train.tokenizer import OPTIONS_VERSION, Tokenizer, train_tokenizer
 
@@ -55,15 +56,6 @@ class TokenData:
     @property
     def val(self) -> np.ndarray:
         return self.tokens[self.n_train:]
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def encode_corpus(tok: Tokenizer, text: str, out: Path, progress: Callable[[float], None] | None = None) -> int:
@@ -109,7 +101,7 @@ def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[
         t0 = time.time()
         log(f"training a {vocab_size}-piece tokenizer on {corpus.source} ...")
         tok = train_tokenizer(corpus.text, vocab_size, cfg.tokenizer_sample_mb)
-        _atomic_write_bytes(model_path, tok.proto)
+        write_atomic(model_path, tok.proto)
         log(f"tokenizer trained in {time.time() - t0:.1f} s; encoding the corpus ...")
         t0 = time.time()
         big = len(corpus.text) > 4_000_000
@@ -123,7 +115,7 @@ def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[
         n = encode_corpus(tok, corpus.text, bin_path, progress)
         meta = {"tokens": n, "dtype": "uint16" if tok.vocab_size <= 65535 else "uint32",
                 "source": corpus.source, "chars": len(corpus.text), "vocab_size": tok.vocab_size}
-        _atomic_write_bytes(meta_path, json.dumps(meta).encode())
+        write_atomic(meta_path, json.dumps(meta))
         log(f"encoded {n:,} tokens in {time.time() - t0:.1f} s ({len(corpus.text) / max(n, 1):.2f} chars/token)")
     else:
         tok = Tokenizer.load(model_path)

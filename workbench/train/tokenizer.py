@@ -102,6 +102,7 @@ def train_tokenizer(text: str, vocab_size: int, sample_mb: float = 8.0, seed: in
             need = int(m.group(2)) + 1
             ok = (need + 63) // 64 * 64
             raise TokenizerError(f"model.vocab_size = {vocab_size} is too small: this corpus needs at least {need} "
-                                 f"pieces (256 byte pieces plus its characters); use --set model.vocab_size={ok}") from None
+                                 f"pieces (256 byte pieces plus its characters); "
+                                 f"use --set model.vocab_size={ok}") from None
         raise TokenizerError(f"tokenizer training failed: {msg.strip().splitlines()[-1]}") from None
     return Tokenizer(buf.getvalue())

@@ -17,13 +17,14 @@ from pathlib import Path
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Footer, Select, TabbedContent, TabPane
+from textual.widgets import Footer, Select, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from workbench.rundir import (LIVE_STATES, RunLock, iter_run_dirs, runs_root, summarize_run,
-                              write_text_atomic)
+from workbench.fs import write_atomic
+from workbench.plan.summary import summarize_run
+from workbench.rundir import LIVE_STATES, RunLock, iter_run_dirs, runs_root
 from workbench.tui import hwinfo, launcher
-from workbench.tui.messages import HardwareRead, RunStarted, RunsListed, RunUpdated
+from workbench.tui.messages import HardwareRead, RunsListed, RunStarted, RunUpdated
 from workbench.tui.palette import WorkbenchCommands
 from workbench.tui.rundata import RunData
 from workbench.tui.screens.dialogs import ConfirmScreen, NameScreen
@@ -63,7 +64,7 @@ class WorkbenchApp(App[int]):
         self.injected_hardware = hardware_info
         self.hardware_info: dict | None = hardware_info
         self.recommended: tuple[str, str] | None = (
-            hwinfo.recommend(hardware_info, injected=True) if hardware_info else None)
+            hwinfo.recommend(hardware_info) if hardware_info else None)
         self.watch_interval = watch_interval
         self.list_interval = list_interval
         self.hardware_interval = hardware_interval
@@ -588,7 +589,7 @@ class WorkbenchApp(App[int]):
                 text = f'name = "{name}"\n' + text
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(target, text)
+            write_atomic(target, text)
         except OSError as e:
             self.notify(f"Could not save {target}: {e}", severity="error")
             return

@@ -1,22 +1,11 @@
-"""Small formatting helpers for numbers on screen (plain Python)."""
+"""Small formatting helpers for numbers on screen (plain Python). Bytes and durations use the
+package's one formatter of each (``workbench.fmt``)."""
 
 from __future__ import annotations
 
+from workbench.fmt import MiB, duration, human_bytes
 
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m}m{s:02d}s"
-    h, m = divmod(m, 60)
-    if h < 48:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
+__all__ = ["duration", "human_bytes", "loss", "mb", "num", "si", "state_markup"]
 
 
 def si(n: float | None, unit: str = "") -> str:
@@ -44,9 +33,8 @@ def num(v, spec: str = ".3g") -> str:
 
 
 def mb(v: float | None) -> str:
-    if v is None:
-        return "—"
-    return f"{v / 1024:.2f} GB" if v >= 1024 else f"{v:.0f} MB"
+    """A figure in MiB (as metrics.jsonl records memory)."""
+    return human_bytes(None if v is None else v * MiB)
 
 
 STATE_STYLE = {

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from textual.message import Message
 
-from workbench.rundir import RunSummary
+from workbench.plan.summary import RunSummary
 
 
 @dataclass

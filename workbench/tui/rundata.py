@@ -1,8 +1,9 @@
 """What the TUI knows about one run, built from the records the tailer reads.
 
 Plain Python (no textual, no torch) so it is easy to test: ``RunData.feed`` takes
-the new ``metrics.jsonl`` records and keeps the series the panes draw plus the
-latest value of every live number.
+the new ``metrics.jsonl`` records (typed, see ``workbench.rundir.records``, or as the
+parsed JSON lines the tailer reads) and keeps the series the panes draw plus the
+latest record of each kind.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from workbench.rundir import EvalRecord, EventRecord, Record, TrainRecord, parse_record
 
 # Events worth a marker on screen, with the style they are shown in.
 EVENT_STYLES = {
@@ -31,63 +34,64 @@ class RunData:
     eval_steps: list[int] = field(default_factory=list)
     eval_train: list[float | None] = field(default_factory=list)
     eval_val: list[float] = field(default_factory=list)
-    events: list[dict] = field(default_factory=list)
-    last_train: dict[str, Any] = field(default_factory=dict)
-    last_eval: dict[str, Any] = field(default_factory=dict)
+    events: list[EventRecord] = field(default_factory=list)
+    last_train: TrainRecord | None = None
+    last_eval: EvalRecord | None = None
     status: dict[str, Any] = field(default_factory=dict)
     skipped_total: int = 0
     # (step, elapsed_s) of train records since the last (re)start, warm-up record left out
     _rate_points: list[tuple[int, float]] = field(default_factory=list)
     _skip_next_for_rate: bool = True
 
-    def feed(self, records: list[dict]) -> bool:
+    def feed(self, records: list[Record | dict]) -> bool:
         """Add new records; True when anything changed."""
-        for r in records:
-            kind = r.get("kind")
-            if kind == "train":
+        for raw in records:
+            r = parse_record(raw) if isinstance(raw, dict) else raw
+            if isinstance(r, TrainRecord):
                 self._feed_train(r)
-            elif kind == "eval":
-                val = _num(r.get("val_loss"))
-                if val is None:
+            elif isinstance(r, EvalRecord):
+                if r.val_loss is None:
                     continue
-                self.eval_steps.append(int(r.get("step") or 0))
-                self.eval_val.append(val)
-                self.eval_train.append(_num(r.get("train_loss")))
+                self.eval_steps.append(r.step)
+                self.eval_val.append(r.val_loss)
+                self.eval_train.append(r.train_loss)
                 self.last_eval = r
-            elif kind == "event":
+            elif isinstance(r, EventRecord):
                 self.events.append(r)
-                if r.get("event") in ("start", "resume", "compile_done"):
+                if r.event in ("start", "resume", "compile_done"):
                     # the first steps after a (re)start or compile are slow: leave them out of the rate
                     self._rate_points.clear()
                     self._skip_next_for_rate = True
         return bool(records)
 
-    def _feed_train(self, r: dict) -> None:
-        step = int(r.get("step") or 0)
-        loss = _num(r.get("loss"))
-        if loss is not None:
-            self.steps.append(step)
-            self.losses.append(loss)
-            self.tokens.append(int(r.get("tokens_seen") or 0))
-        self.skipped_total = max(self.skipped_total, int(r.get("skipped") or 0))
+    def _feed_train(self, r: TrainRecord) -> None:
+        if r.loss is not None:
+            self.steps.append(r.step)
+            self.losses.append(r.loss)
+            self.tokens.append(r.tokens_seen)
+        self.skipped_total = max(self.skipped_total, r.skipped)
         self.last_train = r
-        elapsed = _num(r.get("elapsed_s"))
-        if elapsed is None:
+        if r.elapsed_s is None:
             return
+        point = (r.step, r.elapsed_s)
         if self._skip_next_for_rate:
             self._skip_next_for_rate = False
-            self._rate_points = [(step, elapsed)]  # the baseline; its own interval is not counted
+            self._rate_points = [point]  # the baseline; its own interval is not counted
             return
-        if self._rate_points and (step < self._rate_points[-1][0] or elapsed < self._rate_points[-1][1]):
+        if self._rate_points and (r.step < self._rate_points[-1][0] or r.elapsed_s < self._rate_points[-1][1]):
             self._rate_points = []  # a rollback or restart without an event
-        self._rate_points.append((step, elapsed))
+        self._rate_points.append(point)
         del self._rate_points[:-RATE_WINDOW]
+
+    def start_event(self) -> EventRecord | None:
+        """The latest start or resume event: the device, precision and size the run trains with."""
+        return next((e for e in reversed(self.events) if e.event in ("start", "resume")), None)
 
     # ------------------------------------------------------------------ derived numbers
 
     @property
     def step(self) -> int:
-        return max(int(self.last_train.get("step") or 0), int(self.status.get("step") or 0))
+        return max(self.last_train.step if self.last_train else 0, int(self.status.get("step") or 0))
 
     @property
     def max_iters(self) -> int:
@@ -122,13 +126,6 @@ class RunData:
         if best is not None:
             return float(best)
         return min(self.eval_val) if self.eval_val else None
-
-
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else None
 
 
 def ema(values: list[float], alpha: float) -> list[float]:

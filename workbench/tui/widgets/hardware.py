@@ -10,7 +10,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from workbench.rundir import human_bytes
+from workbench.fmt import human_bytes
 from workbench.tui import hwinfo
 
 

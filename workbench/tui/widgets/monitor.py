@@ -10,6 +10,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Log, ProgressBar, RichLog, Select, Static
 
+from workbench.rundir import EventRecord, TrainRecord
 from workbench.tui import fmt
 from workbench.tui.rundata import EVENT_STYLES, RunData
 
@@ -32,30 +33,27 @@ def progress_text(d: RunData) -> str:
 
 
 def stats_table(d: RunData, wide: bool) -> Table:
-    r = d.last_train
-    mem_parts = []
-    for key, label in (("mem_allocated_mb", "alloc"), ("mem_reserved_mb", "reserved"),
-                       ("mem_device_used_mb", "device"), ("mem_rss_mb", "RSS")):
-        if r.get(key) is not None:
-            mem_parts.append(f"{label} {fmt.mb(r[key])}")
-    start = next((e for e in reversed(d.events) if e.get("event") in ("start", "resume")), {})
-    device = str(start.get("device") or "")
+    r = d.last_train or TrainRecord.from_dict({})
+    labels = (("mem_allocated_mb", "alloc"), ("mem_reserved_mb", "reserved"), ("mem_device_used_mb", "device"),
+              ("mem_rss_mb", "RSS"))
+    mem_parts = [f"{label} {fmt.mb(r.memory[key])}" for key, label in labels if key in r.memory]
+    start = d.start_event()
+    device = str(start.get("device") or "") if start else ""
     mem_label = "RSS" if device == "cpu" else "GPU mem" if device.startswith(("cuda", "mps")) else "memory"
     if len(mem_parts) == 1 and mem_parts[0].startswith(mem_label + " "):
         mem_parts = [mem_parts[0][len(mem_label) + 1:]]  # "RSS 326 MB" under the label RSS: once is enough
-    mem = " · ".join(mem_parts) if mem_parts else fmt.mb(r.get("mem_mb"))
-    mfu = r.get("mfu")
+    mem = " · ".join(mem_parts) if mem_parts else fmt.mb(r.mem_mb)
     cells = [
-        ("tokens/s", fmt.si(r.get("tokens_per_s"))),
-        ("MFU", "—" if mfu is None else f"{100 * mfu:.1f}%"),
-        ("loss", fmt.loss(r.get("loss"))),
-        ("val loss", fmt.loss(d.last_eval.get("val_loss"))),
+        ("tokens/s", fmt.si(r.tokens_per_s)),
+        ("MFU", "—" if r.mfu is None else f"{100 * r.mfu:.1f}%"),
+        ("loss", fmt.loss(r.loss)),
+        ("val loss", fmt.loss(d.last_eval.val_loss if d.last_eval else None)),
         ("best val", fmt.loss(d.best_val())),
-        ("lr", fmt.num(r.get("lr"), ".2e")),
-        ("grad norm", fmt.num(r.get("grad_norm"), ".3g")),
+        ("lr", fmt.num(r.lr, ".2e")),
+        ("grad norm", fmt.num(r.grad_norm, ".3g")),
         (mem_label, mem),
-        ("tokens", fmt.si(r.get("tokens_seen"))),
-        ("elapsed", fmt.duration(r.get("elapsed_s")) if r.get("elapsed_s") is not None else "—"),
+        ("tokens", fmt.si(r.tokens_seen if d.last_train else None)),
+        ("elapsed", fmt.duration(r.elapsed_s)),
         ("skipped", str(d.skipped_total)),
         ("events", str(len(d.events))),
     ]
@@ -72,40 +70,41 @@ def stats_table(d: RunData, wide: bool) -> Table:
     return t
 
 
-def event_message(e: dict) -> str:
+def event_message(e: EventRecord) -> str:
     """A short description of an event record, from its message or its known fields."""
     if e.get("message"):
-        return str(e["message"])
-    name = e.get("event")
-    if name in ("start", "resume"):
-        parts = [str(e[k]) for k in ("device", "precision") if e.get(k)]
+        return str(e.get("message"))
+    if e.event in ("start", "resume"):
+        parts = [str(e.get(k)) for k in ("device", "precision") if e.get(k)]
         if e.get("params"):
-            parts.append(f"{fmt.si(e['params'])} params")
+            parts.append(f"{fmt.si(e.get('params'))} params")
         if e.get("compile") is not None:
-            parts.append("compile " + ("on" if e["compile"] else "off"))
+            parts.append("compile " + ("on" if e.get("compile") else "off"))
         if e.get("checkpoint"):
-            parts.append(f"from {e['checkpoint']}")
+            parts.append(f"from {e.get('checkpoint')}")
         return ", ".join(parts)
-    if name == "checkpoint":  # the step is in its own column already: say why, and what was pruned
+    if e.event == "checkpoint":  # the step is in its own column already: say why, and what was pruned
         bits = [str(e.get("reason") or e.get("name") or "saved")]
         if e.get("removed"):
-            bits.append(f"pruned {len(e['removed'])}")
+            bits.append(f"pruned {len(e.get('removed'))}")
         return ", ".join(bits)
     return str(e.get("error") or e.get("reason") or "")
 
 
 def run_header(d: RunData, preset: str = "") -> str:
     """State, preset and device line for the run shown."""
-    start = next((e for e in reversed(d.events) if e.get("event") in ("start", "resume")), {})
-    bits = [b for b in (preset, start.get("device"), start.get("precision"),
-                        f"{fmt.si(start['params'])} params" if start.get("params") else "") if b]
+    start = d.start_event()
+    bits = [preset] + ([start.get("device"), start.get("precision"),
+                        f"{fmt.si(start.get('params'))} params" if start.get("params") else ""] if start else [])
+    bits = [b for b in bits if b]
     return fmt.state_markup(d.state) + (f"  [dim]{' · '.join(bits)}[/]" if bits else "")
 
 
-def event_line(e: dict) -> Text:
-    name = str(e.get("event", "?"))
+def event_line(e: EventRecord | dict) -> Text:
+    if isinstance(e, dict):
+        e = EventRecord.from_dict(e)
     msg = event_message(e)
-    return Text.assemble((f"{e.get('step', 0):>7} ", "dim"), (name, EVENT_STYLES.get(name, "")),
+    return Text.assemble((f"{e.step:>7} ", "dim"), (e.event, EVENT_STYLES.get(e.event, "")),
                          (f" {msg}" if msg else "", ""))
 
 
@@ -150,7 +149,8 @@ class MonitorPane(Vertical):
         if d is None:
             self.query_one("#mon-state", Label).update("")
             self.query_one("#mon-progress-text", Label).update("")
-            self.query_one("#mon-stats", Static).update("No run shown. Press [b]n[/b] to start one, or choose a run above.")
+            self.query_one("#mon-stats", Static).update(
+                "No run shown. Press [b]n[/b] to start one, or choose a run above.")
             return
         self.query_one("#mon-state", Label).update(run_header(d, self.preset_of(d.run_id)))
         bar = self.query_one("#mon-progress", ProgressBar)

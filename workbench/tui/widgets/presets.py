@@ -14,6 +14,9 @@ from textual.widgets import OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
 from workbench.config import Preset, PresetError, parse_toml, preset_from_dict, preset_paths
+from workbench.errors import WorkbenchError
+from workbench.plan.estimate import estimate_memory
+from workbench.plan.flops import count_params
 from workbench.tui import fmt
 
 
@@ -51,22 +54,13 @@ def estimate_table(p: Preset, measured: dict | None = None) -> Table:
     t = Table.grid(padding=(0, 1))
     t.add_column(style="dim")
     t.add_column()
-    try:
-        from workbench.estimate import count_params
-        n = count_params(p.model)
-        t.add_row("params", f"{fmt.si(n)} (estimate)")
-    except Exception:
-        t.add_row("params", "—")
+    t.add_row("params", f"{fmt.si(count_params(p.model))} (estimate)")
     t.add_row("tokens/step", f"{p.tokens_per_step():,}")
     t.add_row("total tokens", fmt.si(p.tokens_per_step() * p.train.max_iters))
     try:
-        from workbench.estimate import estimate_memory
-        mem = estimate_memory(p)
-        total = mem.get("total") if isinstance(mem, dict) else getattr(mem, "total", None)
-        if isinstance(total, (int, float)):
-            t.add_row("memory", f"{total / 1024**3:.2f} GB (estimate)")
-    except Exception:
-        pass
+        t.add_row("memory", f"{fmt.human_bytes(estimate_memory(p)['total'])} (estimate)")
+    except WorkbenchError as e:  # e.g. a device this machine does not have
+        t.add_row("memory", str(e))
     if p.hardware.expected_memory_gb:
         t.add_row("sized for", f"{p.hardware.expected_memory_gb:g} GB")
     if measured and measured.get("tokens_per_s"):

@@ -8,7 +8,9 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from workbench.rundir import RunSummary, best_checkpoint, human_bytes
+from workbench.fmt import human_bytes
+from workbench.plan.summary import RunSummary
+from workbench.rundir import best_checkpoint
 from workbench.tui import fmt
 
 

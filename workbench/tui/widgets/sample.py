@@ -3,7 +3,6 @@ and the samples the trainer wrote at eval time."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.text import Text
@@ -12,7 +11,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, Collapsible, Input, Label, Select, Static
 
-from workbench.rundir import list_checkpoints
+from workbench.rundir import list_checkpoints, read_jsonl_tail, select_checkpoint
 
 NONE = "none"
 
@@ -29,7 +28,6 @@ def checkpoint_options(run_dir: Path) -> list[tuple[str, str]]:
 def resolve_checkpoint(run_dir: Path, choice: str) -> str:
     """``latest`` / ``best`` as the step they mean now (a step stays as it is); the choice
     itself when it cannot be resolved, so that the sampler reports why."""
-    from workbench.rundir import select_checkpoint
     if choice not in ("latest", "best"):
         return choice
     try:
@@ -40,8 +38,7 @@ def resolve_checkpoint(run_dir: Path, choice: str) -> str:
 
 def trainer_samples(run_dir: Path, limit: int = 20) -> list[dict]:
     """The last ``limit`` entries of samples.jsonl (reads only the file's tail)."""
-    from workbench.rundir import last_records
-    recs = last_records(run_dir / "samples.jsonl", tail_bytes=32768)
+    recs = read_jsonl_tail(run_dir / "samples.jsonl", tail_bytes=32768)
     return recs[-limit:]
 
 

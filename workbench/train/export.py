@@ -16,7 +16,6 @@
 
 Both are written into a temporary directory beside OUT_DIR and renamed into
 place, so an interrupted export leaves no half directory under the name asked for.
-Imports torch and safetensors lazily (the CLI imports this module to register).
 """
 
 from __future__ import annotations
@@ -24,10 +23,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
+
+from safetensors.torch import save_file
 
 from workbench import rundir
 from workbench.errors import WorkbenchError
+from workbench.fs import fsync_dir
+from workbench.train.checkpoint import load_run_model
 
 FORMATS = ("hf", "safetensors")
 
@@ -149,7 +153,6 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
 
 def _fields(buf: bytes):
     """(field number, wire type, value) of one protobuf message; value is bytes for length-delimited."""
-    import struct
     i = 0
     while i < len(buf):
         key, i = _varint(buf, i)
@@ -256,7 +259,6 @@ def _contiguous(sd: dict) -> dict:
 
 
 def _save_safetensors(tensors: dict, path: Path, metadata: dict | None = None) -> None:
-    from safetensors.torch import save_file
     # transformers refuses a file whose metadata lacks format=pt.
     save_file(_contiguous(tensors), str(path), metadata={"format": "pt", **(metadata or {})})
 
@@ -325,7 +327,7 @@ def export_state_dict(sd: dict, cfg, fmt: str, out: Path, *, tokenizer_model: by
         if out_abs.exists():
             out_abs.rmdir()  # empty (checked above); os.rename cannot replace a directory on every OS
         os.rename(tmp, out_abs)
-        rundir.fsync_dir(out_abs.parent)
+        fsync_dir(out_abs.parent)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ExportError(f"cannot write {out}: {e.strerror or e}") from None
@@ -341,24 +343,16 @@ def export_run(run_dir: Path, out: Path, fmt: str = "hf", checkpoint: str | int 
         raise ExportError(f"unknown export format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     check_out_dir(out)
     run_dir = Path(run_dir)
-    ckpt = rundir.select_checkpoint(run_dir, checkpoint)
-    from workbench.config import load_preset_file
-    from workbench.train.checkpoint import check_model_compatible, load_model_state
-    from workbench.train.model import GPT
-
-    preset_path = run_dir / "preset.toml"
-    preset = load_preset_file(preset_path)
     tok_path = run_dir / "tokenizer.model"
+    rundir.select_checkpoint(run_dir, checkpoint)  # no checkpoint: say so before the tokenizer
     if not tok_path.is_file():
         raise ExportError(f"run {run_dir.name} has no tokenizer.model; it cannot be exported with its tokenizer")
-    sd = load_model_state(ckpt["path"])
-    # Same check as sampling: a state dict that does not fit the preset is refused, naming the keys.
-    import torch
-    with torch.device("meta"):  # shapes only: no memory, no init time for a large model
-        skeleton = GPT(preset.model)
-    check_model_compatible(skeleton, sd, f"checkpoint {ckpt['name']}")
+    # Shapes only (no memory, no init time for a large model): a state dict that does not fit the
+    # preset is refused, naming the keys.
+    loaded = load_run_model(run_dir, checkpoint, shapes_only=True)
+    ckpt = loaded.meta
     meta = {"run": run_dir.name, "checkpoint": ckpt["name"], "step": ckpt.get("step"),
             "val_loss": ckpt.get("val_loss")}
-    dest = export_state_dict(sd, preset.model, fmt, out, tokenizer_model=tok_path.read_bytes(),
-                             preset_toml=preset_path.read_text(encoding="utf-8"), metadata=meta)
+    dest = export_state_dict(loaded.state_dict, loaded.preset.model, fmt, out, tokenizer_model=tok_path.read_bytes(),
+                             preset_toml=(run_dir / "preset.toml").read_text(encoding="utf-8"), metadata=meta)
     return dest, ckpt

@@ -3,7 +3,8 @@
 ``runs/<id>/`` holds:
 
 - ``preset.toml``      the resolved preset, frozen at start (launcher)
-- ``metrics.jsonl``    append-only, one JSON object a line, flushed per line (trainer)
+- ``metrics.jsonl``    append-only, one typed record a line, flushed per line (trainer;
+  the record kinds are defined in :mod:`workbench.rundir.records`)
 - ``status.json``      replaced atomically: state, pid, step, max_iters, error (trainer)
 - ``samples.jsonl``    prompts and generations (trainer at eval time, sampler)
 - ``train.log``        the trainer's stdout/stderr
@@ -11,22 +12,42 @@
   last and marks the directory complete, so listing never needs torch
 - ``lock``             held (flock) by the one trainer working on the run
 
-Imports neither torch nor textual: the TUI and ``workbench runs`` use it directly.
+This package is the contract and nothing above it: paths, status, the lock, metric records
+and their tailing, checkpoint listing. It imports neither the preset config, the planning
+layer, torch nor textual, so the TUI, ``workbench runs`` and your own scripts use it directly.
+Summaries that need an estimate live above it (:mod:`workbench.plan.summary`).
 """
 
 from __future__ import annotations
 
+import difflib
 import fcntl
-import json
 import os
 import re
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+import psutil
+
 from workbench.errors import WorkbenchError
+from workbench.fs import read_json, write_json_atomic
+from workbench.rundir.records import (
+    EvalRecord,
+    EventRecord,
+    LineTail,
+    MetricsTail,
+    MetricsWriter,
+    NullWriter,
+    Record,
+    TrainRecord,
+    first_event,
+    last_records,
+    parse_record,
+    read_jsonl_tail,
+    read_metrics,
+)
 
 STATES = ("starting", "running", "finished", "stopped", "early_stopped", "failed", "crashed")
 LIVE_STATES = ("starting", "running")
@@ -96,7 +117,6 @@ def resolve_run(root: Path, run: str) -> Path:
     path = root / run
     if not (path / "preset.toml").exists():
         known = [p.name for p in iter_run_dirs(root)]
-        import difflib
         close = difflib.get_close_matches(run, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise RunError(f"no run {run!r} in {root}{hint}; `workbench runs` lists them")
@@ -111,53 +131,10 @@ def iter_run_dirs(root: Path) -> Iterator[Path]:
             yield p
 
 
-# ----------------------------------------------------------------------------- atomic files
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str, fsync: bool = True) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename over ``path``.
-    Readers see the old or the new file, never half of one (with or without the fsync,
-    which only adds durability across power loss)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def write_json_atomic(path: Path, obj: Any, fsync: bool = True) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True) + "\n", fsync)
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 # ----------------------------------------------------------------------------- status
 
 def process_start_time(pid: int) -> float | None:
     try:
-        import psutil
         return psutil.Process(pid).create_time()
     except Exception:
         return None
@@ -177,7 +154,6 @@ def pid_alive(pid: int | None, start_time: float | None = None) -> bool:
         if actual is not None and abs(actual - start_time) > 1.0:
             return False  # the pid was reused by another process
     try:  # a zombie (exited, not yet reaped) is not running
-        import psutil
         if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
             return False
     except Exception:
@@ -253,86 +229,6 @@ class RunLock:
             os.close(fd)
 
 
-# ----------------------------------------------------------------------------- metrics
-
-class MetricsWriter:
-    """Appends one JSON object per line to metrics.jsonl and flushes each line."""
-
-    def __init__(self, path: Path):
-        self.f = open(path, "a", encoding="utf-8")
-
-    def write(self, record: dict) -> None:
-        self.f.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self.f.flush()
-
-    def close(self) -> None:
-        self.f.close()
-
-
-class LineTail:
-    """Complete lines appended to a file since the last call, by byte offset (never re-reading it).
-
-    A half-written last line waits for its newline. If the file shrinks (replaced),
-    reading starts again from the beginning.
-    """
-
-    def __init__(self, path: Path, offset: int = 0):
-        self.path = Path(path)
-        self.offset = offset
-        self._partial = b""
-
-    def read_lines(self, max_bytes: int = 4 << 20) -> list[bytes]:
-        try:
-            size = os.path.getsize(self.path)
-        except OSError:
-            return []
-        if size < self.offset:
-            self.offset, self._partial = 0, b""
-        if size == self.offset:
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read(max_bytes)
-        self.offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        return lines
-
-
-class MetricsTail(LineTail):
-    """The records appended to metrics.jsonl since the last call (see LineTail)."""
-
-    def read_new(self, max_bytes: int = 4 << 20) -> list[dict]:
-        out = []
-        for line in self.read_lines(max_bytes):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-        return out
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """All records of a metrics file (for one-shot readers such as `workbench metrics`)."""
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        return []
-    return MetricsTail(path).read_new(max_bytes=size + 1)
-
-
-def last_records(path: Path, tail_bytes: int = 65536) -> list[dict]:
-    """Records from the last ``tail_bytes`` of a metrics file, for quick summaries."""
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        return []
-    t = MetricsTail(path, offset=max(0, size - tail_bytes))
-    recs = t.read_new(max_bytes=tail_bytes)
-    return recs
-
-
 # ----------------------------------------------------------------------------- checkpoints
 
 def ckpt_name(step: int) -> str:
@@ -400,106 +296,8 @@ def clean_stale_temporaries(run_dir: Path) -> list[str]:
     return removed
 
 
-def dir_size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
-
-
-# ----------------------------------------------------------------------------- summaries
-
-@dataclass
-class RunSummary:
-    id: str
-    path: str
-    state: str
-    preset: str
-    step: int
-    max_iters: int
-    train_loss: float | None = None
-    val_loss: float | None = None
-    best_val_loss: float | None = None
-    tokens_per_s: float | None = None
-    mem_mb: float | None = None
-    checkpoints: list[dict] = field(default_factory=list)
-    disk_bytes: int = 0
-    error: str | None = None
-    started: float | None = None
-    device: str | None = None
-    est_mem_mb: float | None = None   # the estimator's figure for what mem_mb measures
-    mem_err_pct: float | None = None  # (measured - estimate) / estimate
-
-
-def first_event(path: Path, event: str, head_bytes: int = 16384) -> dict | None:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(head_bytes)
-    except OSError:
-        return None
-    for line in head.split(b"\n"):
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if r.get("event") == event:
-            return r
-    return None
-
-
-def estimate_for_run(run_dir: Path, device: str, precision: str) -> float | None:
-    """MiB the estimator predicts for the figure the trainer logs as mem_mb
-    (peak allocated on CUDA/MPS, the whole process's RSS on CPU)."""
-    try:
-        from workbench.config import load_preset_file
-        from workbench.estimate import estimate_memory
-        m = estimate_memory(load_preset_file(Path(run_dir) / "preset.toml"), precision, device)
-    except Exception:
-        return None
-    return (m["total"] if device == "cpu" else m["peak_allocated"]) / 2**20
-
-
-def summarize_run(run_dir: Path) -> RunSummary:
-    import tomllib
-    run_dir = Path(run_dir)
-    st = read_status(run_dir)
-    try:
-        preset = tomllib.loads((run_dir / "preset.toml").read_text()).get("name", "?")
-    except (OSError, ValueError):
-        preset = "?"
-    s = RunSummary(id=run_dir.name, path=str(run_dir), state=st.get("state", "?"), preset=preset,
-                   step=int(st.get("step") or 0), max_iters=int(st.get("max_iters") or 0),
-                   error=st.get("error"), started=st.get("started"),
-                   best_val_loss=st.get("best_val_loss"))
-    for r in last_records(run_dir / "metrics.jsonl"):
-        if r.get("kind") == "train":
-            s.train_loss, s.tokens_per_s = r.get("loss"), r.get("tokens_per_s")
-            mem = r.get("mem_peak_rss_mb", r.get("mem_mb"))
-            if mem is not None:
-                s.mem_mb = max(s.mem_mb or 0.0, mem)
-        elif r.get("kind") == "eval":
-            s.val_loss = r.get("val_loss")
-    start = first_event(run_dir / "metrics.jsonl", "start")
-    if start and start.get("device"):
-        s.device = start["device"].split(":")[0]
-        s.est_mem_mb = estimate_for_run(run_dir, s.device, start.get("precision", "fp32"))
-        if s.est_mem_mb and s.mem_mb:
-            s.mem_err_pct = 100.0 * (s.mem_mb - s.est_mem_mb) / s.est_mem_mb
-    s.checkpoints = list_checkpoints(run_dir)
-    if s.best_val_loss is None:
-        b = best_checkpoint(s.checkpoints)
-        s.best_val_loss = b["val_loss"] if b else None
-    s.disk_bytes = dir_size(run_dir)
-    return s
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
+__all__ = ["CKPT_PREFIX", "EvalRecord", "EventRecord", "LIVE_STATES", "LineTail", "MetricsTail", "MetricsWriter",
+           "NullWriter", "Record", "RunError", "RunLock", "STATES", "TMP_PREFIX", "TrainRecord", "best_checkpoint",
+           "ckpt_name", "clean_stale_temporaries", "first_event", "iter_run_dirs", "last_records", "list_checkpoints",
+           "new_run_dir", "parse_record", "pid_alive", "process_start_time", "read_jsonl_tail", "read_metrics",
+           "read_status", "resolve_run", "runs_root", "sanitize_run_name", "select_checkpoint", "write_status"]

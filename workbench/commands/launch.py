@@ -1,6 +1,6 @@
-"""Starting trainers: in this process (foreground) or detached in their own session.
-
-Torch-free: the TUI may import it. The trainer itself is ``python -m workbench.train``.
+"""Starting trainers: in this process (foreground) or detached in their own session, alone or
+under torchrun. The trainer itself is ``python -m workbench.train RUN_DIR``; the TUI starts runs
+through the CLI (``workbench train --detach``), never through this module.
 """
 
 from __future__ import annotations
@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench import rundir
+from workbench.config import Preset
+from workbench.errors import WorkbenchError
+from workbench.machine.detect import Machine
+from workbench.plan.settings import process_layout
 
 
 @dataclass
@@ -36,31 +40,11 @@ def add_topology_options(p) -> None:
     p.add_argument("--master-port", type=int, default=29500, help="its rendezvous port")
 
 
-def auto_nproc(preset) -> tuple[int, str]:
-    """hardware.nproc = 0: one process per GPU, or on a CPU one per physical core (1 thread each;
-    for cpu-small on 2 cores: 4,189 vs 4,313 tokens/s for 1 x 2 threads on a quiet machine, but
-    3,197 vs 2,633 when another process shared the cores), the largest count that divides
-    train.batch_size."""
-    from workbench.hardware import detect
-    info = detect(use_torch=False)
-    dev = preset.hardware.device
-    gpus = len(info.get("nvidia") or [])
-    if dev.startswith("cuda") or (dev == "auto" and gpus):
-        n, what = max(1, gpus), "one per GPU"
-    elif dev == "mps":
-        return 1, "one process (MPS)"
-    else:
-        n, what = min(8, info.get("cpu", {}).get("physical_cores") or 1), "one per physical core, 1 thread each"
-    b = preset.train.batch_size
-    while n > 1 and b % n:
-        n -= 1
-    return n, (what if n > 1 else "one process")
-
-
-def topology_from_args(args, preset) -> Topology:
+def topology_from_args(args, preset: Preset, machine: Machine) -> Topology:
+    """Processes per machine (``--nproc``, else the preset's process layout) and the machines."""
     nproc, why = (args.nproc, "--nproc") if args.nproc else (preset.hardware.nproc, "hardware.nproc")
     if nproc == 0:
-        nproc, how = auto_nproc(preset)
+        nproc, how = process_layout(preset, machine)
         print(f"process layout: {nproc} process{'es' if nproc > 1 else ''} ({how}; hardware.nproc = 0 is auto)")
     t = Topology(nproc=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
                  master_addr=args.master_addr, master_port=args.master_port)
@@ -95,7 +79,7 @@ def trainer_command(run_dir: Path, topo: Topology, resume: bool, checkpoint: str
     return cmd
 
 
-class TrainingFailed(rundir.WorkbenchError):
+class TrainingFailed(WorkbenchError):
     exit_code = 1
 
 

@@ -1,72 +1,22 @@
-"""Parameters, FLOPs per token, training memory by component, time, energy and cost.
+"""Training memory by component, run time, energy and cost of a preset: arithmetic, no torch.
 
-Everything here is arithmetic on a preset; this module never imports torch, so
-the TUI and `workbench estimate` can use it without paying for torch.
-
-The MFU convention, stated once
--------------------------------
-``flops_per_token(cfg) = 6 * N_matmul + 12 * L * H * Q * T``  (training: forward + backward)
-
-* ``N_matmul`` counts the weights that take part in a matrix multiply: every
-  Linear weight (wq, wk, wv, wo, w1, w2, w3 in each block) plus the output
-  projection (vocab x dim). With tied embeddings that output projection *is*
-  the embedding, so it is counted once; an untied input embedding is a table
-  lookup (no FLOPs) and is left out. RMSNorm weights are left out (elementwise).
-  Each such weight costs 2 FLOPs per token forward and 4 backward, hence 6.
-* ``12 * L * H * Q * T`` is attention's score and weighted-sum matmuls
-  (L layers, H query heads, Q head dim, T = seq_len), counted for the full
-  T x T square as in PaLM (appendix B) and nanoGPT, although causal kernels skip
-  about half of it. GQA does not change it: the key/value heads are shared, the
-  dot products are not.
-
-MFU = tokens_per_s * flops_per_token(cfg) / peak FLOP/s (see ``workbench.hardware.peak_flops``).
+Every ``auto`` (device, precision, attention kernel, fused AdamW, the fused loss's chunk) comes
+from :func:`workbench.plan.settings.resolve_settings`, so the estimate describes the run the
+trainer would do. Parameter and FLOP counts are in :mod:`workbench.plan.flops`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-GB = 1024 ** 3
-MB = 1024 ** 2
-
-
-# ----------------------------------------------------------------------------- parameters
-
-def param_breakdown(model_cfg) -> dict[str, int]:
-    """Parameter count by part, exactly as ``workbench.train.model.GPT`` builds it."""
-    c = model_cfg
-    D, V, L, F = c.dim, c.vocab_size, c.n_layers, c.hidden_dim
-    hd = c.head_dim
-    attn = D * (c.n_heads * hd) + 2 * D * (c.n_kv_heads * hd) + (c.n_heads * hd) * D
-    mlp = 3 * D * F
-    norms = 2 * D
-    out = {
-        "embedding": V * D,
-        "attention": L * attn,
-        "mlp": L * mlp,
-        "norms": L * norms + D,  # two per block and the final one
-        "lm_head": 0 if c.tie_embeddings else V * D,
-    }
-    return out
-
-
-def count_params(model_cfg) -> int:
-    """Exact number of parameters of ``GPT(model_cfg)`` (equal to ``GPT(cfg).num_params()``)."""
-    return sum(param_breakdown(model_cfg).values())
-
-
-def matmul_params(model_cfg) -> int:
-    """N_matmul of the MFU formula (see the module docstring)."""
-    b = param_breakdown(model_cfg)
-    output_projection = model_cfg.vocab_size * model_cfg.dim
-    return b["attention"] + b["mlp"] + output_projection
-
-
-def flops_per_token(model_cfg) -> float:
-    """Training FLOPs per token: 6 * N_matmul + 12 * L * H * Q * T (module docstring)."""
-    c = model_cfg
-    return 6.0 * matmul_params(c) + 12.0 * c.n_layers * c.n_heads * c.head_dim * c.seq_len
-
+from workbench.config import Preset
+from workbench.errors import WorkbenchError
+from workbench.fmt import GiB as GB
+from workbench.fmt import MiB as MB
+from workbench.machine.detect import Machine, detect
+from workbench.plan.flops import count_params, flops_per_token, matmul_params
+from workbench.plan.settings import RunSettings, resolve_settings
 
 # ----------------------------------------------------------------------------- memory
 
@@ -91,36 +41,6 @@ HEADROOM = 0.10
 LOGITS_HELD = False  # "fits" means total <= (1 - HEADROOM) x what the device has
 
 
-def _resolve_device(device: str | None, preset) -> str:
-    dev = device or preset.hardware.device
-    if dev == "auto":
-        from workbench import hardware
-        dev = hardware.best_device(hardware.detect(use_torch=False))
-    return dev
-
-
-def resolve_precision(precision: str | None, preset, device: str) -> str:
-    """The training loop's rule: auto = bf16 on CUDA (fp16 on pre-Ampere, same bytes) and MPS, fp32 on CPU."""
-    prec = precision or preset.hardware.precision
-    if prec in (None, "auto"):
-        return "fp32" if device.startswith("cpu") else "bf16"
-    if prec not in ("fp32", "bf16", "fp16"):
-        from workbench.errors import WorkbenchError
-        raise WorkbenchError(f"precision {prec!r} is not one of auto, fp32, bf16, fp16")
-    return prec
-
-
-def attention_kind(device: str, dropout: float) -> str:
-    """Which SDPA kernel the model gets, for memory: "flash" keeps O(T) per head
-    (CUDA flash / memory-efficient kernels, CPU flash without dropout); "math"
-    materialises the T x T attention weights (MPS; CPU with dropout)."""
-    if device.startswith("cuda"):
-        return "flash"
-    if device == "mps":
-        return "math"
-    return "math" if dropout > 0 else "flash"
-
-
 def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention: str,
                            device: str = "cuda") -> int:
     """Bytes one block saves for backward (no activation checkpointing), eager PyTorch.
@@ -141,7 +61,8 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
     mixed = precision != "fp32"
     a = 2 if mixed else 4
     norms = 2 * (4 * BTD + 4 * BTD)          # each RMSNorm: its fp32 input + the normalised tensor
-    linear_inputs = (3 + 2) * a * BTD if mixed else 2 * 4 * BTD  # (wq,wk,wv)+(w1,w3) casts, or the shared fp32 norm output
+    # (wq, wk, wv) + (w1, w3) casts, or the shared fp32 norm output
+    linear_inputs = (3 + 2) * a * BTD if mixed else 2 * 4 * BTD
     wo_input = a * BTD
     if attention == "flash":
         attn = 4 * a * BTD + 4 * B * H * T   # q, k, v, out + fp32 logsumexp
@@ -158,27 +79,36 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
     return norms + linear_inputs + wo_input + attn + mlp + drop
 
 
-def auto_loss_chunk(batch_size: int, seq_len: int, vocab_size: int, setting: str, device: str = "cpu") -> int:
-    """Tokens per chunk of the fused loss (FusedLinearCrossEntropy), or 0 for the plain loss.
-
-    CPU: always on (auto), 512 tokens a chunk (at most 64 MiB of fp32 logits). Measured in one
-    process against the plain loss: cpu-small +11 % (256 and 512 rows alike), medium +6 % at
-    512 rows, +5 % at 128 or 256. GPU / MPS: only when the step's fp32 logits would exceed
-    1 GiB (then ~256 MiB chunks): there the plain loss was measured, the fused one not yet.
-    """
-    n_tok = batch_size * seq_len
-    if setting == "false":
-        return 0
-    if not (device.startswith("cuda") or device == "mps"):
-        return min(n_tok, 512, max(64, (2**26) // (4 * vocab_size)))
-    if setting == "auto" and n_tok * vocab_size * 4 <= 2**30:
-        return 0
-    return max(256, min(n_tok, (2**28) // (4 * vocab_size)))
+def what_if(preset: Preset, *, precision: str | None = None, device: str | None = None,
+            batch_size: int | None = None, activation_checkpointing: bool | None = None) -> Preset:
+    """The preset with these values in place of its own (the estimate of another setup)."""
+    hw, tr = {}, {}
+    if precision:
+        hw["precision"] = precision
+    if device:
+        hw["device"] = device
+    if activation_checkpointing is not None:
+        hw["activation_checkpointing"] = activation_checkpointing
+    if batch_size:
+        tr["batch_size"] = batch_size
+    return dataclasses.replace(preset, hardware=dataclasses.replace(preset.hardware, **hw),
+                               train=dataclasses.replace(preset.train, **tr))
 
 
-def estimate_memory(preset, precision: str | None = None, device: str | None = None,
-                    batch_size: int | None = None, activation_checkpointing: bool | None = None,
-                    attention: str | None = None, fused_adamw: bool | None = None) -> dict[str, Any]:
+def estimate_settings(preset: Preset, machine: Machine | None = None, peak=None) -> RunSettings:
+    """The settings of one process of the preset's run: on ``machine`` (default: this one, detected
+    without torch), or, when the preset names a device that machine lacks, on a machine that has it
+    (an estimate for the GPU one is about to rent)."""
+    machine = machine or Machine.from_info(detect())
+    want = preset.hardware.device
+    if want != "auto" and not machine.has(want):
+        machine = Machine.assumed(want)
+    return resolve_settings(preset, machine, world_size=1, peak=peak)
+
+
+def estimate_memory(preset: Preset, precision: str | None = None, device: str | None = None,
+                    batch_size: int | None = None, activation_checkpointing: bool | None = None, *,
+                    machine: Machine | None = None, settings: RunSettings | None = None) -> dict[str, Any]:
     """Training memory by component, in bytes, at the step's peak, for eager PyTorch.
 
     Weights and gradients are fp32 whatever the precision (autocast computes in
@@ -201,15 +131,17 @@ def estimate_memory(preset, precision: str | None = None, device: str | None = N
     ``total`` adds allocator fragmentation and the framework's own memory
     (CUDA context or torch's RSS). torch.compile usually saves less than this.
     """
-    c, t, h = preset.model, preset.train, preset.hardware
-    dev = _resolve_device(device, preset)
-    prec = resolve_precision(precision, preset, dev)
-    B = batch_size or t.batch_size
+    preset = what_if(preset, precision=precision, device=device, batch_size=batch_size,
+                     activation_checkpointing=activation_checkpointing)
+    if settings is None:
+        settings = estimate_settings(preset, machine)
+    c, t = preset.model, preset.train
+    dev, prec = settings.device_type, settings.precision
+    B = settings.micro_batch
     T, D, V, L = c.seq_len, c.dim, c.vocab_size, c.n_layers
-    ckpt = h.activation_checkpointing if activation_checkpointing is None else activation_checkpointing
-    attn = attention or attention_kind(dev, c.dropout)
-    if fused_adamw is None:
-        fused_adamw = h.fused_adamw == "true" or (h.fused_adamw == "auto" and dev != "mps")
+    ckpt = settings.activation_checkpointing
+    attn = settings.attention
+    fused_adamw = settings.fused_optimizer
     mixed = prec != "fp32"
     a = 2 if mixed else 4
     BTD, BTV = B * T * D, B * T * V
@@ -232,7 +164,8 @@ def estimate_memory(preset, precision: str | None = None, device: str | None = N
     casts_head = 2 * V * D if mixed else 0
     layer_full = layer_activation_bytes(c, B, prec, attn, dev)
     layer_ckpt = 4 * BTD  # the checkpoint keeps only the block's input
-    emb = 16 * B * T + (BTD * (1 if dev.startswith("cuda") else 4) if c.dropout > 0 else 0)  # ids, targets, dropout mask
+    # ids, targets, dropout mask
+    emb = 16 * B * T + (BTD * (1 if dev.startswith("cuda") else 4) if c.dropout > 0 else 0)
     head = 4 * BTD + 4 * BTD + (a * BTD if mixed else 4 * BTD)  # final norm input + normalised + lm_head input
     per_layer = layer_ckpt if ckpt else layer_full
     activations = L * per_layer + emb + head
@@ -240,7 +173,7 @@ def estimate_memory(preset, precision: str | None = None, device: str | None = N
 
     static = weights + optimizer + grads_resident
     # Logits exist for one loss chunk at a time when the loss is chunked (hardware.chunked_loss).
-    chunk = auto_loss_chunk(B, T, V, h.chunked_loss, dev)
+    chunk = settings.loss_chunk_tokens
     if chunk:
         # The fused loss: one chunk's logits (fp32, plus the matmul output and the gradient's
         # cast in the compute dtype), and the gradients of x and w it computes as it goes,
@@ -328,14 +261,6 @@ def fits(mem: dict[str, Any], available: int | None, headroom: float = HEADROOM)
 
 # ----------------------------------------------------------------------------- time, energy, cost
 
-# Share of the measured matmul rate a whole eager training step reaches: small
-# models spend much of the step in memory-bound ops (norms, RoPE, softmax,
-# AdamW). Measured eager on an H100: 10 % (medium) to 25 % (datacenter-80gb)
-# of the bf16 peak; on a 2-core AVX-512 CPU, cpu-small reaches 67 % of the
-# measured fp32 matmul rate (the CPU's matmul rate is far below its peak). Used only when no run of the preset has been measured here.
-ASSUMED_EFFICIENCY = {"cpu": 0.5, "cuda": 0.15, "mps": 0.15}
-
-
 def tokens_per_s_from_flops(model_cfg, flops_per_s: float, efficiency: float) -> float:
     return flops_per_s * efficiency / flops_per_token(model_cfg)
 
@@ -344,7 +269,6 @@ def estimate_time(preset, tokens_per_s: float) -> dict[str, float]:
     """Seconds to train to max_iters at ``tokens_per_s``, plus the periodic evaluations
     (eval_iters batches of train and of val every eval_interval, forward only: ~1/3 of a step)."""
     if not tokens_per_s or tokens_per_s <= 0:
-        from workbench.errors import WorkbenchError
         raise WorkbenchError(f"tokens per second must be > 0, got {tokens_per_s!r}")
     t, c = preset.train, preset.model
     train_tokens = t.max_iters * preset.tokens_per_step()
@@ -364,26 +288,3 @@ def estimate_cost(seconds: float, watts: float | None = None, usd_per_hour: floa
     if usd_per_hour is not None or (usd_per_kwh is not None and kwh is not None):
         cost = (hours * usd_per_hour if usd_per_hour else 0.0) + (kwh * usd_per_kwh if usd_per_kwh and kwh else 0.0)
     return {"hours": hours, "watts": watts, "kwh": kwh, "usd": cost}
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit, size in (("GiB", GB), ("MiB", MB), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def human_duration(seconds: float) -> str:
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m}m {s:02d}s"
-    h, m = divmod(m, 60)
-    if h < 48:
-        return f"{h}h {m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d {h}h"

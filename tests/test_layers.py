@@ -1,0 +1,59 @@
+"""The package's layers are enforced: import-linter's contracts hold (and break when violated), ruff passes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _tool(name: str) -> str:
+    exe = BIN / name
+    if not exe.exists():
+        pytest.fail(f"{name} is not installed in this environment; `pip install -e '.[dev]'` installs it")
+    return str(exe)
+
+
+def _lint_imports(cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(cwd))  # the tree in cwd, not the installed package
+    return subprocess.run([_tool("lint-imports"), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_import_contracts_hold():
+    r = _lint_imports(ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout
+
+
+@pytest.mark.parametrize("module,line,contract", [
+    ("plan/estimate.py", "import workbench.commands.fit", "Layers"),              # planning importing the CLI
+    ("rundir/__init__.py", "import workbench.config", "Layers"),                  # the contract importing presets
+    ("tui/fmt.py", "import workbench.plan.settings, torch", "TUI never imports torch"),
+    ("tui/fmt.py", "import workbench.train.model", "TUI never imports torch"),
+    ("train/model.py", "import textual.app", "engine never imports textual"),
+    ("plan/settings.py", "import torch", "no torch, no textual"),
+])
+def test_a_violation_breaks_a_contract(tmp_path, module, line, contract):
+    """A deliberate wrong-way import in a copy of the package makes lint-imports fail, naming the contract."""
+    shutil.copytree(ROOT / "workbench", tmp_path / "workbench", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / "workbench" / module
+    target.write_text(target.read_text() + f"\n{line}  # deliberate violation\n")
+    r = _lint_imports(tmp_path)
+    assert r.returncode != 0, r.stdout[-3000:]
+    broken = [ln for ln in r.stdout.splitlines() if ln.rstrip().endswith("BROKEN")]
+    assert any(contract in ln for ln in broken), r.stdout[-3000:]
+
+
+def test_ruff_passes():
+    r = subprocess.run([_tool("ruff"), "check", "workbench", "tests", "bench"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

@@ -1,0 +1,95 @@
+"""The ``workbench estimate`` report: parameters, FLOPs, memory by component, whether it fits,
+tokens/s (measured by an earlier run, given, or from a calibrated peak), time, energy and cost.
+
+Torch-free: a measured peak FLOP/s is passed in by the caller (``workbench.machine.probe``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.config import Preset
+from workbench.errors import WorkbenchError
+from workbench.machine.detect import Machine
+from workbench.plan import estimate as est
+from workbench.plan.flops import count_params, flops_per_token, param_breakdown
+from workbench.plan.history import previous_run
+from workbench.plan.recommend import suggest_changes
+
+CPU_WATTS_ASSUMED = 65.0  # a desktop CPU package under load (the seeds' "CPU (i7) 65W")
+
+# Share of the measured matmul rate a whole eager training step reaches: small
+# models spend much of the step in memory-bound ops (norms, RoPE, softmax,
+# AdamW). Measured eager on an H100: 10 % (medium) to 25 % (datacenter-80gb)
+# of the bf16 peak; on a 2-core AVX-512 CPU, cpu-small reaches 67 % of the
+# measured fp32 matmul rate (the CPU's matmul rate is far below its peak). Used only when no run
+# of the preset has been measured here.
+ASSUMED_EFFICIENCY = {"cpu": 0.5, "cuda": 0.15, "mps": 0.15}
+
+
+def build_report(preset: Preset, machine: Machine, *, device: str | None = None, precision: str | None = None,
+                 tokens_per_s: float | None = None, runs_root: Path | None = None,
+                 peak: Callable[[str, str], float | None] | None = None, watts: float | None = None,
+                 usd_per_hour: float | None = None, usd_per_kwh: float | None = None,
+                 power_limit_w: float | None = None) -> dict[str, Any]:
+    """Everything ``workbench estimate`` prints, as a JSON-serialisable dict.
+
+    ``device`` / ``precision``: estimate another setup than the preset's. ``peak``: measured peak
+    FLOP/s for (device, precision) on this machine, for the throughput when no run measured it."""
+    for flag, v in (("usd_per_hour", usd_per_hour), ("usd_per_kwh", usd_per_kwh), ("watts", watts),
+                    ("tokens_per_s", tokens_per_s)):
+        if v is not None and (not math.isfinite(v) or v < 0 or (flag == "tokens_per_s" and v == 0)):
+            raise WorkbenchError(f"--{flag.replace('_', '-')} {v:g} must be a positive number")
+    here = machine.best_device()
+    if device in (None, "auto"):
+        device = preset.hardware.device if device is None else "auto"
+    if device == "auto":
+        device = here
+    p = est.what_if(preset, precision=None if precision in (None, "auto") else precision, device=device)
+    is_here = machine.has(device)
+    settings = est.estimate_settings(p, machine, peak=peak if is_here else None)
+    kind = settings.device_type
+    mem = est.estimate_memory(p, settings=settings)
+    avail, what = machine.memory(device) if is_here else (None, "")
+    report: dict[str, Any] = {
+        "preset": p.name,
+        "params": param_breakdown(p.model) | {"total": count_params(p.model)},
+        "flops_per_token": flops_per_token(p.model),
+        "tokens_per_step": p.tokens_per_step(),
+        "settings": settings.to_dict(),
+        "memory": mem,
+        "available": avail, "available_what": what,
+        "fits": est.fits(mem, avail),
+        "device_here": here,
+    }
+    if report["fits"] is False:
+        report["suggestion"] = suggest_changes(p, device, avail, machine)
+
+    # throughput: given > a previous run here > calibration
+    prev = previous_run(p, runs_root, kind) if runs_root else None
+    report["previous_run"] = prev
+    tps, source = None, None
+    if tokens_per_s:
+        tps, source = tokens_per_s, "given with --tokens-per-s"
+    elif prev:
+        tps, source = prev["tokens_per_s"], f"measured: median of {prev['records']} log records of run {prev['run']}"
+    elif is_here and settings.peak_flops:
+        eff = ASSUMED_EFFICIENCY.get(kind, 0.3)
+        tps = est.tokens_per_s_from_flops(p.model, settings.peak_flops, eff)
+        how = "peak table" if machine.peak_flops(device, settings.precision) else "measured matmul"
+        source = (f"estimate: {settings.peak_flops / 1e12:.3g} TFLOP/s ({how}) x {eff:.0%} assumed efficiency / "
+                  f"{flops_per_token(p.model) / 1e6:.4g} MFLOP per token")
+    report["tokens_per_s"], report["tokens_per_s_source"] = tps, source
+    if tps:
+        report["time"] = est.estimate_time(p, tps)
+        watts_src = "given"
+        if watts is None:
+            if kind == "cuda" and power_limit_w:
+                watts, watts_src = power_limit_w, "GPU power limit (NVML)"
+            elif kind == "cpu":
+                watts, watts_src = CPU_WATTS_ASSUMED, "assumed for a CPU; set --watts"
+        report["cost"] = est.estimate_cost(report["time"]["total_s"], watts, usd_per_hour, usd_per_kwh)
+        report["cost"]["watts_source"] = watts_src if watts else None
+    return report

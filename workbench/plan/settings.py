@@ -1,0 +1,252 @@
+"""Every ``auto`` of a preset, decided once: :func:`resolve_settings` turns a preset and a
+machine description into frozen :class:`RunSettings` that the trainer, ``estimate``, ``fit``,
+the launcher and the TUI all read. No other module decides device, precision, the AMP dtype,
+TF32, the attention kernel, the fused optimizer, the fused loss's chunk, compile, or the
+process layout.
+
+Torch-free: the machine is a :class:`workbench.machine.detect.Machine` (detected with or
+without torch, or written by hand for a machine that is not this one), and the peak FLOP/s
+that the CPU compile rule needs is passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from workbench.config import Preset
+from workbench.errors import WorkbenchError
+from workbench.machine.detect import Machine
+from workbench.plan.flops import flops_per_token
+
+
+class SettingsError(WorkbenchError):
+    """A preset that asks for something this machine does not have (exit 2, nothing started)."""
+
+
+PeakFn = Callable[[str, str], "float | None"]
+
+# hardware.compile = auto compiles a CPU run expected to take at least this long (eager).
+CPU_COMPILE_MIN_SECONDS = 600
+# The share of the peak an eager CPU step reaches (the loop measured 70-85 %), for run time.
+EAGER_CPU_EFFICIENCY = 0.7
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a run of a preset does on a machine, every ``auto`` resolved."""
+    device: str                  # cpu | mps | cuda | cuda:N
+    precision: str               # fp32 | bf16 | fp16
+    autocast: str | None         # the AMP dtype (bf16 | fp16), None for fp32
+    grad_scaler: bool            # fp16 needs loss scaling
+    tf32: bool                   # TF32 matmuls on CUDA
+    attention: str               # flash | math: the SDPA kernel's memory behaviour
+    fused_optimizer: bool        # the fused AdamW kernel
+    loss_chunk_tokens: int       # > 0: the fused loss, this many tokens a chunk; 0: the plain loss
+    activation_checkpointing: bool
+    compile: bool
+    compile_mode: str            # off | per block | all but the loss | whole model
+    compile_reason: str
+    nproc: int                   # trainer processes on this machine
+    nproc_reason: str
+    world_size: int              # processes over all machines
+    micro_batch: int             # sequences per process per micro-batch
+    parallel: str                # none | ddp | fsdp
+    peak_flops: float | None     # for MFU and the compile rule
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":")[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        """One line: what a user would want to know before a run starts."""
+        parts = [self.device, self.precision, f"compile {self.compile_mode}",
+                 "fused loss" if self.loss_chunk_tokens else "plain loss",
+                 "fused AdamW" if self.fused_optimizer else "AdamW"]
+        if self.activation_checkpointing:
+            parts.append("activation checkpointing")
+        if self.world_size > 1:
+            parts.append(f"{self.world_size} processes ({self.parallel})")
+        return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------- the single decisions
+
+def resolve_device(want: str, machine: Machine) -> str:
+    """auto: cuda > mps > cpu. An explicit device this machine lacks is refused."""
+    if want == "auto":
+        return machine.best_device()
+    if not machine.has(want):
+        if want.startswith("cuda"):
+            have = ", ".join(f"cuda:{g.index}" for g in machine.gpus)
+            what = f"this machine has {have}" if have else "CUDA is not available here"
+            raise SettingsError(f"hardware.device = {want!r} but {what}; use --set hardware.device=auto (or cpu)")
+        raise SettingsError(f"hardware.device = {want!r} but MPS is not available here; "
+                            "use --set hardware.device=auto")
+    return want
+
+
+def resolve_precision(want: str, device: str, machine: Machine) -> str:
+    """auto: bf16 on CUDA with bf16 tensor cores (Ampere+) and on MPS, fp16 with a GradScaler on
+    older CUDA, fp32 on CPU (bf16 autocast on a CPU without native bf16 is ~28x slower)."""
+    kind = device.split(":")[0]
+    if want != "auto":
+        if want == "fp16" and kind == "cpu":
+            raise SettingsError("hardware.precision = 'fp16' is not supported on CPU; use fp32 (or bf16)")
+        return want
+    if kind == "cuda":
+        gpu = machine.gpu(device)
+        return "bf16" if gpu is None or gpu.ampere_or_newer else "fp16"
+    return "bf16" if kind == "mps" else "fp32"
+
+
+def attention_kind(device: str, dropout: float) -> str:
+    """Which SDPA kernel the model gets, for memory: "flash" keeps O(T) per head (CUDA flash /
+    memory-efficient kernels, CPU flash without dropout); "math" materialises the T x T
+    attention weights (MPS; CPU with dropout)."""
+    if device.startswith("cuda"):
+        return "flash"
+    if device == "mps":
+        return "math"
+    return "math" if dropout > 0 else "flash"
+
+
+def fused_optimizer_wanted(setting: str, device: str, machine: Machine) -> bool:
+    """auto: the fused AdamW kernel on CUDA and on CPU (+1 % for cpu-small, same state dict) where
+    this torch has it; not on MPS (untested there)."""
+    if setting != "auto":
+        return setting == "true"
+    kind = device.split(":")[0]
+    return kind in ("cuda", "cpu") and kind in machine.fused_optimizer_devices
+
+
+def auto_loss_chunk(batch_size: int, seq_len: int, vocab_size: int, setting: str, device: str = "cpu") -> int:
+    """Tokens per chunk of the fused loss (FusedLinearCrossEntropy), or 0 for the plain loss.
+
+    CPU: always on (auto), 512 tokens a chunk (at most 64 MiB of fp32 logits). Measured in one
+    process against the plain loss: cpu-small +11 % (256 and 512 rows alike), medium +6 % at
+    512 rows, +5 % at 128 or 256. GPU / MPS: only when the step's fp32 logits would exceed
+    1 GiB (then ~256 MiB chunks): there the plain loss was measured, the fused one not yet.
+    """
+    n_tok = batch_size * seq_len
+    if setting == "false":
+        return 0
+    if not (device.startswith("cuda") or device == "mps"):
+        return min(n_tok, 512, max(64, (2**26) // (4 * vocab_size)))
+    if setting == "auto" and n_tok * vocab_size * 4 <= 2**30:
+        return 0
+    return max(256, min(n_tok, (2**28) // (4 * vocab_size)))
+
+
+def eager_seconds(p: Preset, steps: int, peak: float | None) -> float | None:
+    """Rough eager run time from FLOPs at 70 % of the peak (the CPU loop reaches 70-85 %)."""
+    fpt = flops_per_token(p.model)
+    if not (fpt and peak):
+        return None
+    return steps * p.tokens_per_step() * fpt / (EAGER_CPU_EFFICIENCY * peak)
+
+
+def compile_wanted(setting: str, device_type: str, eager_seconds_left: float | None) -> bool:
+    """torch.compile or not. auto: on for CUDA; on a CPU when the rest of the run would take
+    10 minutes or more eager, so the compile pays back (cpu-small: 18 s cold for +4-6 %
+    tokens/s, i.e. after ~7 minutes; a resume compiles warm from the run's cache); off on MPS."""
+    if setting != "auto":
+        return setting == "true"
+    if device_type == "cuda":
+        return True
+    return device_type == "cpu" and eager_seconds_left is not None and eager_seconds_left >= CPU_COMPILE_MIN_SECONDS
+
+
+def compile_mode(activation_checkpointing: bool, loss_chunk_tokens: int) -> str:
+    """What is compiled. Measured on an H100 (gpu-8gb, bf16): compiling the whole model is fastest
+    (358k tok/s) but its graph ignores activation checkpointing and the chunked loss (9.6 GB peak
+    vs 3.5 GB eager). Compiling each block keeps checkpointing outside the compiled graphs (3.3 GB,
+    247k tok/s). With the fused loss (hand-written, chunked) everything before it is one graph."""
+    if activation_checkpointing:
+        return "per block"
+    if loss_chunk_tokens:
+        return "all but the loss"
+    return "whole model"
+
+
+def process_layout(p: Preset, machine: Machine) -> tuple[int, str]:
+    """(trainer processes on this machine, why). hardware.nproc > 0 is taken as it is; 0 = auto:
+    one process per GPU, or on a CPU one per physical core (1 thread each; for cpu-small on 2
+    cores: 4,189 vs 4,313 tokens/s for 1 x 2 threads on a quiet machine, but 3,197 vs 2,633 when
+    another process shared the cores), the largest count that divides train.batch_size."""
+    if p.hardware.nproc:
+        return p.hardware.nproc, "hardware.nproc"
+    dev = p.hardware.device
+    if dev.startswith("cuda") or (dev == "auto" and machine.gpus):
+        n, what = max(1, len(machine.gpus)), "one per GPU"
+    elif dev == "mps" or (dev == "auto" and machine.mps):
+        return 1, "one process (MPS)"
+    else:
+        n, what = min(8, machine.physical_cores or 1), "one per physical core, 1 thread each"
+    b = p.train.batch_size
+    while n > 1 and b % n:
+        n -= 1
+    return n, (what if n > 1 else "one process")
+
+
+# ----------------------------------------------------------------------------- all of them at once
+
+def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = None, steps_left: int | None = None,
+                     peak: PeakFn | float | None = None) -> RunSettings:
+    """The preset's run on ``machine``: every ``auto`` decided, impossible requests refused.
+
+    ``world_size``: processes over all machines (default: this machine's process layout).
+    ``steps_left``: optimizer steps still to run (default max_iters), for the compile rule.
+    ``peak``: peak FLOP/s for (device, precision), a number or a function; default the GPU
+    table (None on CPU and MPS, where it is measured: then auto does not compile a CPU run)."""
+    h, t, m = p.hardware, p.train, p.model
+    device = resolve_device(h.device, machine)
+    kind = device.split(":")[0]
+    precision = resolve_precision(h.precision, device, machine)
+    warnings: list[str] = []
+    if precision == "bf16" and kind == "cpu" and not machine.cpu_native_bf16:
+        warnings.append("bf16 autocast on CPU is much slower than fp32 unless the CPU has native bf16")
+    nproc, nproc_reason = process_layout(p, machine)
+    world = world_size or nproc
+    if t.batch_size % world:
+        raise SettingsError(f"train.batch_size = {t.batch_size} does not split over {world} processes; "
+                            f"use a batch size that is a multiple of {world}")
+    parallel = "none" if world == 1 else ("fsdp" if h.shard else "ddp")
+    if parallel == "fsdp" and precision == "fp16":
+        raise SettingsError("hardware.shard = true does not support fp16 (its GradScaler would decide to skip a "
+                            "step on each rank's shard alone); use hardware.precision = bf16 or fp32")
+    micro = t.batch_size // world
+    chunk = auto_loss_chunk(micro, m.seq_len, m.vocab_size, h.chunked_loss, kind)
+    peak_value = peak(device, precision) if callable(peak) else peak
+    if peak_value is None:
+        peak_value = machine.peak_flops(device, precision)
+    steps = t.max_iters if steps_left is None else steps_left
+    eager = eager_seconds(p, steps, peak_value)
+    want_compile = compile_wanted(h.compile, kind, eager)
+    if kind == "cpu" and want_compile and not machine.can_compile_cpu:
+        want_compile = False
+        warnings.append("torch.compile needs a C++ compiler on the CPU and none was found: training eager")
+    if h.compile != "auto":
+        reason = f"hardware.compile = {h.compile}"
+    elif kind == "cuda":
+        reason = "auto: always on CUDA"
+    elif kind == "cpu":
+        reason = ("auto: no run-time estimate, eager" if eager is None else
+                  f"auto: ~{eager / 60:.0f} min eager, {'>=' if want_compile else '<'} "
+                  f"{CPU_COMPILE_MIN_SECONDS // 60} min, where a compile pays back")
+    else:
+        reason = "auto: off on MPS"
+    return RunSettings(
+        device=device, precision=precision, autocast=precision if precision in ("bf16", "fp16") else None,
+        grad_scaler=precision == "fp16", tf32=bool(h.tf32 and kind == "cuda"),
+        attention=attention_kind(device, m.dropout),
+        fused_optimizer=fused_optimizer_wanted(h.fused_adamw, device, machine),
+        loss_chunk_tokens=chunk, activation_checkpointing=h.activation_checkpointing,
+        compile=want_compile, compile_mode=compile_mode(h.activation_checkpointing, chunk) if want_compile else "off",
+        compile_reason=reason, nproc=nproc, nproc_reason=nproc_reason, world_size=world, micro_batch=micro,
+        parallel=parallel, peak_flops=peak_value, warnings=tuple(warnings))

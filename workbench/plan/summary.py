@@ -1,0 +1,88 @@
+"""One run at a glance, for ``workbench runs`` and the Runs pane: state, progress, losses, memory
+measured beside the estimate, checkpoints, disk use. Read from the run directory (no torch)."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench.config import load_preset_file
+from workbench.errors import WorkbenchError
+from workbench.fs import dir_size
+from workbench.machine.detect import Machine
+from workbench.plan.estimate import estimate_memory
+from workbench.rundir import (
+    EvalRecord,
+    TrainRecord,
+    best_checkpoint,
+    first_event,
+    last_records,
+    list_checkpoints,
+    read_status,
+)
+
+
+@dataclass
+class RunSummary:
+    id: str
+    path: str
+    state: str
+    preset: str
+    step: int
+    max_iters: int
+    train_loss: float | None = None
+    val_loss: float | None = None
+    best_val_loss: float | None = None
+    tokens_per_s: float | None = None
+    mem_mb: float | None = None
+    checkpoints: list[dict] = field(default_factory=list)
+    disk_bytes: int = 0
+    error: str | None = None
+    started: float | None = None
+    device: str | None = None
+    est_mem_mb: float | None = None   # the estimator's figure for what mem_mb measures
+    mem_err_pct: float | None = None  # (measured - estimate) / estimate
+
+
+def estimate_for_run(run_dir: Path, device: str, precision: str) -> float | None:
+    """MiB the estimator predicts for the figure the trainer logs as mem_mb
+    (peak allocated on CUDA/MPS, the whole process's RSS on CPU), on the device the run used."""
+    try:
+        p = load_preset_file(Path(run_dir) / "preset.toml")
+        m = estimate_memory(p, precision, device, machine=Machine.assumed(device))
+    except (WorkbenchError, OSError, ValueError):
+        return None
+    return (m["total"] if device == "cpu" else m["peak_allocated"]) / 2**20
+
+
+def summarize_run(run_dir: Path) -> RunSummary:
+    run_dir = Path(run_dir)
+    st = read_status(run_dir)
+    try:
+        preset = tomllib.loads((run_dir / "preset.toml").read_text()).get("name", "?")
+    except (OSError, ValueError):
+        preset = "?"
+    s = RunSummary(id=run_dir.name, path=str(run_dir), state=st.get("state", "?"), preset=preset,
+                   step=int(st.get("step") or 0), max_iters=int(st.get("max_iters") or 0),
+                   error=st.get("error"), started=st.get("started"),
+                   best_val_loss=st.get("best_val_loss"))
+    for r in last_records(run_dir / "metrics.jsonl"):
+        if isinstance(r, TrainRecord):
+            s.train_loss, s.tokens_per_s = r.loss, r.tokens_per_s
+            if r.peak_mem_mb is not None:
+                s.mem_mb = max(s.mem_mb or 0.0, r.peak_mem_mb)
+        elif isinstance(r, EvalRecord):
+            s.val_loss = r.val_loss
+    start = first_event(run_dir / "metrics.jsonl", "start")
+    if start and start.get("device"):
+        s.device = str(start.get("device")).split(":")[0]
+        s.est_mem_mb = estimate_for_run(run_dir, s.device, start.get("precision", "fp32"))
+        if s.est_mem_mb and s.mem_mb:
+            s.mem_err_pct = 100.0 * (s.mem_mb - s.est_mem_mb) / s.est_mem_mb
+    s.checkpoints = list_checkpoints(run_dir)
+    if s.best_val_loss is None:
+        b = best_checkpoint(s.checkpoints)
+        s.best_val_loss = b["val_loss"] if b else None
+    s.disk_bytes = dir_size(run_dir)
+    return s

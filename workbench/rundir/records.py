@@ -1,0 +1,256 @@
+"""metrics.jsonl: one typed record per line, written by the trainer and read by everyone else.
+
+Three kinds, each defined once here (the writer and every reader use these classes):
+
+- :class:`TrainRecord`  every ``train.log_interval`` steps: loss, lr, throughput, memory
+- :class:`EvalRecord`   every ``train.eval_interval`` steps: mean train and val loss on fixed windows
+- :class:`EventRecord`  start, resume, compile_done, checkpoint, early_stop, nonfinite_skip,
+  rollback, preset_changed, stop, error, finish (each with its own fields in ``data``)
+
+Keys a reader does not know are kept in ``extra`` (and written back by ``to_dict``), so a
+newer trainer's records survive an older reader. The file is append-only and read by byte
+offset (:class:`LineTail`), never re-read whole by a live reader.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Union
+
+# The memory fields a train record carries depend on the device (see the trainer's memory_mb).
+MEMORY_KEYS = ("mem_allocated_mb", "mem_reserved_mb", "mem_device_used_mb", "mem_rss_mb", "mem_peak_rss_mb")
+
+
+def _num(v: Any) -> float | None:
+    """A finite number, else None (JSON has no NaN; a writer's None means "not finite")."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _int(v: Any, default: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return default
+    return int(v)
+
+
+@dataclass
+class TrainRecord:
+    kind: ClassVar[str] = "train"
+    step: int
+    loss: float | None                 # None: the step's loss was not finite (the update was skipped)
+    lr: float | None
+    grad_norm: float | None
+    tokens_per_s: float | None         # None for the first step after a (re)start, compile or eval
+    tokens_seen: int
+    elapsed_s: float | None
+    skipped: int                       # non-finite steps skipped so far in the run
+    time: float | None
+    mem_mb: float | None = None        # headline memory: peak allocated (CUDA/MPS) or process RSS (CPU)
+    mfu: float | None = None
+    memory: dict[str, float] = field(default_factory=dict)   # MEMORY_KEYS that the device reports
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"kind": self.kind, "step": self.step, "loss": self.loss, "lr": self.lr, "grad_norm": self.grad_norm,
+             "tokens_per_s": self.tokens_per_s, "tokens_seen": self.tokens_seen, "elapsed_s": self.elapsed_s,
+             "skipped": self.skipped, "time": self.time, "mem_mb": self.mem_mb, "mfu": self.mfu}
+        return {**d, **self.memory, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainRecord":
+        known = {"kind", "step", "loss", "lr", "grad_norm", "tokens_per_s", "tokens_seen", "elapsed_s", "skipped",
+                 "time", "mem_mb", "mfu", *MEMORY_KEYS}
+        return cls(step=_int(d.get("step")), loss=_num(d.get("loss")), lr=_num(d.get("lr")),
+                   grad_norm=_num(d.get("grad_norm")), tokens_per_s=_num(d.get("tokens_per_s")),
+                   tokens_seen=_int(d.get("tokens_seen")), elapsed_s=_num(d.get("elapsed_s")),
+                   skipped=_int(d.get("skipped")), time=_num(d.get("time")), mem_mb=_num(d.get("mem_mb")),
+                   mfu=_num(d.get("mfu")),
+                   memory={k: v for k in MEMORY_KEYS if (v := _num(d.get(k))) is not None},
+                   extra={k: v for k, v in d.items() if k not in known})
+
+    @property
+    def peak_mem_mb(self) -> float | None:
+        """The largest memory figure of the step: the peak RSS on CPU, else ``mem_mb``."""
+        return self.memory.get("mem_peak_rss_mb", self.mem_mb)
+
+
+@dataclass
+class EvalRecord:
+    kind: ClassVar[str] = "eval"
+    step: int
+    train_loss: float | None
+    val_loss: float | None
+    time: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "step": self.step, "train_loss": self.train_loss, "val_loss": self.val_loss,
+                "time": self.time, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EvalRecord":
+        known = {"kind", "step", "train_loss", "val_loss", "time"}
+        return cls(step=_int(d.get("step")), train_loss=_num(d.get("train_loss")), val_loss=_num(d.get("val_loss")),
+                   time=_num(d.get("time")), extra={k: v for k, v in d.items() if k not in known})
+
+
+@dataclass
+class EventRecord:
+    kind: ClassVar[str] = "event"
+    event: str
+    step: int
+    time: float | None = None
+    data: dict[str, Any] = field(default_factory=dict)   # the event's own fields (device, reason, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "event": self.event, "step": self.step, "time": self.time, **self.data}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EventRecord":
+        return cls(event=str(d.get("event") or "?"), step=_int(d.get("step")), time=_num(d.get("time")),
+                   data={k: v for k, v in d.items() if k not in ("kind", "event", "step", "time")})
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+
+Record = Union[TrainRecord, EvalRecord, EventRecord]
+RECORD_KINDS: dict[str, type] = {c.kind: c for c in (TrainRecord, EvalRecord, EventRecord)}
+
+
+def parse_record(d: Any) -> Record | None:
+    """The typed record of one parsed JSON line; None for a line of another or no kind."""
+    if not isinstance(d, dict):
+        return None
+    cls = RECORD_KINDS.get(d.get("kind"))  # type: ignore[arg-type]
+    return cls.from_dict(d) if cls else None
+
+
+# ----------------------------------------------------------------------------- writing
+
+class MetricsWriter:
+    """Appends one JSON object per line to metrics.jsonl and flushes each line."""
+
+    def __init__(self, path: Path):
+        self.f = open(path, "a", encoding="utf-8")
+
+    def write(self, record: Record) -> None:
+        self.f.write(json.dumps(record.to_dict(), separators=(",", ":")) + "\n")
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class NullWriter:
+    """What processes that do not own the run directory (ranks other than 0) write to."""
+
+    def write(self, record: Record) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------- reading
+
+class LineTail:
+    """Complete lines appended to a file since the last call, by byte offset (never re-reading it).
+
+    A half-written last line waits for its newline. If the file shrinks (replaced),
+    reading starts again from the beginning.
+    """
+
+    def __init__(self, path: Path, offset: int = 0):
+        self.path = Path(path)
+        self.offset = offset
+        self._partial = b""
+
+    def read_lines(self, max_bytes: int = 4 << 20) -> list[bytes]:
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return []
+        if size < self.offset:
+            self.offset, self._partial = 0, b""
+        if size == self.offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read(max_bytes)
+        self.offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        return lines
+
+
+def _json_lines(lines: list[bytes]) -> list[dict]:
+    out = []
+    for line in lines:
+        if line.strip():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+    return out
+
+
+class MetricsTail(LineTail):
+    """The records appended to metrics.jsonl since the last call (see LineTail)."""
+
+    def read_new(self, max_bytes: int = 4 << 20) -> list[dict]:
+        """As parsed JSON objects (``workbench metrics`` keeps every key, known or not)."""
+        return _json_lines(self.read_lines(max_bytes))
+
+    def read_records(self, max_bytes: int = 4 << 20) -> list[Record]:
+        return [r for d in self.read_new(max_bytes) if (r := parse_record(d)) is not None]
+
+
+def read_metrics(path: Path) -> list[Record]:
+    """Every record of a metrics file (for one-shot readers)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return []
+    return MetricsTail(path).read_records(max_bytes=size + 1)
+
+
+def read_jsonl_tail(path: Path, tail_bytes: int = 65536) -> list[dict]:
+    """The JSON objects in the last ``tail_bytes`` of a JSON-lines file (metrics, samples)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return []
+    return MetricsTail(path, offset=max(0, size - tail_bytes)).read_new(max_bytes=tail_bytes)
+
+
+def last_records(path: Path, tail_bytes: int = 65536) -> list[Record]:
+    """Records from the last ``tail_bytes`` of a metrics file, for quick summaries."""
+    return [r for d in read_jsonl_tail(path, tail_bytes) if (r := parse_record(d)) is not None]
+
+
+def first_event(path: Path, event: str, head_bytes: int = 16384) -> EventRecord | None:
+    """The first event of that name within the file's first ``head_bytes`` (e.g. the run's start)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(head_bytes)
+    except OSError:
+        return None
+    for d in _json_lines(head.split(b"\n")):
+        r = parse_record(d)
+        if isinstance(r, EventRecord) and r.event == event:
+            return r
+    return None
+
+
+__all__ = ["EvalRecord", "EventRecord", "LineTail", "MEMORY_KEYS", "MetricsTail", "MetricsWriter", "NullWriter",
+           "RECORD_KINDS", "Record", "TrainRecord", "first_event", "last_records", "parse_record",
+           "read_jsonl_tail", "read_metrics"]

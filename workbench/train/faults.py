@@ -1,0 +1,86 @@
+"""Fault injection for the tests: read once from the environment when a trainer starts, then
+called at named points of the loop and of a checkpoint save. With none set (every real run),
+each point is a cheap attribute check.
+
+    WORKBENCH_TEST_SIGTERM_AT_STEP=N   send ourselves SIGTERM after step N (a `workbench stop`)
+    WORKBENCH_TEST_KILL_AT_STEP=N      SIGKILL after step N (a crash)
+    WORKBENCH_TEST_OOM_AT_STEP=N       raise CUDA's out-of-memory error after step N
+    WORKBENCH_TEST_NAN_STEPS=a,b,...   poison the loss of those steps (once each, or every time
+    WORKBENCH_TEST_NAN_ALWAYS=1        they are reached again after a rollback)
+    WORKBENCH_TEST_FAIL_SAVE_AT_STEP=N the disk fills up in the middle of step N's save
+    WORKBENCH_TEST_PAUSE_IN_SAVE=P     sleep at point P of a save (after_model | before_rename),
+    WORKBENCH_TEST_PAUSE_MARKER=FILE   after writing our pid to FILE,
+    WORKBENCH_TEST_PAUSE_SECONDS=S     for S seconds (default 30), so a test can kill us there
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+def _int(env: dict, key: str) -> int | None:
+    v = env.get(key, "").strip()
+    return int(v) if v else None
+
+
+@dataclass
+class Faults:
+    sigterm_at: int | None = None
+    kill_at: int | None = None
+    oom_at: int | None = None
+    nan_steps: frozenset[int] = frozenset()
+    nan_always: bool = False
+    fail_save_at: int | None = None
+    pause_in_save: str | None = None
+    pause_marker: str | None = None
+    pause_seconds: float = 30.0
+    _poisoned: set[int] = field(default_factory=set)
+
+    @classmethod
+    def from_env(cls, env: dict | None = None) -> "Faults":
+        env = dict(os.environ if env is None else env)
+        nan = env.get("WORKBENCH_TEST_NAN_STEPS", "")
+        return cls(sigterm_at=_int(env, "WORKBENCH_TEST_SIGTERM_AT_STEP"),
+                   kill_at=_int(env, "WORKBENCH_TEST_KILL_AT_STEP"),
+                   oom_at=_int(env, "WORKBENCH_TEST_OOM_AT_STEP"),
+                   nan_steps=frozenset(int(s) for s in nan.split(",") if s.strip()),
+                   nan_always=env.get("WORKBENCH_TEST_NAN_ALWAYS") == "1",
+                   fail_save_at=_int(env, "WORKBENCH_TEST_FAIL_SAVE_AT_STEP"),
+                   pause_in_save=env.get("WORKBENCH_TEST_PAUSE_IN_SAVE") or None,
+                   pause_marker=env.get("WORKBENCH_TEST_PAUSE_MARKER") or None,
+                   pause_seconds=float(env.get("WORKBENCH_TEST_PAUSE_SECONDS", "30")))
+
+    def poison_step(self, step: int) -> bool:
+        """Whether the loss of optimizer step ``step`` (1-based) is to be made NaN."""
+        if step not in self.nan_steps or (step in self._poisoned and not self.nan_always):
+            return False
+        self._poisoned.add(step)
+        return True
+
+    def after_step(self, step: int) -> None:
+        """After optimizer step ``step`` and its log record: stop, crash or run out of memory."""
+        if step == self.sigterm_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if step == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step == self.oom_at:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test hook)")
+
+    def in_save(self, point: str, step: int) -> None:
+        """At ``point`` of a checkpoint save: pause (to be killed there) or fail as a full disk would."""
+        if self.pause_in_save == point:
+            if self.pause_marker:
+                Path(self.pause_marker).write_text(str(os.getpid()))
+            time.sleep(self.pause_seconds)
+        if point == "after_model" and step == self.fail_save_at:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+
+NO_FAULTS = Faults()

@@ -1,0 +1,87 @@
+"""What the trainer tells the world, all through the run directory: train.log lines, typed
+metric records, status.json. Rank 0 owns the run directory; other ranks' reports go nowhere."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench import rundir
+from workbench.rundir import EventRecord, MetricsWriter, NullWriter, Record
+
+
+class Reporter:
+    def __init__(self, run_dir: Path, is_main: bool, echo: bool):
+        self.run_dir, self.is_main, self.echo = Path(run_dir), is_main, echo
+        self.metrics: MetricsWriter | NullWriter = NullWriter()
+        self.log_file = None
+
+    def open(self) -> None:
+        """Once the run's lock is held: start appending to metrics.jsonl (and train.log when our
+        stdout is a terminal; detached, stdout *is* train.log)."""
+        if self.is_main:
+            self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+            if self.echo:
+                self.log_file = open(self.run_dir / "train.log", "a", encoding="utf-8")
+
+    def log(self, msg: str) -> None:
+        if not self.is_main:
+            return
+        line = f"{time.strftime('%H:%M:%S')} {msg}"
+        print(line, flush=True)
+        if self.log_file:
+            self.log_file.write(line + "\n")
+            self.log_file.flush()
+
+    def record(self, rec: Record) -> None:
+        self.metrics.write(rec)
+
+    def event(self, event: str, step: int, **data: Any) -> None:
+        self.metrics.write(EventRecord(event=event, step=step, time=time.time(), data=data))
+
+    def status(self, **fields: Any) -> None:
+        if self.is_main:
+            rundir.write_status(self.run_dir, **fields)
+
+    def close(self) -> None:
+        self.metrics.close()
+        if self.log_file:
+            self.log_file.close()
+            self.log_file = None
+
+
+class Throughput:
+    """Tokens per second of the training steps alone. The first step after a (re)start or a
+    rollback only starts the clock (compile and warm-up are left out); after an eval or a
+    checkpoint the clock restarts, so their time is left out too."""
+
+    def __init__(self) -> None:
+        self.t0: float | None = None
+        self.tokens = 0
+        self.steps = 0
+
+    def reset(self) -> None:
+        """The next step starts the clock and is not counted."""
+        self.t0 = None
+
+    def start(self, now: float) -> None:
+        """Count from ``now``: the next step is counted."""
+        self.t0, self.tokens, self.steps = now, 0, 0
+
+    def tick(self, tokens: int, now: float) -> bool:
+        """One step done; True when it only started the clock."""
+        if self.t0 is None:
+            self.start(now)
+            return True
+        self.tokens += tokens
+        self.steps += 1
+        return False
+
+    def rate(self, now: float) -> float | None:
+        return self.tokens / (now - self.t0) if self.steps and self.t0 is not None else None
+
+    def after_log(self, now: float) -> None:
+        """A new window after each logged rate."""
+        if self.steps:
+            self.start(now)

@@ -1,0 +1,75 @@
+"""The torch side of :class:`workbench.plan.settings.RunSettings`: devices, the AMP dtype, backend
+flags, memory readings, out-of-memory errors. The settings decide; this module only applies."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+
+import psutil
+import torch
+
+from workbench.plan.settings import RunSettings
+
+# The one map from a precision name to the autocast dtype.
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def amp_dtype(settings: RunSettings) -> torch.dtype | None:
+    return AMP_DTYPES.get(settings.autocast or "")
+
+
+def autocast(settings: RunSettings) -> contextlib.AbstractContextManager:
+    """The forward pass's autocast context (a no-op in fp32)."""
+    dtype = amp_dtype(settings)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(settings.device_type, dtype=dtype)
+
+
+def apply_backend_flags(settings: RunSettings) -> None:
+    if settings.device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = settings.tf32
+        torch.backends.cudnn.allow_tf32 = settings.tf32
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def free_cached(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "mps":
+        torch.mps.empty_cache()
+
+
+def memory_mb(device: torch.device) -> tuple[float, dict[str, float]]:
+    """(mem_mb, the device's detailed figures): mem_mb is the headline figure, peak allocated on
+    CUDA, allocated on MPS, process RSS on CPU (whose peak RSS catches the activations' peak
+    inside the step that RSS after it misses)."""
+    rss = psutil.Process().memory_info().rss / 2**20
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+        return peak, {"mem_allocated_mb": peak, "mem_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20,
+                      "mem_device_used_mb": (total - free) / 2**20, "mem_rss_mb": rss}
+    if device.type == "mps":
+        alloc = torch.mps.current_allocated_memory() / 2**20
+        return alloc, {"mem_allocated_mb": alloc, "mem_rss_mb": rss}
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return rss, {"mem_rss_mb": rss, "mem_peak_rss_mb": peak_rss}
+
+
+OOM_MARKERS = ("CUDA out of memory", "MPS backend out of memory", "out of memory")
+
+
+def is_oom(e: BaseException) -> bool:
+    """CUDA ("CUDA out of memory", torch.OutOfMemoryError) and MPS ("MPS backend out of memory")."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return True
+    text = str(e).lower()
+    return any(m.lower() in text for m in OOM_MARKERS)
