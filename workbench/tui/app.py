@@ -1,41 +1,44 @@
 """The workbench TUI: hardware, presets, live training, loss curves, sampling, run browser.
 
-The app never imports torch. It starts trainers and samplers as subprocesses of
-the CLI (``workbench.tui.launcher``) and learns everything else from the run
-directories: a single tailer thread (``workbench.tui.watcher``) reads new bytes
-of ``metrics.jsonl`` / ``train.log`` and posts messages; slower reads (run
-summaries, hardware) run in thread workers. Closing the app stops nothing.
+The app never imports torch. It starts, resumes and stops trainers as subprocesses of the CLI
+(``workbench.tui.launcher``) and learns everything else from the run directories: a single tailer
+thread (``workbench.tui.watcher``) reads new bytes of ``metrics.jsonl`` / ``train.log`` and posts
+messages; slower reads (run summaries, hardware) run in thread workers. Closing the app stops
+nothing.
+
+Each pane acts on its own keys and tells the app what it wants by the messages nested in its class
+(``RunsPane.SampleRequested``) or the app-wide requests in ``messages`` (``ResumeRun``); the app
+routes them: it switches tabs, follows runs, and runs each operation in a worker of its own.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import time
-from pathlib import Path
+from typing import Callable
 
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.widgets import Footer, Select, TabbedContent, TabPane
+from textual.widgets import Footer, TabPane
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from workbench.fs import write_atomic
-from workbench.plan.summary import summarize_run
-from workbench.rundir import LIVE_STATES, RunLock, iter_run_dirs, runs_root
+from workbench.plan.summary import RunSummary, summarize_run
+from workbench.rundir import LIVE_STATES, iter_run_dirs, runs_root
 from workbench.tui import hwinfo, launcher
-from workbench.tui.messages import HardwareRead, RunsListed, RunStarted, RunUpdated
+from workbench.tui.launcher import RunRequest
+from workbench.tui.messages import ResumeRun, RunsListed, RunStarted, RunUpdated, StartRun, StopRun
 from workbench.tui.palette import WorkbenchCommands
 from workbench.tui.rundata import RunData
-from workbench.tui.screens.dialogs import ConfirmScreen, NameScreen
-from workbench.tui.screens.new_run import NewRunScreen, RunRequest
+from workbench.tui.screens.new_run import NewRunScreen
 from workbench.tui.watcher import RunWatcher
 from workbench.tui.widgets.curves import CurvesPane
 from workbench.tui.widgets.hardware import HardwarePane
 from workbench.tui.widgets.monitor import MonitorPane
 from workbench.tui.widgets.presets import PresetsPane
 from workbench.tui.widgets.runs import RunsPane
-from workbench.tui.widgets.sample import SampleOutput, SamplePane, resolve_checkpoint
+from workbench.tui.widgets.sample import SamplePane
+from workbench.tui.widgets.tabs import PaneTabs
 
 
 class WorkbenchApp(App[int]):
@@ -62,7 +65,6 @@ class WorkbenchApp(App[int]):
         super().__init__()
         self.runs_dir = runs_root(runs_dir)
         self.injected_hardware = hardware_info
-        self.hardware_info: dict | None = hardware_info
         self.recommended: tuple[str, str] | None = (
             hwinfo.recommend(hardware_info) if hardware_info else None)
         self.watch_interval = watch_interval
@@ -70,11 +72,9 @@ class WorkbenchApp(App[int]):
         self.hardware_interval = hardware_interval
         self.initial_tab = initial_tab
         self.run_data: dict[str, RunData] = {}
-        self.summaries: list = []
+        self.summaries: list[RunSummary] = []
         self.monitored: str | None = None
         self.watcher = RunWatcher(self.runs_dir, self.post_message, interval=watch_interval)
-        self._samplers: list[launcher.SampleProcess] = []
-        self._curves_dirty = False
         self._listed_once = False
         self._pending_sample_run: str | None = None  # a run started here, for the Sample pane
 
@@ -82,17 +82,17 @@ class WorkbenchApp(App[int]):
 
     def compose(self) -> ComposeResult:
         initial = self.initial_tab or ("train" if self._has_runs() else "hardware")
-        with TabbedContent(initial=initial, id="tabs"):
+        with PaneTabs(initial=initial, id="tabs"):
             with TabPane("1 Hardware", id="hardware"):
-                yield HardwarePane(id="hardware-pane")
+                yield HardwarePane(self.injected_hardware, self.hardware_interval, id="hardware-pane")
             with TabPane("2 Presets", id="presets"):
                 yield PresetsPane(id="presets-pane")
             with TabPane("3 Train", id="train"):
                 yield MonitorPane(id="monitor-pane")
             with TabPane("4 Loss curves", id="curves"):
-                yield CurvesPane(self.run_data, id="curves-pane")
+                yield CurvesPane(self.run_data, max(0.5, self.watch_interval), id="curves-pane")
             with TabPane("5 Sample", id="sample"):
-                yield SamplePane(id="sample-pane")
+                yield SamplePane(self.runs_dir, id="sample-pane")
             with TabPane("6 Runs", id="runs"):
                 yield RunsPane(id="runs-pane")
         yield Footer()
@@ -103,67 +103,18 @@ class WorkbenchApp(App[int]):
     def _panes_gone(self) -> bool:
         """True while the app shuts down: a worker's message may still arrive after the panes are
         removed, and handling it must not raise (it would print a traceback on quit)."""
-        return not self.is_running or not self.screen_stack or not self.query(TabbedContent)
+        return not self.is_running or not self.screen_stack or not self.query(PaneTabs)
 
     def on_mount(self) -> None:
         self.sub_title = str(self.runs_dir)
         self._watch_worker()
         self.action_refresh_runs()
         self.set_interval(self.list_interval, self.action_refresh_runs)
-        if self.injected_hardware is None:
-            self.action_refresh_hardware()
-            self.set_interval(self.hardware_interval, self._refresh_hardware_if_visible)
-        else:
-            self._show_hardware()
-        self.set_interval(max(0.5, self.watch_interval), self._redraw_curves_if_dirty)
-        self._focus_pane(self.query_one(TabbedContent).active)
-
-    # ------------------------------------------------------------------ tabs and focus
-
-    PANE_FOCUS = {"hardware": "#hardware-pane", "presets": "#preset-list", "train": "#mon-log",
-                  "curves": "#curves-runs", "sample": "#smp-run", "runs": "#runs-table"}
+        tabs = self.query_one(PaneTabs)
+        tabs.focus_pane(tabs.active)
 
     def action_show_tab(self, tab: str) -> None:
-        tabs = self.query_one(TabbedContent)
-        if tabs.active != tab:
-            tabs.active = tab  # the switcher shows the new pane at once
-        # Focus its main widget now, in the same step: keys typed right after the tab key (a
-        # quick "3 x y", or keys buffered while the app was busy) must reach the new pane, not
-        # the old one or nothing.
-        self._focus_pane(tab)
-
-    @on(TabbedContent.TabActivated)
-    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        tab = event.pane.id or ""
-        focused = self.default_screen.focused
-        if focused is None or event.pane not in focused.ancestors:  # e.g. a click on the tab
-            self._focus_pane(tab)
-        if tab == "curves":
-            self.query_one(CurvesPane).redraw()
-        elif tab == "train":
-            # lines written while the pane was hidden could not scroll it (no size then)
-            self.call_after_refresh(self.query_one(MonitorPane).follow_tails)
-        elif tab == "hardware":
-            self._refresh_hardware_if_visible()
-        elif tab == "sample":
-            run = self.query_one("#smp-run", Select).value
-            if run != Select.NULL and (self.runs_dir / str(run)).is_dir():
-                self.query_one(SamplePane).show_run(self.runs_dir / str(run), keep=True)
-
-    def _focus_pane(self, tab: str) -> None:
-        """Focus the pane's main widget so its key bindings are live and shown in the footer."""
-        target = self.PANE_FOCUS.get(tab)
-        if not target:
-            return
-        try:
-            widget = self.query_one(target)
-        except Exception:
-            return
-        # synchronous (Widget.focus() waits for the next idle); on the panes' own screen, which
-        # may be under a dialog or the command palette just now
-        widget.screen.set_focus(widget)
-        if tab == "curves":
-            self.query_one(CurvesPane).ensure_highlight()
+        self.query_one(PaneTabs).show(tab)
 
     # ------------------------------------------------------------------ the tailer
 
@@ -175,7 +126,6 @@ class WorkbenchApp(App[int]):
     def on_unmount(self) -> None:
         self.watcher.stopped.set()
         self.watcher.wake.set()
-        self.action_cancel_sampling()
 
     def on_run_updated(self, msg: RunUpdated) -> None:
         if self._panes_gone():
@@ -188,25 +138,20 @@ class WorkbenchApp(App[int]):
             mon = self.query_one(MonitorPane)
             mon.show_run(d)
             mon.append_log(msg.log_lines)
-        if msg.records and msg.run_id in self.query_one(CurvesPane).selected_ids():
-            self._curves_dirty = True
+        if msg.records:
+            self.query_one(CurvesPane).records_added(msg.run_id)
         if prev_state != d.state and prev_state != "?":
             self.action_refresh_runs()  # the browser should show the new state now
 
-    def _redraw_curves_if_dirty(self) -> None:
-        if self._panes_gone():
-            return
-        if self._curves_dirty and self.query_one(TabbedContent).active == "curves":
-            self._curves_dirty = False
-            self.query_one(CurvesPane).redraw()
-
-    def watch_runs_for_curves(self, run_ids: list[str]) -> None:
-        for rid in run_ids:
+    @on(CurvesPane.RunsTicked)
+    def _watch_for_curves(self, msg: CurvesPane.RunsTicked) -> None:
+        for rid in msg.run_ids:  # (ticking a run in the pane, or select_run() below, posts this)
             self.run_data.setdefault(rid, RunData(rid))
             self.watcher.watch(rid)
 
     # ------------------------------------------------------------------ runs list
 
+    @on(RunsPane.RefreshRequested)
     def action_refresh_runs(self) -> None:
         self._list_runs()
 
@@ -237,9 +182,10 @@ class WorkbenchApp(App[int]):
             live = [s for s in msg.runs if s.state in LIVE_STATES]
             self.monitor((live or msg.runs)[0].id, switch=False)
         self.query_one(RunsPane).set_runs(msg.runs)
-        self.query_one(MonitorPane).set_runs(ids, self.monitored)
+        self.query_one(MonitorPane).set_runs(ids, self.monitored, self._presets())
         self.query_one(CurvesPane).set_runs(ids)
-        self.query_one(SamplePane).set_runs(ids)
+        sample = self.query_one(SamplePane)
+        sample.set_runs(ids)
         if not self._listed_once:
             self._listed_once = True
             if self.monitored:
@@ -247,18 +193,18 @@ class WorkbenchApp(App[int]):
         pending = self._pending_sample_run
         if pending in ids:
             self._pending_sample_run = None
-            self._sample_run_changed(pending)
-        elif self.monitored and self.query_one("#smp-run", Select).value == Select.NULL:
-            self._sample_run_changed(self.monitored)  # e.g. the first run, started from this TUI
-        presets = self.query_one(PresetsPane)
-        for s in reversed(msg.runs):  # newest wins
-            if s.tokens_per_s:
-                presets.measured[s.preset] = {"tokens_per_s": s.tokens_per_s, "run": s.id}
+            sample.choose(pending)
+        elif self.monitored and sample.run_id is None:
+            sample.choose(self.monitored)  # e.g. the first run, started from this TUI
+        self.query_one(PresetsPane).set_measured(msg.runs)
 
-    def summary(self, run_id: str):
+    def summary(self, run_id: str) -> RunSummary | None:
         return next((s for s in self.summaries if s.id == run_id), None)
 
-    # ------------------------------------------------------------------ monitor
+    def _presets(self) -> dict[str, str]:
+        return {s.id: s.preset for s in self.summaries}
+
+    # ------------------------------------------------------------------ routing
 
     def monitor(self, run_id: str, switch: bool = True) -> None:
         """Follow ``run_id`` in the Train pane (with its train.log)."""
@@ -268,56 +214,58 @@ class WorkbenchApp(App[int]):
         if changed:  # the pane is cleared, so its train.log tail starts over
             self.watcher.watch(run_id, with_log=True, fresh_log=True)
         mon = self.query_one(MonitorPane)
-        mon.set_runs([s.id for s in self.summaries] or [run_id], run_id)
+        mon.set_runs([s.id for s in self.summaries] or [run_id], run_id, self._presets())
         mon.show_run(d, reset=changed)
         if switch:
             self.action_show_tab("train")
 
-    @on(Select.Changed, "#mon-run")
-    def _monitor_select(self, event: Select.Changed) -> None:
-        if event.value != Select.NULL and event.value != self.monitored:
-            self.monitor(str(event.value), switch=False)
+    @on(MonitorPane.RunChosen)
+    def _run_chosen(self, msg: MonitorPane.RunChosen) -> None:
+        if msg.run_id != self.monitored:
+            self.monitor(msg.run_id, switch=False)
 
-    def action_show_curves(self) -> None:
-        if self.monitored:
-            self.open_curves(self.monitored)
+    @on(RunsPane.MonitorRequested)
+    def _monitor_requested(self, msg: RunsPane.MonitorRequested) -> None:
+        self.monitor(msg.run_id)
 
-    def action_stop_run(self) -> None:
-        rid = self.monitored
-        d = self.run_data.get(rid or "")
-        if not rid or d is None or d.state not in LIVE_STATES:
-            self.notify("The run shown is not running.", severity="warning")
-            return
+    @on(MonitorPane.CurvesRequested)
+    @on(RunsPane.CurvesRequested)
+    def _curves_requested(self, msg: MonitorPane.CurvesRequested | RunsPane.CurvesRequested) -> None:
+        self.open_curves(msg.run_id)
 
-        def answer(yes: bool | None) -> None:
-            if yes:
-                self.notify(f"Stopping {rid}: the trainer saves a checkpoint, then exits…")
-                self._launch("stop", rid)
+    def open_curves(self, run_id: str) -> None:
+        curves = self.query_one(CurvesPane)
+        curves.select_run(run_id)
+        self.action_show_tab("curves")
+        curves.redraw()
 
-        self.push_screen(ConfirmScreen(f"Stop run [b]{rid}[/b]?\n\nThe trainer saves a checkpoint "
-                                       "and exits; you can resume it later.", "Stop"), answer)
+    @on(RunsPane.SampleRequested)
+    def _sample_requested(self, msg: RunsPane.SampleRequested) -> None:
+        self.open_sample(msg.run_id, msg.checkpoint)
 
-    def action_resume_run(self) -> None:
-        if self.monitored:
-            self.resume(self.monitored, "latest")
+    def open_sample(self, run_id: str, checkpoint: str | None = None) -> None:
+        sample = self.query_one(SamplePane)
+        sample.set_runs([s.id for s in self.summaries] or [run_id], run_id)
+        sample.choose(run_id, checkpoint)
+        self.action_show_tab("sample")
 
-    def resume(self, run_id: str, checkpoint: str = "latest") -> None:
-        s = self.summary(run_id)
-        if s is not None and s.state in LIVE_STATES:
-            self.notify(f"{run_id} is already running.", severity="warning")
-            return
-        self.notify(f"Resuming {run_id} from checkpoint {checkpoint}…")
-        self._launch("resume", run_id, checkpoint)
+    def action_generate(self) -> None:
+        """Sample from the Sample pane's checkpoints (the pane runs the samplers)."""
+        self.query_one(SamplePane).action_generate()
 
-    # ------------------------------------------------------------------ starting runs
+    # ------------------------------------------------------------------ start, resume, stop, delete
+
+    @on(HardwarePane.TrainRequested)
+    @on(PresetsPane.TrainRequested)
+    def _train_requested(self, msg: HardwarePane.TrainRequested | PresetsPane.TrainRequested) -> None:
+        self.action_new_run(msg.preset)
 
     def action_new_run(self, preset: str | None = None, overrides: str = "") -> None:
         preset = preset or (self.recommended[0] if self.recommended else None)
 
         def done(req: RunRequest | None) -> None:
             if req is not None:
-                self.notify(f"Starting a {req.preset} run…")
-                self._launch("train", req)
+                self.post_message(StartRun(req))
 
         self.push_screen(NewRunScreen(preset, overrides), done)
 
@@ -327,22 +275,53 @@ class WorkbenchApp(App[int]):
             return
         self.action_new_run(self.recommended[0])
 
-    @work(thread=True, group="launch", exit_on_error=False)
-    def _launch(self, kind: str, *args) -> None:
+    # Each operation: a request message, answered by a thread worker of its own group (the CLI call
+    # blocks). notify() only posts a message, so the workers call it directly.
+
+    @on(StartRun)
+    @work(thread=True, group="start", exit_on_error=False)
+    def _start(self, msg: StartRun) -> None:
+        self.notify(f"Starting a {msg.request.preset} run…")
+        if (rid := self._cli("train", launcher.start_run, self.runs_dir, msg.request)) is not None:
+            self.post_message(RunStarted(rid, "started"))
+
+    @on(ResumeRun)
+    @work(thread=True, group="resume", exit_on_error=False)
+    def _resume(self, msg: ResumeRun) -> None:
+        if (s := self.summary(msg.run_id)) is not None and s.state in LIVE_STATES:
+            self.notify(f"{msg.run_id} is already running.", severity="warning")
+            return
+        self.notify(f"Resuming {msg.run_id} from checkpoint {msg.checkpoint}…")
+        if self._cli("resume", launcher.resume_run, self.runs_dir, msg.run_id, msg.checkpoint) is not None:
+            self.post_message(RunStarted(msg.run_id, "resumed"))
+
+    @on(StopRun)
+    @work(thread=True, group="stop", exit_on_error=False)
+    def _stop(self, msg: StopRun) -> None:
+        self.notify(f"Stopping {msg.run_id}: the trainer saves a checkpoint, then exits…")
+        if (out := self._cli("stop", launcher.stop_run, self.runs_dir, msg.run_id)) is not None:
+            self.notify(out or f"Sent stop to {msg.run_id}.")
+            self._list_runs()
+
+    @on(RunsPane.DeleteRequested)
+    @work(thread=True, group="delete", exit_on_error=False)
+    def _delete(self, msg: RunsPane.DeleteRequested) -> None:
+        root, path = self.runs_dir.resolve(), msg.path
+        if root not in path.resolve().parents:  # never remove anything outside the runs directory
+            self.notify(f"refusing to delete {path}: not inside {root}", severity="error")
+            return
+        shutil.rmtree(path)
+        self.notify(f"Deleted {msg.what}.")
+        self._list_runs()
+
+    def _cli(self, what: str, call: Callable[..., str], *args) -> str | None:
+        """Run a launcher call (in a worker's thread): its output, or None once the user is told why
+        ``what`` failed."""
         try:
-            if kind == "train":
-                req: RunRequest = args[0]
-                rid = launcher.start_run(self.runs_dir, req.preset, req.corpus, req.name, req.overrides)
-                self.post_message(RunStarted(rid, "started"))
-            elif kind == "resume":
-                rid = launcher.resume_run(self.runs_dir, args[0], args[1])
-                self.post_message(RunStarted(args[0], "resumed"))
-            elif kind == "stop":
-                out = launcher.stop_run(self.runs_dir, args[0])
-                self.call_from_thread(self.notify, out or f"Sent stop to {args[0]}.")
-                self.call_from_thread(self.action_refresh_runs)
+            return call(*args)
         except launcher.LaunchError as e:
-            self.call_from_thread(self.notify, f"{kind} failed: {e}", severity="error", timeout=10)
+            self.notify(f"{what} failed: {e}", severity="error", timeout=10)
+            return None
 
     def on_run_started(self, msg: RunStarted) -> None:
         if self._panes_gone():
@@ -351,284 +330,19 @@ class WorkbenchApp(App[int]):
             self.notify(f"The trainer did not say which run it started ({msg.run_id!r}).", severity="error")
             return
         self.notify(f"Run {msg.run_id} {msg.how}; it keeps running if you close workbench.")
-        curves = self.query_one(CurvesPane)
-        curves.select_run(msg.run_id)  # its loss is what the user wants to see next
-        self.watch_runs_for_curves(curves.selected_ids())
+        self.query_one(CurvesPane).select_run(msg.run_id)  # its loss is what the user wants to see next
         self.monitor(msg.run_id)
         self.action_refresh_runs()
         self._pending_sample_run = msg.run_id  # and its checkpoints in Sample, once it is listed
 
-    # ------------------------------------------------------------------ runs browser actions
-
-    def _selected_run(self) -> str | None:
-        rid = self.query_one(RunsPane).selected_run_id()
-        if rid is None:
-            self.notify("No run selected.", severity="warning")
-        return rid
-
-    def action_monitor_selected(self) -> None:
-        if (rid := self._selected_run()):
-            self.monitor(rid)
-
-    def action_resume_selected(self, which: str) -> None:
-        pane = self.query_one(RunsPane)
-        rid = self._selected_run()
-        if not rid:
-            return
-        if which == "latest":
-            self.resume(rid, "latest")
-            return
-        ck = pane.selected_checkpoint()
-        if ck is None:
-            self.notify(f"{rid} has no checkpoint to resume from.", severity="warning")
-            return
-        self.resume(rid, str(ck["step"]))
-
-    def action_sample_selected(self) -> None:
-        pane = self.query_one(RunsPane)
-        if (rid := self._selected_run()):
-            ck = pane.selected_checkpoint() if pane.focused_table() == "ckpt-table" else None
-            self.open_sample(rid, str(ck["step"]) if ck else None)
-
-    def action_curves_selected(self) -> None:
-        if (rid := self._selected_run()):
-            self.open_curves(rid)
-
-    def open_curves(self, run_id: str) -> None:
-        curves = self.query_one(CurvesPane)
-        curves.select_run(run_id)
-        self.watch_runs_for_curves(curves.selected_ids())
-        self.action_show_tab("curves")
-        curves.redraw()
-
-    def curves_action(self, name: str) -> None:
-        self.action_show_tab("curves")
-        getattr(self.query_one(CurvesPane), f"action_{name}")()
-
-    def action_delete_selected(self) -> None:
-        pane = self.query_one(RunsPane)
-        rid = self._selected_run()
-        if not rid:
-            return
-        if pane.focused_table() == "ckpt-table":
-            ck = pane.selected_checkpoint()
-            if ck:
-                self.delete_checkpoint(rid, ck)
-        else:
-            self.delete_run(rid)
-
-    def _is_live(self, run_id: str) -> bool:
-        return RunLock(self.runs_dir / run_id).held_by_other() or (
-            (s := self.summary(run_id)) is not None and s.state in LIVE_STATES)
-
-    def delete_run(self, run_id: str) -> None:
-        if self._is_live(run_id):
-            self.notify(f"{run_id} is running; stop it first.", severity="error")
-            return
-        path = self.runs_dir / run_id
-
-        def answer(yes: bool | None) -> None:
-            if yes:
-                self._delete(path, f"run {run_id}")
-
-        self.push_screen(ConfirmScreen(f"Delete run [b]{run_id}[/b] and all its checkpoints?\n\n{path}\n\n"
-                                       "This cannot be undone.", "Delete"), answer)
-
-    def delete_checkpoint(self, run_id: str, ck: dict) -> None:
-        if self._is_live(run_id):
-            self.notify(f"{run_id} is running (it prunes its own checkpoints); stop it first.", severity="error")
-            return
-        path = Path(ck["path"])
-
-        def answer(yes: bool | None) -> None:
-            if yes:
-                self._delete(path, f"checkpoint {ck.get('name')} of {run_id}")
-
-        self.push_screen(ConfirmScreen(f"Delete checkpoint [b]{ck.get('name')}[/b] of {run_id}?\n\n"
-                                       "This cannot be undone.", "Delete"), answer)
-
-    @work(thread=True, group="delete", exit_on_error=False)
-    def _delete(self, path: Path, what: str) -> None:
-        root = self.runs_dir.resolve()
-        if root not in path.resolve().parents:  # never remove anything outside the runs directory
-            self.call_from_thread(self.notify, f"refusing to delete {path}: not inside {root}", severity="error")
-            return
-        shutil.rmtree(path)
-        self.call_from_thread(self.notify, f"Deleted {what}.")
-        self._list_runs()
-
-    # ------------------------------------------------------------------ sampling
-
-    def open_sample(self, run_id: str, checkpoint: str | None = None) -> None:
-        self.query_one(SamplePane).set_runs([s.id for s in self.summaries] or [run_id], run_id)
-        self._sample_run_changed(run_id, checkpoint)
-        self.action_show_tab("sample")
-
-    @on(Select.Changed, "#smp-run")
-    def _sample_select(self, event: Select.Changed) -> None:
-        if event.value != Select.NULL:
-            self._sample_run_changed(str(event.value))
-
-    def _sample_run_changed(self, run_id: str, checkpoint: str | None = None) -> None:
-        pane = self.query_one(SamplePane)
-        with pane.prevent(Select.Changed):
-            pane.query_one("#smp-run", Select).value = run_id
-        pane.show_run(self.runs_dir / run_id, checkpoint)
-
-    def action_generate(self) -> None:
-        pane = self.query_one(SamplePane)
-        run = pane.query_one("#smp-run", Select).value
-        if run == Select.NULL:
-            self.notify("Choose a run to sample from.", severity="warning")
-            return
-        try:
-            params = pane.params()
-        except ValueError as e:
-            self.notify(str(e), severity="error")
-            return
-        self.action_cancel_sampling()
-        a = str(pane.query_one("#smp-ckpt-a", Select).value)
-        b = str(pane.query_one("#smp-ckpt-b", Select).value)
-        # a live run writes and prunes checkpoints: re-read them, and refuse a choice that is gone
-        pane.show_run(self.runs_dir / str(run), keep=True)
-        gone = [ck for ck, now in ((a, pane.query_one("#smp-ckpt-a", Select).value),
-                                   (b, pane.query_one("#smp-ckpt-b", Select).value)) if str(now) != ck]
-        if gone:
-            self.notify(f"Checkpoint step {gone[0]} of {run} is gone (the trainer keeps only recent and best "
-                        "checkpoints); choose another.", severity="warning", timeout=8)
-            return
-        columns = [("#smp-out-a", a)] + ([("#smp-out-b", b)] if b != "none" else [])
-        if b == "none":
-            pane.query_one("#smp-out-b", SampleOutput).reset("checkpoint B (choose one to compare)", "")
-        for out_id, choice in columns:
-            out = pane.query_one(out_id, SampleOutput)
-            # latest / best pinned to a step now, so the title names what the sampler loads
-            ck = resolve_checkpoint(self.runs_dir / str(run), choice)
-            shown = choice if ck == choice else f"{choice} (step {ck})"
-            out.reset(f"{run} @ {shown}  T={params['temperature']} k={params['top_k']} p={params['top_p']} "
-                      f"seed={params['seed']}", params["prompt"])
-            argv = launcher.sample_argv(self.runs_dir, str(run), ck, params["prompt"], params["max_new_tokens"],
-                                        params["temperature"], params["top_k"], params["top_p"], params["seed"])
-            self._sample_worker(argv, out, params["prompt"])
-
-    @work(thread=True, group="sample", exit_on_error=False)
-    def _sample_worker(self, argv: list[str], out: SampleOutput, prompt: str = "") -> None:
-        worker = get_current_worker()
-        echo = launcher.PromptEcho(prompt)
-        try:
-            proc = launcher.SampleProcess(argv)
-        except OSError as e:
-            self.call_from_thread(out.append, f"\n[could not start the sampler: {e}]", "bold red")
-            return
-        self._samplers.append(proc)
-        started = time.monotonic()
-        try:
-            for chunk in proc.chunks():
-                if worker.is_cancelled:
-                    proc.kill()
-                    break
-                if (chunk := echo.strip(chunk)):
-                    self.call_from_thread(out.append, chunk)
-            rc, err = proc.finish()
-        finally:
-            if proc in self._samplers:
-                self._samplers.remove(proc)
-        if rc != 0 and not worker.is_cancelled:
-            self.call_from_thread(out.append, f"\n[sampler failed: {err or f'exit status {rc}'}]", "bold red")
-        else:
-            self.call_from_thread(out.finish, f"[{time.monotonic() - started:.1f}s]")
-
-    def action_cancel_sampling(self) -> None:
-        for proc in list(self._samplers):
-            proc.kill()
-        self.workers.cancel_group(self, "sample")
-
-    # ------------------------------------------------------------------ presets
-
-    def save_preset(self, as_new: bool = False) -> None:
-        from workbench.config import check_preset_name, shipped_presets_dir, user_presets_dir
-        pane = self.query_one(PresetsPane)
-        pane.check()
-        name = pane.current
-        if not name:
-            return
-        if pane.valid is None:
-            self.notify("Not saved: the preset has an error (see below the editor). "
-                        "A file on disk is never replaced by an invalid one.", severity="error")
-            return
-        path, kind = pane.paths[name]
-        user_dir = user_presets_dir()
-        same_dir = user_dir.resolve() == shipped_presets_dir().resolve()
-        if as_new or (kind == "shipped" and same_dir):
-            def check(new: str) -> str | None:
-                try:
-                    check_preset_name(new)
-                except Exception as e:
-                    return str(e)
-                if new in pane.paths:
-                    return f"a preset named {new!r} exists already; choose another name"
-                return None
-
-            def chosen(new: str | None) -> None:
-                if new:
-                    self._write_preset(pane, new, user_dir / f"{new}.toml", rename=True)
-
-            hint = "" if as_new else " (shipped presets in this directory are kept; save a copy)"
-            self.push_screen(NameScreen(f"Save preset as{hint}:", f"{name}-copy", check), chosen)
-            return
-        target = path if kind == "user" else user_dir / f"{name}.toml"
-        self._write_preset(pane, name, target, rename=False)
-
-    def _write_preset(self, pane: PresetsPane, name: str, target: Path, rename: bool) -> None:
-        import re
-        text = pane.editor_text()
-        if rename:
-            if re.search(r'(?m)^name\s*=.*$', text):
-                text = re.sub(r'(?m)^name\s*=.*$', f'name = "{name}"', text, count=1)
-            else:
-                text = f'name = "{name}"\n' + text
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(target, text)
-        except OSError as e:
-            self.notify(f"Could not save {target}: {e}", severity="error")
-            return
-        old = pane.current
-        if old:
-            pane.buffers.pop(old, None)
-        pane.current = None  # do not stash the editor over the saved file
-        self.notify(f"Saved {target}" + (" (a user copy: it overrides the shipped preset)"
-                                          if not rename and pane.paths.get(name, ("", ""))[1] == "shipped" else ""))
-        pane.reload(select=name)
-
     # ------------------------------------------------------------------ hardware
 
+    @on(HardwarePane.Read)
+    def _hardware_read(self, msg: HardwarePane.Read) -> None:
+        self.recommended = msg.recommended
+
     def action_refresh_hardware(self) -> None:
-        if self.injected_hardware is None:
-            self._read_hardware()
-
-    def _refresh_hardware_if_visible(self) -> None:
-        if self._panes_gone():
-            return
-        if self.injected_hardware is None and self.query_one(TabbedContent).active == "hardware":
-            self._read_hardware()
-
-    @work(thread=True, exclusive=True, group="hardware", exit_on_error=False)
-    def _read_hardware(self) -> None:
-        info = hwinfo.detect()
-        if self.recommended is None:
-            self.recommended = hwinfo.recommend(info)
-        self.post_message(HardwareRead(info))
-
-    def on_hardware_read(self, msg: HardwareRead) -> None:
-        if self._panes_gone():
-            return
-        self.hardware_info = msg.info
-        self._show_hardware()
-
-    def _show_hardware(self) -> None:
-        if self.hardware_info is not None:
-            self.query_one(HardwarePane).show(self.hardware_info, self.recommended or ("?", ""))
+        self.query_one(HardwarePane).read_hardware()
 
     # ------------------------------------------------------------------ errors
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -46,15 +47,23 @@ def _run(argv: list[str], timeout: float) -> str:
     return proc.stdout
 
 
-def start_run(runs_dir: Path, preset: str, corpus: str = "", name: str = "",
-              overrides: list[str] | None = None, timeout: float = 120) -> str:
+@dataclass
+class RunRequest:
+    """A new run as the new-run form describes it: the arguments of ``workbench train``."""
+    preset: str
+    corpus: str = ""
+    name: str = ""
+    overrides: list[str] = field(default_factory=list)
+
+
+def start_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
     """``workbench train PRESET ... --detach``; returns the new run id (its last stdout line)."""
-    args = [preset]
-    if corpus:
-        args += ["--corpus", corpus]
-    if name:
-        args += ["--name", name]
-    for item in overrides or []:
+    args = [req.preset]
+    if req.corpus:
+        args += ["--corpus", req.corpus]
+    if req.name:
+        args += ["--name", req.name]
+    for item in req.overrides:
         args += ["--set", item]
     out = _run(cli_argv(runs_dir, "train", *args, "--detach"), timeout)
     return _last_line(out)

@@ -1,4 +1,7 @@
-"""App-wide messages, posted by thread workers and handled on the UI thread."""
+"""App-wide messages: what thread workers report, and the run operations any part of the UI may
+request (the app starts, resumes and stops runs, each in a worker of its own).
+
+Messages that belong to one pane are nested in its class (``RunsPane.SampleRequested``)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from dataclasses import dataclass, field
 from textual.message import Message
 
 from workbench.plan.summary import RunSummary
+from workbench.tui.launcher import RunRequest
 
 
 @dataclass
@@ -25,12 +29,29 @@ class RunsListed(Message):
 
 
 @dataclass
-class HardwareRead(Message):
-    info: dict
-
-
-@dataclass
 class RunStarted(Message):
     """A trainer was started or resumed (the monitor follows it)."""
     run_id: str
     how: str  # "started" | "resumed"
+
+
+# ----------------------------------------------------------------------------- requests to the app
+
+
+@dataclass
+class StartRun(Message):
+    """Start a new run as the new-run form describes it (``workbench train ... --detach``)."""
+    request: RunRequest
+
+
+@dataclass
+class ResumeRun(Message):
+    """Resume ``run_id`` from ``checkpoint``: ``latest``, ``best`` or a step."""
+    run_id: str
+    checkpoint: str = "latest"
+
+
+@dataclass
+class StopRun(Message):
+    """Stop ``run_id`` (already confirmed by the user): the trainer saves a checkpoint and exits."""
+    run_id: str

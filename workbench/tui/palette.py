@@ -7,13 +7,29 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from workbench.tui.messages import ResumeRun
+from workbench.tui.widgets.curves import CurvesPane
+from workbench.tui.widgets.monitor import MonitorPane
+from workbench.tui.widgets.presets import PresetsPane
+from workbench.tui.widgets.runs import RunsPane
+from workbench.tui.widgets.sample import SamplePane
+
 if TYPE_CHECKING:
     from workbench.tui.app import WorkbenchApp
 
 Command = tuple[str, str, Callable[[], object]]
 
 
+def _in_curves(app: "WorkbenchApp", action: Callable[[], None]) -> None:
+    """Show the Loss curves pane, then change its view."""
+    app.action_show_tab("curves")
+    action()
+
+
 def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
+    # the panes' own actions, as their keys run them (the app queries its panes' screen)
+    monitor, runs, curves = app.query_one(MonitorPane), app.query_one(RunsPane), app.query_one(CurvesPane)
+    sample, presets = app.query_one(SamplePane), app.query_one(PresetsPane)
     for tab, label in app.TAB_LABELS.items():
         yield f"Go to {label}", f"show the {label} pane", partial(app.action_show_tab, tab)
     rec = app.recommended[0] if app.recommended else "the recommended preset"
@@ -21,25 +37,26 @@ def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
     yield f"Train recommended preset ({rec})", "start a run with the preset picked for this machine", \
         app.action_train_recommended
     if app.monitored:
-        yield f"Stop run {app.monitored}", "SIGTERM the trainer; it saves a checkpoint and exits", app.action_stop_run
+        yield f"Stop run {app.monitored}", "SIGTERM the trainer; it saves a checkpoint and exits", monitor.action_stop
         yield f"Resume run {app.monitored} from latest", "restart training from its last checkpoint", \
-            app.action_resume_run
+            partial(app.post_message, ResumeRun(app.monitored, "latest"))
     for s in app.summaries:
         yield f"Monitor {s.id}", f"{s.state}, step {s.step}", partial(app.monitor, s.id)
         yield f"Loss curves: add {s.id}", "overlay this run's loss", partial(app.open_curves, s.id)
         yield f"Sample from {s.id}", "generate text from its latest checkpoint", partial(app.open_sample, s.id)
         if s.state not in ("starting", "running"):
             yield f"Resume {s.id} from latest", f"{len(s.checkpoints)} checkpoint(s)", \
-                partial(app.resume, s.id, "latest")
-            yield f"Delete run {s.id}…", "remove its directory (asks first)", partial(app.delete_run, s.id)
-    yield "Loss curves: toggle log scale", "", partial(app.curves_action, "toggle_log")
-    yield "Loss curves: step / tokens on x", "", partial(app.curves_action, "toggle_x")
-    yield "Loss curves: cycle smoothing", "EMA 0 / 0.6 / 0.9 / 0.97", partial(app.curves_action, "cycle_smoothing")
-    yield "Loss curves: train / val / both", "", partial(app.curves_action, "cycle_show")
-    yield "Generate sample", "run the sampler on the chosen checkpoint(s)", app.action_generate
-    yield "Stop sampling", "", app.action_cancel_sampling
-    yield "Save preset", "atomic; shipped presets are saved as a user copy", partial(app.save_preset, False)
-    yield "Save preset as…", "save the editor's preset under a new name", partial(app.save_preset, True)
+                partial(app.post_message, ResumeRun(s.id, "latest"))
+            yield f"Delete run {s.id}…", "remove its directory (asks first)", partial(runs.confirm_delete, s.id)
+    yield "Loss curves: toggle log scale", "", partial(_in_curves, app, curves.action_toggle_log)
+    yield "Loss curves: step / tokens on x", "", partial(_in_curves, app, curves.action_toggle_x)
+    yield "Loss curves: cycle smoothing", "EMA 0 / 0.6 / 0.9 / 0.97", \
+        partial(_in_curves, app, curves.action_cycle_smoothing)
+    yield "Loss curves: train / val / both", "", partial(_in_curves, app, curves.action_cycle_show)
+    yield "Generate sample", "run the sampler on the chosen checkpoint(s)", sample.action_generate
+    yield "Stop sampling", "", sample.action_cancel
+    yield "Save preset", "atomic; shipped presets are saved as a user copy", partial(presets.save, False)
+    yield "Save preset as…", "save the editor's preset under a new name", partial(presets.save, True)
     yield "Refresh hardware", "", app.action_refresh_hardware
     yield "Refresh runs", "", app.action_refresh_runs
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -11,39 +10,44 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
-from workbench.config import apply_overrides, parse_toml, preset_from_dict, preset_paths
+from workbench.config import (
+    Preset,
+    PresetError,
+    apply_overrides,
+    parse_toml,
+    preset_from_dict,
+    preset_paths,
+    toml_string,
+)
 from workbench.errors import WorkbenchError
+from workbench.rundir import sanitize_run_name
+from workbench.tui.launcher import RunRequest
 
 
-@dataclass
-class RunRequest:
-    preset: str
-    corpus: str
-    name: str
-    overrides: list[str]
+def request_preset(req: RunRequest) -> Preset:
+    """The preset the trainer would run for ``req``: the engine's own validation of preset, corpus
+    and overrides, before any process starts (a WorkbenchError or OSError says what is wrong)."""
+    paths = preset_paths()
+    if req.preset not in paths:
+        raise PresetError(f"unknown preset {req.preset!r}")
+    path = paths[req.preset][0]
+    data = parse_toml(path.read_text(encoding="utf-8"), str(path))
+    sets = list(req.overrides)
+    if req.corpus:
+        # a TOML string, as --set parses it: a Windows path's backslashes and any quotes escaped
+        sets.append("data.corpus=" + (toml_string(req.corpus) if req.corpus != "builtin" else "builtin"))
+    apply_overrides(data, sets)
+    return preset_from_dict(data, req.preset, name=req.preset)
 
 
 def check_request(req: RunRequest) -> str | None:
-    """The engine's own validation of preset + overrides, before any process starts."""
-    paths = preset_paths()
-    if req.preset not in paths:
-        return f"unknown preset {req.preset!r}"
-    path = paths[req.preset][0]
+    """What is wrong with ``req`` (preset, overrides, run name), or None."""
     try:
-        data = parse_toml(path.read_text(encoding="utf-8"), str(path))
-        sets = list(req.overrides)
-        if req.corpus:
-            sets.append(f"data.corpus={req.corpus!r}" if req.corpus != "builtin" else "data.corpus=builtin")
-        apply_overrides(data, sets)
-        preset_from_dict(data, req.preset, name=req.preset)
+        request_preset(req)
+        if req.name:
+            sanitize_run_name(req.name)
     except (WorkbenchError, OSError) as e:
         return str(e)
-    if req.name:
-        from workbench.rundir import sanitize_run_name
-        try:
-            sanitize_run_name(req.name)
-        except WorkbenchError as e:
-            return str(e)
     return None
 
 

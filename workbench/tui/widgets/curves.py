@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.segment import Segment
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widgets import Label, SelectionList, Static
@@ -20,6 +23,7 @@ from textual.widgets.option_list import OptionDoesNotExist
 
 from workbench.tui.plot import SMOOTHING, render_loss_plot
 from workbench.tui.rundata import RunData
+from workbench.tui.widgets.pane import Pane
 
 
 class RunChecklist(SelectionList[str]):
@@ -64,7 +68,8 @@ class LossPlot(Static):
                     Text("No loss recorded yet for the selected runs.", style="dim"))
 
 
-class CurvesPane(Horizontal):
+class CurvesPane(Horizontal, Pane):
+    MAIN_WIDGET = "#curves-runs"
     BINDINGS = [
         Binding("l", "toggle_log", "Log y"),
         Binding("x", "toggle_x", "Step/tokens"),
@@ -77,9 +82,17 @@ class CurvesPane(Horizontal):
     smoothing: reactive[float] = reactive(0.0, init=False)
     show: reactive[str] = reactive("both", init=False)
 
-    def __init__(self, data: dict[str, RunData], **kw):
+    @dataclass
+    class RunsTicked(Message):
+        """The runs ticked for plotting changed: their metrics must be read."""
+        run_ids: list[str]
+
+    def __init__(self, data: dict[str, RunData], redraw_interval: float = 0.5, **kw):
+        """``data``: the app's run data, shared; new records are drawn at most every ``redraw_interval`` s."""
         super().__init__(**kw)
-        self.data = data  # the app's run data, shared
+        self.data = data
+        self.redraw_interval = redraw_interval
+        self._stale = False  # a ticked run has records the plot does not show yet
 
     def compose(self) -> ComposeResult:
         with Vertical(id="curves-side"):
@@ -92,6 +105,7 @@ class CurvesPane(Horizontal):
         sl.border_title = "runs"
         sl.border_subtitle = "↑↓ space"
         self._show_settings()
+        self.set_interval(self.redraw_interval, self._redraw_if_stale)
 
     def set_runs(self, run_ids: list[str]) -> None:
         """Called on every listing (every few seconds): a no-op unless the runs changed, and the
@@ -118,6 +132,10 @@ class CurvesPane(Horizontal):
         except Exception:
             return None
 
+    def focus_main(self) -> None:
+        super().focus_main()
+        self.ensure_highlight()
+
     def ensure_highlight(self) -> None:
         """Something is always highlighted (the first run when the pane opens), so space toggles it."""
         sl = self.query_one("#curves-runs", RunChecklist)
@@ -139,12 +157,27 @@ class CurvesPane(Horizontal):
     def selected_data(self) -> list[RunData]:
         return [self.data[r] for r in self.selected_ids() if r in self.data]
 
-    def on_selection_list_selected_changed(self) -> None:
-        self.app.watch_runs_for_curves(self.selected_ids())
+    def on_selection_list_selected_changed(self, event: SelectionList.SelectedChanged) -> None:
+        event.stop()
+        self.post_message(self.RunsTicked(self.selected_ids()))
         self.redraw()
+
+    def tab_shown(self) -> None:
+        self.redraw()
+
+    def records_added(self, run_id: str) -> None:
+        """New records of ``run_id`` were read: redraw soon if it is plotted (not for every record of
+        a fast run: plotting the whole series is the costly part)."""
+        if run_id in self.selected_ids():
+            self._stale = True
+
+    def _redraw_if_stale(self) -> None:
+        if self._stale and self.is_on_screen:
+            self.redraw()
 
     def redraw(self) -> None:
         if self.is_mounted:
+            self._stale = False
             self.query_one(LossPlot).draw()
 
     def _show_settings(self) -> None:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.message import Message
 from textual.widgets import Static
 
 from workbench.fmt import human_bytes
 from workbench.tui import hwinfo
+from workbench.tui.widgets.pane import Pane
 
 
 def _gb(n) -> str:
@@ -66,17 +71,73 @@ def render_hardware(info: dict, recommended: tuple[str, str]) -> Group:
     return Group(*parts)
 
 
-class HardwarePane(VerticalScroll):
-    """Refreshed by the app every few seconds while visible."""
+class HardwarePane(VerticalScroll, Pane):
+    """The machine, read again every few seconds while the pane is shown (in a thread: reading the
+    GPUs takes a while). Each reading is posted as ``HardwarePane.Read``, for the app too."""
 
     can_focus = True
     BINDINGS = [
-        Binding("t", "app.train_recommended", "Train recommended"),
-        Binding("f", "app.refresh_hardware", "Refresh"),
+        Binding("t", "train", "Train recommended"),
+        Binding("f", "refresh", "Refresh"),
     ]
+
+    @dataclass
+    class Read(Message):
+        """The hardware was read; ``recommended`` is the preset picked for it: (name, why)."""
+        info: dict
+        recommended: tuple[str, str]
+
+    @dataclass
+    class TrainRequested(Message):
+        """Open the new-run form on this preset (the one recommended for this machine)."""
+        preset: str
+
+    def __init__(self, info: dict | None = None, interval: float = 3.0, **kw):
+        """``info`` replaces live detection (tests and snapshots); ``interval`` in seconds."""
+        super().__init__(**kw)
+        self.injected = info
+        self.interval = interval
+        # picked once, from the first reading: it does not change while a GPU's load does
+        self.recommended: tuple[str, str] | None = hwinfo.recommend(info) if info else None
 
     def compose(self) -> ComposeResult:
         yield Static("reading hardware…", id="hw-body")
 
-    def show(self, info: dict, recommended: tuple[str, str]) -> None:
-        self.query_one("#hw-body", Static).update(render_hardware(info, recommended))
+    def on_mount(self) -> None:
+        if self.injected is not None:
+            self.query_one("#hw-body", Static).update(render_hardware(self.injected, self.recommended or ("?", "")))
+            return
+        self.read_hardware()
+        self.set_interval(self.interval, self._read_if_shown)
+
+    def tab_shown(self) -> None:
+        self.read_hardware()
+
+    def read_hardware(self) -> None:
+        """Read the hardware again now (unless it was given)."""
+        if self.injected is None:
+            self._read()
+
+    def _read_if_shown(self) -> None:
+        if self.is_on_screen:
+            self.read_hardware()
+
+    @work(thread=True, exclusive=True, group="hardware", exit_on_error=False)
+    def _read(self) -> None:
+        info = hwinfo.detect()
+        self.post_message(self.Read(info, self.recommended or hwinfo.recommend(info)))
+
+    @on(Read)
+    def _hardware_read(self, msg: Read) -> None:
+        if self.recommended is None:
+            self.recommended = msg.recommended
+        self.query_one("#hw-body", Static).update(render_hardware(msg.info, self.recommended))
+
+    def action_train(self) -> None:
+        if self.recommended is None:
+            self.notify("Still reading the hardware…", severity="warning")
+            return
+        self.post_message(self.TrainRequested(self.recommended[0]))
+
+    def action_refresh(self) -> None:
+        self.read_hardware()

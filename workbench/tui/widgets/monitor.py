@@ -1,18 +1,28 @@
-"""Train / monitor pane: progress with ETA, live numbers, events, train.log tail."""
+"""Train / monitor pane: progress with ETA, live numbers, events, train.log tail.
+
+The app decides which run is shown (``show_run``); the pane stops (after asking), resumes or plots
+the run it shows by messages, and says when the user picks another run in its list."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.widgets import Label, Log, ProgressBar, RichLog, Select, Static
 
-from workbench.rundir import EventRecord, TrainRecord
+from workbench.rundir import LIVE_STATES, EventRecord, TrainRecord
 from workbench.tui import fmt
+from workbench.tui.messages import ResumeRun, StopRun
 from workbench.tui.rundata import EVENT_STYLES, RunData
+from workbench.tui.screens.dialogs import ConfirmScreen
+from workbench.tui.widgets.pane import Pane
 
 NO_RUN = "(no runs yet: press n to start one)"
 
@@ -108,12 +118,29 @@ def event_line(e: EventRecord | dict) -> Text:
                          (f" {msg}" if msg else "", ""))
 
 
-class MonitorPane(Vertical):
+class MonitorPane(Vertical, Pane):
+    MAIN_WIDGET = "#mon-log"
     BINDINGS = [
-        Binding("x", "app.stop_run", "Stop run"),
-        Binding("r", "app.resume_run", "Resume"),
-        Binding("c", "app.show_curves", "Loss curves"),
+        Binding("x", "stop", "Stop run"),
+        Binding("r", "resume", "Resume"),
+        Binding("c", "curves", "Loss curves"),
     ]
+
+    @dataclass
+    class RunChosen(Message):
+        """The user picked this run in the pane's run list."""
+        run_id: str
+
+    @dataclass
+    class CurvesRequested(Message):
+        """Plot the loss of the run shown."""
+        run_id: str
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.shown: RunData | None = None  # the run shown
+        self.presets: dict[str, str] = {}  # run id -> its preset's name, for the header
+        self._events_shown = 0
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="mon-top"):
@@ -132,7 +159,10 @@ class MonitorPane(Vertical):
         self.query_one("#mon-log", Log).border_title = "train.log"
         self.show_run(None)  # until a run is chosen: say how to start one
 
-    def set_runs(self, run_ids: list[str], current: str | None) -> None:
+    def set_runs(self, run_ids: list[str], current: str | None, presets: dict[str, str] | None = None) -> None:
+        """The runs to choose from, ``current`` shown as chosen; ``presets`` names each run's preset."""
+        if presets is not None:
+            self.presets = presets
         sel = self.query_one("#mon-run", Select)
         options = [(rid, rid) for rid in run_ids]
         with self.prevent(Select.Changed):
@@ -142,6 +172,7 @@ class MonitorPane(Vertical):
 
     def show_run(self, d: RunData | None, reset: bool = False) -> None:
         """Redraw from the run's data; ``reset`` when the run shown changed."""
+        self.shown = d
         if reset:
             self.query_one("#mon-events", RichLog).clear()
             self.query_one("#mon-log", Log).clear()
@@ -152,7 +183,7 @@ class MonitorPane(Vertical):
             self.query_one("#mon-stats", Static).update(
                 "No run shown. Press [b]n[/b] to start one, or choose a run above.")
             return
-        self.query_one("#mon-state", Label).update(run_header(d, self.preset_of(d.run_id)))
+        self.query_one("#mon-state", Label).update(run_header(d, self.presets.get(d.run_id, "")))
         bar = self.query_one("#mon-progress", ProgressBar)
         bar.update(total=max(1, d.max_iters), progress=min(d.step, max(1, d.max_iters)))
         self.query_one("#mon-progress-text", Label).update(progress_text(d))
@@ -163,14 +194,13 @@ class MonitorPane(Vertical):
         else:
             self.query_one("#mon-stats", Static).update(table)
         ev = self.query_one("#mon-events", RichLog)
-        shown = getattr(self, "_events_shown", 0)
-        for e in d.events[shown:]:
+        for e in d.events[self._events_shown:]:
             ev.write(event_line(e))
         self._events_shown = len(d.events)
 
-    def preset_of(self, run_id: str) -> str:
-        s = getattr(self.app, "summary", lambda _r: None)(run_id)
-        return s.preset if s is not None else ""
+    def tab_shown(self) -> None:
+        # lines written while the pane was hidden could not scroll it (no size then)
+        self.call_after_refresh(self.follow_tails)
 
     def follow_tails(self) -> None:
         """Show the newest events and train.log lines (after the pane was hidden or resized)."""
@@ -184,3 +214,35 @@ class MonitorPane(Vertical):
     def append_log(self, lines: list[str]) -> None:
         if lines:
             self.query_one("#mon-log", Log).write_lines(lines)
+
+    # ------------------------------------------------------------------ actions on the run shown
+
+    @on(Select.Changed, "#mon-run")
+    def _run_chosen(self, event: Select.Changed) -> None:
+        event.stop()
+        if event.value != Select.NULL:
+            self.post_message(self.RunChosen(str(event.value)))
+
+    def action_stop(self) -> None:
+        """Ask, then request the stop. The dialog opens in this keystroke, so a "y" typed right
+        after the "x" answers it."""
+        d = self.shown
+        if d is None or d.state not in LIVE_STATES:
+            self.notify("The run shown is not running.", severity="warning")
+            return
+        rid = d.run_id
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.post_message(StopRun(rid))
+
+        self.app.push_screen(ConfirmScreen(f"Stop run [b]{rid}[/b]?\n\nThe trainer saves a checkpoint "
+                                           "and exits; you can resume it later.", "Stop"), answer)
+
+    def action_resume(self) -> None:
+        if self.shown is not None:
+            self.post_message(ResumeRun(self.shown.run_id, "latest"))
+
+    def action_curves(self) -> None:
+        if self.shown is not None:
+            self.post_message(self.CurvesRequested(self.shown.run_id))

@@ -1,23 +1,45 @@
-"""Presets pane: shipped and user presets, a TOML editor validated as you type, the estimate."""
+"""Presets pane: shipped and user presets, a TOML editor validated as you type, the estimate.
+
+The pane saves presets itself (atomically; a shipped preset as a user copy); "train with it" asks
+the app to open the new-run form."""
 
 from __future__ import annotations
 
 import re
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
+import tomli_w
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.timer import Timer
 from textual.widgets import OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
-from workbench.config import Preset, PresetError, parse_toml, preset_from_dict, preset_paths
+from workbench.config import (
+    Preset,
+    PresetError,
+    check_preset_name,
+    parse_toml,
+    preset_from_dict,
+    preset_paths,
+    shipped_presets_dir,
+    toml_string,
+    user_presets_dir,
+)
 from workbench.errors import WorkbenchError
+from workbench.fs import write_atomic
 from workbench.plan.estimate import estimate_memory
 from workbench.plan.flops import count_params
+from workbench.plan.summary import RunSummary
 from workbench.tui import fmt
+from workbench.tui.screens.dialogs import NameScreen
+from workbench.tui.widgets.pane import Pane
 
 
 def locate_error(text: str, message: str) -> int | None:
@@ -50,6 +72,34 @@ def validate(text: str, name: str) -> tuple[Preset | None, str]:
     return p, ""
 
 
+def with_name(text: str, name: str) -> str:
+    """The preset ``text`` (valid TOML) with its top-level ``name`` set to ``name``.
+
+    Only that line is rewritten (or one is added at the top), so the user's layout and comments
+    stay; the result is checked by parsing it. Where no such edit gives the right document (say, a
+    name written over several lines) the document is written anew from its data, without comments."""
+    want = dict(tomllib.loads(text), name=name)
+    lines = text.splitlines(keepends=True)
+    candidates: list[list[str]] = []
+    for i, line in enumerate(lines):
+        try:
+            is_name = tomllib.loads(line).keys() == {"name"}
+        except tomllib.TOMLDecodeError:
+            continue
+        if is_name:
+            ending = line[len(line.rstrip("\r\n")):] or "\n"
+            candidates.append(lines[:i] + [f"name = {toml_string(name)}{ending}"] + lines[i + 1:])
+    candidates.append([f"name = {toml_string(name)}\n"] + lines)  # no name yet: before any table
+    for candidate in candidates:
+        new = "".join(candidate)
+        try:
+            if tomllib.loads(new) == want:
+                return new
+        except tomllib.TOMLDecodeError:
+            continue
+    return tomli_w.dumps(want)
+
+
 def estimate_table(p: Preset, measured: dict | None = None) -> Table:
     t = Table.grid(padding=(0, 1))
     t.add_column(style="dim")
@@ -70,13 +120,19 @@ def estimate_table(p: Preset, measured: dict | None = None) -> Table:
     return t
 
 
-class PresetsPane(Horizontal):
+class PresetsPane(Horizontal, Pane):
+    MAIN_WIDGET = "#preset-list"
     BINDINGS = [
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+o", "save_as", "Save as…"),
         Binding("ctrl+t", "train", "Train with it"),
         Binding("ctrl+r", "revert", "Revert", show=False),
     ]
+
+    @dataclass
+    class TrainRequested(Message):
+        """Open the new-run form on this preset (None: the recommended one)."""
+        preset: str | None
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -85,6 +141,7 @@ class PresetsPane(Horizontal):
         self.paths: dict[str, tuple[Path, str]] = {}
         self.valid: Preset | None = None
         self.measured: dict[str, dict] = {}  # preset name -> latest measured tokens/s
+        self._check_timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
         with Vertical(id="preset-side"):
@@ -160,7 +217,7 @@ class PresetsPane(Horizontal):
 
     def on_text_area_changed(self, event: TextArea.Changed) -> None:
         # validate as you type, but not on every keystroke of a fast typist
-        if getattr(self, "_check_timer", None):
+        if self._check_timer is not None:
             self._check_timer.stop()
         self._check_timer = self.set_timer(0.25, self.check)
 
@@ -179,14 +236,73 @@ class PresetsPane(Horizontal):
     def editor_text(self) -> str:
         return self.query_one("#preset-editor", TextArea).text
 
+    def set_measured(self, runs: list[RunSummary]) -> None:
+        """Note the tokens/s the runs measured, per preset (the newest run's wins)."""
+        for s in reversed(runs):  # the runs come newest first
+            if s.tokens_per_s:
+                self.measured[s.preset] = {"tokens_per_s": s.tokens_per_s, "run": s.id}
+
+    # ------------------------------------------------------------------ saving
+
     def action_save(self) -> None:
-        self.app.save_preset(as_new=False)
+        self.save(as_new=False)
 
     def action_save_as(self) -> None:
-        self.app.save_preset(as_new=True)
+        self.save(as_new=True)
+
+    def save(self, as_new: bool = False) -> None:
+        """Write the editor's preset: a user preset in place, a shipped one as a user copy of the same
+        name; under a new name (asked for) with ``as_new``, or where that copy would replace the
+        shipped file itself. A file on disk is never replaced by an invalid preset."""
+        self.check()
+        name = self.current
+        if not name:
+            return
+        if self.valid is None:
+            self.notify("Not saved: the preset has an error (see below the editor). "
+                        "A file on disk is never replaced by an invalid one.", severity="error")
+            return
+        path, kind = self.paths[name]
+        user_dir = user_presets_dir()
+        if as_new or (kind == "shipped" and user_dir.resolve() == shipped_presets_dir().resolve()):
+            def chosen(new: str | None) -> None:
+                if new:
+                    self._write(new, user_dir / f"{new}.toml", rename=True)
+
+            hint = "" if as_new else " (shipped presets in this directory are kept; save a copy)"
+            self.app.push_screen(NameScreen(f"Save preset as{hint}:", f"{name}-copy", self._new_name_error), chosen)
+            return
+        self._write(name, path if kind == "user" else user_dir / f"{name}.toml", rename=False)
+
+    def _new_name_error(self, new: str) -> str | None:
+        try:
+            check_preset_name(new)
+        except PresetError as e:
+            return str(e)
+        if new in self.paths:
+            return f"a preset named {new!r} exists already; choose another name"
+        return None
+
+    def _write(self, name: str, target: Path, rename: bool) -> None:
+        """Write the editor's text to ``target`` (with ``name`` inside when ``rename``), then show it."""
+        text = self.editor_text()
+        if rename:
+            text = with_name(text, name)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(target, text)
+        except OSError as e:
+            self.notify(f"Could not save {target}: {e}", severity="error")
+            return
+        if self.current:
+            self.buffers.pop(self.current, None)
+        self.current = None  # do not stash the editor over the saved file
+        user_copy = not rename and self.paths.get(name, ("", ""))[1] == "shipped"
+        self.notify(f"Saved {target}" + (" (a user copy: it overrides the shipped preset)" if user_copy else ""))
+        self.reload(select=name)
 
     def action_train(self) -> None:
-        self.app.action_new_run(self.current)
+        self.post_message(self.TrainRequested(self.current))
 
     def action_revert(self) -> None:
         if self.current:

@@ -1,31 +1,68 @@
-"""Runs / checkpoint browser: every run with its state, and its checkpoints from the sidecars."""
+"""Runs / checkpoint browser: every run with its state, and its checkpoints from the sidecars.
+
+The pane acts on the run (and checkpoint) under the cursor: it asks the app to follow, plot, sample,
+resume or delete it by messages; deleting is confirmed here first."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from workbench.fmt import human_bytes
 from workbench.plan.summary import RunSummary
-from workbench.rundir import best_checkpoint
+from workbench.rundir import LIVE_STATES, RunLock, best_checkpoint
 from workbench.tui import fmt
+from workbench.tui.messages import ResumeRun
+from workbench.tui.screens.dialogs import ConfirmScreen
+from workbench.tui.widgets.pane import Pane
 
 
-class RunsPane(Vertical):
+class RunsPane(Vertical, Pane):
+    MAIN_WIDGET = "#runs-table"
     BINDINGS = [
-        Binding("enter", "app.monitor_selected", "Monitor", show=False),
-        Binding("m", "app.monitor_selected", "Monitor"),
+        Binding("enter", "monitor", "Monitor", show=False),
+        Binding("m", "monitor", "Monitor"),
         # short labels: all of them fit the footer of an 80-column terminal
-        Binding("r", "app.resume_selected('latest')", "Resume"),
-        Binding("c", "app.resume_selected('chosen')", "Resume ckpt"),
-        Binding("s", "app.sample_selected", "Sample"),
-        Binding("l", "app.curves_selected", "Curves"),
-        Binding("d", "app.delete_selected", "Delete"),
-        Binding("f", "app.refresh_runs", "Refresh", show=False),
+        Binding("r", "resume('latest')", "Resume"),
+        Binding("c", "resume('chosen')", "Resume ckpt"),
+        Binding("s", "sample", "Sample"),
+        Binding("l", "curves", "Curves"),
+        Binding("d", "delete", "Delete"),
+        Binding("f", "refresh", "Refresh", show=False),
     ]
+
+    @dataclass
+    class MonitorRequested(Message):
+        """Follow the run in the Train pane."""
+        run_id: str
+
+    @dataclass
+    class CurvesRequested(Message):
+        """Plot the run's loss in the Loss curves pane."""
+        run_id: str
+
+    @dataclass
+    class SampleRequested(Message):
+        """Sample from the run in the Sample pane: from ``checkpoint`` (a step), or its latest."""
+        run_id: str
+        checkpoint: str | None = None
+
+    @dataclass
+    class DeleteRequested(Message):
+        """Delete ``path``, a run directory or one of its checkpoints (the user said yes)."""
+        run_id: str
+        path: Path
+        what: str  # "run X" / "checkpoint step_N of X", for the message that says it is done
+
+    class RefreshRequested(Message):
+        """Read the runs directory again now."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -104,3 +141,83 @@ class RunsPane(Vertical):
     def focused_table(self) -> str:
         f = self.app.focused
         return f.id if isinstance(f, DataTable) else "runs-table"
+
+    # ------------------------------------------------------------------ actions on the selection
+
+    def _selected_run(self) -> str | None:
+        rid = self.selected_run_id()
+        if rid is None:
+            self.notify("No run selected.", severity="warning")
+        return rid
+
+    def _checkpoint_focused(self) -> dict | None:
+        """The checkpoint under the cursor when the checkpoint table has the focus."""
+        return self.selected_checkpoint() if self.focused_table() == "ckpt-table" else None
+
+    def action_monitor(self) -> None:
+        if (rid := self._selected_run()):
+            self.post_message(self.MonitorRequested(rid))
+
+    def action_resume(self, which: str) -> None:
+        """``latest``, or ``chosen``: the checkpoint under the cursor in the checkpoint table."""
+        if not (rid := self._selected_run()):
+            return
+        if which == "latest":
+            self.post_message(ResumeRun(rid, "latest"))
+            return
+        ck = self.selected_checkpoint()
+        if ck is None:
+            self.notify(f"{rid} has no checkpoint to resume from.", severity="warning")
+            return
+        self.post_message(ResumeRun(rid, str(ck["step"])))
+
+    def action_sample(self) -> None:
+        if (rid := self._selected_run()):
+            ck = self._checkpoint_focused()
+            self.post_message(self.SampleRequested(rid, str(ck["step"]) if ck else None))
+
+    def action_curves(self) -> None:
+        if (rid := self._selected_run()):
+            self.post_message(self.CurvesRequested(rid))
+
+    def action_delete(self) -> None:
+        """The checkpoint under the cursor when its table has the focus, else the whole run."""
+        if not (rid := self._selected_run()):
+            return
+        if self.focused_table() == "ckpt-table":
+            if (ck := self.selected_checkpoint()):
+                self.confirm_delete(rid, ck)
+        else:
+            self.confirm_delete(rid)
+
+    def action_refresh(self) -> None:
+        self.post_message(self.RefreshRequested())
+
+    def _is_live(self, run_id: str) -> bool:
+        s = self.summaries.get(run_id)
+        return s is not None and (s.state in LIVE_STATES or RunLock(Path(s.path)).held_by_other())
+
+    def confirm_delete(self, run_id: str, checkpoint: dict | None = None) -> None:
+        """Ask, then post DeleteRequested for the run, or for one of its ``checkpoint``s; a running
+        run is refused (and it prunes its own checkpoints)."""
+        s = self.summaries.get(run_id)
+        if s is None:
+            self.notify(f"There is no run {run_id} here.", severity="warning")
+            return
+        if self._is_live(run_id):
+            self.notify(f"{run_id} is running; stop it first." if checkpoint is None else
+                        f"{run_id} is running (it prunes its own checkpoints); stop it first.", severity="error")
+            return
+        if checkpoint is None:
+            path, what = Path(s.path), f"run {run_id}"
+            question = f"Delete run [b]{run_id}[/b] and all its checkpoints?\n\n{path}\n\nThis cannot be undone."
+        else:
+            name = checkpoint.get("name")
+            path, what = Path(checkpoint["path"]), f"checkpoint {name} of {run_id}"
+            question = f"Delete checkpoint [b]{name}[/b] of {run_id}?\n\nThis cannot be undone."
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.post_message(self.DeleteRequested(run_id, path, what))
+
+        self.app.push_screen(ConfirmScreen(question, "Delete"), answer)
