@@ -5,9 +5,14 @@ from __future__ import annotations
 import pytest
 
 from workbench.config import DataConfig
-from workbench.train.corpus import CorpusError, load_corpus
+from workbench.train.corpus import CorpusError, Stats, open_corpus, warnings_of
 from workbench.train.data import DataError, WindowSampler, prepare_data
 from workbench.train.tokenizer import TokenizerError, train_tokenizer
+
+
+def corpus_text(spec: str, builtin_mb: float = 0.3) -> str:
+    """Every document of a corpus, read by the streaming reader and joined."""
+    return "".join(text for text, _end in open_corpus(spec, builtin_mb=builtin_mb).pieces())
 
 SAMPLE = (
     "def f(x):\n"
@@ -22,7 +27,7 @@ SAMPLE = (
 
 @pytest.fixture(scope="module")
 def tok():
-    text = load_corpus("builtin", 0.3).text
+    text = corpus_text("builtin")
     return train_tokenizer(text, 512, sample_mb=0.3)
 
 
@@ -34,7 +39,7 @@ def test_round_trip_is_exact(tok):
 
 
 def test_round_trip_of_builtin_corpus_slice(tok):
-    text = load_corpus("builtin", 0.3).text[:20000]
+    text = corpus_text("builtin")[:20000]
     assert tok.decode(tok.encode(text)) == text
 
 
@@ -72,19 +77,21 @@ def test_sampler_state_round_trip():
 
 def test_corpus_errors(tmp_path):
     with pytest.raises(CorpusError, match="does not exist"):
-        load_corpus(str(tmp_path / "nope.txt"))
+        open_corpus(str(tmp_path / "nope.txt"))
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(CorpusError, match="is empty"):
-        load_corpus(str(tmp_path / "empty.txt"))
+        open_corpus(str(tmp_path / "empty.txt"))
     bins = tmp_path / "bins"
     bins.mkdir()
     (bins / "a.bin").write_bytes(b"\x00\x01\x02" * 100)
     with pytest.raises(CorpusError, match=r"has no text files \(1 binary, 0 empty\)"):
-        load_corpus(str(bins))
+        list(open_corpus(str(bins)).pieces())
     (bins / "b.txt").write_bytes("ok text\n".encode() + b"\xff\xfe bad bytes\n")
-    c = load_corpus(str(bins))
-    assert c.files == 1 and any("not UTF-8 were replaced" in w for w in c.warnings)
-    assert any("skipped 1 binary file" in w for w in c.warnings)
+    c, stats = open_corpus(str(bins)), Stats()
+    assert [end for _text, end in c.pieces(stats)] == [True]  # one document: the one text file
+    warnings = warnings_of(c, stats)
+    assert any("not UTF-8 were replaced" in w for w in warnings)
+    assert any("skipped 1 binary file" in w for w in warnings)
 
 
 def test_vocab_below_byte_fallback_minimum():

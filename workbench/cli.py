@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from workbench import __version__
 from workbench.errors import WorkbenchError
 
-COMMANDS = ["train", "resume", "stop", "runs", "sample", "presets", "hw", "estimate", "fit", "export", "metrics",
-            "tui"]
+COMMANDS = ["train", "resume", "stop", "runs", "sample", "data", "presets", "hw", "estimate", "fit", "export",
+            "metrics", "tui"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("workbench: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `workbench ... | head`: the reader has gone; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

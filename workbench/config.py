@@ -93,13 +93,17 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = _f("builtin", "Text file, directory of text files, or 'builtin' (Python's own docs and "
-                                "stdlib sources).")
-    val_fraction: float = _f(0.05, "Fraction of tokens held out for validation (the end of the corpus).",
-                             min=0.0, max=0.5, min_exclusive=True)
+    corpus: str | list[str] = _f("builtin", "A path, a glob or a list of them: text files, directories (recursive), "
+                                            ".jsonl/.json lines, .parquet, each optionally .gz/.zst/.xz; or "
+                                            "'builtin' (Python's own docs and stdlib sources).")
+    text_field: str = _f("text", "The JSON field or parquet column that holds each document's text.")
+    skip_bad_records: bool = _f(False, "Skip JSONL/parquet records that are not valid or lack the text field "
+                                       "(counted and reported) instead of stopping at the first.")
+    val_fraction: float = _f(0.05, "Fraction held out for validation: the last documents of the corpus (the last "
+                                   "tokens when it is one document).", min=0.0, max=0.5, min_exclusive=True)
     builtin_mb: float = _f(6.0, "Size cap of the built-in corpus in MB.", min=0.05)
-    tokenizer_sample_mb: float = _f(8.0, "MB of corpus text the tokenizer is trained on (a sample of large "
-                                         "corpora).", min=0.05)
+    tokenizer_sample_mb: float = _f(8.0, "MB of text, drawn from the whole corpus, that the tokenizer is trained on.",
+                                    min=0.05)
 
 
 @dataclass
@@ -169,7 +173,8 @@ def field_doc(section: str, key: str) -> str:
 # ----------------------------------------------------------------------------- validation
 
 def _type_name(t: Any) -> str:
-    return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}[t]
+    return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+            "str | list[str]": "a string or a list of strings"}[t]
 
 
 def _check_value(where: str, section: str, f: dataclasses.Field, value: Any) -> Any:
@@ -189,6 +194,12 @@ def _check_value(where: str, section: str, f: dataclasses.Field, value: Any) -> 
         if isinstance(value, bool) and f.metadata["choices"] and str(value).lower() in f.metadata["choices"]:
             value = str(value).lower()  # compile = true is natural TOML
         if not isinstance(value, str):
+            raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
+    elif t == "str | list[str]":
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        ok = isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value))
+        if not ok:
             raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
     m = f.metadata
     if m["choices"] and value not in m["choices"]:

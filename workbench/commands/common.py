@@ -3,8 +3,47 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import IO
+
+from workbench.fmt import duration, human_bytes
 
 
 def add_set_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a preset value (parsed as TOML), e.g. --set train.max_iters=200 model.dim=128")
+
+
+def add_corpus_option(p: argparse.ArgumentParser, help_suffix: str = "") -> None:
+    p.add_argument("--corpus", nargs="+", default=None, metavar="PATH",
+                   help="text files, directories, .jsonl/.json, .parquet (optionally .gz/.zst/.xz), globs "
+                        "(quoted), or builtin" + help_suffix)
+
+
+class TerminalProgress:
+    """Corpus preparation progress on stderr: one line rewritten in place on a terminal, a line per
+    10 % otherwise (a log file, CI)."""
+
+    def __init__(self, stream: IO[str] | None = None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.last: tuple[str, int] | None = None
+
+    def __call__(self, p) -> None:
+        pct = int(p.fraction * 100)
+        if not self.tty and self.last is not None and self.last[0] == p.phase and pct // 10 == self.last[1] // 10:
+            return
+        self.last = (p.phase, pct)
+        rate = f", {p.mb_per_s:.1f} MB/s" if p.mb_per_s else ""
+        eta = f", ETA {duration(p.eta_s)}" if p.eta_s is not None and p.fraction < 1 else ""
+        line = f"  {p.phase} {human_bytes(p.done_bytes)} of {human_bytes(p.total_bytes)} ({pct} %){rate}{eta}"
+        if self.tty:
+            self.stream.write("\r" + line.ljust(60))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.last is not None:
+            self.stream.write("\n")
+            self.stream.flush()

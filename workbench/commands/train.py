@@ -7,7 +7,7 @@ from pathlib import Path
 
 from workbench import rundir
 from workbench.commands import launch
-from workbench.commands.common import add_set_option
+from workbench.commands.common import TerminalProgress, add_corpus_option, add_set_option
 from workbench.config import Preset, preset_paths, preset_to_toml, resolve_preset, toml_string
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
@@ -21,7 +21,7 @@ def register(sub) -> None:
                                    "saves a checkpoint and stops); --detach starts it in the background.")
     p.add_argument("preset", nargs="?", default=None,
                    help="preset name or path to a .toml (default: the one that suits this machine)")
-    p.add_argument("--corpus", default=None, help="text file, directory of text files, or builtin")
+    add_corpus_option(p, " (default: the preset's data.corpus)")
     p.add_argument("--name", default=None, help="run id (default: <preset>-<date>-<time>)")
     add_set_option(p)
     p.add_argument("--detach", action="store_true", help="start in the background and print the run id")
@@ -34,15 +34,22 @@ def default_preset_name(info: dict) -> str:
     return name if name in preset_paths() else "cpu-small"
 
 
-def resolve_for_run(preset_arg: str | None, overrides: list[str], corpus: str | None, info: dict) -> Preset:
+def absolute_corpus(corpus: str | list[str]) -> str | list[str]:
+    """Corpus paths and globs made absolute, so the run directory's preset means the same files anywhere."""
+    def one(c: str) -> str:
+        return c if c == "builtin" else str(Path(c).expanduser().absolute())
+    return one(corpus) if isinstance(corpus, str) else [one(c) for c in corpus]
+
+
+def resolve_for_run(preset_arg: str | None, overrides: list[str], corpus: list[str] | None, info: dict) -> Preset:
     """The validated preset for a new run, with data.corpus made absolute."""
     name = preset_arg or default_preset_name(info)
     ov = list(overrides)
-    if corpus is not None:
-        ov.append(f"data.corpus={toml_string(corpus)}")
+    if corpus:
+        value = toml_string(corpus[0]) if len(corpus) == 1 else "[" + ", ".join(map(toml_string, corpus)) + "]"
+        ov.append(f"data.corpus={value}")
     p = resolve_preset(name, ov)
-    if p.data.corpus != "builtin":
-        p.data.corpus = str(Path(p.data.corpus).expanduser().resolve())
+    p.data.corpus = absolute_corpus(p.data.corpus)
     return p
 
 
@@ -56,10 +63,21 @@ def run(args) -> int:
     # again with torch's view of the devices, by the same rules).
     resolve_settings(p, machine, world_size=topo.nproc * topo.nnodes)
     root = rundir.runs_root(getattr(args, "runs_dir", None))
-    # Prepare the data first: corpus and tokenizer problems are reported before any
-    # run directory exists, and the trainer then finds tokenizer and tokens cached.
-    from workbench.train.data import prepare_data
-    prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True))
+    # The corpus first: problems with it are reported before any run directory exists. In the
+    # foreground the tokens are prepared here, with progress on the terminal; a detached run
+    # prepares them itself (its status and the TUI show the progress), so only the listing and the
+    # first records are checked here.
+    from workbench.train.data import open_data_corpus, prepare_data  # no torch: numpy, sentencepiece
+    corpus = open_data_corpus(p.data)
+    if args.detach:
+        corpus.check_first_records()
+    else:
+        progress = TerminalProgress()
+        try:
+            prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True),
+                         progress=progress)
+        finally:
+            progress.close()
     run_dir = rundir.new_run_dir(root, p.name, args.name)
     try:
         write_atomic(run_dir / "preset.toml", preset_to_toml(p))

@@ -1,136 +1,518 @@
-"""Corpus loading: a text file, a directory of text files, or the built-in corpus.
+"""Corpora: what ``data.corpus`` names, and the documents in it, streamed (never held whole).
 
-The built-in corpus needs no network: it is assembled from the documentation
-and standard-library sources that ship with the running Python interpreter
-(``pydoc_data.topics`` prose, then stdlib ``.py`` files in sorted order) up to
-``data.builtin_mb``. It is deterministic for a given Python version.
+A corpus is a path, a glob, or a list of them, or ``builtin``. Each file is read by its name:
 
-Policy for awkward input (also in the README):
-- bytes that are not UTF-8 are replaced (U+FFFD) with a warning naming the file;
-- in a directory, binary files (a NUL byte in the first 8 KB), empty files and
-  hidden files/directories are skipped with a warning;
-- a single binary file, an empty corpus, or a corpus of only binary files is an error.
+- ``*.jsonl`` / ``*.json``: one JSON object a line; ``data.text_field`` (default ``text``) is a document
+- ``*.parquet``: one document a row, from the ``data.text_field`` column (pyarrow, in batches)
+- anything else: UTF-8 text, one document a file (bytes that are not UTF-8 become U+FFFD, with a warning)
+- ``.gz``, ``.zst`` and ``.xz`` after any of those: compressed (``x.jsonl.zst``, ``notes.txt.gz``)
 
-No torch here.
+Directories are walked recursively (hidden files and directories skipped, symbolic links followed,
+a link loop refused); in a directory, binary files (a NUL byte in the first 8 KB) and empty files
+are skipped with a warning. ``builtin`` is Python's own documentation and standard-library
+sources, assembled on this machine, one document per topic or file.
+
+:func:`open_corpus` only lists and stats the files (no content is read: a start whose tokens are
+cached reads no corpus bytes); :meth:`Corpus.documents` streams the text. Bad input raises
+:class:`CorpusError` naming the file and, where it applies, the line or row; with
+``data.skip_bad_records`` bad records are counted and skipped instead. No torch here.
 """
 
 from __future__ import annotations
 
+import codecs
+import glob
+import gzip
+import hashlib
+import json
+import lzma
 import os
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Callable, Iterator
 
 from workbench.errors import WorkbenchError
+
+PIECE_CHARS = 1 << 20       # a long text document is streamed in pieces of about this many characters
+SNIFF_BYTES = 8192          # a NUL byte in these first bytes marks a binary file
+COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".xz": "xz"}
+JSONL_SUFFIXES = (".jsonl", ".json")
+FIX_RECORDS = "fix it, or set data.skip_bad_records = true to skip bad records"
 
 
 class CorpusError(WorkbenchError):
     pass
 
 
+@dataclass(frozen=True)
+class Source:
+    """One input file: what it is, and its size and modification time (the cache's manifest)."""
+    path: str
+    kind: str                  # text | jsonl | parquet | builtin
+    compression: str | None    # gz | zst | xz
+    size: int
+    mtime_ns: int
+    in_directory: bool = False  # found by walking a directory (binary / empty files skipped, not errors)
+
+    def stat_key(self) -> list:
+        return [self.path, self.size, self.mtime_ns]
+
+
 @dataclass
-class Corpus:
-    text: str
-    source: str
-    files: int = 1
-    warnings: list[str] = field(default_factory=list)
+class Stats:
+    """What a pass over the corpus saw."""
+    documents: int = 0
+    chars: int = 0
+    bytes_read: int = 0        # input bytes consumed (compressed bytes for compressed files)
+    skipped_binary: int = 0
+    skipped_empty: int = 0
+    skipped_records: int = 0
+    first_bad_record: str = ""
+    replaced: dict = field(default_factory=dict)  # file -> count of undecodable bytes replaced
+    position: Callable[[], int] = lambda: 0        # bytes consumed of the file being read
+
+    def bytes_done(self) -> int:
+        return self.bytes_read + self.position()
 
 
-def _is_binary(head: bytes) -> bool:
-    return b"\x00" in head
+def kind_of(path: Path) -> tuple[str, str | None]:
+    """(kind, compression) from a file's name."""
+    name = path.name.lower()
+    comp = next((c for suffix, c in COMPRESSIONS.items() if name.endswith(suffix)), None)
+    if comp:
+        name = name[: name.rfind(".")]
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl", comp
+    if name.endswith(".parquet"):
+        if comp:
+            raise CorpusError(f"corpus file {path}: compressed parquet is not supported (parquet compresses its "
+                              "own columns); decompress it")
+        return "parquet", None
+    return "text", comp
 
 
-def _decode(raw: bytes, name: str, warnings: list[str]) -> str:
+# ----------------------------------------------------------------------------- listing the files
+
+def _stat_source(path: Path, in_directory: bool) -> Source:
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = raw.decode("utf-8", errors="replace")
-        bad = text.count("\ufffd")
-        warnings.append(f"{name}: {bad} byte(s) that are not UTF-8 were replaced with U+FFFD")
-        return text
+        st = path.stat()
+    except OSError as e:
+        what = " (a dangling symbolic link?)" if path.is_symlink() else ""
+        raise CorpusError(f"cannot read corpus file {path}: {e.strerror}{what}") from None
+    kind, comp = kind_of(path)
+    return Source(str(path), kind, comp, st.st_size, st.st_mtime_ns, in_directory)
 
 
-def builtin_corpus(max_mb: float) -> Corpus:
-    import pydoc_data.topics as topics
+def _walk(root: Path) -> Iterator[Path]:
+    """Files under ``root`` in sorted order, following symbolic links, refusing a link loop."""
+    seen: set[tuple[int, int]] = set()
 
-    limit = int(max_mb * 1_000_000)
-    parts: list[str] = []
-    size = 0
-    for key in sorted(topics.topics):
-        chunk = topics.topics[key].strip() + "\n\n"
-        parts.append(chunk)
-        size += len(chunk)
-        if size >= limit:
-            break
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = 1
-    if size < limit:
-        for path in sorted(stdlib.glob("*.py")) + sorted(stdlib.glob("*/*.py")):
-            if "test" in path.parts[-2:-1] or path.name.startswith("test"):
+    def visit(d: Path) -> Iterator[Path]:
+        st = d.stat()
+        if (st.st_dev, st.st_ino) in seen:
+            raise CorpusError(f"corpus directory {root} contains a symbolic-link loop at {d} (it leads back to "
+                              f"{os.path.realpath(d)}); remove the link or point --corpus at a directory without it")
+        seen.add((st.st_dev, st.st_ino))
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as e:
+            raise CorpusError(f"cannot read corpus directory {d}: {e.strerror}") from None
+        for e in entries:
+            if e.name.startswith("."):
                 continue
-            try:
-                text = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            chunk = f"# file: {path.relative_to(stdlib)}\n{text}\n"
-            parts.append(chunk)
-            files += 1
-            size += len(chunk)
-            if size >= limit:
-                break
-    text = "".join(parts)[:limit]
-    return Corpus(text=text, source=f"builtin (Python {sysconfig.get_python_version()} docs + stdlib, "
-                                   f"{len(text) / 1e6:.1f} MB)", files=files)
+            p = Path(e.path)
+            if e.is_dir(follow_symlinks=True):
+                yield from visit(p)
+            else:
+                yield p
+
+    yield from visit(root)
 
 
-def load_corpus(spec: str, builtin_mb: float = 6.0) -> Corpus:
-    if spec == "builtin":
-        return builtin_corpus(builtin_mb)
+def expand(spec: str) -> list[Source]:
+    """The files one corpus entry names (a file, a directory, or a glob), stat'ed, not read."""
+    if any(c in spec for c in "*?["):
+        matches = sorted(glob.glob(os.path.expanduser(spec), recursive=True))
+        if not matches:
+            raise CorpusError(f"corpus glob {spec!r} matches no files; check the pattern (quote it in the shell so "
+                              "workbench sees the pattern, e.g. --corpus 'data/*.jsonl')")
+        out: list[Source] = []
+        for m in matches:
+            p = Path(m)
+            out += expand_path(p, p.is_dir())
+        return out
     path = Path(spec).expanduser()
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise CorpusError(f"corpus {spec!r} does not exist; give a text file, a directory of text files, "
                           "or --corpus builtin")
-    warnings: list[str] = []
-    if path.is_file():
-        raw = _read(path)
-        if _is_binary(raw[:8192]):
-            raise CorpusError(f"corpus {spec!r} looks like a binary file (it contains NUL bytes); "
-                              "give a UTF-8 text file")
-        text = _decode(raw, str(path), warnings)
-        if not text.strip():
-            raise CorpusError(f"corpus {spec!r} is empty; give a file with text in it")
-        return Corpus(text=text, source=str(path), warnings=warnings)
-    texts: list[str] = []
-    skipped_bin = skipped_empty = 0
-    for root, dirs, files in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
-            if name.startswith("."):
-                continue
-            fp = Path(root) / name
-            raw = _read(fp)
-            if _is_binary(raw[:8192]):
-                skipped_bin += 1
-                continue
-            text = _decode(raw, str(fp), warnings)
-            if not text.strip():
-                skipped_empty += 1
-                continue
-            texts.append(text if text.endswith("\n") else text + "\n")
-    if skipped_bin:
-        warnings.append(f"skipped {skipped_bin} binary file(s) in {spec}")
-    if skipped_empty:
-        warnings.append(f"skipped {skipped_empty} empty file(s) in {spec}")
-    if not texts:
-        what = f" ({skipped_bin} binary, {skipped_empty} empty)" if skipped_bin or skipped_empty else ""
-        raise CorpusError(f"corpus directory {spec!r} has no text files{what}; "
-                          "put UTF-8 text files in it or use --corpus builtin")
-    return Corpus(text="".join(texts), source=f"{path} ({len(texts)} files)", files=len(texts),
-                  warnings=warnings)
+    return expand_path(path, path.is_dir())
 
 
-def _read(path: Path) -> bytes:
+def expand_path(path: Path, is_dir: bool) -> list[Source]:
+    if not is_dir:
+        src = _stat_source(path, in_directory=False)
+        if src.size == 0:
+            raise CorpusError(f"corpus {str(path)!r} is empty; give a file with text in it")
+        return [src]
+    return [_stat_source(p, in_directory=True) for p in _walk(path)]
+
+
+def builtin_source(max_mb: float) -> Source:
+    return Source(f"builtin:python-{sysconfig.get_python_version()}:{max_mb:g}MB", "builtin", None,
+                  int(max_mb * 1_000_000), 0)
+
+
+# ----------------------------------------------------------------------------- reading bytes
+
+class _ZstdReader:
+    """A zstd stream that says when it is truncated (the library's stream reader does not)."""
+
+    def __init__(self, raw: IO[bytes]):
+        import zstandard
+        self.raw, self.dctx = raw, zstandard.ZstdDecompressor()
+        self.obj, self.fed, self.pending = self.dctx.decompressobj(), False, b""
+
+    def read(self, n: int) -> bytes:
+        while not self.pending:
+            chunk = self.raw.read(n)
+            if not chunk:
+                if self.fed:
+                    raise EOFError("the file ends in the middle of a zstd frame")
+                return b""
+            out = []
+            while chunk:
+                self.fed = True
+                out.append(self.obj.decompress(chunk))
+                if self.obj.eof:
+                    chunk, self.obj, self.fed = self.obj.unused_data, self.dctx.decompressobj(), False
+                else:
+                    chunk = b""
+            self.pending = b"".join(out)
+        data, self.pending = self.pending[:n], self.pending[n:]
+        return data
+
+
+def _open_bytes(src: Source) -> tuple[IO[bytes], IO[bytes]]:
+    """(the decompressed stream, the raw file) of a source."""
     try:
-        return path.read_bytes()
+        raw = open(src.path, "rb")
     except OSError as e:
-        raise CorpusError(f"cannot read corpus file {path}: {e.strerror}") from None
+        raise CorpusError(f"cannot read corpus file {src.path}: {e.strerror}") from None
+    if src.compression == "gz":
+        return gzip.GzipFile(fileobj=raw), raw
+    if src.compression == "xz":
+        return lzma.LZMAFile(raw), raw
+    if src.compression == "zst":
+        return _ZstdReader(raw), raw  # type: ignore[return-value]
+    return raw, raw
+
+
+def _corrupt(src: Source, e: BaseException) -> CorpusError:
+    detail = str(e).strip() or type(e).__name__
+    return CorpusError(f"corpus file {src.path} is truncated or corrupt ({src.compression or 'read'}: {detail}); "
+                       "download or compress it again")
+
+
+# ----------------------------------------------------------------------------- documents
+
+Piece = tuple[str, bool]   # (text, whether it ends a document)
+
+
+@dataclass
+class Corpus:
+    """The files a ``data.corpus`` names, and how to read documents out of them."""
+    spec: list[str]
+    sources: list[Source]
+    text_field: str = "text"
+    skip_bad: bool = False
+    empty_files: int = 0        # empty files found in directories (skipped when listing)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.size for s in self.sources)
+
+    @property
+    def description(self) -> str:
+        if len(self.sources) == 1 and self.sources[0].kind == "builtin":
+            return f"builtin (Python {sysconfig.get_python_version()} docs + stdlib)"
+        files = f"{len(self.sources)} file{'s' if len(self.sources) != 1 else ''}"
+        name = self.spec[0] if len(self.spec) == 1 else f"{self.spec[0]} and {len(self.spec) - 1} more"
+        return name if len(self.sources) == 1 and self.sources[0].path == name else f"{name} ({files})"
+
+    def manifest(self) -> dict:
+        """What identifies the input without reading it: paths, sizes, modification times, options."""
+        return {"sources": [s.stat_key() for s in self.sources], "text_field": self.text_field,
+                "skip_bad_records": self.skip_bad, "reader": READER_VERSION}
+
+    def manifest_key(self) -> str:
+        return hashlib.sha256(json.dumps(self.manifest(), sort_keys=True).encode()).hexdigest()[:20]
+
+    def check_first_records(self) -> None:
+        """Read the first record of the first JSONL and the first parquet file (and nothing more), so a
+        wrong data.text_field is reported before a run starts preparing in the background."""
+        for kind in ("jsonl", "parquet"):
+            src = next((s for s in self.sources if s.kind == kind), None)
+            if src is not None:
+                one = Corpus(self.spec, [src], self.text_field, self.skip_bad)
+                next(one.pieces(), None)
+
+    def pieces(self, stats: Stats | None = None, on_source_done: Callable[[Source], None] | None = None
+               ) -> Iterator[Piece]:
+        """Every document's text, in pieces of at most about PIECE_CHARS characters (cut at newlines), the
+        last piece of each document marked. Counts into ``stats``."""
+        stats = stats if stats is not None else Stats()
+        for src in self.sources:
+            if src.kind == "builtin":
+                yield from _builtin_pieces(src, stats)
+            elif src.kind == "parquet":
+                yield from self._parquet_pieces(src, stats)
+            else:
+                yield from self._stream_pieces(src, stats)
+            if on_source_done:
+                on_source_done(src)
+        if stats.documents == 0:
+            raise CorpusError(self._no_documents(stats))
+
+    def _no_documents(self, stats: Stats) -> str:
+        empty = stats.skipped_empty + self.empty_files
+        if len(self.spec) == 1 and os.path.isdir(os.path.expanduser(self.spec[0])):
+            return (f"corpus directory {self.spec[0]!r} has no text files ({stats.skipped_binary} binary, {empty} "
+                    "empty); put UTF-8 text files in it or use --corpus builtin")
+        return (f"corpus {', '.join(self.spec)} has no documents with text in them ({stats.skipped_binary} binary "
+                f"file(s), {empty} empty, {stats.skipped_records} bad record(s) skipped)")
+
+    def _stream_pieces(self, src: Source, stats: Stats) -> Iterator[Piece]:
+        stream, raw = _open_bytes(src)
+        stats.position = raw.tell
+        start = 0
+        try:
+            if src.kind == "jsonl":
+                yield from self._jsonl_pieces(src, stream, stats)
+            else:
+                yield from _text_pieces(src, stream, stats)
+            start = raw.tell()
+        except (EOFError, OSError, lzma.LZMAError, gzip.BadGzipFile) as e:
+            if isinstance(e, OSError) and not src.compression:
+                raise CorpusError(f"cannot read corpus file {src.path}: {e.strerror or e}") from None
+            raise _corrupt(src, e) from None
+        except Exception as e:  # noqa: BLE001 - zstandard.ZstdError and friends: the file is not what it says
+            if type(e).__module__.startswith("zstandard") or "zstd" in type(e).__name__.lower():
+                raise _corrupt(src, e) from None
+            raise
+        finally:
+            stats.position = lambda: 0
+            raw.close()
+        stats.bytes_read += start
+
+    def _jsonl_pieces(self, src: Source, stream: IO[bytes], stats: Stats) -> Iterator[Piece]:
+        field_ = self.text_field
+        lineno = 0
+        for line in _lines(stream):
+            lineno += 1
+            if not line.strip():
+                continue
+            where = f"corpus file {src.path}, line {lineno}"
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                if lineno == 1 and line.lstrip()[:1] == b"[":
+                    raise CorpusError(f"corpus file {src.path} is one JSON array, not JSON lines (one object a "
+                                      f"line); convert it, e.g. `jq -c '.[]' {src.path} > x.jsonl`") from None
+                self._bad(stats, f"{where}: not valid JSON ({str(e).split(':')[0]})")
+                continue
+            if lineno == 1 and isinstance(rec, list):
+                raise CorpusError(f"corpus file {src.path} is one JSON array, not JSON lines (one object a line); "
+                                  f"convert it, e.g. `jq -c '.[]' {src.path} > x.jsonl`")
+            if not isinstance(rec, dict) or field_ not in rec:
+                has = ", ".join(list(rec)[:12]) if isinstance(rec, dict) else f"a JSON {type(rec).__name__}"
+                self._bad(stats, f"{where}: the record has no field {field_!r} (it has: {has}); "
+                                 "set data.text_field to the field that holds the text")
+                continue
+            text = rec[field_]
+            if not isinstance(text, str):
+                self._bad(stats, f"{where}: field {field_!r} is {_json_type(text)}, not a string")
+                continue
+            if text:
+                yield from _split_document(text, stats)
+
+    def _parquet_pieces(self, src: Source, stats: Stats) -> Iterator[Piece]:
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise CorpusError("reading parquet needs pyarrow, which is not installed; pip install pyarrow") from None
+        try:
+            pf = pq.ParquetFile(src.path)
+        except (OSError, pa.ArrowException) as e:
+            raise CorpusError(f"corpus file {src.path} is not a readable parquet file "
+                              f"({str(e).splitlines()[0][:160]})") from None
+        names = pf.schema_arrow.names
+        if self.text_field not in names:
+            raise CorpusError(f"corpus file {src.path} has no column {self.text_field!r} (its columns: "
+                              f"{', '.join(names[:20])}); set data.text_field to the column that holds the text")
+        ctype = pf.schema_arrow.field(self.text_field).type
+        if not (pa.types.is_string(ctype) or pa.types.is_large_string(ctype)):
+            raise CorpusError(f"corpus file {src.path}: column {self.text_field!r} is {ctype}, not a string; "
+                              "set data.text_field to the column that holds the text")
+        row, rows = 0, max(1, pf.metadata.num_rows)
+        stats.position = lambda: int(src.size * row / rows)
+        try:
+            for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
+                for text in batch.column(0).to_pylist():
+                    row += 1
+                    if text is None:
+                        self._bad(stats, f"corpus file {src.path}, row {row}: {self.text_field!r} is null")
+                    elif text:
+                        yield from _split_document(text, stats)
+        except (OSError, pa.ArrowException) as e:
+            raise _corrupt(src, e) from None
+        finally:
+            stats.position = lambda: 0
+        stats.bytes_read += src.size
+
+    def _bad(self, stats: Stats, msg: str) -> None:
+        if not self.skip_bad:
+            raise CorpusError(f"{msg}; {FIX_RECORDS}")
+        stats.skipped_records += 1
+        stats.first_bad_record = stats.first_bad_record or msg
+
+
+READER_VERSION = 2  # bump when what a reader extracts changes, so cached tokens are rebuilt
+
+
+def _json_type(v) -> str:
+    return {bool: "true/false", int: "a number", float: "a number", list: "a list", dict: "an object",
+            type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _lines(stream: IO[bytes], block: int = 1 << 20) -> Iterator[bytes]:
+    rest = b""
+    while True:
+        chunk = stream.read(block)
+        if not chunk:
+            break
+        parts = (rest + chunk).split(b"\n")
+        rest = parts.pop()
+        yield from parts
+    if rest:
+        yield rest
+
+
+def _split_document(text: str, stats: Stats) -> Iterator[Piece]:
+    """One document as pieces of at most ~PIECE_CHARS characters, cut after a newline where there is one."""
+    stats.documents += 1
+    stats.chars += len(text)
+    pos, n = 0, len(text)
+    while n - pos > PIECE_CHARS:
+        cut = text.rfind("\n", pos, pos + PIECE_CHARS)
+        end = cut + 1 if cut > pos else pos + PIECE_CHARS
+        yield text[pos:end], False
+        pos = end
+    yield text[pos:], True
+
+
+def _text_pieces(src: Source, stream: IO[bytes], stats: Stats) -> Iterator[Piece]:
+    """A text file as one document, decoded incrementally (bad UTF-8 replaced and counted)."""
+    head = stream.read(SNIFF_BYTES)
+    if b"\x00" in head:
+        if src.in_directory:
+            stats.skipped_binary += 1
+            return
+        raise CorpusError(f"corpus {src.path!r} looks like a binary file (it contains NUL bytes); "
+                          "give a UTF-8 text file")
+    bad = [0]
+
+    def count(e: UnicodeDecodeError):
+        bad[0] += e.end - e.start
+        return "\ufffd", e.end
+
+    handler = f"workbench-count-{id(bad)}"
+    codecs.register_error(handler, count)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors=handler)
+    buf, started, chunk = "", False, head
+    while True:
+        final = not chunk
+        buf += decoder.decode(chunk, final=final)
+        while len(buf) > PIECE_CHARS:
+            cut = buf.rfind("\n", 0, PIECE_CHARS)
+            end = cut + 1 if cut >= 0 else PIECE_CHARS
+            if not started:
+                stats.documents, started = stats.documents + 1, True
+            stats.chars += end
+            yield buf[:end], False
+            buf = buf[end:]
+        if final:
+            break
+        chunk = stream.read(PIECE_CHARS)
+    if bad[0]:
+        stats.replaced[src.path] = bad[0]
+    if not started and not buf.strip():  # whitespace only: nothing to learn from
+        if not src.in_directory:
+            raise CorpusError(f"corpus {src.path!r} is empty; give a file with text in it")
+        stats.skipped_empty += 1
+        return
+    if not started:
+        stats.documents += 1
+    stats.chars += len(buf)
+    yield buf, True
+
+
+def _builtin_pieces(src: Source, stats: Stats) -> Iterator[Piece]:
+    """Python's documentation topics, then stdlib sources, up to the size in the source's name."""
+    import pydoc_data.topics as topics
+
+    limit = src.size
+    size = 0
+    for key in sorted(topics.topics):
+        text = topics.topics[key].strip() + "\n"
+        text = text[: max(0, limit - size)]
+        if text:
+            size += len(text)
+            yield from _split_document(text, stats)
+        if size >= limit:
+            return
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(stdlib.glob("*.py")) + sorted(stdlib.glob("*/*.py")):
+        if "test" in path.parts[-2:-1] or path.name.startswith("test"):
+            continue
+        try:
+            text = f"# file: {path.relative_to(stdlib)}\n" + path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        text = text[: max(0, limit - size)]
+        size += len(text)
+        yield from _split_document(text, stats)
+        if size >= limit:
+            return
+
+
+def open_corpus(spec: str | list[str], text_field: str = "text", skip_bad: bool = False,
+                builtin_mb: float = 6.0) -> Corpus:
+    """The files ``spec`` names, listed and stat'ed (nothing read yet)."""
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    if not specs:
+        raise CorpusError("data.corpus is an empty list; give a path, a glob, a list of them, or builtin")
+    found: list[Source] = []
+    for s in specs:
+        found += [builtin_source(builtin_mb)] if s == "builtin" else expand(s)
+    sources = [s for s in found if s.size > 0]
+    corpus = Corpus(spec=specs, sources=sources, text_field=text_field, skip_bad=skip_bad,
+                    empty_files=len(found) - len(sources))
+    if not sources:
+        raise CorpusError(corpus._no_documents(Stats()))
+    return corpus
+
+
+def warnings_of(corpus: Corpus, stats: Stats) -> list[str]:
+    """The warnings a pass over the corpus produced, one line each."""
+    out = [f"{path}: {n} byte(s) that are not UTF-8 were replaced with U+FFFD" for path, n in stats.replaced.items()]
+    where = ", ".join(corpus.spec)
+    if stats.skipped_binary:
+        out.append(f"skipped {stats.skipped_binary} binary file(s) in {where}")
+    if stats.skipped_empty + corpus.empty_files:
+        out.append(f"skipped {stats.skipped_empty + corpus.empty_files} empty file(s) in {where}")
+    if stats.skipped_records:
+        out.append(f"skipped {stats.skipped_records} bad record(s) (data.skip_bad_records); the first: "
+                   f"{stats.first_bad_record}")
+    return out

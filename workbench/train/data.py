@@ -1,24 +1,8 @@
-"""Token data: tokenizer + encoded corpus cached by content, and a resumable window sampler.
-
-Cache layout (``$WORKBENCH_CACHE_DIR`` or ``~/.cache/workbench``)::
-
-    data/<sha256 of corpus text, 16 hex>/
-        tok-<vocab>-<opts>.model     sentencepiece model
-        tok-<vocab>-<opts>.bin       every token of the corpus, uint16 or uint32
-        tok-<vocab>-<opts>.json      token count, dtype, source
-
-A second run on the same corpus and vocab neither retrains nor re-encodes.
-Files appear by atomic rename, so two trainers preparing the same cache at once
-cannot see a half-written file.
-"""
+"""Token data for training: the prepared corpus memory-mapped, split by documents, and a resumable
+window sampler. Preparation itself (tokenizer, parallel encoding, the cache) is ``prepare``."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,18 +10,13 @@ from typing import Callable
 import numpy as np
 
 from workbench.config import DataConfig
-from workbench.errors import WorkbenchError
-from workbench.fs import write_atomic
-from workbench.train.corpus import load_corpus
-from workbench.train.tokenizer import OPTIONS_VERSION, Tokenizer, train_tokenizer
+from workbench.train.corpus import Corpus, open_corpus
+from workbench.train.faults import NO_FAULTS, Faults
+from workbench.train.prepare import SHARD_CHARS, DataError, Prepared, Progress, prepare
+from workbench.train.tokenizer import Tokenizer
 
-
-class DataError(WorkbenchError):
-    pass
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("WORKBENCH_CACHE_DIR") or Path.home() / ".cache" / "workbench")
+__all__ = ["DataError", "TokenData", "WindowSampler", "load_tokens", "open_data_corpus", "prepare_data",
+           "split_point"]
 
 
 @dataclass
@@ -48,6 +27,8 @@ class TokenData:
     source: str
     tokenizer_path: Path
     cached: bool
+    documents: int = 0
+    index: dict | None = None   # the preparation's index.json (counts, timings, warnings)
 
     @property
     def train(self) -> np.ndarray:
@@ -58,79 +39,73 @@ class TokenData:
         return self.tokens[self.n_train:]
 
 
-def encode_corpus(tok: Tokenizer, text: str, out: Path, progress: Callable[[float], None] | None = None) -> int:
-    """Encode ``text`` in chunks that end at newlines ("\\n" is its own piece, so chunking
-    at newlines gives exactly the tokens of one whole encode) into ``out``."""
-    dtype = np.uint16 if tok.vocab_size <= 65535 else np.uint32
-    chunk_chars = 1 << 20
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    n = 0
-    with open(tmp, "wb") as f:
-        pos = 0
-        while pos < len(text):
-            end = min(len(text), pos + chunk_chars)
-            if end < len(text):
-                nl = text.rfind("\n", pos, end)
-                end = nl + 1 if nl >= pos else end
-            ids = np.asarray(tok.encode(text[pos:end]), dtype=dtype)
-            f.write(ids.tobytes())
-            n += len(ids)
-            pos = end
-            if progress:
-                progress(pos / len(text))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
-    return n
+def split_point(tokens: np.ndarray, eod: int | None, val_fraction: float, seq_len: int) -> int:
+    """Where validation starts: at a document boundary, so that the last documents, about ``val_fraction``
+    of the tokens, are held out (no document is split between train and val); with a single document
+    (or none that fits), at ``val_fraction`` of the tokens. Depends only on the corpus: stable across runs."""
+    n, need = len(tokens), seq_len + 1
+    target = n - max(int(n * val_fraction), need)
+    if eod is not None:
+        after = _find(tokens, eod, target - 1, forward=True)      # the first document that starts at/after it
+        if after is not None and need <= after + 1 <= n - need:
+            return after + 1
+        before = _find(tokens, eod, target - 1, forward=False)    # else the last one before it
+        if before is not None and need <= before + 1 <= n - need:
+            return before + 1
+    return target
 
 
-def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[str], None] = print) -> TokenData:
-    corpus = load_corpus(cfg.corpus, cfg.builtin_mb)
-    for w in corpus.warnings:
-        log(f"warning: {w}")
-    digest = hashlib.sha256(corpus.text.encode("utf-8", errors="surrogatepass")).hexdigest()[:16]
-    d = cache_root() / "data" / digest
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"cannot create cache directory {d}: {e.strerror}; set WORKBENCH_CACHE_DIR") from None
-    stem = f"tok-{vocab_size}-o{OPTIONS_VERSION}-s{cfg.tokenizer_sample_mb:g}"
-    model_path, bin_path, meta_path = d / f"{stem}.model", d / f"{stem}.bin", d / f"{stem}.json"
-    cached = model_path.exists() and meta_path.exists() and bin_path.exists()
-    if not cached:
-        t0 = time.time()
-        log(f"training a {vocab_size}-piece tokenizer on {corpus.source} ...")
-        tok = train_tokenizer(corpus.text, vocab_size, cfg.tokenizer_sample_mb)
-        write_atomic(model_path, tok.proto)
-        log(f"tokenizer trained in {time.time() - t0:.1f} s; encoding the corpus ...")
-        t0 = time.time()
-        big = len(corpus.text) > 4_000_000
-        last = [0.0]
-
-        def progress(frac: float) -> None:
-            if big and (frac - last[0] >= 0.1 or frac >= 1.0):
-                last[0] = frac
-                print(f"  encoding {frac:4.0%}", file=sys.stderr, flush=True)
-
-        n = encode_corpus(tok, corpus.text, bin_path, progress)
-        meta = {"tokens": n, "dtype": "uint16" if tok.vocab_size <= 65535 else "uint32",
-                "source": corpus.source, "chars": len(corpus.text), "vocab_size": tok.vocab_size}
-        write_atomic(meta_path, json.dumps(meta))
-        log(f"encoded {n:,} tokens in {time.time() - t0:.1f} s ({len(corpus.text) / max(n, 1):.2f} chars/token)")
-    else:
-        tok = Tokenizer.load(model_path)
-    meta = json.loads(meta_path.read_text())
-    tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["tokens"],))
+def _find(tokens: np.ndarray, value: int, start: int, forward: bool, block: int = 1 << 20) -> int | None:
+    """The position of the first ``value`` at or after ``start`` (forward) or before it, scanning in blocks."""
     n = len(tokens)
-    n_val = max(int(n * cfg.val_fraction), seq_len + 1)
-    n_train = n - n_val
-    if n_train < seq_len + 1:
+    if forward:
+        for lo in range(max(0, start), n, block):
+            hits = np.flatnonzero(np.asarray(tokens[lo:lo + block]) == value)
+            if len(hits):
+                return lo + int(hits[0])
+        return None
+    hi = min(n, start)
+    while hi > 0:
+        lo = max(0, hi - block)
+        hits = np.flatnonzero(np.asarray(tokens[lo:hi]) == value)
+        if len(hits):
+            return lo + int(hits[-1])
+        hi = lo
+    return None
+
+
+def load_tokens(prep: Prepared, val_fraction: float, seq_len: int) -> TokenData:
+    idx = prep.index
+    tok = Tokenizer.load(prep.tokenizer_path)
+    tokens = np.memmap(prep.tokens_path, dtype=np.dtype(idx["dtype"]), mode="r", shape=(idx["tokens"],))
+    n = len(tokens)
+    if n < 2 * (seq_len + 1):
         need = 2 * (seq_len + 1)
         raise DataError(f"the corpus is too short: {n:,} tokens, but one training and one validation "
                         f"sequence of model.seq_len = {seq_len} need at least {need:,}; use a longer corpus "
                         f"or a smaller seq_len (e.g. --set model.seq_len={max(8, n // 4)})")
-    return TokenData(tokenizer=tok, tokens=tokens, n_train=n_train, source=corpus.source,
-                     tokenizer_path=model_path, cached=cached)
+    n_train = split_point(tokens, tok.eod_id, val_fraction, seq_len)
+    return TokenData(tokenizer=tok, tokens=tokens, n_train=n_train, source=idx.get("source", "?"),
+                     tokenizer_path=prep.tokenizer_path, cached=prep.cached, documents=idx.get("documents", 0),
+                     index=idx)
+
+
+def open_data_corpus(cfg: DataConfig) -> Corpus:
+    """The corpus a preset's [data] names (listed, nothing read)."""
+    return open_corpus(cfg.corpus, text_field=cfg.text_field, skip_bad=cfg.skip_bad_records,
+                       builtin_mb=cfg.builtin_mb)
+
+
+def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[str], None] = print,
+                 progress: Progress | None = None, workers: int | None = None, shard_chars: int = SHARD_CHARS,
+                 faults: Faults = NO_FAULTS) -> TokenData:
+    """The tokenizer and tokens of a preset's corpus, ready to train on (prepared now unless cached)."""
+    corpus = open_data_corpus(cfg)
+    prep = prepare(corpus, vocab_size, cfg.tokenizer_sample_mb, log=log, progress=progress, workers=workers,
+                   shard_chars=shard_chars, faults=faults)
+    data = load_tokens(prep, cfg.val_fraction, seq_len)
+    data.source = corpus.description  # the same text may have been prepared under other names
+    return data
 
 
 class WindowSampler:

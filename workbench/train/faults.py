@@ -11,6 +11,9 @@ each point is a cheap attribute check.
     WORKBENCH_TEST_PAUSE_IN_SAVE=P     sleep at point P of a save (after_model | before_rename),
     WORKBENCH_TEST_PAUSE_MARKER=FILE   after writing our pid to FILE,
     WORKBENCH_TEST_PAUSE_SECONDS=S     for S seconds (default 30), so a test can kill us there
+    WORKBENCH_TEST_PAUSE_AFTER_SHARD=N corpus preparation: pause (as above) once N token shards are written
+
+No torch here: corpus preparation (``workbench data prepare``) uses it too.
 """
 
 from __future__ import annotations
@@ -21,8 +24,6 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
 
 
 def _int(env: dict, key: str) -> int | None:
@@ -41,6 +42,7 @@ class Faults:
     pause_in_save: str | None = None
     pause_marker: str | None = None
     pause_seconds: float = 30.0
+    pause_after_shard: int | None = None
     _poisoned: set[int] = field(default_factory=set)
 
     @classmethod
@@ -55,7 +57,8 @@ class Faults:
                    fail_save_at=_int(env, "WORKBENCH_TEST_FAIL_SAVE_AT_STEP"),
                    pause_in_save=env.get("WORKBENCH_TEST_PAUSE_IN_SAVE") or None,
                    pause_marker=env.get("WORKBENCH_TEST_PAUSE_MARKER") or None,
-                   pause_seconds=float(env.get("WORKBENCH_TEST_PAUSE_SECONDS", "30")))
+                   pause_seconds=float(env.get("WORKBENCH_TEST_PAUSE_SECONDS", "30")),
+                   pause_after_shard=_int(env, "WORKBENCH_TEST_PAUSE_AFTER_SHARD"))
 
     def poison_step(self, step: int) -> bool:
         """Whether the loss of optimizer step ``step`` (1-based) is to be made NaN."""
@@ -70,17 +73,25 @@ class Faults:
             os.kill(os.getpid(), signal.SIGTERM)
         if step == self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
-        if step == self.oom_at:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test hook)")
+        if step == self.oom_at:  # what torch.OutOfMemoryError says (the trainer recognises it by its text)
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (test hook)")
+
+    def _pause(self) -> None:
+        if self.pause_marker:
+            Path(self.pause_marker).write_text(str(os.getpid()))
+        time.sleep(self.pause_seconds)
 
     def in_save(self, point: str, step: int) -> None:
         """At ``point`` of a checkpoint save: pause (to be killed there) or fail as a full disk would."""
         if self.pause_in_save == point:
-            if self.pause_marker:
-                Path(self.pause_marker).write_text(str(os.getpid()))
-            time.sleep(self.pause_seconds)
+            self._pause()
         if point == "after_model" and step == self.fail_save_at:
             raise OSError(errno.ENOSPC, "No space left on device")
+
+    def after_shard(self, shards_written: int) -> None:
+        """Corpus preparation: pause (to be killed there) once this many token shards are on disk."""
+        if self.pause_after_shard is not None and shards_written == self.pause_after_shard:
+            self._pause()
 
 
 NO_FAULTS = Faults()

@@ -40,6 +40,7 @@ from workbench.train.checkpoint import Checkpoint, read_checkpoint
 from workbench.train.data import TokenData, WindowSampler, prepare_data
 from workbench.train.dist import Dist
 from workbench.train.faults import Faults
+from workbench.train.prepare import PrepareProgress
 from workbench.train.report import Reporter, Throughput
 from workbench.train.runtime import amp_dtype, apply_backend_flags, autocast, memory_mb
 from workbench.train.state import TrainerState
@@ -99,6 +100,9 @@ class Trainer:
         self.report.log(f"received {signal.Signals(signum).name}: finishing this step, saving a checkpoint, "
                         "then stopping")
 
+    def _preparing(self, progress: PrepareProgress) -> None:
+        self.report.status(preparing=progress.to_dict())
+
     def setup(self) -> None:
         rd, main = self.run_dir, self.dist.is_main
         p = self.preset = load_preset_file(rd / "preset.toml")
@@ -117,6 +121,11 @@ class Trainer:
             self.report.log(f"removed incomplete checkpoint temporaries: {', '.join(removed)}")
         if p.hardware.num_threads:
             torch.set_num_threads(p.hardware.num_threads)
+        # The data first (a no-op when it is cached): a detached run prepares its corpus here, with its
+        # progress in status.json. Every rank asks; one prepares, the others wait for it (a file lock).
+        self.data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=self.report.log,
+                                 progress=self._preparing, faults=self.faults)
+        self.report.status(preparing=None)
         if self.machine is None:
             self.machine = this_machine()
         # The process group first (its backend follows the device), so rank 0 can hand the others the
@@ -134,7 +143,6 @@ class Trainer:
         torch.manual_seed(p.train.seed + self.dist.rank)  # distinct dropout per rank; DDP syncs the weights
         random.seed(p.train.seed)
         np.random.seed(p.train.seed % 2**32)
-        self.data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=self.report.log)
         if main and not (rd / "tokenizer.model").exists():
             self.data.tokenizer.save(rd / "tokenizer.model")
         # One generator draws the global batch on every rank; each rank trains on its own slice. So N

@@ -4,6 +4,9 @@ sentencepiece's defaults normalise text (NFKC), collapse whitespace and drop
 newlines. We train with the identity normalisation, keep whitespace, add no
 dummy prefix, fall back to bytes for unseen characters, and make "\\n" a
 user-defined piece (sentencepiece trains on lines, so it never sees one).
+Id 1 is the end-of-document control piece ``<|endoftext|>``: no text ever
+encodes to it (typing it in a document gives ordinary pieces), it is put between
+documents in the token stream, and it decodes to nothing.
 Known limit: U+2581 (the "▁" sentencepiece uses for spaces) decodes to a space.
 """
 
@@ -16,6 +19,7 @@ from pathlib import Path
 
 from workbench.errors import WorkbenchError
 
+EOD_PIECE = "<|endoftext|>"
 TRAINER_OPTIONS = dict(
     model_type="bpe",
     normalization_rule_name="identity",
@@ -27,11 +31,11 @@ TRAINER_OPTIONS = dict(
     split_digits=True,
     character_coverage=0.9995,
     max_sentence_length=1 << 15,
-    bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0,
+    bos_id=-1, eos_id=1, eos_piece=EOD_PIECE, pad_id=-1, unk_id=0,
     hard_vocab_limit=True,
 )
-# Bump when TRAINER_OPTIONS change so cached tokenizers are retrained.
-OPTIONS_VERSION = 1
+# Bump when TRAINER_OPTIONS change so cached tokenizers are retrained (2: the end-of-document piece).
+OPTIONS_VERSION = 2
 
 
 class TokenizerError(WorkbenchError):
@@ -55,6 +59,12 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
 
+    @property
+    def eod_id(self) -> int | None:
+        """The end-of-document id, or None for a tokenizer trained before there was one."""
+        i = self.sp.eos_id()
+        return i if i >= 0 else None
+
     def encode(self, text: str) -> list[int]:
         return self.sp.encode(text)
 
@@ -65,14 +75,14 @@ class Tokenizer:
         Path(path).write_bytes(self.proto)
 
 
-def train_tokenizer(text: str, vocab_size: int, sample_mb: float = 8.0, seed: int = 0,
+def train_tokenizer(text: str | list[str], vocab_size: int, sample_mb: float = 8.0, seed: int = 0,
                     num_threads: int = 2) -> Tokenizer:
-    """Train BPE on (a sample of) the lines of ``text``."""
+    """Train BPE on (a sample of) the lines of ``text`` (a string, or lines already sampled)."""
     import sentencepiece as spm
 
-    lines = text.split("\n")
+    lines = text.split("\n") if isinstance(text, str) else list(text)
     budget = int(sample_mb * 1_000_000)
-    if len(text) > budget:
+    if sum(len(ln) + 1 for ln in lines) > budget:
         rng = random.Random(seed)
         rng.shuffle(lines)
         picked, size = [], 0

@@ -1,0 +1,106 @@
+"""`workbench data prepare|inspect`: a corpus's tokenizer and tokens ahead of a run, and a look at
+the documents the trainer will see."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from workbench.commands.common import TerminalProgress, add_set_option
+from workbench.config import resolve_preset, toml_string
+from workbench.errors import WorkbenchError
+from workbench.fmt import duration, human_bytes
+
+
+def register(sub) -> None:
+    p = sub.add_parser("data", help="prepare a corpus ahead of a run, or look at its documents")
+    ds = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, func, help_text in (
+            ("prepare", cmd_prepare, "train the tokenizer and encode the corpus into the cache (resumable)"),
+            ("inspect", cmd_inspect, "print the first documents as the trainer will see them")):
+        s = ds.add_parser(name, help=help_text, description=help_text)
+        s.add_argument("corpus", nargs="+", help="text files, directories, .jsonl/.json, .parquet (optionally "
+                                                 ".gz/.zst/.xz), globs (quoted), or builtin")
+        s.add_argument("--preset", default="cpu-small",
+                       help="the preset whose [data] and vocabulary to use (default cpu-small)")
+        add_set_option(s)
+        s.set_defaults(func=func)
+        if name == "prepare":
+            s.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (default: the preset's)")
+            s.add_argument("--workers", type=int, default=None,
+                           help="encoding processes (default: one per core this process may use)")
+            s.add_argument("--json", action="store_true", help="print the result as JSON")
+        else:
+            s.add_argument("-n", "--documents", type=int, default=3, help="how many documents (default 3)")
+            s.add_argument("--chars", type=int, default=600, help="characters shown of each (default 600)")
+
+
+def _preset(args):
+    corpus = args.corpus[0] if len(args.corpus) == 1 else args.corpus
+    value = toml_string(corpus) if isinstance(corpus, str) else "[" + ", ".join(map(toml_string, corpus)) + "]"
+    ov = [f"data.corpus={value}", *args.overrides]
+    if getattr(args, "vocab_size", None):
+        ov.append(f"model.vocab_size={args.vocab_size}")
+    return resolve_preset(args.preset, ov)
+
+
+def cmd_prepare(args) -> int:
+    from workbench.train.data import open_data_corpus, prepare_data  # no torch
+    if args.workers is not None and args.workers < 1:
+        raise WorkbenchError(f"--workers {args.workers} must be at least 1")
+    p = _preset(args)
+    corpus = open_data_corpus(p.data)
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    progress = TerminalProgress()
+    t0 = time.time()
+    try:
+        data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=log, progress=progress,
+                            workers=args.workers)
+    finally:
+        progress.close()
+    seconds = time.time() - t0
+    idx = data.index or {}
+    enc = (idx.get("seconds") or {}).get("encode") or seconds
+    out = {"documents": idx.get("documents", 0), "tokens": int(len(data.tokens)), "bytes": corpus.total_bytes,
+           "chars": idx.get("chars"), "chars_per_token": round((idx.get("chars") or 0) / max(1, len(data.tokens)), 3),
+           "seconds": round(seconds, 3),
+           "mb_per_s": None if data.cached else round(corpus.total_bytes / 1e6 / seconds, 3),
+           "encode_seconds": None if data.cached else enc,
+           "encode_mb_per_s": None if data.cached else round(corpus.total_bytes / 1e6 / enc, 3),
+           "cached": data.cached, "vocab_size": data.tokenizer.vocab_size, "source": data.source,
+           "train_tokens": int(data.n_train), "val_tokens": int(len(data.tokens) - data.n_train),
+           "cache_dir": str(data.tokenizer_path.parent), "workers": idx.get("workers"),
+           "warnings": idx.get("warnings", [])}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    how = ("from the cache (nothing read)" if data.cached else
+           f"{out['mb_per_s']:.2f} MB/s; encoding {out['encode_mb_per_s']:.2f} MB/s on {out['workers']} process(es)")
+    docs = f"{out['documents']:,} document{'s' if out['documents'] != 1 else ''}"
+    print(f"{out['source']}: {docs}, {out['tokens']:,} tokens, {human_bytes(out['bytes'])}, "
+          f"{out['chars_per_token']:.2f} chars/token; {duration(seconds)} ({how})")
+    print(f"train {out['train_tokens']:,} tokens, val {out['val_tokens']:,} (the last documents, "
+          f"~{p.data.val_fraction:.0%} of the tokens); cached in {out['cache_dir']}")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from workbench.train.data import open_data_corpus
+    if args.documents < 1 or args.chars < 1:
+        raise WorkbenchError("-n and --chars must be at least 1")
+    p = _preset(args)
+    corpus = open_data_corpus(p.data)
+    print(f"{corpus.description}: {len(corpus.sources)} file(s), {human_bytes(corpus.total_bytes)}; "
+          f"text field {p.data.text_field!r}")
+    shown, text = 0, ""
+    for piece, end in corpus.pieces():
+        text += piece[: max(0, args.chars + 1 - len(text))]
+        if end:
+            cut = text[: args.chars] + (" [...]" if len(text) > args.chars else "")
+            print(f"\n--- document {shown + 1} ({len(text):,}{'+' if len(text) > args.chars else ''} chars) ---")
+            print(cut)
+            shown, text = shown + 1, ""
+            if shown >= args.documents:
+                break
+    return 0
