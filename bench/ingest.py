@@ -88,8 +88,8 @@ def first_step_seconds(corpus: str, cache: Path, runs: Path) -> float:
     env = dict(os.environ, WORKBENCH_CACHE_DIR=str(cache))
     name = f"r{time.time_ns()}"
     cmd = [sys.executable, "-m", "workbench", "train", "cpu-small", "--corpus", corpus, "--name", name,
-           "--runs-dir", str(runs), "--set", "train.max_iters=1", "train.eval_iters=1", "train.log_interval=1",
-           "hardware.compile=false", "data.builtin_mb=6"]
+           "--runs-dir", str(runs), "--set", "train.max_iters=1", "train.warmup_iters=0", "train.eval_iters=1",
+           "train.log_interval=1", "hardware.compile=false", "data.builtin_mb=6"]
     t0 = time.time()
     cp = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if cp.returncode != 0:
