@@ -301,3 +301,31 @@ def test_a_file_that_changes_while_it_is_encoded_is_refused(tmp_path):
     _out, err = proc.communicate(timeout=300)
     assert proc.returncode != 0 and "g.jsonl changed while it was being encoded" in err, err
     assert not list((tmp_path / "c").rglob("tokens.bin"))
+
+
+@pytest.mark.slow
+def test_a_detached_run_prepares_its_corpus_in_the_trainer_with_progress_in_status(tmp_path):
+    from tests.conftest import tiny
+    corpus = tmp_path / "d.jsonl"
+    write_jsonl(corpus, make_docs(30000))  # ~10 MB: a few seconds of encoding
+    cp = wb("train", "cpu-small", "--corpus", str(corpus), "--name", "d", "--runs-dir", str(tmp_path / "runs"),
+            "--detach", *tiny("train.max_iters=3", "model.vocab_size=300"),
+            env={"WORKBENCH_CACHE_DIR": str(tmp_path / "c")})
+    assert cp.returncode == 0, cp.stderr
+    status = tmp_path / "runs" / "d" / "status.json"
+    seen, st = [], {}
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            st = json.loads(status.read_text())
+        except (OSError, ValueError):
+            continue
+        if st.get("preparing"):
+            seen.append(st["preparing"])
+        if st.get("state") in ("finished", "failed", "crashed"):
+            break
+        time.sleep(0.05)
+    assert st.get("state") == "finished", st
+    assert st.get("preparing") is None and seen, st  # it was reported while it lasted, and cleared after
+    assert {p["phase"] for p in seen} <= {"scanning", "encoding"}
+    assert all(0 <= p["fraction"] <= 1 and p["total_bytes"] == corpus.stat().st_size for p in seen)

@@ -245,11 +245,13 @@ def encode(corpus: Corpus, tok: Tokenizer, shard_dir: Path, workers: int, shard_
     tick = _Ticker("encoding", corpus.total_bytes, progress)
     written = 0
 
-    def done(i: int, n_tokens: int, docs: int) -> None:
+    def done(i: int, n_tokens: int, docs: int, read: int) -> None:
+        """Shard ``i`` is on disk; ``read``: the input bytes read up to its end (progress counts these)."""
         nonlocal written
         results[i] = (n_tokens, docs)
         written += 1
         faults.after_shard(written)
+        tick(read)
 
     shards = _shards(corpus.pieces(stats, on_source_done=check), shard_chars)
     pool = None
@@ -259,24 +261,39 @@ def encode(corpus: Corpus, tok: Tokenizer, shard_dir: Path, workers: int, shard_
                                       initargs=(tok.proto, os.getpid()))
     else:
         _init_worker(tok.proto)
-    pending: deque[cf.Future] = deque()
+    pending: deque[tuple[cf.Future, int]] = deque()
+    finished_read = 0
+
+    def finish_oldest() -> None:
+        nonlocal finished_read
+        fut, read = pending.popleft()
+        while True:
+            try:
+                i, n_tokens, docs = fut.result(timeout=0.5)
+                break
+            except cf.TimeoutError:
+                tick(finished_read)  # a progress line (and a live ETA) while the shard is encoded
+        finished_read = read
+        done(i, n_tokens, docs, read)
+
     try:
         for i, (pieces, sha, _chars) in enumerate(shards):
+            read = stats.bytes_done()
             side = read_json(shard_dir / f"{i:06d}.json")
             if side and side.get("sha256") == sha and (shard_dir / f"{i:06d}.bin").exists():
                 results[i] = (side["tokens"], side["documents"])  # finished by an earlier, interrupted start
+                tick(read)
             elif pool is None:
-                done(*encode_shard(i, pieces, str(shard_dir), dtype, sha))
+                done(*encode_shard(i, pieces, str(shard_dir), dtype, sha), read)
             else:
-                pending.append(pool.submit(encode_shard, i, pieces, str(shard_dir), dtype, sha))
+                pending.append((pool.submit(encode_shard, i, pieces, str(shard_dir), dtype, sha), read))
                 while len(pending) > 2 * workers:  # bounded: at most this many shards of text in flight
-                    done(*pending.popleft().result())
-            tick(stats.bytes_done())
+                    finish_oldest()
         while pending:
-            done(*pending.popleft().result())
+            finish_oldest()
     finally:
         if pool is not None:
-            for f in pending:
+            for f, _read in pending:
                 f.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
     return [results[i] for i in range(len(results))]

@@ -27,8 +27,21 @@ from workbench.tui.widgets.pane import Pane
 NO_RUN = "(no runs yet: press n to start one)"
 
 
+def preparing(d: RunData) -> dict | None:
+    """The corpus preparation a starting trainer reports in status.json, while it lasts."""
+    p = d.status.get("preparing")
+    return p if isinstance(p, dict) and d.state in LIVE_STATES else None
+
+
 def progress_text(d: RunData) -> str:
     step, total = d.step, d.max_iters
+    prep = preparing(d)
+    if prep:
+        done, all_ = prep.get("done_bytes"), prep.get("total_bytes")
+        size = f" {fmt.human_bytes(done)} of {fmt.human_bytes(all_)}" if done is not None and all_ else ""
+        rate = f", {prep['mb_per_s']:.1f} MB/s" if prep.get("mb_per_s") else ""
+        eta = f", ETA {fmt.duration(prep['eta_s'])}" if prep.get("eta_s") is not None else ""
+        return f"preparing the corpus: {prep.get('phase', '')}{size} ({100 * prep.get('fraction', 0):.0f}%){rate}{eta}"
     if not total and d.state == "starting":
         return "starting the trainer…"
     pct = f"{100 * step / total:.0f}%" if total else ""
@@ -185,7 +198,11 @@ class MonitorPane(Vertical, Pane):
             return
         self.query_one("#mon-state", Label).update(run_header(d, self.presets.get(d.run_id, "")))
         bar = self.query_one("#mon-progress", ProgressBar)
-        bar.update(total=max(1, d.max_iters), progress=min(d.step, max(1, d.max_iters)))
+        prep = preparing(d)
+        if prep:  # the bar shows the preparation until training starts
+            bar.update(total=1000, progress=int(1000 * float(prep.get("fraction") or 0)))
+        else:
+            bar.update(total=max(1, d.max_iters), progress=min(d.step, max(1, d.max_iters)))
         self.query_one("#mon-progress-text", Label).update(progress_text(d))
         table = stats_table(d, wide=self.size.width >= 110)
         if d.status.get("error") and d.state in ("failed", "crashed"):
