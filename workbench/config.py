@@ -150,11 +150,16 @@ class Preset:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     name: str = "custom"
     description: str = ""
+    # A run branched from another run's checkpoint records where it came from: {"run": id, "step": N}
+    # (a [parent] table in its preset.toml). None for a run that starts from scratch.
+    parent: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
         if self.description:
             out["description"] = self.description
+        if self.parent:
+            out["parent"] = dict(self.parent)
         for sec in SECTIONS:
             out[sec] = dataclasses.asdict(getattr(self, sec))
         return out
@@ -217,11 +222,19 @@ def _check_value(where: str, section: str, f: dataclasses.Field, value: Any) -> 
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
-def _check_constraints(p: Preset, where: str) -> None:
+def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozenset()) -> None:
+    """Rules between keys. Where a pair conflicts, the message suggests a value for the key the user did
+    not set just now (with --set), since that is the one they did not mean to change."""
     m, t, h = p.model, p.train, p.hardware
 
     def bad(msg: str) -> None:
         raise PresetError(f"{where}: {msg}")
+
+    def fix(chosen: str, other: str, value) -> str:
+        """'; set train.warmup_iters = 5 (--set train.warmup_iters=5)' for the key to change."""
+        key = other if chosen in user_set and other not in user_set else chosen if other in user_set else other
+        v = value[key] if isinstance(value, dict) else value
+        return f"; set {key} = {v} (--set {key}={v})"
 
     if m.dim % m.n_heads:
         bad(f"model.dim = {m.dim} must be divisible by model.n_heads = {m.n_heads} "
@@ -232,12 +245,17 @@ def _check_constraints(p: Preset, where: str) -> None:
     if m.head_dim % 2:
         bad(f"head dim = model.dim / model.n_heads = {m.head_dim} must be even for RoPE")
     if t.warmup_iters >= t.max_iters:
-        bad(f"train.warmup_iters = {t.warmup_iters} must be < train.max_iters = {t.max_iters}")
+        bad(f"train.warmup_iters = {t.warmup_iters} must be < train.max_iters = {t.max_iters}"
+            + fix("train.max_iters", "train.warmup_iters", {"train.warmup_iters": max(0, t.max_iters // 10),
+                                                            "train.max_iters": t.warmup_iters * 2 or 1}))
     if t.min_lr > t.lr:
-        bad(f"train.min_lr = {t.min_lr:g} must be <= train.lr = {t.lr:g}")
+        bad(f"train.min_lr = {t.min_lr:g} must be <= train.lr = {t.lr:g}"
+            + fix("train.lr", "train.min_lr", {"train.min_lr": f"{t.lr / 10:g}", "train.lr": f"{t.min_lr:g}"}))
     if t.lr_decay_iters and t.lr_decay_iters <= t.warmup_iters:
         bad(f"train.lr_decay_iters = {t.lr_decay_iters} must be > train.warmup_iters = {t.warmup_iters} "
-            "(or 0 for max_iters)")
+            "(or 0 for max_iters)"
+            + fix("train.lr_decay_iters", "train.warmup_iters", {"train.warmup_iters": t.lr_decay_iters // 10,
+                                                                 "train.lr_decay_iters": 0}))
     if m.vocab_size > 2**31:
         bad(f"model.vocab_size = {m.vocab_size} is too large")
     if not _DEVICE_RE.match(h.device):
@@ -249,10 +267,12 @@ def _nearest_divisor(n: int, near: int) -> int:
     return min(divs, key=lambda d: (abs(d - near), d))
 
 
-def preset_from_dict(data: dict[str, Any], where: str = "preset", name: str | None = None) -> Preset:
-    """Build and validate a Preset from parsed TOML. Unknown keys are errors."""
+def preset_from_dict(data: dict[str, Any], where: str = "preset", name: str | None = None,
+                     user_set: frozenset[str] = frozenset()) -> Preset:
+    """Build and validate a Preset from parsed TOML. Unknown keys are errors. ``user_set``: the keys
+    given with --set just now (conflict messages then suggest changing the other key of a pair)."""
     kwargs: dict[str, Any] = {}
-    top_known = set(SECTIONS) | {"name", "description"}
+    top_known = set(SECTIONS) | {"name", "description", "parent"}
     for key, value in data.items():
         if key not in top_known:
             hint = _did_you_mean(key, top_known)
@@ -262,6 +282,13 @@ def preset_from_dict(data: dict[str, Any], where: str = "preset", name: str | No
             if not isinstance(value, str):
                 raise PresetError(f"{where}: {key} = {value!r} must be a string")
             kwargs[key] = value
+        if key == "parent":
+            ok = (isinstance(value, dict) and set(value) == {"run", "step"} and isinstance(value["run"], str)
+                  and isinstance(value["step"], int) and not isinstance(value["step"], bool) and value["step"] >= 0)
+            if not ok:
+                raise PresetError(f"{where}: [parent] must hold run (a run id) and step (a step number), "
+                                  f"got {value!r}")
+            kwargs[key] = dict(value)
     for sec, cls in SECTIONS.items():
         raw = data.get(sec, {})
         if not isinstance(raw, dict):
@@ -277,7 +304,7 @@ def preset_from_dict(data: dict[str, Any], where: str = "preset", name: str | No
     if name is not None:
         kwargs["name"] = name
     p = Preset(**kwargs)
-    _check_constraints(p, where)
+    _check_constraints(p, where, user_set)
     return p
 
 
@@ -304,7 +331,7 @@ def load_preset_file(path: str | Path, overrides: list[str] | None = None) -> Pr
     data = parse_toml(text, str(path))
     if overrides:
         apply_overrides(data, overrides)
-    return preset_from_dict(data, str(path), name=data.get("name") or path.stem)
+    return preset_from_dict(data, str(path), name=data.get("name") or path.stem, user_set=overridden_keys(overrides))
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
@@ -328,6 +355,11 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     except tomllib.TOMLDecodeError:
         value = rhs  # a bare word such as cpu or builtin is taken as a string
     return sec, key, value
+
+
+def overridden_keys(overrides: list[str] | None) -> frozenset[str]:
+    """``section.key`` of each --set."""
+    return frozenset(item.split("=", 1)[0].strip() for item in overrides or [])
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -13,6 +13,11 @@ from pathlib import Path
 from typing import Any
 
 
+def cache_root() -> Path:
+    """Where workbench keeps what it can rebuild: prepared corpora, the machine's measured matmul rate."""
+    return Path(os.environ.get("WORKBENCH_CACHE_DIR") or Path.home() / ".cache" / "workbench")
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a rename inside ``path`` durable (a no-op where directories cannot be opened)."""
     try:

@@ -9,7 +9,7 @@ from textual.widgets import DataTable, Input, Select
 from workbench.tui import launcher
 from workbench.tui.messages import ResumeRun
 
-from .conftest import make_app, run, wait_for
+from .conftest import make_app, run, text_of, wait_for
 
 
 def _notes(app) -> list[str]:
@@ -18,8 +18,8 @@ def _notes(app) -> list[str]:
 
 def test_runs_pane_resumes_the_checkpoint_chosen_or_the_latest(runs_dir, monkeypatch):
     calls = []
-    monkeypatch.setattr(launcher, "resume_run", lambda root, rid, ck="latest", timeout=120: calls.append((rid, ck))
-                        or rid)
+    monkeypatch.setattr(launcher, "resume_run", lambda root, rid, ck="latest", timeout=120, more=None:
+                        calls.append((rid, ck)) or rid)
 
     async def go():
         app = make_app(runs_dir, initial_tab="runs")
@@ -31,6 +31,11 @@ def test_runs_pane_resumes_the_checkpoint_chosen_or_the_latest(runs_dir, monkeyp
             await pilot.press("tab")  # to the checkpoint table: step_0000400, step_0000200
             assert app.focused is app.query_one("#ckpt-table")
             await pilot.press("down", "c")
+            # step 200 is not alpha's latest checkpoint: it goes on in a new run, after the user says so
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ConfirmScreen", what="the question")
+            question = text_of(app.screen.query_one("#confirm-question"))
+            assert "not the latest of alpha (step 400)" in question and "alpha-from-200" in question, question
+            await pilot.press("y")
             await wait_for(pilot, lambda: calls == [("alpha", "200")], what=f"the resume ({calls})")
             # the resumed run is followed in the Train pane
             await wait_for(pilot, lambda: app.monitored == "alpha" and app.query_one("#tabs").active == "train")

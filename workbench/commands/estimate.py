@@ -1,16 +1,20 @@
-"""`workbench estimate PRESET`: parameters, FLOPs, memory by component, fit, time, energy, cost."""
+"""`workbench estimate PRESET`: parameters, FLOPs, memory by component, fit, time, energy, cost;
+`--gpu NAME` as if on a GPU of the table, `--compare` on every common GPU (``workbench.plan.compare``)."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from workbench.commands.common import add_set_option
 from workbench.config import resolve_preset
-from workbench.fmt import duration, human_bytes
+from workbench.errors import WorkbenchError
+from workbench.fmt import GiB, duration, human_bytes
 from workbench.machine.detect import Machine, detect
+from workbench.machine.gpus import find_gpu
+from workbench.plan import compare, report
 from workbench.plan import estimate as est
-from workbench.plan import report
 from workbench.rundir import runs_root
 
 
@@ -28,7 +32,21 @@ def register(sub) -> None:
     p.add_argument("--tokens-per-s", type=float, default=None,
                    help="use this throughput instead of a previous run or the calibration")
     p.add_argument("--no-calibrate", action="store_true", help="skip the short matmul calibration (no torch)")
-    p.add_argument("--usd-per-hour", type=float, default=None, help="machine price, for the cost")
+    p.add_argument("--usd-per-hour", action="append", default=[], metavar="PRICE|NAME=PRICE",
+                   help="machine price in $ per hour, for the cost; with --compare (or --gpu) NAME=PRICE per GPU, "
+                        "repeatable, e.g. --usd-per-hour 'H100=2.49' --usd-per-hour 4090=0.69")
+    p.add_argument("--gpu", action="append", default=[], metavar="NAME",
+                   help="estimate as if on this GPU from the table (`workbench hw --gpus` lists them; '4090', "
+                        "'H100', 'A100 80GB', 'M4 Max 64GB'); with --compare: the GPUs to compare (repeatable)")
+    p.add_argument("--compare", action="store_true",
+                   help="one row per common GPU: fits or not, the micro-batch `fit` would choose, tokens/s, time to "
+                        "max_iters, energy, and cost where prices are given")
+    p.add_argument("--sort", choices=compare.SORT_KEYS, default="time", help="--compare rows by time or by cost")
+    p.add_argument("--prices", metavar="FILE.toml", default=None,
+                   help='$ per hour by GPU for --compare / --gpu: lines of "NAME" = PRICE')
+    p.add_argument("--mfu", metavar="X", default=None,
+                   help="with --gpu / --compare: assume this model FLOPs utilisation (0-1) instead of the measured "
+                        "or scaled one (see workbench/plan/throughput.py)")
     p.add_argument("--usd-per-kwh", type=float, default=None, help="electricity price, for the cost")
     p.add_argument("--watts", type=float, default=None,
                    help="power draw while training (default: the GPU's power limit, or 65 W for a CPU)")
@@ -38,8 +56,77 @@ def register(sub) -> None:
 
 # ----------------------------------------------------------------------------- the command
 
+def _number(text: str | None, flag: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise WorkbenchError(f"{flag} {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise WorkbenchError(f"{flag} {text!r} must be a finite number")
+    return value
+
+
+def _prices(args) -> tuple[float | None, dict[str, float]]:
+    """(a bare --usd-per-hour, $/hour by GPU table name from --prices and NAME=PRICE)."""
+    bare, named = None, compare.load_prices(args.prices) if args.prices else {}
+    for text in args.usd_per_hour:
+        if "=" in text:
+            name, price = compare.parse_price(text)
+            named[name] = price
+        elif bare is not None:
+            raise WorkbenchError(f"--usd-per-hour {text}: one price without a GPU name is enough; "
+                                 "name the GPU for more (--usd-per-hour 'NAME=PRICE')")
+        else:
+            try:
+                price = float(text)
+            except ValueError:
+                raise WorkbenchError(f"--usd-per-hour {text!r}: write PRICE (this machine, --gpu) or NAME=PRICE "
+                                     "(a GPU of --compare), e.g. --usd-per-hour 'H100=2.49'") from None
+            bare = compare.check_price(price, f"--usd-per-hour {text}")
+    return bare, named
+
+
+def _check_flags(args) -> None:
+    on_gpus = bool(args.gpu or args.compare)
+    if args.compare:
+        for flag, value in (("--device", args.device), ("--tokens-per-s", args.tokens_per_s), ("--watts", args.watts)):
+            if value is not None:
+                raise WorkbenchError(f"{flag} does not go with --compare (each GPU has its own); leave it out")
+    elif len(args.gpu) > 1:
+        raise WorkbenchError(f"{len(args.gpu)} --gpu names without --compare; give one, or add --compare")
+    if args.gpu and args.device is not None:
+        raise WorkbenchError("--device does not go with --gpu (the GPU decides the device); leave it out")
+    if not on_gpus:
+        for flag, value in (("--mfu", args.mfu), ("--prices", args.prices)):
+            if value is not None:
+                raise WorkbenchError(f"{flag} goes with --gpu NAME or --compare"
+                                     + (" (on this machine, give --tokens-per-s)" if flag == "--mfu" else ""))
+        if args.sort != "time":
+            raise WorkbenchError("--sort goes with --compare")
+
+
 def build_report(args) -> dict[str, Any]:
+    _check_flags(args)
     p = resolve_preset(args.preset, args.overrides)
+    bare, named = _prices(args)
+    mfu = _number(args.mfu, "--mfu")
+    if args.compare:
+        if bare is not None:
+            raise WorkbenchError(f"--usd-per-hour {bare:g} with --compare needs a GPU name: "
+                                 f"--usd-per-hour 'NAME={bare:g}'")
+        gpus = [find_gpu(g) for g in args.gpu] or None
+        return compare.compare(p, gpus, precision=args.precision, mfu=mfu, prices=named,
+                               usd_per_kwh=args.usd_per_kwh, sort=args.sort)
+    if args.gpu:
+        gpu = find_gpu(args.gpu[0])
+        return compare.gpu_report(p, gpu, precision=args.precision, mfu=mfu, tokens_per_s=args.tokens_per_s,
+                                  watts=args.watts, usd_per_hour=bare if bare is not None else named.get(gpu.name),
+                                  usd_per_kwh=args.usd_per_kwh)
+    if named:
+        raise WorkbenchError("--usd-per-hour NAME=PRICE goes with --gpu NAME or --compare; "
+                             "for this machine give a bare price (--usd-per-hour 0.5)")
     info = detect()
     peak = None
     if not args.no_calibrate:
@@ -49,7 +136,7 @@ def build_report(args) -> dict[str, Any]:
     return report.build_report(
         p, Machine.from_info(info), device=args.device, precision=args.precision, tokens_per_s=args.tokens_per_s,
         runs_root=runs_root(getattr(args, "runs_dir", None)), peak=peak, watts=args.watts,
-        usd_per_hour=args.usd_per_hour, usd_per_kwh=args.usd_per_kwh,
+        usd_per_hour=bare, usd_per_kwh=args.usd_per_kwh,
         power_limit_w=gpus[0].get("power_limit_w") if gpus else None)
 
 
@@ -61,6 +148,13 @@ def print_report(r: dict[str, Any]) -> None:
     hb = human_bytes
     m = r["memory"]
     pr = r["params"]
+    if r.get("gpu"):
+        g = r["gpu"]
+        tf = f"{g['bf16']:g} TFLOPS bf16" if g["bf16"] else f"{g['fp16']:g} TFLOPS fp16, no bf16"
+        print(f"as if on {g['name']} (GPU table: {g['memory_gib']:g} GiB, {tf}, {g['fp32']:g} fp32, "
+              f"{g['bandwidth_gbs']:g} GB/s, {g['power_w']:g} W; {g['source']})")
+        if r.get("gpu_note"):
+            print(f"note: {r['gpu_note']}")
     print(f"{r['preset']}: {pr['total'] / 1e6:.2f} M parameters (embedding {pr['embedding'] / 1e6:.2f} M"
           + (", tied" if not pr["lm_head"] else f", lm_head {pr['lm_head'] / 1e6:.2f} M") + "), "
           f"{r['flops_per_token'] / 1e6:.4g} MFLOP per token (6N + 12·L·H·Q·T)")
@@ -139,10 +233,53 @@ def print_report(r: dict[str, Any]) -> None:
               "give --tokens-per-s)")
 
 
+MFU_MARK = {"measured": "m", "measured elsewhere": "h", "scaled": "s", "given": ""}
+
+
+def _table(rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]
+
+
+def print_compare(c: dict[str, Any]) -> None:
+    print(f"{c['preset']}: {c['params'] / 1e6:.1f} M parameters, {c['max_iters']:,} steps x "
+          f"{c['tokens_per_step']:,} tokens = {c['tokens'] / 1e6:,.1f} M tokens; sorted by {c['sort']}")
+    print(f"fits: the memory estimate is at most {(1 - c['headroom']) * 100:.0f} % of the usable memory (an Apple Mac "
+          "gives MPS ~2/3 of its RAM)")
+    print("fit batch: batch_size x grad_accum that `workbench fit` would choose there (same tokens per step)")
+    rows = [["GPU", "memory est. / usable", "fits", "fit batch", "MFU", "tokens/s", "time", "energy", "cost"]]
+    for r in c["rows"]:
+        mem = f"{r['estimate'] / GiB:.1f} / {r['available'] / GiB:.1f} GiB"
+        batch = f"{r['batch_size']} x {r['grad_accum']}" if r["fit_batch"] else "none"
+        mfu = f"{r['mfu'] * 100:.1f} % {MFU_MARK.get(r['mfu_basis'], '')}".rstrip() if r["mfu"] else "—"
+        rows.append([r["gpu"], mem, "yes" if r["fits"] else "no", batch, mfu,
+                     f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "—", duration(r["time_s"]),
+                     f"{r['kwh']:.3g} kWh" if r["kwh"] is not None else "—",
+                     f"${r['usd']:,.2f}" if r["usd"] is not None else "—"])
+    print()
+    for line in _table(rows, right={1, 5, 6, 7, 8}):
+        print(line)
+    print()
+    if c["mfu_given"] is None:
+        print("MFU: m measured on that GPU; h the same setup measured on the H100; s scaled from the H100 measurement "
+              "compiled the same way, by model size (workbench/plan/throughput.py); give --mfu X to assume your own")
+    else:
+        print(f"MFU: {c['mfu_given'] * 100:.1f} % for every GPU (--mfu)")
+    print("energy: at the GPU's typical board power (GPU table, `workbench hw --gpus`); time includes evaluation")
+    for note in c["notes"][1 if c["mfu_given"] is None else 0:]:
+        print(f"note: {note}")
+    for r in c["rows"]:
+        if r["note"] or r["batch_note"]:
+            print(f"note: {r['gpu']}: " + "; ".join(x for x in (r["note"], r["batch_note"]) if x))
+
+
 def run(args) -> int:
     r = build_report(args)
     if args.json:
         print(json.dumps(r, indent=2, default=str))
+    elif args.compare:
+        print_compare(r)
     else:
         print_report(r)
     return 0

@@ -6,6 +6,7 @@ import json
 
 from workbench.fmt import human_bytes
 from workbench.machine.detect import detect
+from workbench.machine.gpus import GPUS
 from workbench.plan.recommend import recommend_preset
 
 
@@ -15,7 +16,33 @@ def register(sub) -> None:
                                    "capability flags, and the recommended preset.")
     p.add_argument("--json", action="store_true", help="print the detection as JSON")
     p.add_argument("--no-torch", action="store_true", help="skip importing torch (fast; no CUDA/MPS flags)")
+    p.add_argument("--gpus", action="store_true",
+                   help="list the GPU table instead (memory, dense TFLOPS, bandwidth, power, sources) that "
+                        "`estimate --gpu/--compare` and MFU use")
     p.set_defaults(func=run)
+
+
+def _tf(v: float | None) -> str:
+    return "—" if v is None else f"{v:g}"
+
+
+def print_gpu_table() -> None:
+    """The GPU table (workbench.machine.gpus), one line per entry, then its sources."""
+    rows = [("GPU", "device", "memory", "bf16", "fp16", "tf32", "fp32", "GB/s", "W", "compare")]
+    for g in GPUS:
+        rows.append((g.name, g.device, f"{g.memory_gib:g} GiB", _tf(g.bf16), _tf(g.fp16), _tf(g.tf32), _tf(g.fp32),
+                     f"{g.bandwidth_gbs:g}", f"{g.power_w:g}", "yes" if g.compare else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+    print("\nTFLOPS dense (no sparsity); bf16/fp16 on tensor cores with FP32 accumulate; tf32: fp32 matmuls with "
+          "TF32; memory as the device reports it; W: typical board power. compare: a default row of "
+          "`workbench estimate PRESET --compare`.\n")
+    sources: dict[tuple[str, str], list[str]] = {}
+    for g in GPUS:
+        sources.setdefault((g.source, g.approx), []).append(g.name)
+    for (source, approx), names in sources.items():
+        print(f"{', '.join(names)}: {source}" + (f"; approximate: {approx}" if approx else ""))
 
 
 def _yn(v) -> str:
@@ -23,6 +50,12 @@ def _yn(v) -> str:
 
 
 def run(args) -> int:
+    if args.gpus:
+        if args.json:
+            print(json.dumps([g.to_dict() for g in GPUS], indent=2))
+        else:
+            print_gpu_table()
+        return 0
     if args.no_torch:
         info = detect()
     else:

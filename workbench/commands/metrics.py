@@ -53,7 +53,9 @@ def load_records(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise MetricsError(f"run {Path(run_dir).name} has no metrics.jsonl yet; it has not started training")
-    return [r.to_dict() for r in rundir.read_metrics(path) if isinstance(r, (TrainRecord, EvalRecord))]
+    # the current timeline only: records a resume or rollback abandoned are not exported
+    records = rundir.current_timeline(rundir.read_metrics(path))
+    return [r.to_dict() for r in records if isinstance(r, (TrainRecord, EvalRecord))]
 
 
 def columns_for(records: list[dict]) -> list[str]:

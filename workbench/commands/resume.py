@@ -5,9 +5,18 @@ from __future__ import annotations
 from workbench import rundir
 from workbench.commands import launch
 from workbench.commands.common import add_set_option
-from workbench.config import PresetError, apply_overrides, parse_override, parse_toml, preset_from_dict, preset_to_toml
+from workbench.config import (
+    PresetError,
+    apply_overrides,
+    overridden_keys,
+    parse_override,
+    parse_toml,
+    preset_from_dict,
+    preset_to_toml,
+)
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
+from workbench.plan.lineage import branch, is_latest
 from workbench.plan.settings import resolve_settings
 
 # Keys that change what the checkpoint's tensors mean; resuming with other values is refused.
@@ -20,7 +29,12 @@ def register(sub) -> None:
                                    "--set may change training keys (max_iters, intervals, schedule); "
                                    "the change is recorded as an event.")
     p.add_argument("run", help="run id (see `workbench runs`) or run directory")
-    p.add_argument("--checkpoint", default=None, help="latest (default), best, or a step number")
+    p.add_argument("--checkpoint", default=None,
+                   help="latest (default: continues in place), best, or a step number; a checkpoint other than "
+                        "the latest continues in a new run (a branch), leaving this one as it is")
+    p.add_argument("--more", type=int, default=None, metavar="N",
+                   help="train N more steps than the checkpoint's (sets train.max_iters; recorded as a change)")
+    p.add_argument("--name", default=None, help="the new run's id when branching (default: <run>-from-<step>)")
     add_set_option(p)
     p.add_argument("--detach", action="store_true", help="continue in the background")
     launch.add_topology_options(p)
@@ -35,18 +49,30 @@ def model_differences(preset_model: dict, ckpt_model: dict) -> list[str]:
 def run(args) -> int:
     root = rundir.runs_root(getattr(args, "runs_dir", None))
     run_dir = rundir.resolve_run(root, args.run)
-    if rundir.RunLock(run_dir).held_by_other():
+    ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
+    branching = not is_latest(run_dir, ckpt)
+    if not branching and rundir.RunLock(run_dir).held_by_other():
         raise rundir.RunError(f"run {run_dir.name} is already being trained; "
                               f"stop it first with `workbench stop {run_dir.name}`")
-    ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
-    data = parse_toml((run_dir / "preset.toml").read_text(encoding="utf-8"), str(run_dir / "preset.toml"))
-    for item in args.overrides:
+    if args.name and not branching:
+        raise rundir.RunError(f"--name names a new run, made when resuming from a checkpoint other than the latest; "
+                              f"{ckpt['name']} is {run_dir.name}'s latest, so it continues in place")
+    overrides = list(args.overrides)
+    for item in overrides:
         sec, key, _value = parse_override(item)
         if sec == "data" or (sec == "model" and key != "dropout"):
             raise PresetError(f"--set {item!r}: {sec}.{key} cannot change when resuming (it changes the "
                               "model or its data); start a new run with `workbench train` instead")
-    apply_overrides(data, args.overrides)
-    p = preset_from_dict(data, str(run_dir / "preset.toml"), name=data.get("name"))
+    if args.more is not None:
+        if args.more < 1:
+            raise rundir.RunError(f"--more {args.more}: give the number of steps to add, at least 1")
+        if "train.max_iters" in overridden_keys(overrides):
+            raise rundir.RunError("give --more N or --set train.max_iters=M, not both")
+        overrides.append(f"train.max_iters={int(ckpt['step']) + args.more}")
+    data = parse_toml((run_dir / "preset.toml").read_text(encoding="utf-8"), str(run_dir / "preset.toml"))
+    apply_overrides(data, overrides)
+    p = preset_from_dict(data, str(run_dir / "preset.toml"), name=data.get("name"),
+                         user_set=overridden_keys(overrides))
     diffs = model_differences(data.get("model", {}), ckpt.get("model") or {})
     if diffs:
         raise rundir.RunError(f"checkpoint {ckpt['name']} does not fit the run's preset: {'; '.join(diffs)}; "
@@ -58,13 +84,20 @@ def run(args) -> int:
     machine = Machine.from_info(detect())
     topo = launch.topology_from_args(args, p, machine)
     resolve_settings(p, machine, world_size=topo.nproc * topo.nnodes)
-    if args.overrides:
-        write_atomic(run_dir / "preset.toml", preset_to_toml(p))
+    if branching:
+        latest = rundir.select_checkpoint(run_dir, "latest")
+        target = branch(run_dir, ckpt, root, args.name, overrides_applied=data)
+        print(f"{ckpt['name']} is not the latest checkpoint of {run_dir.name} ({latest['name']}): continuing in a "
+              f"new run {target.name}, which starts from it; {run_dir.name} is left as it is")
+    else:
+        target = run_dir
+        if overrides:
+            write_atomic(run_dir / "preset.toml", preset_to_toml(p))
     sel = str(ckpt["step"])
     if args.detach:
-        pid = launch.start_detached(run_dir, resume=True, checkpoint=sel, topo=topo)
-        print(f"resuming run {run_dir.name} from {ckpt['name']} (pid {pid})")
-        print(run_dir.name)
+        pid = launch.start_detached(target, resume=True, checkpoint=sel, topo=topo)
+        print(f"resuming run {target.name} from {ckpt['name']} (pid {pid})")
+        print(target.name)
         return 0
-    print(f"resuming run {run_dir.name} from {ckpt['name']}")
-    return launch.run_foreground(run_dir, resume=True, checkpoint=sel, topo=topo)
+    print(f"resuming run {target.name} from {ckpt['name']}")
+    return launch.run_foreground(target, resume=True, checkpoint=sel, topo=topo)

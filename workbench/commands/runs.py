@@ -29,18 +29,20 @@ def run(args) -> int:
     if not runs:
         print(f"no runs in {root}; start one with `workbench train`")
         return 0
-    head = ["RUN", "STATE", "PRESET", "STEP", "TRAIN", "VAL", "BEST VAL", "TOK/S", "MEM MB", "EST MB", "ERR",
+    head = ["RUN", "STATE", "PRESET", "FROM", "STEP", "TRAIN", "VAL", "BEST VAL", "TOK/S", "MEM MB", "EST MB", "ERR",
             "CKPTS", "DISK"]
     rows = []
     for r in runs:
-        rows.append([r.id, r.state, r.preset, f"{r.step}/{r.max_iters}", _f(r.train_loss), _f(r.val_loss),
+        rows.append([r.id, r.state, r.preset, r.parent or "-", f"{r.step}/{r.max_iters}", _f(r.train_loss),
+                     _f(r.val_loss),
                      _f(r.best_val_loss), _f(r.tokens_per_s, "{:,.0f}"), _f(r.mem_mb, "{:,.0f}"),
                      _f(r.est_mem_mb, "{:,.0f}"), _f(r.mem_err_pct, "{:+.0f}%"),
                      str(len(r.checkpoints)), human_bytes(r.disk_bytes)])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     for row in [head, *rows]:
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
-    print("MEM MB: peak measured (process RSS on CPU, peak allocated on GPU); EST MB: `workbench estimate` "
+    print("FROM: the run and step a branch started from; "
+          "MEM MB: peak measured (process RSS on CPU, peak allocated on GPU); EST MB: `workbench estimate` "
           "for the same preset; ERR: measured vs estimate")
     for r in runs:
         if r.error and r.state in ("failed", "crashed"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 from workbench import rundir
@@ -12,6 +13,7 @@ from workbench.config import Preset, preset_paths, preset_to_toml, resolve_prese
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
 from workbench.plan.recommend import recommend_preset
+from workbench.plan.report import fit_check
 from workbench.plan.settings import resolve_settings
 
 
@@ -25,6 +27,8 @@ def register(sub) -> None:
     p.add_argument("--name", default=None, help="run id (default: <preset>-<date>-<time>)")
     add_set_option(p)
     p.add_argument("--detach", action="store_true", help="start in the background and print the run id")
+    p.add_argument("--yes", action="store_true",
+                   help="start even when the estimate says the run will not fit this machine's memory")
     launch.add_topology_options(p)
     p.set_defaults(func=run)
 
@@ -63,6 +67,13 @@ def run(args) -> int:
     # again with torch's view of the devices, by the same rules).
     resolve_settings(p, machine, world_size=topo.nproc * topo.nnodes)
     root = rundir.runs_root(getattr(args, "runs_dir", None))
+    check = fit_check(p, machine, root)
+    print("estimate: " + "; ".join(check.lines()), flush=True)
+    if check.fits is False and not args.yes:
+        advice = f" ({check.suggestion})" if check.suggestion else ""
+        if not (sys.stdin.isatty() and input("start anyway? [y/N] ").strip().lower() in ("y", "yes")):
+            raise rundir.RunError(f"{p.name} does not fit this machine's memory by the estimate{advice}; "
+                                  "start it anyway with --yes, or `workbench fit` a preset that fits")
     # The corpus first: problems with it are reported before any run directory exists. In the
     # foreground the tokens are prepared here, with progress on the terminal; a detached run
     # prepares them itself (its status and the TUI show the progress), so only the listing and the

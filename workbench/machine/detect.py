@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 
+from workbench.fs import cache_root, read_json, write_json_atomic
 from workbench.machine.peaks import peak_flops
 
 
@@ -165,10 +166,33 @@ def have_cxx() -> bool:
     return any(shutil.which(c) for c in ("c++", "g++", "clang++"))
 
 
+CALIBRATION_FILE = "calibration.json"
+
+
+def remember_calibration(device: str, precision: str, flops: float) -> None:
+    """Keep a measured matmul rate (``machine.probe``) for processes that do not load torch: the TUI's
+    and the CLI's time estimates use the last one measured on this machine."""
+    path = cache_root() / CALIBRATION_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        known = read_json(path) or {}
+        known[f"{device.split(':')[0]}:{precision}"] = flops
+        write_json_atomic(path, known)
+    except OSError:
+        pass  # a cache: an unwritable one only costs a later estimate its number
+
+
+def calibration() -> dict[str, float]:
+    """The matmul rates measured on this machine, by "device:precision" (see remember_calibration)."""
+    known = read_json(cache_root() / CALIBRATION_FILE)
+    return {k: float(v) for k, v in known.items() if isinstance(v, (int, float))} if isinstance(known, dict) else {}
+
+
 def detect() -> dict[str, Any]:
     """Everything workbench knows about this machine without torch, as a JSON-serialisable dict."""
     gpus, note = detect_nvidia()
     return {
+        "calibration": calibration(),
         "host": platform.node(),
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
@@ -221,6 +245,7 @@ class Machine:
     fused_optimizer_devices: frozenset[str] = frozenset({"cuda", "cpu"})
     can_compile_cpu: bool = True      # a C++ compiler for inductor's CPU code
     torch_asked: bool = False
+    measured_flops: tuple[tuple[str, float], ...] = ()   # ("cpu:fp32", FLOP/s) measured here earlier
 
     @classmethod
     def from_info(cls, info: dict[str, Any]) -> "Machine":
@@ -242,6 +267,7 @@ class Machine:
             mps = bool(info.get("mps"))
             fused = frozenset({"cuda", "cpu"})
         return cls(gpus=gpus, mps=mps, physical_cores=int(cpu.get("physical_cores") or 1),
+                   measured_flops=tuple(sorted((info.get("calibration") or {}).items())),
                    ram_total=cpu.get("ram_total"), ram_available=cpu.get("ram_available"),
                    cpu_native_bf16=cpu.get("native_bf16"), fused_optimizer_devices=fused,
                    can_compile_cpu=bool(info.get("cxx", t.get("compile_cpu", True))), torch_asked=bool(t))
@@ -274,9 +300,11 @@ class Machine:
         return next((g for g in self.gpus if g.index == index), None)
 
     def peak_flops(self, device: str, precision: str) -> float | None:
-        """The datasheet peak of a known GPU (None on CPU and MPS: those are measured)."""
+        """The datasheet peak of a known GPU, else the matmul rate measured here earlier (CPU, MPS), else None."""
         g = self.gpu(device)
-        return peak_flops(g.name, precision) if g else None
+        if g and (table := peak_flops(g.name, precision)):
+            return table
+        return dict(self.measured_flops).get(f"{device.split(':')[0]}:{precision}")
 
     def memory(self, device: str) -> tuple[int | None, str]:
         """(bytes usable for training on ``device``, what that number is)."""

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from workbench.errors import WorkbenchError
-from workbench.machine.detect import Machine, cpu_has_native_bf16, detect, have_cxx
+from workbench.machine.detect import Machine, cpu_has_native_bf16, detect, have_cxx, remember_calibration
 from workbench.machine.peaks import PRECISION_ALIASES, peak_flops
 
 # ----------------------------------------------------------------------------- calibration
@@ -70,6 +70,7 @@ def measure_matmul_flops(device: str = "cpu", precision: str = "fp32", seconds: 
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
     flops = best
     _MATMUL_CACHE[key] = flops
+    remember_calibration(device, prec, flops)
     return flops
 
 

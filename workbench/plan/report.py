@@ -7,13 +7,17 @@ Torch-free: a measured peak FLOP/s is passed in by the caller (``workbench.machi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from workbench.config import Preset
 from workbench.errors import WorkbenchError
+from workbench.fmt import duration, human_bytes
 from workbench.machine.detect import Machine
+from workbench.machine.peaks import peak_flops
 from workbench.plan import estimate as est
+from workbench.plan.estimate import HEADROOM
 from workbench.plan.flops import count_params, flops_per_token, param_breakdown
 from workbench.plan.history import previous_run
 from workbench.plan.recommend import suggest_changes
@@ -78,7 +82,8 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
     elif is_here and settings.peak_flops:
         eff = ASSUMED_EFFICIENCY.get(kind, 0.3)
         tps = est.tokens_per_s_from_flops(p.model, settings.peak_flops, eff)
-        how = "peak table" if machine.peak_flops(device, settings.precision) else "measured matmul"
+        g = machine.gpu(device)
+        how = "peak table" if g and peak_flops(g.name, settings.precision) else "measured matmul"
         source = (f"estimate: {settings.peak_flops / 1e12:.3g} TFLOP/s ({how}) x {eff:.0%} assumed efficiency / "
                   f"{flops_per_token(p.model) / 1e6:.4g} MFLOP per token")
     report["tokens_per_s"], report["tokens_per_s_source"] = tps, source
@@ -93,3 +98,35 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
         report["cost"] = est.estimate_cost(report["time"]["total_s"], watts, usd_per_hour, usd_per_kwh)
         report["cost"]["watts_source"] = watts_src if watts else None
     return report
+
+
+@dataclass
+class FitCheck:
+    """What a user should see before a run starts: does it fit, and how long will it take."""
+    fits: bool | None          # None: this machine's memory is unknown
+    memory: str                # "fits: 650 MiB of 23.1 GiB available RAM (estimate)"
+    time: str                  # "~3m 20s for 2,000 steps at 4,700 tokens/s (measured by run X)"
+    suggestion: str = ""       # what would make it fit
+
+    def lines(self) -> list[str]:
+        return [self.memory + (f"; try {self.suggestion}" if self.suggestion else ""), self.time]
+
+
+def fit_check(preset: Preset, machine: Machine, runs_root: Path | None = None) -> FitCheck:
+    """The estimate a new run is shown before it starts (the new-run dialog, `workbench train`)."""
+    r = build_report(preset, machine, runs_root=runs_root)
+    m, avail = r["memory"], r["available"]
+    total = human_bytes(m["total"])
+    if r["fits"] is None:
+        where = r["available_what"] or f"this machine has no {m['device']} device"
+        memory = f"needs ~{total} on {m['device']} (estimate); {where}"
+    else:
+        memory = (f"{'fits' if r['fits'] else 'does not fit'}: ~{total} of {human_bytes(avail)} "
+                  f"{r['available_what']} (estimate, {HEADROOM:.0%} kept free)")
+    if r.get("time"):
+        steps = preset.train.max_iters
+        time = (f"~{duration(r['time']['total_s'])} for {steps:,} steps at {r['tokens_per_s']:,.0f} tokens/s "
+                f"({r['tokens_per_s_source'].split(':')[0]})")
+    else:
+        time = "time: unknown until this machine's speed is measured (after a first run, or `workbench estimate`)"
+    return FitCheck(r["fits"], memory, time, r.get("suggestion", ""))

@@ -12,6 +12,7 @@ from workbench.errors import WorkbenchError
 from workbench.fs import dir_size
 from workbench.machine.detect import Machine
 from workbench.plan.estimate import estimate_memory
+from workbench.plan.lineage import parent_of
 from workbench.rundir import (
     EvalRecord,
     TrainRecord,
@@ -41,6 +42,7 @@ class RunSummary:
     error: str | None = None
     started: float | None = None
     device: str | None = None
+    parent: str | None = None         # "run@step" for a run branched from another run's checkpoint
     est_mem_mb: float | None = None   # the estimator's figure for what mem_mb measures
     mem_err_pct: float | None = None  # (measured - estimate) / estimate
 
@@ -74,12 +76,14 @@ def summarize_run(run_dir: Path) -> RunSummary:
                 s.mem_mb = max(s.mem_mb or 0.0, r.peak_mem_mb)
         elif isinstance(r, EvalRecord):
             s.val_loss = r.val_loss
-    start = first_event(run_dir / "metrics.jsonl", "start")
+    start = first_event(run_dir / "metrics.jsonl", ("start", "resume"))  # a branch starts with a resume
     if start and start.get("device"):
         s.device = str(start.get("device")).split(":")[0]
         s.est_mem_mb = estimate_for_run(run_dir, s.device, start.get("precision", "fp32"))
         if s.est_mem_mb and s.mem_mb:
             s.mem_err_pct = 100.0 * (s.mem_mb - s.est_mem_mb) / s.est_mem_mb
+    if (par := parent_of(run_dir)):
+        s.parent = f"{par[0]}@{par[1]}"
     s.checkpoints = list_checkpoints(run_dir)
     if s.best_val_loss is None:
         b = best_checkpoint(s.checkpoints)

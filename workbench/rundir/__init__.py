@@ -34,6 +34,7 @@ import psutil
 from workbench.errors import WorkbenchError
 from workbench.fs import read_json, write_json_atomic
 from workbench.rundir.records import (
+    TIMELINE_EVENTS,
     EvalRecord,
     EventRecord,
     LineTail,
@@ -42,6 +43,7 @@ from workbench.rundir.records import (
     NullWriter,
     Record,
     TrainRecord,
+    current_timeline,
     first_event,
     last_records,
     parse_record,
@@ -296,8 +298,9 @@ def clean_stale_temporaries(run_dir: Path) -> list[str]:
     return removed
 
 
-__all__ = ["CKPT_PREFIX", "EvalRecord", "EventRecord", "LIVE_STATES", "LineTail", "MetricsTail", "MetricsWriter",
-           "NullWriter", "Record", "RunError", "RunLock", "STATES", "TMP_PREFIX", "TrainRecord", "best_checkpoint",
-           "ckpt_name", "clean_stale_temporaries", "first_event", "iter_run_dirs", "last_records", "list_checkpoints",
-           "new_run_dir", "parse_record", "pid_alive", "process_start_time", "read_jsonl_tail", "read_metrics",
-           "read_status", "resolve_run", "runs_root", "sanitize_run_name", "select_checkpoint", "write_status"]
+__all__ = ["best_checkpoint", "ckpt_name", "CKPT_PREFIX", "clean_stale_temporaries", "current_timeline",
+           "EvalRecord", "EventRecord", "first_event", "iter_run_dirs", "last_records", "LineTail",
+           "list_checkpoints", "LIVE_STATES", "MetricsTail", "MetricsWriter", "new_run_dir", "NullWriter",
+           "parse_record", "pid_alive", "process_start_time", "read_jsonl_tail", "read_metrics", "read_status",
+           "Record", "resolve_run", "RunError", "RunLock", "runs_root", "sanitize_run_name", "select_checkpoint",
+           "STATES", "TIMELINE_EVENTS", "TMP_PREFIX", "TrainRecord", "write_status"]

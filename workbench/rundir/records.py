@@ -121,6 +121,22 @@ class EventRecord:
 
 
 Record = Union[TrainRecord, EvalRecord, EventRecord]
+
+# Events after which the run continues from the event's step: a resume from a checkpoint, or a rollback
+# to one. Train and eval records logged before such an event for later steps belong to the timeline it
+# abandoned; readers drop them (current_timeline), so no two histories are ever drawn as one.
+TIMELINE_EVENTS = ("resume", "rollback")
+
+
+def current_timeline(records: list[Record]) -> list[Record]:
+    """The records in file order, without the train and eval records of abandoned timelines."""
+    out: list[Record] = []
+    for r in records:
+        if isinstance(r, EventRecord) and r.event in TIMELINE_EVENTS:
+            kept = [x for x in out if not (isinstance(x, (TrainRecord, EvalRecord)) and x.step > r.step)]
+            out = kept
+        out.append(r)
+    return out
 RECORD_KINDS: dict[str, type] = {c.kind: c for c in (TrainRecord, EvalRecord, EventRecord)}
 
 
@@ -237,8 +253,10 @@ def last_records(path: Path, tail_bytes: int = 65536) -> list[Record]:
     return [r for d in read_jsonl_tail(path, tail_bytes) if (r := parse_record(d)) is not None]
 
 
-def first_event(path: Path, event: str, head_bytes: int = 16384) -> EventRecord | None:
-    """The first event of that name within the file's first ``head_bytes`` (e.g. the run's start)."""
+def first_event(path: Path, event: str | tuple[str, ...], head_bytes: int = 16384) -> EventRecord | None:
+    """The first event of that name (or one of those names) within the file's first ``head_bytes``
+    (e.g. the run's start, or a branch's first resume)."""
+    names = (event,) if isinstance(event, str) else event
     try:
         with open(path, "rb") as f:
             head = f.read(head_bytes)
@@ -246,11 +264,11 @@ def first_event(path: Path, event: str, head_bytes: int = 16384) -> EventRecord 
         return None
     for d in _json_lines(head.split(b"\n")):
         r = parse_record(d)
-        if isinstance(r, EventRecord) and r.event == event:
+        if isinstance(r, EventRecord) and r.event in names:
             return r
     return None
 
 
-__all__ = ["EvalRecord", "EventRecord", "LineTail", "MEMORY_KEYS", "MetricsTail", "MetricsWriter", "NullWriter",
-           "RECORD_KINDS", "Record", "TrainRecord", "first_event", "last_records", "parse_record",
-           "read_jsonl_tail", "read_metrics"]
+__all__ = ["current_timeline", "EvalRecord", "EventRecord", "first_event", "last_records", "LineTail", "MEMORY_KEYS",
+           "MetricsTail", "MetricsWriter", "NullWriter", "parse_record", "read_jsonl_tail", "read_metrics", "Record",
+           "RECORD_KINDS", "TIMELINE_EVENTS", "TrainRecord"]

@@ -166,7 +166,10 @@ class Trainer:
                           tokens_per_step=self.tokens_per_step, corpus=self.data.source,
                           train_tokens=int(self.data.n_train),
                           val_tokens=int(len(self.data.tokens) - self.data.n_train),
-                          peak_flops=s.peak_flops, pid=os.getpid(), world_size=self.dist.world, parallel=s.parallel)
+                          peak_flops=s.peak_flops, pid=os.getpid(), world_size=self.dist.world, parallel=s.parallel,
+                          **({"checkpoint": ckpt.meta["name"]} if ckpt else {}),
+                          **({"parent": p.parent} if p.parent else {}))
+        self.io.report_changes()
         if pending_rng:
             pending_rng()  # last: building the model above drew random numbers
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
-from workbench.fs import fsync_dir, read_json, write_atomic, write_json_atomic
+from workbench.fs import cache_root, fsync_dir, read_json, write_atomic, write_json_atomic
 from workbench.train.corpus import Corpus, CorpusError, Piece, Stats, warnings_of
 from workbench.train.faults import NO_FAULTS, Faults
 from workbench.train.tokenizer import OPTIONS_VERSION, Tokenizer, train_tokenizer
@@ -76,10 +76,6 @@ Progress = Callable[[PrepareProgress], None]
 
 class DataError(WorkbenchError):
     pass
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("WORKBENCH_CACHE_DIR") or Path.home() / ".cache" / "workbench")
 
 
 @dataclass

@@ -36,6 +36,14 @@ class CheckpointIO:
         self.tr = trainer
         self.elapsed_before = 0.0   # training time of the run before this process
         self.ckpt_seconds = 0.0     # time spent saving, in this process
+        self.changes: dict = {}     # [train] keys changed since the checkpoint restored: {key: [old, new]}
+
+    def report_changes(self) -> None:
+        tr = self.tr
+        if self.changes:
+            tr.report.event("preset_changed", tr.state.step, changes=self.changes)
+            tr.report.log("preset changes since that checkpoint: "
+                          + ", ".join(f"train.{k} {a!r} -> {b!r}" for k, (a, b) in self.changes.items()))
 
     def elapsed(self) -> float:
         return self.elapsed_before + (time.time() - self.tr.started)
@@ -114,13 +122,10 @@ class CheckpointIO:
         if at_start:
             self.elapsed_before = tr.state.elapsed_s
         tr.report.log(f"resumed from checkpoint {ck.meta['name']} (step {step})")
-        # Safe changes since the checkpoint (schedule length, intervals) are allowed and recorded.
+        # Safe changes since the checkpoint (schedule length, intervals) are allowed and recorded, after
+        # the resume event (``report_changes``).
         old = tr.state.train_preset
-        changed = {k: [old[k], v] for k, v in vars(tr.preset.train).items() if k in old and old[k] != v}
-        if changed:
-            tr.report.event("preset_changed", step, changes=changed)
-            tr.report.log("preset changes since that checkpoint: "
-                          + ", ".join(f"train.{k} {a!r} -> {b_!r}" for k, (a, b_) in changed.items()))
+        self.changes = {k: [old[k], v] for k, v in vars(tr.preset.train).items() if k in old and old[k] != v}
         host = tr.state.host_rng
 
         def restore_rng() -> None:

@@ -65,6 +65,7 @@ class WorkbenchApp(App[int]):
         super().__init__()
         self.runs_dir = runs_root(runs_dir)
         self.injected_hardware = hardware_info
+        self.machine_info: dict | None = hardware_info  # the latest hardware read: what the new-run form estimates for
         self.recommended: tuple[str, str] | None = (
             hwinfo.recommend(hardware_info) if hardware_info else None)
         self.watch_interval = watch_interval
@@ -90,7 +91,8 @@ class WorkbenchApp(App[int]):
             with TabPane("3 Train", id="train"):
                 yield MonitorPane(id="monitor-pane")
             with TabPane("4 Loss curves", id="curves"):
-                yield CurvesPane(self.run_data, max(0.5, self.watch_interval), id="curves-pane")
+                yield CurvesPane(self.run_data, max(0.5, self.watch_interval), runs_dir=self.runs_dir,
+                                 id="curves-pane")
             with TabPane("5 Sample", id="sample"):
                 yield SamplePane(self.runs_dir, id="sample-pane")
             with TabPane("6 Runs", id="runs"):
@@ -267,7 +269,7 @@ class WorkbenchApp(App[int]):
             if req is not None:
                 self.post_message(StartRun(req))
 
-        self.push_screen(NewRunScreen(preset, overrides), done)
+        self.push_screen(NewRunScreen(preset, overrides, self.machine_info, self.runs_dir), done)
 
     def action_train_recommended(self) -> None:
         if not self.recommended:
@@ -288,12 +290,15 @@ class WorkbenchApp(App[int]):
     @on(ResumeRun)
     @work(thread=True, group="resume", exit_on_error=False)
     def _resume(self, msg: ResumeRun) -> None:
-        if (s := self.summary(msg.run_id)) is not None and s.state in LIVE_STATES:
+        s = self.summary(msg.run_id)
+        if msg.checkpoint == "latest" and s is not None and s.state in LIVE_STATES:
             self.notify(f"{msg.run_id} is already running.", severity="warning")
             return
-        self.notify(f"Resuming {msg.run_id} from checkpoint {msg.checkpoint}…")
-        if self._cli("resume", launcher.resume_run, self.runs_dir, msg.run_id, msg.checkpoint) is not None:
-            self.post_message(RunStarted(msg.run_id, "resumed"))
+        more = f" for {msg.more:,} more steps" if msg.more else ""
+        self.notify(f"Resuming {msg.run_id} from checkpoint {msg.checkpoint}{more}…")
+        rid = self._cli("resume", launcher.resume_run, self.runs_dir, msg.run_id, msg.checkpoint, 120, msg.more)
+        if rid is not None:
+            self.post_message(RunStarted(rid, "resumed" if rid == msg.run_id else f"branched from {msg.run_id}"))
 
     @on(StopRun)
     @work(thread=True, group="stop", exit_on_error=False)
@@ -340,6 +345,7 @@ class WorkbenchApp(App[int]):
     @on(HardwarePane.Read)
     def _hardware_read(self, msg: HardwarePane.Read) -> None:
         self.recommended = msg.recommended
+        self.machine_info = msg.info
 
     def action_refresh_hardware(self) -> None:
         self.query_one(HardwarePane).read_hardware()

@@ -65,12 +65,17 @@ def start_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
         args += ["--name", req.name]
     for item in req.overrides:
         args += ["--set", item]
-    out = _run(cli_argv(runs_dir, "train", *args, "--detach"), timeout)
+    # --yes: the new-run form has shown the estimate and asked already when the run will not fit
+    out = _run(cli_argv(runs_dir, "train", *args, "--detach", "--yes"), timeout)
     return _last_line(out)
 
 
-def resume_run(runs_dir: Path, run_id: str, checkpoint: str = "latest", timeout: float = 120) -> str:
-    out = _run(cli_argv(runs_dir, "resume", run_id, "--checkpoint", checkpoint, "--detach"), timeout)
+def resume_run(runs_dir: Path, run_id: str, checkpoint: str = "latest", timeout: float = 120,
+               more: int | None = None) -> str:
+    """``workbench resume RUN --checkpoint C [--more N] --detach``; returns the id of the run that goes on
+    (the run itself, or the new branch when C is not its latest checkpoint)."""
+    extra = ["--more", str(more)] if more else []
+    out = _run(cli_argv(runs_dir, "resume", run_id, "--checkpoint", checkpoint, *extra, "--detach"), timeout)
     return _last_line(out) or run_id
 
 

@@ -32,7 +32,7 @@ class RunsListed(Message):
 class RunStarted(Message):
     """A trainer was started or resumed (the monitor follows it)."""
     run_id: str
-    how: str  # "started" | "resumed"
+    how: str  # "started" | "resumed" | "branched from RUN"
 
 
 # ----------------------------------------------------------------------------- requests to the app
@@ -46,9 +46,11 @@ class StartRun(Message):
 
 @dataclass
 class ResumeRun(Message):
-    """Resume ``run_id`` from ``checkpoint``: ``latest``, ``best`` or a step."""
+    """Resume ``run_id`` from ``checkpoint``: ``latest`` (in place), or a step (a checkpoint other than the
+    latest continues in a new run, a branch); ``more``: train that many steps past the checkpoint."""
     run_id: str
     checkpoint: str = "latest"
+    more: int | None = None
 
 
 @dataclass

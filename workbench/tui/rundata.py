@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.rundir import EvalRecord, EventRecord, Record, TrainRecord, parse_record
+from workbench.rundir import TIMELINE_EVENTS, EvalRecord, EventRecord, Record, TrainRecord, parse_record
 
 # Events worth a marker on screen, with the style they are shown in.
 EVENT_STYLES = {
@@ -58,11 +58,25 @@ class RunData:
                 self.last_eval = r
             elif isinstance(r, EventRecord):
                 self.events.append(r)
+                if r.event in TIMELINE_EVENTS:
+                    self._rewind(r.step)
                 if r.event in ("start", "resume", "compile_done"):
                     # the first steps after a (re)start or compile are slow: leave them out of the rate
                     self._rate_points.clear()
                     self._skip_next_for_rate = True
         return bool(records)
+
+    def _rewind(self, step: int) -> None:
+        """A resume or rollback continues from ``step``: records after it belong to the timeline it
+        abandoned (steps trained and logged after the checkpoint it went back to), so they go."""
+        while self.steps and self.steps[-1] > step:
+            self.steps.pop()
+            self.losses.pop()
+            self.tokens.pop()
+        while self.eval_steps and self.eval_steps[-1] > step:
+            self.eval_steps.pop()
+            self.eval_val.pop()
+            self.eval_train.pop()
 
     def _feed_train(self, r: TrainRecord) -> None:
         if r.loss is not None:
@@ -148,3 +162,21 @@ def downsample(xs: list, ys: list, n: int) -> tuple[list, list]:
     if ix[-1] != len(xs) - 1:
         ix.append(len(xs) - 1)
     return [xs[i] for i in ix], [ys[i] for i in ix]
+
+
+def joined(parts: list[tuple[RunData, int | None]]) -> RunData:
+    """One run drawn with its ancestors: each part's series up to the step where the next part branched
+    from it (None: all of it), as one RunData named after the last part."""
+    out = RunData(parts[-1][0].run_id)
+    for d, upto in parts:
+        keep = [i for i, s in enumerate(d.steps) if upto is None or s <= upto]
+        out.steps += [d.steps[i] for i in keep]
+        out.losses += [d.losses[i] for i in keep]
+        out.tokens += [d.tokens[i] for i in keep]
+        keep = [i for i, s in enumerate(d.eval_steps) if upto is None or s <= upto]
+        out.eval_steps += [d.eval_steps[i] for i in keep]
+        out.eval_val += [d.eval_val[i] for i in keep]
+        out.eval_train += [d.eval_train[i] for i in keep]
+    last = parts[-1][0]
+    out.status, out.last_train, out.last_eval, out.events = last.status, last.last_train, last.last_eval, last.events
+    return out

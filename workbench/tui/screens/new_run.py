@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -20,8 +22,11 @@ from workbench.config import (
     toml_string,
 )
 from workbench.errors import WorkbenchError
+from workbench.machine.detect import Machine, detect
+from workbench.plan.report import fit_check
 from workbench.rundir import sanitize_run_name
 from workbench.tui.launcher import RunRequest
+from workbench.tui.screens.dialogs import ConfirmScreen
 
 
 def request_preset(req: RunRequest) -> Preset:
@@ -51,13 +56,28 @@ def check_request(req: RunRequest) -> str | None:
     return None
 
 
+def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | None) -> tuple[bool | None, str]:
+    """(fits, what to show) for the run ``req`` describes on this machine: memory and time, by estimate."""
+    try:
+        check = fit_check(request_preset(req), Machine.from_info(machine_info or detect()), runs_dir)
+    except (WorkbenchError, OSError) as e:
+        return None, f"estimate: {e}"
+    return check.fits, "\n".join(check.lines())
+
+
 class NewRunScreen(ModalScreen["RunRequest | None"]):
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "start", "Start")]
 
-    def __init__(self, preset: str | None = None, overrides: str = ""):
+    def __init__(self, preset: str | None = None, overrides: str = "", machine_info: dict | None = None,
+                 runs_dir: Path | None = None):
+        """``machine_info``: the hardware the estimate is for (default: detected now)."""
         super().__init__()
         self.preset = preset
         self.overrides = overrides
+        self.machine_info = machine_info
+        self.runs_dir = runs_dir
+        self.fits: bool | None = None
+        self._timer = None
 
     def compose(self) -> ComposeResult:
         names = sorted(preset_paths())
@@ -76,6 +96,7 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
             with Horizontal(classes="field"):
                 yield Label("--set", classes="field-label")
                 yield Input(self.overrides, placeholder="train.max_iters=500 model.dim=128 …", id="nr-overrides")
+            yield Static("", id="nr-estimate")
             yield Static("", id="nr-error", classes="error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Start (ctrl+s)", id="start", variant="success")
@@ -83,6 +104,25 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
 
     def on_mount(self) -> None:
         self.query_one("#nr-preset", Select).focus()  # tab order: preset, corpus, name, --set
+        self.show_estimate()
+
+    def show_estimate(self) -> None:
+        if not self.is_attached or not self.query("#nr-estimate"):  # dismissed meanwhile
+            return
+        self.fits, text = estimate_text(self.request(), self.machine_info, self.runs_dir)
+        style = {True: "green", False: "bold red"}.get(self.fits, "dim")
+        self.query_one("#nr-estimate", Static).update(Text(text, style=style))
+
+    def _estimate_soon(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_timer(0.3, self.show_estimate)
+
+    def on_select_changed(self) -> None:
+        self._estimate_soon()
+
+    def on_input_changed(self) -> None:
+        self._estimate_soon()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "start":
@@ -109,7 +149,17 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
         if err:
             self.query_one("#nr-error", Static).update(err)
             return
-        self.dismiss(req)
+        self.fits, text = estimate_text(req, self.machine_info, self.runs_dir)
+        if self.fits is not False:
+            self.dismiss(req)
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.dismiss(req)
+
+        self.app.push_screen(ConfirmScreen(f"By the estimate, [b]{req.preset}[/b] does not fit this machine:\n\n"
+                                           f"{text}\n\nStart it anyway?", "Start anyway"), answer)
 
     def action_cancel(self) -> None:
         self.dismiss(None)

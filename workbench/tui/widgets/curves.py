@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.segment import Segment
 from rich.text import Text
@@ -21,8 +22,9 @@ except ImportError:  # pragma: no cover - a Textual without it: leave the rows a
     _BOX = None
 from textual.widgets.option_list import OptionDoesNotExist
 
+from workbench.plan.lineage import lineage
 from workbench.tui.plot import SMOOTHING, render_loss_plot
-from workbench.tui.rundata import RunData
+from workbench.tui.rundata import RunData, joined
 from workbench.tui.widgets.pane import Pane
 
 
@@ -75,22 +77,27 @@ class CurvesPane(Horizontal, Pane):
         Binding("x", "toggle_x", "Step/tokens"),
         Binding("s", "cycle_smoothing", "Smooth"),
         Binding("v", "cycle_show", "Train/val"),
+        Binding("a", "toggle_lineage", "Ancestors"),
     ]
 
     log_y: reactive[bool] = reactive(False, init=False)
     x_axis: reactive[str] = reactive("step", init=False)
     smoothing: reactive[float] = reactive(0.0, init=False)
     show: reactive[str] = reactive("both", init=False)
+    lineage: reactive[bool] = reactive(False, init=False)  # a branched run drawn with its ancestors, as one line
 
     @dataclass
     class RunsTicked(Message):
         """The runs ticked for plotting changed: their metrics must be read."""
         run_ids: list[str]
 
-    def __init__(self, data: dict[str, RunData], redraw_interval: float = 0.5, **kw):
-        """``data``: the app's run data, shared; new records are drawn at most every ``redraw_interval`` s."""
+    def __init__(self, data: dict[str, RunData], redraw_interval: float = 0.5, runs_dir: Path | None = None,
+                 **kw):
+        """``data``: the app's run data, shared; new records are drawn at most every ``redraw_interval`` s;
+        ``runs_dir``: where to find a branched run's ancestors."""
         super().__init__(**kw)
         self.data = data
+        self.runs_dir = runs_dir
         self.redraw_interval = redraw_interval
         self._stale = False  # a ticked run has records the plot does not show yet
 
@@ -154,12 +161,27 @@ class CurvesPane(Horizontal, Pane):
     def selected_ids(self) -> list[str]:
         return list(self.query_one("#curves-runs", SelectionList).selected)
 
+    def chains(self) -> dict[str, list[tuple[str, int | None]]]:
+        """Each ticked run with its ancestors, oldest first (just itself unless ancestors are drawn)."""
+        if not (self.lineage and self.runs_dir):
+            return {r: [(r, None)] for r in self.selected_ids()}
+        return {r: lineage(self.runs_dir, r) for r in self.selected_ids()}
+
     def selected_data(self) -> list[RunData]:
-        return [self.data[r] for r in self.selected_ids() if r in self.data]
+        out = []
+        for rid, chain in self.chains().items():
+            parts = [(self.data[r], upto) for r, upto in chain if r in self.data]
+            if parts and parts[-1][0].run_id == rid:
+                out.append(joined(parts) if len(parts) > 1 else parts[0][0])
+        return out
+
+    def _watch_ticked(self) -> None:
+        """Ask for the metrics of every run drawn: the ticked ones and, with ancestors, theirs."""
+        self.post_message(self.RunsTicked([r for chain in self.chains().values() for r, _ in chain]))
 
     def on_selection_list_selected_changed(self, event: SelectionList.SelectedChanged) -> None:
         event.stop()
-        self.post_message(self.RunsTicked(self.selected_ids()))
+        self._watch_ticked()
         self.redraw()
 
     def tab_shown(self) -> None:
@@ -168,7 +190,7 @@ class CurvesPane(Horizontal, Pane):
     def records_added(self, run_id: str) -> None:
         """New records of ``run_id`` were read: redraw soon if it is plotted (not for every record of
         a fast run: plotting the whole series is the costly part)."""
-        if run_id in self.selected_ids():
+        if any(run_id == r for chain in self.chains().values() for r, _ in chain):
             self._stale = True
 
     def _redraw_if_stale(self) -> None:
@@ -183,13 +205,20 @@ class CurvesPane(Horizontal, Pane):
     def _show_settings(self) -> None:
         self.query_one("#curves-settings", Label).update(
             f"x: {self.x_axis}   y: {'log' if self.log_y else 'linear'}\n"
-            f"smoothing: {self.smoothing:g}\nshow: {self.show}")
+            f"smoothing: {self.smoothing:g}\nshow: {self.show}\nancestors: {'drawn' if self.lineage else 'not drawn'}")
 
     def _changed(self) -> None:
         self._show_settings()
         self.redraw()
 
     watch_log_y = watch_x_axis = watch_smoothing = watch_show = lambda self, _v: self._changed()
+
+    def watch_lineage(self, _v: bool) -> None:
+        self._watch_ticked()
+        self._changed()
+
+    def action_toggle_lineage(self) -> None:
+        self.lineage = not self.lineage
 
     def action_toggle_log(self) -> None:
         self.log_y = not self.log_y

@@ -1,4 +1,5 @@
-"""Presets pane: shipped and user presets, a TOML editor validated as you type, the estimate.
+"""Presets pane: shipped and user presets, a TOML editor validated as you type, the estimate, and
+(ctrl+g, in place of the editor) the preset on other GPUs: ``workbench estimate PRESET --compare``.
 
 The pane saves presets itself (atomically; a shipped preset as a user copy); "train with it" asks
 the app to open the new-run form."""
@@ -11,11 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tomli_w
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import OptionList, Static, TextArea
@@ -34,6 +37,7 @@ from workbench.config import (
 )
 from workbench.errors import WorkbenchError
 from workbench.fs import write_atomic
+from workbench.plan.compare import compare
 from workbench.plan.estimate import estimate_memory
 from workbench.plan.flops import count_params
 from workbench.plan.summary import RunSummary
@@ -117,7 +121,28 @@ def estimate_table(p: Preset, measured: dict | None = None) -> Table:
         tps = measured["tokens_per_s"]
         t.add_row("tokens/s", f"{fmt.si(tps)} (measured, {measured['run']})")
         t.add_row("time", fmt.duration(p.tokens_per_step() * p.train.max_iters / tps) + " (from measured)")
+    t.add_row("other GPUs", "ctrl+g")
     return t
+
+
+def gpu_table(result: dict) -> Group:
+    """``compare``'s rows as the pane shows them: narrow enough for 80 columns beside the list."""
+    t = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+    for col, just in (("GPU", "left"), ("memory", "right"), ("fits", "left"), ("batch", "right"),
+                      ("tokens/s", "right"), ("time", "right"), ("energy", "right")):
+        t.add_column(col, justify=just, no_wrap=True)
+    for r in result["rows"]:
+        fits = Text("yes", style="green") if r["fits"] else Text("no", style="red")
+        t.add_row(r["gpu"].removeprefix("Apple "), f"{r['estimate'] / 2**30:.1f}/{r['available'] / 2**30:.0f}G", fits,
+                  f"{r['batch_size']}x{r['grad_accum']}" if r["fit_batch"] else "—", fmt.si(r["tokens_per_s"]),
+                  fmt.duration(r["time_s"]), "—" if r["kwh"] is None else f"{r['kwh']:.3g} kWh")
+    head = Text.assemble((f"{result['preset']} on other GPUs", "bold"),
+                         (f"  ({result['params'] / 1e6:.0f} M params, {result['tokens'] / 1e6:,.0f} M tokens; "
+                          "estimates)", "dim"))
+    foot = Text("memory: estimate / usable GiB; fits: within 90 %; batch: what `fit` would choose; MFU measured on "
+                "an H100 and scaled by model size. Prices and details: `workbench estimate "
+                f"{result['preset']} --compare`. ctrl+g: back to the editor", style="dim")
+    return Group(head, t, foot)
 
 
 class PresetsPane(Horizontal, Pane):
@@ -127,12 +152,19 @@ class PresetsPane(Horizontal, Pane):
         Binding("ctrl+o", "save_as", "Save as…"),
         Binding("ctrl+t", "train", "Train with it"),
         Binding("ctrl+r", "revert", "Revert", show=False),
+        Binding("ctrl+g", "toggle_gpus", "Other GPUs"),
     ]
 
     @dataclass
     class TrainRequested(Message):
         """Open the new-run form on this preset (None: the recommended one)."""
         preset: str | None
+
+    @dataclass
+    class GpusCompared(Message):
+        """The preset named ``preset`` was estimated on the GPU table's common GPUs (``plan.compare``)."""
+        preset: str
+        result: dict
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -142,6 +174,7 @@ class PresetsPane(Horizontal, Pane):
         self.valid: Preset | None = None
         self.measured: dict[str, dict] = {}  # preset name -> latest measured tokens/s
         self._check_timer: Timer | None = None
+        self.showing_gpus = False  # the other-GPUs view in place of the editor (ctrl+g)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="preset-side"):
@@ -151,12 +184,17 @@ class PresetsPane(Horizontal, Pane):
             # plain text here; TOML highlighting is switched on in on_mount when it is available
             yield TextArea("", id="preset-editor", show_line_numbers=True, soft_wrap=False,
                            tab_behavior="indent")
+            with VerticalScroll(id="preset-gpus"):
+                yield Static("", id="preset-gpus-table")
             yield Static("", id="preset-status")
 
     def on_mount(self) -> None:
         self._use_toml_highlighting()
         self.query_one("#preset-list", OptionList).border_title = "presets"
         self.query_one("#preset-estimate", Static).border_title = "estimate"
+        gpus = self.query_one("#preset-gpus", VerticalScroll)
+        gpus.border_title = "this preset on other GPUs"
+        gpus.display = False
         self.reload()
 
     def _use_toml_highlighting(self) -> None:
@@ -232,6 +270,8 @@ class PresetsPane(Horizontal, Pane):
         if self.valid is not None:
             self.query_one("#preset-estimate", Static).update(
                 estimate_table(self.valid, self.measured.get(self.current)))
+        if self.showing_gpus:
+            self.compare_gpus()
 
     def editor_text(self) -> str:
         return self.query_one("#preset-editor", TextArea).text
@@ -303,6 +343,47 @@ class PresetsPane(Horizontal, Pane):
 
     def action_train(self) -> None:
         self.post_message(self.TrainRequested(self.current))
+
+    # ------------------------------------------------------------------ other GPUs
+
+    NARROW = 110  # below this many columns the GPU table takes the preset list's place too
+
+    def action_toggle_gpus(self) -> None:
+        """Show the preset on the common GPUs in place of the editor, or the editor again."""
+        self.showing_gpus = not self.showing_gpus
+        editor = self.query_one("#preset-editor", TextArea)
+        editor.display = not self.showing_gpus
+        self.query_one("#preset-gpus", VerticalScroll).display = self.showing_gpus
+        self._fit_gpu_table()
+        if self.showing_gpus:
+            if self.app.focused is editor:
+                self.focus_main()  # the pane's keys stay live while the editor is hidden
+            self.compare_gpus()
+        else:
+            editor.focus()
+
+    def on_resize(self) -> None:
+        self._fit_gpu_table()
+
+    def _fit_gpu_table(self) -> None:
+        self.query_one("#preset-side").display = not (self.showing_gpus and self.size.width < self.NARROW)
+
+    def compare_gpus(self) -> None:
+        """Estimate the editor's preset on the common GPUs (in a worker: a few hundred estimates)."""
+        if self.valid is None:
+            self.query_one("#preset-gpus-table", Static).update(
+                Text("The preset has an error (see below); fix it to see it on other GPUs.", style="yellow"))
+            return
+        self._compare(self.valid)
+
+    @work(thread=True, exclusive=True, group="gpus", exit_on_error=False)
+    def _compare(self, preset: Preset) -> None:
+        self.post_message(self.GpusCompared(preset.name, compare(preset)))
+
+    @on(GpusCompared)
+    def _gpus_compared(self, msg: GpusCompared) -> None:
+        if self.showing_gpus and msg.preset == (self.valid.name if self.valid else None):
+            self.query_one("#preset-gpus-table", Static).update(gpu_table(msg.result))
 
     def action_revert(self) -> None:
         if self.current:

@@ -15,12 +15,16 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
+from workbench.config import load_preset_file
+from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
+from workbench.plan.lineage import branch_name
 from workbench.plan.summary import RunSummary
 from workbench.rundir import LIVE_STATES, RunLock, best_checkpoint
 from workbench.tui import fmt
 from workbench.tui.messages import ResumeRun
 from workbench.tui.screens.dialogs import ConfirmScreen
+from workbench.tui.screens.more_steps import MoreStepsScreen
 from workbench.tui.widgets.pane import Pane
 
 
@@ -28,10 +32,11 @@ class RunsPane(Vertical, Pane):
     MAIN_WIDGET = "#runs-table"
     BINDINGS = [
         Binding("enter", "monitor", "Monitor", show=False),
-        Binding("m", "monitor", "Monitor"),
+        Binding("m", "monitor", "Monitor", show=False),  # (enter too) hidden: the footer fits 80 columns
         # short labels: all of them fit the footer of an 80-column terminal
         Binding("r", "resume('latest')", "Resume"),
-        Binding("c", "resume('chosen')", "Resume ckpt"),
+        Binding("c", "resume('chosen')", "From ckpt"),
+        Binding("plus", "more", "More"),
         Binding("s", "sample", "Sample"),
         Binding("l", "curves", "Curves"),
         Binding("d", "delete", "Delete"),
@@ -127,7 +132,8 @@ class RunsPane(Vertical, Pane):
             detail.update("No runs here yet. Press [b]n[/b] to start one.")
             return
         msg = Text.assemble((run.id, "bold"), "  ", Text.from_markup(fmt.state_markup(run.state)),
-                            f"  preset {run.preset}  {len(run.checkpoints)} checkpoint(s)")
+                            f"  preset {run.preset}  {len(run.checkpoints)} checkpoint(s)",
+                            (f"  branched from {run.parent.replace('@', ' at step ')}" if run.parent else "", "cyan"))
         if run.error and run.state in ("failed", "crashed"):
             msg.append(f"\n{run.error}", style="red")
         detail.update(msg)
@@ -169,7 +175,43 @@ class RunsPane(Vertical, Pane):
         if ck is None:
             self.notify(f"{rid} has no checkpoint to resume from.", severity="warning")
             return
-        self.post_message(ResumeRun(rid, str(ck["step"])))
+        latest = self.summaries[rid].checkpoints[-1]
+        if ck["step"] == latest["step"]:
+            self.post_message(ResumeRun(rid, str(ck["step"])))
+            return
+        child = branch_name(Path(self.summaries[rid].path), ck["step"])
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.post_message(ResumeRun(rid, str(ck["step"])))
+
+        # History is never rewritten: an older checkpoint goes on in a new run; this one stays as it is.
+        self.app.push_screen(ConfirmScreen(
+            f"Checkpoint step {ck['step']:,} is not the latest of [b]{rid}[/b] (step {latest['step']:,}).\n\n"
+            f"Resume from it as a new run, [b]{child}[/b]? {rid} is left as it is.", "Branch", danger=False), answer)
+
+    def action_more(self) -> None:
+        """Continue a run that has ended (finished, stopped, early-stopped) for N more steps."""
+        if not (rid := self._selected_run()):
+            return
+        s = self.summaries[rid]
+        if s.state in LIVE_STATES:
+            self.notify(f"{rid} is still running.", severity="warning")
+            return
+        if not s.checkpoints:
+            self.notify(f"{rid} has no checkpoint to continue from.", severity="warning")
+            return
+        try:
+            preset = load_preset_file(Path(s.path) / "preset.toml")
+        except WorkbenchError as e:
+            self.notify(str(e), severity="error")
+            return
+
+        def answer(n: int | None) -> None:
+            if n:
+                self.post_message(ResumeRun(rid, "latest", more=n))
+
+        self.app.push_screen(MoreStepsScreen(rid, preset, int(s.checkpoints[-1]["step"])), answer)
 
     def action_sample(self) -> None:
         if (rid := self._selected_run()):

@@ -1,0 +1,114 @@
+"""A run's history is never rewritten: resuming from a checkpoint other than the latest makes a
+new run (a branch) that starts from a copy of that checkpoint and records its parent; the parent
+is left exactly as it was.
+
+    runs/tiny/                    finished at 600; its latest checkpoint stays step_0000600
+    runs/tiny-from-540/           preset.toml has [parent] run = "tiny", step = 540
+        checkpoints/step_0000540/ the parent's checkpoint (hard links: no copy, and deleting either
+                                  side's files never touches the other's)
+        tokenizer.model           the parent's
+
+Readers follow a run's ancestors to draw it as one line (``lineage``). Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from workbench.config import PresetError, parse_toml, preset_from_dict, preset_to_toml
+from workbench.fs import fsync_dir, write_atomic
+from workbench.rundir import RunError, ckpt_name, list_checkpoints, new_run_dir
+
+
+def is_latest(run_dir: Path, ckpt: dict) -> bool:
+    ckpts = list_checkpoints(run_dir)
+    return bool(ckpts) and ckpts[-1]["step"] == ckpt["step"]
+
+
+def branch_name(run_dir: Path, step: int) -> str:
+    return f"{Path(run_dir).name}-from-{step}"
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """``dst`` holds the files of ``src``: hard links where the filesystem allows, copies elsewhere.
+    Checkpoint files are never changed in place (only written whole and renamed, or deleted), so a
+    hard link is as safe as a copy and costs no space."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for f in sorted(src.iterdir()):
+            try:
+                os.link(f, tmp / f.name)
+            except OSError:
+                shutil.copy2(f, tmp / f.name)
+        fsync_dir(tmp)
+        os.rename(tmp, dst)
+        fsync_dir(dst.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def branch(run_dir: Path, ckpt: dict, root: Path, name: str | None = None,
+           overrides_applied: dict | None = None) -> Path:
+    """A new run that continues ``run_dir``'s checkpoint ``ckpt``; ``overrides_applied``: the preset data
+    the new run starts with (default: the parent's). Nothing in ``run_dir`` changes."""
+    run_dir = Path(run_dir)
+    data = overrides_applied or parse_toml((run_dir / "preset.toml").read_text(encoding="utf-8"),
+                                           str(run_dir / "preset.toml"))
+    data = dict(data, parent={"run": run_dir.name, "step": int(ckpt["step"])})
+    try:
+        preset = preset_from_dict(data, str(run_dir / "preset.toml"), name=data.get("name"))
+    except PresetError as e:
+        raise RunError(str(e)) from None
+    child = new_run_dir(root, preset.name, name or _free_name(root, branch_name(run_dir, ckpt["step"])))
+    try:
+        (child / "checkpoints").mkdir()
+        _link_tree(Path(ckpt["path"]), child / "checkpoints" / ckpt_name(int(ckpt["step"])))
+        tok = run_dir / "tokenizer.model"
+        if tok.exists():
+            write_atomic(child / "tokenizer.model", tok.read_bytes())
+        write_atomic(child / "preset.toml", preset_to_toml(preset))
+    except BaseException:
+        shutil.rmtree(child, ignore_errors=True)
+        raise
+    return child
+
+
+def _free_name(root: Path, base: str) -> str:
+    for i in range(1000):
+        candidate = base if i == 0 else f"{base}-{i + 1}"
+        if not (root / candidate).exists():
+            return candidate
+    raise RunError(f"too many runs named {base}-N in {root}; give --name")
+
+
+def parent_of(run_dir: Path) -> tuple[str, int] | None:
+    """(parent run id, branch step) from the run's preset.toml, or None."""
+    try:
+        data = parse_toml((Path(run_dir) / "preset.toml").read_text(encoding="utf-8"), str(run_dir))
+    except (OSError, PresetError):
+        return None
+    p = data.get("parent")
+    if isinstance(p, dict) and isinstance(p.get("run"), str) and isinstance(p.get("step"), int):
+        return p["run"], p["step"]
+    return None
+
+
+def lineage(root: Path, run_id: str, limit: int = 32) -> list[tuple[str, int | None]]:
+    """The run and its ancestors, oldest first: [(run id, the step up to which it counts), ...]; the
+    last entry is the run itself (None: all of it). Stops at a missing parent or a cycle."""
+    chain: list[tuple[str, int | None]] = [(run_id, None)]
+    seen = {run_id}
+    current = run_id
+    while len(chain) < limit:
+        p = parent_of(Path(root) / current)
+        if p is None or p[0] in seen or not (Path(root) / p[0]).is_dir():
+            break
+        chain.append(p)
+        seen.add(p[0])
+        current = p[0]
+    return list(reversed(chain))
