@@ -7,5 +7,7 @@
 - ``recommend``  the preset that suits a machine, and what to change when one does not fit
 - ``history``    what earlier runs of a preset measured (tokens/s, memory)
 - ``report``     the ``workbench estimate`` report (CLI and TUI)
+- ``throughput`` tokens/s on a GPU of the table: its peak x an MFU, measured or scaled from a measurement
+- ``compare``    a preset as if on a GPU of the table (``estimate --gpu``), and on every common GPU (``--compare``)
 - ``summary``    one run's summary for ``workbench runs`` and the Runs pane
 """

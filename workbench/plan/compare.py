@@ -42,7 +42,7 @@ def on_gpu(preset: Preset, gpu: GpuSpec, precision: str | None = None) -> tuple[
     prec = precision if precision not in (None, "auto") else preset.hardware.precision
     note = ""
     if prec == "bf16" and gpu.bf16 is None:
-        prec, note = "fp16", f"{gpu.name} has no bf16: estimated in fp16 (hardware.precision = fp16)"
+        prec, note = "fp16", "no bf16 on this GPU: estimated in fp16 (hardware.precision = fp16)"
     p = est.what_if(preset, device=gpu.device, precision=prec if prec != "auto" else None)
     return p, note
 
@@ -105,7 +105,7 @@ def gpu_row(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mfu: 
         "estimate": mem["total"], "fits": est.fits(mem, available),
         "precision": settings.precision, "compile_mode": settings.compile_mode, "peak_flops": settings.peak_flops,
         "fit_batch": best, "batch_size": batch, "grad_accum": accum, "batch_note": batch_note,
-        "mfu": m.value if tps else None, "mfu_basis": m.basis, "mfu_why": m.why,
+        "mfu": m.value if tps and best else None, "mfu_basis": m.basis, "mfu_why": m.why,
         "tokens_per_s": tps if best else None, "time_s": t["total_s"] if t else None,
         "watts": gpu.power_w, "kwh": cost["kwh"] if cost else None,
         "usd_per_hour": usd_per_hour, "usd": cost["usd"] if cost else None,
@@ -185,6 +185,9 @@ def compare(preset: Preset, gpus: Iterable[GpuSpec] | None = None, *, precision:
     if n < SMALL_MODEL:
         notes.append(f"{n / 1e6:.1f} M parameters: small models are launch- and memory-bound, the MFU is the "
                      "least certain number here")
+    if any(r["fit_batch"] and not r["fits"] for r in rows):
+        notes.append("where the preset fits only at a smaller micro-batch (fits: no, a fit batch), the time is at "
+                     "the same MFU; a smaller micro-batch usually reaches less")
     unpriced = [r["gpu"] for r in rows if r["usd"] is None and r["time_s"] is not None]
     if prices and unpriced:
         notes.append(f"no price given for {len(unpriced)} GPU(s)")

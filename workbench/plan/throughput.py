@@ -87,7 +87,7 @@ def _reference(m: Measurement) -> float:
 def mfu_for(preset: Preset, settings: RunSettings, gpu: GpuSpec, given: float | None = None) -> Mfu:
     """The MFU to expect for ``preset`` run with ``settings`` on ``gpu`` (see the module docstring)."""
     if given is not None:
-        return Mfu(given, "given", f"{given:.1%} MFU, given")
+        return Mfu(given, "given", "given with --mfu")
     mode = "off" if settings.device_type == "mps" else settings.compile_mode
     same_mode = [m for m in MEASUREMENTS if m.compile_mode == mode]
     if not same_mode:

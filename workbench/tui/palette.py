@@ -26,6 +26,12 @@ def _in_curves(app: "WorkbenchApp", action: Callable[[], None]) -> None:
     action()
 
 
+def _in_presets(app: "WorkbenchApp", action: Callable[[], None]) -> None:
+    """Show the Presets pane, then act in it."""
+    app.action_show_tab("presets")
+    action()
+
+
 def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
     # the panes' own actions, as their keys run them (the app queries its panes' screen)
     monitor, runs, curves = app.query_one(MonitorPane), app.query_one(RunsPane), app.query_one(CurvesPane)
@@ -57,6 +63,8 @@ def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
     yield "Stop sampling", "", sample.action_cancel
     yield "Save preset", "atomic; shipped presets are saved as a user copy", partial(presets.save, False)
     yield "Save preset as…", "save the editor's preset under a new name", partial(presets.save, True)
+    yield "Preset on other GPUs", "fits, batch, tokens/s and time on common GPUs (ctrl+g toggles)", \
+        partial(_in_presets, app, presets.action_toggle_gpus)
     yield "Refresh hardware", "", app.action_refresh_hardware
     yield "Refresh runs", "", app.action_refresh_runs
 

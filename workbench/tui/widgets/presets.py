@@ -127,15 +127,15 @@ def estimate_table(p: Preset, measured: dict | None = None) -> Table:
 
 def gpu_table(result: dict) -> Group:
     """``compare``'s rows as the pane shows them: narrow enough for 80 columns beside the list."""
-    t = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+    t = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, header_style="bold")
     for col, just in (("GPU", "left"), ("memory", "right"), ("fits", "left"), ("batch", "right"),
-                      ("tokens/s", "right"), ("time", "right"), ("energy", "right")):
+                      ("tok/s", "right"), ("time", "right"), ("energy", "right")):
         t.add_column(col, justify=just, no_wrap=True)
     for r in result["rows"]:
         fits = Text("yes", style="green") if r["fits"] else Text("no", style="red")
         t.add_row(r["gpu"].removeprefix("Apple "), f"{r['estimate'] / 2**30:.1f}/{r['available'] / 2**30:.0f}G", fits,
                   f"{r['batch_size']}x{r['grad_accum']}" if r["fit_batch"] else "—", fmt.si(r["tokens_per_s"]),
-                  fmt.duration(r["time_s"]), "—" if r["kwh"] is None else f"{r['kwh']:.3g} kWh")
+                  fmt.duration(r["time_s"]), "—" if r["kwh"] is None else f"{r['kwh']:.2g} kWh")
     head = Text.assemble((f"{result['preset']} on other GPUs", "bold"),
                          (f"  ({result['params'] / 1e6:.0f} M params, {result['tokens'] / 1e6:,.0f} M tokens; "
                           "estimates)", "dim"))
@@ -356,11 +356,16 @@ class PresetsPane(Horizontal, Pane):
         self.query_one("#preset-gpus", VerticalScroll).display = self.showing_gpus
         self._fit_gpu_table()
         if self.showing_gpus:
-            if self.app.focused is editor:
-                self.focus_main()  # the pane's keys stay live while the editor is hidden
             self.compare_gpus()
+        self.focus_main()  # the pane's keys stay live while the editor (or the list) is hidden
+
+    def focus_main(self) -> None:
+        """The preset list, or the GPU table while it is shown (the list may be hidden beside it)."""
+        if self.showing_gpus:
+            table = self.query_one("#preset-gpus", VerticalScroll)
+            table.screen.set_focus(table)
         else:
-            editor.focus()
+            super().focus_main()
 
     def on_resize(self) -> None:
         self._fit_gpu_table()
