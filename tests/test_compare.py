@@ -167,6 +167,16 @@ def test_the_124m_config_on_an_h100_reproduces_the_measured_tokens_per_s():
     assert a100["tokens_per_s"] == pytest.approx(462_652 * 312 / 989)
 
 
+@pytest.mark.parametrize("device_name,table_name", [("NVIDIA H100 80GB HBM3", "H100"),
+                                                    ("NVIDIA GeForce RTX 4090", "4090")])
+def test_this_machines_gpu_gets_the_same_estimate_as_gpu_name(device_name, table_name):
+    from workbench.plan.report import build_report
+    gpu = find_gpu(table_name)
+    here = Machine(gpus=(Gpu(0, device_name, gpu.memory_bytes, None, gpu.compute_capability),))
+    p = resolve_preset("gpu-24gb")
+    assert build_report(p, here)["tokens_per_s"] == pytest.approx(gpu_report(p, gpu)["tokens_per_s"])
+
+
 def test_other_setups_scale_the_measurement_compiled_the_same_way():
     p = resolve_preset("gpu-24gb")  # activation checkpointing: compiled per block, like gpu-8gb's measurement
     r = gpu_report(p, find_gpu("4090"))

@@ -26,7 +26,7 @@ from workbench.machine.gpus import GpuSpec, compare_set, find_gpu
 from workbench.plan import estimate as est
 from workbench.plan import throughput
 from workbench.plan.batch import plan_accumulation, search_batch
-from workbench.plan.flops import count_params, flops_per_token
+from workbench.plan.flops import count_params
 from workbench.plan.report import build_report
 from workbench.plan.settings import RunSettings, resolve_settings
 
@@ -113,12 +113,6 @@ def gpu_row(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mfu: 
     }
 
 
-def throughput_source(preset: Preset, settings: RunSettings, gpu: GpuSpec, mfu: throughput.Mfu) -> str:
-    """How a tokens/s from the GPU table's peak and an MFU was reached, in one line."""
-    return (f"estimate: {settings.peak_flops / 1e12:.4g} TFLOP/s ({gpu.name} {settings.precision} peak, GPU table) "
-            f"x {mfu.value:.1%} MFU ({mfu.why}) / {flops_per_token(preset.model) / 1e6:.4g} MFLOP per token")
-
-
 def gpu_report(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mfu: float | None = None,
                tokens_per_s: float | None = None, watts: float | None = None, usd_per_hour: float | None = None,
                usd_per_kwh: float | None = None) -> dict[str, Any]:
@@ -133,7 +127,7 @@ def gpu_report(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mf
     source = "given with --tokens-per-s"
     if tokens_per_s is None:
         tokens_per_s = throughput.tokens_per_s(p, settings, m)
-        source = throughput_source(p, settings, gpu, m) if tokens_per_s else ""
+        source = throughput.describe(p, settings, gpu, m) if tokens_per_s else ""
     r = build_report(p, machine, device=gpu.device, tokens_per_s=tokens_per_s, peak=gpu_peak(gpu),
                      watts=gpu.power_w if watts is None else watts, usd_per_hour=usd_per_hour,
                      usd_per_kwh=usd_per_kwh)

@@ -15,12 +15,15 @@ from workbench.config import Preset
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
 from workbench.machine.detect import Machine
+from workbench.machine.gpus import GpuSpec, spec_for_device
 from workbench.machine.peaks import peak_flops
 from workbench.plan import estimate as est
+from workbench.plan import throughput
 from workbench.plan.estimate import HEADROOM
 from workbench.plan.flops import count_params, flops_per_token, param_breakdown
 from workbench.plan.history import previous_run
 from workbench.plan.recommend import suggest_changes
+from workbench.plan.settings import RunSettings
 
 CPU_WATTS_ASSUMED = 65.0  # a desktop CPU package under load (the seeds' "CPU (i7) 65W")
 
@@ -29,8 +32,16 @@ CPU_WATTS_ASSUMED = 65.0  # a desktop CPU package under load (the seeds' "CPU (i
 # AdamW). Measured eager on an H100: 10 % (medium) to 25 % (datacenter-80gb)
 # of the bf16 peak; on a 2-core AVX-512 CPU, cpu-small reaches 67 % of the
 # measured fp32 matmul rate (the CPU's matmul rate is far below its peak). Used only when no run
-# of the preset has been measured here.
+# of the preset has been measured here, and on CUDA only for a GPU that is not in the GPU table
+# (one that is gets the MFU of workbench.plan.throughput, as `estimate --gpu` does).
 ASSUMED_EFFICIENCY = {"cpu": 0.5, "cuda": 0.15, "mps": 0.15}
+
+
+def table_gpu(machine: Machine, settings: RunSettings) -> GpuSpec | None:
+    """The run's GPU as a row of the GPU table, when the settings' peak is that row's (not a calibration)."""
+    g = machine.gpu(settings.device)
+    spec = spec_for_device(g.name) if g else None
+    return spec if spec and settings.peak_flops == spec.peak_flops(settings.precision) else None
 
 
 def build_report(preset: Preset, machine: Machine, *, device: str | None = None, precision: str | None = None,
@@ -79,6 +90,10 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
         tps, source = tokens_per_s, "given with --tokens-per-s"
     elif prev:
         tps, source = prev["tokens_per_s"], f"measured: median of {prev['records']} log records of run {prev['run']}"
+    elif is_here and settings.peak_flops and (gpu := table_gpu(machine, settings)):
+        mfu = throughput.mfu_for(p, settings, gpu)  # the same MFU as `estimate --gpu` for this GPU
+        tps = throughput.tokens_per_s(p, settings, mfu)
+        source = throughput.describe(p, settings, gpu, mfu) if tps else None
     elif is_here and settings.peak_flops:
         eff = ASSUMED_EFFICIENCY.get(kind, 0.3)
         tps = est.tokens_per_s_from_flops(p.model, settings.peak_flops, eff)

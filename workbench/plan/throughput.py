@@ -111,3 +111,9 @@ def tokens_per_s(preset: Preset, settings: RunSettings, mfu: Mfu) -> float | Non
     if not settings.peak_flops or mfu.value <= 0:
         return None
     return settings.peak_flops * mfu.value / flops_per_token(preset.model)
+
+
+def describe(preset: Preset, settings: RunSettings, gpu: GpuSpec, mfu: Mfu) -> str:
+    """How a tokens/s from the GPU table's peak and an MFU was reached, in one line."""
+    return (f"estimate: {settings.peak_flops / 1e12:.4g} TFLOP/s ({gpu.name} {settings.precision} peak, GPU table) "
+            f"x {mfu.value:.1%} MFU ({mfu.why}) / {flops_per_token(preset.model) / 1e6:.4g} MFLOP per token")
