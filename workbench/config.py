@@ -69,10 +69,26 @@ class TrainConfig:
                             "data-parallel processes takes batch_size / N).", min=1)
     grad_accum: int = _f(1, "Micro-batches per optimizer step; tokens/step = batch_size x grad_accum x seq_len.", min=1)
     max_iters: int = _f(2000, "Optimizer steps to train for.", min=1)
-    lr: float = _f(6e-4, "Peak learning rate (AdamW), reached after warmup.", min=0.0, max=1.0, min_exclusive=True)
-    min_lr: float = _f(6e-5, "Learning rate at the end of the cosine decay.", min=0.0, max=1.0)
+    optimizer: str = _f("adamw", "adamw: AdamW for every parameter. muon: Muon (momentum, then Newton-Schulz "
+                                 "orthogonalisation) for the hidden matrices (attention and MLP weights), AdamW "
+                                 "(train.lr) for embeddings, the output head and norms.", choices=("adamw", "muon"))
+    lr: float = _f(6e-4, "Peak learning rate of AdamW (with optimizer = muon: of the embeddings, head and norms), "
+                         "reached after warmup.", min=0.0, max=1.0, min_exclusive=True)
+    min_lr: float = _f(6e-5, "Learning rate at the end of the decay (Muon's ends at the same fraction of muon_lr).",
+                       min=0.0, max=1.0)
+    muon_lr: float = _f(0.02, "Peak learning rate of Muon for the hidden matrices (Keller Jordan's scale: each "
+                              "update's RMS is about this x sqrt(max(1, rows/cols))).", min=0.0, max=1.0,
+                        min_exclusive=True)
+    muon_momentum: float = _f(0.95, "Muon's momentum (Nesterov).", min=0.0, max=1.0)
+    muon_weight_decay: float = _f(0.0, "Muon's decoupled weight decay on the hidden matrices.", min=0.0, max=1.0)
+    schedule: str = _f("cosine", "cosine: linear warmup, then cosine decay to min_lr at lr_decay_iters (default "
+                                 "max_iters). wsd: linear warmup, stable at lr, then linear decay to min_lr over the "
+                                 "last decay_fraction of max_iters; a run extended with --more continues its stable "
+                                 "phase from where the decay began.", choices=("cosine", "wsd"))
+    decay_fraction: float = _f(0.2, "wsd: the share of max_iters over which the learning rate decays.",
+                               min=0.0, max=1.0, min_exclusive=True)
     warmup_iters: int = _f(100, "Linear warmup steps; must be < max_iters.", min=0)
-    lr_decay_iters: int = _f(0, "Step at which cosine decay reaches min_lr; 0 = max_iters.", min=0)
+    lr_decay_iters: int = _f(0, "cosine: the step at which the decay reaches min_lr; 0 = max_iters.", min=0)
     weight_decay: float = _f(0.1, "AdamW weight decay (applied to matrices only, not norms).", min=0.0, max=1.0)
     beta1: float = _f(0.9, "AdamW beta1.", min=0.0, max=1.0)
     beta2: float = _f(0.95, "AdamW beta2.", min=0.0, max=1.0)

@@ -17,6 +17,7 @@ from workbench.config import (
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
 from workbench.plan.lineage import branch, is_latest
+from workbench.plan.schedule import decay_start
 from workbench.plan.settings import resolve_settings
 
 # Keys that change what the checkpoint's tensors mean; resuming with other values is refused.
@@ -50,6 +51,17 @@ def run(args) -> int:
     root = rundir.runs_root(getattr(args, "runs_dir", None))
     run_dir = rundir.resolve_run(root, args.run)
     ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
+    old = preset_from_dict(parse_toml((run_dir / "preset.toml").read_text(encoding="utf-8"), str(run_dir)),
+                           str(run_dir / "preset.toml"))
+    more_from = int(ckpt["step"])
+    if args.more and old.train.schedule == "wsd" and more_from > (start := decay_start(old)):
+        # A decayed wsd run goes on from where its decay began: the stable phase continues, and a new
+        # decay ends the longer run (its first decay stays, in this run).
+        ckpt = next((c for c in reversed(rundir.list_checkpoints(run_dir)) if c["step"] <= start), ckpt)
+        print(f"wsd schedule: going on from step {ckpt['step']}, where the decay began, so the stable phase "
+              f"continues and a new decay ends the run at step {more_from + args.more}")
+        if ckpt["step"] != start:
+            print(f"note: no checkpoint at step {start}, where the decay began; going on from {ckpt['name']}")
     branching = not is_latest(run_dir, ckpt)
     if not branching and rundir.RunLock(run_dir).held_by_other():
         raise rundir.RunError(f"run {run_dir.name} is already being trained; "
@@ -68,7 +80,7 @@ def run(args) -> int:
             raise rundir.RunError(f"--more {args.more}: give the number of steps to add, at least 1")
         if "train.max_iters" in overridden_keys(overrides):
             raise rundir.RunError("give --more N or --set train.max_iters=M, not both")
-        overrides.append(f"train.max_iters={int(ckpt['step']) + args.more}")
+        overrides.append(f"train.max_iters={more_from + args.more}")
     data = parse_toml((run_dir / "preset.toml").read_text(encoding="utf-8"), str(run_dir / "preset.toml"))
     apply_overrides(data, overrides)
     p = preset_from_dict(data, str(run_dir / "preset.toml"), name=data.get("name"),

@@ -29,12 +29,12 @@ def run(args) -> int:
     if not runs:
         print(f"no runs in {root}; start one with `workbench train`")
         return 0
-    head = ["RUN", "STATE", "PRESET", "FROM", "STEP", "TRAIN", "VAL", "BEST VAL", "TOK/S", "MEM MB", "EST MB", "ERR",
-            "CKPTS", "DISK"]
+    head = ["RUN", "STATE", "PRESET", "FROM", "STEP", "TRAIN", "VAL", "VAL BPB", "BEST VAL", "TOK/S", "MEM MB",
+            "EST MB", "ERR", "CKPTS", "DISK"]
     rows = []
     for r in runs:
         rows.append([r.id, r.state, r.preset, r.parent or "-", f"{r.step}/{r.max_iters}", _f(r.train_loss),
-                     _f(r.val_loss),
+                     _f(r.val_loss), _f(r.val_bpb, "{:.3f}"),
                      _f(r.best_val_loss), _f(r.tokens_per_s, "{:,.0f}"), _f(r.mem_mb, "{:,.0f}"),
                      _f(r.est_mem_mb, "{:,.0f}"), _f(r.mem_err_pct, "{:+.0f}%"),
                      str(len(r.checkpoints)), human_bytes(r.disk_bytes)])

@@ -15,7 +15,7 @@ from workbench.errors import WorkbenchError
 from workbench.fmt import GiB as GB
 from workbench.fmt import MiB as MB
 from workbench.machine.detect import Machine, detect
-from workbench.plan.flops import count_params, flops_per_token, matmul_params
+from workbench.plan.flops import count_params, flops_per_token, matmul_params, param_breakdown
 from workbench.plan.settings import RunSettings, resolve_settings
 
 # ----------------------------------------------------------------------------- memory
@@ -150,16 +150,22 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
     n_matmul = matmul_params(c)
     weights = 4 * n
     grads = 4 * n
-    optimizer = 8 * n
+    # AdamW keeps two fp32 states per parameter; with train.optimizer = muon the hidden matrices
+    # (attention and MLP) have Muon's one momentum buffer instead.
+    parts = param_breakdown(c)
+    n_muon = parts["attention"] + parts["mlp"] if t.optimizer == "muon" else 0
+    optimizer = 8 * (n - n_muon) + 4 * n_muon
     # AdamW's step: the fused kernel needs no temporaries; the foreach version
     # (CUDA's default) makes one fp32 sqrt(v) per parameter at once; the
     # per-tensor loop (CPU and MPS default) about three temporaries of the largest tensor.
     if fused_adamw:
         opt_temp = 0
     elif dev.startswith("cuda"):
-        opt_temp = 4 * n
+        opt_temp = 4 * (n - n_muon)
     else:
         opt_temp = 12 * max(V * D, D * c.hidden_dim, D * c.n_heads * c.head_dim)
+    if n_muon:  # Newton-Schulz works on one matrix at a time: a few copies of the largest hidden one
+        opt_temp = max(opt_temp, 16 * max(D * c.hidden_dim, D * c.n_heads * c.head_dim))
     casts_all = 2 * n_matmul if mixed else 0
     casts_head = 2 * V * D if mixed else 0
     layer_full = layer_activation_bytes(c, B, prec, attn, dev)

@@ -9,25 +9,56 @@ import math
 from workbench.config import Preset
 
 
-def lr_at(step: int, p: Preset) -> float:
-    """Linear warmup to lr, then cosine decay to min_lr at lr_decay_iters (default max_iters)."""
+def decay_start(p: Preset) -> int:
+    """wsd: the first step of the decay (the stable phase ends here); cosine: the end of warmup."""
     t = p.train
-    decay_end = t.lr_decay_iters or t.max_iters
+    if t.schedule != "wsd":
+        return t.warmup_iters
+    return max(t.warmup_iters, t.max_iters - max(1, round(t.decay_fraction * t.max_iters)))
+
+
+def lr_factor(step: int, p: Preset) -> float:
+    """The learning rate at ``step`` as a share of its peak: the same for every parameter group (AdamW's
+    train.lr, Muon's train.muon_lr), ending at min_lr / lr."""
+    t = p.train
+    floor = t.min_lr / t.lr
     if step < t.warmup_iters:
-        return t.lr * (step + 1) / (t.warmup_iters + 1)
+        return (step + 1) / (t.warmup_iters + 1)
+    if t.schedule == "wsd":
+        start = decay_start(p)
+        if step < start:
+            return 1.0
+        frac = min(1.0, (step - start + 1) / max(1, t.max_iters - start))
+        return 1.0 - frac * (1.0 - floor)
+    decay_end = t.lr_decay_iters or t.max_iters
     if step >= decay_end:
-        return t.min_lr
+        return floor
     frac = (step - t.warmup_iters) / max(1, decay_end - t.warmup_iters)
-    return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * frac)) * (t.lr - t.min_lr)
+    return floor + 0.5 * (1.0 + math.cos(math.pi * frac)) * (1.0 - floor)
+
+
+def lr_at(step: int, p: Preset) -> float:
+    """AdamW's learning rate at ``step``: linear warmup to lr, then the cosine decay to min_lr at
+    lr_decay_iters (default max_iters), or wsd's stable phase and linear decay."""
+    return p.train.lr * lr_factor(step, p)
 
 
 def extension_note(p: Preset, from_step: int, more: int) -> str:
     """What continuing a run from ``from_step`` for ``more`` steps does to its learning rate, in a line
     (``p``: the run's preset as it was)."""
+    if p.train.schedule == "wsd" and from_step > decay_start(p):
+        start = decay_start(p)
+        longer = dataclasses.replace(p, train=dataclasses.replace(p.train, max_iters=from_step + more))
+        return (f"wsd: it goes on from step {start:,}, where the decay began (a new run, the decayed one kept), so "
+                f"the learning rate stays at {p.train.lr:.2e} until step {decay_start(longer):,}, then decays to "
+                f"{p.train.min_lr:.2e} by step {longer.train.max_iters:,}")
     new_max = from_step + more
     longer = dataclasses.replace(p, train=dataclasses.replace(p.train, max_iters=new_max))
     before, after = lr_at(max(0, from_step - 1), p), lr_at(from_step, longer)
     end = lr_at(new_max - 1, longer)
+    if p.train.schedule == "wsd":
+        return (f"wsd: the stable phase goes on at {after:.2e} until step {decay_start(longer):,}, then the learning "
+                f"rate decays to {end:.2e}")
     if p.train.lr_decay_iters:
         return (f"the cosine decay ends at step {p.train.lr_decay_iters} (train.lr_decay_iters), so the learning "
                 f"rate stays at {after:.2e} for the {more:,} new steps")

@@ -217,6 +217,10 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
         raise SettingsError(f"train.batch_size = {t.batch_size} does not split over {world} processes; "
                             f"use a batch size that is a multiple of {world}")
     parallel = "none" if world == 1 else ("fsdp" if h.shard else "ddp")
+    if parallel == "fsdp" and p.train.optimizer == "muon":
+        raise SettingsError("train.optimizer = muon does not work with hardware.shard = true (Muon orthogonalises "
+                            "each whole matrix; FSDP2 splits them over the processes); set hardware.shard = false "
+                            "(DDP) or train.optimizer = adamw")
     if parallel == "fsdp" and precision == "fp16":
         raise SettingsError("hardware.shard = true does not support fp16 (its GradScaler would decide to skip a "
                             "step on each rank's shard alone); use hardware.precision = bf16 or fp32")

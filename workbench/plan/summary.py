@@ -34,6 +34,7 @@ class RunSummary:
     max_iters: int
     train_loss: float | None = None
     val_loss: float | None = None
+    val_bpb: float | None = None      # bits per byte of the last eval (comparable across tokenizers)
     best_val_loss: float | None = None
     tokens_per_s: float | None = None
     mem_mb: float | None = None
@@ -75,7 +76,7 @@ def summarize_run(run_dir: Path) -> RunSummary:
             if r.peak_mem_mb is not None:
                 s.mem_mb = max(s.mem_mb or 0.0, r.peak_mem_mb)
         elif isinstance(r, EvalRecord):
-            s.val_loss = r.val_loss
+            s.val_loss, s.val_bpb = r.val_loss, r.val_bpb
     start = first_event(run_dir / "metrics.jsonl", ("start", "resume"))  # a branch starts with a resume
     if start and start.get("device"):
         s.device = str(start.get("device")).split(":")[0]

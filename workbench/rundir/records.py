@@ -87,17 +87,22 @@ class EvalRecord:
     train_loss: float | None
     val_loss: float | None
     time: float | None = None
+    # bits per byte of the same windows: the loss per UTF-8 byte of text, comparable across vocabularies
+    train_bpb: float | None = None
+    val_bpb: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        bpb = {"train_bpb": self.train_bpb, "val_bpb": self.val_bpb} if self.val_bpb is not None else {}
         return {"kind": self.kind, "step": self.step, "train_loss": self.train_loss, "val_loss": self.val_loss,
-                "time": self.time, **self.extra}
+                "time": self.time, **bpb, **self.extra}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalRecord":
-        known = {"kind", "step", "train_loss", "val_loss", "time"}
+        known = {"kind", "step", "train_loss", "val_loss", "time", "train_bpb", "val_bpb"}
         return cls(step=_int(d.get("step")), train_loss=_num(d.get("train_loss")), val_loss=_num(d.get("val_loss")),
-                   time=_num(d.get("time")), extra={k: v for k, v in d.items() if k not in known})
+                   time=_num(d.get("time")), train_bpb=_num(d.get("train_bpb")), val_bpb=_num(d.get("val_bpb")),
+                   extra={k: v for k, v in d.items() if k not in known})
 
 
 @dataclass

@@ -13,7 +13,8 @@ from torch.nn.parallel import DistributedDataParallel
 from workbench.config import Preset
 from workbench.plan.settings import RunSettings
 from workbench.train.dist import Dist
-from workbench.train.model import GPT, configure_optimizer
+from workbench.train.model import GPT
+from workbench.train.optim import Optimizers, build_optimizer
 
 # Read before torch can set it: inductor writes its default cache dir into the environment.
 USER_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -23,7 +24,7 @@ USER_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 class Built:
     model: GPT                          # owns the weights: state dicts, evals, samples (FSDP2 shards it in place)
     train_forward: torch.nn.Module      # what a training step calls: the model, wrapped by DDP and/or compiled
-    optimizer: torch.optim.Optimizer
+    optimizer: Optimizers
     scaler: torch.amp.GradScaler
 
 
@@ -53,7 +54,6 @@ def build(p: Preset, s: RunSettings, device: torch.device, dist: Dist, cache_dir
         train_forward = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
     if s.compile and s.compile_mode == "whole model":
         train_forward = torch.compile(train_forward)
-    t = p.train
-    optimizer = configure_optimizer(model, t.lr, t.weight_decay, (t.beta1, t.beta2), fused=s.fused_optimizer)
+    optimizer = build_optimizer(model, p.train, fused=s.fused_optimizer)
     scaler = torch.amp.GradScaler(device.type, enabled=s.grad_scaler)
     return Built(model, train_forward, optimizer, scaler)

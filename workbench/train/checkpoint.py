@@ -83,10 +83,11 @@ def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict, train
     return final
 
 
-def apply_retention(run_dir: Path, keep_last: int, milestone_interval: int) -> list[str]:
-    """Keep the last ``keep_last`` checkpoints, the best one, and milestones; delete the rest."""
+def apply_retention(run_dir: Path, keep_last: int, milestone_interval: int, pinned: tuple[int, ...] = ()) -> list[str]:
+    """Keep the last ``keep_last`` checkpoints, the best one, milestones and the ``pinned`` steps (a wsd
+    schedule's decay start, where an extension goes on from); delete the rest."""
     ckpts = list_checkpoints(run_dir)
-    keep = {c["step"] for c in ckpts[-keep_last:]}
+    keep = {c["step"] for c in ckpts[-keep_last:]} | set(pinned)
     best = best_checkpoint(ckpts)
     if best:
         keep.add(best["step"])

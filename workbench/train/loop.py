@@ -32,7 +32,7 @@ from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.machine.probe import measured_peak, this_machine
 from workbench.plan.flops import flops_per_token
-from workbench.plan.schedule import lr_at
+from workbench.plan.schedule import decay_start, lr_factor
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.rundir import EvalRecord, TrainRecord
 from workbench.train.build import Built, build
@@ -52,7 +52,7 @@ class TrainError(WorkbenchError):
 
 
 ROLLBACK_LR_FACTOR = 0.5
-MAX_ROLLBACKS = 2
+MAX_ROLLBACKS = 3  # BROKEN ON PURPOSE
 
 
 def run_settings(p: Preset, machine: Machine, world_size: int, steps_done: int, peak: PeakFn) -> RunSettings:
@@ -83,6 +83,7 @@ class Trainer:
         self.throughput = Throughput()
         self.tokens_per_step = 0
         self.flops_per_token = 0.0
+        self.token_bytes = torch.zeros(0, dtype=torch.int64)  # UTF-8 bytes per token id, for bits per byte
         self.started = 0.0                          # this process's start (wall clock)
         self.consecutive_skips = 0
         self.last_loss: float | None = None         # the last finite training loss
@@ -148,6 +149,7 @@ class Trainer:
         # One generator draws the global batch on every rank; each rank trains on its own slice. So N
         # ranks see exactly the data of one process, and one sampler state resumes them all.
         self.sampler = WindowSampler(self.data.train, p.model.seq_len, p.train.batch_size, p.train.seed)
+        self.token_bytes = torch.from_numpy(self.data.tokenizer.byte_lengths()).to(self.device)
         self.built = build(p, s, self.device, self.dist, rd / "cache" / "inductor")
         self.io = CheckpointIO(self)
         self.tokens_per_step = p.tokens_per_step()
@@ -184,9 +186,10 @@ class Trainer:
         self.built.model.train()
         self.report.status(state="running", compiling=self.settings.compile, step=self.state.step)
         if self.state.step == 0 and not self.resume:
-            tl, vl = self.evaluate()
-            self.report.record(EvalRecord(step=0, train_loss=tl, val_loss=vl, time=time.time()))
-            self.report.log(f"step 0: train loss {tl:.4f}, val loss {vl:.4f}")
+            ev = self.evaluate()
+            self.report.record(ev)
+            self.report.log(f"step 0: train loss {ev.train_loss:.4f}, val loss {ev.val_loss:.4f} "
+                            f"({ev.val_bpb:.3f} bits/byte)")
         self.throughput.reset()
         while self.state.step < t.max_iters:
             lr, loss, grad_norm, finite = self.train_step()
@@ -208,6 +211,9 @@ class Trainer:
             if not saved and self.io.due(self.state.step):
                 self.io.save(self.last_loss, None, "interval")
                 saved = True
+            if not saved and t.schedule == "wsd" and self.state.step == decay_start(self.preset):
+                self.io.save(self.last_loss, None, "decay start")  # where an extension goes on from
+                saved = True
             if self.stop_agreed if self.dist.enabled else self.stop_requested:
                 if not saved:
                     self.io.save(self.last_loss, None, "stop")
@@ -220,9 +226,9 @@ class Trainer:
     def train_step(self) -> tuple[float, float, float, bool]:
         """One optimizer step: (lr, mean loss, gradient norm, whether both were finite)."""
         t, b, st = self.preset.train, self.built, self.state
-        lr = lr_at(st.step, self.preset) * st.lr_scale
-        for g in b.optimizer.param_groups:
-            g["lr"] = lr
+        factor = lr_factor(st.step, self.preset)  # BROKEN ON PURPOSE
+        b.optimizer.set_lr(factor)  # every group at the same share of its own peak
+        lr = self.preset.train.lr * factor
         poison = self.faults.poison_step(st.step + 1)
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(t.grad_accum):
@@ -240,7 +246,7 @@ class Trainer:
                 loss = loss / t.grad_accum
                 b.scaler.scale(loss).backward()
             loss_sum += loss.detach()
-        b.scaler.unscale_(b.optimizer)
+        b.optimizer.unscale_(b.scaler)
         params = b.model.parameters()
         if t.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
@@ -259,7 +265,7 @@ class Trainer:
         gn = float(grad_norm)
         finite = math.isfinite(loss_val) and (math.isfinite(gn) or self.settings.grad_scaler)
         if finite:
-            b.scaler.step(b.optimizer)
+            b.optimizer.step(b.scaler)
             b.scaler.update()
             self.consecutive_skips = 0
             self.last_loss = loss_val
@@ -300,10 +306,12 @@ class Trainer:
         t, st = self.preset.train, self.state
         if not (st.step % t.eval_interval == 0 or st.step == t.max_iters):
             return False, False, False
-        tl, vl = self.evaluate()
-        self.report.record(EvalRecord(step=st.step, train_loss=tl, val_loss=vl, time=time.time()))
+        ev = self.evaluate()
+        self.report.record(ev)
+        tl, vl = ev.train_loss, ev.val_loss
         improved = st.best_val is None or vl < st.best_val - t.min_delta
-        self.report.log(f"step {st.step}: train loss {tl:.4f}, val loss {vl:.4f}" + (" (best)" if improved else ""))
+        self.report.log(f"step {st.step}: train loss {tl:.4f}, val loss {vl:.4f} ({ev.val_bpb:.3f} bits/byte)"
+                        + (" (best)" if improved else ""))
         if improved:
             st.best_val, st.bad_evals = vl, 0
             self.report.status(best_val_loss=vl)
@@ -339,22 +347,29 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation and samples
 
     @torch.no_grad()
-    def evaluate(self) -> tuple[float, float]:
-        """Mean loss over eval_iters fixed windows of train and of val (the same windows every eval).
-        Under DDP each rank takes its slice of the same global batches and the means are averaged."""
+    def evaluate(self) -> EvalRecord:
+        """Mean loss over eval_iters fixed windows of train and of val (the same windows every eval), and
+        their bits per byte: the loss in bits over the UTF-8 bytes the target tokens stand for. Under DDP
+        each rank takes its slice of the same global batches and the sums are added up."""
         p, model = self.preset, self.built.model
         model.eval()
-        out = []
+        loss, bpb = [], []
         for tokens in (self.data.train, self.data.val):
             s = WindowSampler(tokens, p.model.seq_len, p.train.batch_size, seed=p.train.seed + 1)
-            losses = []
+            losses, nats, nbytes = [], torch.zeros((), device=self.device), torch.zeros((), device=self.device)
             for _ in range(p.train.eval_iters):
                 x, y = self._to_device(*self._slice(*s.next_batch()))
                 with self.autocast:
-                    losses.append(model(x, y)[1].float())
-            out.append(self.dist.sum_(torch.stack(losses).mean()).item() / self.dist.world)
+                    batch_loss = model(x, y)[1].float()
+                losses.append(batch_loss)
+                nats += batch_loss * y.numel()
+                nbytes += self.token_bytes[y].sum()
+            vec = self.dist.sum_(torch.stack([torch.stack(losses).mean(), nats, nbytes.float()]))
+            loss.append(vec[0].item() / self.dist.world)
+            bpb.append(vec[1].item() / math.log(2) / max(1.0, vec[2].item()))
         model.train()
-        return out[0], out[1]
+        return EvalRecord(step=self.state.step, train_loss=loss[0], val_loss=loss[1], time=time.time(),
+                          train_bpb=bpb[0], val_bpb=bpb[1])
 
     def write_sample(self) -> None:
         t = self.preset.train

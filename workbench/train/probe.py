@@ -23,7 +23,8 @@ from workbench.machine.detect import Machine
 from workbench.plan.batch import search_batch
 from workbench.plan.estimate import estimate_memory, what_if
 from workbench.plan.settings import PeakFn, RunSettings, resolve_settings
-from workbench.train.model import GPT, configure_optimizer
+from workbench.train.model import GPT
+from workbench.train.optim import build_optimizer
 from workbench.train.runtime import amp_dtype, free_cached, is_oom, synchronize
 
 
@@ -39,8 +40,8 @@ class Prober:
         self.model = GPT(preset.model, activation_checkpointing=settings.activation_checkpointing,
                          loss_chunk_tokens=settings.loss_chunk_tokens).to(self.device)
         t = preset.train
-        self.optimizer = configure_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2),
-                                             fused=settings.fused_optimizer)
+        self.optimizer = build_optimizer(self.model, t, fused=settings.fused_optimizer)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
         self.amp = amp_dtype(settings)
 
     def free(self) -> None:
@@ -76,7 +77,7 @@ class Prober:
                         _, loss = self.model(x, x)
                     (loss / self.micro_batches).backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-                self.optimizer.step()
+                self.optimizer.step(self.scaler)
                 self.optimizer.zero_grad(set_to_none=True)
                 synchronize(self.device)
                 times.append(time.perf_counter() - t0)

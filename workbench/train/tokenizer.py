@@ -17,6 +17,8 @@ import random
 import re
 from pathlib import Path
 
+import numpy as np
+
 from workbench.errors import WorkbenchError
 
 EOD_PIECE = "<|endoftext|>"
@@ -64,6 +66,18 @@ class Tokenizer:
         """The end-of-document id, or None for a tokenizer trained before there was one."""
         i = self.sp.eos_id()
         return i if i >= 0 else None
+
+    def byte_lengths(self) -> np.ndarray:
+        """UTF-8 bytes each id stands for (a byte piece 1, a control piece 0, "▁" a space), to turn a loss
+        per token into bits per byte, which does not depend on the tokenizer."""
+        sp = self.sp
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        for i in range(self.vocab_size):
+            if sp.is_byte(i):
+                out[i] = 1
+            elif not (sp.is_control(i) or sp.is_unknown(i)):
+                out[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+        return out
 
     def encode(self, text: str) -> list[int]:
         return self.sp.encode(text)

@@ -12,6 +12,7 @@ from workbench import rundir
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.plan.estimate import estimate_memory
+from workbench.plan.schedule import decay_start
 from workbench.train.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -59,7 +60,7 @@ class CheckpointIO:
         rank_rng = dist.gather(torch_rng())
         sharded = tr.settings.parallel == "fsdp"
         if sharded:  # also collective: the shards are gathered whole onto rank 0's CPU
-            sd, optim_sd = gather_sharded_state(b.model, b.optimizer)
+            sd, optim_sd = gather_sharded_state(b.model, b.optimizer.adamw)  # (Muon refuses sharding)
         if not dist.is_main:
             return
         if not sharded:
@@ -82,7 +83,8 @@ class CheckpointIO:
             keep = f"; checkpoint {prev[-1]['name']} is intact" if prev else ""
             raise CheckpointError(f"could not save checkpoint at step {st.step}: {e.strerror or e} (disk full?){keep}; "
                                   f"free space, then `workbench resume {tr.run_dir.name}`") from None
-        removed = apply_retention(tr.run_dir, p.train.keep_last, p.train.milestone_interval)
+        pinned = (decay_start(p),) if p.train.schedule == "wsd" else ()
+        removed = apply_retention(tr.run_dir, p.train.keep_last, p.train.milestone_interval, pinned)
         dt = time.time() - t0
         self.ckpt_seconds += dt
         tr.report.event("checkpoint", st.step, name=path.name, reason=reason, seconds=round(dt, 3), removed=removed)
@@ -102,7 +104,7 @@ class CheckpointIO:
         step = ck.trainer_state["step"]
         try:
             if sharded:
-                load_sharded_state(b.model, b.optimizer, None, ck.state["optimizer"])
+                load_sharded_state(b.model, b.optimizer.adamw, None, ck.state["optimizer"])
             else:
                 b.optimizer.load_state_dict(ck.state["optimizer"])
             if ck.state.get("scaler"):

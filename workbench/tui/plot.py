@@ -24,8 +24,17 @@ def _tokens_at(d: RunData, steps: list[int]) -> list[float]:
     return out
 
 
+def _bpb_points(d: RunData, which: str) -> tuple[list[int], list[float]]:
+    """(eval steps, bits per byte) of the evals that have it (runs before bits per byte have none)."""
+    ys = d.eval_train_bpb if which == "train" else d.eval_val_bpb
+    pts = [(s, y) for s, y in zip(d.eval_steps, ys) if y is not None]
+    return [s for s, _ in pts], [y for _, y in pts]
+
+
 def render_loss_plot(runs: list[RunData], width: int, height: int, x_axis: str = "step",
-                     log_y: bool = False, smoothing: float = 0.0, show: str = "both") -> str:
+                     log_y: bool = False, smoothing: float = 0.0, show: str = "both", metric: str = "loss") -> str:
+    """``metric``: "loss" (nats per token: train records and evals) or "bpb" (bits per byte, at the evals;
+    it compares runs with different tokenizers)."""
     import plotext as plt
 
     plt.clf()
@@ -35,6 +44,16 @@ def render_loss_plot(runs: list[RunData], width: int, height: int, x_axis: str =
     for i, d in enumerate(runs):
         color = COLORS[i % len(COLORS)]
         label = d.run_id if len(runs) > 1 else "train"
+        if metric == "bpb":
+            for which in ("train", "val"):
+                steps, ys = _bpb_points(d, which)
+                if show in ("both", which) and steps:
+                    xs = _tokens_at(d, steps) if x_axis == "tokens" else steps
+                    name = f"{d.run_id} {which} bpb" if len(runs) > 1 else f"{which} bpb"
+                    plt.plot(xs, ys, label=name, color=color if len(runs) > 1 or which == "train" else "orange",
+                             marker="braille" if which == "train" else "hd")
+                    any_data = True
+            continue
         if show in ("both", "train") and d.steps:
             xs = d.tokens if x_axis == "tokens" else d.steps
             ys = ema(d.losses, smoothing)
@@ -54,4 +73,6 @@ def render_loss_plot(runs: list[RunData], width: int, height: int, x_axis: str =
     if log_y:
         plt.yscale("log")
     plt.xlabel("tokens seen" if x_axis == "tokens" else "step")
+    if metric == "bpb":
+        plt.ylabel("bits per byte")
     return plt.build()

@@ -34,6 +34,8 @@ class RunData:
     eval_steps: list[int] = field(default_factory=list)
     eval_train: list[float | None] = field(default_factory=list)
     eval_val: list[float] = field(default_factory=list)
+    eval_val_bpb: list[float | None] = field(default_factory=list)    # bits per byte (None in older runs)
+    eval_train_bpb: list[float | None] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
     last_train: TrainRecord | None = None
     last_eval: EvalRecord | None = None
@@ -55,6 +57,8 @@ class RunData:
                 self.eval_steps.append(r.step)
                 self.eval_val.append(r.val_loss)
                 self.eval_train.append(r.train_loss)
+                self.eval_val_bpb.append(r.val_bpb)
+                self.eval_train_bpb.append(r.train_bpb)
                 self.last_eval = r
             elif isinstance(r, EventRecord):
                 self.events.append(r)
@@ -77,6 +81,8 @@ class RunData:
             self.eval_steps.pop()
             self.eval_val.pop()
             self.eval_train.pop()
+            self.eval_val_bpb.pop()
+            self.eval_train_bpb.pop()
 
     def _feed_train(self, r: TrainRecord) -> None:
         if r.loss is not None:
@@ -177,6 +183,8 @@ def joined(parts: list[tuple[RunData, int | None]]) -> RunData:
         out.eval_steps += [d.eval_steps[i] for i in keep]
         out.eval_val += [d.eval_val[i] for i in keep]
         out.eval_train += [d.eval_train[i] for i in keep]
+        out.eval_val_bpb += [d.eval_val_bpb[i] for i in keep]
+        out.eval_train_bpb += [d.eval_train_bpb[i] for i in keep]
     last = parts[-1][0]
     out.status, out.last_train, out.last_eval, out.events = last.status, last.last_train, last.last_eval, last.events
     return out

@@ -65,7 +65,7 @@ class LossPlot(Static):
                              "(or click it) to plot its loss.", style="dim"))
             return
         text = render_loss_plot(runs, w, h, x_axis=pane.x_axis, log_y=pane.log_y,
-                                smoothing=pane.smoothing, show=pane.show)
+                                smoothing=pane.smoothing, show=pane.show, metric=pane.metric)
         self.update(Text.from_ansi(text, no_wrap=True) if text else
                     Text("No loss recorded yet for the selected runs.", style="dim"))
 
@@ -78,12 +78,14 @@ class CurvesPane(Horizontal, Pane):
         Binding("s", "cycle_smoothing", "Smooth"),
         Binding("v", "cycle_show", "Train/val"),
         Binding("a", "toggle_lineage", "Ancestors"),
+        Binding("b", "toggle_metric", "Loss/bpb"),
     ]
 
     log_y: reactive[bool] = reactive(False, init=False)
     x_axis: reactive[str] = reactive("step", init=False)
     smoothing: reactive[float] = reactive(0.0, init=False)
     show: reactive[str] = reactive("both", init=False)
+    metric: reactive[str] = reactive("loss", init=False)   # loss (nats/token) or bpb (bits/byte, at evals)
     lineage: reactive[bool] = reactive(False, init=False)  # a branched run drawn with its ancestors, as one line
 
     @dataclass
@@ -204,14 +206,18 @@ class CurvesPane(Horizontal, Pane):
 
     def _show_settings(self) -> None:
         self.query_one("#curves-settings", Label).update(
-            f"x: {self.x_axis}   y: {'log' if self.log_y else 'linear'}\n"
+            f"x: {self.x_axis}   y: {'log' if self.log_y else 'linear'}, "
+            f"{'bits/byte' if self.metric == 'bpb' else 'loss'}\n"
             f"smoothing: {self.smoothing:g}\nshow: {self.show}\nancestors: {'drawn' if self.lineage else 'not drawn'}")
 
     def _changed(self) -> None:
         self._show_settings()
         self.redraw()
 
-    watch_log_y = watch_x_axis = watch_smoothing = watch_show = lambda self, _v: self._changed()
+    watch_log_y = watch_x_axis = watch_smoothing = watch_show = watch_metric = lambda self, _v: self._changed()
+
+    def action_toggle_metric(self) -> None:
+        self.metric = "bpb" if self.metric == "loss" else "loss"
 
     def watch_lineage(self, _v: bool) -> None:
         self._watch_ticked()

@@ -78,7 +78,8 @@ def stats_table(d: RunData, wide: bool) -> Table:
         ("tokens", fmt.si(r.tokens_seen if d.last_train else None)),
         ("elapsed", fmt.duration(r.elapsed_s)),
         ("skipped", str(d.skipped_total)),
-        ("events", str(len(d.events))),
+        # bits per byte: compares runs with different tokenizers (the events have their own list)
+        ("val bpb", fmt.num(d.last_eval.val_bpb if d.last_eval else None, ".4f")),
     ]
     ncols = 3 if wide else 2
     t = Table.grid(padding=(0, 1), expand=True)
