@@ -13,210 +13,41 @@ are skipped with a warning. ``builtin`` is Python's own documentation and standa
 sources, assembled on this machine, one document per topic or file.
 
 :func:`open_corpus` only lists and stats the files (no content is read: a start whose tokens are
-cached reads no corpus bytes); :meth:`Corpus.documents` streams the text. Bad input raises
+cached reads no corpus bytes); :meth:`Corpus.pieces` streams the text. Bad input raises
 :class:`CorpusError` naming the file and, where it applies, the line or row; with
 ``data.skip_bad_records`` bad records are counted and skipped instead. No torch here.
 """
 
 from __future__ import annotations
 
-import codecs
-import glob
 import gzip
 import hashlib
 import json
 import lzma
 import os
 import sysconfig
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import IO, Callable, Iterator
 
-from workbench.errors import WorkbenchError
+from workbench.train.sources import (
+    FIX_RECORDS,
+    READER_VERSION,
+    CorpusError,
+    Piece,
+    Source,
+    Stats,
+    builtin_pieces,
+    builtin_source,
+    byte_lines,
+    corrupt,
+    expand,
+    json_type,
+    open_bytes,
+    split_document,
+    text_pieces,
+)
 
-PIECE_CHARS = 1 << 20       # a long text document is streamed in pieces of about this many characters
-SNIFF_BYTES = 8192          # a NUL byte in these first bytes marks a binary file
-COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".xz": "xz"}
-JSONL_SUFFIXES = (".jsonl", ".json")
-FIX_RECORDS = "fix it, or set data.skip_bad_records = true to skip bad records"
-
-
-class CorpusError(WorkbenchError):
-    pass
-
-
-@dataclass(frozen=True)
-class Source:
-    """One input file: what it is, and its size and modification time (the cache's manifest)."""
-    path: str
-    kind: str                  # text | jsonl | parquet | builtin
-    compression: str | None    # gz | zst | xz
-    size: int
-    mtime_ns: int
-    in_directory: bool = False  # found by walking a directory (binary / empty files skipped, not errors)
-
-    def stat_key(self) -> list:
-        return [self.path, self.size, self.mtime_ns]
-
-
-@dataclass
-class Stats:
-    """What a pass over the corpus saw."""
-    documents: int = 0
-    chars: int = 0
-    bytes_read: int = 0        # input bytes consumed (compressed bytes for compressed files)
-    skipped_binary: int = 0
-    skipped_empty: int = 0
-    skipped_records: int = 0
-    first_bad_record: str = ""
-    replaced: dict = field(default_factory=dict)  # file -> count of undecodable bytes replaced
-    position: Callable[[], int] = lambda: 0        # bytes consumed of the file being read
-
-    def bytes_done(self) -> int:
-        return self.bytes_read + self.position()
-
-
-def kind_of(path: Path) -> tuple[str, str | None]:
-    """(kind, compression) from a file's name."""
-    name = path.name.lower()
-    comp = next((c for suffix, c in COMPRESSIONS.items() if name.endswith(suffix)), None)
-    if comp:
-        name = name[: name.rfind(".")]
-    if name.endswith(JSONL_SUFFIXES):
-        return "jsonl", comp
-    if name.endswith(".parquet"):
-        if comp:
-            raise CorpusError(f"corpus file {path}: compressed parquet is not supported (parquet compresses its "
-                              "own columns); decompress it")
-        return "parquet", None
-    return "text", comp
-
-
-# ----------------------------------------------------------------------------- listing the files
-
-def _stat_source(path: Path, in_directory: bool) -> Source:
-    try:
-        st = path.stat()
-    except OSError as e:
-        what = " (a dangling symbolic link?)" if path.is_symlink() else ""
-        raise CorpusError(f"cannot read corpus file {path}: {e.strerror}{what}") from None
-    kind, comp = kind_of(path)
-    return Source(str(path), kind, comp, st.st_size, st.st_mtime_ns, in_directory)
-
-
-def _walk(root: Path) -> Iterator[Path]:
-    """Files under ``root`` in sorted order, following symbolic links, refusing a link loop."""
-    seen: set[tuple[int, int]] = set()
-
-    def visit(d: Path) -> Iterator[Path]:
-        st = d.stat()
-        if (st.st_dev, st.st_ino) in seen:
-            raise CorpusError(f"corpus directory {root} contains a symbolic-link loop at {d} (it leads back to "
-                              f"{os.path.realpath(d)}); remove the link or point --corpus at a directory without it")
-        seen.add((st.st_dev, st.st_ino))
-        try:
-            entries = sorted(os.scandir(d), key=lambda e: e.name)
-        except OSError as e:
-            raise CorpusError(f"cannot read corpus directory {d}: {e.strerror}") from None
-        for e in entries:
-            if e.name.startswith("."):
-                continue
-            p = Path(e.path)
-            if e.is_dir(follow_symlinks=True):
-                yield from visit(p)
-            else:
-                yield p
-
-    yield from visit(root)
-
-
-def expand(spec: str) -> list[Source]:
-    """The files one corpus entry names (a file, a directory, or a glob), stat'ed, not read."""
-    if any(c in spec for c in "*?["):
-        matches = sorted(glob.glob(os.path.expanduser(spec), recursive=True))
-        if not matches:
-            raise CorpusError(f"corpus glob {spec!r} matches no files; check the pattern (quote it in the shell so "
-                              "workbench sees the pattern, e.g. --corpus 'data/*.jsonl')")
-        out: list[Source] = []
-        for m in matches:
-            p = Path(m)
-            out += expand_path(p, p.is_dir())
-        return out
-    path = Path(spec).expanduser()
-    if not path.exists() and not path.is_symlink():
-        raise CorpusError(f"corpus {spec!r} does not exist; give a text file, a directory of text files, "
-                          "or --corpus builtin")
-    return expand_path(path, path.is_dir())
-
-
-def expand_path(path: Path, is_dir: bool) -> list[Source]:
-    if not is_dir:
-        src = _stat_source(path, in_directory=False)
-        if src.size == 0:
-            raise CorpusError(f"corpus {str(path)!r} is empty; give a file with text in it")
-        return [src]
-    return [_stat_source(p, in_directory=True) for p in _walk(path)]
-
-
-def builtin_source(max_mb: float) -> Source:
-    return Source(f"builtin:python-{sysconfig.get_python_version()}:{max_mb:g}MB", "builtin", None,
-                  int(max_mb * 1_000_000), 0)
-
-
-# ----------------------------------------------------------------------------- reading bytes
-
-class _ZstdReader:
-    """A zstd stream that says when it is truncated (the library's stream reader does not)."""
-
-    def __init__(self, raw: IO[bytes]):
-        import zstandard
-        self.raw, self.dctx = raw, zstandard.ZstdDecompressor()
-        self.obj, self.fed, self.pending = self.dctx.decompressobj(), False, b""
-
-    def read(self, n: int) -> bytes:
-        while not self.pending:
-            chunk = self.raw.read(n)
-            if not chunk:
-                if self.fed:
-                    raise EOFError("the file ends in the middle of a zstd frame")
-                return b""
-            out = []
-            while chunk:
-                self.fed = True
-                out.append(self.obj.decompress(chunk))
-                if self.obj.eof:
-                    chunk, self.obj, self.fed = self.obj.unused_data, self.dctx.decompressobj(), False
-                else:
-                    chunk = b""
-            self.pending = b"".join(out)
-        data, self.pending = self.pending[:n], self.pending[n:]
-        return data
-
-
-def _open_bytes(src: Source) -> tuple[IO[bytes], IO[bytes]]:
-    """(the decompressed stream, the raw file) of a source."""
-    try:
-        raw = open(src.path, "rb")
-    except OSError as e:
-        raise CorpusError(f"cannot read corpus file {src.path}: {e.strerror}") from None
-    if src.compression == "gz":
-        return gzip.GzipFile(fileobj=raw), raw
-    if src.compression == "xz":
-        return lzma.LZMAFile(raw), raw
-    if src.compression == "zst":
-        return _ZstdReader(raw), raw  # type: ignore[return-value]
-    return raw, raw
-
-
-def _corrupt(src: Source, e: BaseException) -> CorpusError:
-    detail = str(e).strip() or type(e).__name__
-    return CorpusError(f"corpus file {src.path} is truncated or corrupt ({src.compression or 'read'}: {detail}); "
-                       "download or compress it again")
-
-
-# ----------------------------------------------------------------------------- documents
-
-Piece = tuple[str, bool]   # (text, whether it ends a document)
+__all__ = ["Corpus", "CorpusError", "Piece", "Source", "Stats", "open_corpus", "warnings_of"]
 
 
 @dataclass
@@ -264,7 +95,7 @@ class Corpus:
         stats = stats if stats is not None else Stats()
         for src in self.sources:
             if src.kind == "builtin":
-                yield from _builtin_pieces(src, stats)
+                yield from builtin_pieces(src, stats)
             elif src.kind == "parquet":
                 yield from self._parquet_pieces(src, stats)
             else:
@@ -283,22 +114,22 @@ class Corpus:
                 f"file(s), {empty} empty, {stats.skipped_records} bad record(s) skipped)")
 
     def _stream_pieces(self, src: Source, stats: Stats) -> Iterator[Piece]:
-        stream, raw = _open_bytes(src)
+        stream, raw = open_bytes(src)
         stats.position = raw.tell
         start = 0
         try:
             if src.kind == "jsonl":
                 yield from self._jsonl_pieces(src, stream, stats)
             else:
-                yield from _text_pieces(src, stream, stats)
+                yield from text_pieces(src, stream, stats)
             start = raw.tell()
         except (EOFError, OSError, lzma.LZMAError, gzip.BadGzipFile) as e:
             if isinstance(e, OSError) and not src.compression:
                 raise CorpusError(f"cannot read corpus file {src.path}: {e.strerror or e}") from None
-            raise _corrupt(src, e) from None
+            raise corrupt(src, e) from None
         except Exception as e:  # noqa: BLE001 - zstandard.ZstdError and friends: the file is not what it says
             if type(e).__module__.startswith("zstandard") or "zstd" in type(e).__name__.lower():
-                raise _corrupt(src, e) from None
+                raise corrupt(src, e) from None
             raise
         finally:
             stats.position = lambda: 0
@@ -308,7 +139,7 @@ class Corpus:
     def _jsonl_pieces(self, src: Source, stream: IO[bytes], stats: Stats) -> Iterator[Piece]:
         field_ = self.text_field
         lineno = 0
-        for line in _lines(stream):
+        for line in byte_lines(stream):
             lineno += 1
             if not line.strip():
                 continue
@@ -331,10 +162,10 @@ class Corpus:
                 continue
             text = rec[field_]
             if not isinstance(text, str):
-                self._bad(stats, f"{where}: field {field_!r} is {_json_type(text)}, not a string")
+                self._bad(stats, f"{where}: field {field_!r} is {json_type(text)}, not a string")
                 continue
             if text:
-                yield from _split_document(text, stats)
+                yield from split_document(text, stats)
 
     def _parquet_pieces(self, src: Source, stats: Stats) -> Iterator[Piece]:
         try:
@@ -364,9 +195,9 @@ class Corpus:
                     if text is None:
                         self._bad(stats, f"corpus file {src.path}, row {row}: {self.text_field!r} is null")
                     elif text:
-                        yield from _split_document(text, stats)
+                        yield from split_document(text, stats)
         except (OSError, pa.ArrowException) as e:
-            raise _corrupt(src, e) from None
+            raise corrupt(src, e) from None
         finally:
             stats.position = lambda: 0
         stats.bytes_read += src.size
@@ -376,115 +207,6 @@ class Corpus:
             raise CorpusError(f"{msg}; {FIX_RECORDS}")
         stats.skipped_records += 1
         stats.first_bad_record = stats.first_bad_record or msg
-
-
-READER_VERSION = 2  # bump when what a reader extracts changes, so cached tokens are rebuilt
-
-
-def _json_type(v) -> str:
-    return {bool: "true/false", int: "a number", float: "a number", list: "a list", dict: "an object",
-            type(None): "null"}.get(type(v), type(v).__name__)
-
-
-def _lines(stream: IO[bytes], block: int = 1 << 20) -> Iterator[bytes]:
-    rest = b""
-    while True:
-        chunk = stream.read(block)
-        if not chunk:
-            break
-        parts = (rest + chunk).split(b"\n")
-        rest = parts.pop()
-        yield from parts
-    if rest:
-        yield rest
-
-
-def _split_document(text: str, stats: Stats) -> Iterator[Piece]:
-    """One document as pieces of at most ~PIECE_CHARS characters, cut after a newline where there is one."""
-    stats.documents += 1
-    stats.chars += len(text)
-    pos, n = 0, len(text)
-    while n - pos > PIECE_CHARS:
-        cut = text.rfind("\n", pos, pos + PIECE_CHARS)
-        end = cut + 1 if cut > pos else pos + PIECE_CHARS
-        yield text[pos:end], False
-        pos = end
-    yield text[pos:], True
-
-
-def _text_pieces(src: Source, stream: IO[bytes], stats: Stats) -> Iterator[Piece]:
-    """A text file as one document, decoded incrementally (bad UTF-8 replaced and counted)."""
-    head = stream.read(SNIFF_BYTES)
-    if b"\x00" in head:
-        if src.in_directory:
-            stats.skipped_binary += 1
-            return
-        raise CorpusError(f"corpus {src.path!r} looks like a binary file (it contains NUL bytes); "
-                          "give a UTF-8 text file")
-    bad = [0]
-
-    def count(e: UnicodeDecodeError):
-        bad[0] += e.end - e.start
-        return "\ufffd", e.end
-
-    handler = f"workbench-count-{id(bad)}"
-    codecs.register_error(handler, count)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors=handler)
-    buf, started, chunk = "", False, head
-    while True:
-        final = not chunk
-        buf += decoder.decode(chunk, final=final)
-        while len(buf) > PIECE_CHARS:
-            cut = buf.rfind("\n", 0, PIECE_CHARS)
-            end = cut + 1 if cut >= 0 else PIECE_CHARS
-            if not started:
-                stats.documents, started = stats.documents + 1, True
-            stats.chars += end
-            yield buf[:end], False
-            buf = buf[end:]
-        if final:
-            break
-        chunk = stream.read(PIECE_CHARS)
-    if bad[0]:
-        stats.replaced[src.path] = bad[0]
-    if not started and not buf.strip():  # whitespace only: nothing to learn from
-        if not src.in_directory:
-            raise CorpusError(f"corpus {src.path!r} is empty; give a file with text in it")
-        stats.skipped_empty += 1
-        return
-    if not started:
-        stats.documents += 1
-    stats.chars += len(buf)
-    yield buf, True
-
-
-def _builtin_pieces(src: Source, stats: Stats) -> Iterator[Piece]:
-    """Python's documentation topics, then stdlib sources, up to the size in the source's name."""
-    import pydoc_data.topics as topics
-
-    limit = src.size
-    size = 0
-    for key in sorted(topics.topics):
-        text = topics.topics[key].strip() + "\n"
-        text = text[: max(0, limit - size)]
-        if text:
-            size += len(text)
-            yield from _split_document(text, stats)
-        if size >= limit:
-            return
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    for path in sorted(stdlib.glob("*.py")) + sorted(stdlib.glob("*/*.py")):
-        if "test" in path.parts[-2:-1] or path.name.startswith("test"):
-            continue
-        try:
-            text = f"# file: {path.relative_to(stdlib)}\n" + path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        text = text[: max(0, limit - size)]
-        size += len(text)
-        yield from _split_document(text, stats)
-        if size >= limit:
-            return
 
 
 def open_corpus(spec: str | list[str], text_field: str = "text", skip_bad: bool = False,

@@ -16,6 +16,7 @@ iteration starts from.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import random
@@ -39,10 +40,12 @@ from workbench.train.build import Built, build
 from workbench.train.checkpoint import Checkpoint, read_checkpoint
 from workbench.train.data import TokenData, WindowSampler, prepare_data
 from workbench.train.dist import Dist
+from workbench.train.encode import PrepareProgress
+from workbench.train.evaluation import evaluate
 from workbench.train.faults import Faults
-from workbench.train.prepare import PrepareProgress
 from workbench.train.report import Reporter, Throughput
 from workbench.train.runtime import amp_dtype, apply_backend_flags, autocast, memory_mb
+from workbench.train.sample import generate_text
 from workbench.train.state import TrainerState
 from workbench.train.trainer_io import CheckpointIO, failure_message
 
@@ -52,7 +55,7 @@ class TrainError(WorkbenchError):
 
 
 ROLLBACK_LR_FACTOR = 0.5
-MAX_ROLLBACKS = 3  # BROKEN ON PURPOSE
+MAX_ROLLBACKS = 2
 
 
 def run_settings(p: Preset, machine: Machine, world_size: int, steps_done: int, peak: PeakFn) -> RunSettings:
@@ -226,7 +229,7 @@ class Trainer:
     def train_step(self) -> tuple[float, float, float, bool]:
         """One optimizer step: (lr, mean loss, gradient norm, whether both were finite)."""
         t, b, st = self.preset.train, self.built, self.state
-        factor = lr_factor(st.step, self.preset)  # BROKEN ON PURPOSE
+        factor = lr_factor(st.step, self.preset) * st.lr_scale
         b.optimizer.set_lr(factor)  # every group at the same share of its own peak
         lr = self.preset.train.lr * factor
         poison = self.faults.poison_step(st.step + 1)
@@ -346,42 +349,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation and samples
 
-    @torch.no_grad()
     def evaluate(self) -> EvalRecord:
-        """Mean loss over eval_iters fixed windows of train and of val (the same windows every eval), and
-        their bits per byte: the loss in bits over the UTF-8 bytes the target tokens stand for. Under DDP
-        each rank takes its slice of the same global batches and the sums are added up."""
-        p, model = self.preset, self.built.model
-        model.eval()
-        loss, bpb = [], []
-        for tokens in (self.data.train, self.data.val):
-            s = WindowSampler(tokens, p.model.seq_len, p.train.batch_size, seed=p.train.seed + 1)
-            losses, nats, nbytes = [], torch.zeros((), device=self.device), torch.zeros((), device=self.device)
-            for _ in range(p.train.eval_iters):
-                x, y = self._to_device(*self._slice(*s.next_batch()))
-                with self.autocast:
-                    batch_loss = model(x, y)[1].float()
-                losses.append(batch_loss)
-                nats += batch_loss * y.numel()
-                nbytes += self.token_bytes[y].sum()
-            vec = self.dist.sum_(torch.stack([torch.stack(losses).mean(), nats, nbytes.float()]))
-            loss.append(vec[0].item() / self.dist.world)
-            bpb.append(vec[1].item() / math.log(2) / max(1.0, vec[2].item()))
-        model.train()
-        return EvalRecord(step=self.state.step, train_loss=loss[0], val_loss=loss[1], time=time.time(),
-                          train_bpb=bpb[0], val_bpb=bpb[1])
+        return evaluate(self.built.model, self.preset, self.data, self.token_bytes, self.dist, self.autocast,
+                        self.device, lambda s: self._to_device(*self._slice(*s.next_batch())), self.state.step)
 
     def write_sample(self) -> None:
         t = self.preset.train
         # Sharded, each forward is a collective: every rank generates (the same number of forwards), rank 0 writes.
         if not t.sample_prompt or not (self.dist.is_main or self.settings.parallel == "fsdp"):
             return
-        from workbench.train.sample import generate_text
         text = generate_text(self.built.model, self.data.tokenizer, t.sample_prompt, t.sample_tokens,
                              temperature=0.8, top_k=50, seed=self.state.step, autocast_dtype=amp_dtype(self.settings))
         self.built.model.train()
         if self.dist.is_main:
-            import json
             with open(self.run_dir / "samples.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps({"step": self.state.step, "prompt": t.sample_prompt, "text": text,
                                     "time": time.time()}) + "\n")

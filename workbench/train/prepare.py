@@ -24,54 +24,28 @@ A start whose inputs are unchanged finds its ``m-`` file and reads no corpus byt
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import fcntl
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import random
 import shutil
-import signal
-import sys
 import time
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
-
-import numpy as np
+from typing import Callable
 
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
-from workbench.fs import cache_root, fsync_dir, read_json, write_atomic, write_json_atomic
-from workbench.train.corpus import Corpus, CorpusError, Piece, Stats, warnings_of
+from workbench.fs import cache_root, read_json, write_atomic, write_json_atomic
+from workbench.train.corpus import Corpus, Stats, warnings_of
+from workbench.train.encode import SHARD_CHARS, Progress, Ticker, encode, join_shards
 from workbench.train.faults import NO_FAULTS, Faults
 from workbench.train.tokenizer import OPTIONS_VERSION, Tokenizer, train_tokenizer
 
-SHARD_CHARS = 8 << 20      # text per token shard: the unit of parallel and resumable encoding
 SAMPLE_BLOCK = 64 << 10    # the tokenizer's sample is drawn in blocks of at most this many characters, and at
 SAMPLE_BLOCKS = 64         # least this many blocks (smaller blocks for a small sample)
-
-@dataclass(frozen=True)
-class PrepareProgress:
-    phase: str                 # scanning | encoding
-    done_bytes: int            # input bytes read in this phase (compressed bytes for compressed files)
-    total_bytes: int
-    mb_per_s: float | None
-    eta_s: float | None
-
-    @property
-    def fraction(self) -> float:
-        return min(1.0, self.done_bytes / max(1, self.total_bytes))
-
-    def to_dict(self) -> dict:
-        return {"phase": self.phase, "fraction": round(self.fraction, 4), "done_bytes": self.done_bytes,
-                "total_bytes": self.total_bytes, "mb_per_s": self.mb_per_s, "eta_s": self.eta_s}
-
-
-Progress = Callable[[PrepareProgress], None]
 
 
 class DataError(WorkbenchError):
@@ -122,7 +96,7 @@ def scan(corpus: Corpus, sample_mb: float, progress: Progress | None = None, see
     seen = 0
     block: list[str] = []
     size = 0
-    tick = _Ticker("scanning", corpus.total_bytes, progress)
+    tick = Ticker("scanning", corpus.total_bytes, progress)
 
     def take(b: str) -> None:
         nonlocal seen
@@ -153,159 +127,6 @@ def scan(corpus: Corpus, sample_mb: float, progress: Progress | None = None, see
         take("".join(block))
     lines = [ln for b in reservoir for ln in b.split("\n")]
     return Scan(h.hexdigest(), stats.documents, stats.chars, corpus.total_bytes, lines, warnings_of(corpus, stats))
-
-
-# ----------------------------------------------------------------------------- pass 2: encode
-
-_TOKENIZER: Tokenizer | None = None
-
-
-def _init_worker(proto: bytes, parent: int | None = None) -> None:
-    """In each encoding process: the tokenizer, and (Linux) a promise to die with the parent. A forked
-    worker holds copies of the parent's file locks (the run's, the cache's); a worker orphaned by a
-    kill -9 would keep them, and the next start would wait for it forever."""
-    global _TOKENIZER
-    _TOKENIZER = Tokenizer(proto)
-    if parent is not None and sys.platform == "linux":
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the promise was made
-            os._exit(1)
-
-
-def encode_shard(index: int, pieces: list[Piece], out_dir: str, dtype: str, sha: str) -> tuple[int, int, int]:
-    """Encode one shard's pieces (an end-of-document id after each document) and write it atomically:
-    ``NNNNNN.bin`` first, then its sidecar ``NNNNNN.json``, whose presence makes the shard count."""
-    tok = _TOKENIZER
-    eod = tok.eod_id
-    parts = []
-    docs = 0
-    for text, end in pieces:
-        ids = tok.encode(text)
-        if end:
-            ids.append(eod)
-            docs += 1
-        parts.append(np.asarray(ids, dtype=dtype))
-    arr = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-    out = Path(out_dir)
-    write_atomic(out / f"{index:06d}.bin", arr.tobytes())
-    write_json_atomic(out / f"{index:06d}.json", {"tokens": int(len(arr)), "documents": docs, "sha256": sha})
-    return index, int(len(arr)), docs
-
-
-def _shards(pieces: Iterator[Piece], shard_chars: int) -> Iterator[tuple[list[Piece], str, int]]:
-    """Consecutive pieces of about ``shard_chars`` characters: (pieces, hash of their text, characters)."""
-    cur: list[Piece] = []
-    h = hashlib.sha256()
-    size = 0
-    for text, end in pieces:
-        cur.append((text, end))
-        h.update(text.encode("utf-8", "surrogatepass"))
-        h.update(b"\x1e" if end else b"\x1f")
-        size += len(text)
-        if size >= shard_chars:
-            yield cur, h.hexdigest(), size
-            cur, h, size = [], hashlib.sha256(), 0
-    if cur:
-        yield cur, h.hexdigest(), size
-
-
-def _unchanged(corpus: Corpus) -> Callable:
-    """A check that a source's size and modification time are still those of the manifest."""
-    def check(src) -> None:
-        if src.kind == "builtin":
-            return
-        try:
-            st = os.stat(src.path)
-        except OSError as e:
-            raise CorpusError(f"corpus file {src.path} disappeared while it was being encoded ({e.strerror}); "
-                              "prepare again") from None
-        if (st.st_size, st.st_mtime_ns) != (src.size, src.mtime_ns):
-            raise CorpusError(f"corpus file {src.path} changed while it was being encoded (size "
-                              f"{human_bytes(src.size)} -> {human_bytes(st.st_size)}); prepare again once it stops "
-                              "changing")
-    return check
-
-
-def encode(corpus: Corpus, tok: Tokenizer, shard_dir: Path, workers: int, shard_chars: int = SHARD_CHARS,
-           progress: Progress | None = None, faults: Faults = NO_FAULTS) -> list[tuple[int, int]]:
-    """Encode every document into ``shard_dir``, keeping shards already there whose text is the same.
-    Returns (tokens, documents) per shard, in order."""
-    shard_dir.mkdir(parents=True, exist_ok=True)
-    dtype = "uint16" if tok.vocab_size <= 65535 else "uint32"
-    check = _unchanged(corpus)
-    for src in corpus.sources:
-        check(src)
-    stats = Stats()
-    results: dict[int, tuple[int, int]] = {}
-    tick = _Ticker("encoding", corpus.total_bytes, progress)
-    written = 0
-
-    def done(i: int, n_tokens: int, docs: int, read: int) -> None:
-        """Shard ``i`` is on disk; ``read``: the input bytes read up to its end (progress counts these)."""
-        nonlocal written
-        results[i] = (n_tokens, docs)
-        written += 1
-        faults.after_shard(written)
-        tick(read)
-
-    shards = _shards(corpus.pieces(stats, on_source_done=check), shard_chars)
-    pool = None
-    if workers > 1:
-        ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
-        pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                      initargs=(tok.proto, os.getpid()))
-    else:
-        _init_worker(tok.proto)
-    pending: deque[tuple[cf.Future, int]] = deque()
-    finished_read = 0
-
-    def finish_oldest() -> None:
-        nonlocal finished_read
-        fut, read = pending.popleft()
-        while True:
-            try:
-                i, n_tokens, docs = fut.result(timeout=0.5)
-                break
-            except cf.TimeoutError:
-                tick(finished_read)  # a progress line (and a live ETA) while the shard is encoded
-        finished_read = read
-        done(i, n_tokens, docs, read)
-
-    try:
-        for i, (pieces, sha, _chars) in enumerate(shards):
-            read = stats.bytes_done()
-            side = read_json(shard_dir / f"{i:06d}.json")
-            if side and side.get("sha256") == sha and (shard_dir / f"{i:06d}.bin").exists():
-                results[i] = (side["tokens"], side["documents"])  # finished by an earlier, interrupted start
-                tick(read)
-            elif pool is None:
-                done(*encode_shard(i, pieces, str(shard_dir), dtype, sha), read)
-            else:
-                pending.append((pool.submit(encode_shard, i, pieces, str(shard_dir), dtype, sha), read))
-                while len(pending) > 2 * workers:  # bounded: at most this many shards of text in flight
-                    finish_oldest()
-        while pending:
-            finish_oldest()
-    finally:
-        if pool is not None:
-            for f, _read in pending:
-                f.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-    return [results[i] for i in range(len(results))]
-
-
-def join_shards(shard_dir: Path, n_shards: int, out: Path) -> None:
-    """The shards, in order, as one file (written beside it and renamed into place)."""
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        for i in range(n_shards):
-            with open(shard_dir / f"{i:06d}.bin", "rb") as s:
-                shutil.copyfileobj(s, f, 16 << 20)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
-    fsync_dir(out.parent)
 
 
 # ----------------------------------------------------------------------------- the whole preparation
@@ -435,20 +256,3 @@ def _prepare_locked(corpus: Corpus, vocab_size: int, sample_mb: float, root: Pat
         f"({rate:.1f} MB/s on {workers} process{'es' if workers > 1 else ''}, "
         f"{index['chars'] / max(n_tokens, 1):.2f} chars/token)")
     return Prepared(d, index, cached=False)
-
-
-class _Ticker:
-    """Calls ``progress`` at most twice a second with the bytes done, MB/s and ETA of a phase."""
-
-    def __init__(self, phase: str, total: int, progress: Progress | None):
-        self.phase, self.total, self.progress = phase, max(1, total), progress
-        self.t0 = self.last = time.time()
-
-    def __call__(self, done: int) -> None:
-        now = time.time()
-        if self.progress is None or now - self.last < 0.5:
-            return
-        self.last = now
-        rate = done / 1e6 / (now - self.t0) if now > self.t0 else None
-        eta = max(0.0, self.total - done) / 1e6 / rate if rate else None
-        self.progress(PrepareProgress(self.phase, done, self.total, rate, eta))

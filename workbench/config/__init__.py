@@ -1,0 +1,38 @@
+"""Presets: the [model] / [train] / [data] / [hardware] sections as dataclasses (``schema``: each key's
+documentation, types, limits and the rules between keys; every failure a :class:`PresetError` that
+names the file, the key, the value and what is allowed) and the preset files (``files``). Plain data:
+no "auto" is decided here (see ``workbench.plan.settings``). Imports neither torch nor textual."""
+
+from workbench.config.files import (
+    check_preset_name,
+    load_preset_file,
+    preset_paths,
+    preset_source_path,
+    preset_to_toml,
+    resolve_preset,
+    save_user_preset,
+    shipped_presets_dir,
+    toml_string,
+    user_presets_dir,
+)
+from workbench.config.schema import (
+    SECTIONS,
+    DataConfig,
+    HardwareConfig,
+    ModelConfig,
+    Preset,
+    PresetError,
+    TrainConfig,
+    apply_overrides,
+    field_doc,
+    overridden_keys,
+    parse_override,
+    parse_toml,
+    preset_from_dict,
+)
+
+__all__ = ["SECTIONS", "DataConfig", "HardwareConfig", "ModelConfig", "Preset", "PresetError", "TrainConfig",
+           "apply_overrides",
+           "check_preset_name", "field_doc", "load_preset_file", "overridden_keys", "parse_override", "parse_toml",
+           "preset_from_dict", "preset_paths", "preset_source_path", "preset_to_toml", "resolve_preset",
+           "save_user_preset", "shipped_presets_dir", "toml_string", "user_presets_dir"]
