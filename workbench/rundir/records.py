@@ -53,24 +53,26 @@ class TrainRecord:
     time: float | None
     mem_mb: float | None = None        # headline memory: peak allocated (CUDA/MPS) or process RSS (CPU)
     mfu: float | None = None
+    data_fraction: float | None = None  # share of the logged interval spent waiting for batches
     memory: dict[str, float] = field(default_factory=dict)   # MEMORY_KEYS that the device reports
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = {"kind": self.kind, "step": self.step, "loss": self.loss, "lr": self.lr, "grad_norm": self.grad_norm,
              "tokens_per_s": self.tokens_per_s, "tokens_seen": self.tokens_seen, "elapsed_s": self.elapsed_s,
-             "skipped": self.skipped, "time": self.time, "mem_mb": self.mem_mb, "mfu": self.mfu}
+             "skipped": self.skipped, "time": self.time, "mem_mb": self.mem_mb, "mfu": self.mfu,
+             "data_fraction": self.data_fraction}
         return {**d, **self.memory, **self.extra}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainRecord":
         known = {"kind", "step", "loss", "lr", "grad_norm", "tokens_per_s", "tokens_seen", "elapsed_s", "skipped",
-                 "time", "mem_mb", "mfu", *MEMORY_KEYS}
+                 "time", "mem_mb", "mfu", "data_fraction", *MEMORY_KEYS}
         return cls(step=_int(d.get("step")), loss=_num(d.get("loss")), lr=_num(d.get("lr")),
                    grad_norm=_num(d.get("grad_norm")), tokens_per_s=_num(d.get("tokens_per_s")),
                    tokens_seen=_int(d.get("tokens_seen")), elapsed_s=_num(d.get("elapsed_s")),
                    skipped=_int(d.get("skipped")), time=_num(d.get("time")), mem_mb=_num(d.get("mem_mb")),
-                   mfu=_num(d.get("mfu")),
+                   mfu=_num(d.get("mfu")), data_fraction=_num(d.get("data_fraction")),
                    memory={k: v for k in MEMORY_KEYS if (v := _num(d.get(k))) is not None},
                    extra={k: v for k, v in d.items() if k not in known})
 

@@ -89,6 +89,7 @@ class Trainer:
         self.token_bytes = torch.zeros(0, dtype=torch.int64)  # UTF-8 bytes per token id, for bits per byte
         self.started = 0.0                          # this process's start (wall clock)
         self.consecutive_skips = 0
+        self.data_s = 0.0                           # this step's time drawing batches and moving them
         self.last_loss: float | None = None         # the last finite training loss
         self.compile_reported = False
         self.stop_requested = False                 # SIGTERM or Ctrl-C seen by this process
@@ -201,7 +202,9 @@ class Trainer:
                 self.throughput.reset()
                 continue
             now = time.time()
-            if self.throughput.tick(self.tokens_per_step, now) and self.settings.compile and not self.compile_reported:
+            data_s, self.data_s = self.data_s, 0.0
+            if self.throughput.tick(self.tokens_per_step, now, data_s) and self.settings.compile \
+                    and not self.compile_reported:
                 self.compile_reported = True
                 self.report.event("compile_done", self.state.step, seconds=round(now - self.started, 1))
                 self.report.status(compiling=False)
@@ -235,7 +238,9 @@ class Trainer:
         poison = self.faults.poison_step(st.step + 1)
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(t.grad_accum):
+            t_data = time.perf_counter()
             x, y = self._to_device(*self._slice(*self.sampler.next_batch()))
+            self.data_s += time.perf_counter() - t_data
             last = micro == t.grad_accum - 1
             # DDP all-reduces gradients once, on the last micro-batch; FSDP2 likewise reduce-scatters only then.
             if self.settings.parallel == "fsdp":
@@ -296,7 +301,8 @@ class Trainer:
         self.report.record(TrainRecord(
             step=st.step, loss=loss, lr=lr, grad_norm=gn if math.isfinite(gn) else None, tokens_per_s=tps,
             tokens_seen=st.tokens_seen, elapsed_s=round(self.io.elapsed(), 3), skipped=st.skipped_total, time=now,
-            mem_mb=mem, mfu=tps * self.flops_per_token / peak if tps and peak else None, memory=detail))
+            mem_mb=mem, mfu=tps * self.flops_per_token / peak if tps and peak else None, memory=detail,
+            data_fraction=self.throughput.data_fraction(now)))
         self.report.status(step=st.step, tokens_seen=st.tokens_seen)
         shown = loss if loss is not None else float("nan")
         self.report.log(f"step {st.step}/{max_iters}: loss {shown:.4f}, lr {lr:.2e}, grad norm {gn:.3f}, "

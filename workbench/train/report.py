@@ -60,6 +60,7 @@ class Throughput:
         self.t0: float | None = None
         self.tokens = 0
         self.steps = 0
+        self.data_s = 0.0   # of that time, spent drawing batches and moving them to the device
 
     def reset(self) -> None:
         """The next step starts the clock and is not counted."""
@@ -67,16 +68,21 @@ class Throughput:
 
     def start(self, now: float) -> None:
         """Count from ``now``: the next step is counted."""
-        self.t0, self.tokens, self.steps = now, 0, 0
+        self.t0, self.tokens, self.steps, self.data_s = now, 0, 0, 0.0
 
-    def tick(self, tokens: int, now: float) -> bool:
-        """One step done; True when it only started the clock."""
+    def tick(self, tokens: int, now: float, data_s: float = 0.0) -> bool:
+        """One step done (``data_s`` of it waiting for data); True when it only started the clock."""
         if self.t0 is None:
             self.start(now)
             return True
         self.tokens += tokens
         self.steps += 1
+        self.data_s += data_s
         return False
+
+    def data_fraction(self, now: float) -> float | None:
+        """The share of the window's time spent waiting for data (a data-bound run shows here)."""
+        return self.data_s / (now - self.t0) if self.steps and self.t0 is not None and now > self.t0 else None
 
     def rate(self, now: float) -> float | None:
         return self.tokens / (now - self.t0) if self.steps and self.t0 is not None else None
