@@ -40,25 +40,49 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(yes)
 
 
-class NameScreen(ModalScreen["str | None"]):
-    """Ask for a name; ``check`` returns an error message or None."""
+class InputScreen(ModalScreen):
+    """One line of input under a title, a note line, OK and Cancel.
+
+    Subclasses say what the text means in ``parse``: it returns ``(value, note)``; a value of None keeps the
+    dialog open with the note shown as the error. The note is refreshed as the user types when ``live``.
+    """
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    input_id = "dialog-input"
+    input_type = "text"
+    ok_label = "OK"
+    live = False
 
-    def __init__(self, title: str, value: str = "", check=None):
+    def __init__(self, title: str, value: str = "", wide: bool = False):
         super().__init__()
-        self.title_text = title
-        self.value = value
-        self.check = check
+        self.title_text, self.value, self.wide = title, value, wide
+
+    def parse(self, text: str) -> tuple[object | None, str]:
+        raise NotImplementedError
 
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog"):
+        with Vertical(classes="dialog wide" if self.wide else "dialog"):
             yield Label(self.title_text)
-            yield Input(self.value, id="name-input")
-            yield Static("", id="name-error", classes="error")
+            yield Input(self.value, id=self.input_id, type=self.input_type)
+            yield Static("", id="dialog-note")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("OK", id="ok", variant="primary")
-                yield Button("Cancel", id="cancel")
+                yield Button(self.ok_label, id="ok", variant="primary")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def on_mount(self) -> None:
+        if self.live:
+            self._show(*self.parse(self._text()))
+        self.query_one(Input).focus()
+
+    def _text(self) -> str:
+        return self.query_one(Input).value.strip()
+
+    def _show(self, value: object | None, note: str) -> None:
+        self.query_one("#dialog-note", Static).update(f"[red]{note}[/]" if value is None and note else note)
+
+    def on_input_changed(self) -> None:
+        if self.live:
+            self._show(*self.parse(self._text()))
 
     def on_input_submitted(self) -> None:
         self._submit()
@@ -70,12 +94,25 @@ class NameScreen(ModalScreen["str | None"]):
             self.dismiss(None)
 
     def _submit(self) -> None:
-        name = self.query_one("#name-input", Input).value.strip()
-        err = self.check(name) if self.check else None
-        if err:
-            self.query_one("#name-error", Static).update(err)
+        value, note = self.parse(self._text())
+        if value is None:
+            self._show(value, note)
             return
-        self.dismiss(name)
+        self.dismiss(value)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class NameScreen(InputScreen):
+    """Ask for a name; ``check`` returns an error message or None."""
+
+    input_id = "name-input"
+
+    def __init__(self, title: str, value: str = "", check=None):
+        super().__init__(title, value)
+        self.check = check
+
+    def parse(self, text: str) -> tuple[str | None, str]:
+        err = self.check(text) if self.check else None
+        return (None, err) if err else (text, "")
