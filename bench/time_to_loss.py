@@ -4,7 +4,8 @@ the other's final validation loss.
     python bench/time_to_loss.py cpu-small "cpu-small train.optimizer=muon train.schedule=wsd" --steps 600 --repeat 3
 
 Each setting is a preset name followed by `section.key=value` overrides. The runs alternate (A, B, A,
-B, ...) on the same corpus, seed and tokens, each through `workbench train` in a fresh runs directory
+B, ...) on the same corpus; the i-th A and B share seed 1337 + i (the same weights at the start and the same
+batches), each through `workbench train` in a fresh runs directory
 (the corpus is prepared once, before the first run). For every eval the script prints (seconds since
 the run's start, val loss, val bits per byte); then, with L = A's median final val loss, the time each
 run needed to reach L (interpolated between evals) and the ratio A / B of the medians: above 1, B
@@ -25,9 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_once(setting: str, steps: int, eval_every: int, eval_iters: int, runs: Path, name: str) -> dict:
+def run_once(setting: str, steps: int, eval_every: int, eval_iters: int, runs: Path, name: str,
+             seed: int = 1337) -> dict:
     preset, *overrides = shlex.split(setting)
-    ov = [*overrides, f"train.max_iters={steps}", f"train.eval_interval={eval_every}",
+    ov = [*overrides, f"train.seed={seed}", f"train.max_iters={steps}", f"train.eval_interval={eval_every}",
           f"train.eval_iters={eval_iters}", f"train.ckpt_interval={steps}", "train.patience=0",
           "train.sample_prompt=''", "train.log_interval=10"]
     cmd = [sys.executable, "-m", "workbench", "train", preset, "--name", name, "--runs-dir", str(runs), "--yes",
@@ -69,7 +71,7 @@ def main() -> int:
     results: dict[str, list[dict]] = {"A": [], "B": []}
     for i in range(args.repeat):
         for key, setting in (("A", args.a), ("B", args.b)):
-            r = run_once(setting, args.steps, args.eval_every, args.eval_iters, runs, f"{key}{i}")
+            r = run_once(setting, args.steps, args.eval_every, args.eval_iters, runs, f"{key}{i}", seed=1337 + i)
             results[key].append(r)
             print(f"{key}{i} {setting}: final val loss {r['final']:.4f}, {r['tokens_per_s'] or 0:,.0f} tokens/s",
                   flush=True)
