@@ -1,8 +1,10 @@
 """End to end in tmux, as a user does it: start a tiny run from the TUI on the built-in
 corpus, watch tokens/s and loss appear, quit (the trainer keeps running), reopen (the
-same run is live), stop it from the TUI, resume it from the checkpoint browser.
+same run is live), stop it from the TUI, resume it from the checkpoint browser; and two
+UIs on one run, one of them killed, the trainer untouched.
 
 Real processes throughout: the TUI, the CLI, the trainer (torch). Marked slow; CI runs it.
+tmux is required: without it these tests fail (CI installs it), they are never skipped.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_running, wb
 from workbench.rundir import pid_alive, read_status
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ("model.dim=64 model.n_layers=2 model.n_heads=4 model.n_kv_heads=2 model.seq_len=64 "
@@ -31,9 +34,25 @@ TINY = ("model.dim=64 model.n_layers=2 model.n_heads=4 model.n_kv_heads=2 model.
         "train.ckpt_interval=25 train.log_interval=5 hardware.compile=false")
 
 
+@pytest.fixture
+def tmux_env(tmp_path):
+    """The environment the TUIs run in. tmux missing is a failure, not a skip: CI must not go green
+    without the only end-to-end tests of quit/reopen, stop and resume."""
+    assert shutil.which("tmux"), "tmux is not installed; these end-to-end tests need it (apt-get install tmux)"
+    env = dict(os.environ)
+    env["WORKBENCH_CACHE_DIR"] = env.get("WORKBENCH_CACHE_DIR") or str(tmp_path / "cache")
+    env["WORKBENCH_PRESETS_DIR"] = str(tmp_path / "presets")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["TERM"] = "xterm-256color"
+    env.pop("TMUX", None)
+    return env
+
+
 class Tmux:
-    def __init__(self, socket: str, cwd: Path, env: dict[str, str]):
-        self.socket, self.cwd, self.env = socket, cwd, env
+    """One TUI in a tmux session ``name`` on the server ``socket``."""
+
+    def __init__(self, socket: str, cwd: Path, env: dict[str, str], name: str = "wb"):
+        self.socket, self.cwd, self.env, self.name = socket, cwd, env, name
 
     def _tmux(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True,
@@ -41,23 +60,50 @@ class Tmux:
 
     def open_tui(self, runs_dir: Path) -> None:
         cmd = shlex.join([sys.executable, "-m", "workbench", "--runs-dir", str(runs_dir)])
-        self._tmux("new-session", "-d", "-s", "wb", "-x", "160", "-y", "48", cmd)
+        self._tmux("new-session", "-d", "-s", self.name, "-x", "160", "-y", "48", cmd)
 
     def alive(self) -> bool:
-        return self._tmux("has-session", "-t", "wb", check=False).returncode == 0
+        return self._tmux("has-session", "-t", self.name, check=False).returncode == 0
 
-    def screen(self) -> str:
-        r = self._tmux("capture-pane", "-p", "-t", "wb", check=False)
-        return r.stdout
+    def pid(self) -> int:
+        """The TUI's process (the pane runs it directly)."""
+        return int(self._tmux("list-panes", "-t", self.name, "-F", "#{pane_pid}").stdout.split()[0])
+
+    def screen(self, colours: bool = False) -> str:
+        return self._tmux("capture-pane", "-p", *(["-e"] if colours else []), "-t", self.name, check=False).stdout
+
+    def focused_field(self, labels: tuple[str, ...]) -> str | None:
+        """Which of the form's fields has the focus: the one whose border (the ▊ after its label) is drawn
+        in a colour none of the others has."""
+        colour = {}
+        for line in self.screen(colours=True).splitlines():
+            for label in labels:
+                m = re.search(re.escape(label) + r"(?:\x1b\[[\d;]*m|\s)*?((?:\x1b\[[\d;]*m)+)▊", line)
+                if m and label not in colour:
+                    colour[label] = m.group(1)
+        if len(colour) < len(labels):
+            return None
+        odd = [label for label in labels if list(colour.values()).count(colour[label]) == 1]
+        return odd[0] if len(odd) == 1 else None
+
+    def tab_to(self, field: str, labels: tuple[str, ...] = ("preset", "corpus", "name", "--set")) -> None:
+        """Tab until ``field`` has the focus, one Tab at a time: two Tabs that arrive together move the
+        focus only once (Textual), and keys typed then would land in the wrong field."""
+        for _ in range(len(labels)):
+            now = _wait(lambda: self.focused_field(labels), 10, "a focused field")
+            if now == field:
+                return
+            self.keys("Tab")
+            _wait(lambda now=now: self.focused_field(labels) not in (None, now), 10, "the focus to move")
+        raise AssertionError(f"could not tab to {field}:\n{self.screen()}")
 
     def keys(self, *keys: str) -> None:
+        """Keys are delivered in order; the app queues what arrives while it is busy (tests/tui/test_stop.py)."""
         for k in keys:
-            self._tmux("send-keys", "-t", "wb", k)
-            time.sleep(0.15)
+            self._tmux("send-keys", "-t", self.name, k)
 
     def type(self, text: str) -> None:
-        self._tmux("send-keys", "-t", "wb", "-l", text)
-        time.sleep(0.2)
+        self._tmux("send-keys", "-t", self.name, "-l", text)
 
     def wait_screen(self, pattern: str, timeout: float = 60.0) -> re.Match:
         deadline = time.monotonic() + timeout
@@ -68,40 +114,46 @@ class Tmux:
                 return m
             if time.monotonic() > deadline:
                 raise AssertionError(f"{pattern!r} not on screen after {timeout:.0f}s:\n{text}")
-            time.sleep(0.3)
+            time.sleep(0.2)
 
-    def kill(self) -> None:
+    def shown_step(self) -> int | None:
+        m = re.search(r"step ([\d,]+) / 5,000", self.screen())
+        return int(m.group(1).replace(",", "")) if m else None
+
+    def kill_server(self) -> None:
         self._tmux("kill-server", check=False)
 
 
 def _wait(cond, timeout: float, what: str):
     deadline = time.monotonic() + timeout
-    while not cond():
+    while not (v := cond()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
+        time.sleep(0.2)
+    return v
 
 
-def _events(run_dir: Path) -> list[str]:
+def _records(run_dir: Path) -> list[dict]:
     out = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         try:
-            r = json.loads(line)
-        except ValueError:
+            out.append(json.loads(line))
+        except ValueError:  # a line being written
             continue
-        if r.get("kind") == "event":
-            out.append(r["event"])
     return out
 
 
-def test_start_quit_reopen_stop_resume_in_tmux(tmp_path):
-    runs = tmp_path / "runs"
-    env = dict(os.environ)
-    env["WORKBENCH_CACHE_DIR"] = env.get("WORKBENCH_CACHE_DIR") or str(tmp_path / "cache")
-    env["WORKBENCH_PRESETS_DIR"] = str(tmp_path / "presets")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["TERM"] = "xterm-256color"
-    env.pop("TMUX", None)
+def _stop_leftover(run_dir: Path, runs: Path, env: dict) -> None:
+    """After a failure: never leave a trainer running."""
+    st = read_status(run_dir) if run_dir.is_dir() else {}
+    if st.get("state") in ("running", "starting") and st.get("pid"):
+        subprocess.run([sys.executable, "-m", "workbench", "stop", run_dir.name, "--runs-dir", str(runs)],
+                       env=env, capture_output=True, timeout=60)
+        _wait(lambda: not pid_alive(st["pid"], st.get("pid_start")), 60, "the trainer to exit")
+
+
+def test_start_quit_reopen_stop_resume_in_tmux(tmp_path, tmux_env):
+    runs, env = tmp_path / "runs", tmux_env
     tm = Tmux(f"wbtest-{os.getpid()}", tmp_path, env)
     run_dir = runs / "e2e"
     try:
@@ -110,10 +162,12 @@ def test_start_quit_reopen_stop_resume_in_tmux(tmp_path):
         tm.wait_screen(r"Recommended preset", 30)
         tm.keys("n")
         tm.wait_screen(r"Start a new run")
-        tm.keys("Tab", "Tab")  # preset -> corpus -> name
+        tm.tab_to("name")
         tm.type("e2e")
-        tm.keys("Tab")
+        tm.wait_screen(r"name\s+▊\s+e2e\s", 10)
+        tm.tab_to("--set")
         tm.type(TINY)
+        tm.wait_screen(r"hardware\.compile=false", 10)
         tm.keys("C-s")
         tm.wait_screen(r"step [\d,]+ / 5,000", 120)
         tm.wait_screen(r"tokens/s\s+[\d.]+k?\b", 60)
@@ -127,34 +181,71 @@ def test_start_quit_reopen_stop_resume_in_tmux(tmp_path):
         # 3. reopen: the same run, live
         tm.open_tui(runs)
         tm.wait_screen(r"e2e.*running", 30)
-        first = int(tm.wait_screen(r"step ([\d,]+) / 5,000").group(1).replace(",", ""))
-        _wait(lambda: int(re.search(r"step ([\d,]+) / 5,000", tm.screen()).group(1).replace(",", "")) > first,
-              60, "the step to advance on screen")
-        _wait(lambda: any(p.name.startswith("step_") for p in (run_dir / "checkpoints").glob("*")), 120,
-              "a first checkpoint")
+        first = _wait(tm.shown_step, 60, "the step on screen")
+        _wait(lambda: (tm.shown_step() or 0) > first, 60, "the step to advance on screen")
+        # at least two checkpoints by the stop: an interval one, then the stop's own
+        ckpts = _wait(lambda: sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*")), 120,
+                      "a first checkpoint")
+        _wait(lambda: read_status(run_dir).get("step", 0) > ckpts[0] + 1, 60, "steps past the first checkpoint")
         # 4. stop it from the TUI (with confirmation)
-        tm.keys("3")
-        tm.keys("x")
+        tm.keys("3", "x")
         tm.wait_screen(r"Stop run e2e")
         tm.keys("y")
         _wait(lambda: read_status(run_dir).get("state") == "stopped", 60, "the run to stop")
         tm.wait_screen(r"stopped", 30)
-        # 5. resume from the checkpoint browser: runs pane, checkpoint table, c
+        stopped = read_status(run_dir)["step"]
+        saved = sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*"))
+        assert saved[-1] == stopped and len(saved) >= 2, saved  # the stop saved at the step it stopped
+        n_records = len(_records(run_dir))
+        # 5. resume from the checkpoint browser: runs pane, r resumes the latest checkpoint
         tm.keys("6")
         tm.wait_screen(r"checkpoints \(tab here")
-        tm.wait_screen(r"step_\d{7}", 20)
-        tm.keys("Tab")
-        tm.keys("c")
-        _wait(lambda: "resume" in _events(run_dir), 120, "a resume event")
+        tm.wait_screen(rf"step_{stopped:07d}", 20)
+        tm.keys("r")
+        resume = _wait(lambda: next((e for e in _records(run_dir)[n_records:] if e.get("event") == "resume"), None),
+                       120, "a resume event")
+        assert resume["step"] == stopped, (resume, saved)  # from the step it stopped at, not an older one
+        log = (run_dir / "train.log").read_text()
+        assert f"resumed from checkpoint step_{stopped:07d} (step {stopped})" in log
         _wait(lambda: read_status(run_dir).get("state") == "running", 60, "the resumed run")
+        after = _wait(lambda: [r["step"] for r in _records(run_dir)[n_records:] if r.get("kind") == "train"], 60,
+                      "a step after the resume")
+        assert after[0] == (stopped // 5 + 1) * 5, after  # the next logged step (log_interval 5)
         tm.keys("3")
         tm.wait_screen(r"e2e.*running", 30)
     finally:
         screen = tm.screen() if tm.alive() else ""
-        tm.kill()
-        st = read_status(run_dir) if run_dir.is_dir() else {}
-        if st.get("state") in ("running", "starting") and st.get("pid"):
-            subprocess.run([sys.executable, "-m", "workbench", "stop", "e2e", "--runs-dir", str(runs)],
-                           env=env, capture_output=True, timeout=60)
-            _wait(lambda: not pid_alive(st["pid"], st.get("pid_start")), 60, "the trainer to exit")
+        tm.kill_server()
+        _stop_leftover(run_dir, runs, env)
         print(screen)
+
+
+def test_two_uis_watch_one_run_and_a_crashed_ui_stops_nothing(tmp_path, tmux_env):
+    runs, env = tmp_path / "runs", tmux_env
+    run_dir = runs / "two"
+    socket = f"wbtest2-{os.getpid()}"
+    a, b = Tmux(socket, tmp_path, env, "a"), Tmux(socket, tmp_path, env, "b")
+    try:
+        wb("train", "cpu-small", "--name", "two", "--runs-dir", str(runs), "--detach", "--set", *TINY.split(),
+           env=env, check=True)
+        st = wait_running(run_dir, 1)
+        assert st.get("state") == "running", st
+        a.open_tui(runs)
+        b.open_tui(runs)
+        for ui in (a, b):  # both follow the run live
+            ui.wait_screen(r"two.*running", 60)
+            first = _wait(ui.shown_step, 60, "the step on screen")
+            _wait(lambda ui=ui, first=first: (ui.shown_step() or 0) > first, 60, "the step to advance on screen")
+        # kill -9 one UI: no goodbye, no cleanup
+        os.kill(a.pid(), signal.SIGKILL)
+        _wait(lambda: not a.alive(), 15, "the killed UI's session to end")
+        at_kill = read_status(run_dir)["step"]
+        _wait(lambda: read_status(run_dir)["step"] > at_kill + 5, 60, "the trainer to go on")
+        st = read_status(run_dir)
+        assert st["state"] == "running" and pid_alive(st["pid"], st.get("pid_start")), st
+        # the other UI still follows it
+        shown = _wait(b.shown_step, 30, "the step on the other UI")
+        _wait(lambda: (b.shown_step() or 0) > shown, 60, "the other UI to keep up")
+    finally:
+        a.kill_server()
+        _stop_leftover(run_dir, runs, env)
