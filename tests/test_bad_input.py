@@ -116,13 +116,14 @@ def test_bad_input(name, trained_run, tmp_path):
     args = [a.replace("RUN", "r") for a in case.args]
     if "--runs-dir" not in args and args[0] != "presets":
         args += ["--runs-dir", str(ws / "runs")]
-    cp = wb(*args, cwd=ws, env=case.env)
+    # user presets in ws/presets, whatever this shell says: "../evil" would escape to ws/evil.toml
+    cp = wb(*args, cwd=ws, env={"WORKBENCH_PRESETS_DIR": str(ws / "presets"), **case.env})
     lines = cp.stderr.strip().splitlines()
     assert cp.returncode == case.code, cp.stderr
     assert lines and lines[-1].startswith("workbench: error: "), cp.stderr
     assert case.message in lines[-1], lines[-1]
     assert snapshot(ws) == before  # nothing created, changed or removed
-    assert not (ws / "presets" / "evil.toml").exists()
+    assert not (ws / "evil.toml").exists() and not (ws / "presets" / "evil.toml").exists()
 
 
 def test_disk_full_while_saving_keeps_previous_checkpoint(trained_run, tmp_path):

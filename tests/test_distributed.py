@@ -35,9 +35,10 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     wb("train", "cpu-small", "--name", "two", "--runs-dir", root, "--nproc", "2",
        *tiny(*COMMON, "train.batch_size=4"), check=True)  # batch_size is global: 2 per process
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
-    assert sorted(two) == list(range(1, 9))  # one set of records: rank 0 alone writes
+    assert sorted(one) == sorted(two) == list(range(1, 9))  # one set of records: rank 0 alone writes
     for s in one:
         assert two[s] == pytest.approx(one[s], rel=1e-5, abs=1e-6), s
+    assert sorted(evals(tmp_path / "one")) == sorted(evals(tmp_path / "two")) == [0, 4, 8]
     for s, v in evals(tmp_path / "one").items():
         assert evals(tmp_path / "two")[s] == pytest.approx(v, rel=1e-5)
     d = tmp_path / "two"
@@ -61,6 +62,7 @@ def test_stop_and_resume_under_ddp_is_exact(tmp_path):
     assert rundir.list_checkpoints(d)[-1]["step"] == st["step"]
     wb("resume", "stopped", "--runs-dir", root, check=True)  # hardware.nproc = 2 comes from the run's preset
     assert rundir.read_status(d)["state"] == "finished"
+    assert sorted(losses(d)) == list(range(1, 11))
     assert losses(d) == losses(tmp_path / "straight")  # per-rank dropout RNG and the data stream resumed exactly
 
 
@@ -107,6 +109,7 @@ def test_two_nodes_on_one_machine(tmp_path):
     wb("train", "cpu-small", "--name", "one", "--runs-dir", str(tmp_path), *tiny(*COMMON, "train.batch_size=4"),
        check=True)
     node0, one = losses(tmp_path / "node0" / "n"), losses(tmp_path / "one")
+    assert sorted(one) == sorted(node0) == list(range(1, 9))
     for s in one:
         assert node0[s] == pytest.approx(one[s], rel=1e-5, abs=1e-6)
     # Only global rank 0 writes metrics and checkpoints.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,11 +67,14 @@ def test_cpu_fit_writes_new_preset_with_same_tokens_per_step(tmp_path, monkeypat
     new = load_preset_file(out)
     assert new.name == "cpu-small-fit"
     assert new.train.batch_size < 4096 and new.train.grad_accum > 1
+    text = capsys.readouterr().out
+    assert "wrote" in text and "tokens per step" in text
+    # the largest exact split of 4096 sequences at or below the largest batch that fits
+    best = int(re.search(r"largest micro-batch that fits: (\d+)", text).group(1))
+    assert new.train.batch_size == max(d for d in range(1, best + 1) if 4096 % d == 0) > 1, (new.train, best)
     assert new.tokens_per_step() == src.tokens_per_step()
     assert new.model == src.model and new.data == src.data
     assert out.read_text().startswith("# Written by `workbench fit cpu-small`")
-    text = capsys.readouterr().out
-    assert "wrote" in text and "tokens per step" in text
     # never over an existing file without --force
     with pytest.raises(WorkbenchError, match="already exists"):
         fit.run(_args(tmp_path, overrides=over))
@@ -108,13 +113,50 @@ def _cli(*argv, env=None):
 
 
 def test_cli_fit_bad_input_is_one_line(tmp_path):
-    import os
     env = dict(os.environ, WORKBENCH_PRESETS_DIR=str(tmp_path))
     r = _cli("fit", "cpu-small", "--device", "cpu", "--margin", "2", env=env)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--margin" in r.stderr
     r = _cli("fit", "no-such-preset", env=env)
     assert r.returncode == 2 and "unknown preset" in r.stderr
+
+
+def test_cli_fit_writes_a_preset_at_the_largest_batch_that_fits(tmp_path):
+    """`workbench fit` end to end on this CPU: the search ends within one step (the batch it reports fits,
+    one more does not), each trial's verdict is the memory estimate against the RAM it names, and the
+    preset written keeps the tokens per step with the largest exact split at or below that batch."""
+    from workbench.fmt import human_bytes
+    from workbench.machine.probe import this_machine
+    from workbench.plan.estimate import estimate_memory, what_if
+    env = dict(os.environ, WORKBENCH_PRESETS_DIR=str(tmp_path))
+    over = ["train.batch_size=4096", "train.grad_accum=1"]  # ~104 GiB in one micro-batch: cannot fit
+    r = _cli("fit", "cpu-small", "--device", "cpu", "--set", *over, env=env)
+    assert r.returncode == 0, r.stderr
+    trials = {int(b): (shown, verdict == "fits")
+              for b, shown, verdict in re.findall(r"batch\s+(\d+): estimate (.+?) (fits|too big)", r.stdout)}
+    m = re.search(r"largest micro-batch that fits: (\d+) \(estimate against ([\d.]+) GiB available RAM "
+                  r"\(keeping 10% free\)\)", r.stdout)
+    assert m and trials, r.stdout
+    best, ram = int(m.group(1)), float(m.group(2)) * 2**30
+    assert 1 < best < 4096
+    # within one step of the search: best fits, best + 1 was tried and does not
+    assert trials[best][1] and not trials[best + 1][1], trials
+    assert all(ok == (b <= best) for b, (_shown, ok) in trials.items()), trials  # one threshold
+    # each verdict is the estimate at that batch against 90 % of the RAM (given to 3 figures)
+    src = what_if(resolve_preset("cpu-small", over), device="cpu")
+    machine = this_machine()
+
+    def estimate(b: int) -> float:
+        settings = resolve_settings(what_if(src, batch_size=b), machine, world_size=1)
+        return estimate_memory(src, settings=settings)["total"]
+
+    for b, (shown, _ok) in trials.items():
+        assert shown == human_bytes(estimate(b)), (b, shown)
+    assert estimate(best) <= 0.9 * (ram + 0.05 * 2**30) and estimate(best + 1) > 0.9 * (ram - 0.05 * 2**30)
+    new = load_preset_file(tmp_path / "cpu-small-fit.toml")
+    b, a = new.train.batch_size, new.train.grad_accum
+    assert b * a == 4096 and b == max(d for d in range(1, best + 1) if 4096 % d == 0), (b, a, best)
+    assert f"Largest micro-batch that fits: {best} (" in (tmp_path / "cpu-small-fit.toml").read_text()
 
 
 def test_cli_hw_json_and_estimate_json():

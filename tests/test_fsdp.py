@@ -41,9 +41,10 @@ def _train_losses(recs: list[dict]) -> dict[int, float]:
 
 def test_sharded_run_follows_the_single_process_curve(runs):
     one, fsdp = losses(runs / "one"), losses(runs / "fsdp")
-    assert sorted(fsdp) == list(range(1, 9))  # rank 0 alone writes
+    assert sorted(one) == sorted(fsdp) == list(range(1, 9))  # rank 0 alone writes
     for s in one:
         assert fsdp[s] == pytest.approx(one[s], rel=1e-5, abs=1e-6), s
+    assert sorted(evals(runs / "one")) == sorted(evals(runs / "fsdp")) == [0, 4, 8]
     for s, v in evals(runs / "one").items():
         assert evals(runs / "fsdp")[s] == pytest.approx(v, rel=1e-5)
     assert [c["step"] for c in rundir.list_checkpoints(runs / "fsdp")] == [4, 8]
@@ -90,12 +91,23 @@ def test_stop_and_resume_under_fsdp_continues_the_curve(runs, tmp_path):
     assert rundir.read_status(d)["state"] == "finished"
     resumed = _records_since_last_start(d)
     assert resumed[0]["event"] == "resume" and resumed[0]["parallel"] == "fsdp"
+    assert sorted(losses(d)) == list(range(1, 9))
     assert losses(d) == losses(runs / "fsdp")  # exact: sharded optimizer state and data stream restored
 
 
+def _copy_up_to(src, dst, step: int) -> None:
+    """A copy of run ``src`` whose latest checkpoint is ``step`` (the later ones removed), so a resume
+    continues it in place from there."""
+    shutil.copytree(src, dst)
+    for c in rundir.list_checkpoints(dst):
+        if c["step"] > step:
+            shutil.rmtree(c["path"])
+    assert rundir.list_checkpoints(dst)[-1]["step"] == step
+
+
 def test_a_sharded_checkpoint_resumes_in_one_process(runs, tmp_path):
-    shutil.copytree(runs / "fsdp", tmp_path / "solo")
-    wb("resume", "solo", "--runs-dir", str(tmp_path), "--nproc", "1", "--checkpoint", "4", check=True)
+    _copy_up_to(runs / "fsdp", tmp_path / "solo", 4)
+    wb("resume", "solo", "--runs-dir", str(tmp_path), "--nproc", "1", check=True)
     resumed = _records_since_last_start(tmp_path / "solo")
     assert resumed[0]["event"] == "resume" and resumed[0]["world_size"] == 1 and resumed[0]["parallel"] == "none"
     got, one = _train_losses(resumed), losses(runs / "one")
@@ -105,9 +117,8 @@ def test_a_sharded_checkpoint_resumes_in_one_process(runs, tmp_path):
 
 
 def test_a_single_process_checkpoint_resumes_sharded(runs, tmp_path):
-    shutil.copytree(runs / "one", tmp_path / "wide")
-    wb("resume", "wide", "--runs-dir", str(tmp_path), "--nproc", "2", "--set", "hardware.shard=true",
-       "--checkpoint", "4", check=True)
+    _copy_up_to(runs / "one", tmp_path / "wide", 4)
+    wb("resume", "wide", "--runs-dir", str(tmp_path), "--nproc", "2", "--set", "hardware.shard=true", check=True)
     resumed = _records_since_last_start(tmp_path / "wide")
     assert resumed[0]["event"] == "resume" and resumed[0]["parallel"] == "fsdp"
     got, one = _train_losses(resumed), losses(runs / "one")

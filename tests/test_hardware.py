@@ -16,11 +16,16 @@ from workbench.plan.recommend import recommend_preset
 
 
 def test_detect_without_torch_is_plain_json_and_fast():
+    """A few milliseconds (the Hardware pane refreshes it live): the best of five calls, so a moment
+    when the machine is busy with something else does not decide it."""
     hardware.detect()  # imports done
     import time
-    t0 = time.perf_counter()
-    info = hardware.detect()
-    assert time.perf_counter() - t0 < 0.2
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        info = hardware.detect()
+        times.append(time.perf_counter() - t0)
+    assert min(times) < 0.2, times
     json.dumps(info)
     assert info["cpu"]["logical_cores"] >= 1
     assert 0 < info["cpu"]["ram_available"] <= info["cpu"]["ram_total"]
@@ -125,8 +130,24 @@ def test_peak_flops_unknown_or_unsupported():
 
 
 def test_measured_cpu_matmul_is_plausible_and_cached():
+    """The probe's figure agrees with a matmul timed here (within 2x), and is below what the cores
+    could do at all (5 GHz x 64 fp32 FLOP per cycle: two AVX-512 FMA units)."""
+    import time
+
+    import psutil
+    import torch
     f = probe.measure_matmul_flops("cpu", "fp32", seconds=0.1)
-    assert 1e8 < f < 1e14
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(10):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    here = 2 * 1024**3 / best
+    assert here / 2 < f < here * 2, (f, here)
+    assert f < psutil.cpu_count() * 5e9 * 64, f
     assert probe.measure_matmul_flops("cpu", "fp32") == f  # cached per process
     peak, source = probe.mfu_peak("cpu", "fp32")
     assert (peak, source) == (f, "measured")

@@ -99,7 +99,7 @@ def test_kill_minus_nine_at_random_moments_always_resumes(tmp_path):
                 "train.log_interval=1", "train.keep_last=2")
     d = tmp_path / "k"
     marker = tmp_path / "paused"
-    loaded_steps = []
+    loaded_steps = []  # the newest complete checkpoint after each kill
     for trial in range(12):
         env = {}
         if trial % 3 == 2:
@@ -114,6 +114,10 @@ def test_kill_minus_nine_at_random_moments_always_resumes(tmp_path):
             assert cp.returncode == 0, cp.stderr
         pid = _wait(lambda: (s := read_json(d / "status.json")) and s.get("state") == "running"
                     and s.get("pid"))
+        if trial:  # each resume starts from the newest checkpoint the last kill left
+            resumes = [r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "resume"]
+            assert len(resumes) == trial and resumes[-1]["step"] == (loaded_steps[-1] if loaded_steps else 0), \
+                (trial, resumes[-1], loaded_steps)
         if env:
             _wait(marker.exists)
         else:
@@ -130,7 +134,9 @@ def test_kill_minus_nine_at_random_moments_always_resumes(tmp_path):
         if ck:
             loaded_steps.append(ck[-1]["step"])
     assert loaded_steps, "no checkpoint was ever written"
-    # Progress was kept across the kills, and a last resume finishes cleanly.
+    # Progress was kept across the kills: the newest checkpoint never went back, and it moved on.
+    assert loaded_steps == sorted(loaded_steps) and loaded_steps[-1] > loaded_steps[0], loaded_steps
+    # A last resume finishes cleanly.
     last = rundir.list_checkpoints(d)[-1]["step"]
     cp = wb("resume", "k", "--runs-dir", root, "--set", f"train.max_iters={last + 4}")
     assert cp.returncode == 0, cp.stderr
@@ -157,18 +163,34 @@ def test_nan_step_is_skipped_and_counted(tmp_path):
             assert torch.isfinite(s["exp_avg"]).all()
 
 
-def test_repeated_nan_rolls_back_with_lower_lr(tmp_path):
+def test_repeated_nan_rolls_back_to_the_checkpoint_with_half_the_learning_rate(tmp_path):
+    """3 non-finite steps in a row (6, 7, 8; max_skips 3): back to checkpoint step 4, then steps 5.. again
+    at half the learning rate of the same steps of an undisturbed run, to the end."""
     root = str(tmp_path)
-    wb("train", "cpu-small", "--name", "rb", "--runs-dir", root,
-       *tiny("train.max_iters=14", "train.ckpt_interval=4", "train.eval_interval=100", "train.max_skips=3"),
-       env={"WORKBENCH_TEST_NAN_STEPS": "6,7,8"}, check=True)
+    args = tiny("train.max_iters=14", "train.ckpt_interval=4", "train.eval_interval=100", "train.max_skips=3")
+    wb("train", "cpu-small", "--name", "straight", "--runs-dir", root, *args, check=True)
+    wb("train", "cpu-small", "--name", "rb", "--runs-dir", root, *args, env={"WORKBENCH_TEST_NAN_STEPS": "6,7,8"},
+       check=True)
+    straight = {r["step"]: r for r in read_jsonl(tmp_path / "straight" / "metrics.jsonl") if r["kind"] == "train"}
     d = tmp_path / "rb"
     recs = read_jsonl(d / "metrics.jsonl")
-    rb = [r for r in recs if r.get("event") == "rollback"]
-    assert len(rb) == 1 and rb[0]["to"] == "step_0000004" and rb[0]["lr_scale"] == 0.5
+    at = [i for i, r in enumerate(recs) if r.get("event") == "rollback"]
+    assert len(at) == 1, at
+    ev = recs[at[0]]
+    assert (ev["to"], ev["from_step"], ev["step"], ev["lr_scale"]) == ("step_0000004", 8, 4, 0.5)
+    before = {r["step"]: r for r in recs[:at[0]] if r["kind"] == "train"}
+    after = {r["step"]: r for r in recs[at[0]:] if r["kind"] == "train"}
+    # the third bad step (8) rolls back before it is logged
+    assert sorted(before) == list(range(1, 8)) and [before[s]["loss"] for s in (6, 7)] == [None] * 2
+    assert sorted(after) == list(range(5, 15))  # rewound to step 4: steps 5.. run again, to max_iters
+    # Step 5's loss is computed before its update: the same weights and batch as step 4 left them.
+    assert after[5]["loss"] == before[5]["loss"] == straight[5]["loss"]
+    for s in range(1, 8):
+        assert before[s]["lr"] == straight[s]["lr"], s
+    for s in range(5, 15):
+        assert after[s]["lr"] == 0.5 * straight[s]["lr"], (s, after[s]["lr"], straight[s]["lr"])
+        assert after[s]["loss"] is not None and after[s]["skipped"] == 3
     assert rundir.read_status(d)["state"] == "finished"
-    after = [r for r in recs if r["kind"] == "train" and r["step"] > 8]
-    assert all(r["loss"] is not None for r in after)
 
 
 def test_persistent_nan_fails_with_advice(tmp_path):
@@ -182,8 +204,14 @@ def test_persistent_nan_fails_with_advice(tmp_path):
     st = rundir.read_status(d)
     assert st["state"] == "failed"
     assert "consecutive non-finite steps" in st["error"] and "lower train.lr" in st["error"]
-    assert "rollbacks did not help" in st["error"]
+    assert "2 rollbacks did not help" in st["error"]
     assert cp.stderr.strip().splitlines()[-1].startswith("workbench: error: 2 consecutive non-finite steps")
+    # At most two rollbacks, each to the last checkpoint (step 2), each halving the learning rate again.
+    recs = read_jsonl(d / "metrics.jsonl")
+    rb = [(r["from_step"], r["to"], r["lr_scale"]) for r in recs if r.get("event") == "rollback"]
+    assert rb == [(4, "step_0000002", 0.5), (4, "step_0000002", 0.25)]
+    lr3 = [r["lr"] for r in recs if r["kind"] == "train" and r["step"] == 3]  # step 3 ran three times
+    assert lr3 == [lr3[0], lr3[0] * 0.5, lr3[0] * 0.25]
     for c in rundir.list_checkpoints(d):
         assert not has_nonfinite(load_model_state(c["path"]))
 

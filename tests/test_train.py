@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
+import shutil
+import subprocess
+import time
 import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,7 +83,9 @@ def test_runs_lists_the_run(trained_run):
     assert len(r["checkpoints"]) == 3 and r["disk_bytes"] > 0
     # Measured memory beside the estimate: the process's peak RSS vs `workbench estimate` for cpu.
     assert r["device"] == "cpu" and r["est_mem_mb"] > 0 and r["mem_mb"] > 0
-    assert abs(r["mem_err_pct"]) < 35, r
+    # Measured here: -11 % (tokenizer from the cache) and -3 % (tokenizer trained in the process, whose
+    # peak stays in the RSS); for this tiny model the figure is mostly the framework's memory.
+    assert abs(r["mem_err_pct"]) < 15, r
     table = wb("runs", "--runs-dir", str(trained_run.parent), check=True).stdout
     assert "tiny" in table and "finished" in table and "60/60" in table and "EST MB" in table
 
@@ -109,22 +117,90 @@ def test_detach_stop_resume(tmp_path):
     assert any(e["event"] == "preset_changed" for e in events)
 
 
+def test_stop_no_wait_returns_while_the_trainer_is_still_saving(tmp_path):
+    """`stop --no-wait` sends the signal and returns; the trainer then saves (held 3 s inside the save
+    here, so a stop that waited could not return before it) and exits stopped."""
+    root = str(tmp_path)
+    marker = tmp_path / "in-save"
+    env = {"WORKBENCH_TEST_PAUSE_IN_SAVE": "after_model", "WORKBENCH_TEST_PAUSE_MARKER": str(marker),
+           "WORKBENCH_TEST_PAUSE_SECONDS": "3"}
+    wb("train", "cpu-small", "--name", "nw", "--runs-dir", root, "--detach", env=env, check=True,
+       *tiny("train.max_iters=100000", "train.eval_interval=100000", "train.ckpt_interval=100000"))
+    d = tmp_path / "nw"
+    st = wait_running(d, 2)
+    assert st["state"] == "running", st
+    out = wb("stop", "nw", "--runs-dir", root, "--no-wait", check=True).stdout
+    assert out.strip() == f"asked run nw (pid {st['pid']}) to stop; it saves a checkpoint first"
+    assert rundir.read_status(d)["state"] == "running" and rundir.pid_alive(st["pid"])  # back before the save
+    end = time.time() + 60
+    while time.time() < end and rundir.read_status(d)["state"] in rundir.LIVE_STATES:
+        time.sleep(0.2)
+    st = rundir.read_status(d)
+    assert st["state"] == "stopped" and marker.exists(), st
+    assert rundir.list_checkpoints(d)[-1]["step"] == st["step"]
+
+
+def _cpu_seconds(*args: str) -> tuple[float, subprocess.CompletedProcess]:
+    """A CLI command's CPU time (with its compiler subprocesses): a busy machine stretches wall time, not this."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cp = wb(*args, check=True, timeout=600)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), cp
+
+
+COMPILE_MODES = {"all but the loss": "hardware.activation_checkpointing=false",
+                 "per block": "hardware.activation_checkpointing=true"}
+
+
+@pytest.fixture(scope="module")
+def compiled_runs(tmp_path_factory) -> dict[str, tuple[Path, float, str]]:
+    """A tiny compiled run per compile mode, started cold: mode -> (run dir, CPU seconds, stdout)."""
+    root = tmp_path_factory.mktemp("compiled")
+    users = os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # a cache of the user's own would be used instead
+    try:
+        out = {}
+        for i, (mode, extra) in enumerate(COMPILE_MODES.items()):
+            cpu, cp = _cpu_seconds("train", "cpu-small", "--name", f"c{i}", "--runs-dir", str(root),
+                                   *tiny("train.max_iters=4", "train.eval_interval=4", "train.ckpt_interval=4",
+                                         "hardware.compile=true", "hardware.chunked_loss=true", extra))
+            out[mode] = (root / f"c{i}", cpu, cp.stdout)
+        yield out
+    finally:
+        if users is not None:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = users
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("extra,mode", [("hardware.activation_checkpointing=false", "all but the loss"),
-                                        ("hardware.activation_checkpointing=true", "per block")])
-def test_compiled_run_with_fused_loss_saves_plain_state_dict(tmp_path, extra, mode):
+@pytest.mark.parametrize("mode", list(COMPILE_MODES))
+def test_compiled_run_with_fused_loss_saves_plain_state_dict(compiled_runs, mode):
     """torch.compile around the fused loss (or per block under activation checkpointing) trains,
     and its checkpoint loads uncompiled."""
-    cp = wb("train", "cpu-small", "--name", "c", "--runs-dir", str(tmp_path),
-            *tiny("train.max_iters=4", "train.eval_interval=4", "train.ckpt_interval=4", "hardware.compile=true",
-                  "hardware.chunked_loss=true", extra), check=True, timeout=600)
-    assert f"compile {mode}" in cp.stdout
-    start = next(r for r in read_jsonl(tmp_path / "c" / "metrics.jsonl") if r.get("event") == "start")
+    d, _cpu, stdout = compiled_runs[mode]
+    assert f"compile {mode}" in stdout
+    start = next(r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "start")
     assert start["compile_mode"] == mode and start["loss_chunk_tokens"] > 0
-    assert any(r.get("event") == "compile_done" for r in read_jsonl(tmp_path / "c" / "metrics.jsonl"))
-    sd = load_model_state(rundir.select_checkpoint(tmp_path / "c", "latest")["path"])
-    m = GPT(load_preset_file(tmp_path / "c" / "preset.toml").model)
+    assert any(r.get("event") == "compile_done" for r in read_jsonl(d / "metrics.jsonl"))
+    sd = load_model_state(rundir.select_checkpoint(d, "latest")["path"])
+    m = GPT(load_preset_file(d / "preset.toml").model)
     m.load_state_dict(sd)
+
+
+@pytest.mark.slow
+def test_a_resume_compiles_warm_from_the_runs_inductor_cache(compiled_runs, tmp_path, monkeypatch):
+    """README: the compile cache lives in runs/<id>/cache/inductor, so a resume compiles warm. Measured as
+    CPU time (compile included): cold 37 s, warm 8.5 s here; start to first step (quiet) 35 s and 5 s."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    src, cold, _ = compiled_runs["all but the loss"]
+    d = tmp_path / src.name
+    shutil.copytree(src, d)  # the run with its cache, moved: the cache goes with the run
+    cache = d / "cache" / "inductor"
+    assert sum(1 for p in cache.rglob("*") if p.is_file()) > 0, "nothing compiled into the run's cache"
+    warm, _ = _cpu_seconds("resume", d.name, "--runs-dir", str(tmp_path), "--set", "train.max_iters=6")
+    recs = read_jsonl(d / "metrics.jsonl")
+    assert [r["event"] for r in recs if r.get("event") in ("start", "resume")] == ["start", "resume"]
+    to_first_step = [r["seconds"] for r in recs if r.get("event") == "compile_done"]
+    assert len(to_first_step) == 2 and rundir.read_status(d)["step"] == 6
+    assert warm < cold / 2, (cold, warm, to_first_step)
 
 
 def test_compile_auto_pays_only_where_it_pays_back():
