@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# The CUDA checks we run on a lent GPU (device tool): bf16 + compile run, kill -9 / resume
-# agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter config,
-# estimated vs measured peak memory. Usage: bash bench/gpu_check.sh [quick]
+# The CUDA checks we run on a lent GPU (device tool): first the GPU tests (tests/test_gpu.py, `pytest -m gpu`:
+# precision auto, bf16 / fp16 + GradScaler / fp32, TF32, the fused loss on CUDA, --nproc 1 and NCCL), then a
+# bf16 + compile run, kill -9 / resume agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter
+# config, estimated vs measured peak memory. Exits non-zero when a GPU test fails.
+# Usage: bash bench/gpu_check.sh [quick|tests]   (tests: the GPU tests alone)
 set -u
+cd "$(dirname "$0")/.."
 export WORKBENCH_CACHE_DIR=${WORKBENCH_CACHE_DIR:-/tmp/wbcache} PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 R=/tmp/wbruns; rm -rf $R
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+echo "== GPU tests (pytest -m gpu): skipped ones say why"
+$PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_gpu.py
+TESTS_RC=$?
+[ "$TESTS_RC" = 0 ] || echo "GPU TESTS FAILED (exit $TESTS_RC)"
+[ "${1:-}" = tests ] && exit $TESTS_RC
 T="model.dim=64 model.n_layers=2 model.n_heads=4 model.n_kv_heads=2 model.seq_len=64 model.vocab_size=512
    train.batch_size=8 train.warmup_iters=2 train.eval_iters=2 train.log_interval=1 data.builtin_mb=0.3
    data.tokenizer_sample_mb=0.3 train.max_iters=30 train.lr_decay_iters=30 train.ckpt_interval=10
@@ -31,7 +39,7 @@ print(f"CUDA resume: {same}/{len(a)} steps bitwise equal, max |loss diff| = {dif
 ev = [json.loads(l) for l in open("/tmp/wbruns/straight/metrics.jsonl") if '"compile_done"' in l]
 print("compile_done event:", ev[:1])
 PYEOF
-[ "${1:-}" = quick ] && exit 0
+[ "${1:-}" = quick ] && exit $TESTS_RC
 echo "== throughput (bench/throughput.py)"
 $PY bench/throughput.py gpu-8gb --steps 60
 $PY bench/throughput.py gpu-8gb --steps 60 --set hardware.activation_checkpointing=false
@@ -44,3 +52,4 @@ echo "== estimates"
 $PY -m workbench estimate gpu-8gb --device cuda 2>&1 | head -30
 $PY -m workbench estimate gpu-8gb --device cuda --set hardware.activation_checkpointing=false 2>&1 | grep -iE "total|activ|fits"
 $PY -m workbench estimate gpu-8gb --device cuda --set $G124 2>&1 | grep -iE "total|activ|fits|param"
+exit $TESTS_RC
