@@ -8,6 +8,7 @@ import time
 
 import psutil
 import pytest
+from textual.css.query import NoMatches
 
 from .fixtures.make_runs import HARDWARE, make_runs
 
@@ -35,18 +36,30 @@ def make_app(runs_dir, **kw):
     return WorkbenchApp(runs_dir, **kw)
 
 
+# What a condition may raise while the thing it looks at is not there yet: a widget not mounted
+# (NoMatches), a run not read yet (KeyError), a list still empty (IndexError). Anything else is a
+# real error and fails the test at once, instead of showing up as a timeout.
+NOT_YET = (NoMatches, KeyError, IndexError)
+
+
 async def wait_for(pilot, cond, timeout: float = 20.0, what: str = "condition"):
     """Let the app run until ``cond()`` is true (thread workers deliver asynchronously)."""
     deadline = time.monotonic() + timeout
+    last: Exception | None = None
     while True:
         try:
             if cond():
                 return
-        except Exception:
-            pass
+        except NOT_YET as e:
+            last = e
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}" + (f" (last: {last!r})" if last else ""))
         await pilot.pause(0.05)
+
+
+def notified(app, message: str) -> bool:
+    """Whether the app has shown the user exactly ``message`` (a toast)."""
+    return any(str(n.message) == message for n in app._notifications)
 
 
 def run(coro):

@@ -7,7 +7,23 @@ import sys
 
 from textual.widgets import DataTable, Input, Log, RichLog, Select, SelectionList, Static, TextArea
 
-from .conftest import make_app, run, text_of, wait_for
+from .conftest import make_app, notified, run, text_of, wait_for
+
+VALID = "✓ valid"  # the whole status line of a valid preset (an error reads "✗ ...", e.g. "not valid TOML")
+
+
+def preset_status(app) -> str:
+    return text_of(app.query_one("#preset-status")).strip()
+
+
+def palette_top(app) -> str | None:
+    """The command the command palette has highlighted (what enter runs), once its search has answered."""
+    from textual.command import CommandList
+    cl = app.screen.query_one(CommandList)
+    if not cl.option_count:
+        return None
+    prompt = cl.get_option_at_index(cl.highlighted or 0).prompt
+    return (prompt.plain if hasattr(prompt, "plain") else str(prompt)).split("\n")[0]  # the help is below
 
 
 def _log_text(log) -> str:
@@ -90,7 +106,7 @@ def test_monitor_switches_run_and_shows_failure(runs_dir):
             assert "finished" in text_of(app.query_one("#mon-progress-text"))
             assert "2.4286" in text_of(app.query_one("#mon-stats"))  # best val loss
             await pilot.press("x")  # not running: no confirmation, a warning instead
-            await pilot.pause()
+            await wait_for(pilot, lambda: notified(app, "The run shown is not running."), what="the warning")
             assert app.screen.__class__.__name__ != "ConfirmScreen"
     run(go())
 
@@ -123,7 +139,7 @@ def test_curves_toggle_log_axis_smoothing_and_overlay(runs_dir):
             assert pane.show == "train"
             # overlay a second run: both appear in the legend by name
             sl.select("beta")
-            await wait_for(pilot, lambda: len(app.run_data.get("beta").steps) == 15, what="beta's metrics")
+            await wait_for(pilot, lambda: len(app.run_data["beta"].steps) == 15, what="beta's metrics")
             pane.redraw()
             await pilot.pause()
             plot = text_of(app.query_one("#curves-plot"))
@@ -198,9 +214,16 @@ def test_runs_browser_refuses_to_delete_a_live_run(live_runs_dir):
             table.move_cursor(row=table.get_row_index("delta"))
             table.focus()
             await pilot.press("d")
-            await pilot.pause()
+            await wait_for(pilot, lambda: notified(app, "delta is running; stop it first."), what="the refusal")
             assert app.screen.__class__.__name__ != "ConfirmScreen"
             assert (live_runs_dir / "delta").exists()
+            # its checkpoints too: the trainer prunes its own
+            app.query_one("#ckpt-table", DataTable).focus()
+            await pilot.press("d")
+            await wait_for(pilot, lambda: notified(app, "delta is running (it prunes its own checkpoints); stop it "
+                                                        "first."), what="the refusal for a checkpoint")
+            assert app.screen.__class__.__name__ != "ConfirmScreen"
+            assert (live_runs_dir / "delta" / "checkpoints").exists()
     run(go())
 
 
@@ -280,7 +303,7 @@ def test_presets_validate_as_you_type_and_save_atomically(runs_dir, tmp_path):
             pane.load("cpu-small")
             editor = app.query_one("#preset-editor", TextArea)
             assert 'name = "cpu-small"' in editor.text
-            await wait_for(pilot, lambda: "valid" in text_of(app.query_one("#preset-status")))
+            await wait_for(pilot, lambda: preset_status(app) == VALID, what="the valid marker")
             assert "params" in text_of(app.query_one("#preset-estimate"))
             # a misspelt key, typed: the engine's message with the line it is on
             editor.focus()
@@ -288,11 +311,13 @@ def test_presets_validate_as_you_type_and_save_atomically(runs_dir, tmp_path):
             editor.move_cursor((line, 2))
             await pilot.press("r")
             await wait_for(pilot, lambda: "lrr" in text_of(app.query_one("#preset-status")))
-            status = text_of(app.query_one("#preset-status"))
-            assert f"line {line + 1}:" in status and "did you mean 'lr'" in status
+            status = preset_status(app)
+            assert status.startswith("✗ ") and f"line {line + 1}:" in status and "did you mean 'lr'" in status
             # saving an invalid preset writes nothing
             await pilot.press("ctrl+s")
-            await pilot.pause()
+            refusal = ("Not saved: the preset has an error (see below the editor). "
+                       "A file on disk is never replaced by an invalid one.")
+            await wait_for(pilot, lambda: notified(app, refusal), what="the refusal")
             assert not (user_dir / "cpu-small.toml").exists()
             # broken TOML: tomllib's line and column
             editor.focus()
@@ -300,8 +325,7 @@ def test_presets_validate_as_you_type_and_save_atomically(runs_dir, tmp_path):
             await wait_for(pilot, lambda: "not valid TOML" in text_of(app.query_one("#preset-status")),
                            what=f"TOML error; editor line is {editor.document.get_line(line)!r}, focus {app.focused}")
             await pilot.press("backspace")
-            await wait_for(pilot, lambda: "valid" in text_of(app.query_one("#preset-status"))
-                           and "not" not in text_of(app.query_one("#preset-status")))
+            await wait_for(pilot, lambda: preset_status(app) == VALID, what="valid again")
             # change a value and save: a shipped preset becomes a user copy
             editor.text = editor.text.replace("max_iters = 2000", "max_iters = 1234")
             await pilot.press("ctrl+s")
@@ -351,13 +375,13 @@ def test_command_palette_runs_workbench_actions(runs_dir):
             await pilot.press("ctrl+p")
             await pilot.pause()
             await pilot.press(*"toggle log scale")
-            await pilot.pause(0.3)
+            await wait_for(pilot, lambda: palette_top(app) == "Loss curves: toggle log scale", what="the command")
             await pilot.press("enter")
             await wait_for(pilot, lambda: app.query_one("#curves-pane").log_y)
             assert app.query_one("#tabs").active == "curves"
             await pilot.press("ctrl+p")
             await pilot.press(*"go to runs")
-            await pilot.pause(0.3)
+            await wait_for(pilot, lambda: palette_top(app) == "Go to Runs", what="the command")
             await pilot.press("enter")
             await wait_for(pilot, lambda: app.query_one("#tabs").active == "runs")
     run(go())
@@ -437,7 +461,7 @@ def test_presets_editor_works_without_a_toml_grammar(runs_dir, monkeypatch):
             await wait_for(pilot, lambda: pane.current is not None)
             editor = app.query_one("#preset-editor", TextArea)
             assert not editor.is_syntax_aware and "[model]" in editor.text
-            await wait_for(pilot, lambda: "valid" in text_of(app.query_one("#preset-status")))
+            await wait_for(pilot, lambda: preset_status(app) == VALID, what="the valid marker")
     run(go())
 
 
@@ -453,10 +477,11 @@ def test_train_log_shows_its_newest_lines_after_the_pane_was_hidden_and_resized(
                 f.write("".join(f"later line {i}\n" for i in range(60)))
             await wait_for(pilot, lambda: "later line 59" in _log_text(log), what="lines read while hidden")
             await pilot.resize_terminal(80, 24)  # the tmux window shrinks meanwhile
-            await pilot.pause(0.2)
+            await wait_for(pilot, lambda: tuple(app.size) == (80, 24), what="the resize")
             await pilot.press("3")
-            await pilot.pause(0.2)
-            assert log.scroll_y == log.max_scroll_y > 0
+            await wait_for(pilot, lambda: app.query_one("#tabs").active == "train" and log.size.height > 0
+                           and log.scroll_y == log.max_scroll_y > 0,
+                           what=f"the log at its end (scroll {log.scroll_y} of {log.max_scroll_y})")
     run(go())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import tomllib
 
 from workbench.tui.widgets.presets import with_name
@@ -51,3 +52,107 @@ def test_a_name_no_line_edit_can_set_is_written_from_the_data():
     text = 'name = """\nmulti"""\n[model]\ndim = 64\n'  # the name spans two lines
     out = with_name(text, "x")
     assert tomllib.loads(out) == {"name": "x", "model": {"dim": 64}}
+
+
+# ----------------------------------------------------------------------------- the pane: save, train with it
+
+TINY_EDITS = {"vocab_size = 8192": "vocab_size = 512", "dim = 256": "dim = 64", "n_layers = 4": "n_layers = 2",
+              "n_heads = 8": "n_heads = 4", "n_kv_heads = 4": "n_kv_heads = 2", "seq_len = 256": "seq_len = 32",
+              "batch_size = 8": "batch_size = 4", "max_iters = 2000": "max_iters = 6",
+              "warmup_iters = 100": "warmup_iters = 2", "eval_interval = 200": "eval_interval = 3",
+              "eval_iters = 20": "eval_iters = 2", "log_interval = 10": "log_interval = 1",
+              "ckpt_interval = 500": "ckpt_interval = 3",
+              'corpus = "builtin"': 'corpus = "builtin"\nbuiltin_mb = 0.3\ntokenizer_sample_mb = 0.3',
+              'compile = "auto"': 'compile = "false"'}
+
+
+def _tiny(text: str) -> str:
+    for old, new in TINY_EDITS.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+def test_presets_save_replaces_the_file_atomically_and_never_with_an_invalid_preset(runs_dir, tmp_path):
+    """ctrl+s writes a new file and renames it over the old one (a reader sees the old or the new file,
+    never half of one): the file's inode changes, no temporary is left, and an invalid edit leaves it
+    as it was, byte for byte."""
+    from textual.widgets import TextArea
+
+    from .conftest import make_app, notified, run, text_of, wait_for
+    user = tmp_path / "user-presets" / "cpu-small.toml"
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="presets")
+        async with app.run_test(size=(140, 44)) as pilot:
+            pane = app.query_one("#presets-pane")
+            await wait_for(pilot, lambda: pane.current is not None)
+            pane.load("cpu-small")
+            editor = app.query_one("#preset-editor", TextArea)
+            editor.text = editor.text.replace("max_iters = 2000", "max_iters = 1111")
+            await pilot.press("ctrl+s")  # a shipped preset: saved as a user copy
+            await wait_for(pilot, lambda: user.exists() and pane.current == "cpu-small", what="the first save")
+            first = user.stat().st_ino
+            editor = app.query_one("#preset-editor", TextArea)
+            editor.text = editor.text.replace("max_iters = 1111", "max_iters = 2222")
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: "max_iters = 2222" in user.read_text(), what="the second save")
+            assert user.stat().st_ino != first  # replaced by a rename, not written in place
+            assert sorted(p.name for p in user.parent.iterdir()) == ["cpu-small.toml"]  # no temporary left
+            before, inode = user.read_bytes(), user.stat().st_ino
+            editor.text = editor.text.replace("dim = 256", "dim = 100")  # not divisible by n_heads = 8
+            await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).startswith("✗"), what="invalid")
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: notified(app, "Not saved: the preset has an error (see below the editor). "
+                                                        "A file on disk is never replaced by an invalid one."))
+            assert user.read_bytes() == before and user.stat().st_ino == inode
+            assert sorted(p.name for p in user.parent.iterdir()) == ["cpu-small.toml"]
+    run(go())
+
+
+def test_ctrl_t_trains_the_preset_being_edited(runs_dir, tmp_path):
+    """Edit a preset, save it as a new one, ctrl+t: the new-run form opens on it and starts a real run
+    whose frozen preset is that one."""
+    from textual.widgets import Input, Select, TextArea
+
+    from tests.conftest import wait_running
+    from workbench.rundir import LIVE_STATES, read_status
+
+    from .conftest import make_app, run, text_of, wait_for
+    run_dir = runs_dir / "ct"
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="presets")
+        async with app.run_test(size=(140, 44)) as pilot:
+            pane = app.query_one("#presets-pane")
+            await wait_for(pilot, lambda: pane.current is not None)
+            pane.load("cpu-small")
+            editor = app.query_one("#preset-editor", TextArea)
+            editor.text = _tiny(editor.text)
+            await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).strip() == "✓ valid")
+            await pilot.press("ctrl+o")
+            await wait_for(pilot, lambda: app.screen.query("#name-input"), what="the name dialog")
+            app.screen.query_one("#name-input", Input).value = "tiny-ct"
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: pane.current == "tiny-ct", what="the new preset saved and shown")
+            await pilot.press("ctrl+t")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "NewRunScreen", what="the form")
+            assert app.screen.query_one("#nr-preset", Select).value == "tiny-ct"
+            app.screen.query_one("#nr-name", Input).value = "ct"
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: (run_dir / "status.json").exists(), timeout=60, what="the run to start")
+            await wait_for(pilot, lambda: app.monitored == "ct", what="the run followed in the Train pane")
+        # the app is closed; the run goes on by itself
+        wait_running(run_dir, 0, timeout=60)
+        end = time.time() + 120
+        while time.time() < end and read_status(run_dir).get("state") in LIVE_STATES:
+            time.sleep(0.2)
+        st = read_status(run_dir)
+        assert (st["state"], st["step"]) == ("finished", 6), st
+        frozen = tomllib.loads((run_dir / "preset.toml").read_text())
+        saved = tomllib.loads((tmp_path / "user-presets" / "tiny-ct.toml").read_text())
+        assert frozen["name"] == "tiny-ct"
+        for section in ("model", "train"):  # every value the saved preset sets (the frozen one adds defaults)
+            assert saved[section].items() <= frozen[section].items(), section
+        assert (frozen["train"]["max_iters"], frozen["model"]["dim"]) == (6, 64)
+    run(go())

@@ -34,10 +34,15 @@ def real_runs(tmp_path_factory):
 def test_sample_pane_streams_real_text_from_two_checkpoints(real_runs, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
     prompt_text = "import os"
-    # what the CLI itself prints for checkpoint 10 with these settings: the pane must show the same
-    cli = wb("sample", "t", "--runs-dir", str(real_runs), "--checkpoint", "10", f"--prompt={prompt_text}",
-             "--max-new-tokens", "24", "--temperature", "0.8", "--top-k", "50", "--top-p", "0.95",
-             "--seed", "7", check=True).stdout
+
+    def cli(step: str) -> str:
+        """What the CLI itself prints for a checkpoint with the pane's settings: the pane must show the same."""
+        return wb("sample", "t", "--runs-dir", str(real_runs), "--checkpoint", step, f"--prompt={prompt_text}",
+                  "--max-new-tokens", "24", "--temperature", "0.8", "--top-k", "50", "--top-p", "0.95",
+                  "--seed", "7", check=True).stdout
+
+    cli_a, cli_b = cli("10"), cli("20")
+    assert cli_a != cli_b  # two checkpoints, two texts: a column showing the wrong one cannot pass
 
     async def go():
         app = make_app(real_runs)
@@ -80,8 +85,10 @@ def test_sample_pane_streams_real_text_from_two_checkpoints(real_runs, tmp_path,
                 assert text.startswith(prompt_text) and not text.startswith(prompt_text * 2), text
                 generated = text[len(prompt_text):].rsplit("[", 1)[0].strip()
                 assert len(generated) >= 10, text  # real text came out of the model
-            # exactly what the CLI prints (prompt once, then the tokens), then the time taken
-            assert text_a.rsplit("\n[", 1)[0].rstrip("\n") == cli.rstrip("\n")
+            # each column exactly what the CLI prints for its checkpoint (prompt once, then the tokens), then
+            # the time taken
+            assert text_a.rsplit("\n[", 1)[0].rstrip("\n") == cli_a.rstrip("\n")
+            assert text_b.rsplit("\n[", 1)[0].rstrip("\n") == cli_b.rstrip("\n")
             # streamed as it came (each column: its pieces plus the closing note); how many pieces
             # depends on the machine's load, so only "more than one" is certain
             assert pieces["a"] + pieces["b"] >= 5, pieces

@@ -66,9 +66,7 @@ def test_keys_typed_ahead_reach_the_new_pane_and_the_dialog(live_run, start):
     async def go():
         app = make_app(root, initial_tab=start)
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.run_data.get("delta") and app.run_data["delta"].state == "running",
-                           what="the live run read")
-            await pilot.pause(0.2)
+            await wait_for(pilot, lambda: shown(app) == ("delta", "running"), what="the live run in the Train pane")
             for key in (["x", "y"] if start == "train" else ["3", "x", "y"]):
                 app.post_message(events.Key(key, key))  # all queued at once, as a terminal delivers them
             await wait_for(pilot, lambda: proc.poll() is not None, timeout=30,
@@ -80,15 +78,33 @@ def test_keys_typed_ahead_reach_the_new_pane_and_the_dialog(live_run, start):
 
 
 def test_x_then_n_leaves_the_run_alone(live_run):
+    """n closes the question and sends nothing: asked again and answered y, exactly one stop goes out."""
     root, proc = live_run
 
     async def go():
         app = make_app(root, initial_tab="train")
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_for(pilot, lambda: app.run_data.get("delta") and app.run_data["delta"].state == "running",
-                           what="the live run shown")
-            await pilot.press("x", "n")
-            await pilot.pause(1.0)
+            await wait_for(pilot, lambda: shown(app) == ("delta", "running"), what="the live run shown")
+            await pilot.press("x")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ConfirmScreen", what="the question")
+            await pilot.press("n")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ != "ConfirmScreen", what="the answer")
             assert proc.poll() is None
-            assert app.screen.__class__.__name__ != "ConfirmScreen"
+            # A stop sent by the "n" would show as a second "Stopping delta" (or, if it landed first, as no
+            # question below: the run shown would no longer be running).
+            await pilot.press("x")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ConfirmScreen", what="the question again")
+            await pilot.press("y")
+            await wait_for(pilot, lambda: proc.poll() is not None, timeout=30, what="the trainer to get SIGTERM")
+            await wait_for(pilot, lambda: not any(w.group == "stop" for w in app.workers), what="the stop to end")
+            stops = [str(n.message) for n in app._notifications if str(n.message).startswith("Stopping delta")]
+            assert len(stops) == 1, [str(n.message) for n in app._notifications]
+            assert not any("failed" in str(n.message) for n in app._notifications)
     run(go())
+
+
+def shown(app) -> tuple[str, str] | None:
+    """(run id, state) of the run the Train pane shows."""
+    from workbench.tui.widgets.monitor import MonitorPane
+    d = app.query_one(MonitorPane).shown
+    return (d.run_id, d.state) if d is not None else None

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from workbench.rundir import MetricsTail
 from workbench.tui.rundata import RunData, downsample, ema
 from workbench.tui.watcher import LogTail, RunWatcher
@@ -86,8 +88,13 @@ def test_non_finite_losses_are_not_plotted():
 
 def test_ema_and_downsample():
     assert ema([1.0, 1.0, 1.0], 0.9) == [1.0, 1.0, 1.0]  # bias-corrected: no ramp from zero
-    xs, ys = downsample(list(range(1000)), list(range(1000)), 100)
-    assert len(xs) <= 101 and xs[-1] == 999
+    # it smooths: (0.5 * 0 + 0.5 * 10) / (1 - 0.5 ** 2) for the second point, not 10
+    assert ema([0.0, 10.0, 10.0], 0.5) == pytest.approx([0.0, 20 / 3, 60 / 7])
+    assert ema([3.0, 1.0], 0.0) == [3.0, 1.0]  # smoothing off
+    xs, ys = downsample(list(range(1000)), [2 * x for x in range(1000)], 100)
+    assert xs == [*range(0, 1000, 10), 999]  # evenly strided, the last point kept
+    assert ys == [2 * x for x in xs]  # each y stays with its x
+    assert downsample([1, 2, 3], [4, 5, 6], 100) == ([1, 2, 3], [4, 5, 6])  # few points: all of them
 
 
 def test_watching_a_run_for_its_log_later_does_not_repeat_its_metrics(tmp_path):
