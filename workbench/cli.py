@@ -15,8 +15,9 @@ import sys
 from workbench import __version__
 from workbench.errors import WorkbenchError
 
+# Module names in workbench/commands (`workbench import` lives in import_model.py: import is a keyword).
 COMMANDS = ["train", "resume", "stop", "runs", "sample", "data", "presets", "hw", "estimate", "fit", "export",
-            "metrics", "tui"]
+            "import_model", "metrics", "tui"]
 
 
 def build_parser() -> argparse.ArgumentParser:

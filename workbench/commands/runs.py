@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 from workbench import rundir
 from workbench.fmt import human_bytes
@@ -20,6 +21,15 @@ def _f(x, fmt="{:.4f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def source_label(r) -> str:
+    """'SmolLM2-135M' for an import, 'SmolLM2-135M, lora@smol@0' for a run fine-tuned from it."""
+    if not r.source and not r.init:
+        return "-"
+    name = Path(r.source).name if r.source and not r.source.startswith("run ") else (r.source or "")
+    tuned = f"{r.finetune} from {r.init}" if r.init else ""
+    return ", ".join(x for x in (name, tuned) if x)
+
+
 def run(args) -> int:
     root = rundir.runs_root(getattr(args, "runs_dir", None))
     runs = [summarize_run(d) for d in rundir.iter_run_dirs(root)]
@@ -29,11 +39,12 @@ def run(args) -> int:
     if not runs:
         print(f"no runs in {root}; start one with `workbench train`")
         return 0
-    head = ["RUN", "STATE", "PRESET", "FROM", "STEP", "TRAIN", "VAL", "VAL BPB", "BEST VAL", "TOK/S", "MEM MB",
-            "EST MB", "ERR", "CKPTS", "DISK"]
+    head = ["RUN", "STATE", "PRESET", "FROM", "SOURCE", "STEP", "TRAIN", "VAL", "VAL BPB", "BEST VAL", "TOK/S",
+            "MEM MB", "EST MB", "ERR", "CKPTS", "DISK"]
     rows = []
     for r in runs:
-        rows.append([r.id, r.state, r.preset, r.parent or "-", f"{r.step}/{r.max_iters}", _f(r.train_loss),
+        rows.append([r.id, r.state, r.preset, r.parent or "-", source_label(r), f"{r.step}/{r.max_iters}",
+                     _f(r.train_loss),
                      _f(r.val_loss), _f(r.val_bpb, "{:.3f}"),
                      _f(r.best_val_loss), _f(r.tokens_per_s, "{:,.0f}"), _f(r.mem_mb, "{:,.0f}"),
                      _f(r.est_mem_mb, "{:,.0f}"), _f(r.mem_err_pct, "{:+.0f}%"),
@@ -41,7 +52,8 @@ def run(args) -> int:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     for row in [head, *rows]:
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
-    print("FROM: the run and step a branch started from; "
+    print("FROM: the run and step a branch started from; SOURCE: the imported model a run's weights came from "
+          "(and full or LoRA fine-tuning from which run); "
           "MEM MB: peak measured (process RSS on CPU, peak allocated on GPU); EST MB: `workbench estimate` "
           "for the same preset; ERR: measured vs estimate")
     for r in runs:

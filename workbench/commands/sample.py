@@ -40,9 +40,9 @@ def run(args) -> int:
     from workbench.plan.settings import resolve_device
     from workbench.train.checkpoint import load_run_model
     from workbench.train.sample import generate_text
-    from workbench.train.tokenizer import Tokenizer
+    from workbench.train.tokenizer import load_tokenizer
 
-    tok = Tokenizer.load(run_dir / "tokenizer.model")
+    tok = load_tokenizer(run_dir)
     # Every machine has a CPU: asking torch about GPUs is only worth it when one is wanted.
     device = resolve_device(args.device, Machine() if args.device == "cpu" else this_machine())
     loaded = load_run_model(run_dir, ckpt["step"], device)

@@ -25,6 +25,8 @@ from workbench.config.schema import (
     TrainConfig,
     apply_overrides,
     field_doc,
+    lora_projections,
+    lora_target_list,
     overridden_keys,
     parse_override,
     parse_toml,
@@ -32,7 +34,7 @@ from workbench.config.schema import (
 )
 
 __all__ = ["SECTIONS", "DataConfig", "HardwareConfig", "ModelConfig", "Preset", "PresetError", "TrainConfig",
-           "apply_overrides",
-           "check_preset_name", "field_doc", "load_preset_file", "overridden_keys", "parse_override", "parse_toml",
-           "preset_from_dict", "preset_paths", "preset_source_path", "preset_to_toml", "resolve_preset",
-           "save_user_preset", "shipped_presets_dir", "toml_string", "user_presets_dir"]
+           "apply_overrides", "check_preset_name", "field_doc", "load_preset_file", "lora_projections",
+           "lora_target_list", "overridden_keys", "parse_override", "parse_toml", "preset_from_dict", "preset_paths",
+           "preset_source_path", "preset_to_toml", "resolve_preset", "save_user_preset", "shipped_presets_dir",
+           "toml_string", "user_presets_dir"]

@@ -44,10 +44,24 @@ class ModelConfig:
     rope_theta: float = _f(10000.0, "RoPE base frequency.", min=1.0)
     norm_eps: float = _f(1e-5, "RMSNorm epsilon.", min=0.0, min_exclusive=True)
     tie_embeddings: bool = _f(True, "Share the token embedding and the output projection.")
+    # Keys an imported model may need (workbench import); their defaults are workbench's own model.
+    head_size: int = _f(0, "Width of each attention head; 0 = dim / n_heads. Imported models whose heads are wider "
+                           "(Qwen3) set it.", min=0)
+    attn_bias: bool = _f(False, "Biases on the query, key and value projections (imported Qwen2 / Qwen2.5 models).")
+    qk_norm: bool = _f(False, "RMSNorm on each head's queries and keys before RoPE (imported Qwen3 models).")
+    rope_scaling: str = _f("none", "RoPE frequency scaling for contexts longer than the model was trained on: none, "
+                                   "linear (positions / rope_factor) or llama3 (Llama 3.1 / 3.2's per-frequency "
+                                   "scaling).", choices=("none", "linear", "llama3"))
+    rope_factor: float = _f(1.0, "rope_scaling's factor.", min=1.0)
+    rope_low_freq_factor: float = _f(1.0, "llama3 rope_scaling: wavelengths above original context / this are "
+                                          "scaled by rope_factor.", min=0.0, min_exclusive=True)
+    rope_high_freq_factor: float = _f(4.0, "llama3 rope_scaling: wavelengths below original context / this are "
+                                           "kept.", min=0.0, min_exclusive=True)
+    rope_original_context: int = _f(8192, "llama3 rope_scaling: the context the model was pretrained on.", min=1)
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.head_size or self.dim // self.n_heads
 
     @property
     def hidden_dim(self) -> int:
@@ -99,6 +113,17 @@ class TrainConfig:
     seed: int = _f(1337, "Seed for weights, data windows and dropout.", min=0)
     sample_prompt: str = _f("", "If set, a short sample from this prompt is written to samples.jsonl at each eval.")
     sample_tokens: int = _f(64, "Tokens generated for each eval-time sample.", min=1)
+    finetune: str = _f("full", "full: train every weight. lora: (a run started with --init-from) freeze the "
+                               "weights and train low-rank adapters on lora_targets; checkpoints hold only the "
+                               "adapters, and export merges them.", choices=("full", "lora"))
+    lora_rank: int = _f(8, "LoRA: rank r of each adapter (B [out, r] @ A [r, in]); at most model.dim.", min=1)
+    lora_alpha: float = _f(16.0, "LoRA: the adapters' output is scaled by lora_alpha / lora_rank.",
+                           min=0.0, min_exclusive=True)
+    lora_dropout: float = _f(0.0, "LoRA: dropout on the adapters' input.", min=0.0, max=0.9)
+    lora_targets: str | list[str] = _f("attention,mlp", "LoRA: the projections that get adapters, a list or a "
+                                       "comma-separated string: attention (wq, wk, wv, wo), mlp (w1, w2, w3), or "
+                                       "any of those names (or q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                                       "down_proj).")
 
 
 @dataclass
@@ -114,6 +139,10 @@ class DataConfig:
     builtin_mb: float = _f(6.0, "Size cap of the built-in corpus in MB.", min=0.05)
     tokenizer_sample_mb: float = _f(8.0, "MB of text, drawn from the whole corpus, that the tokenizer is trained on.",
                                     min=0.05)
+    tokenizer: str = _f("", "'' = train a sentencepiece BPE tokenizer of model.vocab_size pieces on the corpus; or "
+                            "the tokenizer to encode it with as it is: a run directory's tokenizer.model or "
+                            "tokenizer.json (Hugging Face), or a directory holding one. A run started with "
+                            "--init-from uses its source run's.")
 
 
 @dataclass
@@ -163,13 +192,20 @@ class Preset:
     # A run branched from another run's checkpoint records where it came from: {"run": id, "step": N}
     # (a [parent] table in its preset.toml). None for a run that starts from scratch.
     parent: dict | None = None
+    # A run whose first weights are another run's checkpoint (train --init-from): {"run": id, "step": N}
+    # (an [init] table); its weights are in the run's init/model.pt. None: random weights.
+    init: dict | None = None
+    # Where the weights first came from, for a model imported from Hugging Face and the runs trained from it:
+    # {"model": directory, "architecture": ..., ...} (a [source] table). None for workbench's own models.
+    source: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
         if self.description:
             out["description"] = self.description
-        if self.parent:
-            out["parent"] = dict(self.parent)
+        for table in ("parent", "init", "source"):
+            if getattr(self, table):
+                out[table] = dict(getattr(self, table))
         for sec in SECTIONS:
             out[sec] = dataclasses.asdict(getattr(self, sec))
         return out
@@ -246,14 +282,26 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
         v = value[key] if isinstance(value, dict) else value
         return f"; set {key} = {v} (--set {key}={v})"
 
-    if m.dim % m.n_heads:
+    if m.dim % m.n_heads and not m.head_size:
         bad(f"model.dim = {m.dim} must be divisible by model.n_heads = {m.n_heads} "
             f"(e.g. n_heads = {_nearest_divisor(m.dim, m.n_heads)})")
     if m.n_heads % m.n_kv_heads:
         bad(f"model.n_heads = {m.n_heads} must be divisible by model.n_kv_heads = {m.n_kv_heads} "
             f"(e.g. n_kv_heads = {_nearest_divisor(m.n_heads, m.n_kv_heads)})")
     if m.head_dim % 2:
-        bad(f"head dim = model.dim / model.n_heads = {m.head_dim} must be even for RoPE")
+        what = "model.head_size" if m.head_size else "head dim = model.dim / model.n_heads"
+        bad(f"{what} = {m.head_dim} must be even for RoPE")
+    if t.finetune == "lora":
+        if t.lora_rank > m.dim:
+            bad(f"train.lora_rank = {t.lora_rank} must be at most model.dim = {m.dim} (a low-rank adapter; "
+                "8-64 is usual)")
+        unknown = [x for x in lora_target_list(t.lora_targets) if x not in LORA_TARGETS]
+        if unknown or not lora_target_list(t.lora_targets):
+            bad(f"train.lora_targets = {t.lora_targets!r}: {', '.join(unknown) or 'none given'} is not a projection; "
+                f"choose from {', '.join(LORA_TARGETS)}")
+        if t.optimizer == "muon":
+            bad("train.optimizer = muon does not apply to LoRA adapters (low-rank factors, not whole matrices); "
+                "use train.optimizer = adamw with train.finetune = lora")
     if t.warmup_iters >= t.max_iters:
         bad(f"train.warmup_iters = {t.warmup_iters} must be < train.max_iters = {t.max_iters}"
             + fix("train.max_iters", "train.warmup_iters", {"train.warmup_iters": max(0, t.max_iters // 10),
@@ -272,6 +320,27 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
         bad(f"hardware.device = {h.device!r} must be auto, cpu, cuda, cuda:N or mps")
 
 
+# LoRA target names: workbench's projection names, Hugging Face's, and the two groups.
+LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    "attention": ("wq", "wk", "wv", "wo"), "mlp": ("w1", "w2", "w3"),
+    **{n: (n,) for n in ("wq", "wk", "wv", "wo", "w1", "w2", "w3")},
+    "q_proj": ("wq",), "k_proj": ("wk",), "v_proj": ("wv",), "o_proj": ("wo",),
+    "gate_proj": ("w1",), "up_proj": ("w3",), "down_proj": ("w2",),
+}
+
+
+def lora_target_list(targets: str | list[str]) -> list[str]:
+    """train.lora_targets as a list of the names given (a comma- or space-separated string, or a list)."""
+    items = targets if isinstance(targets, list) else [targets]
+    return [x for item in items for x in item.replace(",", " ").split()]
+
+
+def lora_projections(targets: str | list[str]) -> tuple[str, ...]:
+    """The workbench projections (wq, ..., w3) that train.lora_targets names, in a fixed order."""
+    want = {p for x in lora_target_list(targets) for p in LORA_TARGETS.get(x, ())}
+    return tuple(p for p in LORA_TARGETS["attention"] + LORA_TARGETS["mlp"] if p in want)
+
+
 def _nearest_divisor(n: int, near: int) -> int:
     divs = [d for d in range(1, n + 1) if n % d == 0]
     return min(divs, key=lambda d: (abs(d - near), d))
@@ -282,7 +351,7 @@ def preset_from_dict(data: dict[str, Any], where: str = "preset", name: str | No
     """Build and validate a Preset from parsed TOML. Unknown keys are errors. ``user_set``: the keys
     given with --set just now (conflict messages then suggest changing the other key of a pair)."""
     kwargs: dict[str, Any] = {}
-    top_known = set(SECTIONS) | {"name", "description", "parent"}
+    top_known = set(SECTIONS) | {"name", "description", "parent", "init", "source"}
     for key, value in data.items():
         if key not in top_known:
             hint = _did_you_mean(key, top_known)
@@ -292,12 +361,19 @@ def preset_from_dict(data: dict[str, Any], where: str = "preset", name: str | No
             if not isinstance(value, str):
                 raise PresetError(f"{where}: {key} = {value!r} must be a string")
             kwargs[key] = value
-        if key == "parent":
+        if key in ("parent", "init"):
             ok = (isinstance(value, dict) and set(value) == {"run", "step"} and isinstance(value["run"], str)
                   and isinstance(value["step"], int) and not isinstance(value["step"], bool) and value["step"] >= 0)
             if not ok:
-                raise PresetError(f"{where}: [parent] must hold run (a run id) and step (a step number), "
+                raise PresetError(f"{where}: [{key}] must hold run (a run id) and step (a step number), "
                                   f"got {value!r}")
+            kwargs[key] = dict(value)
+        if key == "source":
+            ok = isinstance(value, dict) and isinstance(value.get("model"), str) and all(
+                isinstance(v, (str, int, float, bool)) for v in value.values())
+            if not ok:
+                raise PresetError(f"{where}: [source] must hold model (where the weights came from) and plain "
+                                  f"values, got {value!r}")
             kwargs[key] = dict(value)
     for sec, cls in SECTIONS.items():
         raw = data.get(sec, {})

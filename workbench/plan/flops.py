@@ -21,7 +21,7 @@ MFU = tokens_per_s * flops_per_token(cfg) / peak FLOP/s (see ``workbench.machine
 
 from __future__ import annotations
 
-from workbench.config import ModelConfig
+from workbench.config import ModelConfig, TrainConfig, lora_projections
 
 
 def param_breakdown(model_cfg: ModelConfig) -> dict[str, int]:
@@ -30,8 +30,10 @@ def param_breakdown(model_cfg: ModelConfig) -> dict[str, int]:
     D, V, L, F = c.dim, c.vocab_size, c.n_layers, c.hidden_dim
     hd = c.head_dim
     attn = D * (c.n_heads * hd) + 2 * D * (c.n_kv_heads * hd) + (c.n_heads * hd) * D
+    if c.attn_bias:
+        attn += (c.n_heads + 2 * c.n_kv_heads) * hd
     mlp = 3 * D * F
-    norms = 2 * D
+    norms = 2 * D + (2 * hd if c.qk_norm else 0)
     return {
         "embedding": V * D,
         "attention": L * attn,
@@ -57,3 +59,18 @@ def flops_per_token(model_cfg: ModelConfig) -> float:
     """Training FLOPs per token: 6 * N_matmul + 12 * L * H * Q * T (module docstring)."""
     c = model_cfg
     return 6.0 * matmul_params(c) + 12.0 * c.n_layers * c.n_heads * c.head_dim * c.seq_len
+
+
+def projection_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each projection of a block."""
+    c = model_cfg
+    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    return {"wq": (c.dim, q), "wk": (c.dim, kv), "wv": (c.dim, kv), "wo": (q, c.dim),
+            "w1": (c.dim, c.hidden_dim), "w3": (c.dim, c.hidden_dim), "w2": (c.hidden_dim, c.dim)}
+
+
+def lora_params(model_cfg: ModelConfig, train_cfg: TrainConfig) -> int:
+    """Parameters of the LoRA adapters ``train_cfg`` asks for (rank r: r x (in + out) per target per block)."""
+    shapes = projection_shapes(model_cfg)
+    r = train_cfg.lora_rank
+    return model_cfg.n_layers * sum(r * sum(shapes[n]) for n in lora_projections(train_cfg.lora_targets))

@@ -44,6 +44,10 @@ class RunSummary:
     started: float | None = None
     device: str | None = None
     parent: str | None = None         # "run@step" for a run branched from another run's checkpoint
+    source: str | None = None         # the model its weights first came from (`workbench import`): its directory
+    architecture: str | None = None   # ... and that model's architecture (LlamaForCausalLM, ...)
+    init: str | None = None           # "run@step" whose weights it started from (--init-from)
+    finetune: str | None = None       # full | lora, for a run started from another's weights
     est_mem_mb: float | None = None   # the estimator's figure for what mem_mb measures
     mem_err_pct: float | None = None  # (measured - estimate) / estimate
 
@@ -63,9 +67,10 @@ def summarize_run(run_dir: Path) -> RunSummary:
     run_dir = Path(run_dir)
     st = read_status(run_dir)
     try:
-        preset = tomllib.loads((run_dir / "preset.toml").read_text()).get("name", "?")
+        data = tomllib.loads((run_dir / "preset.toml").read_text())
     except (OSError, ValueError):
-        preset = "?"
+        data = {}
+    preset = data.get("name", "?")
     s = RunSummary(id=run_dir.name, path=str(run_dir), state=st.get("state", "?"), preset=preset,
                    step=int(st.get("step") or 0), max_iters=int(st.get("max_iters") or 0),
                    error=st.get("error"), started=st.get("started"),
@@ -85,6 +90,12 @@ def summarize_run(run_dir: Path) -> RunSummary:
             s.mem_err_pct = 100.0 * (s.mem_mb - s.est_mem_mb) / s.est_mem_mb
     if (par := parent_of(run_dir)):
         s.parent = f"{par[0]}@{par[1]}"
+    src, init = data.get("source"), data.get("init")
+    if isinstance(src, dict) and isinstance(src.get("model"), str):
+        s.source, s.architecture = src["model"], src.get("architecture")
+    if isinstance(init, dict) and "run" in init and "step" in init:
+        s.init = f"{init['run']}@{init['step']}"
+        s.finetune = (data.get("train") or {}).get("finetune", "full")
     s.checkpoints = list_checkpoints(run_dir)
     if s.best_val_loss is None:
         b = best_checkpoint(s.checkpoints)

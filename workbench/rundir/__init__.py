@@ -11,6 +11,9 @@
 - ``checkpoints/step_NNNNNNN/``  complete checkpoints; ``meta.json`` inside is written
   last and marks the directory complete, so listing never needs torch
 - ``lock``             held (flock) by the one trainer working on the run
+- ``tokenizer.model`` or ``tokenizer.json`` (+ ``tokenizer_config.json``)  the run's tokenizer
+- ``init/model.pt``    the weights a run started from (``train --init-from``, ``import``): a hard link
+  to the source checkpoint's; a LoRA run's checkpoints hold only adapters on top of it
 
 This package is the contract and nothing above it: paths, status, the lock, metric records
 and their tailing, checkpoint listing. It imports neither the preset config, the planning
@@ -51,10 +54,14 @@ from workbench.rundir.records import (
     read_metrics,
 )
 
-STATES = ("starting", "running", "finished", "stopped", "early_stopped", "failed", "crashed")
+# "imported": a model brought in by `workbench import` (a step-0 checkpoint, never trained itself).
+STATES = ("starting", "running", "finished", "stopped", "early_stopped", "failed", "crashed", "imported")
 LIVE_STATES = ("starting", "running")
 CKPT_PREFIX = "step_"
 TMP_PREFIX = ".tmp_"
+INIT_DIR = "init"   # the weights a run started from (init/model.pt)
+# The files a run's tokenizer may consist of (sentencepiece; or a Hugging Face tokenizer.json and its config).
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json")
 
 
 class RunError(WorkbenchError):
@@ -299,8 +306,8 @@ def clean_stale_temporaries(run_dir: Path) -> list[str]:
 
 
 __all__ = ["best_checkpoint", "ckpt_name", "CKPT_PREFIX", "clean_stale_temporaries", "current_timeline",
-           "EvalRecord", "EventRecord", "first_event", "iter_run_dirs", "last_records", "LineTail",
+           "EvalRecord", "EventRecord", "first_event", "INIT_DIR", "iter_run_dirs", "last_records", "LineTail",
            "list_checkpoints", "LIVE_STATES", "MetricsTail", "MetricsWriter", "new_run_dir", "NullWriter",
            "parse_record", "pid_alive", "process_start_time", "read_jsonl_tail", "read_metrics", "read_status",
            "Record", "resolve_run", "RunError", "RunLock", "runs_root", "sanitize_run_name", "select_checkpoint",
-           "STATES", "TIMELINE_EVENTS", "TMP_PREFIX", "TrainRecord", "write_status"]
+           "STATES", "TIMELINE_EVENTS", "TMP_PREFIX", "TOKENIZER_FILES", "TrainRecord", "write_status"]

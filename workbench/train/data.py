@@ -13,7 +13,7 @@ from workbench.config import DataConfig
 from workbench.train.corpus import Corpus, open_corpus
 from workbench.train.faults import NO_FAULTS, Faults
 from workbench.train.prepare import SHARD_CHARS, DataError, Prepared, Progress, prepare
-from workbench.train.tokenizer import Tokenizer
+from workbench.train.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file
 
 __all__ = ["DataError", "TokenData", "WindowSampler", "load_tokens", "open_data_corpus", "prepare_data",
            "split_point"]
@@ -21,7 +21,7 @@ __all__ = ["DataError", "TokenData", "WindowSampler", "load_tokens", "open_data_
 
 @dataclass
 class TokenData:
-    tokenizer: Tokenizer
+    tokenizer: AnyTokenizer
     tokens: np.ndarray          # memmap of the whole corpus
     n_train: int                # tokens [0, n_train) train, [n_train, len) val
     source: str
@@ -76,7 +76,7 @@ def _find(tokens: np.ndarray, value: int, start: int, forward: bool, block: int 
 
 def load_tokens(prep: Prepared, val_fraction: float, seq_len: int) -> TokenData:
     idx = prep.index
-    tok = Tokenizer.load(prep.tokenizer_path)
+    tok = load_tokenizer(prep.dir)
     tokens = np.memmap(prep.tokens_path, dtype=np.dtype(idx["dtype"]), mode="r", shape=(idx["tokens"],))
     n = len(tokens)
     if n < 2 * (seq_len + 1):
@@ -96,13 +96,31 @@ def open_data_corpus(cfg: DataConfig) -> Corpus:
                        builtin_mb=cfg.builtin_mb)
 
 
+def given_tokenizer(cfg: DataConfig, vocab_size: int, own: Path | None = None) -> AnyTokenizer | None:
+    """The tokenizer ``data.tokenizer`` names (None: one is trained on the corpus), checked against the
+    embedding's ``vocab_size`` rows. ``own``: a run directory whose own copy of it comes first (a run keeps
+    its tokenizer even if the run it came from is deleted)."""
+    if not cfg.tokenizer:
+        return None
+    where = own if own is not None and tokenizer_file(own) is not None else Path(cfg.tokenizer).expanduser()
+    tok = load_tokenizer(where)
+    if tok.vocab_size > vocab_size:
+        raise DataError(f"the tokenizer {where} has {tok.vocab_size:,} ids but the model's embedding has "
+                        f"{vocab_size:,} rows (model.vocab_size): it is not this model's tokenizer")
+    if tok.eod_id is None:
+        raise DataError(f"the tokenizer {where} has no end-of-sequence token to put between documents; name it "
+                        "as eos_token in the tokenizer_config.json beside it")
+    return tok
+
+
 def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[str], None] = print,
                  progress: Progress | None = None, workers: int | None = None, shard_chars: int = SHARD_CHARS,
-                 faults: Faults = NO_FAULTS) -> TokenData:
-    """The tokenizer and tokens of a preset's corpus, ready to train on (prepared now unless cached)."""
+                 faults: Faults = NO_FAULTS, run_dir: Path | None = None) -> TokenData:
+    """The tokenizer and tokens of a preset's corpus, ready to train on (prepared now unless cached).
+    ``run_dir``: the run's own copy of a given tokenizer (data.tokenizer) comes first."""
     corpus = open_data_corpus(cfg)
     prep = prepare(corpus, vocab_size, cfg.tokenizer_sample_mb, log=log, progress=progress, workers=workers,
-                   shard_chars=shard_chars, faults=faults)
+                   shard_chars=shard_chars, faults=faults, tokenizer=given_tokenizer(cfg, vocab_size, run_dir))
     data = load_tokens(prep, cfg.val_fraction, seq_len)
     data.source = corpus.description  # the same text may have been prepared under other names
     return data

@@ -24,7 +24,7 @@ from workbench.fmt import human_bytes
 from workbench.fs import fsync_dir, read_json, write_atomic, write_json_atomic
 from workbench.train.corpus import Corpus, CorpusError, Piece, Stats
 from workbench.train.faults import NO_FAULTS, Faults
-from workbench.train.tokenizer import Tokenizer
+from workbench.train.tokenizer import AnyTokenizer, tokenizer_from_spec
 
 SHARD_CHARS = 8 << 20      # text per token shard: the unit of parallel and resumable encoding
 
@@ -67,15 +67,15 @@ class Ticker:
 
 
 
-_TOKENIZER: Tokenizer | None = None
+_TOKENIZER: AnyTokenizer | None = None
 
 
-def _init_worker(proto: bytes, parent: int | None = None) -> None:
+def _init_worker(spec: tuple, parent: int | None = None) -> None:
     """In each encoding process: the tokenizer, and (Linux) a promise to die with the parent. A forked
     worker holds copies of the parent's file locks (the run's, the cache's); a worker orphaned by a
     kill -9 would keep them, and the next start would wait for it forever."""
     global _TOKENIZER
-    _TOKENIZER = Tokenizer(proto)
+    _TOKENIZER = tokenizer_from_spec(spec)
     if parent is not None and sys.platform == "linux":
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -137,7 +137,7 @@ def _unchanged(corpus: Corpus) -> Callable:
     return check
 
 
-def encode(corpus: Corpus, tok: Tokenizer, shard_dir: Path, workers: int, shard_chars: int = SHARD_CHARS,
+def encode(corpus: Corpus, tok: AnyTokenizer, shard_dir: Path, workers: int, shard_chars: int = SHARD_CHARS,
            progress: Progress | None = None, faults: Faults = NO_FAULTS) -> list[tuple[int, int]]:
     """Encode every document into ``shard_dir``, keeping shards already there whose text is the same.
     Returns (tokens, documents) per shard, in order."""
@@ -164,9 +164,9 @@ def encode(corpus: Corpus, tok: Tokenizer, shard_dir: Path, workers: int, shard_
     if workers > 1:
         ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
         pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                      initargs=(tok.proto, os.getpid()))
+                                      initargs=(tok.spec(), os.getpid()))
     else:
-        _init_worker(tok.proto)
+        _init_worker(tok.spec())
     pending: deque[tuple[cf.Future, int]] = deque()
     finished_read = 0
 

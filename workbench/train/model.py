@@ -10,12 +10,19 @@ kernels. Parameter names follow one simple layout that `workbench export`
     layers.{i}.attn.wq.weight          [n_heads*hd, dim]
     layers.{i}.attn.wk.weight          [n_kv*hd, dim]
     layers.{i}.attn.wv.weight          [n_kv*hd, dim]
+    layers.{i}.attn.wq / wk / wv .bias [n_heads*hd] / [n_kv*hd]   (only with attn_bias: Qwen2)
+    layers.{i}.attn.q_norm / k_norm .weight  [hd]                 (only with qk_norm: Qwen3)
     layers.{i}.attn.wo.weight          [dim, n_heads*hd]
     layers.{i}.mlp_norm.weight         [dim]
     layers.{i}.mlp.w1 / w3 .weight     [hidden, dim]   (gate / up)
     layers.{i}.mlp.w2.weight           [dim, hidden]   (down)
     norm.weight                        [dim]
     lm_head.weight                     [vocab, dim]    (absent when tied)
+
+hd is model.head_dim (dim / n_heads unless model.head_size says otherwise). RoPE rotates consecutive
+pairs of each head's dims; imported Hugging Face weights have their q/k rows reordered on the way in
+(``workbench.train.export.rope_permute`` and its inverse). LoRA adapters (``workbench.train.lora``)
+add ``<projection>.lora_a`` / ``.lora_b`` beside a projection's weight.
 """
 
 from __future__ import annotations
@@ -44,9 +51,30 @@ class RMSNorm(nn.Module):
         return xf.type_as(x) * self.weight
 
 
-def rope_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_inv_freq(head_dim: int, theta: float, cfg: ModelConfig | None = None, device=None) -> torch.Tensor:
+    """The head_dim/2 rotation frequencies, scaled as ``cfg.rope_scaling`` says (linear: all divided by
+    the factor; llama3: Llama 3.1's rule, the same as transformers' ``_compute_llama3_parameters``)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.int64).float() / head_dim))
+    kind = cfg.rope_scaling if cfg is not None else "none"
+    if kind == "linear":
+        inv = inv / cfg.rope_factor
+    elif kind == "llama3":
+        factor, low, high, old = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, \
+            cfg.rope_original_context
+        low_wavelen, high_wavelen = old / low, old / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float, device=None,
+                cfg: ModelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of shape [seq_len, head_dim/2] (the interleaved-pair convention)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    inv = rope_inv_freq(head_dim, theta, cfg, device)
     t = torch.arange(seq_len, device=device, dtype=torch.float32)
     freqs = torch.outer(t, inv)
     return freqs.cos(), freqs.sin()
@@ -72,17 +100,23 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, self.n_heads * self.hd, bias=False)
-        self.wk = nn.Linear(cfg.dim, self.n_kv * self.hd, bias=False)
-        self.wv = nn.Linear(cfg.dim, self.n_kv * self.hd, bias=False)
+        self.wq = nn.Linear(cfg.dim, self.n_heads * self.hd, bias=cfg.attn_bias)
+        self.wk = nn.Linear(cfg.dim, self.n_kv * self.hd, bias=cfg.attn_bias)
+        self.wv = nn.Linear(cfg.dim, self.n_kv * self.hd, bias=cfg.attn_bias)
         self.wo = nn.Linear(self.n_heads * self.hd, cfg.dim, bias=False)
+        # Qwen3: each head's queries and keys RMS-normalised before RoPE.
+        self.q_norm = RMSNorm(self.hd, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.hd, cfg.norm_eps) if cfg.qk_norm else None
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0):
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.hd).transpose(1, 2)
-        k = self.wk(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q = self.wq(x).view(B, T, self.n_heads, self.hd)
+        k = self.wk(x).view(B, T, self.n_kv, self.hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         causal = True
@@ -144,7 +178,7 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta, cfg=cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init)
@@ -157,6 +191,8 @@ class GPT(nn.Module):
     def _init(m: nn.Module) -> None:
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 

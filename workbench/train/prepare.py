@@ -16,8 +16,11 @@ presence marks the preparation complete. Cache layout (``$WORKBENCH_CACHE_DIR`` 
 
     m-<manifest>.json    the inputs (paths, sizes, modification times, options) -> their content
     s-<spec>.json        the inputs a corpus spec named last time (to say why it is encoded again)
-    c-<content>/tok-<vocab>-o<options>-s<sample MB>/
-        tokenizer.model, tokens.bin, index.json, shards/ (while encoding)
+    c-<content>/tok-<vocab>-o<options>-s<sample MB>/     (a tokenizer trained on the corpus)
+    c-<content>/tok-<kind>-<tokenizer digest>/           (a given one: data.tokenizer, an imported model's)
+        tokenizer.model or tokenizer.json, tokens.bin, index.json, shards/ (while encoding)
+
+The tokens of one text under two tokenizers never mix: the directory names the tokenizer.
 
 A start whose inputs are unchanged finds its ``m-`` file and reads no corpus bytes.
 """
@@ -42,7 +45,7 @@ from workbench.fs import cache_root, read_json, write_atomic, write_json_atomic
 from workbench.train.corpus import Corpus, Stats, warnings_of
 from workbench.train.encode import SHARD_CHARS, Progress, Ticker, encode, join_shards
 from workbench.train.faults import NO_FAULTS, Faults
-from workbench.train.tokenizer import OPTIONS_VERSION, Tokenizer, train_tokenizer
+from workbench.train.tokenizer import OPTIONS_VERSION, AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
 
 SAMPLE_BLOCK = 64 << 10    # the tokenizer's sample is drawn in blocks of at most this many characters, and at
 SAMPLE_BLOCKS = 64         # least this many blocks (smaller blocks for a small sample)
@@ -61,7 +64,7 @@ class Prepared:
 
     @property
     def tokenizer_path(self) -> Path:
-        return self.dir / "tokenizer.model"
+        return tokenizer_file(self.dir) or self.dir / "tokenizer.model"
 
     @property
     def tokens_path(self) -> Path:
@@ -146,7 +149,9 @@ def _locked(path: Path, log: Callable[[str], None]):
         os.close(fd)
 
 
-def _stem(vocab_size: int, sample_mb: float) -> str:
+def _stem(vocab_size: int, sample_mb: float, tokenizer: AnyTokenizer | None = None) -> str:
+    if tokenizer is not None:
+        return f"tok-{tokenizer.kind}-{tokenizer.digest()[:16]}"
     return f"tok-{vocab_size}-o{OPTIONS_VERSION}-s{sample_mb:g}"
 
 
@@ -155,7 +160,7 @@ def _complete(root: Path, pointer: dict | None, stem: str) -> Prepared | None:
         return None
     d = root / f"c-{pointer['content'][:20]}" / stem
     index = read_json(d / "index.json")
-    if index and (d / "tokens.bin").exists() and (d / "tokenizer.model").exists():
+    if index and (d / "tokens.bin").exists() and tokenizer_file(d) is not None:
         return Prepared(d, index, cached=True)
     return None
 
@@ -181,15 +186,16 @@ def _why_again(previous: dict | None, corpus: Corpus) -> str | None:
 
 def prepare(corpus: Corpus, vocab_size: int, sample_mb: float, log: Callable[[str], None] = print,
             progress: Progress | None = None, workers: int | None = None, shard_chars: int = SHARD_CHARS,
-            faults: Faults = NO_FAULTS) -> Prepared:
+            faults: Faults = NO_FAULTS, tokenizer: AnyTokenizer | None = None) -> Prepared:
     """The corpus's tokenizer and tokens: from the cache when its inputs are unchanged (reading no
-    corpus bytes), else prepared now (and resumed where an interrupted preparation stopped)."""
+    corpus bytes), else prepared now (and resumed where an interrupted preparation stopped).
+    ``tokenizer``: encode with this one instead of training one on the corpus."""
     root = cache_root() / "data"
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot create cache directory {root}: {e.strerror}; set WORKBENCH_CACHE_DIR") from None
-    stem = _stem(vocab_size, sample_mb)
+    stem = _stem(vocab_size, sample_mb, tokenizer)
     mkey = corpus.manifest_key()
     pointer_path = root / f"m-{mkey}.json"
     if (hit := _complete(root, read_json(pointer_path), stem)):
@@ -198,11 +204,11 @@ def prepare(corpus: Corpus, vocab_size: int, sample_mb: float, log: Callable[[st
         if (hit := _complete(root, read_json(pointer_path), stem)):  # prepared while we waited
             return hit
         return _prepare_locked(corpus, vocab_size, sample_mb, root, stem, log, progress,
-                               workers or workers_available(), shard_chars, faults)
+                               workers or workers_available(), shard_chars, faults, tokenizer)
 
 
 def _prepare_locked(corpus: Corpus, vocab_size: int, sample_mb: float, root: Path, stem: str, log, progress,
-                    workers: int, shard_chars: int, faults: Faults) -> Prepared:
+                    workers: int, shard_chars: int, faults: Faults, given: AnyTokenizer | None) -> Prepared:
     mkey = corpus.manifest_key()
     spec_key = hashlib.sha256(json.dumps([corpus.spec, corpus.text_field]).encode()).hexdigest()[:20]
     why = _why_again(read_json(root / f"s-{spec_key}.json"), corpus)
@@ -211,7 +217,7 @@ def _prepare_locked(corpus: Corpus, vocab_size: int, sample_mb: float, root: Pat
     pointer = read_json(root / f"m-{mkey}.json")
     t0 = time.time()
     sc = None
-    if pointer is None or not (root / f"c-{pointer['content'][:20]}" / stem / "tokenizer.model").exists():
+    if pointer is None or (given is None and tokenizer_file(root / f"c-{pointer['content'][:20]}" / stem) is None):
         log(f"reading {corpus.description} ({human_bytes(corpus.total_bytes)}) for its size and a tokenizer "
             "sample ...")
         sc = scan(corpus, sample_mb, progress)
@@ -227,8 +233,12 @@ def _prepare_locked(corpus: Corpus, vocab_size: int, sample_mb: float, root: Pat
     d = root / f"c-{pointer['content'][:20]}" / stem
     d.mkdir(parents=True, exist_ok=True)
     t_scan = time.time() - t0
-    if (d / "tokenizer.model").exists():
-        tok = Tokenizer.load(d / "tokenizer.model")
+    if given is not None:
+        tok = given
+        if tokenizer_file(d) is None:
+            tok.save(d)
+    elif tokenizer_file(d) is not None:
+        tok = load_tokenizer(d)
     else:
         log(f"training a {vocab_size}-piece tokenizer on a {human_bytes(sum(len(x) + 1 for x in sc.sample))} "
             "sample of the whole corpus ...")

@@ -1,4 +1,16 @@
-"""sentencepiece BPE that round-trips text exactly (indentation, tabs, newlines).
+"""The tokenizer: one small interface with two backends.
+
+Every tokenizer has ``vocab_size``, ``eod_id`` (the end-of-document id the data pipeline appends after
+each document), ``encode`` / ``decode``, ``byte_lengths()`` (UTF-8 bytes per id, for bits per byte),
+``save(directory)`` (its files, under their usual names), ``spec()`` (its files' bytes, to rebuild it in
+an encoding worker) and ``digest()`` (what the corpus cache is keyed by). ``load_tokenizer`` finds the
+one a run directory, a model directory or a file holds:
+
+* :class:`Tokenizer`: workbench's own sentencepiece BPE, trained on a corpus (``tokenizer.model``).
+* :class:`HFTokenizer`: a Hugging Face ``tokenizer.json`` through the ``tokenizers`` library (an
+  imported model's own; ``tokenizer_config.json`` beside it names its end-of-sequence token).
+
+sentencepiece BPE that round-trips text exactly (indentation, tabs, newlines).
 
 sentencepiece's defaults normalise text (NFKC), collapse whitespace and drop
 newlines. We train with the identity normalisation, keep whitespace, add no
@@ -12,7 +24,10 @@ Known limit: U+2581 (the "▁" sentencepiece uses for spaces) decodes to a space
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import os
 import random
 import re
 from pathlib import Path
@@ -20,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.errors import WorkbenchError
+from workbench.fs import write_atomic
 
 EOD_PIECE = "<|endoftext|>"
 TRAINER_OPTIONS = dict(
@@ -44,7 +60,15 @@ class TokenizerError(WorkbenchError):
     pass
 
 
+# Encoding workers are forked; the tokenizers library's own thread pool does not survive a fork.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 class Tokenizer:
+    """workbench's sentencepiece BPE (see the module docstring)."""
+    kind = "sentencepiece"
+    FILE = "tokenizer.model"
+
     def __init__(self, model_proto: bytes):
         import sentencepiece as spm
         self.proto = model_proto
@@ -86,7 +110,183 @@ class Tokenizer:
         return self.sp.decode(ids)
 
     def save(self, path: Path) -> None:
-        Path(path).write_bytes(self.proto)
+        """Write ``tokenizer.model`` into the directory ``path`` (or to ``path`` itself, a file name)."""
+        path = Path(path)
+        (path / self.FILE if path.is_dir() else path).write_bytes(self.proto)
+
+    def spec(self) -> tuple:
+        return (self.kind, self.proto)
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.proto).hexdigest()
+
+
+# ----------------------------------------------------------------------------- Hugging Face tokenizer.json
+
+# End-of-sequence tokens of common models, for a directory whose files do not say which is theirs.
+EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<|im_end|>", "<|eot_id|>")
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _token_content(tok) -> str | None:
+    """A special token of tokenizer_config.json: a string or {"content": ...}."""
+    if isinstance(tok, dict):
+        tok = tok.get("content")
+    return tok if isinstance(tok, str) and tok else None
+
+
+def _byte_level_chars() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character each byte is written as -> the byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizer.json`` (the ``tokenizers`` library). Text is encoded without the special
+    tokens a chat or BOS template would add (as ``tokenizer(text, add_special_tokens=False)``); the
+    end-of-document id is the model's end-of-sequence token, named by ``tokenizer_config.json``
+    (``eos_token``), else ``eos_id`` given on import, else a token of a common name (EOS_NAMES)."""
+    kind = "hf"
+    FILE = "tokenizer.json"
+    CONFIG = "tokenizer_config.json"
+
+    def __init__(self, tokenizer_json: bytes, config_json: bytes | None = None):
+        from tokenizers import Tokenizer as RustTokenizer
+        self.json_bytes, self.config_bytes = tokenizer_json, config_json
+        try:
+            self.tk = RustTokenizer.from_str(tokenizer_json.decode("utf-8"))
+            self.raw = json.loads(tokenizer_json)
+        except Exception as e:  # noqa: BLE001 - the library raises its own exception types
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise TokenizerError(f"tokenizer.json cannot be read by the tokenizers library: {first}") from None
+        try:
+            self.config = json.loads(config_json) if config_json else {}
+        except ValueError:
+            raise TokenizerError("tokenizer_config.json is not valid JSON") from None
+        if not isinstance(self.config, dict):
+            raise TokenizerError("tokenizer_config.json is not a JSON object")
+        self.vocab = self.tk.get_vocab(with_added_tokens=True)
+        self._eos = self.token_id(_token_content(self.config.get("eos_token")))
+        if self._eos is None:
+            self._eos = next((self.vocab[n] for n in EOS_NAMES if n in self.vocab), None)
+        self._bos = self.token_id(_token_content(self.config.get("bos_token")))
+
+    @classmethod
+    def load(cls, path: Path) -> "HFTokenizer":
+        """From tokenizer.json (and the tokenizer_config.json beside it, if any)."""
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise TokenizerError(f"cannot read tokenizer {path}: {e.strerror}") from None
+        cfg = path.with_name(cls.CONFIG)
+        return cls(data, cfg.read_bytes() if cfg.is_file() else None)
+
+    def token_id(self, token: str | None) -> int | None:
+        return None if token is None else self.vocab.get(token)
+
+    def with_eos(self, eos_id: int) -> "HFTokenizer":
+        """The same tokenizer with ``eos_id`` written into its tokenizer_config.json as eos_token."""
+        piece = self.tk.id_to_token(eos_id)
+        if piece is None:
+            raise TokenizerError(f"the end-of-sequence id {eos_id} is not in the tokenizer")
+        return HFTokenizer(self.json_bytes, json.dumps(dict(self.config, eos_token=piece), indent=2,
+                                                       ensure_ascii=False).encode("utf-8"))
+
+    @property
+    def vocab_size(self) -> int:
+        """One more than the largest id (ids the embedding must have rows for)."""
+        return max(self.vocab.values()) + 1 if self.vocab else 0
+
+    @property
+    def eod_id(self) -> int | None:
+        return self._eos
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._bos
+
+    def special_ids(self) -> set[int]:
+        return {i for i, t in self.tk.get_added_tokens_decoder().items() if t.special}
+
+    def byte_lengths(self) -> np.ndarray:
+        """UTF-8 bytes each id stands for: special tokens 0, a byte-fallback piece (<0x41>) 1, a byte-level
+        BPE token (GPT-2 / Llama 3 / Qwen style) one byte per character, else its text ("▁" a space)."""
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        special = self.special_ids()
+        byte_level = "ByteLevel" in json.dumps(self.raw.get("decoder"))
+        fallback = bool((self.raw.get("model") or {}).get("byte_fallback"))
+        chars = _byte_level_chars() if byte_level else {}
+        added = {i: t.content for i, t in self.tk.get_added_tokens_decoder().items()}
+        for piece, i in self.vocab.items():
+            if i in special:
+                continue
+            if i in added:
+                out[i] = len(added[i].encode("utf-8"))
+            elif fallback and _BYTE_PIECE.fullmatch(piece):
+                out[i] = 1
+            elif byte_level:
+                out[i] = sum(1 if c in chars else len(c.encode("utf-8")) for c in piece)
+            else:
+                out[i] = len(piece.replace("\u2581", " ").encode("utf-8"))
+        return out
+
+    def encode(self, text: str) -> list[int]:
+        return self.tk.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tk.decode(list(ids), skip_special_tokens=True)
+
+    def save(self, path: Path) -> None:
+        """Write tokenizer.json (and tokenizer_config.json) into the directory ``path``."""
+        path = Path(path)
+        if self.config_bytes is not None:  # first: tokenizer.json's presence says the tokenizer is there
+            write_atomic(path / self.CONFIG, self.config_bytes)
+        write_atomic(path / self.FILE, self.json_bytes)
+
+    def spec(self) -> tuple:
+        return (self.kind, self.json_bytes, self.config_bytes)
+
+    def digest(self) -> str:
+        h = hashlib.sha256(self.json_bytes)
+        h.update(b"\0" + str(self._eos).encode())  # the end-of-document id is part of what the tokens mean
+        return h.hexdigest()
+
+
+AnyTokenizer = Tokenizer | HFTokenizer
+
+
+def tokenizer_from_spec(spec: tuple) -> AnyTokenizer:
+    """The tokenizer ``tok.spec()`` describes (for encoding workers)."""
+    return Tokenizer(spec[1]) if spec[0] == Tokenizer.kind else HFTokenizer(spec[1], spec[2])
+
+
+def tokenizer_file(path: Path) -> Path | None:
+    """The tokenizer file a directory holds (tokenizer.json before tokenizer.model), or ``path`` if it is one."""
+    path = Path(path)
+    if path.is_dir():
+        for name in (HFTokenizer.FILE, Tokenizer.FILE):
+            if (path / name).is_file():
+                return path / name
+        return None
+    return path if path.is_file() else None
+
+
+def load_tokenizer(path: Path) -> AnyTokenizer:
+    """The tokenizer of a directory (a run, a model, a cache entry) or a file: tokenizer.json through
+    `tokenizers`, else tokenizer.model through sentencepiece."""
+    f = tokenizer_file(path)
+    if f is None:
+        what = "has no tokenizer.json or tokenizer.model" if Path(path).is_dir() else "does not exist"
+        raise TokenizerError(f"{path} {what}")
+    return HFTokenizer.load(f) if f.name.endswith(".json") else Tokenizer.load(f)
 
 
 def train_tokenizer(text: str | list[str], vocab_size: int, sample_mb: float = 8.0, seed: int = 0,

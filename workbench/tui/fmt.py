@@ -40,7 +40,7 @@ def mb(v: float | None) -> str:
 STATE_STYLE = {
     "starting": "bold cyan", "running": "bold green", "finished": "green",
     "stopped": "yellow", "early_stopped": "yellow", "failed": "bold red",
-    "crashed": "bold red",
+    "crashed": "bold red", "imported": "cyan",
 }
 
 
