@@ -14,6 +14,13 @@ def add_set_option(p: argparse.ArgumentParser) -> None:
                    help="override a preset value (parsed as TOML), e.g. --set train.max_iters=200 model.dim=128")
 
 
+def add_init_from_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--init-from", default=None, metavar="RUN[:CHECKPOINT]",
+                   help="start from this run's checkpoint (latest, best or a step; default latest), e.g. a model "
+                        "brought in by `workbench import`: its [model] (but seq_len and dropout) and tokenizer, "
+                        "with train.finetune = full (every weight) or lora (adapters)")
+
+
 def add_corpus_option(p: argparse.ArgumentParser, help_suffix: str = "") -> None:
     p.add_argument("--corpus", nargs="+", default=None, metavar="PATH",
                    help="text files, directories, .jsonl/.json, .parquet (optionally .gz/.zst/.xz), globs "

@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from workbench.commands.common import add_set_option
+from workbench.commands.common import add_init_from_option, add_set_option
 from workbench.config import resolve_preset
 from workbench.errors import WorkbenchError
 from workbench.fmt import GiB, duration, human_bytes
@@ -15,6 +15,7 @@ from workbench.machine.detect import Machine, detect
 from workbench.machine.gpus import find_gpu
 from workbench.plan import compare, report
 from workbench.plan import estimate as est
+from workbench.plan.finetune import compare_methods, init_preset, method_overrides, parse_init_from
 from workbench.rundir import runs_root
 
 
@@ -23,7 +24,10 @@ def register(sub) -> None:
                        description="Estimate a preset's parameters, FLOPs per token, training memory by "
                                    "component, whether it fits this machine, tokens/s, time to max_iters, "
                                    "energy and cost. Every number is an estimate unless it says measured.")
-    p.add_argument("preset", help="preset name or path to a .toml file")
+    p.add_argument("preset", nargs="?", default=None,
+                   help="preset name or path to a .toml file (with --init-from, default: the one that suits this "
+                        "machine)")
+    add_init_from_option(p)
     add_set_option(p)
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "mps"],
                    help="device to estimate for (default: the preset's hardware.device)")
@@ -107,9 +111,22 @@ def _check_flags(args) -> None:
             raise WorkbenchError("--sort goes with --compare")
 
 
+def _preset(args, info: dict):
+    """The preset to estimate: with --init-from, as `workbench train` would run it from that checkpoint."""
+    if args.init_from is None:
+        if args.preset is None:
+            raise WorkbenchError("give a preset to estimate (`workbench presets list`), or --init-from RUN")
+        return resolve_preset(args.preset, args.overrides)
+    from workbench.commands.train import default_preset_name
+    root = runs_root(getattr(args, "runs_dir", None))
+    base = resolve_preset(args.preset or default_preset_name(info), args.overrides)
+    return init_preset(base, parse_init_from(root, args.init_from), args.overrides)
+
+
 def build_report(args) -> dict[str, Any]:
     _check_flags(args)
-    p = resolve_preset(args.preset, args.overrides)
+    info = detect()
+    p = _preset(args, info)
     bare, named = _prices(args)
     mfu = _number(args.mfu, "--mfu")
     if args.compare:
@@ -127,17 +144,23 @@ def build_report(args) -> dict[str, Any]:
     if named:
         raise WorkbenchError("--usd-per-hour NAME=PRICE goes with --gpu NAME or --compare; "
                              "for this machine give a bare price (--usd-per-hour 0.5)")
-    info = detect()
     peak = None
     if not args.no_calibrate:
         from workbench.machine.probe import measured_peak  # imports torch: a short matmul calibration
         peak = measured_peak
     gpus = info.get("nvidia") or []
-    return report.build_report(
-        p, Machine.from_info(info), device=args.device, precision=args.precision, tokens_per_s=args.tokens_per_s,
+    machine = Machine.from_info(info)
+    r = report.build_report(
+        p, machine, device=args.device, precision=args.precision, tokens_per_s=args.tokens_per_s,
         runs_root=runs_root(getattr(args, "runs_dir", None)), peak=peak, watts=args.watts,
         usd_per_hour=bare, usd_per_kwh=args.usd_per_kwh,
         power_limit_w=gpus[0].get("power_limit_w") if gpus else None)
+    if p.init is not None:  # which fine-tuning method fits this machine
+        r["init"], r["source"] = p.init, p.source
+        r["methods"] = compare_methods(est.what_if(p, device=args.device if args.device not in (None, "auto") else None,
+                                                   precision=args.precision
+                                                   if args.precision not in (None, "auto") else None), machine)
+    return r
 
 
 def _pct(measured: float, estimated: float) -> str:
@@ -167,11 +190,15 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"loss {loss}; compile {st['compile_mode']} ({st['compile_reason']})")
     c = m["components"]
     cast = "bf16/fp16" if m["precision"] != "fp32" else ""
+    lora = m.get("finetune") == "lora"
+    if lora:
+        print(f"LoRA: {m['trainable_params'] / 1e6:.3g} M adapter parameters trained; the other weights frozen"
+              + (f" and kept in {m['precision']}" if m["precision"] != "fp32" else ""))
     rows = [
-        ("weights (fp32)", c["weights"], ""),
-        ("gradients (fp32)", c["gradients"],
-         "" if c["gradients"] else f"{hb(m['model_states'] // 4)} allocated after this point (grad_accum 1)"),
-        ("optimizer states (AdamW, 2 x fp32)", c["optimizer"], ""),
+        ("weights (frozen + fp32 adapters)" if lora else "weights (fp32)", c["weights"], ""),
+        ("gradients (fp32" + (", adapters)" if lora else ")"), c["gradients"],
+         "" if c["gradients"] else f"{hb(4 * m['trainable_params'])} allocated after this point (grad_accum 1)"),
+        ("optimizer states (AdamW, 2 x fp32" + (", adapters)" if lora else ")"), c["optimizer"], ""),
         (f"weight casts ({cast or 'none in fp32'})", c["weight_casts"], ""),
         ("activations", c["activations"],
          f"{m['per_layer']['saved'] / 2**20:.1f} MiB/layer saved"),
@@ -199,6 +226,8 @@ def print_report(r: dict[str, Any]) -> None:
             print(f"  to fit: {r['suggestion']}")
     else:
         print(f"fit: no {m['device']} device here ({r['device_here']}); the numbers above are for {m['device']}")
+    if r.get("methods"):
+        print_methods(r)
     prev = r.get("previous_run")
     if prev and (prev.get("mem_mb") or prev.get("mem_reserved_mb")):
         meas = prev["mem_mb"] * 2**20 if prev.get("mem_mb") else None
@@ -231,6 +260,33 @@ def print_report(r: dict[str, Any]) -> None:
     else:
         print("throughput: unknown (no previous run of this preset here, and the device is not this machine's; "
               "give --tokens-per-s)")
+
+
+def print_methods(r: dict[str, Any]) -> None:
+    """Full / LoRA / LoRA + activation checkpointing on this machine, and the recommendation."""
+    mt, hb = r["methods"], human_bytes
+    src = (r.get("source") or {}).get("model") or r["init"]["run"]
+    where = f"{hb(mt['available'])} {mt['available_what']}" if mt["available"] else f"no {mt['device']} here"
+    print(f"\nfine-tuning {src} (from {r['init']['run']} step {r['init']['step']}) on this machine ({mt['device']}, "
+          f"{where}), estimate:")
+    rows = [["method", "trained", "weights", "grads + AdamW", "activations", "total", "fits", "checkpoint"]]
+    for x in mt["rows"]:
+        if "error" in x:
+            rows.append([x["label"], "—", "—", "—", "—", "—", "—", x["error"][:40]])
+            continue
+        rows.append([x["label"], f"{x['trainable'] / 1e6:.3g} M", hb(x["weights"]), hb(x["gradients"] + x["optimizer"]),
+                     hb(x["activations"]), hb(x["total"]), {True: "yes", False: "no", None: "?"}[x["fits"]],
+                     hb(x["checkpoint_bytes"])])
+    for line in _table(rows, right={1, 2, 3, 4, 5, 7}):
+        print("  " + line)
+    rec = mt["recommended"]
+    if rec:
+        print(f"recommended: {next(x['label'] for x in mt['rows'] if x['method'] == rec)} "
+              f"(--set {' '.join(method_overrides(rec))}): {mt['why']}")
+    else:
+        print(f"recommended: {mt['why']}")
+    print("rule of thumb (this estimator): full fine-tuning needs ~16 bytes per parameter (fp32 weights, gradients, "
+          "AdamW) plus activations; LoRA ~2 (bf16) or 4 (fp32) bytes per parameter plus activations")
 
 
 MFU_MARK = {"measured": "m", "measured elsewhere": "h", "scaled": "s", "given": ""}

@@ -21,7 +21,12 @@ from workbench.plan.schedule import decay_start
 from workbench.plan.settings import resolve_settings
 
 # Keys that change what the checkpoint's tensors mean; resuming with other values is refused.
-SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "tie_embeddings")
+SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "tie_embeddings", "head_size",
+              "attn_bias", "qk_norm")
+
+
+# Training keys that change what a checkpoint's tensors are (a LoRA run's checkpoints hold its adapters).
+ADAPTER_KEYS = ("finetune", "lora_rank", "lora_alpha", "lora_targets")
 
 
 def register(sub) -> None:
@@ -51,6 +56,9 @@ def run(args) -> int:
     root = rundir.runs_root(getattr(args, "runs_dir", None))
     run_dir = rundir.resolve_run(root, args.run)
     ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
+    if ckpt.get("reason") == "import":
+        raise rundir.RunError(f"run {run_dir.name} is a model brought in by `workbench import`, not a run to "
+                              f"continue; train from it with `workbench train PRESET --init-from {run_dir.name}`")
     old = preset_from_dict(parse_toml((run_dir / "preset.toml").read_text(encoding="utf-8"), str(run_dir)),
                            str(run_dir / "preset.toml"))
     more_from = int(ckpt["step"])
@@ -72,7 +80,7 @@ def run(args) -> int:
     overrides = list(args.overrides)
     for item in overrides:
         sec, key, _value = parse_override(item)
-        if sec == "data" or (sec == "model" and key != "dropout"):
+        if sec == "data" or (sec == "model" and key != "dropout") or (sec == "train" and key in ADAPTER_KEYS):
             raise PresetError(f"--set {item!r}: {sec}.{key} cannot change when resuming (it changes the "
                               "model or its data); start a new run with `workbench train` instead")
     if args.more is not None:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from workbench import rundir
 from workbench.commands import launch
-from workbench.commands.common import TerminalProgress, add_corpus_option, add_set_option
-from workbench.config import Preset, preset_paths, preset_to_toml, resolve_preset, toml_string
+from workbench.commands.common import TerminalProgress, add_corpus_option, add_init_from_option, add_set_option
+from workbench.config import Preset, PresetError, preset_paths, preset_to_toml, resolve_preset, toml_string
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
+from workbench.plan.finetune import InitSource, init_preset, link_init, parse_init_from
 from workbench.plan.recommend import recommend_preset
 from workbench.plan.report import fit_check
 from workbench.plan.settings import resolve_settings
@@ -25,6 +26,7 @@ def register(sub) -> None:
                    help="preset name or path to a .toml (default: the one that suits this machine)")
     add_corpus_option(p, " (default: the preset's data.corpus)")
     p.add_argument("--name", default=None, help="run id (default: <preset>-<date>-<time>)")
+    add_init_from_option(p)
     add_set_option(p)
     p.add_argument("--detach", action="store_true", help="start in the background and print the run id")
     p.add_argument("--yes", action="store_true",
@@ -57,16 +59,34 @@ def resolve_for_run(preset_arg: str | None, overrides: list[str], corpus: list[s
     return p
 
 
+def resolve_init(p: Preset, root: Path, init_from: str | None,
+                 overrides: list[str]) -> tuple[Preset, InitSource | None]:
+    """The run's preset when it starts from another run's checkpoint (--init-from), and that source."""
+    if not init_from:
+        if p.train.finetune == "lora":
+            raise PresetError("train.finetune = lora trains adapters on weights that exist: start from a checkpoint "
+                              "with --init-from RUN (a run of yours, or a model brought in by `workbench import`)")
+        return p, None
+    src = parse_init_from(root, init_from)
+    return init_preset(p, src, overrides), src
+
+
 def run(args) -> int:
     overrides = list(args.overrides) + ([f"hardware.nproc={args.nproc}"] if args.nproc else [])
     info = detect()
     machine = Machine.from_info(info)
+    root = rundir.runs_root(getattr(args, "runs_dir", None))
     p = resolve_for_run(args.preset, overrides, args.corpus, info)
+    p, src = resolve_init(p, root, args.init_from, overrides)
     topo = launch.topology_from_args(args, p, machine)
     # What the run asks of this machine is checked before anything is written (the trainer decides
     # again with torch's view of the devices, by the same rules).
     resolve_settings(p, machine, world_size=topo.nproc * topo.nnodes)
-    root = rundir.runs_root(getattr(args, "runs_dir", None))
+    if src is not None:
+        what = "LoRA adapters (rank {}) on".format(p.train.lora_rank) if p.train.finetune == "lora" else \
+            "every weight of"
+        print(f"fine-tuning {what} {src.run} {src.ckpt['name']} ({p.source.get('model', src.run)}); "
+              f"model.seq_len {p.model.seq_len}", flush=True)
     check = fit_check(p, machine, root)
     print("estimate: " + "; ".join(check.lines()), flush=True)
     if check.fits is False and not args.yes:
@@ -86,15 +106,23 @@ def run(args) -> int:
         progress = TerminalProgress()
         try:
             prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True),
-                         progress=progress)
+                         progress=progress)  # with --init-from: encoded with the source's tokenizer
         finally:
             progress.close()
     run_dir = rundir.new_run_dir(root, p.name, args.name)
     try:
+        if src is not None:  # the weights it starts from, before preset.toml makes it a run
+            link_init(run_dir, src)
+            if src.lora:  # a LoRA checkpoint's adapters merged into its own starting weights
+                from workbench.train.checkpoint import save_merged_init  # imports torch
+                save_merged_init(run_dir, src.run_dir, src.ckpt["step"])
         write_atomic(run_dir / "preset.toml", preset_to_toml(p))
     except OSError as e:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise rundir.RunError(f"cannot write to {run_dir}: {e.strerror}") from None
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     if args.detach:
         pid = launch.start_detached(run_dir, topo=topo)
         print(f"started run {run_dir.name} (pid {pid}); watch it with `workbench runs` or the TUI, "

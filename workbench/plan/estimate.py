@@ -10,12 +10,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from workbench.config import Preset
+from workbench.config import Preset, lora_projections
 from workbench.errors import WorkbenchError
 from workbench.fmt import GiB as GB
 from workbench.fmt import MiB as MB
 from workbench.machine.detect import Machine, detect
-from workbench.plan.flops import count_params, flops_per_token, matmul_params, param_breakdown
+from workbench.plan.flops import (
+    count_params,
+    flops_per_token,
+    lora_params,
+    matmul_params,
+    param_breakdown,
+    projection_shapes,
+)
 from workbench.plan.settings import RunSettings, resolve_settings
 
 # ----------------------------------------------------------------------------- memory
@@ -77,6 +84,37 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
     if c.dropout > 0:
         drop = 2 * BTD * (1 if device.startswith("cuda") else a)
     return norms + linear_inputs + wo_input + attn + mlp + drop
+
+
+def lora_layer_activation_bytes(model_cfg, train_cfg, batch_size: int, precision: str, attention: str,
+                                device: str = "cuda") -> int:
+    """Bytes one block saves for backward with LoRA (train.finetune = lora), from the full count
+    (:func:`layer_activation_bytes`): frozen weights need no weight gradient, so autograd keeps neither
+    the normalised tensors the RMSNorm weights would need (2 x fp32) nor the input of a projection
+    without an adapter (its compute-dtype copy under autocast; in fp32 the shared norm output when no
+    projection reading it has one); each adapter keeps its [B, T, r] hidden (and with lora_dropout the
+    dropout mask and its dropped input). Measured with saved-tensor hooks on CPU: within 1 % for the
+    default targets."""
+    c, t = model_cfg, train_cfg
+    B, T, D, F = batch_size, c.seq_len, c.dim, c.hidden_dim
+    mixed = precision != "fp32"
+    a = 2 if mixed else 4
+    saved = layer_activation_bytes(c, B, precision, attention, device) - 2 * 4 * B * T * D
+    targets = set(lora_projections(t.lora_targets))
+    shapes = projection_shapes(c)
+    if mixed:  # each projection keeps its own cast of its input
+        saved -= sum(a * B * T * shapes[n][0] for n in ("wq", "wk", "wv", "wo", "w1", "w3") if n not in targets)
+    else:      # the shared norm outputs, when nothing reading them has an adapter
+        saved -= 4 * B * T * D * ((not targets & {"wq", "wk", "wv"}) + (not targets & {"w1", "w3"}))
+        saved -= 0 if "wo" in targets else a * B * T * shapes["wo"][0]
+    if "w2" not in targets:
+        saved -= a * B * T * F
+    mask = 1 if device.startswith("cuda") else 4
+    for n in targets:
+        saved += a * B * T * t.lora_rank
+        if t.lora_dropout > 0:
+            saved += B * T * shapes[n][0] * (4 + mask)
+    return saved
 
 
 def what_if(preset: Preset, *, precision: str | None = None, device: str | None = None,
@@ -148,31 +186,50 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
 
     n = count_params(c)
     n_matmul = matmul_params(c)
-    weights = 4 * n
-    grads = 4 * n
+    parts = param_breakdown(c)
+    lora = t.finetune == "lora"
+    # LoRA (workbench.train.lora): the frozen projections (and an untied head) are kept in the compute
+    # dtype, the embedding and norms in fp32; only the adapters have gradients and AdamW states.
+    n_train = lora_params(c, t) if lora else n
+    if lora:
+        frozen_cast = parts["attention"] + parts["mlp"] + parts["lm_head"]
+        weights = (2 if mixed else 4) * frozen_cast + 4 * (n - frozen_cast) + 4 * n_train
+    else:
+        weights = 4 * n
+    grads = 4 * n_train
     # AdamW keeps two fp32 states per parameter; with train.optimizer = muon the hidden matrices
     # (attention and MLP) have Muon's one momentum buffer instead.
-    parts = param_breakdown(c)
-    n_muon = parts["attention"] + parts["mlp"] if t.optimizer == "muon" else 0
-    optimizer = 8 * (n - n_muon) + 4 * n_muon
+    n_muon = parts["attention"] + parts["mlp"] if t.optimizer == "muon" and not lora else 0
+    optimizer = 8 * (n_train - n_muon) + 4 * n_muon
     # AdamW's step: the fused kernel needs no temporaries; the foreach version
     # (CUDA's default) makes one fp32 sqrt(v) per parameter at once; the
     # per-tensor loop (CPU and MPS default) about three temporaries of the largest tensor.
     if fused_adamw:
         opt_temp = 0
     elif dev.startswith("cuda"):
-        opt_temp = 4 * (n - n_muon)
+        opt_temp = 4 * (n_train - n_muon)
+    elif lora:
+        opt_temp = 12 * t.lora_rank * max(D, c.hidden_dim, c.n_heads * c.head_dim)
     else:
         opt_temp = 12 * max(V * D, D * c.hidden_dim, D * c.n_heads * c.head_dim)
     if n_muon:  # Newton-Schulz works on one matrix at a time: a few copies of the largest hidden one
         opt_temp = max(opt_temp, 16 * max(D * c.hidden_dim, D * c.n_heads * c.head_dim))
-    casts_all = 2 * n_matmul if mixed else 0
-    casts_head = 2 * V * D if mixed else 0
-    layer_full = layer_activation_bytes(c, B, prec, attn, dev)
+    # Under autocast each fp32 weight a matmul reads is cast once per forward (LoRA: the adapters, and a
+    # tied head, which is the fp32 embedding).
+    head_fp32 = not lora or c.tie_embeddings
+    if lora:
+        casts_all = (2 * n_train + (2 * V * D if c.tie_embeddings else 0)) if mixed else 0
+        casts_head = 2 * V * D if mixed and c.tie_embeddings else 0
+        layer_full = lora_layer_activation_bytes(c, t, B, prec, attn, dev)
+    else:
+        casts_all = 2 * n_matmul if mixed else 0
+        casts_head = 2 * V * D if mixed else 0
+        layer_full = layer_activation_bytes(c, B, prec, attn, dev)
     layer_ckpt = 4 * BTD  # the checkpoint keeps only the block's input
     # ids, targets, dropout mask
     emb = 16 * B * T + (BTD * (1 if dev.startswith("cuda") else 4) if c.dropout > 0 else 0)
-    head = 4 * BTD + 4 * BTD + (a * BTD if mixed else 4 * BTD)  # final norm input + normalised + lm_head input
+    # final norm input + normalised (kept for the norm weight's gradient: not with LoRA) + lm_head input
+    head = 4 * BTD + (0 if lora else 4 * BTD) + (a * BTD if mixed else 4 * BTD)
     per_layer = layer_ckpt if ckpt else layer_full
     activations = L * per_layer + emb + head
     grads_resident = grads if t.grad_accum > 1 else 0
@@ -184,9 +241,10 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
         # The fused loss: one chunk's logits (fp32, plus the matmul output and the gradient's
         # cast in the compute dtype), and the gradients of x and w it computes as it goes,
         # which wait for the backward pass.
-        fused_grads = 4 * BTD + 4 * V * D
+        fused_grads = 4 * BTD + (0 if lora else 4 * V * D)  # a frozen head gets no gradient
         held = 0
-        fwd_logits = chunk * V * (4 + (2 * a if mixed else 0)) + fused_grads + (a * V * D if mixed else 0)
+        fwd_logits = chunk * V * (4 + (2 * a if mixed else 0)) + fused_grads + (a * V * D if mixed and head_fp32
+                                                                                else 0)
         bwd_logits = fused_grads
     else:
         # The loop drops the logits right after the forward (LOGITS_HELD False).
@@ -199,7 +257,7 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
     start_of_backward = static + (casts_head if ckpt else casts_all) + activations + bwd_logits
     # late in backward: nearly all gradients exist, one block's activations are
     # alive (recomputed under checkpointing, with its casts) plus its backward temporaries
-    layer_casts = 2 * (n_matmul - V * D) // L if mixed else 0
+    layer_casts = (2 * ((n_train if lora else n_matmul - V * D) // L)) if mixed else 0
     transient = 3 * a * B * T * c.hidden_dim + 8 * BTD
     late_backward = (weights + optimizer + grads + held + layer_full + layer_casts + transient
                      + (layer_ckpt if ckpt else 0))
@@ -255,6 +313,11 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
             "checkpointed": layer_ckpt,
         },
         "model_states": weights + grads + optimizer,
+        "finetune": t.finetune,
+        "trainable_params": n_train,
+        "activations_total": activations,
+        # a checkpoint's model.pt + state.pt: the weights (a LoRA run's adapters alone) and AdamW's states
+        "checkpoint_bytes": 4 * n_train + optimizer,
     }
 
 

@@ -6,7 +6,9 @@ is left exactly as it was.
     runs/tiny-from-540/           preset.toml has [parent] run = "tiny", step = 540
         checkpoints/step_0000540/ the parent's checkpoint (hard links: no copy, and deleting either
                                   side's files never touches the other's)
-        tokenizer.model           the parent's
+        tokenizer.model           the parent's (or its tokenizer.json and tokenizer_config.json)
+        init/                     the parent's starting weights, if it has them (hard links; a LoRA
+                                  run's checkpoints are adapters on top of them)
 
 Readers follow a run's ancestors to draw it as one line (``lineage``). Torch-free.
 """
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from workbench.config import PresetError, parse_toml, preset_from_dict, preset_to_toml
 from workbench.fs import fsync_dir, write_atomic
-from workbench.rundir import RunError, ckpt_name, list_checkpoints, new_run_dir
+from workbench.rundir import INIT_DIR, TOKENIZER_FILES, RunError, ckpt_name, list_checkpoints, new_run_dir
 
 
 def is_latest(run_dir: Path, ckpt: dict) -> bool:
@@ -68,9 +70,11 @@ def branch(run_dir: Path, ckpt: dict, root: Path, name: str | None = None,
     try:
         (child / "checkpoints").mkdir()
         _link_tree(Path(ckpt["path"]), child / "checkpoints" / ckpt_name(int(ckpt["step"])))
-        tok = run_dir / "tokenizer.model"
-        if tok.exists():
-            write_atomic(child / "tokenizer.model", tok.read_bytes())
+        for name in TOKENIZER_FILES:
+            if (run_dir / name).exists():
+                write_atomic(child / name, (run_dir / name).read_bytes())
+        if (run_dir / INIT_DIR).is_dir():
+            _link_tree(run_dir / INIT_DIR, child / INIT_DIR)
         write_atomic(child / "preset.toml", preset_to_toml(preset))
     except BaseException:
         shutil.rmtree(child, ignore_errors=True)

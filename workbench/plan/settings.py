@@ -221,6 +221,10 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
         raise SettingsError("train.optimizer = muon does not work with hardware.shard = true (Muon orthogonalises "
                             "each whole matrix; FSDP2 splits them over the processes); set hardware.shard = false "
                             "(DDP) or train.optimizer = adamw")
+    if parallel == "fsdp" and t.finetune == "lora":
+        raise SettingsError("train.finetune = lora does not work with hardware.shard = true (the frozen weights and "
+                            "the adapters differ in dtype and gradients); set hardware.shard = false: DDP copies "
+                            "the small adapters' states to each process")
     if parallel == "fsdp" and precision == "fp16":
         raise SettingsError("hardware.shard = true does not support fp16 (its GradScaler would decide to skip a "
                             "step on each rank's shard alone); use hardware.precision = bf16 or fp32")

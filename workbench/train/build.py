@@ -1,5 +1,6 @@
 """Building what a run trains, as its RunSettings say: the model (activation checkpointing, the
-fused loss's chunk), torch.compile, DDP or FSDP2, AdamW, the GradScaler."""
+fused loss's chunk; the weights it starts from and its LoRA adapters), torch.compile, DDP or FSDP2,
+AdamW, the GradScaler."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from workbench.config import Preset
 from workbench.plan.settings import RunSettings
+from workbench.rundir import INIT_DIR
+from workbench.train.checkpoint import load_weights
 from workbench.train.dist import Dist
+from workbench.train.lora import apply_lora, cast_frozen
 from workbench.train.model import GPT
 from workbench.train.optim import Optimizers, build_optimizer
+from workbench.train.runtime import amp_dtype
 
 # Read before torch can set it: inductor writes its default cache dir into the environment.
 USER_INDUCTOR_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -26,6 +31,7 @@ class Built:
     train_forward: torch.nn.Module      # what a training step calls: the model, wrapped by DDP and/or compiled
     optimizer: Optimizers
     scaler: torch.amp.GradScaler
+    trainable: int = 0                  # parameters the optimizer updates (the adapters' alone with LoRA)
 
 
 def use_inductor_cache(cache: Path) -> None:
@@ -35,9 +41,19 @@ def use_inductor_cache(cache: Path) -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
 
 
-def build(p: Preset, s: RunSettings, device: torch.device, dist: Dist, cache_dir: Path) -> Built:
+def build(p: Preset, s: RunSettings, device: torch.device, dist: Dist, cache_dir: Path,
+          init: dict | None = None) -> Built:
+    """``init``: the weights to start from (a run's init/model.pt); with train.finetune = lora they are
+    frozen and adapters are added (their initial values drawn from torch's RNG, after the model's)."""
     model = GPT(p.model, activation_checkpointing=s.activation_checkpointing,
-                loss_chunk_tokens=s.loss_chunk_tokens).to(device)
+                loss_chunk_tokens=s.loss_chunk_tokens)
+    if init is not None:
+        load_weights(model, init, f"{INIT_DIR}/model.pt")
+    if p.train.finetune == "lora":
+        apply_lora(model, p.train)
+        if (dtype := amp_dtype(s)) is not None:
+            cast_frozen(model, dtype)
+    model = model.to(device)
     if s.compile:
         use_inductor_cache(cache_dir)
         # Each variant keeps the state dict's plain names (see plan.settings.compile_mode for why these three).
@@ -56,4 +72,5 @@ def build(p: Preset, s: RunSettings, device: torch.device, dist: Dist, cache_dir
         train_forward = torch.compile(train_forward)
     optimizer = build_optimizer(model, p.train, fused=s.fused_optimizer)
     scaler = torch.amp.GradScaler(device.type, enabled=s.grad_scaler)
-    return Built(model, train_forward, optimizer, scaler)
+    trainable = sum(q.numel() for q in model.parameters() if q.requires_grad)
+    return Built(model, train_forward, optimizer, scaler, trainable)

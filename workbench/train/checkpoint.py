@@ -30,8 +30,9 @@ import torch
 from workbench.config import Preset, load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.fs import dir_size, fsync_dir, fsync_file
-from workbench.rundir import TMP_PREFIX, best_checkpoint, ckpt_name, list_checkpoints, select_checkpoint
+from workbench.rundir import INIT_DIR, TMP_PREFIX, best_checkpoint, ckpt_name, list_checkpoints, select_checkpoint
 from workbench.train.faults import NO_FAULTS, Faults
+from workbench.train.lora import apply_lora, merge_adapters
 from workbench.train.model import GPT
 
 
@@ -143,7 +144,11 @@ def load_training_state(ckpt_path: Path, device="cpu") -> tuple[dict, dict]:
 
 def check_model_compatible(model: torch.nn.Module, sd: dict, where: str) -> None:
     """Refuse, naming the keys, a state dict whose tensors don't match the model's."""
-    own = model.state_dict()
+    check_model_compatible_keys(model.state_dict(), sd, where)
+
+
+def check_model_compatible_keys(own: dict, sd: dict, where: str) -> None:
+    """Refuse, naming the keys, a state dict whose tensors don't match ``own``'s names and shapes."""
     missing = [k for k in own if k not in sd]
     extra = [k for k in sd if k not in own]
     shapes = [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
@@ -180,12 +185,40 @@ def read_checkpoint(run_dir: Path, selector: str | int | None = "latest") -> Che
     return Checkpoint(meta, load_model_state(path), *load_training_state(path))
 
 
+def load_init_weights(run_dir: Path) -> dict:
+    """The weights a run started from (``init/model.pt``: train --init-from, import)."""
+    path = Path(run_dir) / INIT_DIR
+    if not (path / "model.pt").is_file():
+        raise CheckpointError(f"run {Path(run_dir).name} has no {INIT_DIR}/model.pt, the weights it started from "
+                              "(a LoRA run's checkpoints hold only its adapters); it cannot be loaded")
+    return load_model_state(path)
+
+
+def save_merged_init(run_dir: Path, src_dir: Path, step: int) -> None:
+    """``run_dir``'s init/model.pt from a LoRA run's checkpoint: its adapters merged into its weights."""
+    loaded = load_run_model(src_dir, step, shapes_only=True)
+    path = Path(run_dir) / INIT_DIR
+    path.mkdir(exist_ok=True)
+    torch.save(loaded.state_dict, path / "model.pt")
+    fsync_file(path / "model.pt")
+    fsync_dir(path)
+
+
+def check_adapters(preset: Preset, sd: dict, where: str) -> None:
+    """Refuse, naming the keys, adapters that are not those the preset's LoRA settings make."""
+    with torch.device("meta"):
+        model = GPT(preset.model)
+        apply_lora(model, preset.train)
+    own = {k: v for k, v in model.state_dict().items() if k.endswith((".lora_a", ".lora_b"))}
+    check_model_compatible_keys(own, sd, where)
+
+
 @dataclass
 class LoadedModel:
     preset: Preset
     meta: dict              # the checkpoint's sidecar
     model: GPT              # weights loaded; on the meta device (shapes only) when asked
-    state_dict: dict        # the weights as read (CPU tensors)
+    state_dict: dict        # the weights as read (CPU tensors); a LoRA run's merged into its base weights
 
 
 def load_run_model(run_dir: Path, checkpoint: str | int | None = "latest", device: str | torch.device = "cpu",
@@ -194,7 +227,9 @@ def load_run_model(run_dir: Path, checkpoint: str | int | None = "latest", devic
 
     ``shapes_only`` builds the model on the meta device and only checks that the weights fit it
     (no memory, no init time: export and resume); ``training_state`` also reads and checks the
-    optimizer state file, so a truncated or unsafe one is refused before anything starts."""
+    optimizer state file, so a truncated or unsafe one is refused before anything starts.
+    A LoRA run's checkpoint (adapters only) is merged into the weights it started from: the model
+    is a plain GPT with ``W + (alpha / r) B A`` (what export writes, and what sampling runs fastest)."""
     run_dir = Path(run_dir)
     meta = select_checkpoint(run_dir, checkpoint)
     preset = load_preset_file(run_dir / "preset.toml")
@@ -202,6 +237,10 @@ def load_run_model(run_dir: Path, checkpoint: str | int | None = "latest", devic
     if training_state:
         load_training_state(meta["path"])
     where = f"checkpoint {meta['name']}"
+    if preset.train.finetune == "lora":
+        check_adapters(preset, sd, where)
+        sd = merge_adapters(load_init_weights(run_dir), sd, preset.train)
+        where = f"{INIT_DIR}/model.pt with the adapters of {where}"
     if shapes_only:
         with torch.device("meta"):
             model = GPT(preset.model)

@@ -37,7 +37,7 @@ from workbench.plan.schedule import decay_start, lr_factor
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.rundir import EvalRecord, TrainRecord
 from workbench.train.build import Built, build
-from workbench.train.checkpoint import Checkpoint, read_checkpoint
+from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
 from workbench.train.data import TokenData, WindowSampler, prepare_data
 from workbench.train.dist import Dist
 from workbench.train.encode import PrepareProgress
@@ -47,6 +47,7 @@ from workbench.train.report import Reporter, Throughput
 from workbench.train.runtime import amp_dtype, apply_backend_flags, autocast, memory_mb
 from workbench.train.sample import generate_text
 from workbench.train.state import TrainerState
+from workbench.train.tokenizer import tokenizer_file
 from workbench.train.trainer_io import CheckpointIO, failure_message
 
 
@@ -129,7 +130,7 @@ class Trainer:
         # The data first (a no-op when it is cached): a detached run prepares its corpus here, with its
         # progress in status.json. Every rank asks; one prepares, the others wait for it (a file lock).
         self.data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=self.report.log,
-                                 progress=self._preparing, faults=self.faults)
+                                 progress=self._preparing, faults=self.faults, run_dir=rd)
         self.report.status(preparing=None)
         if self.machine is None:
             self.machine = this_machine()
@@ -148,13 +149,19 @@ class Trainer:
         torch.manual_seed(p.train.seed + self.dist.rank)  # distinct dropout per rank; DDP syncs the weights
         random.seed(p.train.seed)
         np.random.seed(p.train.seed % 2**32)
-        if main and not (rd / "tokenizer.model").exists():
-            self.data.tokenizer.save(rd / "tokenizer.model")
+        if main and tokenizer_file(rd) is None:
+            self.data.tokenizer.save(rd)
         # One generator draws the global batch on every rank; each rank trains on its own slice. So N
         # ranks see exactly the data of one process, and one sampler state resumes them all.
         self.sampler = WindowSampler(self.data.train, p.model.seq_len, p.train.batch_size, p.train.seed)
         self.token_bytes = torch.from_numpy(self.data.tokenizer.byte_lengths()).to(self.device)
-        self.built = build(p, s, self.device, self.dist, rd / "cache" / "inductor")
+        # The weights a fine-tuning run starts from (init/model.pt): at its start, and on every start of a
+        # LoRA run (its checkpoints hold only the adapters). Rank 0 reads them and hands them on.
+        init = None
+        if p.init is not None and (p.train.finetune == "lora" or ckpt is None):
+            init = self.dist.broadcast(load_init_weights(rd) if main else None)
+        self.built = build(p, s, self.device, self.dist, rd / "cache" / "inductor", init)
+        del init
         self.io = CheckpointIO(self)
         self.tokens_per_step = p.tokens_per_step()
         self.flops_per_token = flops_per_token(p.model)
@@ -162,7 +169,11 @@ class Trainer:
         n_params = self.built.model.num_params()
         layout = {"fsdp": f" x {self.dist.world} processes, sharded (FSDP2)",
                   "ddp": f" x {self.dist.world} processes, replicated (DDP)"}.get(s.parallel, "")
-        self.report.log(f"run {rd.name}: preset {p.name}, {n_params / 1e6:.2f} M params, device {self.device}"
+        tuned = {"lora": f" ({self.built.trainable / 1e6:.3f} M in LoRA adapters trained, rank "
+                         f"{p.train.lora_rank}; the rest frozen)"}.get(p.train.finetune, "")
+        if p.init is not None:
+            tuned += f", from {p.init['run']} step {p.init['step']}"
+        self.report.log(f"run {rd.name}: preset {p.name}, {n_params / 1e6:.2f} M params{tuned}, device {self.device}"
                         f"{layout}, precision {s.precision}, compile {s.compile_mode}, "
                         f"{self.tokens_per_step:,} tokens/step, corpus {self.data.source}"
                         + (" (tokenizer and tokens from cache)" if self.data.cached else ""))
@@ -173,8 +184,10 @@ class Trainer:
                           train_tokens=int(self.data.n_train),
                           val_tokens=int(len(self.data.tokens) - self.data.n_train),
                           peak_flops=s.peak_flops, pid=os.getpid(), world_size=self.dist.world, parallel=s.parallel,
+                          finetune=p.train.finetune, trainable=self.built.trainable,
                           **({"checkpoint": ckpt.meta["name"]} if ckpt else {}),
-                          **({"parent": p.parent} if p.parent else {}))
+                          **({"parent": p.parent} if p.parent else {}),
+                          **({"init": p.init} if p.init else {}))
         self.io.report_changes()
         if pending_rng:
             pending_rng()  # last: building the model above drew random numbers

@@ -23,6 +23,7 @@ from workbench.machine.detect import Machine
 from workbench.plan.batch import search_batch
 from workbench.plan.estimate import estimate_memory, what_if
 from workbench.plan.settings import PeakFn, RunSettings, resolve_settings
+from workbench.train.lora import apply_lora, cast_frozen
 from workbench.train.model import GPT
 from workbench.train.optim import build_optimizer
 from workbench.train.runtime import amp_dtype, free_cached, is_oom, synchronize
@@ -38,8 +39,13 @@ class Prober:
         self.device = torch.device(settings.device)
         self.micro_batches = micro_batches  # 2 when the preset accumulates: gradients stay resident
         self.model = GPT(preset.model, activation_checkpointing=settings.activation_checkpointing,
-                         loss_chunk_tokens=settings.loss_chunk_tokens).to(self.device)
+                         loss_chunk_tokens=settings.loss_chunk_tokens)
         t = preset.train
+        if t.finetune == "lora":  # as the trainer builds it (random weights weigh the same)
+            apply_lora(self.model, t)
+            if amp_dtype(settings) is not None:
+                cast_frozen(self.model, amp_dtype(settings))
+        self.model.to(self.device)
         self.optimizer = build_optimizer(self.model, t, fused=settings.fused_optimizer)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
         self.amp = amp_dtype(settings)

@@ -18,10 +18,12 @@ from workbench.train.checkpoint import (
     CheckpointError,
     apply_retention,
     check_model_compatible,
+    check_model_compatible_keys,
     gather_sharded_state,
     load_sharded_state,
     save_checkpoint,
 )
+from workbench.train.lora import adapter_state_dict
 from workbench.train.runtime import is_oom
 from workbench.train.state import HostRng, TrainerState, set_torch_rng, torch_rng
 
@@ -64,7 +66,7 @@ class CheckpointIO:
         if not dist.is_main:
             return
         if not sharded:
-            sd, optim_sd = b.model.state_dict(), b.optimizer.state_dict()
+            sd, optim_sd = model_checkpoint_state(b.model, p), b.optimizer.state_dict()
         state = {"optimizer": optim_sd, "scaler": b.scaler.state_dict(), "rng": rank_rng[0]}
         if dist.enabled:
             state["rank_rng"] = rank_rng
@@ -74,7 +76,8 @@ class CheckpointIO:
         ts = dict(st.to_dict(), elapsed_s=self.elapsed())
         meta = {"train_loss": train_loss, "val_loss": val_loss, "tokens_seen": st.tokens_seen,
                 "elapsed_s": round(self.elapsed(), 2), "reason": reason, "preset": p.name,
-                "best_val_loss": st.best_val, "model": vars(p.model), "world_size": dist.world}
+                "best_val_loss": st.best_val, "model": vars(p.model), "world_size": dist.world,
+                "finetune": p.train.finetune}
         t0 = time.time()
         try:
             path = save_checkpoint(tr.run_dir, st.step, sd, state, ts, meta, tr.faults)
@@ -95,12 +98,17 @@ class CheckpointIO:
         the function that restores the RNGs (called last, once nothing else draws random numbers)."""
         tr = self.tr
         b, dist = tr.built, tr.dist
-        check_model_compatible(b.model, ck.model, f"checkpoint {ck.meta['name']}")
+        lora = tr.preset.train.finetune == "lora"
+        where = f"checkpoint {ck.meta['name']}"
+        if lora:  # the adapters alone, beside the frozen weights the model was built with
+            check_model_compatible_keys(adapter_state_dict(b.model), ck.model, where)
+        else:
+            check_model_compatible(b.model, ck.model, where)
         sharded = tr.settings.parallel == "fsdp"
         if sharded:
             load_sharded_state(b.model, None, ck.model, None)
         else:
-            b.model.load_state_dict(ck.model)
+            b.model.load_state_dict(ck.model, strict=not lora)
         step = ck.trainer_state["step"]
         try:
             if sharded:
@@ -135,6 +143,11 @@ class CheckpointIO:
             if host is not None:
                 host.restore()
         return restore_rng
+
+
+def model_checkpoint_state(model: torch.nn.Module, p) -> dict:
+    """What a checkpoint's model.pt holds: the whole state dict, or a LoRA run's adapters alone."""
+    return adapter_state_dict(model) if p.train.finetune == "lora" else model.state_dict()
 
 
 def oom_message(tr: "Trainer") -> str:

@@ -1,0 +1,166 @@
+"""Starting a run from another run's weights (``--init-from RUN[:CHECKPOINT]``), and which fine-tuning
+method fits this machine. Torch-free.
+
+A run started from a checkpoint takes its [model] section from the source run, except the training
+context and dropout (``seq_len``, ``dropout``: the weights mean the same with any value), which come with
+[train], [data] and [hardware] from the preset given; any other ``--set model.*`` that disagrees with the
+source is refused.
+It records ``[init]`` (run, step) and the source model's ``[source]`` table, and encodes its corpus with
+the source run's tokenizer (``data.tokenizer``). Its directory gets ``init/model.pt`` (a hard link to the
+source checkpoint's weights) and a copy of the tokenizer files, so it keeps working if the source run is
+deleted.
+
+Methods (``compare_methods``): full fine-tuning (every weight trained: fp32 weights, gradients and AdamW
+states, ~16 bytes a parameter before activations), LoRA (the frozen weights in the training precision,
+adapters and their optimizer state), and LoRA with activation checkpointing. The first that fits is
+recommended: full when it fits (it adapts every weight), else LoRA, else LoRA with checkpointing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from workbench.config import Preset, PresetError, load_preset_file, parse_override, preset_from_dict
+from workbench.fs import fsync_dir, write_atomic
+from workbench.machine.detect import Machine
+from workbench.plan import estimate as est
+from workbench.rundir import INIT_DIR, TOKENIZER_FILES, RunError, resolve_run, select_checkpoint
+
+# Model keys a run started from a checkpoint may change: the weights mean the same with any value.
+FREE_MODEL_KEYS = ("seq_len", "dropout")
+
+
+@dataclasses.dataclass
+class InitSource:
+    """The run and checkpoint a new run starts from."""
+    run_dir: Path
+    ckpt: dict          # the checkpoint's sidecar (with its path)
+    preset: Preset      # the source run's preset
+
+    @property
+    def run(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def lora(self) -> bool:
+        """The source checkpoint holds LoRA adapters (its weights are those merged into its own init)."""
+        return self.preset.train.finetune == "lora" and self.ckpt.get("reason") != "import"
+
+
+def parse_init_from(root: Path, spec: str) -> InitSource:
+    """``RUN`` or ``RUN:CHECKPOINT`` (latest, best or a step) -> the source run and checkpoint."""
+    run, _, sel = spec.partition(":")
+    if not run:
+        raise RunError(f"--init-from {spec!r}: give a run id (`workbench runs`), optionally :CHECKPOINT")
+    run_dir = resolve_run(root, run)
+    ckpt = select_checkpoint(run_dir, sel or "latest")
+    return InitSource(run_dir, ckpt, load_preset_file(run_dir / "preset.toml"))
+
+
+def check_model_overrides(src: InitSource, overrides: list[str]) -> None:
+    """Refuse, in one line, a --set model.* (other than seq_len, dropout) that disagrees with the source's."""
+    theirs = dataclasses.asdict(src.preset.model)
+    for item in overrides:
+        sec, key, value = parse_override(item)
+        if sec != "model" or key in FREE_MODEL_KEYS:
+            continue
+        if value != theirs[key] and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                           and float(value) == float(theirs[key])):
+            raise PresetError(f"--init-from {src.run}: --set model.{key}={value} disagrees with the source run's "
+                              f"model.{key} = {theirs[key]!r}; the model comes from {src.run} (only "
+                              f"{' and '.join('model.' + k for k in FREE_MODEL_KEYS)} may change)")
+
+
+def init_preset(p: Preset, src: InitSource, overrides: list[str]) -> Preset:
+    """``p`` (the preset given, overrides applied) as a run that starts from ``src``: its [model] from the
+    source, [init] and [source] recorded, the source's tokenizer named in [data]."""
+    check_model_overrides(src, overrides)
+    model = dataclasses.replace(src.preset.model, **{k: getattr(p.model, k) for k in FREE_MODEL_KEYS})
+    tok = next((src.run_dir / f for f in ("tokenizer.json", "tokenizer.model") if (src.run_dir / f).is_file()), None)
+    if tok is None:
+        raise RunError(f"run {src.run} has no tokenizer.json or tokenizer.model to encode the new corpus with")
+    source = dict(src.preset.source) if src.preset.source else {"model": f"run {src.run}"}
+    data = dataclasses.replace(p.data, tokenizer=str(tok))
+    out = dataclasses.replace(p, model=model, data=data, init={"run": src.run, "step": int(src.ckpt["step"])},
+                              source=source)
+    return preset_from_dict(out.to_dict(), f"{p.name} --init-from {src.run}", name=p.name)  # the rules again
+
+
+def link_init(run_dir: Path, src: InitSource) -> None:
+    """``run_dir``'s init/model.pt (a hard link to the source checkpoint's weights, or a copy where links
+    are not possible) and its copy of the source's tokenizer files. A LoRA source's weights must be
+    merged first (the caller writes init/model.pt then; see ``workbench.train.checkpoint``)."""
+    init = Path(run_dir) / INIT_DIR
+    init.mkdir(exist_ok=True)
+    if not src.lora:
+        target = init / "model.pt"
+        try:
+            os.link(Path(src.ckpt["path"]) / "model.pt", target)
+        except OSError:
+            shutil.copy2(Path(src.ckpt["path"]) / "model.pt", target)
+        fsync_dir(init)
+    copy_tokenizer(src.run_dir, run_dir)
+
+
+def copy_tokenizer(src_dir: Path, dst_dir: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (Path(src_dir) / name).is_file():
+            write_atomic(Path(dst_dir) / name, (Path(src_dir) / name).read_bytes())
+
+
+# ----------------------------------------------------------------------------- which method fits
+
+METHODS = (("full", "full fine-tuning", {"finetune": "full"}, False),
+           ("lora", "LoRA", {"finetune": "lora"}, False),
+           ("lora+ac", "LoRA + activation checkpointing", {"finetune": "lora"}, True))
+
+
+def method_preset(p: Preset, finetune: str, activation_checkpointing: bool) -> Preset:
+    t = dataclasses.replace(p.train, finetune=finetune,
+                            optimizer="adamw" if finetune == "lora" else p.train.optimizer)
+    h = dataclasses.replace(p.hardware, activation_checkpointing=activation_checkpointing
+                            or (finetune == "full" and p.hardware.activation_checkpointing))
+    return dataclasses.replace(p, train=t, hardware=h)
+
+
+def compare_methods(p: Preset, machine: Machine) -> dict[str, Any]:
+    """Memory of full / LoRA / LoRA + activation checkpointing for ``p`` on ``machine``, whether each
+    fits, and the recommendation (the first that fits, in that order)."""
+    device = machine.best_device() if p.hardware.device == "auto" else p.hardware.device
+    avail, what = machine.memory(device) if machine.has(device) else (None, "")
+    rows = []
+    for key, label, train_kw, ac in METHODS:
+        q = method_preset(p, train_kw["finetune"], ac)
+        try:
+            mem = est.estimate_memory(q, machine=machine)
+        except PresetError as e:
+            rows.append({"method": key, "label": label, "error": str(e)})
+            continue
+        c = mem["components"]
+        rows.append({"method": key, "label": label, "total": mem["total"], "fits": est.fits(mem, avail),
+                     "trainable": mem["trainable_params"], "weights": c["weights"],
+                     "gradients": mem["model_states"] - c["weights"] - c["optimizer"], "optimizer": c["optimizer"],
+                     "activations": mem["activations_total"], "precision": mem["precision"],
+                     "checkpoint_bytes": mem["checkpoint_bytes"]})
+    fitting = [r for r in rows if r.get("fits")]
+    rec = fitting[0]["method"] if fitting else None
+    if rec is None:
+        why = ("none fits: lower train.batch_size (with grad_accum) or model.seq_len, or use a GPU"
+               if avail else f"no {device} memory figure here")
+    else:
+        why = {"full": "full fine-tuning fits: it adapts every weight",
+               "lora": "full fine-tuning does not fit; LoRA does (frozen weights, small adapters)",
+               "lora+ac": "only LoRA with activation checkpointing fits (slower: each block's forward runs "
+                          "twice)"}[rec]
+    return {"device": device, "available": avail, "available_what": what, "rows": rows, "recommended": rec,
+            "why": why, "params": rows[0].get("trainable") if rows else None}
+
+
+def method_overrides(method: str) -> list[str]:
+    """The --set values that select a method of ``compare_methods``."""
+    return {"full": ["train.finetune=full"], "lora": ["train.finetune=lora"],
+            "lora+ac": ["train.finetune=lora", "hardware.activation_checkpointing=true"]}[method]
