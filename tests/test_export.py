@@ -203,7 +203,7 @@ def _a_file(ws: Path, run: Path) -> None:
 BAD = {
     "nonempty_out_dir": (["hf"], _nonempty, "is not empty; export writes only into a new or empty directory"),
     "out_is_a_file": (["hf"], _a_file, "exists and is not a directory"),
-    "unknown_format": (["gguf"], None, "unknown export format 'gguf'; choose one of: hf, safetensors"),
+    "unknown_format": (["onnx"], None, "unknown export format 'onnx'; choose one of: hf, safetensors, gguf"),
     "no_checkpoints": (["hf"], _no_ckpt, "run r has no complete checkpoint yet"),
     "no_such_step": (["hf", "--checkpoint", "7"], None, "run r has no checkpoint at step 7; it has: 20, 40, 60"),
     "unknown_run": (["hf", "--runs-dir", "elsewhere"], None, "no run 'r' in"),

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from workbench import rundir
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export", help="export a checkpoint (Hugging Face Llama directory or safetensors)",
-                       description="Write a run's checkpoint into a new or empty directory. --format hf: "
-                                   "config.json, model.safetensors and the tokenizer, loadable with "
-                                   "transformers' LlamaForCausalLM / AutoTokenizer. --format safetensors: the "
-                                   "workbench state dict with preset.toml and tokenizer.model.")
+    p = sub.add_parser("export", help="export a checkpoint (Hugging Face directory, GGUF or safetensors)",
+                       description="Write a run's checkpoint into a new or empty directory (a LoRA run's adapters "
+                                   "merged into its weights). --format hf: config.json, model.safetensors and the "
+                                   "tokenizer, loadable with transformers' AutoModelForCausalLM / AutoTokenizer "
+                                   "(Llama, or Qwen2 / Qwen3 for an imported model of theirs). --format gguf: "
+                                   "model.gguf with the tokenizer embedded, for llama.cpp, Ollama, LM Studio. "
+                                   "--format safetensors: the workbench state dict with preset.toml and the "
+                                   "tokenizer.")
     p.add_argument("run", help="run id or run directory")
     p.add_argument("out_dir", metavar="OUT_DIR", help="a new or empty directory to write")
     p.add_argument("--checkpoint", default="latest", help="latest (default), best, or a step number")
-    p.add_argument("--format", dest="fmt", default="hf", metavar="{hf,safetensors}",
-                   help="hf (default): Hugging Face Llama; safetensors: the raw workbench state dict")
+    p.add_argument("--format", dest="fmt", default="hf", metavar="{hf,gguf,safetensors}",
+                   help="hf (default): a Hugging Face model directory; gguf: one GGUF file; safetensors: the raw "
+                        "workbench state dict")
+    p.add_argument("--gguf-type", default="f16", metavar="{f16,f32}",
+                   help="GGUF: the matrices' type (default f16; vectors are always f32)")
     p.set_defaults(func=run)
 
 
@@ -27,16 +34,24 @@ def run(args) -> int:
     # Cheap checks first, before loading torch.
     if args.fmt not in FORMATS:
         raise ExportError(f"unknown export format {args.fmt!r}; choose one of: {', '.join(FORMATS)}")
+    if args.gguf_type not in ("f16", "f32"):
+        raise ExportError(f"--gguf-type {args.gguf_type!r}: choose f16 or f32")
     check_out_dir(args.out_dir)
     root = rundir.runs_root(getattr(args, "runs_dir", None))
     run_dir = rundir.resolve_run(root, args.run)
     rundir.select_checkpoint(run_dir, args.checkpoint)
-    dest, ckpt = export_run(run_dir, args.out_dir, args.fmt, args.checkpoint)
-    what = "Hugging Face Llama directory" if args.fmt == "hf" else "safetensors state dict"
+    dest, ckpt = export_run(run_dir, args.out_dir, args.fmt, args.checkpoint, gguf_type=args.gguf_type)
+    what = {"hf": "Hugging Face " + json.loads((dest / "config.json").read_text())["architectures"][0]
+            + " directory" if args.fmt == "hf" else "",
+            "gguf": f"GGUF file ({args.gguf_type}), {dest / 'model.gguf'},",
+            "safetensors": "safetensors state dict"}[args.fmt]
     vl = ckpt.get("val_loss")
     print(f"exported {run_dir.name} {ckpt['name']}" + (f" (val loss {vl:.4f})" if vl is not None else "")
           + f" as a {what} to {dest}")
     if args.fmt == "hf":
         print(f"load it with: AutoModelForCausalLM.from_pretrained({str(dest)!r}) and "
               f"AutoTokenizer.from_pretrained({str(dest)!r})", file=sys.stderr)
+    elif args.fmt == "gguf":
+        print(f"run it with: llama-cli -m {dest / 'model.gguf'} (or `ollama create` with a Modelfile "
+              f"FROM {dest / 'model.gguf'})", file=sys.stderr)
     return 0
