@@ -16,7 +16,7 @@ from workbench import __version__
 from workbench.errors import WorkbenchError
 
 # Module names in workbench/commands (`workbench import` lives in import_model.py: import is a keyword).
-COMMANDS = ["train", "resume", "stop", "runs", "sample", "data", "presets", "hw", "estimate", "fit", "export",
+COMMANDS = ["train", "resume", "stop", "runs", "doctor", "sample", "data", "presets", "hw", "estimate", "fit", "export",
             "import_model", "metrics", "tui"]
 
 

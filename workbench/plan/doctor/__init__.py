@@ -1,0 +1,76 @@
+"""The run doctor: what is wrong with a run, shown by its own numbers, and what to change.
+
+``diagnose_run(run_dir, snapshot)`` is a pure function of a run directory and a hardware snapshot
+(:class:`workbench.machine.activity.HardwareSnapshot`: the machine, and for a live run what its
+processes and everything else are doing): a list of :class:`Finding`, most important first, each
+with its evidence and the concrete change (a ``--set`` line or a command). No findings: no problems.
+
+The checks, one module each, every threshold a named constant with the reason for its value:
+
+- ``stability``       non-finite steps skipped or rolled back, gradient-norm and loss spikes
+- ``memory``          out of memory, near the device's limit, or far below it (what ``fit`` would choose)
+- ``speed``           slow against the estimate; not on the GPU, other processes, waiting for data,
+                      compile off where it pays, fp32 on a bf16 GPU, a throttled GPU
+- ``generalization``  overfitting: the val/train gap growing while val stops improving
+- ``corpus``          epochs, a vocabulary large for the corpus, a tiny validation split
+
+``workbench doctor RUN`` prints it; the TUI's Train pane shows it in its Health box as the run goes
+(keeping one :class:`RunFacts` per run, which reads only the new lines of metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench.machine.activity import HardwareSnapshot
+from workbench.plan.doctor import corpus, generalization, memory, speed, stability
+from workbench.plan.doctor.facts import Context, RunFacts, read_run
+from workbench.plan.doctor.finding import KINDS, SEVERITIES, Finding
+
+CHECKS = (stability.check, memory.check, speed.check, generalization.check, corpus.check)
+
+
+def diagnose(facts: RunFacts, snapshot: HardwareSnapshot, notes: list[str] | None = None) -> list[Finding]:
+    """The findings for a run already read (see RunFacts), most important first. What could not be checked
+    is appended to ``notes``."""
+    ctx = Context(facts, snapshot)
+    if facts.preset is None:
+        ctx.note(f"preset: {facts.preset_error or 'not readable'}")
+    if facts.start is None:
+        ctx.note("the run has not started training yet: nothing to check")
+        found: list[Finding] = []
+    else:
+        found = [x for check in CHECKS for x in check(ctx)]
+    if notes is not None:
+        notes.extend(ctx.notes)
+    return sorted(found, key=Finding.sort_key)
+
+
+def diagnose_run(run_dir: Path, snapshot: HardwareSnapshot, notes: list[str] | None = None) -> list[Finding]:
+    """The findings for the run in ``run_dir`` on the machine of ``snapshot``, most important first."""
+    return diagnose(read_run(run_dir), snapshot, notes)
+
+
+def report(facts: RunFacts, findings: list[Finding], notes: list[str], snapshot: HardwareSnapshot
+           ) -> dict[str, Any]:
+    """``workbench doctor --json``: the run, the findings and what was not checked (schema in the README)."""
+    p = facts.preset
+    return {
+        "run": facts.run_id,
+        "path": str(facts.run_dir),
+        "state": facts.state,
+        "step": facts.step,
+        "max_iters": facts.max_iters,
+        "preset": p.name if p else None,
+        "device": facts.device,
+        "checked_at": round(time.time(), 3),
+        "ok": not findings,
+        "findings": [f.to_dict() for f in findings],
+        "notes": list(notes),
+        "activity": snapshot.activity.to_dict() if snapshot.activity else None,
+    }
+
+
+__all__ = ["diagnose", "diagnose_run", "Finding", "KINDS", "read_run", "report", "RunFacts", "SEVERITIES"]
