@@ -89,7 +89,7 @@ class WorkbenchApp(App[int]):
             with TabPane("2 Presets", id="presets"):
                 yield PresetsPane(id="presets-pane")
             with TabPane("3 Train", id="train"):
-                yield MonitorPane(id="monitor-pane")
+                yield MonitorPane(self.runs_dir, id="monitor-pane")
             with TabPane("4 Loss curves", id="curves"):
                 yield CurvesPane(self.run_data, max(0.5, self.watch_interval), runs_dir=self.runs_dir,
                                  id="curves-pane")
@@ -229,6 +229,11 @@ class WorkbenchApp(App[int]):
     @on(RunsPane.MonitorRequested)
     def _monitor_requested(self, msg: RunsPane.MonitorRequested) -> None:
         self.monitor(msg.run_id)
+
+    @on(MonitorPane.HealthChecked)
+    def _health_checked(self, msg: MonitorPane.HealthChecked) -> None:
+        if not self._panes_gone():
+            self.query_one(PaneTabs).mark("train", *msg.marker)  # the run shown has findings while it trains
 
     @on(MonitorPane.CurvesRequested)
     @on(RunsPane.CurvesRequested)

@@ -1,11 +1,14 @@
-"""Train / monitor pane: progress with ETA, live numbers, events, train.log tail.
+"""Train / monitor pane: progress with ETA, live numbers, the run doctor's Health box, events, train.log tail.
 
 The app decides which run is shown (``show_run``); the pane stops (after asking), resumes or plots
-the run it shows by messages, and says when the user picks another run in its list."""
+the run it shows by messages, and says when the user picks another run in its list. The Health box
+(``widgets.health``) checks the run shown in a worker of its own and posts ``MonitorPane.HealthChecked``,
+which the app turns into a marker on the Train tab."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Group
 from rich.table import Table
@@ -22,6 +25,7 @@ from workbench.tui import fmt
 from workbench.tui.messages import ResumeRun, StopRun
 from workbench.tui.rundata import EVENT_STYLES, RunData
 from workbench.tui.screens.dialogs import ConfirmScreen
+from workbench.tui.widgets.health import HealthBox
 from workbench.tui.widgets.pane import Pane
 
 NO_RUN = "(no runs yet: press n to start one)"
@@ -150,8 +154,13 @@ class MonitorPane(Vertical, Pane):
         """Plot the loss of the run shown."""
         run_id: str
 
-    def __init__(self, **kw):
+    # The run doctor checked the run shown (bubbles from the Health box): findings and the tab's marker.
+    HealthChecked = HealthBox.Checked
+
+    def __init__(self, runs_dir: str | Path | None = None, **kw):
+        """``runs_dir``: where the runs shown live (the Health box reads them); None: no Health box checks."""
         super().__init__(**kw)
+        self.runs_dir = runs_dir
         self.shown: RunData | None = None  # the run shown
         self.presets: dict[str, str] = {}  # run id -> its preset's name, for the header
         self._events_shown = 0
@@ -164,6 +173,7 @@ class MonitorPane(Vertical, Pane):
             yield ProgressBar(total=1, show_eta=False, show_percentage=False, id="mon-progress")
             yield Label("", id="mon-progress-text")
         yield Static("", id="mon-stats")
+        yield HealthBox(self.runs_dir, id="mon-health")
         with Horizontal(id="mon-bottom"):
             yield RichLog(id="mon-events", max_lines=500, auto_scroll=True, wrap=False)
             yield Log(id="mon-log", max_lines=2000, auto_scroll=True)
@@ -187,6 +197,7 @@ class MonitorPane(Vertical, Pane):
     def show_run(self, d: RunData | None, reset: bool = False) -> None:
         """Redraw from the run's data; ``reset`` when the run shown changed."""
         self.shown = d
+        self.query_one(HealthBox).follow(d.run_id if d else None, d.state if d else "?")
         if reset:
             self.query_one("#mon-events", RichLog).clear()
             self.query_one("#mon-log", Log).clear()

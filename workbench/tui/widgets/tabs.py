@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual import on
 from textual.css.query import NoMatches
 from textual.widgets import TabbedContent
@@ -11,6 +12,21 @@ from workbench.tui.widgets.pane import Pane
 
 class PaneTabs(TabbedContent):
     """TabbedContent whose every TabPane holds one Pane."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._labels: dict[str, str] = {}  # tab -> its label without a marker
+
+    def mark(self, tab: str, marker: str = "", style: str = "") -> None:
+        """Show ``marker`` after the tab's label (e.g. "●2" in red: the run shown has findings); "" clears it."""
+        try:
+            t = self.get_tab(tab)
+        except (NoMatches, ValueError):
+            return
+        base = self._labels.setdefault(tab, t.label.plain)
+        label = Text.assemble(base, (f" {marker}", style)) if marker else Text(base)
+        if t.label.plain != label.plain or marker:
+            t.label = label
 
     def pane(self, tab: str) -> Pane | None:
         """The pane in ``tab``; None for no such tab."""

@@ -1,0 +1,145 @@
+"""The Train pane's Health box: the run doctor's findings for the run shown (``workbench.plan.doctor``).
+
+A thread worker checks the run when it is shown, every ``INTERVAL`` seconds while it trains (sampling
+what else uses the CPU and GPU for ``SAMPLE_SECONDS``), and once more when it ends. Each check reads
+only the new lines of metrics.jsonl (one :class:`RunFacts` per run, kept here). The result is posted
+as ``HealthBox.Checked``; it bubbles to the app, which marks the Train tab while a running run (or
+one that ended while followed) has findings.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Group
+from rich.text import Text
+from textual import on, work
+from textual.message import Message
+from textual.widgets import Static
+
+from workbench.machine.activity import take_snapshot
+from workbench.plan.doctor import Finding, RunFacts, diagnose
+from workbench.rundir import LIVE_STATES
+
+SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
+SHOWN = 3          # findings listed; the rest are counted
+SHOWN_COMPACT = 2  # when the pane is short
+
+
+def marker(findings: list[Finding]) -> tuple[str, str]:
+    """The Train tab's marker for these findings: ("●2", style of the worst), or nothing."""
+    if not findings:
+        return "", ""
+    worst = min(findings, key=Finding.sort_key).severity
+    return f"●{len(findings)}", SEVERITY_STYLE[worst]
+
+
+def render_health(findings: list[Finding] | None, run_id: str | None, compact: bool = False,
+                  error: str = "") -> Group | Text:
+    """What the box shows: each finding's title and its change, most important first."""
+    if run_id is None:
+        return Text("")
+    if error:
+        return Text(f"the check failed: {error}", style="red")
+    if findings is None:
+        return Text("checking…", style="dim")
+    if not findings:
+        return Text("✓ no problems found", style="green")
+    n = SHOWN_COMPACT if compact else SHOWN
+    lines: list[Text] = []
+    for f in findings[:n]:
+        lines.append(Text.assemble(("● ", SEVERITY_STYLE[f.severity]), (f"{f.kind}: ", "bold"), f.title,
+                                   no_wrap=True, overflow="ellipsis"))
+        if not compact and f.evidence:
+            lines.append(Text.assemble("    ", (f.evidence[0], "dim"), no_wrap=True, overflow="ellipsis"))
+        lines.append(Text.assemble("  → ", (f.change, "italic"), no_wrap=True, overflow="ellipsis"))
+    more = len(findings) - n
+    lines.append(Text(f"{'+' + str(more) + ' more; ' if more > 0 else ''}evidence and changes: "
+                      f"workbench doctor {run_id}", style="dim", no_wrap=True, overflow="ellipsis"))
+    return Group(*lines)
+
+
+class HealthBox(Static):
+    """See the module docstring. ``follow(run_id, state)`` is all the pane calls."""
+
+    INTERVAL = 5.0         # seconds between checks of a running run
+    SAMPLE_SECONDS = 0.5   # CPU and GPU use sampled this long at each check
+
+    @dataclass
+    class Checked(Message):
+        """The run doctor looked at ``run_id``; ``marker`` is the Train tab's ("●2", style) or ("", "")."""
+        run_id: str
+        findings: list[Finding]
+        notes: list[str] = field(default_factory=list)
+        marker: tuple[str, str] = ("", "")
+        error: str = ""        # the check itself failed (the run's files unreadable, a bug): why
+
+    def __init__(self, runs_dir: Path | None, **kw):
+        super().__init__("", **kw)
+        self.runs_dir = Path(runs_dir) if runs_dir is not None else None
+        self.run_id: str | None = None
+        self.live = False
+        self.seen_live = False     # the run shown was running while followed: its findings mark the tab
+        self.findings: list[Finding] | None = None
+        self.error = ""
+        self._facts: dict[str, RunFacts] = {}
+        self._lock = threading.Lock()  # one check at a time (a cancelled worker's thread may still run)
+
+    def on_mount(self) -> None:
+        self.border_title = "health"
+        self.set_interval(self.INTERVAL, self._tick)
+
+    def follow(self, run_id: str | None, state: str) -> None:
+        """Show the health of ``run_id`` (in ``state`` now): checked at once when it is new, or when it
+        started or ended since the last call."""
+        live = state in LIVE_STATES
+        if run_id != self.run_id:
+            self.run_id, self.live, self.seen_live, self.findings, self.error = run_id, live, live, None, ""
+            self._show()
+            if run_id is not None:
+                self.check()
+        elif live != self.live:
+            self.live = live
+            self.seen_live = self.seen_live or live
+            self.check()
+
+    def _tick(self) -> None:
+        if self.live:
+            self.check()
+
+    def check(self) -> None:
+        """Check the run shown now (in a thread)."""
+        if self.run_id is not None and self.runs_dir is not None:
+            self._check(self.run_id)
+
+    @work(thread=True, exclusive=True, group="health", exit_on_error=False)
+    def _check(self, run_id: str) -> None:
+        notes: list[str] = []
+        error = ""
+        with self._lock:
+            facts = self._facts.setdefault(run_id, RunFacts(self.runs_dir / run_id))
+            try:
+                facts.refresh()
+                pid = facts.status.get("pid") if facts.live else None
+                snapshot = take_snapshot(int(pid) if pid else None, interval=self.SAMPLE_SECONDS)
+                findings = diagnose(facts, snapshot, notes)
+            except Exception as e:  # noqa: BLE001 - a check that fails must say so, not kill the box
+                findings, error = [], repr(e)
+        self.post_message(self.Checked(run_id, findings, notes, error=error))
+
+    @on(Checked)
+    def _checked(self, msg: Checked) -> None:
+        if msg.run_id != self.run_id:
+            msg.stop()  # a run no longer shown: nobody needs it
+            return
+        self.findings, self.error = msg.findings, msg.error
+        msg.marker = marker(msg.findings) if (self.live or self.seen_live) else ("", "")
+        self._show()
+
+    def on_resize(self) -> None:
+        self._show()
+
+    def _show(self) -> None:
+        self.update(render_health(self.findings, self.run_id, self.app.size.height < 36, self.error))
