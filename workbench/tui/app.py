@@ -267,14 +267,18 @@ class WorkbenchApp(App[int]):
     def _train_requested(self, msg: HardwarePane.TrainRequested | PresetsPane.TrainRequested) -> None:
         self.action_new_run(msg.preset)
 
-    def action_new_run(self, preset: str | None = None, overrides: str = "") -> None:
+    @on(RunsPane.FineTuneRequested)
+    def _fine_tune_requested(self, msg: RunsPane.FineTuneRequested) -> None:
+        self.action_new_run(init_from=msg.init_from)
+
+    def action_new_run(self, preset: str | None = None, overrides: str = "", init_from: str = "") -> None:
         preset = preset or (self.recommended[0] if self.recommended else None)
 
         def done(req: RunRequest | None) -> None:
             if req is not None:
                 self.post_message(StartRun(req))
 
-        self.push_screen(NewRunScreen(preset, overrides, self.machine_info, self.runs_dir), done)
+        self.push_screen(NewRunScreen(preset, overrides, self.machine_info, self.runs_dir, init_from), done)
 
     def action_train_recommended(self) -> None:
         if not self.recommended:

@@ -54,6 +54,13 @@ class RunRequest:
     corpus: str = ""
     name: str = ""
     overrides: list[str] = field(default_factory=list)
+    init_from: str = ""     # RUN[:STEP]: start from that checkpoint (--init-from); "" from scratch
+    finetune: str = ""      # with init_from: full | lora (train.finetune)
+
+    def sets(self) -> list[str]:
+        """The --set values of the request (the fine-tuning method is one)."""
+        return list(self.overrides) + ([f"train.finetune={self.finetune}"] if self.init_from and self.finetune
+                                       else [])
 
 
 def start_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
@@ -63,11 +70,19 @@ def start_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
         args += ["--corpus", req.corpus]
     if req.name:
         args += ["--name", req.name]
-    for item in req.overrides:
+    if req.init_from:
+        args += ["--init-from", req.init_from]
+    for item in req.sets():
         args += ["--set", item]
     # --yes: the new-run form has shown the estimate and asked already when the run will not fit
     out = _run(cli_argv(runs_dir, "train", *args, "--detach", "--yes"), timeout)
     return _last_line(out)
+
+
+def import_model(runs_dir: Path, model_dir: str, name: str = "", timeout: float = 1800) -> str:
+    """``workbench import MODEL_DIR [--name NAME]``; returns the new run id (its last stdout line)."""
+    extra = ["--name", name] if name else []
+    return _last_line(_run(cli_argv(runs_dir, "import", model_dir, *extra), timeout))
 
 
 def resume_run(runs_dir: Path, run_id: str, checkpoint: str = "latest", timeout: float = 120,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from workbench.tui.messages import ResumeRun
+from workbench.tui.screens.import_model import ImportModelScreen
 from workbench.tui.widgets.curves import CurvesPane
 from workbench.tui.widgets.monitor import MonitorPane
 from workbench.tui.widgets.presets import PresetsPane
@@ -40,6 +41,8 @@ def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
         yield f"Go to {label}", f"show the {label} pane", partial(app.action_show_tab, tab)
     rec = app.recommended[0] if app.recommended else "the recommended preset"
     yield "New run…", "start training a preset (detached: keeps running if the TUI closes)", app.action_new_run
+    yield "Import model…", "a local Hugging Face model (Llama, Qwen2, Qwen3) as a run to fine-tune from", \
+        partial(app.push_screen, ImportModelScreen(app.runs_dir))
     yield f"Train recommended preset ({rec})", "start a run with the preset picked for this machine", \
         app.action_train_recommended
     if app.monitored:
@@ -50,6 +53,9 @@ def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
         yield f"Monitor {s.id}", f"{s.state}, step {s.step}", partial(app.monitor, s.id)
         yield f"Loss curves: add {s.id}", "overlay this run's loss", partial(app.open_curves, s.id)
         yield f"Sample from {s.id}", "generate text from its latest checkpoint", partial(app.open_sample, s.id)
+        if s.checkpoints and s.state not in ("starting", "running"):
+            yield f"Fine-tune from {s.id}…", "a new run from its latest checkpoint: every weight, or LoRA adapters", \
+                partial(runs.post_message, RunsPane.FineTuneRequested(f"{s.id}:{s.checkpoints[-1]['step']}"))
         if s.state not in ("starting", "running"):
             yield f"Resume {s.id} from latest", f"{len(s.checkpoints)} checkpoint(s)", \
                 partial(app.post_message, ResumeRun(s.id, "latest"))

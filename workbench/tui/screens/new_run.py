@@ -23,32 +23,37 @@ from workbench.config import (
 )
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
+from workbench.plan.finetune import init_preset, parse_init_from
 from workbench.plan.report import fit_check
-from workbench.rundir import sanitize_run_name
+from workbench.rundir import runs_root, sanitize_run_name
 from workbench.tui.launcher import RunRequest
 from workbench.tui.screens.dialogs import ConfirmScreen
 
 
-def request_preset(req: RunRequest) -> Preset:
+def request_preset(req: RunRequest, runs_dir: Path | None = None) -> Preset:
     """The preset the trainer would run for ``req``: the engine's own validation of preset, corpus
-    and overrides, before any process starts (a WorkbenchError or OSError says what is wrong)."""
+    and overrides (and, starting from a checkpoint, the source run's model), before any process starts
+    (a WorkbenchError or OSError says what is wrong)."""
     paths = preset_paths()
     if req.preset not in paths:
         raise PresetError(f"unknown preset {req.preset!r}")
     path = paths[req.preset][0]
     data = parse_toml(path.read_text(encoding="utf-8"), str(path))
-    sets = list(req.overrides)
+    sets = req.sets()
     if req.corpus:
         # a TOML string, as --set parses it: a Windows path's backslashes and any quotes escaped
         sets.append("data.corpus=" + (toml_string(req.corpus) if req.corpus != "builtin" else "builtin"))
     apply_overrides(data, sets)
-    return preset_from_dict(data, req.preset, name=req.preset)
+    p = preset_from_dict(data, req.preset, name=req.preset)
+    if req.init_from:  # as `workbench train --init-from` resolves it
+        p = init_preset(p, parse_init_from(runs_root(runs_dir), req.init_from), sets)
+    return p
 
 
-def check_request(req: RunRequest) -> str | None:
-    """What is wrong with ``req`` (preset, overrides, run name), or None."""
+def check_request(req: RunRequest, runs_dir: Path | None = None) -> str | None:
+    """What is wrong with ``req`` (preset, overrides, run name, the checkpoint to start from), or None."""
     try:
-        request_preset(req)
+        request_preset(req, runs_dir)
         if req.name:
             sanitize_run_name(req.name)
     except (WorkbenchError, OSError) as e:
@@ -59,7 +64,7 @@ def check_request(req: RunRequest) -> str | None:
 def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | None) -> tuple[bool | None, str]:
     """(fits, what to show) for the run ``req`` describes on this machine: memory and time, by estimate."""
     try:
-        check = fit_check(request_preset(req), Machine.from_info(machine_info or detect()), runs_dir)
+        check = fit_check(request_preset(req, runs_dir), Machine.from_info(machine_info or detect()), runs_dir)
     except (WorkbenchError, OSError) as e:
         return None, f"estimate: {e}"
     return check.fits, "\n".join(check.lines())
@@ -67,13 +72,16 @@ def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | N
 
 class NewRunScreen(ModalScreen["RunRequest | None"]):
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "start", "Start")]
+    DEFAULT_CSS = "#nr-finetune { width: 14; }"
 
     def __init__(self, preset: str | None = None, overrides: str = "", machine_info: dict | None = None,
-                 runs_dir: Path | None = None):
-        """``machine_info``: the hardware the estimate is for (default: detected now)."""
+                 runs_dir: Path | None = None, init_from: str = ""):
+        """``machine_info``: the hardware the estimate is for (default: detected now); ``init_from``:
+        RUN[:STEP] to start from (fine-tuning), filled in."""
         super().__init__()
         self.preset = preset
         self.overrides = overrides
+        self.init_from = init_from
         self.machine_info = machine_info
         self.runs_dir = runs_dir
         self.fits: bool | None = None
@@ -96,6 +104,11 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
             with Horizontal(classes="field"):
                 yield Label("--set", classes="field-label")
                 yield Input(self.overrides, placeholder="train.max_iters=500 model.dim=128 …", id="nr-overrides")
+            with Horizontal(classes="field"):  # start from a checkpoint: fine-tune it, fully or with LoRA
+                yield Label("from", classes="field-label")
+                yield Input(self.init_from, placeholder="(scratch) or RUN[:STEP] to fine-tune", id="nr-init")
+                yield Select([("LoRA", "lora"), ("full", "full")], value="lora", allow_blank=False,
+                             id="nr-finetune")
             yield Static("", id="nr-estimate")
             yield Static("", id="nr-error", classes="error")
             with Horizontal(classes="dialog-buttons"):
@@ -138,14 +151,17 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
             sets = shlex.split(self.query_one("#nr-overrides", Input).value)
         except ValueError:
             sets = self.query_one("#nr-overrides", Input).value.split()
+        init_from = self.query_one("#nr-init", Input).value.strip()
         return RunRequest(preset=str(self.query_one("#nr-preset", Select).value),
                           corpus=self.query_one("#nr-corpus", Input).value.strip(),
                           name=self.query_one("#nr-name", Input).value.strip(),
-                          overrides=[s.removeprefix("--set=") for s in sets if s != "--set"])
+                          overrides=[s.removeprefix("--set=") for s in sets if s != "--set"],
+                          init_from=init_from,
+                          finetune=str(self.query_one("#nr-finetune", Select).value) if init_from else "")
 
     def action_start(self) -> None:
         req = self.request()
-        err = check_request(req)
+        err = check_request(req, self.runs_dir)
         if err:
             self.query_one("#nr-error", Static).update(err)
             return

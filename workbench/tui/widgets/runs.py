@@ -28,6 +28,18 @@ from workbench.tui.screens.more_steps import MoreStepsScreen
 from workbench.tui.widgets.pane import Pane
 
 
+def source_text(run: RunSummary) -> str:
+    """Where a run's weights came from: '  source SmolLM2-135M (LlamaForCausalLM); LoRA from smol at step 0'."""
+    parts = []
+    if run.source:
+        name = run.source if run.source.startswith("run ") else Path(run.source).name
+        parts.append(f"source {name}" + (f" ({run.architecture})" if run.architecture else ""))
+    if run.init:
+        how = "LoRA" if run.finetune == "lora" else "full fine-tune"
+        parts.append(f"{how} from {run.init.replace('@', ' at step ')}")
+    return ("  " + "; ".join(parts)) if parts else ""
+
+
 class RunsPane(Vertical, Pane):
     MAIN_WIDGET = "#runs-table"
     BINDINGS = [
@@ -38,6 +50,7 @@ class RunsPane(Vertical, Pane):
         Binding("c", "resume('chosen')", "From ckpt"),
         Binding("plus", "more", "More"),
         Binding("s", "sample", "Sample"),
+        Binding("t", "fine_tune", "Fine-tune", show=False),  # (in the palette too) the footer fits 80 columns
         Binding("l", "curves", "Curves"),
         Binding("d", "delete", "Delete"),
         Binding("f", "refresh", "Refresh", show=False),
@@ -58,6 +71,11 @@ class RunsPane(Vertical, Pane):
         """Sample from the run in the Sample pane: from ``checkpoint`` (a step), or its latest."""
         run_id: str
         checkpoint: str | None = None
+
+    @dataclass
+    class FineTuneRequested(Message):
+        """Open the new-run form to train from ``init_from`` (RUN:STEP), fully or with LoRA."""
+        init_from: str
 
     @dataclass
     class DeleteRequested(Message):
@@ -133,7 +151,8 @@ class RunsPane(Vertical, Pane):
             return
         msg = Text.assemble((run.id, "bold"), "  ", Text.from_markup(fmt.state_markup(run.state)),
                             f"  preset {run.preset}  {len(run.checkpoints)} checkpoint(s)",
-                            (f"  branched from {run.parent.replace('@', ' at step ')}" if run.parent else "", "cyan"))
+                            (f"  branched from {run.parent.replace('@', ' at step ')}" if run.parent else "", "cyan"),
+                            (source_text(run), "magenta"))
         if run.error and run.state in ("failed", "crashed"):
             msg.append(f"\n{run.error}", style="red")
         detail.update(msg)
@@ -217,6 +236,16 @@ class RunsPane(Vertical, Pane):
         if (rid := self._selected_run()):
             ck = self._checkpoint_focused()
             self.post_message(self.SampleRequested(rid, str(ck["step"]) if ck else None))
+
+    def action_fine_tune(self) -> None:
+        """Start a new run from the checkpoint under the cursor (its table focused), else the run's latest."""
+        if not (rid := self._selected_run()):
+            return
+        if not self.summaries[rid].checkpoints:
+            self.notify(f"{rid} has no checkpoint to start from.", severity="warning")
+            return
+        ck = self._checkpoint_focused() or self.summaries[rid].checkpoints[-1]
+        self.post_message(self.FineTuneRequested(f"{rid}:{ck['step']}"))
 
     def action_curves(self) -> None:
         if (rid := self._selected_run()):
