@@ -138,6 +138,10 @@ def test_memory_near_the_gpu_limit_and_out_of_memory(tmp_path):
     [f] = diagnose_run(d2, snap())
     assert f.code == "memory.oom" and f.severity == "high" and f.set == {"train.batch_size": 2,
                                                                          "train.grad_accum": 2}
+    assert f.command.startswith("workbench train ")  # no checkpoint yet: a new run
+    (d2 / "checkpoints" / "step_0000002").mkdir(parents=True)
+    (d2 / "checkpoints" / "step_0000002" / "meta.json").write_text(json.dumps({"step": 2}))
+    [f] = diagnose_run(d2, snap())
     assert f.command == "workbench resume oom --set train.batch_size=2 train.grad_accum=2"  # it can go on
 
 

@@ -26,6 +26,7 @@ from workbench.rundir import (
     EventRecord,
     MetricsTail,
     TrainRecord,
+    list_checkpoints,
     read_status,
 )
 
@@ -158,8 +159,10 @@ class Context:
 
     def apply_command(self, values: dict[str, Any]) -> str:
         """The command that applies ``values``: a resume of this run where it can take them (a run that
-        stopped or failed part-way, with training, hardware or dropout changes), else a new run of its preset."""
+        stopped or failed part-way, with training, hardware or dropout changes, from a checkpoint), else a new
+        run of its preset."""
         f = self.facts
-        if f.state in ("stopped", "failed", "crashed") and all(resumable(k) for k in values):
+        if (f.state in ("stopped", "failed", "crashed") and all(resumable(k) for k in values)
+                and list_checkpoints(f.run_dir)):
             return resume_command(f.run_id, values)
         return new_run_command(f.run_dir, values)
