@@ -7,6 +7,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -88,6 +89,18 @@ def test_runs_lists_the_run(trained_run):
     assert abs(r["mem_err_pct"]) < 15, r
     table = wb("runs", "--runs-dir", str(trained_run.parent), check=True).stdout
     assert "tiny" in table and "finished" in table and "60/60" in table and "EST MB" in table
+
+
+def test_peak_memory_is_the_trainers_own_not_its_launchers():
+    """getrusage's ru_maxrss keeps the launching process's high-water mark across fork and exec; a trainer
+    started from a large process (the TUI, this test session) must not report that memory as its own."""
+    code = ("import subprocess, sys; ballast = bytearray(1536 * 2**20); ballast[::4096] = b'x' * len(ballast[::4096]); "
+            "print(subprocess.run([sys.executable, '-c', 'from workbench.train.runtime import peak_rss_mb; "
+            "print(peak_rss_mb())'], capture_output=True, text=True, check=True).stdout)")
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    child_peak = float(cp.stdout.strip())
+    assert 20 < child_peak < 1024, child_peak  # torch imported (~300 MB here), not the parent's 1.5 GB
 
 
 def test_detach_stop_resume(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import sys
 
 import psutil
 import torch
@@ -60,8 +61,22 @@ def memory_mb(device: torch.device) -> tuple[float, dict[str, float]]:
     if device.type == "mps":
         alloc = torch.mps.current_allocated_memory() / 2**20
         return alloc, {"mem_allocated_mb": alloc, "mem_rss_mb": rss}
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    return rss, {"mem_rss_mb": rss, "mem_peak_rss_mb": peak_rss}
+    return rss, {"mem_rss_mb": rss, "mem_peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak RSS. On Linux from /proc (VmHWM): getrusage's ru_maxrss keeps the
+    high-water mark of the process that launched it across fork and exec, so a trainer started from a
+    large process (the TUI, a test session) would report that process's memory as its own."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 1024  # bytes on macOS, KiB elsewhere
 
 
 OOM_MARKERS = ("CUDA out of memory", "MPS backend out of memory", "out of memory")
