@@ -52,9 +52,16 @@ def model_differences(preset_model: dict, ckpt_model: dict) -> list[str]:
             for k in SHAPE_KEYS if k in ckpt_model and ckpt_model.get(k) != preset_model.get(k)]
 
 
+def being_trained(run_dir) -> rundir.RunError:
+    return rundir.RunError(f"run {run_dir.name} is already being trained; "
+                           f"stop it first with `workbench stop {run_dir.name}`")
+
+
 def run(args) -> int:
     root = rundir.runs_root(getattr(args, "runs_dir", None))
     run_dir = rundir.resolve_run(root, args.run)
+    if not rundir.list_checkpoints(run_dir) and rundir.RunLock(run_dir).held_by_other():
+        raise being_trained(run_dir)  # before "no checkpoint yet": the run is young, not broken
     ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
     if ckpt.get("reason") == "import":
         raise rundir.RunError(f"run {run_dir.name} is a model brought in by `workbench import`, not a run to "
@@ -72,8 +79,7 @@ def run(args) -> int:
             print(f"note: no checkpoint at step {start}, where the decay began; going on from {ckpt['name']}")
     branching = not is_latest(run_dir, ckpt)
     if not branching and rundir.RunLock(run_dir).held_by_other():
-        raise rundir.RunError(f"run {run_dir.name} is already being trained; "
-                              f"stop it first with `workbench stop {run_dir.name}`")
+        raise being_trained(run_dir)
     if args.name and not branching:
         raise rundir.RunError(f"--name names a new run, made when resuming from a checkpoint other than the latest; "
                               f"{ckpt['name']} is {run_dir.name}'s latest, so it continues in place")
