@@ -112,6 +112,19 @@ def test_a_lora_run_measured_beside_its_estimate(lora_run, capsys):
     rc, out, _ = cli(capsys, "runs", "--json", "--runs-dir", str(lora_run.root))
     r = next(x for x in json.loads(out) if x["id"] == "lora")
     assert r["finetune"] == "lora" and r["init"] == "llama-gqa-tied@0"
-    assert r["est_mem_mb"] and r["mem_mb"] and abs(r["mem_err_pct"]) < 35
+    # Measured here: +29 % (the trainer's own peak RSS), where a plain run of the same size measures -4 to
+    # -10 %: a fine-tune's start holds ~120 MB more than the estimate counts (not yet attributed).
+    assert r["est_mem_mb"] and r["mem_mb"] and abs(r["mem_err_pct"]) < 35, r["mem_err_pct"]
     p = load_preset_file(lora_run.run_dir / "preset.toml")
     assert p.train.finetune == "lora"
+
+
+def test_fit_init_from_sizes_the_batch_for_the_source_model(imported, tmp_path, monkeypatch, capsys):
+    """On a CPU by the estimate; the preset it writes trains with --init-from again (its model is the preset's)."""
+    monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path))
+    rc, out, err = cli(capsys, "fit", "cpu-small", "--init-from", "llama-gqa-tied", "--runs-dir", str(imported),
+                       "--set", "train.finetune=lora", "--out", "smol-lora")
+    assert rc == 0, err
+    assert "train with: workbench train smol-lora --init-from llama-gqa-tied" in out
+    p = load_preset_file(tmp_path / "smol-lora.toml")
+    assert p.train.finetune == "lora" and p.init is None and p.source is None and p.model.dim == 256

@@ -9,13 +9,16 @@ existing file unless --force, never over the source.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
-from workbench.commands.common import add_set_option
+from workbench.commands.common import add_init_from_option, add_set_option
 from workbench.config import check_preset_name, preset_source_path, resolve_preset, save_user_preset, user_presets_dir
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
 from workbench.plan.batch import fitted_preset, plan_accumulation
+from workbench.plan.finetune import init_preset, parse_init_from
+from workbench.rundir import runs_root
 
 MARGIN = 0.10  # keep this share of device memory free (fragmentation, eval, a longer run)
 
@@ -26,6 +29,7 @@ def register(sub) -> None:
                                    "on CUDA/MPS, the estimate on CPU), keep tokens per step with grad_accum, and "
                                    "write presets/<NAME>.toml.")
     p.add_argument("preset", help="preset name or path to a .toml file")
+    add_init_from_option(p)
     add_set_option(p)
     p.add_argument("--out", default=None, metavar="NAME", help="name of the new preset (default: <preset>-fit)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
@@ -39,6 +43,11 @@ def register(sub) -> None:
 
 def run(args) -> int:
     src = resolve_preset(args.preset, args.overrides)
+    source = None
+    if args.init_from:  # fit the run `train --init-from` would make (its model is the source's)
+        source = src
+        src = init_preset(src, parse_init_from(runs_root(getattr(args, "runs_dir", None)), args.init_from),
+                          args.overrides)
     if not 0 <= args.margin < 0.9:
         raise WorkbenchError(f"--margin {args.margin} must be between 0 and 0.9 (e.g. 0.1 keeps 10 % free)")
     if args.steps < 1:
@@ -70,6 +79,9 @@ def run(args) -> int:
             f"(`workbench estimate {src.name} --device {s.device_type}` shows where the memory goes)")
     batch, accum, note = plan_accumulation(seqs, r.best)
     new = fitted_preset(src, batch, accum, out_name, None if args.device == "auto" else s.device, note)
+    if source is not None:  # a preset to train with --init-from again: the source's model comes with that
+        new = dataclasses.replace(new, model=source.model, init=None, source=None,
+                                  data=dataclasses.replace(new.data, tokenizer=source.data.tokenizer))
     header = (f"Written by `workbench fit {src.name}` on {time.strftime('%Y-%m-%d %H:%M')} for {s.device} "
               f"({s.precision}).\n"
               f"Largest micro-batch that fits: {r.best} ({r.how}).\n"
@@ -83,5 +95,6 @@ def run(args) -> int:
           f"{batch * accum * T:,} tokens per step (was {seqs * T:,})")
     if note:
         print(f"note: {note}")
-    print(f"wrote {path}  (train with: workbench train {new.name})")
+    how = f" --init-from {args.init_from}" if args.init_from else ""
+    print(f"wrote {path}  (train with: workbench train {new.name}{how})")
     return 0

@@ -85,8 +85,11 @@ def init_preset(p: Preset, src: InitSource, overrides: list[str]) -> Preset:
         raise RunError(f"run {src.run} has no tokenizer.json or tokenizer.model to encode the new corpus with")
     source = dict(src.preset.source) if src.preset.source else {"model": f"run {src.run}"}
     data = dataclasses.replace(p.data, tokenizer=str(tok))
-    out = dataclasses.replace(p, model=model, data=data, init={"run": src.run, "step": int(src.ckpt["step"])},
-                              source=source)
+    step = int(src.ckpt["step"])
+    what = "LoRA" if p.train.finetune == "lora" else "full"
+    out = dataclasses.replace(p, model=model, data=data, init={"run": src.run, "step": step}, source=source,
+                              description=f"{what} fine-tune of {Path(source['model']).name} (run {src.run} step "
+                                          f"{step}) with preset {p.name}")
     return preset_from_dict(out.to_dict(), f"{p.name} --init-from {src.run}", name=p.name)  # the rules again
 
 
