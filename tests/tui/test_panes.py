@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from textual.widgets import DataTable, Input, Log, RichLog, Select, SelectionList, Static, TextArea
+from textual.widgets import DataTable, Input, RichLog, Select, SelectionList, Static, TextArea
 
 from .conftest import make_app, notified, run, text_of, wait_for
 
@@ -68,7 +68,7 @@ def test_monitor_follows_a_live_run_and_new_records(live_runs_dir):
             assert "25.6k" in stats and "1.2%" in stats and "310 MiB" in stats and "1.00e-03" in stats
             assert "running" in text_of(app.query_one("#mon-state"))
             assert "checkpoint" in _log_text(app.query_one("#mon-events", RichLog))
-            assert "step   120 | loss" in _log_text(app.query_one("#mon-log", Log))
+            assert "step   120 | loss" in _log_text(app.query_one("#mon-log", RichLog))
             # the trainer writes more: the pane follows
             with open(live_runs_dir / "delta" / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"kind": "train", "step": 130, "loss": 3.25, "tokens_per_s": 30000.0,
@@ -83,7 +83,7 @@ def test_monitor_follows_a_live_run_and_new_records(live_runs_dir):
             assert "30k" in stats and "skipped   2" in stats.replace("skipped  ", "skipped   ")
             assert "step 130 / 400" in text_of(app.query_one("#mon-progress-text"))
             await wait_for(pilot, lambda: "loss was inf" in _log_text(app.query_one("#mon-events", RichLog)))
-            assert "step   130 | loss 3.2500" in _log_text(app.query_one("#mon-log", Log))
+            assert "step   130 | loss 3.2500" in _log_text(app.query_one("#mon-log", RichLog))
             # stop asks first; "n" leaves the run alone (never say yes: delta's pid is this test)
             await pilot.press("x")
             await pilot.pause()
@@ -470,18 +470,40 @@ def test_train_log_shows_its_newest_lines_after_the_pane_was_hidden_and_resized(
         app = make_app(live_runs_dir, initial_tab="train")
         async with app.run_test(size=(100, 30)) as pilot:
             await wait_for(pilot, lambda: app.monitored == "delta")
-            log = app.query_one("#mon-log", Log)
-            await wait_for(pilot, lambda: log.line_count >= 12, what="the first lines")
+            log = app.query_one("#mon-log", RichLog)
+            await wait_for(pilot, lambda: len(log.lines) >= 12, what="the first lines")
             await pilot.press("4")
             with open(live_runs_dir / "delta" / "train.log", "a") as f:
                 f.write("".join(f"later line {i}\n" for i in range(60)))
-            await wait_for(pilot, lambda: "later line 59" in _log_text(log), what="lines read while hidden")
+            # read while hidden (the log renders them, wrapped, once it has a size again)
+            await wait_for(pilot, lambda: app.query_one("#tabs").active == "curves", what="the curves tab")
             await pilot.resize_terminal(80, 24)  # the tmux window shrinks meanwhile
             await wait_for(pilot, lambda: tuple(app.size) == (80, 24), what="the resize")
             await pilot.press("3")
+            await wait_for(pilot, lambda: "later line 59" in _log_text(log), what="the lines read while hidden")
             await wait_for(pilot, lambda: app.query_one("#tabs").active == "train" and log.size.height > 0
                            and log.scroll_y == log.max_scroll_y > 0,
                            what=f"the log at its end (scroll {log.scroll_y} of {log.max_scroll_y})")
+    run(go())
+
+
+def test_a_long_train_log_line_wraps_at_the_panes_width(live_runs_dir):
+    """A traceback or a warning with a path is read whole: wrapped, never cut or scrolled sideways."""
+    async def go():
+        app = make_app(live_runs_dir, initial_tab="train")
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: app.monitored == "delta")
+            log = app.query_one("#mon-log", RichLog)
+            await wait_for(pilot, lambda: len(log.lines) >= 12, what="the first lines")
+            words = " ".join(f"/very/long/path/part{i}" for i in range(12)) + " END-OF-THE-LONG-LINE"
+            with open(live_runs_dir / "delta" / "train.log", "a") as f:
+                f.write(f"UserWarning: {words}\n")
+            await wait_for(pilot, lambda: "END-OF-THE-LONG-LINE" in _log_text(log), what="the line's end")
+            width = log.scrollable_content_region.width
+            assert 10 < width < len(words)  # the line is longer than the pane ...
+            assert log.max_scroll_x == 0  # ... and nothing needs a sideways scroll
+            tail = [strip.text for strip in log.lines if "part" in strip.text or "END-OF" in strip.text]
+            assert len(tail) >= 3 and all(len(t.rstrip()) <= width for t in tail), tail
     run(go())
 
 

@@ -18,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.widgets import Label, Log, ProgressBar, RichLog, Select, Static
+from textual.widgets import Label, ProgressBar, RichLog, Select, Static
 
 from workbench.rundir import LIVE_STATES, EventRecord, TrainRecord
 from workbench.tui import fmt
@@ -164,6 +164,7 @@ class MonitorPane(Vertical, Pane):
         self.shown: RunData | None = None  # the run shown
         self.presets: dict[str, str] = {}  # run id -> its preset's name, for the header
         self._events_shown = 0
+        self._log_pending: list[str] = []  # train.log lines read while the log had no width
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="mon-top"):
@@ -176,11 +177,13 @@ class MonitorPane(Vertical, Pane):
         yield HealthBox(self.runs_dir, id="mon-health")
         with Horizontal(id="mon-bottom"):
             yield RichLog(id="mon-events", max_lines=500, auto_scroll=True, wrap=False)
-            yield Log(id="mon-log", max_lines=2000, auto_scroll=True)
+            # wrap: a long line (a traceback, a warning with a path) is read whole, not cut at the edge
+            yield RichLog(id="mon-log", max_lines=2000, auto_scroll=True, wrap=True, markup=False,
+                          highlight=False, min_width=10)  # min_width: wrap at the pane's width, however narrow
 
     def on_mount(self) -> None:
         self.query_one("#mon-events", RichLog).border_title = "events"
-        self.query_one("#mon-log", Log).border_title = "train.log"
+        self.query_one("#mon-log", RichLog).border_title = "train.log"
         self.show_run(None)  # until a run is chosen: say how to start one
 
     def set_runs(self, run_ids: list[str], current: str | None, presets: dict[str, str] | None = None) -> None:
@@ -200,7 +203,8 @@ class MonitorPane(Vertical, Pane):
         self.query_one(HealthBox).follow(d.run_id if d else None, d.state if d else "?")
         if reset:
             self.query_one("#mon-events", RichLog).clear()
-            self.query_one("#mon-log", Log).clear()
+            self.query_one("#mon-log", RichLog).clear()
+            self._log_pending.clear()
             self._events_shown = 0
         if d is None:
             self.query_one("#mon-state", Label).update("")
@@ -233,7 +237,8 @@ class MonitorPane(Vertical, Pane):
 
     def follow_tails(self) -> None:
         """Show the newest events and train.log lines (after the pane was hidden or resized)."""
-        for log in (self.query_one("#mon-events", RichLog), self.query_one("#mon-log", Log)):
+        self._flush_log()
+        for log in (self.query_one("#mon-events", RichLog), self.query_one("#mon-log", RichLog)):
             if log.auto_scroll:
                 log.scroll_end(animate=False, immediate=True, x_axis=False)
 
@@ -241,8 +246,18 @@ class MonitorPane(Vertical, Pane):
         self.call_after_refresh(self.follow_tails)
 
     def append_log(self, lines: list[str]) -> None:
-        if lines:
-            self.query_one("#mon-log", Log).write_lines(lines)
+        self._log_pending.extend(lines)
+        self._flush_log()
+
+    def _flush_log(self) -> None:
+        """Write the lines read so far, once the log has a width: a hidden pane has none, and a line
+        written then would be wrapped at a few columns for good."""
+        log = self.query_one("#mon-log", RichLog)
+        if not self._log_pending or log.scrollable_content_region.width < 8:
+            return
+        for line in self._log_pending:
+            log.write(Text(line))  # as text: brackets in a log line are not markup
+        self._log_pending.clear()
 
     # ------------------------------------------------------------------ actions on the run shown
 
