@@ -201,7 +201,9 @@ def test_compiled_run_with_fused_loss_saves_plain_state_dict(compiled_runs, mode
 @pytest.mark.slow
 def test_a_resume_compiles_warm_from_the_runs_inductor_cache(compiled_runs, tmp_path, monkeypatch):
     """README: the compile cache lives in runs/<id>/cache/inductor, so a resume compiles warm. Measured as
-    CPU time (compile included): cold 37 s, warm 8.5 s here; start to first step (quiet) 35 s and 5 s."""
+    CPU time (compile included, the compile workers too) and as start to first step: in a fresh CI clone
+    cold 41 s / warm 23 s CPU and 31.5 s / 12.3 s to the first step (in a long-used checkout 37 / 8.5 and
+    35 / 5). A resume that compiled cold would take as long as the first start (ratios near 1)."""
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     src, cold, _ = compiled_runs["all but the loss"]
     d = tmp_path / src.name
@@ -213,7 +215,7 @@ def test_a_resume_compiles_warm_from_the_runs_inductor_cache(compiled_runs, tmp_
     assert [r["event"] for r in recs if r.get("event") in ("start", "resume")] == ["start", "resume"]
     to_first_step = [r["seconds"] for r in recs if r.get("event") == "compile_done"]
     assert len(to_first_step) == 2 and rundir.read_status(d)["step"] == 6
-    assert warm < cold / 2, (cold, warm, to_first_step)
+    assert warm < 0.75 * cold and to_first_step[1] < 0.6 * to_first_step[0], (cold, warm, to_first_step)
 
 
 def test_compile_auto_pays_only_where_it_pays_back():
