@@ -465,13 +465,19 @@ def test_presets_editor_works_without_a_toml_grammar(runs_dir, monkeypatch):
     run(go())
 
 
+async def _train_log_shown(pilot, app) -> RichLog:
+    """The Train pane following the live run delta, its train.log read: the log widget."""
+    await wait_for(pilot, lambda: app.monitored == "delta")
+    log = app.query_one("#mon-log", RichLog)
+    await wait_for(pilot, lambda: len(log.lines) >= 12, what="the first lines")
+    return log
+
+
 def test_train_log_shows_its_newest_lines_after_the_pane_was_hidden_and_resized(live_runs_dir):
     async def go():
         app = make_app(live_runs_dir, initial_tab="train")
         async with app.run_test(size=(100, 30)) as pilot:
-            await wait_for(pilot, lambda: app.monitored == "delta")
-            log = app.query_one("#mon-log", RichLog)
-            await wait_for(pilot, lambda: len(log.lines) >= 12, what="the first lines")
+            log = await _train_log_shown(pilot, app)
             await pilot.press("4")
             with open(live_runs_dir / "delta" / "train.log", "a") as f:
                 f.write("".join(f"later line {i}\n" for i in range(60)))
@@ -492,9 +498,7 @@ def test_a_long_train_log_line_wraps_at_the_panes_width(live_runs_dir):
     async def go():
         app = make_app(live_runs_dir, initial_tab="train")
         async with app.run_test(size=(80, 24)) as pilot:
-            await wait_for(pilot, lambda: app.monitored == "delta")
-            log = app.query_one("#mon-log", RichLog)
-            await wait_for(pilot, lambda: len(log.lines) >= 12, what="the first lines")
+            log = await _train_log_shown(pilot, app)
             words = " ".join(f"/very/long/path/part{i}" for i in range(12)) + " END-OF-THE-LONG-LINE"
             with open(live_runs_dir / "delta" / "train.log", "a") as f:
                 f.write(f"UserWarning: {words}\n")
