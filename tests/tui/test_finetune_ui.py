@@ -13,7 +13,7 @@ from workbench.tui import launcher
 from workbench.tui.launcher import RunRequest
 
 from .conftest import make_app, run, text_of, wait_for
-from .test_panes import palette_top
+from .test_panes import run_palette_command
 
 SMOL_PRESET = """name = "SmolTest"
 [source]
@@ -124,11 +124,7 @@ def test_palette_imports_a_model(runs_dir, monkeypatch, tmp_path):
         app = make_app(runs_dir)
         async with app.run_test(size=(120, 36)) as pilot:
             await wait_for(pilot, lambda: app.summaries)
-            await pilot.press("ctrl+p")
-            await pilot.pause()
-            await pilot.press(*"import model")
-            await wait_for(pilot, lambda: palette_top(app) == "Import model…", what="the command")
-            await pilot.press("enter")
+            await run_palette_command(pilot, app, "import model", "Import model…")
             await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ImportModelScreen", what="the dialog")
             screen = app.screen
             screen.query_one("#im-dir", Input).value = str(model)

@@ -26,6 +26,15 @@ def palette_top(app) -> str | None:
     return (prompt.plain if hasattr(prompt, "plain") else str(prompt)).split("\n")[0]  # the help is below
 
 
+async def run_palette_command(pilot, app, typed: str, command: str) -> None:
+    """Open the command palette, type ``typed``, wait until ``command`` is the one highlighted, run it."""
+    await pilot.press("ctrl+p")
+    await pilot.pause()
+    await pilot.press(*typed)
+    await wait_for(pilot, lambda: palette_top(app) == command, what=f"the command {command!r}")
+    await pilot.press("enter")
+
+
 def _log_text(log) -> str:
     if isinstance(log, RichLog):
         return "\n".join(strip.text for strip in log.lines)
@@ -372,17 +381,10 @@ def test_command_palette_runs_workbench_actions(runs_dir):
         app = make_app(runs_dir)
         async with app.run_test(size=(120, 36)) as pilot:
             await wait_for(pilot, lambda: app.summaries)
-            await pilot.press("ctrl+p")
-            await pilot.pause()
-            await pilot.press(*"toggle log scale")
-            await wait_for(pilot, lambda: palette_top(app) == "Loss curves: toggle log scale", what="the command")
-            await pilot.press("enter")
+            await run_palette_command(pilot, app, "toggle log scale", "Loss curves: toggle log scale")
             await wait_for(pilot, lambda: app.query_one("#curves-pane").log_y)
             assert app.query_one("#tabs").active == "curves"
-            await pilot.press("ctrl+p")
-            await pilot.press(*"go to runs")
-            await wait_for(pilot, lambda: palette_top(app) == "Go to Runs", what="the command")
-            await pilot.press("enter")
+            await run_palette_command(pilot, app, "go to runs", "Go to Runs")
             await wait_for(pilot, lambda: app.query_one("#tabs").active == "runs")
     run(go())
 
