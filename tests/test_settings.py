@@ -37,8 +37,10 @@ def consumers(preset_name: str, machine: Machine, *overrides: str) -> dict[str, 
 
 @pytest.mark.parametrize("machine,expected", [
     (A100, dict(device="cuda", precision="bf16", autocast="bf16", grad_scaler=False, tf32=True, attention="flash",
-                fused_optimizer=True, loss_chunk_tokens=0, compile=True, compile_mode="whole model")),
-    (T4, dict(device="cuda", precision="fp16", autocast="fp16", grad_scaler=True, fused_optimizer=True)),
+                fused_optimizer=True, loss_chunk_tokens=0, compile=True, compile_mode="whole model",
+                nonfinite_check="device", attention_kernel="auto", deterministic=False)),
+    (T4, dict(device="cuda", precision="fp16", autocast="fp16", grad_scaler=True, fused_optimizer=True,
+              nonfinite_check="host")),  # fp16's GradScaler keeps its own check
     (M4, dict(device="mps", precision="bf16", autocast="bf16", tf32=False, attention="math", fused_optimizer=False,
               loss_chunk_tokens=0, compile=False, compile_mode="off")),
     (LAPTOP, dict(device="cpu", precision="fp32", autocast=None, tf32=False, attention="flash", fused_optimizer=True,
@@ -74,3 +76,17 @@ def test_impossible_requests_are_refused_by_the_one_resolver():
     # a process layout of 0 is auto: one process per GPU, or per physical core on a CPU
     s = resolve_settings(resolve_preset("cpu-small", ["hardware.nproc=0"]), LAPTOP)
     assert (s.nproc, s.world_size, s.micro_batch) == (2, 2, 4)
+
+
+def test_kernel_choices_reach_the_settings_and_determinism_picks_the_attention_kernel():
+    """hardware.compile_kernels and attention_kernel are passed on as they are (on CUDA); hardware.deterministic
+    on CUDA means the memory-efficient attention kernel unless one is named, and nothing on a CPU."""
+    def s(machine, *over):
+        return resolve_settings(resolve_preset("medium", list(over)), machine, peak=peak)
+    assert s(A100, "hardware.compile_kernels=max-autotune").compile_kernels == "max-autotune"
+    assert s(A100, "hardware.attention_kernel=cudnn").attention_kernel == "cudnn"
+    det = s(A100, "hardware.deterministic=true")
+    assert det.deterministic and det.attention_kernel == "efficient"
+    assert s(A100, "hardware.deterministic=true", "hardware.attention_kernel=flash").attention_kernel == "flash"
+    cpu = s(LAPTOP, "hardware.deterministic=true", "hardware.attention_kernel=cudnn")
+    assert (cpu.deterministic, cpu.attention_kernel) == (False, "auto")

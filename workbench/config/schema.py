@@ -161,6 +161,23 @@ class HardwareConfig:
                            "the fp32 logits would exceed 1 GiB), true or false.", choices=("auto", "true", "false"))
     fused_adamw: str = _f("auto", "Fused AdamW kernel: auto (on for CUDA and CPU), true or false.",
                           choices=("auto", "true", "false"))
+    compile_kernels: str = _f("default", "torch.compile's mode: default; reduce-overhead (CUDA graphs: fewer kernel "
+                              "launches, more memory); max-autotune (also tries Triton matmul kernels: a much longer "
+                              "first compile); max-autotune-no-cudagraphs.",
+                              choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+    attention_kernel: str = _f("auto", "Which CUDA kernel scaled_dot_product_attention uses: auto (torch's choice), "
+                               "flash, cudnn or efficient (the others switched off; bench/attention_kernels.py "
+                               "times each on your GPU). No effect off CUDA.",
+                               choices=("auto", "flash", "cudnn", "efficient"))
+    deterministic: bool = _f(False, "Bit-for-bit reproducible steps on CUDA (a run, and a run killed and resumed, "
+                             "give the same losses): torch's deterministic algorithms, cuBLAS's fixed workspace, "
+                             "and the memory-efficient attention kernel (its backward has a deterministic mode; "
+                             "flash and cuDNN accumulate with atomics). Slower. CPU runs are deterministic anyway.")
+    nonfinite_check: str = _f("auto", "Where a step with a non-finite loss or gradient is caught and skipped: host "
+                              "(the loss and gradient norm are copied to the CPU before every update: one wait for the "
+                              "GPU per step), device (the fused AdamW kernel skips the update itself; the loop "
+                              "learns of it a step later) or auto (device where it can: one process, fused AdamW, "
+                              "no Muon, no fp16 GradScaler).", choices=("auto", "host", "device"))
     num_threads: int = _f(0, "CPU threads for torch; 0 = torch's default (torchrun sets 1 per process).", min=0)
     nproc: int = _f(1, "Trainer processes on this machine; > 1 trains data-parallel under torchrun (DDP; NCCL "
                        "on CUDA, one GPU each; gloo on CPU, one thread each). 0 = auto: one per GPU, or on a "

@@ -54,6 +54,10 @@ class RunSettings:
     micro_batch: int             # sequences per process per micro-batch
     parallel: str                # none | ddp | fsdp
     peak_flops: float | None     # for MFU and the compile rule
+    attention_kernel: str = "auto"    # auto | flash | cudnn | efficient: the CUDA SDPA backend
+    deterministic: bool = False       # CUDA: deterministic algorithms (hardware.deterministic)
+    compile_kernels: str = "default"  # torch.compile's mode (default | reduce-overhead | max-autotune ...)
+    nonfinite_check: str = "host"     # host | device: where a non-finite step is caught (nonfinite_check())
     warnings: tuple[str, ...] = ()
 
     @property
@@ -116,6 +120,16 @@ def attention_kind(device: str, dropout: float) -> str:
     return "math" if dropout > 0 else "flash"
 
 
+def attention_kernel(setting: str, device_type: str, deterministic: bool) -> str:
+    """The CUDA SDPA backend: the preset's, or torch's choice (auto); with hardware.deterministic,
+    auto means the memory-efficient kernel, whose backward can run without atomics."""
+    if device_type != "cuda":
+        return "auto"
+    if deterministic and setting == "auto":
+        return "efficient"
+    return setting
+
+
 def fused_optimizer_wanted(setting: str, device: str, machine: Machine) -> bool:
     """auto: the fused AdamW kernel on CUDA and on CPU (+1 % for cpu-small, same state dict) where
     this torch has it; not on MPS (untested there)."""
@@ -172,6 +186,23 @@ def compile_mode(activation_checkpointing: bool, loss_chunk_tokens: int) -> str:
     if loss_chunk_tokens:
         return "all but the loss"
     return "whole model"
+
+
+def nonfinite_check(setting: str, *, world: int, fused_optimizer: bool, optimizer: str, grad_scaler: bool) -> str:
+    """Where a step with a non-finite loss or gradient norm is caught. host: both are copied to the
+    CPU before every update, which makes the CPU wait for the GPU once a step (it then has no work
+    queued while it launches the next step). device: the fused AdamW kernel is handed a flag it
+    checks itself (its found_inf argument, as a GradScaler uses it) and skips the update, step count
+    included; the loop reads the loss and norm a step later, or at once where it logs, evaluates or
+    saves. auto: device where that kernel does the whole update (one process, fused AdamW, no Muon,
+    no fp16 GradScaler, which keeps its own check); else host."""
+    can = world == 1 and fused_optimizer and optimizer == "adamw" and not grad_scaler
+    if setting == "device" and not can:
+        raise SettingsError("hardware.nonfinite_check = 'device' needs one process, fused AdamW, "
+                            "train.optimizer = adamw and no fp16; use auto or host")
+    if setting == "host":
+        return "host"
+    return "device" if can else "host"
 
 
 def process_layout(p: Preset, machine: Machine) -> tuple[int, str]:
@@ -249,12 +280,18 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
                   f"{CPU_COMPILE_MIN_SECONDS // 60} min, where a compile pays back")
     else:
         reason = "auto: off on MPS"
+    fused = fused_optimizer_wanted(h.fused_adamw, device, machine)
     return RunSettings(
         device=device, precision=precision, autocast=precision if precision in ("bf16", "fp16") else None,
         grad_scaler=precision == "fp16", tf32=bool(h.tf32 and kind == "cuda"),
         attention=attention_kind(device, m.dropout),
-        fused_optimizer=fused_optimizer_wanted(h.fused_adamw, device, machine),
+        fused_optimizer=fused,
         loss_chunk_tokens=chunk, activation_checkpointing=h.activation_checkpointing,
         compile=want_compile, compile_mode=compile_mode(h.activation_checkpointing, chunk) if want_compile else "off",
         compile_reason=reason, nproc=nproc, nproc_reason=nproc_reason, world_size=world, micro_batch=micro,
-        parallel=parallel, peak_flops=peak_value, warnings=tuple(warnings))
+        parallel=parallel, peak_flops=peak_value, compile_kernels=h.compile_kernels,
+        attention_kernel=attention_kernel(h.attention_kernel, kind, h.deterministic),
+        deterministic=h.deterministic and kind == "cuda",
+        nonfinite_check=nonfinite_check(h.nonfinite_check, world=world, fused_optimizer=fused,
+                                        optimizer=t.optimizer, grad_scaler=precision == "fp16"),
+        warnings=tuple(warnings))

@@ -54,14 +54,15 @@ def build(p: Preset, s: RunSettings, device: torch.device, dist: Dist, cache_dir
         if (dtype := amp_dtype(s)) is not None:
             cast_frozen(model, dtype)
     model = model.to(device)
+    kw = {} if s.compile_kernels == "default" else {"mode": s.compile_kernels}
     if s.compile:
         use_inductor_cache(cache_dir)
         # Each variant keeps the state dict's plain names (see plan.settings.compile_mode for why these three).
         if s.compile_mode == "per block":
             for block in model.layers:
-                block.compile()
+                block.compile(**kw)
         elif s.compile_mode == "all but the loss":
-            model.compile_hidden()
+            model.compile_hidden(**kw)
     train_forward: torch.nn.Module = model
     if s.parallel == "fsdp":
         dist.shard(model)  # in place: the parameters become shards, so the optimizer is built after this
@@ -69,7 +70,7 @@ def build(p: Preset, s: RunSettings, device: torch.device, dist: Dist, cache_dir
         ids = [device.index] if device.type == "cuda" else None
         train_forward = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
     if s.compile and s.compile_mode == "whole model":
-        train_forward = torch.compile(train_forward)
+        train_forward = torch.compile(train_forward, **kw)
     optimizer = build_optimizer(model, p.train, fused=s.fused_optimizer)
     scaler = torch.amp.GradScaler(device.type, enabled=s.grad_scaler)
     trainable = sum(q.numel() for q in model.parameters() if q.requires_grad)

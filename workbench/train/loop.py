@@ -9,6 +9,9 @@ One iteration (the order matters for exact resume):
     lr for this step -> grad_accum micro-batches forward/backward -> unscale + clip ->
     finite check (skip the update if not) -> optimizer step -> step += 1 -> log ->
     eval (+ sample) -> checkpoint -> stop request?
+The finite check runs on the host (the loss is copied to the CPU before the update) or, on a GPU
+with fused AdamW, inside the optimizer's kernel; then the loop reads each step's loss one step
+later, and at once before a log line, an eval, a checkpoint or a stop (``settle``).
 A checkpoint is taken after all of that, so the state it holds is exactly the state the next
 iteration starts from.
 """
@@ -22,6 +25,7 @@ import os
 import random
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +53,15 @@ from workbench.train.sample import generate_text
 from workbench.train.state import TrainerState
 from workbench.train.tokenizer import tokenizer_file
 from workbench.train.trainer_io import CheckpointIO, failure_message
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    lr: float
+    loss: float
+    grad_norm: float
+    finite: bool
 
 
 class TrainError(WorkbenchError):
@@ -92,6 +105,9 @@ class Trainer:
         self.consecutive_skips = 0
         self.data_s = 0.0                           # this step's time drawing batches and moving them
         self.last_loss: float | None = None         # the last finite training loss
+        self.result: StepResult | None = None       # the newest step whose loss is on the host
+        self.rollback_due = False                   # train.max_skips non-finite steps in a row were read
+        self.pending: tuple | None = None           # (step, lr, [loss, grad norm, bad]) still on the device
         self.compile_reported = False
         self.stop_requested = False                 # SIGTERM or Ctrl-C seen by this process
         self.stop_agreed = False                    # ... by some rank (every rank stops at the same step)
@@ -209,8 +225,10 @@ class Trainer:
                             f"({ev.val_bpb:.3f} bits/byte)")
         self.throughput.reset()
         while self.state.step < t.max_iters:
-            lr, loss, grad_norm, finite = self.train_step()
-            if not finite and self.consecutive_skips >= t.max_skips:
+            self.train_step()
+            if self.settle_due(self.state.step):
+                self.settle()
+            if self.rollback_due:
                 self.rollback_or_fail()
                 self.throughput.reset()
                 continue
@@ -222,7 +240,8 @@ class Trainer:
                 self.report.event("compile_done", self.state.step, seconds=round(now - self.started, 1))
                 self.report.status(compiling=False)
             if self.state.step % t.log_interval == 0 or self.state.step == t.max_iters:
-                self.log_step(lr, loss if finite else None, grad_norm, now)
+                r = self.result  # this step's: settled above
+                self.log_step(r.lr, r.loss if r.finite else None, r.grad_norm, now)
             self.faults.after_step(self.state.step)
             evaluated, saved, early_stop = self.maybe_evaluate()
             if early_stop:
@@ -242,8 +261,10 @@ class Trainer:
                 self.throughput.start(time.time())  # leave eval and save time out of the rate
         return "finished"
 
-    def train_step(self) -> tuple[float, float, float, bool]:
-        """One optimizer step: (lr, mean loss, gradient norm, whether both were finite)."""
+    def train_step(self) -> None:
+        """One optimizer step. With the host check its result is known when this returns (in
+        ``self.result``); with the device check the GPU decides whether to apply the update, and the
+        result is read a step later (or by :meth:`settle`), so the CPU never waits for the GPU here."""
         t, b, st = self.preset.train, self.built, self.state
         factor = lr_factor(st.step, self.preset) * st.lr_scale
         b.optimizer.set_lr(factor)  # every group at the same share of its own peak
@@ -274,8 +295,20 @@ class Trainer:
         else:
             grad_norm = torch.linalg.vector_norm(torch.stack([q.grad.detach().norm() for q in params
                                                               if q.grad is not None]))
-        # One host sync per step: the non-finite guard needs to know before the update. Under DDP the
-        # same sync averages the loss over ranks and agrees on a stop request.
+        if self.settings.nonfinite_check == "device":
+            bad = ~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))
+            b.optimizer.step_unless(bad)  # the kernel skips a non-finite update, step count included
+            b.optimizer.zero_grad(set_to_none=True)
+            st.step += 1
+            st.tokens_seen += self.tokens_per_step
+            # Read the step before this one: the GPU has finished it by now, so this waits for nothing.
+            before, self.pending = self.pending, (st.step, lr, torch.stack([loss_sum.float(), grad_norm.float(),
+                                                                            bad.float()]))
+            if before is not None:
+                self._account(before[0], before[1], *before[2].tolist())
+            return
+        # The host check: one sync per step, to know before the update. Under DDP the same sync
+        # averages the loss over ranks and agrees on a stop request.
         if self.dist.enabled:
             vec = self.dist.sum_(torch.stack([loss_sum.float(), torch.tensor(float(self.stop_requested),
                                                                              device=self.device)]))
@@ -288,22 +321,43 @@ class Trainer:
         if finite:
             b.optimizer.step(b.scaler)
             b.scaler.update()
-            self.consecutive_skips = 0
-            self.last_loss = loss_val
-        else:
-            st.skipped_total += 1
-            self.consecutive_skips += 1
-            if self.settings.grad_scaler:
-                b.scaler.update()
+        elif self.settings.grad_scaler:
+            b.scaler.update()
         b.optimizer.zero_grad(set_to_none=True)
         st.step += 1
         st.tokens_seen += self.tokens_per_step
-        if not finite:
-            self.report.event("nonfinite_skip", st.step, loss=loss_val if math.isfinite(loss_val) else None,
+        self._account(st.step, lr, loss_val, gn, 0.0 if finite else 1.0)
+
+    def _account(self, step: int, lr: float, loss: float, gn: float, bad: float) -> None:
+        """What the loop keeps of a step once its loss and gradient norm are on the host."""
+        finite = not bad
+        st = self.state
+        if finite:
+            self.consecutive_skips = 0
+            self.last_loss = loss
+        else:
+            st.skipped_total += 1
+            self.consecutive_skips += 1
+            self.report.event("nonfinite_skip", step, loss=loss if math.isfinite(loss) else None,
                               grad_norm=gn if math.isfinite(gn) else None, consecutive=self.consecutive_skips)
-            self.report.log(f"step {st.step}: non-finite loss or gradient norm, update skipped "
+            self.report.log(f"step {step}: non-finite loss or gradient norm, update skipped "
                             f"({self.consecutive_skips} in a row, {st.skipped_total} in all)")
-        return lr, loss_val, gn, finite
+            # kept even when a later finite step is read before the loop looks (device check)
+            self.rollback_due = self.rollback_due or self.consecutive_skips >= self.preset.train.max_skips
+        self.result = StepResult(step, lr, loss, gn, finite)
+
+    def settle(self) -> None:
+        """Read the step the GPU may still be computing (device check): before anything that needs its
+        loss, the skip count or the last finite loss (a log line, an eval, a checkpoint, a stop)."""
+        if self.pending is not None:
+            (step, lr, vec), self.pending = self.pending, None
+            self._account(step, lr, *vec.tolist())
+
+    def settle_due(self, step: int) -> bool:
+        t = self.preset.train
+        return (step % t.log_interval == 0 or step >= t.max_iters or step % t.eval_interval == 0
+                or self.io.due(step) or (t.schedule == "wsd" and step == decay_start(self.preset))
+                or self.stop_requested)
 
     def log_step(self, lr: float, loss: float | None, gn: float, now: float) -> None:
         st, max_iters = self.state, self.preset.train.max_iters
@@ -352,6 +406,7 @@ class Trainer:
     def rollback_or_fail(self) -> None:
         """After train.max_skips non-finite steps in a row: back to the last checkpoint with half the
         learning rate, at most MAX_ROLLBACKS times; then fail with advice."""
+        self.settle()  # the step after the one that tipped it (device check) counts as well
         t, st = self.preset.train, self.state
         ckpts = self.dist.broadcast(rundir.list_checkpoints(self.run_dir) if self.dist.is_main else None)
         hint = "lower train.lr, use hardware.precision = bf16 or fp32 instead of fp16, or set train.grad_clip = 1.0"
@@ -362,7 +417,7 @@ class Trainer:
         from_step, to = st.step, ckpts[-1]["name"]
         self.io.restore(self._read_checkpoint(to), at_start=False)()
         self.state.lr_scale, self.state.rollbacks, self.state.skipped_total = kept
-        self.consecutive_skips = 0
+        self.consecutive_skips, self.result, self.rollback_due = 0, None, False
         self.report.event("rollback", self.state.step, from_step=from_step, to=to, lr_scale=kept[0])
         self.report.log(f"rolled back to {to} with learning rate x{kept[0]:g} after {t.max_skips} non-finite steps")
 

@@ -219,11 +219,11 @@ class GPT(nn.Module):
             cache.pos += T
         return self.norm(x)
 
-    def compile_hidden(self) -> None:
+    def compile_hidden(self, **compile_kwargs) -> None:
         """torch.compile everything but the output layer and loss, for calls without a KV cache
         (the fused loss is its own hand-written pass; generation stays eager). The compiled
         function is not a submodule, so the state dict keeps its plain names."""
-        self._hidden_compiled = torch.compile(self.hidden)
+        self._hidden_compiled = torch.compile(self.hidden, **compile_kwargs)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 cache: KVCache | None = None):

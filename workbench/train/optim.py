@@ -109,6 +109,19 @@ class Optimizers:
         for opt in self.parts.values():
             scaler.step(opt)
 
+    def step_unless(self, bad: torch.Tensor) -> None:
+        """The update, skipped by the fused AdamW kernel itself where ``bad`` (a 0-d bool tensor on the
+        device) is true: its ``found_inf`` argument, which also takes back the step count. No host sync.
+        AdamW alone (plan.settings.nonfinite_check allows this only then)."""
+        if set(self.parts) != {"adamw"} or not self.adamw.defaults.get("fused"):
+            raise RuntimeError("step_unless needs fused AdamW alone")
+        opt = self.adamw
+        opt.found_inf = bad.float()
+        try:
+            opt.step()
+        finally:
+            del opt.found_inf
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.parts.values():
             opt.zero_grad(set_to_none=set_to_none)

@@ -4,6 +4,7 @@ flags, memory readings, out-of-memory errors. The settings decide; this module o
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import sys
 
@@ -29,9 +30,19 @@ def autocast(settings: RunSettings) -> contextlib.AbstractContextManager:
 
 
 def apply_backend_flags(settings: RunSettings) -> None:
+    if settings.deterministic:
+        # Before the first matmul creates cuBLAS's handle; warn_only: an op without a deterministic
+        # kernel warns in train.log rather than failing the run.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     if settings.device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = settings.tf32
         torch.backends.cudnn.allow_tf32 = settings.tf32
+        if (k := settings.attention_kernel) != "auto":  # the one SDPA backend left on (math stays the fallback)
+            torch.backends.cuda.enable_flash_sdp(k == "flash")
+            torch.backends.cuda.enable_cudnn_sdp(k == "cudnn")
+            torch.backends.cuda.enable_mem_efficient_sdp(k == "efficient")
 
 
 def synchronize(device: torch.device) -> None:
