@@ -201,8 +201,9 @@ def print_report(r: dict[str, Any]) -> None:
         ("optimizer states (AdamW, 2 x fp32" + (", adapters)" if lora else ")"), c["optimizer"], ""),
         (f"weight casts ({cast or 'none in fp32'})", c["weight_casts"], ""),
         ("activations", c["activations"],
-         f"{m['per_layer']['saved'] / 2**20:.1f} MiB/layer saved"),
-        ("logits + fp32 log-softmax", c["logits"], ""),
+         "compiled: less saved, the rest recomputed" if m.get("whole_compiled")
+         else f"{m['per_layer']['saved'] / 2**20:.1f} MiB/layer saved"),
+        ("logits + their gradient" if m.get("whole_compiled") else "logits + fp32 log-softmax", c["logits"], ""),
         ("optimizer temporaries", c["optimizer_temp"], ""),
     ]
     if c.get("workspace"):

@@ -45,6 +45,16 @@ CUDA_WORKSPACE_BYTES = 72 * MB
 HEADROOM = 0.10
 # workbench.train.loop keeps the logits returned by the model until the next
 # forward (`_, loss = model(x, y)`); they count at every phase of the peak.
+# torch.compile on CUDA without activation checkpointing (the blocks one graph: whole model, or all but
+# the fused loss): inductor's partitioner recomputes the cheap elementwise work in backward and keeps
+# this share of what eager saves. Its fused cross-entropy (whole model) keeps no fp32 logits: at the
+# start of backward the logits in the compute dtype, their gradient and one more such buffer. Fitted
+# on an H100 (torch 2.11, bf16) to the ~124 M config (dim 768, 12 layers, seq 1024, vocab 32k) at batch
+# 32 with the plain loss (20,098 MiB peak allocated) and the fused loss (14,962 MiB); then within 1.2 %
+# at batch 16 and 48 and for gpu-8gb without checkpointing (GQA, dropout, another MLP width), which the
+# fit did not see (README, GPU numbers; tests/test_estimate.py).
+COMPILED_ACTIVATION_SHARE = 0.68
+COMPILED_LOGIT_COPIES = 3
 LOGITS_HELD = False  # "fits" means total <= (1 - HEADROOM) x what the device has
 
 
@@ -167,7 +177,9 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
       loop on CPU/MPS; none for the fused kernel)
     ``components`` holds what is resident at the peak and sums to ``peak_allocated``;
     ``total`` adds allocator fragmentation and the framework's own memory
-    (CUDA context or torch's RSS). torch.compile usually saves less than this.
+    (CUDA context or torch's RSS). Compiled on CUDA without checkpointing, the blocks save less
+    (``COMPILED_ACTIVATION_SHARE``) and a whole-model compile keeps the logits in the compute dtype
+    only; per-block compile under activation checkpointing is modelled as eager, which it matches.
     """
     preset = what_if(preset, precision=precision, device=device, batch_size=batch_size,
                      activation_checkpointing=activation_checkpointing)
@@ -237,6 +249,10 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
     static = weights + optimizer + grads_resident
     # Logits exist for one loss chunk at a time when the loss is chunked (hardware.chunked_loss).
     chunk = settings.loss_chunk_tokens
+    compiled_cuda = settings.compile and dev.startswith("cuda") and not ckpt
+    whole_compiled = compiled_cuda and settings.compile_mode == "whole model"
+    if compiled_cuda:  # the blocks are one compiled graph: inductor saves less than eager
+        activations = int(COMPILED_ACTIVATION_SHARE * activations)
     if chunk:
         # The fused loss: one chunk's logits (fp32, plus the matmul output and the gradient's
         # cast in the compute dtype), and the gradients of x and w it computes as it goes,
@@ -246,6 +262,10 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
         fwd_logits = chunk * V * (4 + (2 * a if mixed else 0)) + fused_grads + (a * V * D if mixed and head_fp32
                                                                                 else 0)
         bwd_logits = fused_grads
+    elif whole_compiled:
+        held = 0
+        fwd_logits = a * BTV + 8 * B * T           # the logits and their log-sum-exp
+        bwd_logits = COMPILED_LOGIT_COPIES * a * BTV  # the logits, their gradient, one more
     else:
         # The loop drops the logits right after the forward (LOGITS_HELD False).
         held = a * BTV if LOGITS_HELD else 0
@@ -297,7 +317,7 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
         framework = CPU_FRAMEWORK_BYTES
     return {
         "preset": preset.name, "device": dev, "precision": prec, "attention": attn,
-        "activation_checkpointing": ckpt, "fused_adamw": bool(fused_adamw),
+        "activation_checkpointing": ckpt, "fused_adamw": bool(fused_adamw), "whole_compiled": whole_compiled,
         "batch_size": B, "seq_len": T, "grad_accum": t.grad_accum, "params": n,
         "components": comp,
         "peak_phase": phase,
