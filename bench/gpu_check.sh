@@ -3,7 +3,8 @@
 # precision auto, bf16 / fp16 + GradScaler / fp32, TF32, the fused loss on CUDA, --nproc 1 and NCCL), then a
 # bf16 + compile run, kill -9 / resume agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter
 # config, estimated vs measured peak memory. Exits non-zero when a GPU test fails.
-# Usage: bash bench/gpu_check.sh [quick|tests]   (tests: the GPU tests alone)
+# Usage: bash bench/gpu_check.sh [quick|tests|mfu|profile]   (tests: the GPU tests alone; mfu: the ~124 M config's MFU
+# levers, each one trainer run, and the gpu-8gb defaults; set WB_LEVERS to choose which, by name)
 set -u
 cd "$(dirname "$0")/.."
 export WORKBENCH_CACHE_DIR=${WORKBENCH_CACHE_DIR:-/tmp/wbcache} PYTHONUNBUFFERED=1
@@ -11,6 +12,31 @@ PY=${PY:-python3}
 R=/tmp/wbruns; rm -rf $R
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+G124="model.vocab_size=32768 model.dim=768 model.n_layers=12 model.n_heads=12 model.n_kv_heads=12 model.ffn_hidden=2560
+      model.seq_len=1024 model.dropout=0.0 train.batch_size=32 hardware.activation_checkpointing=false
+      hardware.chunked_loss=false data.builtin_mb=24"
+if [ "${1:-}" = mfu ]; then
+    # Compiled kernels shared between the runs (the trainer keeps a user's TORCHINDUCTOR_CACHE_DIR).
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
+    $PY bench/attention_kernels.py
+    lever() {  # name, then overrides for the ~124 M config
+        local name=$1; shift
+        case " ${WB_LEVERS:-all} " in *" $name "*|" all ") ;; *) return;; esac
+        echo "-- $name"
+        timeout ${WB_LEVER_TIMEOUT:-240} $PY bench/throughput.py gpu-8gb --steps ${WB_STEPS:-40} --set $G124 "$@" \
+            || echo "   $name: failed or timed out"
+    }
+    lever host-check hardware.nonfinite_check=host           # the check as it was: one host sync per step
+    lever device-check                                        # the default now
+    case " ${WB_LEVERS:-all} " in *" gpu-8gb-defaults "*|" all ")
+        echo "-- gpu-8gb-defaults"; $PY bench/throughput.py gpu-8gb --steps ${WB_STEPS:-40} ;; esac
+    lever cudnn-attention hardware.attention_kernel=cudnn
+    lever fused-loss hardware.chunked_loss=true
+    lever cuda-graphs hardware.compile_kernels=reduce-overhead
+    lever batch-48 train.batch_size=48
+    lever max-autotune hardware.compile_kernels=max-autotune-no-cudagraphs
+    exit 0
+fi
 echo "== GPU tests (pytest -m gpu): skipped ones say why"
 $PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_gpu.py
 TESTS_RC=$?
@@ -20,9 +46,11 @@ T="model.dim=64 model.n_layers=2 model.n_heads=4 model.n_kv_heads=2 model.seq_le
    train.batch_size=8 train.warmup_iters=2 train.eval_iters=2 train.log_interval=1 data.builtin_mb=0.3
    data.tokenizer_sample_mb=0.3 train.max_iters=30 train.lr_decay_iters=30 train.ckpt_interval=10
    train.eval_interval=10 model.dropout=0.1 hardware.device=cuda"
-echo "== tiny CUDA run (auto precision, compile on), straight vs killed at 15 + resumed"
-$PY -m workbench train cpu-small --name straight --runs-dir $R --set $T hardware.compile=true 2>&1 | grep -E "run straight|compile|finished|error" | cut -c1-220
-WORKBENCH_TEST_KILL_AT_STEP=15 $PY -m workbench train cpu-small --name killed --runs-dir $R --set $T hardware.compile=true >/dev/null 2>&1
+# Per-block compile (activation checkpointing on), as gpu-8gb trains.
+T="$T hardware.compile=true hardware.activation_checkpointing=true hardware.deterministic=true"
+echo "== tiny CUDA run (auto precision, per-block compile, deterministic), straight vs killed (kill -9) at 15 + resumed"
+$PY -m workbench train cpu-small --name straight --runs-dir $R --set $T 2>&1 | grep -E "run straight|compile|finished|error" | cut -c1-220
+WORKBENCH_TEST_KILL_AT_STEP=15 $PY -m workbench train cpu-small --name killed --runs-dir $R --set $T >/dev/null 2>&1
 $PY -m workbench resume killed --runs-dir $R 2>&1 | grep -E "resumed|finished|error"
 $PY - <<'PYEOF'
 import json
@@ -39,13 +67,22 @@ print(f"CUDA resume: {same}/{len(a)} steps bitwise equal, max |loss diff| = {dif
 ev = [json.loads(l) for l in open("/tmp/wbruns/straight/metrics.jsonl") if '"compile_done"' in l]
 print("compile_done event:", ev[:1])
 PYEOF
+echo "== fit driven into a real CUDA out-of-memory error (a ~0.8 B model without activation checkpointing, batch 48)"
+$PY -m workbench fit gpu-8gb --out oom-fit --force --runs-dir $R --set model.dim=1536 model.n_layers=24 \
+    model.n_heads=12 model.n_kv_heads=12 model.ffn_hidden=4096 hardware.activation_checkpointing=false \
+    hardware.chunked_loss=false train.batch_size=48 2>&1 | tail -25
+echo "fit exit: ${PIPESTATUS[0]}"
 [ "${1:-}" = quick ] && exit $TESTS_RC
+if [ "${1:-}" = profile ]; then  # where the ~124 M step's time goes, and two model changes timed beside it
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
+    $PY bench/profile_step.py gpu-8gb --set $G124 --variant fused-proj --variant bf16-rope
+    echo "== peak memory of the compiled ~124 M config at batch 16 (batch 32 is in the mfu mode)"
+    $PY bench/throughput.py gpu-8gb --steps 20 --set $G124 train.batch_size=16
+    exit $TESTS_RC
+fi
 echo "== throughput (bench/throughput.py)"
 $PY bench/throughput.py gpu-8gb --steps 60
 $PY bench/throughput.py gpu-8gb --steps 60 --set hardware.activation_checkpointing=false
-G124="model.vocab_size=32768 model.dim=768 model.n_layers=12 model.n_heads=12 model.n_kv_heads=12 model.ffn_hidden=2560
-      model.seq_len=1024 model.dropout=0.0 train.batch_size=32 hardware.activation_checkpointing=false
-      hardware.chunked_loss=false data.builtin_mb=24"
 $PY bench/throughput.py gpu-8gb --steps 60 --set $G124
 $PY bench/throughput.py gpu-8gb --steps 60 --set $G124 hardware.compile=false
 echo "== estimates"

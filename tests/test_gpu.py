@@ -145,11 +145,11 @@ def test_a_one_process_run_on_cuda(tmp_path):
     """--nproc 1: one process on the GPU. (One process never starts a process group, so NCCL itself
     needs two GPUs: the next test.)"""
     wb("train", "cpu-small", "--name", "one", "--runs-dir", str(tmp_path), "--nproc", "1",
-       *tiny("train.max_iters=2", "train.ckpt_interval=2", "train.eval_interval=2", *CUDA), check=True)
+       *tiny("train.max_iters=4", "train.ckpt_interval=4", "train.eval_interval=4", *CUDA), check=True)
     d = tmp_path / "one"
     start = _start(d)
     assert start["device"].startswith("cuda") and start["world_size"] == 1 and start["parallel"] == "none"
-    assert sorted(_train_losses(d)) == [1, 2] and rundir.read_status(d)["state"] == "finished"
+    assert sorted(_train_losses(d)) == [1, 2, 3, 4] and rundir.read_status(d)["state"] == "finished"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL with one process per GPU needs two GPUs")

@@ -1,0 +1,180 @@
+"""Where a training step's GPU time goes: the model built as the trainer builds it (the same
+RunSettings: compile mode, fused AdamW, the non-finite check), a few warm steps on random tokens,
+then torch.profiler over several steps. Prints the step time, tokens/s, MFU and peak memory, then
+GPU time by kind of kernel (matmul, attention, Triton-fused elementwise, optimizer, copies, other)
+and the top kernels. With --variant, a model change is tried in the same process and timed beside
+the model as it is. A benchmark, not a test; needs CUDA.
+
+    python bench/profile_step.py gpu-8gb --set model.dim=768 ... [--steps 5] [--variant fused-proj]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from workbench.config import resolve_preset
+from workbench.machine.probe import measured_peak, this_machine
+from workbench.plan.flops import flops_per_token
+from workbench.plan.settings import resolve_settings
+from workbench.train import model as model_mod
+from workbench.train.build import build
+from workbench.train.dist import Dist
+from workbench.train.runtime import apply_backend_flags, autocast, synchronize
+
+
+def kind_of(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("fmha", "flash", "attention", "sdpa")):  # before matmul: cuDNN's are named sm90_...
+        return "attention"
+    if any(k in n for k in ("gemm", "xmma", "cutlass", "nvjet", "sm90", "sm80_", "cublas")):
+        return "matmul"
+    if "adam" in n:
+        return "optimizer"
+    if n.startswith("triton") or "triton_" in n:
+        return "triton (fused elementwise / reductions)"
+    if any(k in n for k in ("memcpy", "memset", "copy", "cat")):
+        return "copies"
+    return "other"
+
+
+def fused_projections() -> None:
+    """One matmul for q, k and v, and one for the MLP's gate and up: the weights concatenated in the
+    forward (the parameters and their names stay as they are)."""
+    def attn_forward(self, x, cos, sin, cache=None, layer=0):
+        if cache is not None or self.q_norm is not None or self.wq.bias is not None:
+            return orig_attn(self, x, cos, sin, cache, layer)
+        B, T, _ = x.shape
+        w = torch.cat([self.wq.weight, self.wk.weight, self.wv.weight])
+        q, k, v = F.linear(x, w).split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
+        q = q.view(B, T, self.n_heads, self.hd).transpose(1, 2)
+        k = k.view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        v = v.view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q, k = model_mod.apply_rope(q, cos, sin), model_mod.apply_rope(k, cos, sin)
+        if self.n_kv != self.n_heads:
+            rep = self.n_heads // self.n_kv
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))
+
+    def mlp_forward(self, x):
+        a, b = F.linear(x, torch.cat([self.w1.weight, self.w3.weight])).chunk(2, dim=-1)
+        return self.w2(F.silu(a) * b)
+
+    orig_attn = model_mod.Attention.forward
+    model_mod.Attention.forward = attn_forward
+    model_mod.SwiGLU.forward = mlp_forward
+
+
+def bf16_rope() -> None:
+    """RoPE in the activations' dtype (bf16) instead of fp32."""
+    def apply_rope(x, cos, sin):
+        xr = x.reshape(*x.shape[:-1], -1, 2)
+        x0, x1 = xr[..., 0], xr[..., 1]
+        c, s = cos.to(x.dtype), sin.to(x.dtype)
+        return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
+    model_mod.apply_rope = apply_rope
+
+
+VARIANTS = {"fused-proj": [fused_projections], "bf16-rope": [bf16_rope],
+            "both": [fused_projections, bf16_rope]}
+
+
+def measure(preset: str, overrides: list[str], steps: int, profile: bool, tag: str) -> float:
+    p = resolve_preset(preset, overrides)
+    s = resolve_settings(p, this_machine(), world_size=1, peak=measured_peak)
+    apply_backend_flags(s)
+    dev = torch.device(s.device)
+    b = build(p, s, dev, Dist(), Path("/tmp/wb-profile-cache"))
+    amp = autocast(s)
+    B, T, V = p.train.batch_size, p.model.seq_len, p.model.vocab_size
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def step():
+        x = torch.randint(0, V, (B, T + 1), generator=gen)
+        x = x.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else x
+        with amp:
+            loss = b.train_forward(x[:, :-1], x[:, 1:])[1]
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(b.model.parameters(), 1.0)
+        bad = ~(torch.isfinite(loss) & torch.isfinite(gn))
+        if s.nonfinite_check == "device":
+            b.optimizer.step_unless(bad)
+        else:
+            b.optimizer.step(b.scaler)
+        b.optimizer.zero_grad(set_to_none=True)
+
+    t0 = time.perf_counter()
+    for _ in range(3):
+        step()
+    synchronize(dev)
+    warm = time.perf_counter() - t0
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    synchronize(dev)
+    dt = (time.perf_counter() - t0) / steps
+    tps = B * T / dt
+    mfu = tps * flops_per_token(p.model) / s.peak_flops if s.peak_flops else float("nan")
+    peak = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else 0
+    print(f"[{tag}] {s.describe()}: first 3 steps (compile) {warm:.1f} s; {dt * 1e3:.1f} ms/step, "
+          f"{tps:,.0f} tokens/s, MFU {mfu:.1%}, peak allocated {peak:,.0f} MiB", flush=True)
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as prof_ctx
+        acts = [ProfilerActivity.CUDA] if dev.type == "cuda" else [ProfilerActivity.CPU]
+        with prof_ctx(activities=acts) as prof:
+            for _ in range(steps):
+                step()
+            synchronize(dev)
+        by_kind: dict[str, float] = collections.Counter()
+        rows = []
+        for e in prof.key_averages():
+            us = (getattr(e, "self_device_time_total", 0) if dev.type == "cuda" else e.self_cpu_time_total) or 0
+            if us <= 0:
+                continue
+            by_kind[kind_of(e.key)] += us
+            rows.append((us, e.count, e.key))
+        total = sum(by_kind.values())
+        print(f"  GPU busy {total / steps / 1e3:.1f} ms/step of {dt * 1e3:.1f} ms wall "
+              f"({total / steps / 1e3 / (dt * 1e3):.0%})")
+        for k, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+            print(f"  {k:42s} {us / steps / 1e3:7.2f} ms/step  {us / total:5.1%}")
+        print("  top kernels (ms/step, calls/step):")
+        for us, n, key in sorted(rows, reverse=True)[:22]:
+            print(f"    {us / steps / 1e3:7.2f}  {n // steps:4d}  {key[:110]}")
+    b = None  # free the model before the next one is built
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    torch._dynamo.reset()
+    return tps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("preset")
+    ap.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[])
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--variant", action="append", default=[], choices=sorted(VARIANTS))
+    ap.add_argument("--no-profile", action="store_true")
+    a = ap.parse_args()
+    base = measure(a.preset, a.overrides, a.steps, not a.no_profile, "as it is")
+    for name in a.variant:
+        saved = (model_mod.Attention.forward, model_mod.SwiGLU.forward, model_mod.apply_rope)
+        for change in VARIANTS[name]:
+            change()
+        tps = measure(a.preset, a.overrides, a.steps, False, name)
+        print(f"  {name}: x{tps / base:.3f} tokens/s against the model as it is")
+        model_mod.Attention.forward, model_mod.SwiGLU.forward, model_mod.apply_rope = saved
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
