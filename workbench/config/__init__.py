@@ -1,6 +1,7 @@
 """Presets: the [model] / [train] / [data] / [hardware] sections as dataclasses (``schema``: each key's
 documentation, types, limits and the rules between keys; every failure a :class:`PresetError` that
-names the file, the key, the value and what is allowed) and the preset files (``files``). Plain data:
+names the file, the key, the value and what is allowed), TOML text and --set items (``overrides``) and
+the preset files (``files``). Plain data:
 no "auto" is decided here (see ``workbench.plan.settings``). Imports neither torch nor textual."""
 
 from workbench.config.files import (
@@ -15,6 +16,7 @@ from workbench.config.files import (
     toml_string,
     user_presets_dir,
 )
+from workbench.config.overrides import apply_overrides, overridden_keys, parse_override, parse_toml
 from workbench.config.schema import (
     SECTIONS,
     DataConfig,
@@ -23,13 +25,9 @@ from workbench.config.schema import (
     Preset,
     PresetError,
     TrainConfig,
-    apply_overrides,
     field_doc,
     lora_projections,
     lora_target_list,
-    overridden_keys,
-    parse_override,
-    parse_toml,
     preset_from_dict,
 )
 

@@ -10,15 +10,8 @@ from pathlib import Path
 
 import tomli_w
 
-from workbench.config.schema import (
-    Preset,
-    PresetError,
-    _did_you_mean,
-    apply_overrides,
-    overridden_keys,
-    parse_toml,
-    preset_from_dict,
-)
+from workbench.config.overrides import apply_overrides, overridden_keys, parse_toml
+from workbench.config.schema import Preset, PresetError, _did_you_mean, preset_from_dict
 from workbench.fs import write_atomic
 
 
