@@ -11,7 +11,7 @@ One iteration (the order matters for exact resume):
     eval (+ sample) -> checkpoint -> stop request?
 The finite check runs on the host (the loss is copied to the CPU before the update) or, on a GPU
 with fused AdamW, inside the optimizer's kernel; then the loop reads each step's loss one step
-later, and at once before a log line, an eval, a checkpoint or a stop (``settle``).
+later, and at once before a log line, an eval, a checkpoint or a stop (``workbench.train.skips``).
 A checkpoint is taken after all of that, so the state it holds is exactly the state the next
 iteration starts from.
 """
@@ -25,7 +25,6 @@ import os
 import random
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,18 +49,10 @@ from workbench.train.faults import Faults
 from workbench.train.report import Reporter, Throughput
 from workbench.train.runtime import amp_dtype, apply_backend_flags, autocast, memory_mb
 from workbench.train.sample import generate_text
+from workbench.train.skips import Skips
 from workbench.train.state import TrainerState
 from workbench.train.tokenizer import tokenizer_file
 from workbench.train.trainer_io import CheckpointIO, failure_message
-
-
-@dataclass(frozen=True)
-class StepResult:
-    step: int
-    lr: float
-    loss: float
-    grad_norm: float
-    finite: bool
 
 
 class TrainError(WorkbenchError):
@@ -102,12 +93,8 @@ class Trainer:
         self.flops_per_token = 0.0
         self.token_bytes = torch.zeros(0, dtype=torch.int64)  # UTF-8 bytes per token id, for bits per byte
         self.started = 0.0                          # this process's start (wall clock)
-        self.consecutive_skips = 0
+        self.skips: Skips | None = None             # losses read back, steps skipped (setup)
         self.data_s = 0.0                           # this step's time drawing batches and moving them
-        self.last_loss: float | None = None         # the last finite training loss
-        self.result: StepResult | None = None       # the newest step whose loss is on the host
-        self.rollback_due = False                   # train.max_skips non-finite steps in a row were read
-        self.pending: tuple | None = None           # (step, lr, [loss, grad norm, bad]) still on the device
         self.compile_reported = False
         self.stop_requested = False                 # SIGTERM or Ctrl-C seen by this process
         self.stop_agreed = False                    # ... by some rank (every rank stops at the same step)
@@ -128,6 +115,7 @@ class Trainer:
     def setup(self) -> None:
         rd, main = self.run_dir, self.dist.is_main
         p = self.preset = load_preset_file(rd / "preset.toml")
+        self.skips = Skips(lambda: self.state, self.report, p.train.max_skips)
         removed = []
         if main:  # rank 0 alone owns the run directory
             self.lock = rundir.RunLock(rd).acquire()
@@ -227,8 +215,8 @@ class Trainer:
         while self.state.step < t.max_iters:
             self.train_step()
             if self.settle_due(self.state.step):
-                self.settle()
-            if self.rollback_due:
+                self.skips.settle()
+            if self.skips.rollback_due:
                 self.rollback_or_fail()
                 self.throughput.reset()
                 continue
@@ -240,21 +228,21 @@ class Trainer:
                 self.report.event("compile_done", self.state.step, seconds=round(now - self.started, 1))
                 self.report.status(compiling=False)
             if self.state.step % t.log_interval == 0 or self.state.step == t.max_iters:
-                r = self.result  # this step's: settled above
+                r = self.skips.result  # this step's: settled above
                 self.log_step(r.lr, r.loss if r.finite else None, r.grad_norm, now)
             self.faults.after_step(self.state.step)
             evaluated, saved, early_stop = self.maybe_evaluate()
             if early_stop:
                 return "early_stopped"
             if not saved and self.io.due(self.state.step):
-                self.io.save(self.last_loss, None, "interval")
+                self.io.save(self.skips.last_loss, None, "interval")
                 saved = True
             if not saved and t.schedule == "wsd" and self.state.step == decay_start(self.preset):
-                self.io.save(self.last_loss, None, "decay start")  # where an extension goes on from
+                self.io.save(self.skips.last_loss, None, "decay start")  # where an extension goes on from
                 saved = True
             if self.stop_agreed if self.dist.enabled else self.stop_requested:
                 if not saved:
-                    self.io.save(self.last_loss, None, "stop")
+                    self.io.save(self.skips.last_loss, None, "stop")
                 self.report.event("stop", self.state.step)
                 return "stopped"
             if evaluated or saved:
@@ -263,8 +251,8 @@ class Trainer:
 
     def train_step(self) -> None:
         """One optimizer step. With the host check its result is known when this returns (in
-        ``self.result``); with the device check the GPU decides whether to apply the update, and the
-        result is read a step later (or by :meth:`settle`), so the CPU never waits for the GPU here."""
+        ``self.skips``); with the device check the GPU decides whether to apply the update, and the
+        result is read a step later (or by ``self.skips.settle``), so the CPU never waits for the GPU here."""
         t, b, st = self.preset.train, self.built, self.state
         factor = lr_factor(st.step, self.preset) * st.lr_scale
         b.optimizer.set_lr(factor)  # every group at the same share of its own peak
@@ -295,63 +283,33 @@ class Trainer:
         else:
             grad_norm = torch.linalg.vector_norm(torch.stack([q.grad.detach().norm() for q in params
                                                               if q.grad is not None]))
-        if self.settings.nonfinite_check == "device":
+        device_check = self.settings.nonfinite_check == "device"
+        if device_check:
             bad = ~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))
             b.optimizer.step_unless(bad)  # the kernel skips a non-finite update, step count included
-            b.optimizer.zero_grad(set_to_none=True)
-            st.step += 1
-            st.tokens_seen += self.tokens_per_step
-            # Read the step before this one: the GPU has finished it by now, so this waits for nothing.
-            before, self.pending = self.pending, (st.step, lr, torch.stack([loss_sum.float(), grad_norm.float(),
-                                                                            bad.float()]))
-            if before is not None:
-                self._account(before[0], before[1], *before[2].tolist())
-            return
-        # The host check: one sync per step, to know before the update. Under DDP the same sync
-        # averages the loss over ranks and agrees on a stop request.
-        if self.dist.enabled:
-            vec = self.dist.sum_(torch.stack([loss_sum.float(), torch.tensor(float(self.stop_requested),
-                                                                             device=self.device)]))
-            loss_val = vec[0].item() / self.dist.world
-            self.stop_agreed = bool(vec[1].item() > 0)
         else:
-            loss_val = loss_sum.item()
-        gn = float(grad_norm)
-        finite = math.isfinite(loss_val) and (math.isfinite(gn) or self.settings.grad_scaler)
-        if finite:
-            b.optimizer.step(b.scaler)
-            b.scaler.update()
-        elif self.settings.grad_scaler:
-            b.scaler.update()
+            # The host check: one sync per step, to know before the update. Under DDP the same sync
+            # averages the loss over ranks and agrees on a stop request.
+            if self.dist.enabled:
+                vec = self.dist.sum_(torch.stack([loss_sum.float(), torch.tensor(float(self.stop_requested),
+                                                                                 device=self.device)]))
+                loss_val = vec[0].item() / self.dist.world
+                self.stop_agreed = bool(vec[1].item() > 0)
+            else:
+                loss_val = loss_sum.item()
+            gn = float(grad_norm)
+            finite = math.isfinite(loss_val) and (math.isfinite(gn) or self.settings.grad_scaler)
+            if finite:
+                b.optimizer.step(b.scaler)
+            if finite or self.settings.grad_scaler:
+                b.scaler.update()
         b.optimizer.zero_grad(set_to_none=True)
         st.step += 1
         st.tokens_seen += self.tokens_per_step
-        self._account(st.step, lr, loss_val, gn, 0.0 if finite else 1.0)
-
-    def _account(self, step: int, lr: float, loss: float, gn: float, bad: float) -> None:
-        """What the loop keeps of a step once its loss and gradient norm are on the host."""
-        finite = not bad
-        st = self.state
-        if finite:
-            self.consecutive_skips = 0
-            self.last_loss = loss
+        if device_check:
+            self.skips.queue(st.step, lr, loss_sum, grad_norm, bad)
         else:
-            st.skipped_total += 1
-            self.consecutive_skips += 1
-            self.report.event("nonfinite_skip", step, loss=loss if math.isfinite(loss) else None,
-                              grad_norm=gn if math.isfinite(gn) else None, consecutive=self.consecutive_skips)
-            self.report.log(f"step {step}: non-finite loss or gradient norm, update skipped "
-                            f"({self.consecutive_skips} in a row, {st.skipped_total} in all)")
-            # kept even when a later finite step is read before the loop looks (device check)
-            self.rollback_due = self.rollback_due or self.consecutive_skips >= self.preset.train.max_skips
-        self.result = StepResult(step, lr, loss, gn, finite)
-
-    def settle(self) -> None:
-        """Read the step the GPU may still be computing (device check): before anything that needs its
-        loss, the skip count or the last finite loss (a log line, an eval, a checkpoint, a stop)."""
-        if self.pending is not None:
-            (step, lr, vec), self.pending = self.pending, None
-            self._account(step, lr, *vec.tolist())
+            self.skips.record(st.step, lr, loss_val, gn, finite)
 
     def settle_due(self, step: int) -> bool:
         t = self.preset.train
@@ -396,7 +354,7 @@ class Trainer:
         self.write_sample()
         saved = improved or self.io.due(st.step)
         if saved:
-            self.io.save(self.last_loss, vl, "best" if improved else "interval")
+            self.io.save(self.skips.last_loss, vl, "best" if improved else "interval")
         if t.patience and st.bad_evals >= t.patience:
             self.report.log(f"early stop: val loss has not improved for {t.patience} evals (best {st.best_val:.4f})")
             self.report.event("early_stop", st.step, best_val_loss=st.best_val)
@@ -406,7 +364,7 @@ class Trainer:
     def rollback_or_fail(self) -> None:
         """After train.max_skips non-finite steps in a row: back to the last checkpoint with half the
         learning rate, at most MAX_ROLLBACKS times; then fail with advice."""
-        self.settle()  # the step after the one that tipped it (device check) counts as well
+        self.skips.settle()  # the step after the one that tipped it (device check) counts as well
         t, st = self.preset.train, self.state
         ckpts = self.dist.broadcast(rundir.list_checkpoints(self.run_dir) if self.dist.is_main else None)
         hint = "lower train.lr, use hardware.precision = bf16 or fp32 instead of fp16, or set train.grad_clip = 1.0"
@@ -417,7 +375,7 @@ class Trainer:
         from_step, to = st.step, ckpts[-1]["name"]
         self.io.restore(self._read_checkpoint(to), at_start=False)()
         self.state.lr_scale, self.state.rollbacks, self.state.skipped_total = kept
-        self.consecutive_skips, self.result, self.rollback_due = 0, None, False
+        self.skips.reset()
         self.report.event("rollback", self.state.step, from_step=from_step, to=to, lr_scale=kept[0])
         self.report.log(f"rolled back to {to} with learning rate x{kept[0]:g} after {t.max_skips} non-finite steps")
 
