@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from tests.conftest import G124
 from workbench.config import ModelConfig, preset_paths, resolve_preset
 from workbench.plan.flops import count_params, flops_per_token, matmul_params
 from workbench.train.model import GPT
@@ -223,9 +224,6 @@ def test_rss_growth_of_a_tiny_run_matches_model_states():
 # Peak allocated memory that bench/gpu_check.sh measured on an H100 80GB (torch 2.11, bf16, the
 # trainer's own runs through bench/throughput.py; README, GPU numbers). CI has no GPU, so the
 # estimator is held to the recorded measurements: gpu-8gb compiles per block, the others whole.
-G124 = ["model.vocab_size=32768", "model.dim=768", "model.n_layers=12", "model.n_heads=12", "model.n_kv_heads=12",
-        "model.ffn_hidden=2560", "model.seq_len=1024", "model.dropout=0.0", "hardware.activation_checkpointing=false",
-        "hardware.chunked_loss=false"]
 H100_MEASURED_MIB = [
     ("gpu-8gb (per block, checkpointing, fused loss)", [], 3341),
     ("gpu-8gb without checkpointing (whole model)", ["hardware.activation_checkpointing=false",
