@@ -116,10 +116,9 @@ def test_gguf_gives_the_same_next_token(which, lora_run, qwen2_lora, trained_run
 
 @pytest.mark.parametrize("run", ["qwen3-qknorm", "llama3-scaled", "lora", "workbench sentencepiece"])
 def test_gguf_in_llama_cpp(run, imported, lora_run, trained_run, tmp_path, capsys):
-    """llama.cpp itself, where llama-cpp-python is installed (it is built from source: not in CI's time budget).
-    Also the two layouts transformers' GGUF loader cannot read back: Qwen3's wider heads, llama3 RoPE scaling."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional: pip install "
-                                                        "llama-cpp-python builds llama.cpp)")
+    """llama.cpp itself (llama-cpp-python, a dev dependency: CI builds it). Also the two layouts transformers'
+    GGUF loader cannot read back: Qwen3's wider heads, llama3 RoPE scaling."""
+    import llama_cpp
     run_dir = trained_run if run == "workbench sentencepiece" else imported / run
     path = gguf_export(capsys, run_dir, tmp_path / "gguf")
     model = lora_model(run_dir) if run == "lora" else load_run_model(run_dir).model.eval()

@@ -223,7 +223,11 @@ def print_report(r: dict[str, Any]) -> None:
         verdict = {True: "fits", False: "does NOT fit", None: "?"}[r["fits"]]
         print(f"fit: {verdict}: {hb(m['total'])} of {hb(r['available'])} {r['available_what']} "
               f"(keeping {est.HEADROOM:.0%} headroom)")
-        if r.get("suggestion"):
+        if len(r.get("savers") or []) > 1:
+            print("  to fit, by estimate (memory savers, cheapest in speed first):")
+            for o in r["savers"]:
+                print(f"    --set {' '.join(o['set'])}: {hb(o['total'])}" + (f"; {o['why']}" if o["why"] else ""))
+        elif r.get("suggestion"):
             print(f"  to fit: {r['suggestion']}")
     else:
         print(f"fit: no {m['device']} device here ({r['device_here']}); the numbers above are for {m['device']}")

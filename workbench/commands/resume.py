@@ -18,7 +18,7 @@ from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
 from workbench.plan.lineage import branch, is_latest
 from workbench.plan.schedule import decay_start
-from workbench.plan.settings import resolve_settings
+from workbench.plan.settings import check_installed, resolve_settings
 
 # Keys that change what the checkpoint's tensors mean; resuming with other values is refused.
 SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "tie_embeddings", "head_size",
@@ -109,7 +109,7 @@ def run(args) -> int:
     load_run_model(run_dir, ckpt["step"], shapes_only=True, training_state=True)
     machine = Machine.from_info(detect())
     topo = launch.topology_from_args(args, p, machine)
-    resolve_settings(p, machine, world_size=topo.nproc * topo.nnodes)
+    check_installed(resolve_settings(p, machine, world_size=topo.nproc * topo.nnodes))
     if branching:
         latest = rundir.select_checkpoint(run_dir, "latest")
         target = branch(run_dir, ckpt, root, args.name, overrides_applied=data)

@@ -15,7 +15,7 @@ from workbench.machine.detect import Machine, detect
 from workbench.plan.finetune import InitSource, init_preset, link_init, parse_init_from
 from workbench.plan.recommend import recommend_preset
 from workbench.plan.report import fit_check
-from workbench.plan.settings import resolve_settings
+from workbench.plan.settings import check_installed, resolve_settings
 
 
 def register(sub) -> None:
@@ -81,7 +81,7 @@ def run(args) -> int:
     topo = launch.topology_from_args(args, p, machine)
     # What the run asks of this machine is checked before anything is written (the trainer decides
     # again with torch's view of the devices, by the same rules).
-    resolve_settings(p, machine, world_size=topo.nproc * topo.nnodes)
+    check_installed(resolve_settings(p, machine, world_size=topo.nproc * topo.nnodes))
     if src is not None:
         what = "LoRA adapters (rank {}) on".format(p.train.lora_rank) if p.train.finetune == "lora" else \
             "every weight of"

@@ -155,6 +155,10 @@ class HardwareConfig:
                       choices=("auto", "true", "false"))
     tf32: bool = _f(True, "Allow TF32 matmuls on Ampere or newer.")
     activation_checkpointing: bool = _f(False, "Recompute block activations in backward to save memory.")
+    optimizer_states: str = _f("fp32", "AdamW's two moments per parameter: fp32 (8 bytes a parameter) or 8bit "
+                               "(torchao's AdamW8bit: block-wise quantised, ~2 bytes a parameter; tensors under "
+                               "4096 values keep fp32). Muon's momentum stays fp32. 8bit needs torchao: pip install "
+                               "'workbench[savers]'.", choices=("fp32", "8bit"))
     chunked_loss: str = _f("auto", "Fused loss: logits, softmax and their gradients a chunk of tokens at a time, so "
                            "the full logits never exist: auto (on CPU always, it is faster there; on GPUs when "
                            "the fp32 logits would exceed 1 GiB), true or false.", choices=("auto", "true", "false"))

@@ -21,6 +21,7 @@ from workbench.plan.flops import (
     lora_params,
     matmul_params,
     param_breakdown,
+    param_tensors,
     projection_shapes,
 )
 from workbench.plan.settings import RunSettings, resolve_settings
@@ -56,6 +57,21 @@ HEADROOM = 0.10
 COMPILED_ACTIVATION_SHARE = 0.68
 COMPILED_LOGIT_COPIES = 3
 LOGITS_HELD = False  # "fits" means total <= (1 - HEADROOM) x what the device has
+# hardware.optimizer_states = 8bit (torchao's AdamW8bit): each moment of a tensor of at least this many values
+# (a multiple of the block) is one uint8 code per value, one fp32 scale per block and a 256-entry fp32 map;
+# smaller tensors keep fp32 moments (as bitsandbytes does).
+STATE_BLOCK = 256
+STATE_MIN_VALUES = 4096
+
+
+def adamw_state_bytes(sizes: list[int], states: str = "fp32") -> int:
+    """Bytes of AdamW's two moments for tensors of ``sizes`` values: 8 a value in fp32; with 8-bit
+    states ~2 a value (above) for each tensor large enough to be quantised."""
+    def one(n: int) -> int:
+        if states == "8bit" and n >= STATE_MIN_VALUES and n % STATE_BLOCK == 0:
+            return 2 * (n + 4 * (n // STATE_BLOCK) + 4 * 256)
+        return 8 * n
+    return sum(one(n) for n in sizes)
 
 
 def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention: str,
@@ -128,7 +144,8 @@ def lora_layer_activation_bytes(model_cfg, train_cfg, batch_size: int, precision
 
 
 def what_if(preset: Preset, *, precision: str | None = None, device: str | None = None,
-            batch_size: int | None = None, activation_checkpointing: bool | None = None) -> Preset:
+            batch_size: int | None = None, activation_checkpointing: bool | None = None,
+            optimizer_states: str | None = None) -> Preset:
     """The preset with these values in place of its own (the estimate of another setup)."""
     hw, tr = {}, {}
     if precision:
@@ -137,6 +154,10 @@ def what_if(preset: Preset, *, precision: str | None = None, device: str | None 
         hw["device"] = device
     if activation_checkpointing is not None:
         hw["activation_checkpointing"] = activation_checkpointing
+    if optimizer_states:
+        hw["optimizer_states"] = optimizer_states
+        if optimizer_states == "8bit" and preset.hardware.fused_adamw == "true":
+            hw["fused_adamw"] = "auto"
     if batch_size:
         tr["batch_size"] = batch_size
     return dataclasses.replace(preset, hardware=dataclasses.replace(preset.hardware, **hw),
@@ -211,12 +232,19 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
     grads = 4 * n_train
     # AdamW keeps two fp32 states per parameter; with train.optimizer = muon the hidden matrices
     # (attention and MLP) have Muon's one momentum buffer instead.
-    n_muon = parts["attention"] + parts["mlp"] if t.optimizer == "muon" and not lora else 0
-    optimizer = 8 * (n_train - n_muon) + 4 * n_muon
+    # (the hidden matrices: attention and MLP weights, not their biases, which AdamW keeps)
+    muon = t.optimizer == "muon" and not lora
+    tensors = param_tensors(c, t)
+    n_muon = sum(n for kind, n in tensors if muon and kind in ("attention", "mlp"))
+    adamw_sizes = [n for kind, n in tensors if not (muon and kind in ("attention", "mlp"))]
+    eight_bit = settings.optimizer_states == "8bit"
+    optimizer = adamw_state_bytes(adamw_sizes, settings.optimizer_states) + 4 * n_muon
     # AdamW's step: the fused kernel needs no temporaries; the foreach version
     # (CUDA's default) makes one fp32 sqrt(v) per parameter at once; the
     # per-tensor loop (CPU and MPS default) about three temporaries of the largest tensor.
-    if fused_adamw:
+    if eight_bit:  # the compiled per-tensor step: the moments of one tensor dequantised, and its update
+        opt_temp = 16 * max(adamw_sizes)
+    elif fused_adamw:
         opt_temp = 0
     elif dev.startswith("cuda"):
         opt_temp = 4 * (n_train - n_muon)
@@ -318,6 +346,7 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
     return {
         "preset": preset.name, "device": dev, "precision": prec, "attention": attn,
         "activation_checkpointing": ckpt, "fused_adamw": bool(fused_adamw), "whole_compiled": whole_compiled,
+        "optimizer_states": settings.optimizer_states,
         "batch_size": B, "seq_len": T, "grad_accum": t.grad_accum, "params": n,
         "components": comp,
         "peak_phase": phase,

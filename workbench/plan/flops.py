@@ -74,3 +74,31 @@ def lora_params(model_cfg: ModelConfig, train_cfg: TrainConfig) -> int:
     shapes = projection_shapes(model_cfg)
     r = train_cfg.lora_rank
     return model_cfg.n_layers * sum(r * sum(shapes[n]) for n in lora_projections(train_cfg.lora_targets))
+
+
+def param_tensors(model_cfg: ModelConfig, train_cfg: TrainConfig | None = None) -> list[tuple[str, int]]:
+    """(kind, values) of every tensor the optimizer updates (one per parameter of ``GPT``): kinds are
+    embedding, attention, mlp, norm, bias, lm_head; with LoRA (``train_cfg.finetune = lora``) the adapters
+    alone (kind lora). Their sum is :func:`count_params` (or :func:`lora_params`)."""
+    c = model_cfg
+    shapes = projection_shapes(c)
+    if train_cfg is not None and train_cfg.finetune == "lora":
+        r = train_cfg.lora_rank
+        return [("lora", r * dim) for _ in range(c.n_layers)
+                for n in lora_projections(train_cfg.lora_targets) for dim in shapes[n]]
+    out = [("embedding", c.vocab_size * c.dim)]
+    for _ in range(c.n_layers):
+        out.append(("norm", c.dim))
+        for n in ("wq", "wk", "wv"):
+            out.append(("attention", shapes[n][0] * shapes[n][1]))
+            if c.attn_bias:
+                out.append(("bias", shapes[n][1]))
+        out.append(("attention", shapes["wo"][0] * shapes["wo"][1]))
+        if c.qk_norm:
+            out += [("norm", c.head_dim), ("norm", c.head_dim)]
+        out.append(("norm", c.dim))
+        out += [("mlp", shapes[n][0] * shapes[n][1]) for n in ("w1", "w3", "w2")]
+    out.append(("norm", c.dim))
+    if not c.tie_embeddings:
+        out.append(("lm_head", c.vocab_size * c.dim))
+    return out

@@ -38,29 +38,62 @@ def first_choice(device: str, mem: int | None) -> str:
     return "medium"
 
 
-def suggest_changes(preset: Preset, device: str, available: int, machine: Machine | None = None) -> str:
-    """What to change so ``preset`` fits ``available`` bytes on ``device``, by estimate:
-    a smaller micro-batch with more accumulation, then activation checkpointing, bf16, a shorter sequence."""
+# What each memory saver costs in speed, by estimate: (factor on tokens/s, why). Activation checkpointing
+# runs each block's forward again in backward: 8 instead of 6 FLOPs per parameter and token. 8-bit AdamW
+# states: torchao's step, compiled per tensor, against the fused fp32 kernel; measured on CPU by
+# bench/savers.py (the step's share of the time shrinks as the batch grows), not yet on a GPU.
+SAVER_SPEED = {
+    "activation_checkpointing": (0.75, "x0.75 tokens/s: one more forward in backward"),
+    "optimizer_states": (None, "speed not measured on a GPU (CPU: bench/savers.py)"),
+}
+SAVERS = ({}, {"optimizer_states": "8bit"}, {"activation_checkpointing": True},
+          {"activation_checkpointing": True, "optimizer_states": "8bit"})
+
+
+def fitting_savers(preset: Preset, device: str, available: int, machine: Machine | None = None) -> list[dict[str, Any]]:
+    """Each combination of memory savers (smaller micro-batch with accumulation; 8-bit AdamW states;
+    activation checkpointing) that makes ``preset`` fit ``available`` bytes on ``device`` by the estimate,
+    cheapest in speed first: {"set": [KEY=VALUE, ...], "batch": the micro-batch fit would pick,
+    "batch_size", "grad_accum", "total": bytes, "speed": factor on tokens/s or None, "why": str}."""
     seqs = preset.train.batch_size * preset.train.grad_accum
     limit = (1 - est.HEADROOM) * available
-
-    def best_batch(**kw) -> int:
-        return search_batch(lambda b: est.estimate_memory(preset, device=device, batch_size=b, machine=machine,
-                                                          **kw)["total"] <= limit,
-                            cap=seqs, start=min(preset.train.batch_size, seqs))[0]
-
-    def plan(b: int) -> str:
+    h = preset.hardware
+    out = []
+    for savers in SAVERS:
+        if savers.get("activation_checkpointing") and h.activation_checkpointing:
+            continue
+        if savers.get("optimizer_states") and h.optimizer_states == "8bit":
+            continue
+        p = est.what_if(preset, **savers)
+        b = search_batch(lambda b: est.estimate_memory(p, device=device, batch_size=b, machine=machine)["total"]
+                         <= limit, cap=seqs, start=min(preset.train.batch_size, seqs))[0]
+        if not b:
+            continue
         bs, acc, note = plan_accumulation(seqs, b)
-        same = "same tokens per step" if not note else f"{(bs * acc - seqs) / seqs:+.0%} tokens per step"
-        return f"batch_size {preset.train.batch_size} -> {bs} with grad_accum {acc} ({same})"
+        speed, why = 1.0, []
+        for key in savers:
+            factor, reason = SAVER_SPEED[key]
+            speed = speed * factor if speed is not None and factor is not None else None
+            why.append(reason)
+        sets = [f"hardware.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in savers.items()]
+        if (bs, acc) != (preset.train.batch_size, preset.train.grad_accum):
+            sets += [f"train.batch_size={bs}", f"train.grad_accum={acc}"]
+            why.append("same tokens per step" if not note else f"{(bs * acc - seqs) / seqs:+.0%} tokens per step")
+        total = est.estimate_memory(p, device=device, batch_size=bs, machine=machine)["total"]
+        out.append({"set": sets, "batch": b, "batch_size": bs, "grad_accum": acc, "total": total, "speed": speed,
+                    "why": "; ".join(why)})
+    return out
 
-    b = best_batch()
-    if b:
-        return plan(b) + f"; `workbench fit {preset.name}` writes it"
-    if not preset.hardware.activation_checkpointing:
-        b = best_batch(activation_checkpointing=True)
-        if b:
-            return "hardware.activation_checkpointing = true and " + plan(b)
+
+def suggest_changes(preset: Preset, device: str, available: int, machine: Machine | None = None) -> str:
+    """What to change so ``preset`` fits ``available`` bytes on ``device``, by estimate: the first of
+    :func:`fitting_savers` (a smaller micro-batch with more accumulation, then 8-bit AdamW states, then
+    activation checkpointing), else bf16, else a shorter sequence."""
+    options = fitting_savers(preset, device, available, machine)
+    if options:
+        o = options[0]
+        tail = "; `workbench fit` writes it" if o["set"] and all(s.startswith("train.") for s in o["set"]) else ""
+        return "--set " + " ".join(o["set"]) + (f" ({o['why']})" if o["why"] else "") + tail
     precision = est.estimate_settings(est.what_if(preset, device=device), machine).precision
     if device != "cpu" and precision == "fp32":
         return "hardware.precision = bf16 (halves activations)"

@@ -22,7 +22,7 @@ from workbench.plan import throughput
 from workbench.plan.estimate import HEADROOM
 from workbench.plan.flops import count_params, flops_per_token, param_breakdown
 from workbench.plan.history import previous_run
-from workbench.plan.recommend import suggest_changes
+from workbench.plan.recommend import fitting_savers, suggest_changes
 from workbench.plan.settings import RunSettings
 
 CPU_WATTS_ASSUMED = 65.0  # a desktop CPU package under load (the seeds' "CPU (i7) 65W")
@@ -81,6 +81,7 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
     }
     if report["fits"] is False:
         report["suggestion"] = suggest_changes(p, device, avail, machine)
+        report["savers"] = fitting_savers(p, device, avail, machine)
 
     # throughput: given > a previous run here > calibration
     prev = previous_run(p, runs_root, kind) if runs_root else None

@@ -12,6 +12,7 @@ that the CPU compile rule needs is passed in.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -58,6 +59,7 @@ class RunSettings:
     deterministic: bool = False       # CUDA: deterministic algorithms (hardware.deterministic)
     compile_kernels: str = "default"  # torch.compile's mode (default | reduce-overhead | max-autotune ...)
     nonfinite_check: str = "host"     # host | device: where a non-finite step is caught (nonfinite_check())
+    optimizer_states: str = "fp32"    # fp32 | 8bit: AdamW's moments (hardware.optimizer_states)
     warnings: tuple[str, ...] = ()
 
     @property
@@ -71,7 +73,8 @@ class RunSettings:
         """One line: what a user would want to know before a run starts."""
         parts = [self.device, self.precision, f"compile {self.compile_mode}",
                  "fused loss" if self.loss_chunk_tokens else "plain loss",
-                 "fused AdamW" if self.fused_optimizer else "AdamW"]
+                 "fused AdamW" if self.fused_optimizer else
+                 ("AdamW, 8-bit states" if self.optimizer_states == "8bit" else "AdamW")]
         if self.activation_checkpointing:
             parts.append("activation checkpointing")
         if self.world_size > 1:
@@ -281,6 +284,11 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
     else:
         reason = "auto: off on MPS"
     fused = fused_optimizer_wanted(h.fused_adamw, device, machine)
+    if h.optimizer_states == "8bit":
+        if h.fused_adamw == "true":
+            raise SettingsError("hardware.optimizer_states = '8bit' has its own AdamW step (torchao), not the fused "
+                                "kernel; set hardware.fused_adamw = auto or false")
+        fused = False
     return RunSettings(
         device=device, precision=precision, autocast=precision if precision in ("bf16", "fp16") else None,
         grad_scaler=precision == "fp16", tf32=bool(h.tf32 and kind == "cuda"),
@@ -294,4 +302,13 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
         deterministic=h.deterministic and kind == "cuda",
         nonfinite_check=nonfinite_check(h.nonfinite_check, world=world, fused_optimizer=fused,
                                         optimizer=t.optimizer, grad_scaler=precision == "fp16"),
+        optimizer_states=h.optimizer_states,
         warnings=tuple(warnings))
+
+
+def check_installed(s: RunSettings) -> None:
+    """Refuse, before a run starts, what this Python cannot do (the settings themselves are the same for
+    an estimate on a machine one does not have): 8-bit optimizer states need torchao."""
+    if s.optimizer_states == "8bit" and importlib.util.find_spec("torchao") is None:
+        raise SettingsError("hardware.optimizer_states = '8bit' needs torchao, which is not installed: "
+                            "pip install 'workbench[savers]' (or set hardware.optimizer_states = 'fp32')")

@@ -71,7 +71,7 @@ def build(p: Preset, s: RunSettings, device: torch.device, dist: Dist, cache_dir
         train_forward = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
     if s.compile and s.compile_mode == "whole model":
         train_forward = torch.compile(train_forward, **kw)
-    optimizer = build_optimizer(model, p.train, fused=s.fused_optimizer)
+    optimizer = build_optimizer(model, p.train, fused=s.fused_optimizer, states=s.optimizer_states)
     scaler = torch.amp.GradScaler(device.type, enabled=s.grad_scaler)
     trainable = sum(q.numel() for q in model.parameters() if q.requires_grad)
     return Built(model, train_forward, optimizer, scaler, trainable)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import time
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from workbench.rundir import INIT_DIR, TMP_PREFIX, best_checkpoint, ckpt_name, l
 from workbench.train.faults import NO_FAULTS, Faults
 from workbench.train.lora import apply_lora, merge_adapters
 from workbench.train.model import GPT
+from workbench.train.optim import adamw_class
 
 
 class CheckpointError(WorkbenchError):
@@ -110,7 +112,20 @@ def apply_retention(run_dir: Path, keep_last: int, milestone_interval: int, pinn
 
 def _load(path: Path, device: str | torch.device = "cpu") -> Any:
     try:
-        return torch.load(path, map_location=device, weights_only=True)
+        try:
+            return torch.load(path, map_location=device, weights_only=True)
+        except pickle.UnpicklingError as e:
+            if "torchao.optim" not in str(e):
+                raise
+            # 8-bit AdamW states (hardware.optimizer_states): torchao allows its tensor type once imported
+            try:
+                adamw_class("8bit")
+            except ImportError:
+                raise CheckpointError(f"{path} holds 8-bit optimizer states and torchao is not installed: "
+                                      "pip install 'workbench[savers]'") from None
+            return torch.load(path, map_location=device, weights_only=True)
+    except CheckpointError:
+        raise
     except FileNotFoundError:
         if not Path(path).parent.exists():
             raise CheckpointError(f"checkpoint {Path(path).parent.name} no longer exists: the trainer's retention "

@@ -9,6 +9,13 @@ rate in ``base_lr``; the schedule scales them all by the same factor.
 A checkpoint of an AdamW-only run holds AdamW's state dict as it always did; one with Muon holds
 ``{"adamw": ..., "muon": ...}``.
 
+``hardware.optimizer_states = "8bit"`` swaps AdamW for torchao's ``AdamW8bit`` (the same update; each
+moment of a tensor of 4096 values or more is kept as uint8 codes of a dynamic map with one fp32 scale
+per 256 values, ~2 bytes a parameter for both instead of 8). Its step is compiled per tensor shape
+(torch.compile, on every device: the first step of a run pays for it). Its learning rates are tensors,
+which :meth:`Optimizers.set_lr` fills in place; its state dict holds torchao's tensor subclass, which
+torchao registers for ``torch.load(weights_only=True)``.
+
 Why not ``torch.optim.Muon``: it runs the Newton-Schulz iterations in bfloat16 on every device. On a
 CPU, bf16 matmuls are far slower than fp32 (~28x on the 2-core machine this was built on), and the
 tiny test model trained at 495 tokens/s with it against ~9,000 with AdamW. :class:`Muon` below is the
@@ -87,7 +94,7 @@ class Optimizers:
         self.parts = parts
         for opt in parts.values():
             for g in opt.param_groups:
-                g.setdefault("base_lr", g["lr"])
+                g.setdefault("base_lr", float(g["lr"]))
 
     @property
     def param_groups(self) -> list[dict]:
@@ -99,7 +106,10 @@ class Optimizers:
 
     def set_lr(self, factor: float) -> None:
         for g in self.param_groups:
-            g["lr"] = g["base_lr"] * factor
+            if isinstance(g["lr"], torch.Tensor):  # torchao's AdamW8bit reads its lr tensor in its compiled step
+                g["lr"].fill_(g["base_lr"] * factor)
+            else:
+                g["lr"] = g["base_lr"] * factor
 
     def unscale_(self, scaler: torch.amp.GradScaler) -> None:
         for opt in self.parts.values():
@@ -144,20 +154,38 @@ class Optimizers:
             self.adamw.load_state_dict(sd)
 
 
-def build_optimizer(model: GPT | torch.nn.Module, t: TrainConfig, fused: bool) -> Optimizers:
-    """AdamW (weight decay on matrices, none on norms), or Muon + AdamW as the module docstring says."""
+def adamw_class(states: str) -> type[torch.optim.Optimizer]:
+    """torch's AdamW, or torchao's AdamW8bit for ``hardware.optimizer_states = "8bit"`` (imported only then;
+    on a machine without CUDA torchao logs that its CUDA kernels did not load, which says nothing here)."""
+    if states != "8bit":
+        return torch.optim.AdamW
+    import logging
+    log = logging.getLogger("torchao")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        from torchao.optim import AdamW8bit
+    finally:
+        log.setLevel(level)
+    return AdamW8bit
+
+
+def build_optimizer(model: GPT | torch.nn.Module, t: TrainConfig, fused: bool, states: str = "fp32") -> Optimizers:
+    """AdamW (weight decay on matrices, none on norms), or Muon + AdamW as the module docstring says;
+    AdamW's moments in fp32 or 8 bits (``states``)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     kw = {"fused": True} if fused else {}
+    adamw_cls = adamw_class(states)
     if t.optimizer != "muon":
         decay = [p for _n, p in named if p.dim() >= 2]
         no_decay = [p for _n, p in named if p.dim() < 2]
-        adamw = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2), **kw)
+        adamw = adamw_cls([{"params": decay, "weight_decay": t.weight_decay},
+                           {"params": no_decay, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2), **kw)
         return Optimizers({"adamw": adamw})
     hidden = [p for n, p in named if is_hidden_matrix(n, p)]
     other_2d = [p for n, p in named if p.dim() >= 2 and not is_hidden_matrix(n, p)]
     other_1d = [p for n, p in named if p.dim() < 2]
-    adamw = torch.optim.AdamW([{"params": other_2d, "weight_decay": t.weight_decay},
-                               {"params": other_1d, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2), **kw)
+    adamw = adamw_cls([{"params": other_2d, "weight_decay": t.weight_decay},
+                       {"params": other_1d, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2), **kw)
     muon = Muon(hidden, lr=t.muon_lr, weight_decay=t.muon_weight_decay, momentum=t.muon_momentum, nesterov=True)
     return Optimizers({"adamw": adamw, "muon": muon})

@@ -46,7 +46,8 @@ class Prober:
             if amp_dtype(settings) is not None:
                 cast_frozen(self.model, amp_dtype(settings))
         self.model.to(self.device)
-        self.optimizer = build_optimizer(self.model, t, fused=settings.fused_optimizer)
+        self.optimizer = build_optimizer(self.model, t, fused=settings.fused_optimizer,
+                                         states=settings.optimizer_states)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
         self.amp = amp_dtype(settings)
 

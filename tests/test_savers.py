@@ -1,0 +1,121 @@
+"""Memory savers: 8-bit AdamW states (torchao) counted exactly by the estimate, trained and resumed bit for
+bit, refused with one line where they cannot run; and `estimate` listing the savers that make a preset fit."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+
+from tests.conftest import read_jsonl, tiny, wb
+from workbench import rundir
+from workbench.config import ModelConfig, Preset, TrainConfig
+from workbench.config.schema import HardwareConfig
+from workbench.machine.detect import Machine
+from workbench.plan.estimate import estimate_memory, estimate_settings
+from workbench.plan.recommend import fitting_savers
+from workbench.plan.settings import SettingsError, check_installed
+from workbench.train.model import GPT
+from workbench.train.optim import build_optimizer
+
+# Tensors on both sides of torchao's rule (>= 4096 values and a multiple of 256: quantised): the norms (64),
+# wk and wv (64 x 32), biases (32 / 64) stay fp32; wq, wo, the MLP and the embedding are 8-bit.
+CFG = ModelConfig(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=32, attn_bias=True)
+
+
+def state_bytes(opt) -> int:
+    """Bytes of every moment an optimizer holds (codes, scales and maps of torchao's 8-bit tensors)."""
+    total = 0
+    for part in opt.parts.values():
+        for st in part.state.values():
+            for k, v in st.items():
+                if k == "step" or not isinstance(v, torch.Tensor):
+                    continue
+                inner = [getattr(v, a) for a in ("codes", "scale", "qmap")] if hasattr(v, "codes") else [v]
+                total += sum(t.untyped_storage().nbytes() for t in inner)
+    return total
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_8bit_states_are_the_bytes_the_estimate_counts(optimizer):
+    """One real step of each optimizer (the states exist from the first step on): the estimate's optimizer
+    component is what the tensors hold, byte for byte, in fp32 and in 8 bits, and 8 bits holds less."""
+    t = TrainConfig(optimizer=optimizer, batch_size=2)
+    got = {}
+    for states in ("fp32", "8bit"):
+        torch.manual_seed(0)
+        model = GPT(CFG)
+        opt = build_optimizer(model, t, fused=False, states=states)
+        ids = torch.randint(0, CFG.vocab_size, (2, CFG.seq_len))
+        model(ids, targets=ids)[1].backward()
+        opt.step(torch.amp.GradScaler("cpu", enabled=False))
+        p = Preset(model=CFG, train=t, hardware=HardwareConfig(device="cpu", optimizer_states=states))
+        want = estimate_memory(p, machine=Machine.assumed("cpu"))["components"]["optimizer"]
+        got[states] = state_bytes(opt)
+        assert got[states] == want, states
+    # AdamW alone: most of its moments become 8-bit; with Muon only the embedding's (Muon's momentum stays fp32)
+    assert got["8bit"] < (0.6 if optimizer == "adamw" else 0.8) * got["fp32"]
+
+
+def test_8bit_settings_and_refusals(monkeypatch):
+    p = Preset(model=CFG, hardware=HardwareConfig(device="cpu", optimizer_states="8bit"))
+    s = estimate_settings(p, Machine.assumed("cpu"))
+    assert s.optimizer_states == "8bit" and not s.fused_optimizer and s.nonfinite_check == "host"
+    assert "8-bit states" in s.describe()
+    bad = Preset(model=CFG, hardware=HardwareConfig(device="cpu", optimizer_states="8bit", fused_adamw="true"))
+    with pytest.raises(SettingsError, match="hardware.fused_adamw = auto or false"):
+        estimate_settings(bad, Machine.assumed("cpu"))
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "torchao" else object())
+    with pytest.raises(SettingsError, match=r"needs torchao, which is not installed: pip install 'workbench\[sav"):
+        check_installed(s)
+
+
+def test_8bit_run_trains_and_resumes_bitwise_after_kill_minus_nine(tmp_path):
+    """The same losses as fp32 states to a few parts in a thousand, a smaller checkpoint, and a kill -9 between
+    checkpoints resumed to every step's loss bit for bit (the quantised moments are saved and loaded)."""
+    root = str(tmp_path)
+    run = tiny("train.max_iters=10", "train.lr_decay_iters=10", "train.ckpt_interval=4", "train.eval_interval=5",
+               "model.dropout=0.1", "train.patience=0", "train.sample_prompt=''")
+    wb("train", "cpu-small", "--name", "fp32", "--runs-dir", root, *run, check=True)
+    wb("train", "cpu-small", "--name", "straight", "--runs-dir", root, *run, "hardware.optimizer_states=8bit",
+       check=True)
+    fp32, straight = (
+        {r["step"]: r["loss"] for r in read_jsonl(tmp_path / n / "metrics.jsonl") if r["kind"] == "train"}
+        for n in ("fp32", "straight"))
+    assert sorted(straight) == list(range(1, 11))
+    assert all(abs(straight[s] - fp32[s]) < 5e-3 * fp32[s] for s in fp32) and straight != fp32
+    size = {n: rundir.list_checkpoints(tmp_path / n)[-1]["bytes"] for n in ("fp32", "straight")}
+    assert size["straight"] < 0.75 * size["fp32"], size
+    cp = wb("train", "cpu-small", "--name", "r", "--runs-dir", root, *run, "hardware.optimizer_states=8bit",
+            env={"WORKBENCH_TEST_KILL_AT_STEP": "7"})
+    assert cp.returncode == -signal.SIGKILL
+    res = wb("resume", "r", "--runs-dir", root, check=True)
+    assert "resumed from checkpoint step_0000005" in res.stdout  # the best (eval at 5)
+    after = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "r" / "metrics.jsonl") if r["kind"] == "train"}
+    assert after == straight
+
+
+def test_estimate_lists_the_savers_that_make_a_preset_fit(capsys):
+    """gpu-24gb on an 8 GB card: each listed combination fits by the estimate, the cheapest (a smaller
+    micro-batch alone, same tokens per step) first; the CLI prints them and gives them in its JSON."""
+    from workbench.cli import main
+    from workbench.config import resolve_preset
+    from workbench.machine.gpus import find_gpu
+    from workbench.plan.compare import machine_with
+    gpu = find_gpu("RTX 4060")
+    p = resolve_preset("gpu-24gb")
+    machine = machine_with(gpu)
+    options = fitting_savers(p, "cuda", gpu.memory_bytes, machine)
+    assert options and all(o["total"] <= 0.9 * gpu.memory_bytes for o in options)
+    assert options[0]["set"] == ["train.batch_size=1", "train.grad_accum=64"] and options[0]["speed"] == 1.0
+    assert any("hardware.optimizer_states=8bit" in o["set"] for o in options)
+    capsys.readouterr()
+    assert main(["estimate", "gpu-24gb", "--gpu", "RTX 4060", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["fits"] is False and [o["set"] for o in r["savers"]] == [o["set"] for o in options]
+    assert main(["estimate", "gpu-24gb", "--gpu", "RTX 4060"]) == 0
+    out = capsys.readouterr().out
+    assert "to fit, by estimate (memory savers, cheapest in speed first):" in out
+    assert "--set hardware.optimizer_states=8bit" in out
