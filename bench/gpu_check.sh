@@ -3,7 +3,7 @@
 # precision auto, bf16 / fp16 + GradScaler / fp32, TF32, the fused loss on CUDA, --nproc 1 and NCCL), then a
 # bf16 + compile run, kill -9 / resume agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter
 # config, estimated vs measured peak memory. Exits non-zero when a GPU test fails.
-# Usage: bash bench/gpu_check.sh [quick|tests|mfu|profile]   (tests: the GPU tests alone; mfu: the ~124 M config's MFU
+# Usage: bash bench/gpu_check.sh [quick|tests|mfu|profile|savers]   (tests: the GPU tests alone; mfu: the ~124 M config's MFU
 # levers, each one trainer run, and the gpu-8gb defaults; set WB_LEVERS to choose which, by name)
 set -u
 cd "$(dirname "$0")/.."
@@ -73,6 +73,11 @@ $PY -m workbench fit gpu-8gb --out oom-fit --force --runs-dir $R --set model.dim
     hardware.chunked_loss=false train.batch_size=48 2>&1 | tail -25
 echo "fit exit: ${PIPESTATUS[0]}"
 [ "${1:-}" = quick ] && exit $TESTS_RC
+if [ "${1:-}" = savers ]; then  # 8-bit AdamW states against fp32 on the ~124 M config: peak memory, tokens/s
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
+    $PY bench/savers.py --steps 30 --set $G124 hardware.device=cuda hardware.compile=true model.vocab_size=32768
+    exit $TESTS_RC
+fi
 if [ "${1:-}" = profile ]; then  # where the ~124 M step's time goes, and two model changes timed beside it
     export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
     $PY bench/profile_step.py gpu-8gb --set $G124 --variant fused-proj --variant bf16-rope

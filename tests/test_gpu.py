@@ -165,3 +165,18 @@ def test_nccl_ddp_on_two_gpus_follows_one_process(tmp_path):
     for s in one:
         assert two[s] == pytest.approx(one[s], rel=1e-4), s
     assert rundir.read_status(tmp_path / "two")["state"] == "finished"
+
+
+def test_8bit_optimizer_states_on_cuda(tmp_path):
+    """torchao's AdamW8bit on the GPU (where its step is a Triton kernel): the run trains, its losses stay within
+    a few parts in a thousand of fp32 states, and the checkpoint holds the smaller states."""
+    pytest.importorskip("torchao", reason="hardware.optimizer_states = 8bit needs torchao (pip install "
+                                          "'workbench[savers]')")
+    run = tiny("train.max_iters=6", "train.ckpt_interval=6", "train.eval_interval=6", *CUDA)
+    for states in ("fp32", "8bit"):
+        wb("train", "cpu-small", "--name", states, "--runs-dir", str(tmp_path), *run,
+           f"hardware.optimizer_states={states}", check=True)
+    a, b = _train_losses(tmp_path / "fp32"), _train_losses(tmp_path / "8bit")
+    assert sorted(b) == list(range(1, 7)) and all(abs(a[s] - b[s]) < 5e-3 * a[s] for s in a)
+    size = {n: rundir.list_checkpoints(tmp_path / n)[-1]["bytes"] for n in ("fp32", "8bit")}
+    assert size["8bit"] < 0.75 * size["fp32"], size

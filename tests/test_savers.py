@@ -119,3 +119,17 @@ def test_estimate_lists_the_savers_that_make_a_preset_fit(capsys):
     out = capsys.readouterr().out
     assert "to fit, by estimate (memory savers, cheapest in speed first):" in out
     assert "--set hardware.optimizer_states=8bit" in out
+
+
+def test_compare_says_which_savers_make_a_preset_fit_where_no_batch_does():
+    """datacenter-80gb (~386 M) on 8 GB cards: no micro-batch fits as it is, and the row says which savers make
+    it fit, at a memory estimate under 90 % of the card."""
+    from workbench.config import resolve_preset
+    from workbench.machine.gpus import find_gpu
+    from workbench.plan.compare import compare
+    r = compare(resolve_preset("datacenter-80gb"), [find_gpu("RTX 4060"), find_gpu("H100")])
+    small, big = sorted(r["rows"], key=lambda x: x["memory"])
+    assert small["fit_batch"] == 0 and small["savers"] and big["savers"] == []
+    o = small["savers"][0]
+    assert "hardware.optimizer_states=8bit" in o["set"] and o["total"] <= 0.9 * small["available"]
+    assert "fits with --set " + " ".join(o["set"]) in small["batch_note"]

@@ -21,12 +21,14 @@ from typing import Any, Callable, Iterable, Mapping
 
 from workbench.config import Preset
 from workbench.errors import WorkbenchError
+from workbench.fmt import human_bytes
 from workbench.machine.detect import Gpu, Machine
 from workbench.machine.gpus import GpuSpec, compare_set, find_gpu
 from workbench.plan import estimate as est
 from workbench.plan import throughput
 from workbench.plan.batch import plan_accumulation, search_batch
 from workbench.plan.flops import count_params
+from workbench.plan.recommend import fitting_savers
 from workbench.plan.report import build_report
 from workbench.plan.settings import RunSettings, resolve_settings
 
@@ -96,6 +98,11 @@ def gpu_row(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mfu: 
     mem = est.estimate_memory(p, settings=settings)
     available, _what = machine.memory(gpu.device)
     best, batch, accum, batch_note = fit_batch(p, gpu, available)
+    savers = [] if best else fitting_savers(p, gpu.device, available, machine)
+    if savers:  # what makes it fit there after all, cheapest in speed first
+        o = savers[0]
+        batch_note += (f"; fits with --set {' '.join(o['set'])} ({human_bytes(o['total'])}"
+                       + (f"; {o['why']})" if o["why"] else ")"))
     m = throughput.mfu_for(p, settings, gpu, given=mfu)
     tps = throughput.tokens_per_s(p, settings, m)
     t = est.estimate_time(p, tps) if tps and best else None
@@ -110,6 +117,7 @@ def gpu_row(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mfu: 
         "watts": gpu.power_w, "kwh": cost["kwh"] if cost else None,
         "usd_per_hour": usd_per_hour, "usd": cost["usd"] if cost else None,
         "note": note or ("" if tps else f"no {settings.precision} peak for {gpu.name}"),
+        "savers": savers,
     }
 
 

@@ -34,6 +34,10 @@ from workbench.plan.settings import RunSettings, resolve_settings
 # and its CPU libraries adds ~0.35 GB of RSS (measured: peak RSS of bench/batch_sweep.py at batch 1).
 CUDA_CONTEXT_BYTES = int(0.5 * GB)
 CPU_FRAMEWORK_BYTES = int(0.35 * GB)
+# torch.compile's own machinery (dynamo, inductor, the compiled kernels' loader) on a CPU, where it shares
+# the RSS with the tensors: +146 MB measured after compiling one small function. A CPU run pays it when it
+# compiles the model (hardware.compile) or steps 8-bit AdamW states (torchao compiles that step).
+CPU_COMPILE_RUNTIME_BYTES = 146 * MB
 MPS_FRAMEWORK_BYTES = int(0.25 * GB)
 # The caching allocator (CUDA, MPS) and malloc (CPU) keep freed blocks that do
 # not fit the next request. Measured on an H100 (bench/batch_sweep.py, eager):
@@ -342,7 +346,7 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
     elif dev == "mps":
         framework = MPS_FRAMEWORK_BYTES
     else:
-        framework = CPU_FRAMEWORK_BYTES
+        framework = CPU_FRAMEWORK_BYTES + (CPU_COMPILE_RUNTIME_BYTES if settings.compile or eight_bit else 0)
     return {
         "preset": preset.name, "device": dev, "precision": prec, "attention": attn,
         "activation_checkpointing": ckpt, "fused_adamw": bool(fused_adamw), "whole_compiled": whole_compiled,

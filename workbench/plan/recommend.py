@@ -38,13 +38,15 @@ def first_choice(device: str, mem: int | None) -> str:
     return "medium"
 
 
-# What each memory saver costs in speed, by estimate: (factor on tokens/s, why). Activation checkpointing
-# runs each block's forward again in backward: 8 instead of 6 FLOPs per parameter and token. 8-bit AdamW
-# states: torchao's step, compiled per tensor, against the fused fp32 kernel; measured on CPU by
-# bench/savers.py (the step's share of the time shrinks as the batch grows), not yet on a GPU.
+# What each memory saver costs in speed, by device kind ("*": any): (factor on tokens/s, why). Activation
+# checkpointing runs each block's forward again in backward: 8 instead of 6 FLOPs per parameter and token.
+# 8-bit AdamW states: torchao's step, compiled per tensor, in place of the fused fp32 kernel; measured on a
+# CPU by bench/savers.py (~100 M parameters, batch 1 x 32: 14 vs 81 tokens/s, the step dominating at so
+# small a batch), not yet on a GPU.
 SAVER_SPEED = {
-    "activation_checkpointing": (0.75, "x0.75 tokens/s: one more forward in backward"),
-    "optimizer_states": (None, "speed not measured on a GPU (CPU: bench/savers.py)"),
+    "activation_checkpointing": {"*": (0.75, "x0.75 tokens/s: one more forward in backward")},
+    "optimizer_states": {"cpu": (0.17, "x0.17 tokens/s measured on a CPU at batch 1 (bench/savers.py)"),
+                         "*": (None, "speed not yet measured on a GPU")},
 }
 SAVERS = ({}, {"optimizer_states": "8bit"}, {"activation_checkpointing": True},
           {"activation_checkpointing": True, "optimizer_states": "8bit"})
@@ -72,7 +74,8 @@ def fitting_savers(preset: Preset, device: str, available: int, machine: Machine
         bs, acc, note = plan_accumulation(seqs, b)
         speed, why = 1.0, []
         for key in savers:
-            factor, reason = SAVER_SPEED[key]
+            by_kind = SAVER_SPEED[key]
+            factor, reason = by_kind.get(device.split(":")[0], by_kind["*"])
             speed = speed * factor if speed is not None and factor is not None else None
             why.append(reason)
         sets = [f"hardware.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in savers.items()]
