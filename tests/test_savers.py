@@ -16,7 +16,7 @@ from workbench.config.schema import HardwareConfig
 from workbench.machine.detect import Machine
 from workbench.plan.estimate import estimate_memory, estimate_settings
 from workbench.plan.recommend import fitting_savers
-from workbench.plan.settings import SettingsError, check_installed
+from workbench.plan.settings import SettingsError, check_installed, resolve_settings
 from workbench.train.model import GPT
 from workbench.train.optim import build_optimizer
 
@@ -67,6 +67,10 @@ def test_8bit_settings_and_refusals(monkeypatch):
     bad = Preset(model=CFG, hardware=HardwareConfig(device="cpu", optimizer_states="8bit", fused_adamw="true"))
     with pytest.raises(SettingsError, match="hardware.fused_adamw = auto or false"):
         estimate_settings(bad, Machine.assumed("cpu"))
+    sharded = Preset(model=CFG, hardware=HardwareConfig(device="cpu", optimizer_states="8bit", shard=True))
+    with pytest.raises(SettingsError, match="does not work with hardware.shard = true yet"):
+        resolve_settings(sharded, Machine.assumed("cpu"), world_size=2)
+    assert resolve_settings(sharded, Machine.assumed("cpu"), world_size=1).parallel == "none"  # one process: no shards
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "torchao" else object())
     with pytest.raises(SettingsError, match=r"needs torchao, which is not installed: pip install 'workbench\[sav"):
         check_installed(s)

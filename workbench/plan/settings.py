@@ -259,6 +259,10 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
         raise SettingsError("train.finetune = lora does not work with hardware.shard = true (the frozen weights and "
                             "the adapters differ in dtype and gradients); set hardware.shard = false: DDP copies "
                             "the small adapters' states to each process")
+    if parallel == "fsdp" and h.optimizer_states == "8bit":
+        raise SettingsError("hardware.optimizer_states = '8bit' does not work with hardware.shard = true yet (the "
+                            "sharded 8-bit states do not gather into a loadable checkpoint); set hardware.shard = "
+                            "false (DDP) or hardware.optimizer_states = 'fp32'")
     if parallel == "fsdp" and precision == "fp16":
         raise SettingsError("hardware.shard = true does not support fp16 (its GradScaler would decide to skip a "
                             "step on each rank's shard alone); use hardware.precision = bf16 or fp32")
