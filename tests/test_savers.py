@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,26 +78,22 @@ def test_8bit_settings_and_refusals(monkeypatch):
 
 
 def test_8bit_run_trains_and_resumes_bitwise_after_kill_minus_nine(tmp_path):
-    """The same losses as fp32 states to a few parts in a thousand, a smaller checkpoint, and a kill -9 between
-    checkpoints resumed to every step's loss bit for bit (the quantised moments are saved and loaded)."""
+    """The loss falls; a checkpoint's optimizer state is smaller than its fp32 weights (fp32 moments would be
+    twice them); a kill -9 between checkpoints resumes to every step's loss bit for bit (the quantised moments
+    are saved and loaded)."""
     root = str(tmp_path)
-    run = tiny("train.max_iters=10", "train.lr_decay_iters=10", "train.ckpt_interval=4", "train.eval_interval=5",
-               "model.dropout=0.1", "train.patience=0", "train.sample_prompt=''")
-    wb("train", "cpu-small", "--name", "fp32", "--runs-dir", root, *run, check=True)
-    wb("train", "cpu-small", "--name", "straight", "--runs-dir", root, *run, "hardware.optimizer_states=8bit",
-       check=True)
-    fp32, straight = (
-        {r["step"]: r["loss"] for r in read_jsonl(tmp_path / n / "metrics.jsonl") if r["kind"] == "train"}
-        for n in ("fp32", "straight"))
-    assert sorted(straight) == list(range(1, 11))
-    assert all(abs(straight[s] - fp32[s]) < 5e-3 * fp32[s] for s in fp32) and straight != fp32
-    size = {n: rundir.list_checkpoints(tmp_path / n)[-1]["bytes"] for n in ("fp32", "straight")}
-    assert size["straight"] < 0.75 * size["fp32"], size
-    cp = wb("train", "cpu-small", "--name", "r", "--runs-dir", root, *run, "hardware.optimizer_states=8bit",
-            env={"WORKBENCH_TEST_KILL_AT_STEP": "7"})
+    run = tiny("train.max_iters=8", "train.lr_decay_iters=8", "train.ckpt_interval=4", "train.eval_interval=8",
+               "model.dropout=0.1", "train.patience=0", "train.sample_prompt=''", "hardware.optimizer_states=8bit")
+    wb("train", "cpu-small", "--name", "straight", "--runs-dir", root, *run, check=True)
+    straight = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "straight" / "metrics.jsonl")
+                if r["kind"] == "train"}
+    assert sorted(straight) == list(range(1, 9)) and straight[8] < straight[1]
+    ck = Path(rundir.list_checkpoints(tmp_path / "straight")[-1]["path"])
+    assert (ck / "state.pt").stat().st_size < 0.75 * (ck / "model.pt").stat().st_size
+    cp = wb("train", "cpu-small", "--name", "r", "--runs-dir", root, *run, env={"WORKBENCH_TEST_KILL_AT_STEP": "7"})
     assert cp.returncode == -signal.SIGKILL
     res = wb("resume", "r", "--runs-dir", root, check=True)
-    assert "resumed from checkpoint step_0000005" in res.stdout  # the best (eval at 5)
+    assert "resumed from checkpoint step_0000004" in res.stdout
     after = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "r" / "metrics.jsonl") if r["kind"] == "train"}
     assert after == straight
 

@@ -37,6 +37,7 @@ from workbench.config import (
 )
 from workbench.errors import WorkbenchError
 from workbench.fs import write_atomic
+from workbench.machine.detect import Machine
 from workbench.plan.compare import compare
 from workbench.plan.estimate import estimate_memory
 from workbench.plan.flops import count_params
@@ -104,7 +105,8 @@ def with_name(text: str, name: str) -> str:
     return tomli_w.dumps(want)
 
 
-def estimate_table(p: Preset, measured: dict | None = None) -> Table:
+def estimate_table(p: Preset, measured: dict | None = None, machine_info: dict | None = None) -> Table:
+    """The estimate box: on the hardware the app shows (``machine_info``; None: detected now)."""
     t = Table.grid(padding=(0, 1))
     t.add_column(style="dim")
     t.add_column()
@@ -112,7 +114,8 @@ def estimate_table(p: Preset, measured: dict | None = None) -> Table:
     t.add_row("tokens/step", f"{p.tokens_per_step():,}")
     t.add_row("total tokens", fmt.si(p.tokens_per_step() * p.train.max_iters))
     try:
-        t.add_row("memory", f"{fmt.human_bytes(estimate_memory(p)['total'])} (estimate)")
+        machine = Machine.from_info(machine_info) if machine_info else None
+        t.add_row("memory", f"{fmt.human_bytes(estimate_memory(p, machine=machine)['total'])} (estimate)")
     except WorkbenchError as e:  # e.g. a device this machine does not have
         t.add_row("memory", str(e))
     if p.hardware.expected_memory_gb:
@@ -269,7 +272,7 @@ class PresetsPane(Horizontal, Pane):
         status.update(Text(f"✗ {err}", style="bold red") if err else Text("✓ valid", style="green"))
         if self.valid is not None:
             self.query_one("#preset-estimate", Static).update(
-                estimate_table(self.valid, self.measured.get(self.current)))
+                estimate_table(self.valid, self.measured.get(self.current), self.app.machine_info))
         if self.showing_gpus:
             self.compare_gpus()
 
