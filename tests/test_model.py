@@ -144,3 +144,22 @@ def test_auto_loss_chunk_on_cpu_always_on_gpus_for_big_logits():
     assert auto_loss_chunk(8, 512, 65536, "auto", "cpu") == 256
     assert auto_loss_chunk(2, 16, 8192, "auto", "cpu") == 32
     assert auto_loss_chunk(8, 256, 8192, "false", "cpu") == 0
+
+
+def test_zero_init_out_starts_every_block_as_the_identity():
+    """model.zero_init_out: wo and w2 start at zero, every other weight is the one the default draws (same
+    seed), so the blocks add nothing at first: the logits are the final norm of the embedding's."""
+    torch.manual_seed(0)
+    plain = GPT(cfg())
+    torch.manual_seed(0)
+    zero = GPT(cfg(zero_init_out=True))
+    for (name, a), (_, b) in zip(plain.named_parameters(), zero.named_parameters()):
+        if name.endswith(("wo.weight", "w2.weight")):
+            assert not b.any() and a.any(), name
+        else:
+            assert torch.equal(a, b), name
+    x = torch.randint(0, 97, (2, 16))
+    with torch.no_grad():
+        want = F.linear(zero.norm(zero.tok_emb(x)), zero.output_weight())
+        got = zero(x)[0]  # without targets: the last position's logits
+        assert got.shape == want[:, -1:].shape and torch.allclose(got, want[:, -1:], atol=1e-6)

@@ -43,6 +43,9 @@ class ModelConfig:
     rope_theta: float = _f(10000.0, "RoPE base frequency.", min=1.0)
     norm_eps: float = _f(1e-5, "RMSNorm epsilon.", min=0.0, min_exclusive=True)
     tie_embeddings: bool = _f(True, "Share the token embedding and the output projection.")
+    zero_init_out: bool = _f(False, "Start each block's output projections (attention's wo, the MLP's w2) at zero, as "
+                                    "modded-nanogpt does: every block begins as the identity. Only the initial "
+                                    "weights change (export is unaffected).")
     # Keys an imported model may need (workbench import); their defaults are workbench's own model.
     head_size: int = _f(0, "Width of each attention head; 0 = dim / n_heads. Imported models whose heads are wider "
                            "(Qwen3) set it.", min=0)

@@ -186,6 +186,8 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("wo.weight") or name.endswith("w2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+                if cfg.zero_init_out:  # after the draw: every other weight is what it would have been
+                    nn.init.zeros_(p)
 
     @staticmethod
     def _init(m: nn.Module) -> None:
