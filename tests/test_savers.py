@@ -3,6 +3,7 @@ bit, refused with one line where they cannot run; and `estimate` listing the sav
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 from pathlib import Path
@@ -134,3 +135,19 @@ def test_compare_says_which_savers_make_a_preset_fit_where_no_batch_does():
     o = small["savers"][0]
     assert "hardware.optimizer_states=8bit" in o["set"] and o["total"] <= 0.9 * small["available"]
     assert "fits with --set " + " ".join(o["set"]) in small["batch_note"]
+
+
+def test_lora_is_offered_for_a_full_fine_tune_that_fits_no_other_way():
+    """A ~1 B model fine-tuned on an 8 GB card: every weight trained does not fit with any saver (~10 bytes a
+    parameter even with 8-bit states), LoRA does; a preset that trains from scratch is never offered LoRA."""
+    from workbench.config import resolve_preset
+    from workbench.machine.gpus import find_gpu
+    from workbench.plan.compare import machine_with
+    gpu = find_gpu("RTX 4060")
+    big = resolve_preset("gpu-8gb", ["model.dim=2048", "model.n_layers=16", "model.n_heads=16", "model.n_kv_heads=8",
+                                     "train.batch_size=4", "model.seq_len=1024"])
+    ft = dataclasses.replace(big, init={"run": "base", "step": 0})
+    options = fitting_savers(ft, "cuda", gpu.memory_bytes, machine_with(gpu))
+    assert options and all("train.finetune=lora" in o["set"] for o in options), options
+    assert options[0]["speed"] == 1.5 and options[0]["total"] <= 0.9 * gpu.memory_bytes
+    assert fitting_savers(big, "cuda", gpu.memory_bytes, machine_with(gpu)) == []

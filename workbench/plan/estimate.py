@@ -148,8 +148,7 @@ def lora_layer_activation_bytes(model_cfg, train_cfg, batch_size: int, precision
 
 
 def what_if(preset: Preset, *, precision: str | None = None, device: str | None = None,
-            batch_size: int | None = None, activation_checkpointing: bool | None = None,
-            optimizer_states: str | None = None) -> Preset:
+            batch_size: int | None = None, activation_checkpointing: bool | None = None) -> Preset:
     """The preset with these values in place of its own (the estimate of another setup)."""
     hw, tr = {}, {}
     if precision:
@@ -158,10 +157,6 @@ def what_if(preset: Preset, *, precision: str | None = None, device: str | None 
         hw["device"] = device
     if activation_checkpointing is not None:
         hw["activation_checkpointing"] = activation_checkpointing
-    if optimizer_states:
-        hw["optimizer_states"] = optimizer_states
-        if optimizer_states == "8bit" and preset.hardware.fused_adamw == "true":
-            hw["fused_adamw"] = "auto"
     if batch_size:
         tr["batch_size"] = batch_size
     return dataclasses.replace(preset, hardware=dataclasses.replace(preset.hardware, **hw),

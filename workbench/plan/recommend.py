@@ -6,6 +6,7 @@ pane: the first choice by device class and memory, checked with the memory estim
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from workbench.config import Preset, PresetError, preset_paths, resolve_preset
@@ -44,29 +45,45 @@ def first_choice(device: str, mem: int | None) -> str:
 # CPU by bench/savers.py (~100 M parameters, batch 1 x 32: 14 vs 81 tokens/s, the step dominating at so
 # small a batch), not yet on a GPU.
 SAVER_SPEED = {
-    "activation_checkpointing": {"*": (0.75, "x0.75 tokens/s: one more forward in backward")},
-    "optimizer_states": {"cpu": (0.17, "x0.17 tokens/s measured on a CPU at batch 1 (bench/savers.py)"),
-                         "*": (None, "speed not yet measured on a GPU")},
+    "hardware.activation_checkpointing": {"*": (0.75, "x0.75 tokens/s: one more forward in backward")},
+    "hardware.optimizer_states": {"cpu": (0.17, "x0.17 tokens/s measured on a CPU at batch 1 (bench/savers.py)"),
+                                  "*": (None, "speed not yet measured on a GPU")},
+    # frozen matrices need no weight gradients: ~4 instead of 6 FLOPs per parameter and token
+    "train.finetune": {"*": (1.5, "x1.5 tokens/s by FLOPs; trains low-rank adapters, not every weight")},
 }
-SAVERS = ({}, {"optimizer_states": "8bit"}, {"activation_checkpointing": True},
-          {"activation_checkpointing": True, "optimizer_states": "8bit"})
+# Cheapest in speed first. LoRA only for a fine-tune (a preset with [init]) that trains every weight.
+SAVERS = ({}, {"hardware.optimizer_states": "8bit"}, {"hardware.activation_checkpointing": True},
+          {"hardware.activation_checkpointing": True, "hardware.optimizer_states": "8bit"})
+LORA_SAVERS = ({"train.finetune": "lora"}, {"train.finetune": "lora", "hardware.activation_checkpointing": True})
+
+
+def with_savers(preset: Preset, savers: dict[str, Any]) -> Preset:
+    """``preset`` with ``{"section.key": value}`` in place of its own (8-bit states bring their own AdamW step,
+    so an explicit fused_adamw = true goes back to auto)."""
+    sections: dict[str, dict] = {}
+    for key, value in savers.items():
+        section, name = key.split(".")
+        sections.setdefault(section, {})[name] = value
+    if savers.get("hardware.optimizer_states") == "8bit" and preset.hardware.fused_adamw == "true":
+        sections["hardware"]["fused_adamw"] = "auto"
+    return dataclasses.replace(preset, **{sec: dataclasses.replace(getattr(preset, sec), **kw)
+                                          for sec, kw in sections.items()})
 
 
 def fitting_savers(preset: Preset, device: str, available: int, machine: Machine | None = None) -> list[dict[str, Any]]:
     """Each combination of memory savers (smaller micro-batch with accumulation; 8-bit AdamW states;
-    activation checkpointing) that makes ``preset`` fit ``available`` bytes on ``device`` by the estimate,
-    cheapest in speed first: {"set": [KEY=VALUE, ...], "batch": the micro-batch fit would pick,
-    "batch_size", "grad_accum", "total": bytes, "speed": factor on tokens/s or None, "why": str}."""
+    activation checkpointing; for a full fine-tune, LoRA) that makes ``preset`` fit ``available`` bytes on
+    ``device`` by the estimate, cheapest in speed first: {"set": [KEY=VALUE, ...], "batch": the micro-batch
+    fit would pick, "batch_size", "grad_accum", "total": bytes, "speed": factor on tokens/s or None, "why"}."""
     seqs = preset.train.batch_size * preset.train.grad_accum
     limit = (1 - est.HEADROOM) * available
-    h = preset.hardware
+    combos = list(SAVERS) + (list(LORA_SAVERS) if preset.init is not None and preset.train.finetune == "full"
+                             else [])
     out = []
-    for savers in SAVERS:
-        if savers.get("activation_checkpointing") and h.activation_checkpointing:
-            continue
-        if savers.get("optimizer_states") and h.optimizer_states == "8bit":
-            continue
-        p = est.what_if(preset, **savers)
+    for savers in combos:
+        if any(getattr(getattr(preset, k.split(".")[0]), k.split(".")[1]) == v for k, v in savers.items()):
+            continue  # already on
+        p = with_savers(preset, savers)
         b = search_batch(lambda b: est.estimate_memory(p, device=device, batch_size=b, machine=machine)["total"]
                          <= limit, cap=seqs, start=min(preset.train.batch_size, seqs))[0]
         if not b:
@@ -78,7 +95,7 @@ def fitting_savers(preset: Preset, device: str, available: int, machine: Machine
             factor, reason = by_kind.get(device.split(":")[0], by_kind["*"])
             speed = speed * factor if speed is not None and factor is not None else None
             why.append(reason)
-        sets = [f"hardware.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in savers.items()]
+        sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in savers.items()]
         if (bs, acc) != (preset.train.batch_size, preset.train.grad_accum):
             sets += [f"train.batch_size={bs}", f"train.grad_accum={acc}"]
             why.append("same tokens per step" if not note else f"{(bs * acc - seqs) / seqs:+.0%} tokens per step")
