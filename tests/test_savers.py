@@ -88,10 +88,13 @@ def test_8bit_run_trains_and_resumes_bitwise_after_kill_minus_nine(tmp_path):
     run = tiny("train.max_iters=8", "train.lr_decay_iters=8", "train.ckpt_interval=4", "train.eval_interval=8",
                "model.dropout=0.1", "train.patience=0", "train.sample_prompt=''", "hardware.optimizer_states=8bit",
                "model.n_kv_heads=4", "model.ffn_hidden=64")  # every matrix 64 x 64: fewer shapes to compile
-    wb("train", "cpu-small", "--name", "straight", "--runs-dir", root, *run, check=True)
+    cp = wb("train", "cpu-small", "--name", "straight", "--runs-dir", root, *run, check=True)
     straight = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "straight" / "metrics.jsonl")
                 if r["kind"] == "train"}
     assert sorted(straight) == list(range(1, 9)) and straight[8] < straight[1]
+    # the run says what it uses, and torchao's notes to its own developers stay off the user's terminal
+    assert "8-bit AdamW states" in cp.stdout
+    assert "OptimState8bit" not in cp.stdout + cp.stderr and "KernelPreference" not in cp.stdout + cp.stderr
     ck = Path(rundir.list_checkpoints(tmp_path / "straight")[-1]["path"])
     assert (ck / "state.pt").stat().st_size < 0.75 * (ck / "model.pt").stat().st_size
     cp = wb("train", "cpu-small", "--name", "r", "--runs-dir", root, *run, env={"WORKBENCH_TEST_KILL_AT_STEP": "7"})

@@ -179,7 +179,8 @@ class Trainer:
             tuned += f", from {p.init['run']} step {p.init['step']}"
         self.report.log(f"run {rd.name}: preset {p.name}, {n_params / 1e6:.2f} M params{tuned}, device {self.device}"
                         f"{layout}, precision {s.precision}, compile {s.compile_mode}, "
-                        f"{self.tokens_per_step:,} tokens/step, corpus {self.data.source}"
+                        + ("8-bit AdamW states, " if s.optimizer_states == "8bit" else "")
+                        + f"{self.tokens_per_step:,} tokens/step, corpus {self.data.source}"
                         + (" (tokenizer and tokens from cache)" if self.data.cached else ""))
         self.report.event("resume" if self.resume else "start", self.state.step, params=n_params,
                           device=str(self.device), precision=s.precision, compile=s.compile,

@@ -160,13 +160,20 @@ def adamw_class(states: str) -> type[torch.optim.Optimizer]:
     if states != "8bit":
         return torch.optim.AdamW
     import logging
-    log = logging.getLogger("torchao")
-    level = log.level
-    log.setLevel(logging.ERROR)
+    import warnings
+    # torchao's import tells torch about its enums in a way torch now logs as deprecated, and its state
+    # tensor has no stable hash for one of compile's caches: notes for torchao's developers, not for a user
+    # watching a run (the step is compiled either way).
+    logs = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.ERROR)
     try:
         from torchao.optim import AdamW8bit
     finally:
-        log.setLevel(level)
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
+    warnings.filterwarnings("ignore", message=r"OptimState8bit does not implement _stable_hash_for_caching")
     return AdamW8bit
 
 
