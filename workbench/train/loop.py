@@ -46,7 +46,7 @@ from workbench.train.dist import Dist
 from workbench.train.encode import PrepareProgress
 from workbench.train.evaluation import evaluate
 from workbench.train.faults import Faults
-from workbench.train.report import Reporter, Throughput
+from workbench.train.report import Reporter, Throughput, start_line
 from workbench.train.runtime import amp_dtype, apply_backend_flags, autocast, memory_mb
 from workbench.train.sample import generate_text
 from workbench.train.skips import Skips
@@ -171,17 +171,8 @@ class Trainer:
         self.flops_per_token = flops_per_token(p.model)
         pending_rng = self.io.restore(ckpt, at_start=True) if ckpt else None
         n_params = self.built.model.num_params()
-        layout = {"fsdp": f" x {self.dist.world} processes, sharded (FSDP2)",
-                  "ddp": f" x {self.dist.world} processes, replicated (DDP)"}.get(s.parallel, "")
-        tuned = {"lora": f" ({self.built.trainable / 1e6:.3f} M in LoRA adapters trained, rank "
-                         f"{p.train.lora_rank}; the rest frozen)"}.get(p.train.finetune, "")
-        if p.init is not None:
-            tuned += f", from {p.init['run']} step {p.init['step']}"
-        self.report.log(f"run {rd.name}: preset {p.name}, {n_params / 1e6:.2f} M params{tuned}, device {self.device}"
-                        f"{layout}, precision {s.precision}, compile {s.compile_mode}, "
-                        + ("8-bit AdamW states, " if s.optimizer_states == "8bit" else "")
-                        + f"{self.tokens_per_step:,} tokens/step, corpus {self.data.source}"
-                        + (" (tokenizer and tokens from cache)" if self.data.cached else ""))
+        self.report.log(start_line(rd.name, p, s, self.device, self.dist.world, n_params, self.built.trainable,
+                                   self.tokens_per_step, self.data.source, self.data.cached))
         self.report.event("resume" if self.resume else "start", self.state.step, params=n_params,
                           device=str(self.device), precision=s.precision, compile=s.compile,
                           compile_mode=s.compile_mode, loss_chunk_tokens=s.loss_chunk_tokens,

@@ -91,3 +91,19 @@ class Throughput:
         """A new window after each logged rate."""
         if self.steps:
             self.start(now)
+
+
+def start_line(run_id: str, p: Any, s: Any, device: Any, world: int, n_params: int, trainable: int,
+               tokens_per_step: int, source: str, cached: bool) -> str:
+    """The log's first line of a start or resume: what runs, where, how (``p`` the preset, ``s`` its RunSettings)."""
+    layout = {"fsdp": f" x {world} processes, sharded (FSDP2)",
+              "ddp": f" x {world} processes, replicated (DDP)"}.get(s.parallel, "")
+    tuned = {"lora": f" ({trainable / 1e6:.3f} M in LoRA adapters trained, rank "
+                     f"{p.train.lora_rank}; the rest frozen)"}.get(p.train.finetune, "")
+    if p.init is not None:
+        tuned += f", from {p.init['run']} step {p.init['step']}"
+    return (f"run {run_id}: preset {p.name}, {n_params / 1e6:.2f} M params{tuned}, device {device}"
+            f"{layout}, precision {s.precision}, compile {s.compile_mode}, "
+            + ("8-bit AdamW states, " if s.optimizer_states == "8bit" else "")
+            + f"{tokens_per_step:,} tokens/step, corpus {source}"
+            + (" (tokenizer and tokens from cache)" if cached else ""))
