@@ -80,6 +80,27 @@ def test_memory_components_hand_computed_fp32_cpu():
     assert m["total"] == m["peak_allocated"] + m["fragmentation"] + m["framework"]
 
 
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_block_activations_match_what_autograd_keeps(precision, qk_norm):
+    """The per-block count (full training, flash attention, no dropout) against saved-tensor hooks on CPU:
+    within 3 %, QK-norm's two RMSNorms included (it keeps more: fp32 copies of q and k, normalised)."""
+    from tests.saved import saved_bytes
+    cfg = ModelConfig(vocab_size=512, dim=128, n_layers=1, n_heads=4, n_kv_heads=2, seq_len=128, qk_norm=qk_norm)
+    dtype = torch.bfloat16 if precision == "bf16" else None
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    x = torch.randn(2, cfg.seq_len, cfg.dim, requires_grad=True)
+    got = saved_bytes(model.layers[0], x, model.rope_cos, model.rope_sin, dtype)
+    if dtype is not None:  # autocast's bf16 copies of the block's matrices: the estimate's weight_casts, apart
+        got -= 2 * sum(p.numel() for p in model.layers[0].parameters() if p.dim() == 2)
+    want = layer_activation_bytes(cfg, 2, precision, "flash", "cpu")
+    assert abs(got - want) / got < 0.03, (got, want)
+    if qk_norm:
+        plain = layer_activation_bytes(dataclasses.replace(cfg, qk_norm=False), 2, precision, "flash", "cpu")
+        assert want - plain == (4 + (2 if dtype else 4)) * 2 * 128 * 32 * (4 + 2)
+
 def test_memory_with_fused_loss_and_fused_adamw_cpu_defaults():
     p = _tiny()  # CPU defaults: the fused loss (one chunk of all 32 tokens here) and fused AdamW
     m = estimate_memory(p, "fp32", "cpu")

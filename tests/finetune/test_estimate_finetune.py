@@ -12,6 +12,7 @@ import torch
 
 from tests.conftest import wb
 from tests.finetune.conftest import FT, cli
+from tests.saved import saved_bytes
 from workbench.config import ModelConfig, Preset, TrainConfig, load_preset_file
 from workbench.machine.detect import Machine
 from workbench.plan.estimate import estimate_memory, layer_activation_bytes, lora_layer_activation_bytes
@@ -21,23 +22,6 @@ from workbench.train.lora import apply_lora, cast_frozen
 from workbench.train.model import GPT
 
 CFG = ModelConfig(vocab_size=512, dim=128, n_layers=1, n_heads=4, n_kv_heads=2, seq_len=128)
-
-
-def saved_bytes(block, x: torch.Tensor, cos, sin, dtype) -> int:
-    """Bytes of the activations autograd keeps for one block's backward (parameters left out)."""
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params and t.dtype.is_floating_point and t.numel() > 4096:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-            block(x, cos, sin)
-    return sum(seen.values())
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -91,6 +91,9 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
     log-sum-exp (flash) or the T x T weights (math); SwiGLU keeps w1/w3
     outputs, silu(w1) and the product; dropout keeps a mask (1 byte on CUDA,
     the tensor's dtype elsewhere). RoPE and the GQA repeat keep nothing large.
+    QK-norm (``model.qk_norm``) normalises the projections' outputs, so each of
+    its two RMSNorms keeps an fp32 copy of q (or k) and the normalised tensor
+    (fp32 without autocast, the compute dtype with it).
     """
     c = model_cfg
     B, T, D, F, H = batch_size, c.seq_len, c.dim, c.hidden_dim, c.n_heads
@@ -110,10 +113,11 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
         if c.dropout > 0:
             attn += 2 * am * B * H * T * T         # dropout mask and dropped weights
     mlp = 4 * a * B * T * F                   # w1 out, silu(w1 out), w3 out, product (w2 input)
+    qk = (4 + a) * B * T * c.head_dim * (H + c.n_kv_heads) if c.qk_norm else 0
     drop = 0
     if c.dropout > 0:
         drop = 2 * BTD * (1 if device.startswith("cuda") else a)
-    return norms + linear_inputs + wo_input + attn + mlp + drop
+    return norms + linear_inputs + wo_input + attn + mlp + qk + drop
 
 
 def lora_layer_activation_bytes(model_cfg, train_cfg, batch_size: int, precision: str, attention: str,
