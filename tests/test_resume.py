@@ -121,6 +121,8 @@ def test_kill_minus_nine_at_random_moments_always_resumes(tmp_path):
         if env:
             _wait(marker.exists)
         else:
+            if trial == 0:  # a run killed before its first checkpoint has nothing to resume (resume says so)
+                _wait(lambda: rundir.list_checkpoints(d))
             time.sleep(rng.uniform(0.2, 2.5))
         os.kill(pid, signal.SIGKILL)
         _wait(lambda: not rundir.pid_alive(pid))
