@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -42,8 +43,9 @@ def make_app(runs_dir, **kw):
 NOT_YET = (NoMatches, KeyError, IndexError)
 
 
-async def wait_for(pilot, cond, timeout: float = 20.0, what: str = "condition"):
-    """Let the app run until ``cond()`` is true (thread workers deliver asynchronously)."""
+async def wait_for(pilot, cond, timeout: float = 20.0, what: str | Callable[[], str] = "condition"):
+    """Let the app run until ``cond()`` is true (thread workers deliver asynchronously). ``what`` may be
+    a function, called at the timeout, so the message shows the state then, not at the start."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while True:
@@ -53,6 +55,7 @@ async def wait_for(pilot, cond, timeout: float = 20.0, what: str = "condition"):
         except NOT_YET as e:
             last = e
         if time.monotonic() > deadline:
+            what = what() if callable(what) else what
             raise AssertionError(f"timed out waiting for {what}" + (f" (last: {last!r})" if last else ""))
         await pilot.pause(0.05)
 

@@ -491,7 +491,13 @@ def test_train_log_shows_its_newest_lines_after_the_pane_was_hidden_and_resized(
             await wait_for(pilot, lambda: "later line 59" in _log_text(log), what="the lines read while hidden")
             await wait_for(pilot, lambda: app.query_one("#tabs").active == "train" and log.size.height > 0
                            and log.scroll_y == log.max_scroll_y > 0,
-                           what=f"the log at its end (scroll {log.scroll_y} of {log.max_scroll_y})")
+                           what=lambda: f"the log at its end (scroll {log.scroll_y} of {log.max_scroll_y})")
+            # the log itself shrinks (the stats above it grow, as with a narrow terminal): still at its end
+            before = log.max_scroll_y
+            app.query_one("#mon-stats").styles.height = app.query_one("#mon-stats").size.height + 4
+            await wait_for(pilot, lambda: log.max_scroll_y > before and log.scroll_y == log.max_scroll_y,
+                           what=lambda: f"the log at its end after it shrank (scroll {log.scroll_y} of "
+                                        f"{log.max_scroll_y})")
     run(go())
 
 

@@ -17,6 +17,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.events import Resize
 from textual.message import Message
 from textual.widgets import Label, ProgressBar, RichLog, Select, Static
 
@@ -136,6 +137,16 @@ def event_line(e: EventRecord | dict) -> Text:
                          (f" {msg}" if msg else "", ""))
 
 
+
+class TailLog(RichLog):
+    """A RichLog that stays at its newest line when its own height changes: the stats above it growing when
+    the terminal narrows, or the pane laid out again after it was hidden. (RichLog follows only its writes;
+    the pane's own resize comes before its children's, so the pane cannot do it.)"""
+
+    def on_resize(self, event: Resize) -> None:  # RichLog's own handler runs after this one (Textual's MRO)
+        if self.auto_scroll:
+            self.call_after_refresh(self.scroll_end, animate=False, immediate=True, x_axis=False)
+
 class MonitorPane(Vertical, Pane):
     MAIN_WIDGET = "#mon-log"
     BINDINGS = [
@@ -176,9 +187,9 @@ class MonitorPane(Vertical, Pane):
         yield Static("", id="mon-stats")
         yield HealthBox(self.runs_dir, id="mon-health")
         with Horizontal(id="mon-bottom"):
-            yield RichLog(id="mon-events", max_lines=500, auto_scroll=True, wrap=False)
+            yield TailLog(id="mon-events", max_lines=500, auto_scroll=True, wrap=False)
             # wrap: a long line (a traceback, a warning with a path) is read whole, not cut at the edge
-            yield RichLog(id="mon-log", max_lines=2000, auto_scroll=True, wrap=True, markup=False,
+            yield TailLog(id="mon-log", max_lines=2000, auto_scroll=True, wrap=True, markup=False,
                           highlight=False, min_width=10)  # min_width: wrap at the pane's width, however narrow
 
     def on_mount(self) -> None:
