@@ -23,9 +23,10 @@ TINY = [
 
 
 # bench/gpu_check.sh's ~124 M config (as overrides of gpu-8gb), measured on an H100 (README, GPU numbers)
-G124 = ["model.vocab_size=32768", "model.dim=768", "model.n_layers=12", "model.n_heads=12", "model.n_kv_heads=12",
-        "model.ffn_hidden=2560", "model.seq_len=1024", "model.dropout=0.0", "train.batch_size=32",
-        "hardware.activation_checkpointing=false", "hardware.chunked_loss=false"]
+# without QK-norm, before it became the presets' default
+G124 = ["model.qk_norm=false", "model.vocab_size=32768", "model.dim=768", "model.n_layers=12", "model.n_heads=12",
+        "model.n_kv_heads=12", "model.ffn_hidden=2560", "model.seq_len=1024", "model.dropout=0.0",
+        "train.batch_size=32", "hardware.activation_checkpointing=false", "hardware.chunked_loss=false"]
 
 
 def tiny(*extra: str) -> list[str]:

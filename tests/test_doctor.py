@@ -70,10 +70,11 @@ def test_overfitting_is_found_and_gone_with_dropout_and_fewer_steps(tmp_path):
 def test_nan_steps_are_found_with_a_lower_learning_rate(tmp_path):
     root = tmp_path / "runs"
     wb("train", "cpu-small", "--name", "nan", "--runs-dir", str(root),
-       *tiny("train.max_iters=12", "train.eval_interval=6"), env={"WORKBENCH_TEST_NAN_STEPS": "5,6"}, check=True)
+       *tiny("train.max_iters=12", "train.eval_interval=6", "train.lr=1e-3"), env={"WORKBENCH_TEST_NAN_STEPS": "5,6"},
+       check=True)
     f = by_code(doctor(root / "nan"))["unstable.nonfinite"]
     assert f["data"]["steps"] == [5, 6] and "steps 5, 6" in f["evidence"][0]
-    assert f["set"]["train.lr"] == 0.0005  # cpu-small's 1e-3, halved
+    assert f["set"]["train.lr"] == 0.0005  # the run's 1e-3, halved
     assert f["command"].startswith("workbench train ") and "--set train.lr=0.0005" in f["command"]
 
 

@@ -44,7 +44,7 @@ def our_logits(model: GPT, ids: torch.Tensor) -> torch.Tensor:
 
 def hf_logits(out: Path, ids: torch.Tensor) -> torch.Tensor:
     tf = transformers_or_skip()
-    hf = tf.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)
+    hf = tf.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)  # Llama or Qwen3, by config.json
     hf.eval()
     with torch.no_grad():
         return hf(ids).logits
@@ -83,7 +83,8 @@ def test_hf_directory_layout(hf_export, trained_run):
                      "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
     cfg = json.loads((hf_export / "config.json").read_text())
     m = load_preset_file(trained_run / "preset.toml").model
-    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["model_type"] == "llama"
+    assert m.qk_norm  # the shipped presets' recipe: QK-norm, which transformers' Qwen3 layout has and Llama's has not
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["model_type"] == "qwen3"
     assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
             cfg["num_key_value_heads"], cfg["head_dim"], cfg["vocab_size"], cfg["max_position_embeddings"]) == \
         (m.dim, m.hidden_dim, m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim, m.vocab_size, m.seq_len)
@@ -97,7 +98,8 @@ def test_hf_directory_layout(hf_export, trained_run):
         assert f.metadata()["format"] == "pt"
     assert "lm_head.weight" not in keys  # tied: transformers ties it to the embedding on load
     assert {"model.embed_tokens.weight", "model.norm.weight", "model.layers.1.self_attn.k_proj.weight",
-            "model.layers.0.mlp.gate_proj.weight", "model.layers.0.post_attention_layernorm.weight"} <= keys
+            "model.layers.0.mlp.gate_proj.weight", "model.layers.0.post_attention_layernorm.weight",
+            "model.layers.1.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"} <= keys
     assert not [p for p in hf_export.parent.iterdir() if p.name.startswith(".")]  # no temporary left
 
 

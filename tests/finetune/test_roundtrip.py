@@ -90,6 +90,13 @@ def gguf_export(capsys, run_dir: Path, out: Path, *extra: str) -> Path:
     return out / "model.gguf"
 
 
+def gguf_field(path: Path, key: str):
+    """One scalar of a GGUF file's metadata, as the gguf package reads it."""
+    from gguf import GGUFReader
+    field = GGUFReader(path).fields[key]
+    return field.contents()
+
+
 @pytest.mark.parametrize("which", ["llama lora", "qwen2 lora", "workbench sentencepiece"])
 def test_gguf_gives_the_same_next_token(which, lora_run, qwen2_lora, trained_run, tmp_path, capsys):
     """transformers' GGUF loader (the reader CI has): the same argmax on every prompt, logits within f16's error."""
@@ -97,7 +104,10 @@ def test_gguf_gives_the_same_next_token(which, lora_run, qwen2_lora, trained_run
     path = gguf_export(capsys, run_dir, tmp_path / "gguf")
     ours_model = lora_model(run_dir) if "lora" in which else load_run_model(run_dir).model.eval()
     tok = load_tokenizer(run_dir)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+    cfg = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    if cfg.model_type == "qwen3":  # the presets' QK-norm exports as Qwen3: transformers' GGUF map for qwen3 skips
+        cfg.head_dim = gguf_field(path, "qwen3.attention.key_length")  # the head width and assumes 128; the file has it
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=cfg,
                                                            dtype=torch.float32).eval()
     worst = 0.0
     for prompt in PROMPTS:

@@ -29,10 +29,12 @@ from workbench.plan.settings import RunSettings
 SIZE_EXPONENT = 0.35
 MFU_CAP = 0.6  # no scaling beyond what well-tuned large-model training reaches
 
-# The ~124 M config of bench/gpu_check.sh; gpu-8gb's model as shipped.
+# The ~124 M config of bench/gpu_check.sh; gpu-8gb's model as measured. Both were measured without QK-norm
+# (before it became the presets' default), so a QK-norm model is scaled from them, not matched.
 GPT_124M = ModelConfig(vocab_size=32768, dim=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_hidden=2560,
-                       seq_len=1024, dropout=0.0)
-GPU_8GB = ModelConfig(vocab_size=32768, dim=768, n_layers=12, n_heads=12, n_kv_heads=6, seq_len=1024, dropout=0.1)
+                       seq_len=1024, dropout=0.0, qk_norm=False)
+GPU_8GB = ModelConfig(vocab_size=32768, dim=768, n_layers=12, n_heads=12, n_kv_heads=6, seq_len=1024, dropout=0.1,
+                      qk_norm=False)
 
 
 @dataclass(frozen=True)
