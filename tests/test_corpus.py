@@ -92,6 +92,54 @@ def test_builtin_corpus_is_documents_of_python_docs_and_stdlib():
     assert n > 10 and 250_000 <= sum(len(d) for d in docs) <= 300_000
 
 
+# ----------------------------------------------------------------------------- one-line documents
+
+def one_line_docs(n: int, words_each: int, seed: int = 0) -> list[str]:
+    """Documents with no newline in them (reviews, messages, Q&A pairs): the most common shape of user data.
+    Each quarter of them is written in words of its own alphabet, so a tokenizer that learnt from only part
+    of the corpus spells the others' words letter by letter."""
+    rng = random.Random(seed)
+    alphabets = ["abcdef", "ghijkl", "mnopqr", "stuvwx"]
+    words = [["".join(rng.choice(a) for _ in range(rng.randint(3, 7))) for _ in range(60)] for a in alphabets]
+    return [f"Review {i}: " + " ".join(rng.choice(words[i * 4 // n]) for _ in range(words_each)) + "."
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+@pytest.mark.parametrize("shape", ["short", "long"])
+def test_one_line_documents_train_a_tokenizer(tmp_path, kind, shape):
+    # short: 3,000 reviews of ~15 words; long: 12 documents of ~60 KB each, every one past sentencepiece's
+    # 32 KB sentence limit (before the fix each run of documents became one line it dropped, then it had none)
+    docs = one_line_docs(3000, 15) if shape == "short" else one_line_docs(12, 10_000, seed=1)
+    path = tmp_path / f"reviews.{kind}"
+    if kind == "jsonl":
+        write_jsonl(path, docs)
+    else:
+        pq.write_table(pa.table({"text": docs}), path)
+    cp = wb("data", "prepare", str(path), "--vocab-size", "1024", "--json", cwd=tmp_path,
+            env={"WORKBENCH_CACHE_DIR": str(tmp_path / "cache")})
+    assert cp.returncode == 0, cp.stderr
+    out = json.loads(cp.stdout)
+    assert out["documents"] == len(docs)
+    from workbench.train.tokenizer import load_tokenizer
+    tok = load_tokenizer(Path(out["cache_dir"]))
+    assert tok.vocab_size == 1024
+    # it learnt the documents' words (a tokenizer trained on nothing would spell them in bytes)
+    for doc in (docs[0], docs[len(docs) // 3], docs[2 * len(docs) // 3], docs[-1]):   # every quarter learnt
+        assert len(tok.encode(doc)) < len(doc.encode()) / 2.5
+    assert tok.decode(tok.encode(docs[7])) == docs[7]
+
+
+def test_a_sample_line_past_the_sentence_limit_is_cut_at_spaces_not_dropped():
+    from workbench.train.tokenizer import SENTENCE_CHARS, split_long_line
+    line = " ".join(f"w{i}" for i in range(5000))
+    parts = split_long_line(line)
+    assert "".join(parts) == line and len(parts) > 1
+    assert all(len(p) <= SENTENCE_CHARS for p in parts)
+    assert all(p.startswith(" ") for p in parts[1:])            # cut before a space: no word split in two
+    assert split_long_line("x" * (SENTENCE_CHARS * 2 + 5)) == ["x" * SENTENCE_CHARS] * 2 + ["x" * 5]
+
+
 # ----------------------------------------------------------------------------- bad input
 
 def _cli_prepare(tmp_path, *corpus, env_cache: Path, extra=()):

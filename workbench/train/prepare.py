@@ -115,6 +115,9 @@ def scan(corpus: Corpus, sample_mb: float, progress: Progress | None = None, see
         h.update(text.encode("utf-8", "surrogatepass"))
         if end:
             h.update(b"\x1e")
+            # a document's end ends a line of the sample too: one-line documents (JSONL reviews, messages)
+            # would otherwise run together into lines too long for sentencepiece, which drops them
+            text = text if text.endswith("\n") else text + "\n"
         block.append(text)
         size += len(text)
         if size >= block_chars:  # blocks of whole lines where they can be

@@ -289,6 +289,24 @@ def load_tokenizer(path: Path) -> AnyTokenizer:
     return HFTokenizer.load(f) if f.name.endswith(".json") else Tokenizer.load(f)
 
 
+SENTENCE_CHARS = 4096   # sample lines are cut to at most this many characters (<= 16 KB of UTF-8, within
+                        # TRAINER_OPTIONS' max_sentence_length, past which sentencepiece drops a line whole)
+
+
+def split_long_line(line: str, limit: int = SENTENCE_CHARS) -> list[str]:
+    """``line`` in pieces of at most ``limit`` characters, cut after the last space before the limit where
+    there is one (so words stay whole), for the tokenizer's sample: a long one-line document is learnt
+    from, not dropped."""
+    out, pos = [], 0
+    while len(line) - pos > limit:
+        cut = line.rfind(" ", pos + 1, pos + limit)
+        end = cut if cut > pos else pos + limit
+        out.append(line[pos:end])
+        pos = end
+    out.append(line[pos:])
+    return out
+
+
 def train_tokenizer(text: str | list[str], vocab_size: int, sample_mb: float = 8.0, seed: int = 0,
                     num_threads: int = 2) -> Tokenizer:
     """Train BPE on (a sample of) the lines of ``text`` (a string, or lines already sampled)."""
@@ -306,7 +324,7 @@ def train_tokenizer(text: str | list[str], vocab_size: int, sample_mb: float = 8
             if size >= budget:
                 break
         lines = picked
-    lines = [ln for ln in lines if ln]
+    lines = [piece for ln in lines if ln for piece in split_long_line(ln)]
     if not lines:
         raise TokenizerError("the corpus has no text to train a tokenizer on")
     buf = io.BytesIO()
@@ -328,5 +346,9 @@ def train_tokenizer(text: str | list[str], vocab_size: int, sample_mb: float = 8
             raise TokenizerError(f"model.vocab_size = {vocab_size} is too small: this corpus needs at least {need} "
                                  f"pieces (256 byte pieces plus its characters); "
                                  f"use --set model.vocab_size={ok}") from None
+        if "sentences_.empty()" in msg:
+            raise TokenizerError("the tokenizer found no usable text in the corpus's sample (sentencepiece kept none "
+                                 "of its lines); check data.text_field names the field that holds the text, or "
+                                 "raise data.tokenizer_sample_mb") from None
         raise TokenizerError(f"tokenizer training failed: {msg.strip().splitlines()[-1]}") from None
     return Tokenizer(buf.getvalue())
