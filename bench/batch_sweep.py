@@ -33,7 +33,7 @@ def one(preset_name: str, overrides: list[str], batch: int, device: str, steps: 
     from workbench.machine.probe import this_machine
     from workbench.plan.estimate import what_if
     from workbench.plan.settings import resolve_settings
-    from workbench.train.probe import Prober
+    from workbench.train.batch_probe import Prober
     from workbench.train.runtime import apply_backend_flags
     p = what_if(resolve_preset(preset_name, overrides + [f"train.batch_size={batch}"]), device=device)
     s = resolve_settings(p, this_machine(), world_size=1)

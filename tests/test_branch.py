@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.conftest import read_jsonl, tiny, wait_running, wb
 from workbench import rundir
-from workbench.plan.lineage import lineage
+from workbench.analysis.lineage import lineage
 from workbench.rundir import EvalRecord, TrainRecord, current_timeline, read_metrics
 from workbench.tui.rundata import RunData
 

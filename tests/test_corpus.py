@@ -21,8 +21,8 @@ import zstandard
 
 from tests.conftest import wb
 from workbench.config import DataConfig
-from workbench.train.corpus import CorpusError, open_corpus
-from workbench.train.data import prepare_data
+from workbench.data.corpus import CorpusError, open_corpus
+from workbench.data.tokens import prepare_data
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
 
@@ -121,7 +121,7 @@ def test_one_line_documents_train_a_tokenizer(tmp_path, kind, shape):
     assert cp.returncode == 0, cp.stderr
     out = json.loads(cp.stdout)
     assert out["documents"] == len(docs)
-    from workbench.train.tokenizer import load_tokenizer
+    from workbench.data.tokenizer import load_tokenizer
     tok = load_tokenizer(Path(out["cache_dir"]))
     assert tok.vocab_size == 1024
     # it learnt the documents' words (a tokenizer trained on nothing would spell them in bytes)
@@ -131,7 +131,7 @@ def test_one_line_documents_train_a_tokenizer(tmp_path, kind, shape):
 
 
 def test_a_sample_line_past_the_sentence_limit_is_cut_at_spaces_not_dropped():
-    from workbench.train.tokenizer import SENTENCE_CHARS, split_long_line
+    from workbench.data.tokenizer import SENTENCE_CHARS, split_long_line
     line = " ".join(f"w{i}" for i in range(5000))
     parts = split_long_line(line)
     assert "".join(parts) == line and len(parts) > 1
@@ -285,8 +285,8 @@ def test_tokenizer_sample_comes_from_the_whole_corpus(tmp_path):
 _PREPARE = """
 import sys
 from workbench.config import DataConfig
-from workbench.train.data import prepare_data
-from workbench.train.faults import Faults
+from workbench.data.tokens import prepare_data
+from workbench.faults import Faults
 d = prepare_data(DataConfig(corpus=sys.argv[1]), 300, 16, log=lambda m: print(m, flush=True),
                  workers=int(sys.argv[2]), shard_chars=int(sys.argv[3]), faults=Faults.from_env())
 print("TOKENS", d.tokenizer_path.parent / "tokens.bin", flush=True)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from workbench.analysis.doctor import diagnose, diagnose_run, read_run, report
+from workbench.analysis.doctor.facts import RunFacts
 from workbench.config import preset_to_toml, resolve_preset
 from workbench.machine import activity
 from workbench.machine.activity import Activity, GpuClocks, GpuProcess, HardwareSnapshot, ProcessUse
-from workbench.plan.doctor import diagnose, diagnose_run, read_run, report
-from workbench.plan.doctor.facts import RunFacts
 
 GiB = 2**30
 TINY = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.seq_len=32",

@@ -17,10 +17,10 @@ import torch
 from tests.conftest import wb
 from workbench import rundir
 from workbench.config import ModelConfig, load_preset_file
+from workbench.data.tokenizer import Tokenizer
+from workbench.interop.export import export_state_dict, hf_state_dict, rope_permute, tokenizer_json
 from workbench.train.checkpoint import load_model_state
-from workbench.train.export import export_state_dict, hf_state_dict, rope_permute, tokenizer_json
 from workbench.train.model import GPT, apply_rope, rope_tables
-from workbench.train.tokenizer import Tokenizer
 
 SAMPLE = ("def add(a, b):\n    return a + b  # two  spaces\n\n\tif x:\n\t\tpass\n"
           "café naïve Zürich — ½ ≠ ∞, 日本語のテキスト, emoji 🙂🚀\n   trailing   \n\n\nend")

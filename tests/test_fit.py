@@ -18,7 +18,7 @@ from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.plan.batch import plan_accumulation, search_batch
 from workbench.plan.settings import resolve_settings
-from workbench.train.probe import Prober
+from workbench.train.batch_probe import Prober
 from workbench.train.runtime import is_oom
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,8 +12,8 @@ import torch
 from tests.conftest import read_jsonl, tiny, wb
 from workbench import rundir
 from workbench.config import DataConfig, resolve_preset
+from workbench.data.tokens import WindowSampler, prepare_data
 from workbench.plan.schedule import decay_start, lr_at, lr_factor
-from workbench.train.data import WindowSampler, prepare_data
 from workbench.train.model import GPT
 from workbench.train.optim import Muon, build_optimizer, is_hidden_matrix
 

@@ -105,7 +105,7 @@ def hf_models(tmp_path_factory, hf_tokenizer_dir) -> dict[str, Path]:
 def imported(tmp_path_factory, hf_models) -> Path:
     """A runs directory with each model imported under its kind's name (in this process: the CLI is tested
     on its own)."""
-    from workbench.train.hf_import import import_model
+    from workbench.interop.hf_import import import_model
     root = tmp_path_factory.mktemp("ft-runs")
     for kind, d in hf_models.items():
         import_model(d, root, kind, log=lambda m: None)

@@ -16,8 +16,8 @@ from tests.conftest import wb
 from tests.finetune.conftest import KINDS, VOCAB, build_hf_model, cli, transformers
 from workbench import rundir
 from workbench.config import load_preset_file
+from workbench.data.tokenizer import HFTokenizer, load_tokenizer
 from workbench.train.checkpoint import load_run_model
-from workbench.train.tokenizer import HFTokenizer, load_tokenizer
 
 # Code, Unicode, whitespace of every kind, a special token's text, and the empty string.
 TEXTS = ["def add(a, b):\n    return a + b  # two  spaces\n\n\tif x:\n\t\tpass\n",
@@ -93,7 +93,7 @@ def test_bin_weights_load_only_as_tensors(tmp_path, hf_models, imported):
     from safetensors.torch import load_file
     torch.save(load_file(d / "model.safetensors"), d / "pytorch_model.bin")
     (d / "model.safetensors").unlink()
-    from workbench.train.hf_import import import_model
+    from workbench.interop.hf_import import import_model
     r = import_model(d, tmp_path / "runs", "b", log=lambda m: None)
     want = load_run_model(imported / "llama-mha-untied").state_dict
     got = load_run_model(r.run_dir).state_dict

@@ -19,10 +19,10 @@ from tests.finetune.conftest import FT, VOCAB, cli, transformers
 from workbench import rundir
 from workbench.cli import main
 from workbench.config import load_preset_file
+from workbench.data.tokenizer import load_tokenizer
 from workbench.train.checkpoint import load_init_weights, load_model_state, load_run_model
 from workbench.train.lora import apply_lora
 from workbench.train.model import GPT
-from workbench.train.tokenizer import load_tokenizer
 
 PROMPTS = ["def add(a, b):\n    return", "import json\nimport ", "class Decoder(object):\n    ",
            "# café — 日本語 🙂\n", "    if not s:\n        raise"]

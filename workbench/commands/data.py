@@ -9,6 +9,7 @@ import time
 
 from workbench.commands.common import TerminalProgress, add_set_option
 from workbench.config import resolve_preset, toml_string
+from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
 
@@ -46,7 +47,6 @@ def _preset(args):
 
 
 def cmd_prepare(args) -> int:
-    from workbench.train.data import open_data_corpus, prepare_data  # no torch
     if args.workers is not None and args.workers < 1:
         raise WorkbenchError(f"--workers {args.workers} must be at least 1")
     p = _preset(args)
@@ -86,7 +86,6 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from workbench.train.data import open_data_corpus
     if args.documents < 1 or args.chars < 1:
         raise WorkbenchError("-n and --chars must be at least 1")
     p = _preset(args)

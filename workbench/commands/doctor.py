@@ -1,5 +1,5 @@
 """`workbench doctor RUN`: what is wrong with a run (slow, unstable, memory, overfitting, data), the
-numbers that show it, and what to change. The diagnosis is ``workbench.plan.doctor``; this prints it."""
+numbers that show it, and what to change. The diagnosis is ``workbench.analysis.doctor``; this prints it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import textwrap
 
 from workbench import rundir
+from workbench.analysis.doctor import diagnose, read_run, report
 from workbench.machine.activity import take_snapshot
-from workbench.plan.doctor import diagnose, read_run, report
 
 WIDTH = 100
 

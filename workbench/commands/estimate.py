@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+from workbench.analysis.history import measured_in
 from workbench.commands.common import add_init_from_option, add_set_option
 from workbench.config import resolve_preset
 from workbench.errors import WorkbenchError
@@ -152,7 +153,7 @@ def build_report(args) -> dict[str, Any]:
     machine = Machine.from_info(info)
     r = report.build_report(
         p, machine, device=args.device, precision=args.precision, tokens_per_s=args.tokens_per_s,
-        runs_root=runs_root(getattr(args, "runs_dir", None)), peak=peak, watts=args.watts,
+        history=measured_in(runs_root(getattr(args, "runs_dir", None))), peak=peak, watts=args.watts,
         usd_per_hour=bare, usd_per_kwh=args.usd_per_kwh,
         power_limit_w=gpus[0].get("power_limit_w") if gpus else None)
     if p.init is not None:  # which fine-tuning method fits this machine

@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from workbench.train.export import FORMATS, ExportError, check_out_dir, export_run  # imports torch
+    from workbench.interop.export import FORMATS, ExportError, check_out_dir, export_run  # imports torch
 
     # Cheap checks first, before loading torch.
     if args.fmt not in FORMATS:

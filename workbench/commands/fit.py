@@ -1,6 +1,6 @@
 """`workbench fit PRESET`: the largest micro-batch that fits this machine, same tokens per step.
 
-The measurement is ``workbench.train.probe.find_batch`` (a real probe on CUDA and MPS, the
+The measurement is ``workbench.train.batch_probe.find_batch`` (a real probe on CUDA and MPS, the
 memory estimate on a CPU). Gradient accumulation is raised so that batch_size x grad_accum x
 seq_len (tokens per optimizer step) stays what the preset says (or as close as the divisors
 allow, and then it says so). The result is written as a NEW user preset, never over an
@@ -63,7 +63,7 @@ def run(args) -> int:
         raise WorkbenchError(f"{target} is the preset being fitted; choose another name with --out NAME")
 
     from workbench.machine.probe import measured_peak, this_machine  # imports torch: keep `--help` fast
-    from workbench.train.probe import find_batch, fit_target
+    from workbench.train.batch_probe import find_batch, fit_target
     T = src.model.seq_len
     seqs = src.train.batch_size * src.train.grad_accum
     machine = this_machine()

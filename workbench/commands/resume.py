@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from workbench import rundir
+from workbench.analysis.lineage import branch, is_latest
 from workbench.commands import launch
 from workbench.commands.common import add_set_option
 from workbench.config import (
@@ -16,7 +17,6 @@ from workbench.config import (
 )
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
-from workbench.plan.lineage import branch, is_latest
 from workbench.plan.schedule import decay_start
 from workbench.plan.settings import check_installed, resolve_settings
 

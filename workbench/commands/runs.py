@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from workbench import rundir
+from workbench.analysis.summary import summarize_run
 from workbench.fmt import human_bytes
-from workbench.plan.summary import summarize_run
 
 
 def register(sub) -> None:

@@ -40,7 +40,7 @@ def run(args) -> int:
     from workbench.plan.settings import resolve_device
     from workbench.train.checkpoint import load_run_model
     from workbench.train.sample import generate_text
-    from workbench.train.tokenizer import load_tokenizer
+    from workbench.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(run_dir)
     # Every machine has a CPU: asking torch about GPUs is only worth it when one is wanted.

@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 from workbench import rundir
+from workbench.analysis.history import measured_in
 from workbench.commands import launch
 from workbench.commands.common import TerminalProgress, add_corpus_option, add_init_from_option, add_set_option
 from workbench.config import Preset, PresetError, preset_paths, preset_to_toml, resolve_preset, toml_string
+from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
 from workbench.plan.finetune import InitSource, init_preset, link_init, parse_init_from
@@ -87,7 +89,7 @@ def run(args) -> int:
             "every weight of"
         print(f"fine-tuning {what} {src.run} {src.ckpt['name']} ({p.source.get('model', src.run)}); "
               f"model.seq_len {p.model.seq_len}", flush=True)
-    check = fit_check(p, machine, root)
+    check = fit_check(p, machine, measured_in(root))
     print("estimate: " + "; ".join(check.lines()), flush=True)
     if check.fits is False and not args.yes:
         advice = f" ({check.suggestion})" if check.suggestion else ""
@@ -98,7 +100,6 @@ def run(args) -> int:
     # foreground the tokens are prepared here, with progress on the terminal; a detached run
     # prepares them itself (its status and the TUI show the progress), so only the listing and the
     # first records are checked here.
-    from workbench.train.data import open_data_corpus, prepare_data  # no torch: numpy, sentencepiece
     corpus = open_data_corpus(p.data)
     if args.detach:
         corpus.check_first_records()

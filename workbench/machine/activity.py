@@ -2,7 +2,7 @@
 processes on each NVIDIA GPU and its clock throttle reasons (NVML). Torch-free.
 
 ``take_snapshot(run_pid)`` is the hardware half of the run doctor's input
-(:mod:`workbench.plan.doctor`): the machine (``detect()``) plus, for a live run, one
+(:mod:`workbench.analysis.doctor`): the machine (``detect()``) plus, for a live run, one
 :class:`Activity` sample. CPU shares are measured over ``interval`` seconds: psutil's
 per-process CPU time before and after, as a share of the whole machine (1.0 = every logical
 core busy), so "pid 812 python3 48 %" on a 2-core machine is one core spinning.

@@ -1,13 +1,11 @@
-"""Planning: torch-free policy and arithmetic on a preset.
+"""Planning: torch-free policy and arithmetic on a preset (past runs are read in :mod:`workbench.analysis`).
 
 - ``settings``   every ``auto`` of a preset resolved once, on a given machine, into frozen RunSettings
 - ``flops``      parameter counts and FLOPs per token
 - ``estimate``   training memory by component, time, energy, cost
 - ``batch``      the micro-batch search and gradient-accumulation plan ``fit`` uses
 - ``recommend``  the preset that suits a machine, and what to change when one does not fit
-- ``history``    what earlier runs of a preset measured (tokens/s, memory)
 - ``report``     the ``workbench estimate`` report (CLI and TUI)
 - ``throughput`` tokens/s on a GPU of the table: its peak x an MFU, measured or scaled from a measurement
 - ``compare``    a preset as if on a GPU of the table (``estimate --gpu``), and on every common GPU (``--compare``)
-- ``summary``    one run's summary for ``workbench runs`` and the Runs pane
 """

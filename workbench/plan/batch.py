@@ -1,7 +1,7 @@
 """The micro-batch search and the gradient-accumulation plan that ``workbench fit`` uses.
 
 Pure logic: the trial that says whether a micro-batch fits is passed in (the memory estimate on
-a CPU, a real probe on a GPU, see ``workbench.train.probe``).
+a CPU, a real probe on a GPU, see ``workbench.train.batch_probe``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from workbench.config import Preset
@@ -21,9 +20,12 @@ from workbench.plan import estimate as est
 from workbench.plan import throughput
 from workbench.plan.estimate import HEADROOM
 from workbench.plan.flops import count_params, flops_per_token, param_breakdown
-from workbench.plan.history import previous_run
 from workbench.plan.recommend import fitting_savers, suggest_changes
 from workbench.plan.settings import RunSettings
+
+# What an earlier run of a preset measured on a device type (tokens/s, ...), or None: the reading of past
+# runs lives above this layer (workbench.analysis.history.measured_in gives one for a runs directory).
+History = Callable[[Preset, str], "dict | None"]
 
 CPU_WATTS_ASSUMED = 65.0  # a desktop CPU package under load (the seeds' "CPU (i7) 65W")
 
@@ -45,7 +47,7 @@ def table_gpu(machine: Machine, settings: RunSettings) -> GpuSpec | None:
 
 
 def build_report(preset: Preset, machine: Machine, *, device: str | None = None, precision: str | None = None,
-                 tokens_per_s: float | None = None, runs_root: Path | None = None,
+                 tokens_per_s: float | None = None, history: History | None = None,
                  peak: Callable[[str, str], float | None] | None = None, watts: float | None = None,
                  usd_per_hour: float | None = None, usd_per_kwh: float | None = None,
                  power_limit_w: float | None = None) -> dict[str, Any]:
@@ -84,7 +86,7 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
         report["savers"] = fitting_savers(p, device, avail, machine)
 
     # throughput: given > a previous run here > calibration
-    prev = previous_run(p, runs_root, kind) if runs_root else None
+    prev = history(p, kind) if history else None
     report["previous_run"] = prev
     tps, source = None, None
     if tokens_per_s:
@@ -128,9 +130,9 @@ class FitCheck:
         return [self.memory + (f"; try {self.suggestion}" if self.suggestion else ""), self.time]
 
 
-def fit_check(preset: Preset, machine: Machine, runs_root: Path | None = None) -> FitCheck:
+def fit_check(preset: Preset, machine: Machine, history: History | None = None) -> FitCheck:
     """The estimate a new run is shown before it starts (the new-run dialog, `workbench train`)."""
-    r = build_report(preset, machine, runs_root=runs_root)
+    r = build_report(preset, machine, history=history)
     m, avail = r["memory"], r["available"]
     total = human_bytes(m["total"])
     if r["fits"] is None:

@@ -18,7 +18,7 @@
 This package is the contract and nothing above it: paths, status, the lock, metric records
 and their tailing, checkpoint listing. It imports neither the preset config, the planning
 layer, torch nor textual, so the TUI, ``workbench runs`` and your own scripts use it directly.
-Summaries that need an estimate live above it (:mod:`workbench.plan.summary`).
+Summaries that need an estimate live above it (:mod:`workbench.analysis.summary`).
 """
 
 from __future__ import annotations

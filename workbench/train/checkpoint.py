@@ -30,9 +30,9 @@ import torch
 
 from workbench.config import Preset, load_preset_file
 from workbench.errors import WorkbenchError
+from workbench.faults import NO_FAULTS, Faults
 from workbench.fs import dir_size, fsync_dir, fsync_file
 from workbench.rundir import INIT_DIR, TMP_PREFIX, best_checkpoint, ckpt_name, list_checkpoints, select_checkpoint
-from workbench.train.faults import NO_FAULTS, Faults
 from workbench.train.lora import apply_lora, merge_adapters
 from workbench.train.model import GPT
 from workbench.train.optim import adamw_class

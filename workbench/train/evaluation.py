@@ -10,8 +10,8 @@ from typing import Callable
 import torch
 
 from workbench.config import Preset
+from workbench.data.tokens import TokenData, WindowSampler
 from workbench.rundir import EvalRecord
-from workbench.train.data import TokenData, WindowSampler
 from workbench.train.dist import Dist
 
 

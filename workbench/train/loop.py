@@ -32,7 +32,11 @@ import torch
 
 from workbench import rundir
 from workbench.config import Preset, load_preset_file
+from workbench.data.encode import PrepareProgress
+from workbench.data.tokenizer import tokenizer_file
+from workbench.data.tokens import TokenData, WindowSampler, prepare_data
 from workbench.errors import WorkbenchError
+from workbench.faults import Faults
 from workbench.machine.detect import Machine
 from workbench.machine.probe import measured_peak, this_machine
 from workbench.plan.flops import flops_per_token
@@ -41,17 +45,13 @@ from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve
 from workbench.rundir import EvalRecord, TrainRecord
 from workbench.train.build import Built, build
 from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
-from workbench.train.data import TokenData, WindowSampler, prepare_data
 from workbench.train.dist import Dist
-from workbench.train.encode import PrepareProgress
 from workbench.train.evaluation import evaluate
-from workbench.train.faults import Faults
-from workbench.train.report import Reporter, Throughput, start_line
+from workbench.train.reporter import Reporter, Throughput, start_line
 from workbench.train.runtime import amp_dtype, apply_backend_flags, autocast, memory_mb
 from workbench.train.sample import generate_text
 from workbench.train.skips import Skips
 from workbench.train.state import TrainerState
-from workbench.train.tokenizer import tokenizer_file
 from workbench.train.trainer_io import CheckpointIO, failure_message
 
 

@@ -21,7 +21,7 @@ kernels. Parameter names follow one simple layout that `workbench export`
 
 hd is model.head_dim (dim / n_heads unless model.head_size says otherwise). RoPE rotates consecutive
 pairs of each head's dims; imported Hugging Face weights have their q/k rows reordered on the way in
-(``workbench.train.export.rope_permute`` and its inverse). LoRA adapters (``workbench.train.lora``)
+(``workbench.interop.export.rope_permute`` and its inverse). LoRA adapters (``workbench.train.lora``)
 add ``<projection>.lora_a`` / ``.lora_b`` beside a projection's weight.
 """
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from workbench.train.report import Reporter
+from workbench.train.reporter import Reporter
 from workbench.train.state import TrainerState
 
 

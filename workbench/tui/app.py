@@ -23,7 +23,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, TabPane
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from workbench.plan.summary import RunSummary, summarize_run
+from workbench.analysis.summary import RunSummary, summarize_run
 from workbench.rundir import LIVE_STATES, iter_run_dirs, runs_root
 from workbench.tui import hwinfo, launcher
 from workbench.tui.launcher import RunRequest

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from textual.message import Message
 
-from workbench.plan.summary import RunSummary
+from workbench.analysis.summary import RunSummary
 from workbench.tui.launcher import RunRequest
 
 

@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
+from workbench.analysis.history import measured_in
 from workbench.config import (
     Preset,
     PresetError,
@@ -64,7 +65,8 @@ def check_request(req: RunRequest, runs_dir: Path | None = None) -> str | None:
 def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | None) -> tuple[bool | None, str]:
     """(fits, what to show) for the run ``req`` describes on this machine: memory and time, by estimate."""
     try:
-        check = fit_check(request_preset(req, runs_dir), Machine.from_info(machine_info or detect()), runs_dir)
+        check = fit_check(request_preset(req, runs_dir), Machine.from_info(machine_info or detect()),
+                          measured_in(runs_dir))
     except (WorkbenchError, OSError) as e:
         return None, f"estimate: {e}"
     return check.fits, "\n".join(check.lines())

@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - a Textual without it: leave the rows a
     _BOX = None
 from textual.widgets.option_list import OptionDoesNotExist
 
-from workbench.plan.lineage import lineage
+from workbench.analysis.lineage import lineage
 from workbench.tui.plot import SMOOTHING, render_loss_plot
 from workbench.tui.rundata import RunData, joined
 from workbench.tui.widgets.pane import Pane

@@ -1,4 +1,4 @@
-"""The Train pane's Health box: the run doctor's findings for the run shown (``workbench.plan.doctor``).
+"""The Train pane's Health box: the run doctor's findings for the run shown (``workbench.analysis.doctor``).
 
 A thread worker checks the run when it is shown, every ``INTERVAL`` seconds while it trains (sampling
 what else uses the CPU and GPU for ``SAMPLE_SECONDS``), and once more when it ends. Each check reads
@@ -19,8 +19,8 @@ from textual import on, work
 from textual.message import Message
 from textual.widgets import Static
 
+from workbench.analysis.doctor import Finding, RunFacts, diagnose
 from workbench.machine.activity import take_snapshot
-from workbench.plan.doctor import Finding, RunFacts, diagnose
 from workbench.rundir import LIVE_STATES
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}

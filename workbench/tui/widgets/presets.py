@@ -24,6 +24,7 @@ from textual.timer import Timer
 from textual.widgets import OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
+from workbench.analysis.summary import RunSummary
 from workbench.config import (
     Preset,
     PresetError,
@@ -41,7 +42,6 @@ from workbench.machine.detect import Machine
 from workbench.plan.compare import compare
 from workbench.plan.estimate import estimate_memory
 from workbench.plan.flops import count_params
-from workbench.plan.summary import RunSummary
 from workbench.tui import fmt
 from workbench.tui.screens.dialogs import NameScreen
 from workbench.tui.widgets.pane import Pane

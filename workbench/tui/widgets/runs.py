@@ -15,11 +15,11 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
+from workbench.analysis.lineage import branch_name
+from workbench.analysis.summary import RunSummary
 from workbench.config import load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
-from workbench.plan.lineage import branch_name
-from workbench.plan.summary import RunSummary
 from workbench.rundir import LIVE_STATES, RunLock, best_checkpoint
 from workbench.tui import fmt
 from workbench.tui.messages import ResumeRun

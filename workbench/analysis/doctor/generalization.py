@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from workbench.analysis.doctor.facts import Context
+from workbench.analysis.doctor.finding import Finding, num, set_line
 from workbench.config import ModelConfig
-from workbench.plan.doctor.facts import Context
-from workbench.plan.doctor.finding import Finding, num, set_line
 from workbench.plan.flops import count_params
 
 # The run so far is cut in thirds by step: the last third ("recent") is compared with what came before.

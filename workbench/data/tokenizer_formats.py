@@ -1,6 +1,6 @@
 """workbench's sentencepiece tokenizer in other formats: its pieces read from the protobuf, the
 equivalent Hugging Face ``tokenizer.json`` and the tokenizer config files (for ``export --format hf``),
-and the pieces GGUF embeds (``workbench.train.gguf_export``)."""
+and the pieces GGUF embeds (``workbench.interop.gguf_export``)."""
 
 from __future__ import annotations
 

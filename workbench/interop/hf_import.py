@@ -24,13 +24,13 @@ from safetensors import safe_open
 
 from workbench import rundir
 from workbench.config import Preset, preset_from_dict, preset_to_toml
+from workbench.data.tokenizer import HFTokenizer, TokenizerError
 from workbench.errors import WorkbenchError
 from workbench.fs import write_atomic
+from workbench.interop.hf_layout import SUPPORTED, LayoutError, model_config, tensor_names, workbench_state_dict
 from workbench.train.checkpoint import save_checkpoint
-from workbench.train.hf_layout import SUPPORTED, LayoutError, model_config, tensor_names, workbench_state_dict
 from workbench.train.model import GPT
 from workbench.train.state import TrainerState
-from workbench.train.tokenizer import HFTokenizer, TokenizerError
 
 # Tensors a checkpoint may carry that the model computes itself.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -1,6 +1,6 @@
 """Corpus sources: the files a ``data.corpus`` entry names (listed and stat'ed, nothing read), and the
 readers that stream documents out of them (text, compressed bytes, the built-in corpus). JSONL and
-parquet records are read by :class:`workbench.train.corpus.Corpus`, which knows the text field."""
+parquet records are read by :class:`workbench.data.corpus.Corpus`, which knows the text field."""
 
 from __future__ import annotations
 

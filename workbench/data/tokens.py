@@ -10,10 +10,10 @@ from typing import Callable
 import numpy as np
 
 from workbench.config import DataConfig
-from workbench.train.corpus import Corpus, open_corpus
-from workbench.train.faults import NO_FAULTS, Faults
-from workbench.train.prepare import SHARD_CHARS, DataError, Prepared, Progress, prepare
-from workbench.train.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file
+from workbench.data.corpus import Corpus, open_corpus
+from workbench.data.prepare import SHARD_CHARS, DataError, Prepared, Progress, prepare
+from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file
+from workbench.faults import NO_FAULTS, Faults
 
 __all__ = ["DataError", "TokenData", "WindowSampler", "load_tokens", "open_data_corpus", "prepare_data",
            "split_point"]

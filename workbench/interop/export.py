@@ -16,7 +16,7 @@ tokenizer's files unchanged and its BOS/EOS ids in config.json; one with Qwen2's
 Qwen3's QK-norm as Qwen2ForCausalLM / Qwen3ForCausalLM. A LoRA run's adapters are merged into the
 weights (``W + (alpha / r) B A``): the export is a plain model.
 
-``--format gguf`` writes ``model.gguf`` for llama.cpp-family runtimes (``workbench.train.gguf_export``).
+``--format gguf`` writes ``model.gguf`` for llama.cpp-family runtimes (``workbench.interop.gguf_export``).
 
 ``--format safetensors`` writes the workbench state dict unchanged as
 ``model.safetensors`` with the run's ``preset.toml`` and tokenizer files.
@@ -35,13 +35,13 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from workbench import rundir
+from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError, load_tokenizer
+from workbench.data.tokenizer_formats import tokenizer_files, tokenizer_json
 from workbench.errors import WorkbenchError
 from workbench.fs import fsync_dir
+from workbench.interop.gguf_export import check_gguf, write_gguf
+from workbench.interop.hf_layout import LayoutError, hf_config, hf_state_dict, rope_permute
 from workbench.train.checkpoint import load_run_model
-from workbench.train.gguf_export import check_gguf, write_gguf
-from workbench.train.hf_layout import LayoutError, hf_config, hf_state_dict, rope_permute
-from workbench.train.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError, load_tokenizer
-from workbench.train.tokenizer_formats import tokenizer_files, tokenizer_json
 
 FORMATS = ("hf", "safetensors", "gguf")
 __all__ = ["FORMATS", "ExportError", "export_run", "export_state_dict", "hf_config", "hf_state_dict",
@@ -52,8 +52,8 @@ class ExportError(WorkbenchError):
     pass
 
 
-# rope_permute, hf_config and hf_state_dict live in workbench.train.hf_layout (import uses the same table);
-# the sentencepiece model's tokenizer.json in workbench.train.tokenizer_formats.
+# rope_permute, hf_config and hf_state_dict live in workbench.interop.hf_layout (import uses the same table);
+# the sentencepiece model's tokenizer.json in workbench.data.tokenizer_formats.
 
 # ----------------------------------------------------------------------------- writers
 

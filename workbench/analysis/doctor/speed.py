@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+from workbench.analysis.doctor.facts import Context
+from workbench.analysis.doctor.finding import Finding, env_path_hint, num, percent, set_line
 from workbench.errors import WorkbenchError
 from workbench.machine.peaks import peak_flops
-from workbench.plan.doctor.facts import Context
-from workbench.plan.doctor.finding import Finding, env_path_hint, num, percent, set_line
 from workbench.plan.report import build_report
 from workbench.plan.settings import resolve_settings
 

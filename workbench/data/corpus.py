@@ -29,7 +29,7 @@ import sysconfig
 from dataclasses import dataclass
 from typing import IO, Callable, Iterator
 
-from workbench.train.sources import (
+from workbench.data.sources import (
     FIX_RECORDS,
     READER_VERSION,
     CorpusError,

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
+from workbench.analysis.doctor.facts import Context
+from workbench.analysis.doctor.finding import Finding, percent, set_line
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
 from workbench.plan.batch import plan_accumulation, search_batch
-from workbench.plan.doctor.facts import Context
-from workbench.plan.doctor.finding import Finding, percent, set_line
 from workbench.plan.estimate import estimate_memory, what_if
 from workbench.plan.settings import resolve_settings
 

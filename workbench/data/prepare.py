@@ -39,13 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from workbench.data.corpus import Corpus, Stats, warnings_of
+from workbench.data.encode import SHARD_CHARS, Progress, Ticker, encode, join_shards
+from workbench.data.tokenizer import OPTIONS_VERSION, AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
 from workbench.errors import WorkbenchError
+from workbench.faults import NO_FAULTS, Faults
 from workbench.fmt import duration, human_bytes
 from workbench.fs import cache_root, read_json, write_atomic, write_json_atomic
-from workbench.train.corpus import Corpus, Stats, warnings_of
-from workbench.train.encode import SHARD_CHARS, Progress, Ticker, encode, join_shards
-from workbench.train.faults import NO_FAULTS, Faults
-from workbench.train.tokenizer import OPTIONS_VERSION, AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
 
 SAMPLE_BLOCK = 64 << 10    # the tokenizer's sample is drawn in blocks of at most this many characters, and at
 SAMPLE_BLOCKS = 64         # least this many blocks (smaller blocks for a small sample)

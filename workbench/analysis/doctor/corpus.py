@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
+from workbench.analysis.doctor.facts import Context
+from workbench.analysis.doctor.finding import Finding, num, set_line
 from workbench.fmt import human_bytes
-from workbench.plan.doctor.facts import Context
-from workbench.plan.doctor.finding import Finding, num, set_line
 
 # Epochs: over one pass every token is seen again (worth noting); up to ~4 passes, repeated tokens train
 # about as well as new ones, beyond that they are worth much less (Muennighoff et al. 2023, "Scaling

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from workbench.config import Preset, PresetError, parse_toml
 from workbench.rundir import EventRecord, TrainRecord, iter_run_dirs, last_records
@@ -50,3 +50,8 @@ def previous_run(preset: Preset, runs_root: Path, device: str) -> dict[str, Any]
                     "records": len(tps), "device": run_device,
                     "mem_mb": max(mem) if mem else None, "mem_reserved_mb": max(reserved) if reserved else None}
     return best
+
+
+def measured_in(runs_root: Path | None) -> Callable[[Preset, str], dict[str, Any] | None] | None:
+    """``previous_run`` over ``runs_root``, as the estimate report takes it (``plan.report.History``)."""
+    return None if runs_root is None else (lambda preset, device: previous_run(preset, runs_root, device))

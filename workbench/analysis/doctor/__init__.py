@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench.analysis.doctor import corpus, generalization, memory, speed, stability
+from workbench.analysis.doctor.facts import Context, RunFacts, read_run
+from workbench.analysis.doctor.finding import KINDS, SEVERITIES, Finding
 from workbench.machine.activity import HardwareSnapshot
-from workbench.plan.doctor import corpus, generalization, memory, speed, stability
-from workbench.plan.doctor.facts import Context, RunFacts, read_run
-from workbench.plan.doctor.finding import KINDS, SEVERITIES, Finding
 
 CHECKS = (stability.check, memory.check, speed.check, generalization.check, corpus.check)
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.analysis.doctor.finding import new_run_command, resumable, resume_command, shown_path
+from workbench.analysis.doctor.spikes import SpikeFinder
 from workbench.config import Preset, PresetError, load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.machine.activity import HardwareSnapshot
 from workbench.machine.detect import Machine
-from workbench.plan.doctor.finding import new_run_command, resumable, resume_command, shown_path
-from workbench.plan.doctor.spikes import SpikeFinder
 from workbench.rundir import (
     LIVE_STATES,
     TIMELINE_EVENTS,

@@ -3,9 +3,9 @@ trend; the change is a lower learning rate, a longer warmup, clipping, or bf16 i
 
 from __future__ import annotations
 
-from workbench.plan.doctor.facts import Context
-from workbench.plan.doctor.finding import Finding, set_line
-from workbench.plan.doctor.spikes import GRAD_SPIKE_FACTOR, LOSS_SPIKE_FRACTION, SPIKE_WINDOW, Spike
+from workbench.analysis.doctor.facts import Context
+from workbench.analysis.doctor.finding import Finding, set_line
+from workbench.analysis.doctor.spikes import GRAD_SPIKE_FACTOR, LOSS_SPIKE_FRACTION, SPIKE_WINDOW, Spike
 from workbench.plan.schedule import lr_at
 
 # A learning-rate cut of this factor: what the trainer's own rollback does (train.loop.ROLLBACK_LR_FACTOR).

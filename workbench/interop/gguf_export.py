@@ -30,11 +30,11 @@ import gguf
 import numpy as np
 import torch
 
+from workbench.data.tokenizer import AnyTokenizer, Tokenizer
+from workbench.data.tokenizer_formats import spm_pieces
 from workbench.errors import WorkbenchError
-from workbench.train.hf_layout import LayoutError, architecture, rope_permute
+from workbench.interop.hf_layout import LayoutError, architecture, rope_permute
 from workbench.train.model import rope_inv_freq
-from workbench.train.tokenizer import AnyTokenizer, Tokenizer
-from workbench.train.tokenizer_formats import spm_pieces
 
 GGUF_TYPES = ("f16", "f32")
 F16_MAX = 65504.0

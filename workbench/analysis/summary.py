@@ -7,12 +7,12 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.analysis.lineage import parent_of
 from workbench.config import load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.fs import dir_size
 from workbench.machine.detect import Machine
 from workbench.plan.estimate import estimate_memory
-from workbench.plan.lineage import parent_of
 from workbench.rundir import (
     EvalRecord,
     TrainRecord,

@@ -20,11 +20,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from workbench.data.corpus import Corpus, CorpusError, Piece, Stats
+from workbench.data.tokenizer import AnyTokenizer, tokenizer_from_spec
+from workbench.faults import NO_FAULTS, Faults
 from workbench.fmt import human_bytes
 from workbench.fs import fsync_dir, read_json, write_atomic, write_json_atomic
-from workbench.train.corpus import Corpus, CorpusError, Piece, Stats
-from workbench.train.faults import NO_FAULTS, Faults
-from workbench.train.tokenizer import AnyTokenizer, tokenizer_from_spec
 
 SHARD_CHARS = 8 << 20      # text per token shard: the unit of parallel and resumable encoding
 

@@ -1,0 +1,13 @@
+"""Data: from a user's files to the tokens a run trains on. No torch, no textual (the TUI may read it).
+
+- ``sources``          listing what ``data.corpus`` names (files, directories, globs, ``builtin``), opening
+                       their bytes (plain or compressed), and the text / built-in document readers
+- ``corpus``           a corpus: its files, and every document streamed from them (JSONL, parquet, text)
+- ``tokenizer``        the tokenizer interface: workbench's sentencepiece BPE and a Hugging Face tokenizer.json
+- ``tokenizer_formats`` one tokenizer written in the other's format (for export)
+- ``prepare``          preparing a corpus once: scan, tokenizer, cached and resumable encoding
+- ``encode``           the parallel, resumable shard encoder and the join into ``tokens.bin``
+- ``tokens``           the token store a run reads: the train/validation split and the window sampler
+
+May import: config, fs, fmt, faults, errors (and numpy, sentencepiece, tokenizers, pyarrow, zstandard).
+"""
