@@ -49,7 +49,7 @@ def test_sharded_run_follows_the_single_process_curve(runs):
         assert evals(runs / "fsdp")[s] == pytest.approx(v, rel=1e-5)
     assert [c["step"] for c in rundir.list_checkpoints(runs / "fsdp")] == [4, 8]
     assert len(read_jsonl(runs / "fsdp" / "samples.jsonl")) == 2  # every rank samples, rank 0 writes once
-    assert rundir.read_status(runs / "fsdp")["state"] == "finished"
+    assert rundir.read_status(runs / "fsdp").state == "finished"
 
 
 def test_start_event_and_log_say_how_the_run_is_parallel(runs):
@@ -69,7 +69,10 @@ def test_sharded_checkpoint_has_the_single_process_layout(runs):
     assert list(ma) == list(mb)
     for k in ma:
         assert type(mb[k]) is torch.Tensor and mb[k].shape == ma[k].shape, k
-        assert torch.allclose(mb[k], ma[k], rtol=1e-4, atol=1e-6), k
+        # atol 1e-5: AdamW divides by sqrt(v) ~ |g|, so a last-bit difference in a gradient reduced in another
+        # order moves a weight by up to ~2e-6 on some CPUs (1 of 12,288 elements here); a wrong layout or shard
+        # is off by the weights' own scale (~1e-2)
+        assert torch.allclose(mb[k], ma[k], rtol=1e-4, atol=1e-5), k
     oa, ob = (torch.load(d / "state.pt", weights_only=True)["optimizer"] for d in (a, b))
     assert len(ob["param_groups"]) == 2 and ob["param_groups"] == oa["param_groups"]
     assert sorted(ob["state"]) == sorted(oa["state"]) == list(range(sum(len(g["params"]) for g in oa["param_groups"])))
@@ -86,9 +89,9 @@ def test_stop_and_resume_under_fsdp_continues_the_curve(runs, tmp_path):
     assert cp.returncode == 0, cp.stderr
     d = tmp_path / "stopped"
     st = rundir.read_status(d)
-    assert st["state"] == "stopped" and st["step"] in (4, 5)
+    assert st.state == "stopped" and st.step in (4, 5)
     wb("resume", "stopped", "--runs-dir", str(tmp_path), check=True)  # nproc 2 and shard from the run's preset
-    assert rundir.read_status(d)["state"] == "finished"
+    assert rundir.read_status(d).state == "finished"
     resumed = _records_since_last_start(d)
     assert resumed[0]["event"] == "resume" and resumed[0]["parallel"] == "fsdp"
     assert sorted(losses(d)) == list(range(1, 9))

@@ -130,23 +130,30 @@ def test_peak_flops_unknown_or_unsupported():
 
 
 def test_measured_cpu_matmul_is_plausible_and_cached():
-    """The probe's figure agrees with a matmul timed here (within 2x), and is below what the cores
-    could do at all (5 GHz x 64 fp32 FLOP per cycle: two AVX-512 FMA units)."""
+    """The probe's figure agrees with a matmul timed here right after it (within 2x), and is below what
+    the cores could do at all (5 GHz x 64 fp32 FLOP per cycle: two AVX-512 FMA units). Another test worker
+    compiling beside it can halve either figure for a moment, so the pair is measured up to three times."""
     import time
 
     import psutil
     import torch
-    f = probe.measure_matmul_flops("cpu", "fp32", seconds=0.1)
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    tried = []
     for _ in range(3):
-        a @ b
-    best = float("inf")
-    for _ in range(10):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    here = 2 * 1024**3 / best
-    assert here / 2 < f < here * 2, (f, here)
+        probe._MATMUL_CACHE.clear()
+        f = probe.measure_matmul_flops("cpu", "fp32", seconds=0.1)
+        for _ in range(3):
+            a @ b
+        best = float("inf")
+        for _ in range(10):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+        here = 2 * 1024**3 / best
+        tried.append((f, here))
+        if here / 2 < f < here * 2:
+            break
+    assert here / 2 < f < here * 2, tried
     assert f < psutil.cpu_count() * 5e9 * 64, f
     assert probe.measure_matmul_flops("cpu", "fp32") == f  # cached per process
     peak, source = probe.mfu_peak("cpu", "fp32")
