@@ -58,17 +58,18 @@ def wb(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: fl
     return cp
 
 
-def wait_running(run_dir: Path, min_step: int, timeout: float = 120) -> dict:
-    """The status of a detached run once its trainer is running at or past ``min_step``."""
+def wait_running(run_dir: Path, min_step: int, timeout: float = 120):
+    """The status (a RunStatus) of a detached run once its trainer is running at or past ``min_step``."""
     import time
 
-    from workbench.fs import read_json
+    from workbench.rundir import RunStatus, read_status
     end = time.time() + timeout
-    st: dict = {}
+    st = RunStatus()
     while time.time() < end:
-        st = read_json(run_dir / "status.json") or {}
-        if st.get("state") == "running" and (st.get("step") or 0) >= min_step:
-            break
+        if (run_dir / "status.json").is_file():
+            st = read_status(run_dir)
+            if st.state == "running" and st.step >= min_step:
+                break
         time.sleep(0.2)
     return st
 

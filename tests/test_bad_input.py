@@ -137,7 +137,7 @@ def test_disk_full_while_saving_keeps_previous_checkpoint(trained_run, tmp_path)
     assert ("workbench: error: could not save checkpoint at step 62: No space left on device (disk full?); "
             "checkpoint step_0000060 is intact; free space, then `workbench resume r`") in last
     assert snapshot(run / "checkpoints") == ck_before
-    assert rundir.read_status(run)["state"] == "failed"
+    assert rundir.read_status(run).state == "failed"
     ok = wb("resume", "r", "--runs-dir", str(tmp_path / "runs"))
     assert ok.returncode == 0, ok.stderr
 

@@ -39,7 +39,7 @@ def test_resuming_an_older_checkpoint_branches_and_leaves_the_parent_as_it_was(t
         in cp.stdout
     child = tmp_path / "p-from-40"
     assert cp.stdout.strip().splitlines()[-1] == "p-from-40"
-    assert wait_running(child, 43)["state"] == "running"
+    assert wait_running(child, 43).state == "running"
     assert wb("stop", "p-from-40", "--runs-dir", str(tmp_path)).returncode == 0
     # The parent: byte-identical, its latest checkpoint still step 60.
     assert digest(parent) == before
@@ -78,7 +78,7 @@ def test_more_steps_continue_a_finished_run_in_place(tmp_path):
     train = {r["step"]: r["loss"] for r in recs if r["kind"] == "train"}
     recent = [train[s] for s in range(51, 61)]
     assert abs(train[61] - train[60]) < 3 * (max(recent) - min(recent)) + 0.05  # no jump at the join
-    assert rundir.read_status(run)["state"] == "finished" and rundir.read_status(run)["step"] == 80
+    assert rundir.read_status(run).state == "finished" and rundir.read_status(run).step == 80
 
 
 def test_a_crash_after_the_last_checkpoint_leaves_one_timeline_to_readers(tmp_path):

@@ -45,7 +45,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     assert [c["step"] for c in rundir.list_checkpoints(d)] == [4, 8]
     start = next(r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "start")
     assert start["world_size"] == 2 and start["tokens_per_step"] == 4 * 32
-    assert rundir.read_status(d)["state"] == "finished"
+    assert rundir.read_status(d).state == "finished"
 
 
 def test_stop_and_resume_under_ddp_is_exact(tmp_path):
@@ -58,10 +58,10 @@ def test_stop_and_resume_under_ddp_is_exact(tmp_path):
     assert cp.returncode == 0, cp.stderr
     d = tmp_path / "stopped"
     st = rundir.read_status(d)
-    assert st["state"] == "stopped" and st["step"] in (4, 5)  # ranks agree at the next step's sync
-    assert rundir.list_checkpoints(d)[-1]["step"] == st["step"]
+    assert st.state == "stopped" and st.step in (4, 5)  # ranks agree at the next step's sync
+    assert rundir.list_checkpoints(d)[-1]["step"] == st.step
     wb("resume", "stopped", "--runs-dir", root, check=True)  # hardware.nproc = 2 comes from the run's preset
-    assert rundir.read_status(d)["state"] == "finished"
+    assert rundir.read_status(d).state == "finished"
     assert sorted(losses(d)) == list(range(1, 11))
     assert losses(d) == losses(tmp_path / "straight")  # per-rank dropout RNG and the data stream resumed exactly
 
@@ -73,19 +73,19 @@ def test_a_dying_rank_fails_the_run_clearly_and_resume_works(tmp_path):
        check=True)
     d = tmp_path / "r"
     st = wait_running(d, 6)
-    rank0 = psutil.Process(st["pid"])
+    rank0 = psutil.Process(st.pid)
     other = [c for c in rank0.parent().children() if c.pid != rank0.pid]
     os.kill(other[0].pid, signal.SIGKILL)
     end = time.time() + 60
-    while time.time() < end and rundir.read_status(d)["state"] in rundir.LIVE_STATES:
+    while time.time() < end and rundir.read_status(d).state in rundir.LIVE_STATES:
         time.sleep(0.2)
     st = rundir.read_status(d)
-    assert st["state"] == "failed"
-    assert "another rank of this run stopped" in st["error"] and "workbench resume r" in st["error"]
+    assert st.state == "failed"
+    assert "another rank of this run stopped" in st.error and "workbench resume r" in st.error
     last = rundir.list_checkpoints(d)[-1]["step"]
     cp = wb("resume", "r", "--runs-dir", root, "--set", f"train.max_iters={last + 3}")
     assert cp.returncode == 0, cp.stderr
-    assert rundir.read_status(d)["state"] == "finished"
+    assert rundir.read_status(d).state == "finished"
 
 
 def _free_port() -> int:
@@ -141,7 +141,7 @@ def test_workbench_stop_stops_every_rank_cleanly(tmp_path):
        check=True)
     d = tmp_path / "s"
     st = wait_running(d, 3)
-    rank0 = psutil.Process(st["pid"])
+    rank0 = psutil.Process(st.pid)
     group = [rank0.parent(), *rank0.parent().children()]
     out = wb("stop", "s", "--runs-dir", root, check=True).stdout
     assert "stopped at step" in out
@@ -149,4 +149,4 @@ def test_workbench_stop_stops_every_rank_cleanly(tmp_path):
     assert not any(p.is_running() for p in group)  # torchrun and both ranks are gone
     log = (d / "train.log").read_text()
     assert "ChildFailedError" not in log and "terminate called" not in log
-    assert rundir.list_checkpoints(d)[-1]["step"] == rundir.read_status(d)["step"]
+    assert rundir.list_checkpoints(d)[-1]["step"] == rundir.read_status(d).step

@@ -94,7 +94,7 @@ def test_a_competing_process_is_named_with_its_pid(tmp_path):
        check=True)
     hogs: list[subprocess.Popen] = []
     try:
-        assert wait_running(root / "busy", 2).get("state") == "running"
+        assert wait_running(root / "busy", 2).state == "running"
         # enough spinning processes to take at least half of the machine from the trainer
         hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(max(1, (os.cpu_count() or 2) // 2))]

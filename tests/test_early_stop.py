@@ -27,12 +27,12 @@ def test_patience_stops_the_run_as_early_stopped(tmp_path):
     assert cp.returncode == 0, cp.stderr
     d = tmp_path / "es"
     st = rundir.read_status(d)
-    assert (st["state"], st["step"]) == ("early_stopped", 6), st  # best at 2, no gain at 4 and 6
+    assert (st.state, st.step) == ("early_stopped", 6), st  # best at 2, no gain at 4 and 6
     recs = read_jsonl(d / "metrics.jsonl")
     evals = {r["step"]: r["val_loss"] for r in recs if r["kind"] == "eval"}
     assert sorted(evals) == [0, 2, 4, 6]
     [ev] = _early_stops(d)
-    assert ev["step"] == 6 and ev["best_val_loss"] == evals[2] == st["best_val_loss"]
+    assert ev["step"] == 6 and ev["best_val_loss"] == evals[2] == st.best_val_loss
     assert max(r["step"] for r in recs if r["kind"] == "train") == 6  # no step after the stop
     assert "early stop: val loss has not improved for 2 evals" in (d / "train.log").read_text()
     assert "early_stopped at step 6" in cp.stdout
@@ -46,7 +46,7 @@ def test_patience_off_runs_to_the_end(tmp_path):
     wb("train", "cpu-small", "--name", "all", "--runs-dir", root,
        *tiny(*NO_GAIN, "train.max_iters=8", "train.patience=0"), check=True)
     d = tmp_path / "all"
-    assert (rundir.read_status(d)["state"], rundir.read_status(d)["step"]) == ("finished", 8)
+    assert (rundir.read_status(d).state, rundir.read_status(d).step) == ("finished", 8)
     assert _early_stops(d) == []
 
 
@@ -61,10 +61,10 @@ def test_the_count_of_evals_without_gain_survives_a_resume(tmp_path):
     wb("train", "cpu-small", "--name", "r", "--runs-dir", root, *args, env={"WORKBENCH_TEST_SIGTERM_AT_STEP": "5"},
        check=True)
     d = tmp_path / "r"
-    assert (rundir.read_status(d)["state"], rundir.read_status(d)["step"]) == ("stopped", 5)
+    assert (rundir.read_status(d).state, rundir.read_status(d).step) == ("stopped", 5)
     assert _early_stops(d) == []
     wb("resume", "r", "--runs-dir", root, check=True)
     st = rundir.read_status(d)
-    assert (st["state"], st["step"]) == ("early_stopped", 8), st
+    assert (st.state, st.step) == ("early_stopped", 8), st
     assert [e["step"] for e in _early_stops(d)] == [8]
     assert _early_stops(d)[0]["best_val_loss"] == _early_stops(tmp_path / "straight")[0]["best_val_loss"]

@@ -52,7 +52,8 @@ def test_plan_keeps_tokens_per_step(seqs, max_batch):
 
 
 def _args(tmp_path, **kw):
-    d = dict(preset="cpu-small", overrides=[], init_from=None, out=None, device="cpu", margin=0.1, steps=2, force=False)
+    d = dict(preset="cpu-small", overrides=[], init_from=None, runs_dir=tmp_path / "runs", out=None, device="cpu",
+             margin=0.1, steps=2, force=False)
     d.update(kw)
     return argparse.Namespace(**d)
 

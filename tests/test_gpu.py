@@ -54,7 +54,7 @@ def test_auto_picks_cuda_and_the_precision_this_gpu_supports(tmp_path):
     losses = _train_losses(d)
     assert sorted(losses) == [1, 2, 3, 4] and all(v is not None and v == v for v in losses.values())
     assert bool(_scaler_state(d)) == (want == "fp16")  # a disabled GradScaler's state is empty
-    assert rundir.read_status(d)["state"] == "finished"
+    assert rundir.read_status(d).state == "finished"
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
@@ -149,7 +149,7 @@ def test_a_one_process_run_on_cuda(tmp_path):
     d = tmp_path / "one"
     start = _start(d)
     assert start["device"].startswith("cuda") and start["world_size"] == 1 and start["parallel"] == "none"
-    assert sorted(_train_losses(d)) == [1, 2, 3, 4] and rundir.read_status(d)["state"] == "finished"
+    assert sorted(_train_losses(d)) == [1, 2, 3, 4] and rundir.read_status(d).state == "finished"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL with one process per GPU needs two GPUs")
@@ -164,7 +164,7 @@ def test_nccl_ddp_on_two_gpus_follows_one_process(tmp_path):
     assert sorted(one) == sorted(two) == [1, 2, 3, 4]
     for s in one:
         assert two[s] == pytest.approx(one[s], rel=1e-4), s
-    assert rundir.read_status(tmp_path / "two")["state"] == "finished"
+    assert rundir.read_status(tmp_path / "two").state == "finished"
 
 
 def test_8bit_optimizer_states_on_cuda(tmp_path):

@@ -75,5 +75,5 @@ def test_the_device_check_rolls_back_a_step_late_to_the_same_place(tmp_path):
     from_step = [[r["from_step"] for r in x["recs"] if r.get("event") == "rollback"] for x in (host, dev)]
     assert from_step == [[7], [8]], from_step
     assert host["skips"] == dev["skips"] == [(5, 1), (6, 2), (7, 3)]
-    assert dev["status"]["state"] == "finished" and host["train"][14] == dev["train"][14]
+    assert dev["status"].state == "finished" and host["train"][14] == dev["train"][14]
     assert _same_weights(host["weights"], dev["weights"])

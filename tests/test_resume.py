@@ -53,9 +53,9 @@ def test_resume_is_bitwise_identical(tmp_path, uninterrupted, k, how):
     d = tmp_path / "r"
     if how == "kill":
         assert cp.returncode == -signal.SIGKILL
-        assert rundir.read_status(d)["state"] == "crashed"
+        assert rundir.read_status(d).state == "crashed"
     else:
-        assert cp.returncode == 0 and rundir.read_status(d)["state"] == "stopped"
+        assert cp.returncode == 0 and rundir.read_status(d).state == "stopped"
     before = losses(d)
     assert max(before) == k
     last_ckpt = rundir.list_checkpoints(d)[-1]["step"]
@@ -73,11 +73,11 @@ def test_sigterm_saves_and_stale_lock_does_not_block(tmp_path):
        env={"WORKBENCH_TEST_SIGTERM_AT_STEP": "3"}, check=True)
     d = tmp_path / "s"
     st = rundir.read_status(d)
-    assert st["state"] == "stopped" and st["step"] == 3
+    assert st.state == "stopped" and st.step == 3
     assert [c["step"] for c in rundir.list_checkpoints(d)] == [3]
     assert (d / "lock").exists()  # the lock file stays; only a live flock counts
     wb("resume", "s", "--runs-dir", root, check=True)
-    assert rundir.read_status(d)["state"] == "finished"
+    assert rundir.read_status(d).state == "finished"
 
 
 def _wait(pred, timeout=60.0, every=0.05):
@@ -126,7 +126,7 @@ def test_kill_minus_nine_at_random_moments_always_resumes(tmp_path):
             time.sleep(rng.uniform(0.2, 2.5))
         os.kill(pid, signal.SIGKILL)
         _wait(lambda: not rundir.pid_alive(pid))
-        assert rundir.read_status(d)["state"] == "crashed"
+        assert rundir.read_status(d).state == "crashed"
         # Every checkpoint that counts is complete and loads.
         for c in rundir.list_checkpoints(d):
             sd = load_model_state(c["path"])
@@ -142,7 +142,7 @@ def test_kill_minus_nine_at_random_moments_always_resumes(tmp_path):
     last = rundir.list_checkpoints(d)[-1]["step"]
     cp = wb("resume", "k", "--runs-dir", root, "--set", f"train.max_iters={last + 4}")
     assert cp.returncode == 0, cp.stderr
-    assert rundir.read_status(d)["state"] == "finished"
+    assert rundir.read_status(d).state == "finished"
     leftovers = [p.name for p in (d / "checkpoints").iterdir() if p.name.startswith(".tmp_")]
     assert leftovers == []
 
@@ -157,7 +157,7 @@ def test_nan_step_is_skipped_and_counted(tmp_path):
     assert [s["step"] for s in skips] == [6]
     train = {r["step"]: r for r in recs if r["kind"] == "train"}
     assert train[6]["loss"] is None and train[5]["skipped"] == 0 and train[12]["skipped"] == 1
-    assert rundir.read_status(d)["state"] == "finished"
+    assert rundir.read_status(d).state == "finished"
     for c in rundir.list_checkpoints(d):
         assert not has_nonfinite(load_model_state(c["path"]))
         state, _ = load_training_state(c["path"])
@@ -192,7 +192,7 @@ def test_repeated_nan_rolls_back_to_the_checkpoint_with_half_the_learning_rate(t
     for s in range(5, 15):
         assert after[s]["lr"] == 0.5 * straight[s]["lr"], (s, after[s]["lr"], straight[s]["lr"])
         assert after[s]["loss"] is not None and after[s]["skipped"] == 3
-    assert rundir.read_status(d)["state"] == "finished"
+    assert rundir.read_status(d).state == "finished"
 
 
 def test_persistent_nan_fails_with_advice(tmp_path):
@@ -204,9 +204,9 @@ def test_persistent_nan_fails_with_advice(tmp_path):
     assert cp.returncode == 1
     d = tmp_path / "f"
     st = rundir.read_status(d)
-    assert st["state"] == "failed"
-    assert "consecutive non-finite steps" in st["error"] and "lower train.lr" in st["error"]
-    assert "2 rollbacks did not help" in st["error"]
+    assert st.state == "failed"
+    assert "consecutive non-finite steps" in st.error and "lower train.lr" in st.error
+    assert "2 rollbacks did not help" in st.error
     assert cp.stderr.strip().splitlines()[-1].startswith("workbench: error: 2 consecutive non-finite steps")
     # At most two rollbacks, each to the last checkpoint (step 2), each halving the learning rate again.
     recs = read_jsonl(d / "metrics.jsonl")
@@ -270,5 +270,5 @@ def test_out_of_memory_stops_cleanly_with_advice(tmp_path):
     assert "GiB at batch_size 2), lower model.seq_len, or set hardware.activation_checkpointing = true" in last
     d = tmp_path / "oom"
     st = rundir.read_status(d)
-    assert st["state"] == "failed" and st["error"] in last
+    assert st.state == "failed" and st.error in last
     assert [p.name for p in (d / "checkpoints").iterdir()] == ["step_0000002"]

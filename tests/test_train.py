@@ -109,23 +109,23 @@ def test_detach_stop_resume(tmp_path):
             *tiny("train.max_iters=100000", "train.eval_interval=1000", "train.ckpt_interval=1000"), check=True)
     assert cp.stdout.strip().splitlines()[-1] == "bg"
     d = tmp_path / "bg"
-    st = rundir.read_status(d) if wait_running(d, 3) else {}
-    assert st["state"] == "running", st
+    st = wait_running(d, 3)
+    assert st.state == "running", st
     # A second trainer on the same run is refused and changes nothing.
     before = (d / "preset.toml").read_bytes()
     second = wb("resume", "bg", "--runs-dir", root)
     assert second.returncode == 2 and "already being trained" in second.stderr
     assert (d / "preset.toml").read_bytes() == before
-    assert rundir.read_status(d)["pid"] == st["pid"] and rundir.read_status(d)["state"] == "running"
+    assert rundir.read_status(d).pid == st.pid and rundir.read_status(d).state == "running"
     stop = wb("stop", "bg", "--runs-dir", root, check=True)
     assert "stopped at step" in stop.stdout
     st = rundir.read_status(d)
-    assert st["state"] == "stopped"
+    assert st.state == "stopped"
     ck = rundir.list_checkpoints(d)
-    assert ck and ck[-1]["step"] == st["step"]
-    res = wb("resume", "bg", "--runs-dir", root, "--set", f"train.max_iters={st['step'] + 3}", check=True)
+    assert ck and ck[-1]["step"] == st.step
+    res = wb("resume", "bg", "--runs-dir", root, "--set", f"train.max_iters={st.step + 3}", check=True)
     assert "finished at step" in res.stdout
-    assert rundir.read_status(d)["step"] == st["step"] + 3
+    assert rundir.read_status(d).step == st.step + 3
     events = [r for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "event"]
     assert any(e["event"] == "preset_changed" for e in events)
 
@@ -141,16 +141,16 @@ def test_stop_no_wait_returns_while_the_trainer_is_still_saving(tmp_path):
        *tiny("train.max_iters=100000", "train.eval_interval=100000", "train.ckpt_interval=100000"))
     d = tmp_path / "nw"
     st = wait_running(d, 2)
-    assert st["state"] == "running", st
+    assert st.state == "running", st
     out = wb("stop", "nw", "--runs-dir", root, "--no-wait", check=True).stdout
-    assert out.strip() == f"asked run nw (pid {st['pid']}) to stop; it saves a checkpoint first"
-    assert rundir.read_status(d)["state"] == "running" and rundir.pid_alive(st["pid"])  # back before the save
+    assert out.strip() == f"asked run nw (pid {st.pid}) to stop; it saves a checkpoint first"
+    assert rundir.read_status(d).state == "running" and rundir.pid_alive(st.pid)  # back before the save
     end = time.time() + 60
-    while time.time() < end and rundir.read_status(d)["state"] in rundir.LIVE_STATES:
+    while time.time() < end and rundir.read_status(d).state in rundir.LIVE_STATES:
         time.sleep(0.2)
     st = rundir.read_status(d)
-    assert st["state"] == "stopped" and marker.exists(), st
-    assert rundir.list_checkpoints(d)[-1]["step"] == st["step"]
+    assert st.state == "stopped" and marker.exists(), st
+    assert rundir.list_checkpoints(d)[-1]["step"] == st.step
 
 
 def _cpu_seconds(*args: str) -> tuple[float, subprocess.CompletedProcess]:
@@ -200,10 +200,9 @@ def test_compiled_run_with_fused_loss_saves_plain_state_dict(compiled_runs, mode
 
 @pytest.mark.slow
 def test_a_resume_compiles_warm_from_the_runs_inductor_cache(compiled_runs, tmp_path, monkeypatch):
-    """README: the compile cache lives in runs/<id>/cache/inductor, so a resume compiles warm. Measured as
-    CPU time (compile included, the compile workers too) and as start to first step: in a fresh CI clone
-    cold 41 s / warm 23 s CPU and 31.5 s / 12.3 s to the first step (in a long-used checkout 37 / 8.5 and
-    35 / 5). A resume that compiled cold would take as long as the first start (ratios near 1)."""
+    """README: the compile cache lives in runs/<id>/cache/inductor, so a resume compiles warm: its
+    compile_done event counts the graphs found in the cache and those compiled anew (on an idle machine
+    cold 41 s / warm 23 s CPU and 31.5 s / 12.3 s to the first step; printed, not asserted)."""
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     src, cold, _ = compiled_runs["all but the loss"]
     d = tmp_path / src.name
@@ -214,8 +213,16 @@ def test_a_resume_compiles_warm_from_the_runs_inductor_cache(compiled_runs, tmp_
     recs = read_jsonl(d / "metrics.jsonl")
     assert [r["event"] for r in recs if r.get("event") in ("start", "resume")] == ["start", "resume"]
     to_first_step = [r["seconds"] for r in recs if r.get("event") == "compile_done"]
-    assert len(to_first_step) == 2 and rundir.read_status(d)["step"] == 6
-    assert warm < 0.75 * cold and to_first_step[1] < 0.6 * to_first_step[0], (cold, warm, to_first_step)
+    assert len(to_first_step) == 2 and rundir.read_status(d).step == 6
+    # What the cache guarantees, not a timing ratio (under another test worker's load the resume took 36 CPU
+    # seconds against 43 cold: Dynamo traces the model again at every start, which no cache covers): the cold
+    # start compiled every graph anew, the resume found every one in the run's cache and compiled none.
+    cold_cache, warm_cache = (r["cache"] for r in recs if r.get("event") == "compile_done")
+    assert cold_cache["fxgraph_misses"] > 0 and cold_cache["fxgraph_hits"] == 0, cold_cache
+    assert warm_cache["fxgraph_misses"] == 0 and warm_cache["fxgraph_hits"] == cold_cache["fxgraph_misses"], \
+        (cold_cache, warm_cache)
+    assert warm_cache["autograd_misses"] == 0 and warm_cache["autograd_hits"] > 0, warm_cache
+    print(f"compile CPU seconds: cold {cold:.1f}, warm {warm:.1f}; to the first step {to_first_step}")
 
 
 def test_compile_auto_pays_only_where_it_pays_back():

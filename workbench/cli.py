@@ -14,6 +14,7 @@ import sys
 
 from workbench import __version__
 from workbench.errors import WorkbenchError
+from workbench.rundir import runs_root
 
 # Module names in workbench/commands (`workbench import` lives in import_model.py: import is a keyword).
 COMMANDS = ["train", "resume", "stop", "runs", "doctor", "sample", "data", "presets", "hw", "estimate", "fit", "export",
@@ -26,14 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train small GPT-style language models on your own machine. "
                     "With no command, opens the terminal UI.")
     ap.add_argument("--version", action="version", version=f"workbench {__version__}")
-    ap.add_argument("--runs-dir", default=None,
+    ap.add_argument("--runs-dir", type=runs_root, default=runs_root(),
                     help="where runs live (default: $WORKBENCH_RUNS_DIR or ./runs)")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"workbench.commands.{name}").register(sub)
     # Accept --runs-dir after the subcommand too.
     for p in sub.choices.values():
-        p.add_argument("--runs-dir", default=argparse.SUPPRESS, help="where runs live (default: ./runs)")
+        p.add_argument("--runs-dir", type=runs_root, default=argparse.SUPPRESS,
+                       help="where runs live (default: $WORKBENCH_RUNS_DIR or ./runs)")
     return ap
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 
 def cache_root() -> Path:
@@ -53,6 +55,33 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, fsync: bool = True)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@contextmanager
+def atomic_dir(final: str | os.PathLike, tmp_name: str | None = None, old_name: str | None = None) -> Iterator[Path]:
+    """A directory written whole or not at all: yields a fresh temporary directory beside ``final``
+    (``tmp_name``, default ``.<name>.tmp-<pid>``); when the block ends without an exception it is fsynced
+    and renamed to ``final`` (a ``final`` already there is first renamed to ``old_name`` and removed after),
+    and the rename made durable. On any exception the temporary directory is removed and ``final`` is
+    left as it was. Checkpoints, branches, exports and TensorBoard files are written through it."""
+    final = Path(final)
+    tmp = final.with_name(tmp_name or f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        fsync_dir(tmp)
+        if final.exists():  # a directory cannot be renamed over another on every OS: move it aside first
+            old = final.with_name(old_name or f".{final.name}.old-{os.getpid()}")
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any, fsync: bool = True) -> None:

@@ -74,7 +74,7 @@ def test_import_cli_makes_a_run(tmp_path, hf_models):
     p = load_preset_file(d / "preset.toml")
     assert p.source["architecture"] == "Qwen2ForCausalLM" and p.source["model"] == str(hf_models["qwen2-bias"])
     assert p.data.tokenizer == str(d / "tokenizer.json")
-    assert rundir.read_status(d)["state"] == "imported"
+    assert rundir.read_status(d).state == "imported"
     [ck] = rundir.list_checkpoints(d)
     assert ck["step"] == 0 and ck["reason"] == "import"
     runs = json.loads(wb("runs", "--json", "--runs-dir", str(tmp_path), check=True).stdout)

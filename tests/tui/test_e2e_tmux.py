@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_running, wb
-from workbench.rundir import pid_alive, read_status
+from workbench.rundir import RunStatus, pid_alive, read_status
 
 pytestmark = pytest.mark.slow
 
@@ -145,11 +145,11 @@ def _records(run_dir: Path) -> list[dict]:
 
 def _stop_leftover(run_dir: Path, runs: Path, env: dict) -> None:
     """After a failure: never leave a trainer running."""
-    st = read_status(run_dir) if run_dir.is_dir() else {}
-    if st.get("state") in ("running", "starting") and st.get("pid"):
+    st = read_status(run_dir) if run_dir.is_dir() else RunStatus()
+    if st.state in ("running", "starting") and st.pid:
         subprocess.run([sys.executable, "-m", "workbench", "stop", run_dir.name, "--runs-dir", str(runs)],
                        env=env, capture_output=True, timeout=60)
-        _wait(lambda: not pid_alive(st["pid"], st.get("pid_start")), 60, "the trainer to exit")
+        _wait(lambda: not pid_alive(st.pid, st.pid_start), 60, "the trainer to exit")
 
 
 def test_start_quit_reopen_stop_resume_in_tmux(tmp_path, tmux_env):
@@ -180,7 +180,7 @@ def test_start_quit_reopen_stop_resume_in_tmux(tmp_path, tmux_env):
         tm.keys("q")
         _wait(lambda: not tm.alive(), 15, "the TUI to exit")
         st = read_status(run_dir)
-        assert st["state"] == "running" and pid_alive(st["pid"], st.get("pid_start")), st
+        assert st.state == "running" and pid_alive(st.pid, st.pid_start), st
         # 3. reopen: the same run, live
         tm.open_tui(runs)
         tm.wait_screen(r"e2e.*running", 30)
@@ -189,14 +189,14 @@ def test_start_quit_reopen_stop_resume_in_tmux(tmp_path, tmux_env):
         # at least two checkpoints by the stop: an interval one, then the stop's own
         ckpts = _wait(lambda: sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*")), 120,
                       "a first checkpoint")
-        _wait(lambda: read_status(run_dir).get("step", 0) > ckpts[0] + 1, 60, "steps past the first checkpoint")
+        _wait(lambda: read_status(run_dir).step > ckpts[0] + 1, 60, "steps past the first checkpoint")
         # 4. stop it from the TUI (with confirmation)
         tm.keys("3", "x")
         tm.wait_screen(r"Stop run e2e")
         tm.keys("y")
-        _wait(lambda: read_status(run_dir).get("state") == "stopped", 60, "the run to stop")
+        _wait(lambda: read_status(run_dir).state == "stopped", 60, "the run to stop")
         tm.wait_screen(r"stopped", 30)
-        stopped = read_status(run_dir)["step"]
+        stopped = read_status(run_dir).step
         saved = sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*"))
         assert saved[-1] == stopped and len(saved) >= 2, saved  # the stop saved at the step it stopped
         n_records = len(_records(run_dir))
@@ -210,7 +210,7 @@ def test_start_quit_reopen_stop_resume_in_tmux(tmp_path, tmux_env):
         assert resume["step"] == stopped, (resume, saved)  # from the step it stopped at, not an older one
         log = (run_dir / "train.log").read_text()
         assert f"resumed from checkpoint step_{stopped:07d} (step {stopped})" in log
-        _wait(lambda: read_status(run_dir).get("state") == "running", 60, "the resumed run")
+        _wait(lambda: read_status(run_dir).state == "running", 60, "the resumed run")
         after = _wait(lambda: [r["step"] for r in _records(run_dir)[n_records:] if r.get("kind") == "train"], 60,
                       "a step after the resume")
         assert after[0] == (stopped // 5 + 1) * 5, after  # the next logged step (log_interval 5)
@@ -232,7 +232,7 @@ def test_two_uis_watch_one_run_and_a_crashed_ui_stops_nothing(tmp_path, tmux_env
         wb("train", "cpu-small", "--name", "two", "--runs-dir", str(runs), "--detach", "--set", *TINY.split(),
            env=env, check=True)
         st = wait_running(run_dir, 1)
-        assert st.get("state") == "running", st
+        assert st.state == "running", st
         a.open_tui(runs)
         b.open_tui(runs)
         for ui in (a, b):  # both follow the run live
@@ -242,10 +242,10 @@ def test_two_uis_watch_one_run_and_a_crashed_ui_stops_nothing(tmp_path, tmux_env
         # kill -9 one UI: no goodbye, no cleanup
         os.kill(a.pid(), signal.SIGKILL)
         _wait(lambda: not a.alive(), 15, "the killed UI's session to end")
-        at_kill = read_status(run_dir)["step"]
-        _wait(lambda: read_status(run_dir)["step"] > at_kill + 5, 60, "the trainer to go on")
+        at_kill = read_status(run_dir).step
+        _wait(lambda: read_status(run_dir).step > at_kill + 5, 60, "the trainer to go on")
         st = read_status(run_dir)
-        assert st["state"] == "running" and pid_alive(st["pid"], st.get("pid_start")), st
+        assert st.state == "running" and pid_alive(st.pid, st.pid_start), st
         # the other UI still follows it
         shown = _wait(b.shown_step, 30, "the step on the other UI")
         _wait(lambda: (b.shown_step() or 0) > shown, 60, "the other UI to keep up")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import tomllib
 
-from workbench.tui.widgets.presets import with_name
+from workbench.config.editing import with_name
 
 PRESET = '''# my small preset
 # (tuned on the laptop)
@@ -145,10 +145,10 @@ def test_ctrl_t_trains_the_preset_being_edited(runs_dir, tmp_path):
         # the app is closed; the run goes on by itself
         wait_running(run_dir, 0, timeout=60)
         end = time.time() + 120
-        while time.time() < end and read_status(run_dir).get("state") in LIVE_STATES:
+        while time.time() < end and read_status(run_dir).state in LIVE_STATES:
             time.sleep(0.2)
         st = read_status(run_dir)
-        assert (st["state"], st["step"]) == ("finished", 6), st
+        assert (st.state, st.step) == ("finished", 6), st
         frozen = tomllib.loads((run_dir / "preset.toml").read_text())
         saved = tomllib.loads((tmp_path / "user-presets" / "tiny-ct.toml").read_text())
         assert frozen["name"] == "tiny-ct"

@@ -50,7 +50,7 @@ def test_x_then_y_stops_the_run(live_run, gap):
                 await pilot.pause(gap)
             await pilot.press("y")
             await wait_for(pilot, lambda: proc.poll() is not None, timeout=30, what="the trainer to get SIGTERM")
-            assert read_status(root / "delta")["state"] == "stopped"
+            assert read_status(root / "delta").state == "stopped"
             await wait_for(pilot, lambda: app.run_data["delta"].state == "stopped", what="the pane to show it")
             assert app.screen.__class__.__name__ != "ConfirmScreen"
     run(go())

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from workbench.rundir import MetricsTail
+from workbench.rundir import MetricsTail, RunStatus
 from workbench.tui.rundata import RunData, downsample, ema
 from workbench.tui.watcher import LogTail, RunWatcher
 
@@ -55,7 +55,7 @@ def test_watcher_posts_only_what_is_new(tmp_path):
     w = RunWatcher(tmp_path, posted.append)
     w.watch("r1", with_log=True)
     assert w.poll_once() == 1
-    assert [r["step"] for r in posted[0].records] == [10] and posted[0].status["state"] == "finished"
+    assert [r["step"] for r in posted[0].records] == [10] and posted[0].status.state == "finished"
     assert w.poll_once() == 0  # nothing new: nothing posted
     with open(run / "metrics.jsonl", "a") as f:
         f.write(_rec(20))
@@ -67,7 +67,7 @@ def test_watcher_posts_only_what_is_new(tmp_path):
 
 def test_eta_leaves_out_warmup_and_compile():
     d = RunData("r")
-    d.status = {"state": "running", "max_iters": 1000}
+    d.status = RunStatus(state="running", max_iters=1000)
     d.feed([{"kind": "event", "event": "start", "step": 0}])
     # first record is slow (compile / warm-up): 10 steps in 60 s
     d.feed([{"kind": "train", "step": 10, "loss": 5.0, "elapsed_s": 60.0}])

@@ -20,13 +20,8 @@ import shutil
 from pathlib import Path
 
 from workbench.config import PresetError, parse_toml, preset_from_dict, preset_to_toml
-from workbench.fs import fsync_dir, write_atomic
-from workbench.rundir import INIT_DIR, TOKENIZER_FILES, RunError, ckpt_name, list_checkpoints, new_run_dir
-
-
-def is_latest(run_dir: Path, ckpt: dict) -> bool:
-    ckpts = list_checkpoints(run_dir)
-    return bool(ckpts) and ckpts[-1]["step"] == ckpt["step"]
+from workbench.fs import atomic_dir, write_atomic
+from workbench.rundir import INIT_DIR, TOKENIZER_FILES, RunError, ckpt_name, new_run_dir
 
 
 def branch_name(run_dir: Path, step: int) -> str:
@@ -37,21 +32,12 @@ def _link_tree(src: Path, dst: Path) -> None:
     """``dst`` holds the files of ``src``: hard links where the filesystem allows, copies elsewhere.
     Checkpoint files are never changed in place (only written whole and renamed, or deleted), so a
     hard link is as safe as a copy and costs no space."""
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(dst) as tmp:
         for f in sorted(src.iterdir()):
             try:
                 os.link(f, tmp / f.name)
             except OSError:
                 shutil.copy2(f, tmp / f.name)
-        fsync_dir(tmp)
-        os.rename(tmp, dst)
-        fsync_dir(dst.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def branch(run_dir: Path, ckpt: dict, root: Path, name: str | None = None,

@@ -71,10 +71,9 @@ def summarize_run(run_dir: Path) -> RunSummary:
     except (OSError, ValueError):
         data = {}
     preset = data.get("name", "?")
-    s = RunSummary(id=run_dir.name, path=str(run_dir), state=st.get("state", "?"), preset=preset,
-                   step=int(st.get("step") or 0), max_iters=int(st.get("max_iters") or 0),
-                   error=st.get("error"), started=st.get("started"),
-                   best_val_loss=st.get("best_val_loss"))
+    s = RunSummary(id=run_dir.name, path=str(run_dir), state=st.state, preset=preset,
+                   step=st.step, max_iters=st.max_iters, error=st.error, started=st.started,
+                   best_val_loss=st.best_val_loss)
     for r in last_records(run_dir / "metrics.jsonl"):
         if isinstance(r, TrainRecord):
             s.train_loss, s.tokens_per_s = r.loss, r.tokens_per_s

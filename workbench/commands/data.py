@@ -8,10 +8,11 @@ import sys
 import time
 
 from workbench.commands.common import TerminalProgress, add_set_option
-from workbench.config import resolve_preset, toml_string
+from workbench.config import resolve_preset
 from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
+from workbench.plan.run_plan import corpus_values
 
 
 def register(sub) -> None:
@@ -38,12 +39,11 @@ def register(sub) -> None:
 
 
 def _preset(args):
-    corpus = args.corpus[0] if len(args.corpus) == 1 else args.corpus
-    value = toml_string(corpus) if isinstance(corpus, str) else "[" + ", ".join(map(toml_string, corpus)) + "]"
-    ov = [f"data.corpus={value}", *args.overrides]
+    """The preset with the corpus given (it wins over a --set data.corpus) and --vocab-size."""
+    values = corpus_values(args.corpus)
     if getattr(args, "vocab_size", None):
-        ov.append(f"model.vocab_size={args.vocab_size}")
-    return resolve_preset(args.preset, ov)
+        values["model"] = {"vocab_size": args.vocab_size}
+    return resolve_preset(args.preset, args.overrides, values)
 
 
 def cmd_prepare(args) -> int:

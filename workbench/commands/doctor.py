@@ -32,10 +32,10 @@ def _wrap(label: str, text: str) -> list[str]:
 
 
 def run(args) -> int:
-    root = rundir.runs_root(getattr(args, "runs_dir", None))
+    root = args.runs_dir
     run_dir = rundir.resolve_run(root, args.run)
     facts = read_run(run_dir)
-    pid = facts.status.get("pid") if facts.live else None
+    pid = facts.status.pid if facts.live else None
     snapshot = take_snapshot(int(pid) if pid else None, interval=max(0.1, args.interval))
     notes: list[str] = []
     findings = diagnose(facts, snapshot, notes)

@@ -9,15 +9,14 @@ from typing import Any
 
 from workbench.analysis.history import measured_in
 from workbench.commands.common import add_init_from_option, add_set_option
-from workbench.config import resolve_preset
 from workbench.errors import WorkbenchError
 from workbench.fmt import GiB, duration, human_bytes
 from workbench.machine.detect import Machine, detect
 from workbench.machine.gpus import find_gpu
 from workbench.plan import compare, report
 from workbench.plan import estimate as est
-from workbench.plan.finetune import compare_methods, init_preset, method_overrides, parse_init_from
-from workbench.rundir import runs_root
+from workbench.plan.finetune import compare_methods, method_overrides
+from workbench.plan.run_plan import NewRun, plan_new_run
 
 
 def register(sub) -> None:
@@ -114,14 +113,10 @@ def _check_flags(args) -> None:
 
 def _preset(args, info: dict):
     """The preset to estimate: with --init-from, as `workbench train` would run it from that checkpoint."""
-    if args.init_from is None:
-        if args.preset is None:
-            raise WorkbenchError("give a preset to estimate (`workbench presets list`), or --init-from RUN")
-        return resolve_preset(args.preset, args.overrides)
-    from workbench.commands.train import default_preset_name
-    root = runs_root(getattr(args, "runs_dir", None))
-    base = resolve_preset(args.preset or default_preset_name(info), args.overrides)
-    return init_preset(base, parse_init_from(root, args.init_from), args.overrides)
+    if args.init_from is None and args.preset is None:
+        raise WorkbenchError("give a preset to estimate (`workbench presets list`), or --init-from RUN")
+    return plan_new_run(NewRun(args.preset, tuple(args.overrides), init_from=args.init_from), args.runs_dir,
+                        info).preset
 
 
 def build_report(args) -> dict[str, Any]:
@@ -153,7 +148,7 @@ def build_report(args) -> dict[str, Any]:
     machine = Machine.from_info(info)
     r = report.build_report(
         p, machine, device=args.device, precision=args.precision, tokens_per_s=args.tokens_per_s,
-        history=measured_in(runs_root(getattr(args, "runs_dir", None))), peak=peak, watts=args.watts,
+        history=measured_in(args.runs_dir), peak=peak, watts=args.watts,
         usd_per_hour=bare, usd_per_kwh=args.usd_per_kwh,
         power_limit_w=gpus[0].get("power_limit_w") if gpus else None)
     if p.init is not None:  # which fine-tuning method fits this machine

@@ -37,7 +37,7 @@ def run(args) -> int:
     if args.gguf_type not in ("f16", "f32"):
         raise ExportError(f"--gguf-type {args.gguf_type!r}: choose f16 or f32")
     check_out_dir(args.out_dir)
-    root = rundir.runs_root(getattr(args, "runs_dir", None))
+    root = args.runs_dir
     run_dir = rundir.resolve_run(root, args.run)
     rundir.select_checkpoint(run_dir, args.checkpoint)
     dest, ckpt = export_run(run_dir, args.out_dir, args.fmt, args.checkpoint, gguf_type=args.gguf_type)

@@ -13,12 +13,11 @@ import dataclasses
 import time
 
 from workbench.commands.common import add_init_from_option, add_set_option
-from workbench.config import check_preset_name, preset_source_path, resolve_preset, save_user_preset, user_presets_dir
+from workbench.config import preset_source_path, resolve_preset, save_user_preset, user_preset_path
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
 from workbench.plan.batch import fitted_preset, plan_accumulation
-from workbench.plan.finetune import init_preset, parse_init_from
-from workbench.rundir import runs_root
+from workbench.plan.run_plan import NewRun, plan_new_run
 
 MARGIN = 0.10  # keep this share of device memory free (fragmentation, eval, a longer run)
 
@@ -42,20 +41,16 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    src = resolve_preset(args.preset, args.overrides)
-    source = None
-    if args.init_from:  # fit the run `train --init-from` would make (its model is the source's)
-        source = src
-        src = init_preset(src, parse_init_from(runs_root(getattr(args, "runs_dir", None)), args.init_from),
-                          args.overrides)
+    # fit the run `train` would make (with --init-from: its model is the source's)
+    src = plan_new_run(NewRun(args.preset, tuple(args.overrides), init_from=args.init_from), args.runs_dir).preset
+    source = resolve_preset(args.preset, args.overrides) if args.init_from else None
     if not 0 <= args.margin < 0.9:
         raise WorkbenchError(f"--margin {args.margin} must be between 0 and 0.9 (e.g. 0.1 keeps 10 % free)")
     if args.steps < 1:
         raise WorkbenchError(f"--steps {args.steps} must be at least 1")
     out_name = args.out or f"{src.name}-fit"
-    check_preset_name(out_name)
     source_path = preset_source_path(args.preset)
-    target = user_presets_dir() / f"{out_name}.toml"
+    target = user_preset_path(out_name)
     if target.exists() and not args.force:  # fail before a long probe
         raise WorkbenchError(f"{target} already exists; choose another name with --out NAME "
                              "or overwrite it with --force")

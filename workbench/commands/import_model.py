@@ -27,7 +27,7 @@ def register(sub) -> None:
 def run(args) -> int:
     if args.seq_len is not None and args.seq_len < 2:
         raise rundir.RunError(f"--seq-len {args.seq_len} must be at least 2")
-    root = rundir.runs_root(getattr(args, "runs_dir", None))
+    root = args.runs_dir
     from workbench.interop.hf_import import import_model  # imports torch
     r = import_model(Path(args.model_dir), root, args.name, args.seq_len, log=lambda m: print(m, flush=True))
     m, src, tok = r.preset.model, r.preset.source, r.tokenizer

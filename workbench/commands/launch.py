@@ -120,5 +120,5 @@ def run_foreground(run_dir: Path, resume: bool = False, checkpoint: str | None =
         rc = proc.wait()
     if rc != 0:
         st = rundir.read_status(run_dir)
-        raise TrainingFailed(st.get("error") or f"the trainer processes exited with status {rc}; see train.log")
+        raise TrainingFailed(st.error or f"the trainer processes exited with status {rc}; see train.log")
     return 0

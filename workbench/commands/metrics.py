@@ -17,13 +17,12 @@ import csv
 import io
 import math
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from workbench import rundir
 from workbench.errors import WorkbenchError
-from workbench.fs import write_atomic
+from workbench.fs import atomic_dir, write_atomic
 from workbench.rundir import EvalRecord, TrainRecord
 
 COLUMNS = ["kind", "step", "loss", "val_loss", "train_loss", "lr", "tokens_per_s", "tokens_seen", "elapsed_s",
@@ -109,11 +108,8 @@ def write_tensorboard(run_dir: Path, records: list[dict]) -> tuple[Path, int]:
         raise MetricsError(f"--tensorboard needs the tensorboard package, which is not installed; "
                            f"install it with `{TB_PIP}` (or use --csv)") from None
     final = Path(run_dir) / TB_DIR
-    tmp = Path(run_dir) / f".{TB_DIR}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     n = 0
-    try:
+    with atomic_dir(final) as tmp:
         w = EventFileWriter(str(tmp))
         for r in records:
             step = r.get("step")
@@ -129,21 +125,11 @@ def write_tensorboard(run_dir: Path, records: list[dict]) -> tuple[Path, int]:
                 w.add_event(Event(wall_time=float(wall), step=step, summary=Summary(value=values)))
                 n += len(values)
         w.close()
-        old = None
-        if final.exists():
-            old = Path(run_dir) / f".{TB_DIR}.old-{os.getpid()}"
-            os.rename(final, old)
-        os.rename(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final, n
 
 
 def run(args) -> int:
-    root = rundir.runs_root(getattr(args, "runs_dir", None))
+    root = args.runs_dir
     run_dir = rundir.resolve_run(root, args.run)
     if args.out and not args.csv:
         raise MetricsError("--out goes with --csv; --tensorboard always writes runs/<id>/tb/")

@@ -17,9 +17,8 @@ from workbench.config import (
     preset_paths,
     preset_to_toml,
     resolve_preset,
-    user_presets_dir,
+    write_user_preset,
 )
-from workbench.fs import write_atomic
 
 
 def register(sub) -> None:
@@ -86,11 +85,6 @@ def cmd_copy(args) -> int:
     check_preset_name(args.dst)
     p = resolve_preset(args.src, args.overrides)
     p.name = args.dst
-    d = user_presets_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    dst = d / f"{args.dst}.toml"
-    if dst.exists():
-        raise PresetError(f"{dst} already exists; choose another name or delete it first")
-    write_atomic(dst, preset_to_toml(p))
+    dst = write_user_preset(args.dst, preset_to_toml(p), exists_hint="choose another name or delete it first")
     print(f"wrote {dst}")
     return 0

@@ -31,7 +31,7 @@ def source_label(r) -> str:
 
 
 def run(args) -> int:
-    root = rundir.runs_root(getattr(args, "runs_dir", None))
+    root = args.runs_dir
     runs = [summarize_run(d) for d in rundir.iter_run_dirs(root)]
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in runs], indent=1))

@@ -23,7 +23,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    root = rundir.runs_root(getattr(args, "runs_dir", None))
+    root = args.runs_dir
     run_dir = rundir.resolve_run(root, args.run)
     ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
     if args.max_new_tokens < 1:

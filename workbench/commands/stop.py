@@ -18,13 +18,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    root = rundir.runs_root(getattr(args, "runs_dir", None))
+    root = args.runs_dir
     run_dir = rundir.resolve_run(root, args.run)
     st = rundir.read_status(run_dir)
-    if st.get("state") not in rundir.LIVE_STATES:
-        raise rundir.RunError(f"run {run_dir.name} is not running (state: {st.get('state')}); "
+    if not st.live:
+        raise rundir.RunError(f"run {run_dir.name} is not running (state: {st.state}); "
                               f"nothing to stop")
-    pid = st["pid"]
+    pid = st.pid
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -35,9 +35,9 @@ def run(args) -> int:
     deadline = time.time() + args.timeout
     while time.time() < deadline:
         st = rundir.read_status(run_dir)
-        if st.get("state") not in rundir.LIVE_STATES:
-            print(f"run {run_dir.name}: {st.get('state')} at step {st.get('step')}")
-            return 0 if st.get("state") in ("stopped", "finished", "early_stopped") else 1
+        if not st.live:
+            print(f"run {run_dir.name}: {st.state} at step {st.step}")
+            return 0 if st.state in ("stopped", "finished", "early_stopped") else 1
         time.sleep(0.2)
     print(f"run {run_dir.name} is still saving after {args.timeout:.0f} s; check `workbench runs`")
     return 1

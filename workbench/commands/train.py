@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import shutil
 import sys
-from pathlib import Path
 
 from workbench import rundir
 from workbench.analysis.history import measured_in
 from workbench.commands import launch
 from workbench.commands.common import TerminalProgress, add_corpus_option, add_init_from_option, add_set_option
-from workbench.config import Preset, PresetError, preset_paths, preset_to_toml, resolve_preset, toml_string
+from workbench.config import preset_to_toml
 from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
-from workbench.plan.finetune import InitSource, init_preset, link_init, parse_init_from
-from workbench.plan.recommend import recommend_preset
+from workbench.plan.finetune import link_init
 from workbench.plan.report import fit_check
+from workbench.plan.run_plan import NewRun, plan_new_run
 from workbench.plan.settings import check_installed, resolve_settings
 
 
@@ -37,49 +36,13 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def default_preset_name(info: dict) -> str:
-    name, _why = recommend_preset(info)
-    return name if name in preset_paths() else "cpu-small"
-
-
-def absolute_corpus(corpus: str | list[str]) -> str | list[str]:
-    """Corpus paths and globs made absolute, so the run directory's preset means the same files anywhere."""
-    def one(c: str) -> str:
-        return c if c == "builtin" else str(Path(c).expanduser().absolute())
-    return one(corpus) if isinstance(corpus, str) else [one(c) for c in corpus]
-
-
-def resolve_for_run(preset_arg: str | None, overrides: list[str], corpus: list[str] | None, info: dict) -> Preset:
-    """The validated preset for a new run, with data.corpus made absolute."""
-    name = preset_arg or default_preset_name(info)
-    ov = list(overrides)
-    if corpus:
-        value = toml_string(corpus[0]) if len(corpus) == 1 else "[" + ", ".join(map(toml_string, corpus)) + "]"
-        ov.append(f"data.corpus={value}")
-    p = resolve_preset(name, ov)
-    p.data.corpus = absolute_corpus(p.data.corpus)
-    return p
-
-
-def resolve_init(p: Preset, root: Path, init_from: str | None,
-                 overrides: list[str]) -> tuple[Preset, InitSource | None]:
-    """The run's preset when it starts from another run's checkpoint (--init-from), and that source."""
-    if not init_from:
-        if p.train.finetune == "lora":
-            raise PresetError("train.finetune = lora trains adapters on weights that exist: start from a checkpoint "
-                              "with --init-from RUN (a run of yours, or a model brought in by `workbench import`)")
-        return p, None
-    src = parse_init_from(root, init_from)
-    return init_preset(p, src, overrides), src
-
-
 def run(args) -> int:
     overrides = list(args.overrides) + ([f"hardware.nproc={args.nproc}"] if args.nproc else [])
     info = detect()
     machine = Machine.from_info(info)
-    root = rundir.runs_root(getattr(args, "runs_dir", None))
-    p = resolve_for_run(args.preset, overrides, args.corpus, info)
-    p, src = resolve_init(p, root, args.init_from, overrides)
+    root = args.runs_dir
+    plan = plan_new_run(NewRun(args.preset, tuple(overrides), tuple(args.corpus or ()), args.init_from), root, info)
+    p, src = plan.preset, plan.source
     topo = launch.topology_from_args(args, p, machine)
     # What the run asks of this machine is checked before anything is written (the trainer decides
     # again with torch's view of the devices, by the same rules).

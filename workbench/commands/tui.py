@@ -10,4 +10,4 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from workbench.tui.app import run_tui
-    return run_tui(getattr(args, "runs_dir", None))
+    return run_tui(args.runs_dir)

@@ -1,9 +1,11 @@
 """Presets: the [model] / [train] / [data] / [hardware] sections as dataclasses (``schema``: each key's
 documentation, types, limits and the rules between keys; every failure a :class:`PresetError` that
 names the file, the key, the value and what is allowed), TOML text and --set items (``overrides``) and
-the preset files (``files``). Plain data:
+the preset files (``files``: found by name, loaded, and the one writer of user presets), and a preset's
+text as the editor holds it (``editing``). Plain data:
 no "auto" is decided here (see ``workbench.plan.settings``). Imports neither torch nor textual."""
 
+from workbench.config.editing import validate_preset_text, with_name
 from workbench.config.files import (
     check_preset_name,
     load_preset_file,
@@ -14,7 +16,9 @@ from workbench.config.files import (
     save_user_preset,
     shipped_presets_dir,
     toml_string,
+    user_preset_path,
     user_presets_dir,
+    write_user_preset,
 )
 from workbench.config.overrides import apply_overrides, overridden_keys, parse_override, parse_toml
 from workbench.config.schema import (
@@ -35,4 +39,5 @@ __all__ = ["SECTIONS", "DataConfig", "HardwareConfig", "ModelConfig", "Preset", 
            "apply_overrides", "check_preset_name", "field_doc", "load_preset_file", "lora_projections",
            "lora_target_list", "overridden_keys", "parse_override", "parse_toml", "preset_from_dict", "preset_paths",
            "preset_source_path", "preset_to_toml", "resolve_preset", "save_user_preset", "shipped_presets_dir",
-           "toml_string", "user_presets_dir"]
+           "toml_string", "user_preset_path", "user_presets_dir", "validate_preset_text", "with_name",
+           "write_user_preset"]

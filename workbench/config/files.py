@@ -7,6 +7,7 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
@@ -15,7 +16,10 @@ from workbench.config.schema import Preset, PresetError, _did_you_mean, preset_f
 from workbench.fs import write_atomic
 
 
-def load_preset_file(path: str | Path, overrides: list[str] | None = None) -> Preset:
+def load_preset_file(path: str | Path, overrides: list[str] | None = None,
+                     values: dict[str, dict[str, Any]] | None = None) -> Preset:
+    """A preset file with ``--set`` ``overrides`` (text) and then ``values`` ({section: {key: value}}, set as
+    they are: e.g. a corpus list, which never travels through a TOML string) applied, validated."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -26,7 +30,10 @@ def load_preset_file(path: str | Path, overrides: list[str] | None = None) -> Pr
     data = parse_toml(text, str(path))
     if overrides:
         apply_overrides(data, overrides)
-    return preset_from_dict(data, str(path), name=data.get("name") or path.stem, user_set=overridden_keys(overrides))
+    for sec, kv in (values or {}).items():
+        data.setdefault(sec, {}).update(kv)
+    user_set = overridden_keys(overrides) | {f"{sec}.{key}" for sec, kv in (values or {}).items() for key in kv}
+    return preset_from_dict(data, str(path), name=data.get("name") or path.stem, user_set=user_set)
 
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -64,17 +71,19 @@ def check_preset_name(name: str) -> str:
     return name
 
 
-def resolve_preset(name_or_path: str, overrides: list[str] | None = None) -> Preset:
-    """A preset by name (user presets first) or by path to a .toml file."""
+def resolve_preset(name_or_path: str, overrides: list[str] | None = None,
+                   values: dict[str, dict[str, Any]] | None = None) -> Preset:
+    """A preset by name (user presets first) or by path to a .toml file (``overrides``, ``values``: as
+    :func:`load_preset_file` applies them)."""
     if name_or_path.endswith(".toml") or os.sep in name_or_path:
-        return load_preset_file(name_or_path, overrides)
+        return load_preset_file(name_or_path, overrides, values)
     paths = preset_paths()
     if name_or_path not in paths:
         check_preset_name(name_or_path)
         hint = _did_you_mean(name_or_path, paths)
         raise PresetError(f"unknown preset {name_or_path!r}{hint}; available: {', '.join(sorted(paths))} "
                           "(`workbench presets list`)")
-    return load_preset_file(paths[name_or_path][0], overrides)
+    return load_preset_file(paths[name_or_path][0], overrides, values)
 
 
 def preset_to_toml(p: Preset) -> str:
@@ -94,16 +103,32 @@ def preset_source_path(name_or_path: str) -> Path | None:
     return found[0] if found else None
 
 
-def save_user_preset(p: Preset, header: str = "", force: bool = False, source_path: Path | None = None) -> Path:
-    """Write ``<user presets>/<name>.toml`` atomically, never over the preset it came from and over
-    another file only with ``force``; ``header`` lines become comments at the top."""
-    check_preset_name(p.name)
-    out_dir = user_presets_dir()
-    path = out_dir / f"{p.name}.toml"
-    if source_path is not None and path.resolve() == source_path.resolve():
-        raise PresetError(f"{path} is the preset being fitted; choose another name with --out NAME")
-    if path.exists() and not force:
-        raise PresetError(f"{path} already exists; choose another name with --out NAME or overwrite it with --force")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, "".join(f"# {line}\n" for line in header.splitlines()) + preset_to_toml(p))
+def user_preset_path(name: str) -> Path:
+    """Where the user preset ``name`` lives (the name checked: it cannot leave the directory)."""
+    return user_presets_dir() / f"{check_preset_name(name)}.toml"
+
+
+def write_user_preset(name: str, text: str, *, overwrite: bool = False, keep: Path | None = None,
+                      exists_hint: str = "choose another name") -> Path:
+    """The one writer of user presets (``fit``, ``presets copy``, the Presets pane's editor): ``text`` to
+    ``<user presets>/<name>.toml`` atomically; never over ``keep`` (the preset it was made from), over an
+    existing file only with ``overwrite`` (else a PresetError ending with ``exists_hint``)."""
+    path = user_preset_path(name)
+    if keep is not None and path.resolve() == Path(keep).resolve():
+        raise PresetError(f"{path} is the preset it was made from (never overwritten); choose another name")
+    if path.exists() and not overwrite:
+        raise PresetError(f"{path} already exists; {exists_hint}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text)
+    except OSError as e:
+        raise PresetError(f"cannot write {path}: {e.strerror or e}") from None
     return path
+
+
+def save_user_preset(p: Preset, header: str = "", force: bool = False, source_path: Path | None = None) -> Path:
+    """``p`` as a user preset of its name (``header`` lines as comments at the top), as ``workbench fit``
+    writes it: never over the preset being fitted, over another file only with ``force``."""
+    return write_user_preset(p.name, "".join(f"# {line}\n" for line in header.splitlines()) + preset_to_toml(p),
+                             overwrite=force, keep=source_path,
+                             exists_hint="choose another name with --out NAME or overwrite it with --force")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 from safetensors.torch import save_file
@@ -38,7 +37,7 @@ from workbench import rundir
 from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError, load_tokenizer
 from workbench.data.tokenizer_formats import tokenizer_files, tokenizer_json
 from workbench.errors import WorkbenchError
-from workbench.fs import fsync_dir
+from workbench.fs import atomic_dir
 from workbench.interop.gguf_export import check_gguf, write_gguf
 from workbench.interop.hf_layout import LayoutError, hf_config, hf_state_dict, rope_permute
 from workbench.train.checkpoint import load_run_model
@@ -137,29 +136,17 @@ def export_state_dict(sd: dict, cfg, fmt: str, out: Path, *, tokenizer_model: by
     if fmt == "gguf":  # what GGUF cannot hold is refused before anything is written
         check_gguf(sd, cfg, tokenizer, gguf_type)
     out = check_out_dir(out)
-    out_abs = out.resolve()
-    tmp = out_abs.parent / f".{out_abs.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
     try:
-        if fmt == "hf":
-            write_hf(tmp, sd, cfg, tokenizer, max_positions)
-        elif fmt == "gguf":
-            write_gguf(tmp / "model.gguf", sd, cfg, tokenizer, gguf_type, metadata or {}, max_positions)
-        else:
-            write_raw(tmp, sd, preset_toml, tokenizer, metadata)
-        if out_abs.exists():
-            out_abs.rmdir()  # empty (checked above); os.rename cannot replace a directory on every OS
-        os.rename(tmp, out_abs)
-        fsync_dir(out_abs.parent)
+        with atomic_dir(out.resolve()) as tmp:  # an existing ``out`` is empty (checked above)
+            if fmt == "hf":
+                write_hf(tmp, sd, cfg, tokenizer, max_positions)
+            elif fmt == "gguf":
+                write_gguf(tmp / "model.gguf", sd, cfg, tokenizer, gguf_type, metadata or {}, max_positions)
+            else:
+                write_raw(tmp, sd, preset_toml, tokenizer, metadata)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise ExportError(f"cannot write {out}: {e.strerror or e}") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_abs
+    return out.resolve()
 
 
 def export_run(run_dir: Path, out: Path, fmt: str = "hf", checkpoint: str | int | None = "latest",

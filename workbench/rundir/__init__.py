@@ -23,6 +23,7 @@ Summaries that need an estimate live above it (:mod:`workbench.analysis.summary`
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import fcntl
 import os
@@ -37,6 +38,8 @@ import psutil
 from workbench.errors import WorkbenchError
 from workbench.fs import read_json, write_json_atomic
 from workbench.rundir.records import (
+    LIVE_STATES,
+    STATES,
     TIMELINE_EVENTS,
     EvalRecord,
     EventRecord,
@@ -45,6 +48,7 @@ from workbench.rundir.records import (
     MetricsWriter,
     NullWriter,
     Record,
+    RunStatus,
     TrainRecord,
     current_timeline,
     first_event,
@@ -54,9 +58,6 @@ from workbench.rundir.records import (
     read_metrics,
 )
 
-# "imported": a model brought in by `workbench import` (a step-0 checkpoint, never trained itself).
-STATES = ("starting", "running", "finished", "stopped", "early_stopped", "failed", "crashed", "imported")
-LIVE_STATES = ("starting", "running")
 CKPT_PREFIX = "step_"
 TMP_PREFIX = ".tmp_"
 INIT_DIR = "init"   # the weights a run started from (init/model.pt)
@@ -170,24 +171,26 @@ def pid_alive(pid: int | None, start_time: float | None = None) -> bool:
     return True
 
 
-def write_status(run_dir: Path, **fields: Any) -> dict:
-    """Merge ``fields`` into status.json and replace it atomically."""
+def write_status(run_dir: Path, **fields: Any) -> RunStatus:
+    """Set ``fields`` (names of :class:`RunStatus`) in status.json and replace it atomically."""
+    unknown = set(fields) - set(RunStatus.fields())
+    if unknown:
+        raise TypeError(f"RunStatus has no field {', '.join(sorted(unknown))}")
     path = Path(run_dir) / "status.json"
-    cur = read_json(path) or {}
-    cur.update(fields)
-    cur["updated"] = time.time()
+    st = dataclasses.replace(RunStatus.from_dict(read_json(path)), **fields, updated=time.time())
     # No fsync: status is rewritten every log interval from the training loop, and an fsync
     # there cost more than a whole step of a small model. The rename keeps it atomic.
-    write_json_atomic(path, cur, fsync=False)
-    return cur
+    write_json_atomic(path, st.to_dict(), fsync=False)
+    return st
 
 
-def read_status(run_dir: Path) -> dict:
+def read_status(run_dir: Path) -> RunStatus:
     """status.json, with a live state whose process is gone reported as ``crashed``."""
-    st = read_json(Path(run_dir) / "status.json") or {"state": "starting"}
-    if st.get("state") in LIVE_STATES and not pid_alive(st.get("pid"), st.get("pid_start")):
-        st = dict(st, state="crashed", error=st.get("error") or
-                  "the trainer process is gone without saying why; see train.log, then `workbench resume`")
+    st = RunStatus.from_dict(read_json(Path(run_dir) / "status.json"))
+    if st.live and not pid_alive(st.pid, st.pid_start):
+        st = dataclasses.replace(st, state="crashed", error=st.error or
+                                 "the trainer process is gone without saying why; see train.log, then "
+                                 "`workbench resume`")
     return st
 
 
@@ -267,6 +270,12 @@ def best_checkpoint(ckpts: list[dict]) -> dict | None:
     return min(scored, key=lambda c: (c["val_loss"], -c["step"])) if scored else None
 
 
+def is_latest_checkpoint(run_dir: Path, ckpt: dict) -> bool:
+    """``ckpt`` is ``run_dir``'s newest complete checkpoint (resuming from it continues in place)."""
+    ckpts = list_checkpoints(run_dir)
+    return bool(ckpts) and ckpts[-1]["step"] == ckpt["step"]
+
+
 def select_checkpoint(run_dir: Path, selector: str | int | None = "latest") -> dict:
     """``latest`` | ``best`` | a step number → that checkpoint's sidecar (with ``path``)."""
     ckpts = list_checkpoints(run_dir)
@@ -306,8 +315,9 @@ def clean_stale_temporaries(run_dir: Path) -> list[str]:
 
 
 __all__ = ["best_checkpoint", "ckpt_name", "CKPT_PREFIX", "clean_stale_temporaries", "current_timeline",
-           "EvalRecord", "EventRecord", "first_event", "INIT_DIR", "iter_run_dirs", "last_records", "LineTail",
-           "list_checkpoints", "LIVE_STATES", "MetricsTail", "MetricsWriter", "new_run_dir", "NullWriter",
-           "parse_record", "pid_alive", "process_start_time", "read_jsonl_tail", "read_metrics", "read_status",
-           "Record", "resolve_run", "RunError", "RunLock", "runs_root", "sanitize_run_name", "select_checkpoint",
-           "STATES", "TIMELINE_EVENTS", "TMP_PREFIX", "TOKENIZER_FILES", "TrainRecord", "write_status"]
+           "EvalRecord", "EventRecord", "first_event", "INIT_DIR", "is_latest_checkpoint", "iter_run_dirs",
+           "last_records", "LineTail", "list_checkpoints", "LIVE_STATES", "MetricsTail", "MetricsWriter",
+           "new_run_dir", "NullWriter", "parse_record", "pid_alive", "process_start_time", "read_jsonl_tail",
+           "read_metrics", "read_status", "Record", "resolve_run", "RunError", "RunLock", "runs_root", "RunStatus",
+           "sanitize_run_name", "select_checkpoint", "STATES", "TIMELINE_EVENTS", "TMP_PREFIX", "TOKENIZER_FILES",
+           "TrainRecord", "write_status"]

@@ -132,6 +132,65 @@ Record = Union[TrainRecord, EvalRecord, EventRecord]
 # Events after which the run continues from the event's step: a resume from a checkpoint, or a rollback
 # to one. Train and eval records logged before such an event for later steps belong to the timeline it
 # abandoned; readers drop them (current_timeline), so no two histories are ever drawn as one.
+# "imported": a model brought in by `workbench import` (a step-0 checkpoint, never trained itself).
+STATES = ("starting", "running", "finished", "stopped", "early_stopped", "failed", "crashed", "imported")
+LIVE_STATES = ("starting", "running")
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """status.json: where a run is now (replaced whole by its writers: the launcher, the trainer, import).
+
+    Every writer goes through ``rundir.write_status`` with these field names, every reader gets this
+    record from ``rundir.read_status``; keys it does not know are kept in ``extra``."""
+    state: str = "starting"            # one of rundir.STATES
+    pid: int | None = None             # the trainer process, and its start time (a reused pid is not it)
+    pid_start: float | None = None
+    step: int = 0
+    max_iters: int = 0
+    tokens_seen: int | None = None
+    error: str | None = None           # the one line a failed or crashed run says
+    compiling: bool = False
+    world_size: int | None = None
+    started: float | None = None       # wall-clock times
+    resumed: float | None = None
+    finished: float | None = None
+    updated: float | None = None
+    best_val_loss: float | None = None
+    ckpt_seconds: float | None = None
+    preparing: dict[str, Any] | None = None   # the corpus preparation's progress, while a trainer prepares
+    source: str | None = None          # an imported run: the model directory it came from
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        """The status says a trainer is at work (``read_status`` has checked that its process is alive)."""
+        return self.state in LIVE_STATES
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(f for f in cls.__dataclass_fields__ if f != "extra")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f: getattr(self, f) for f in self.fields()}, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "RunStatus":
+        d = d if isinstance(d, dict) else {}
+        text = lambda v: v if isinstance(v, str) else None  # noqa: E731
+        pid = d.get("pid")
+        prep = d.get("preparing")
+        return cls(state=text(d.get("state")) or "starting", pid=pid if isinstance(pid, int) and pid > 0 else None,
+                   pid_start=_num(d.get("pid_start")), step=_int(d.get("step")), max_iters=_int(d.get("max_iters")),
+                   tokens_seen=_int(d["tokens_seen"]) if "tokens_seen" in d else None, error=text(d.get("error")),
+                   compiling=d.get("compiling") is True,
+                   world_size=_int(d["world_size"]) if "world_size" in d else None,
+                   started=_num(d.get("started")), resumed=_num(d.get("resumed")), finished=_num(d.get("finished")),
+                   updated=_num(d.get("updated")), best_val_loss=_num(d.get("best_val_loss")),
+                   ckpt_seconds=_num(d.get("ckpt_seconds")), preparing=prep if isinstance(prep, dict) else None,
+                   source=text(d.get("source")), extra={k: v for k, v in d.items() if k not in cls.fields()})
+
+
 TIMELINE_EVENTS = ("resume", "rollback")
 
 

@@ -31,7 +31,7 @@ import torch
 from workbench.config import Preset, load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.faults import NO_FAULTS, Faults
-from workbench.fs import dir_size, fsync_dir, fsync_file
+from workbench.fs import atomic_dir, dir_size, fsync_dir, fsync_file
 from workbench.rundir import INIT_DIR, TMP_PREFIX, best_checkpoint, ckpt_name, list_checkpoints, select_checkpoint
 from workbench.train.lora import apply_lora, merge_adapters
 from workbench.train.model import GPT
@@ -48,12 +48,8 @@ def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict, train
     cdir = Path(run_dir) / "checkpoints"
     cdir.mkdir(exist_ok=True)
     name = ckpt_name(step)
-    tmp = cdir / f"{TMP_PREFIX}{name}_{os.getpid()}"
     final = cdir / name
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
+    with atomic_dir(final, f"{TMP_PREFIX}{name}_{os.getpid()}", f"{TMP_PREFIX}old_{name}_{os.getpid()}") as tmp:
         t0 = time.time()
         torch.save(model_sd, tmp / "model.pt")
         fsync_file(tmp / "model.pt")
@@ -70,19 +66,7 @@ def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict, train
             json.dump(meta, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
-        fsync_dir(tmp)
-        faults.in_save("before_rename", step)
-        if final.exists():  # re-saving a step (after a rollback): move the old one aside first
-            old = cdir / f"{TMP_PREFIX}old_{name}_{os.getpid()}"
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        fsync_dir(cdir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        faults.in_save("before_rename", step)  # a step saved again (after a rollback) replaces the old one
     return final
 
 

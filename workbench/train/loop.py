@@ -48,7 +48,7 @@ from workbench.train.checkpoint import Checkpoint, load_init_weights, read_check
 from workbench.train.dist import Dist
 from workbench.train.evaluation import evaluate
 from workbench.train.reporter import Reporter, Throughput, start_line
-from workbench.train.runtime import amp_dtype, apply_backend_flags, autocast, memory_mb
+from workbench.train.runtime import amp_dtype, apply_backend_flags, autocast, compile_cache_counts, memory_mb
 from workbench.train.sample import generate_text
 from workbench.train.skips import Skips
 from workbench.train.state import TrainerState
@@ -217,7 +217,8 @@ class Trainer:
             if self.throughput.tick(self.tokens_per_step, now, data_s) and self.settings.compile \
                     and not self.compile_reported:
                 self.compile_reported = True
-                self.report.event("compile_done", self.state.step, seconds=round(now - self.started, 1))
+                self.report.event("compile_done", self.state.step, seconds=round(now - self.started, 1),
+                                  cache=compile_cache_counts())
                 self.report.status(compiling=False)
             if self.state.step % t.log_interval == 0 or self.state.step == t.max_iters:
                 r = self.skips.result  # this step's: settled above

@@ -93,6 +93,17 @@ def peak_rss_mb() -> float:
 OOM_MARKERS = ("CUDA out of memory", "MPS backend out of memory", "out of memory")
 
 
+def compile_cache_counts() -> dict[str, int]:
+    """How torch.compile's caches served this process so far: compiled graphs found in the inductor cache
+    (``runs/<id>/cache/inductor``) against those compiled anew, and the same for AOTAutograd's cache. A
+    resume that compiles warm has hits and no misses; Dynamo still traces the model each start, which the
+    caches do not cover."""
+    from torch._dynamo.utils import counters
+    ind, aot = counters["inductor"], counters["aot_autograd"]
+    return {"fxgraph_hits": int(ind["fxgraph_cache_hit"]), "fxgraph_misses": int(ind["fxgraph_cache_miss"]),
+            "autograd_hits": int(aot["autograd_cache_hit"]), "autograd_misses": int(aot["autograd_cache_miss"])}
+
+
 def is_oom(e: BaseException) -> bool:
     """CUDA ("CUDA out of memory", torch.OutOfMemoryError) and MPS ("MPS backend out of memory")."""
     if isinstance(e, torch.OutOfMemoryError):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from workbench.errors import WorkbenchError
+from workbench.plan.run_plan import NewRun
 
 
 class LaunchError(WorkbenchError):
@@ -56,6 +57,10 @@ class RunRequest:
     overrides: list[str] = field(default_factory=list)
     init_from: str = ""     # RUN[:STEP]: start from that checkpoint (--init-from); "" from scratch
     finetune: str = ""      # with init_from: full | lora (train.finetune)
+
+    def new_run(self) -> NewRun:
+        """The request as the run plan takes it (what `workbench train` is given for it)."""
+        return NewRun(self.preset, tuple(self.sets()), (self.corpus,) if self.corpus else (), self.init_from or None)
 
     def sets(self) -> list[str]:
         """The --set values of the request (the fine-tuning method is one)."""

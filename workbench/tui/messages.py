@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from textual.message import Message
 
 from workbench.analysis.summary import RunSummary
+from workbench.rundir import RunStatus
 from workbench.tui.launcher import RunRequest
 
 
@@ -18,7 +19,7 @@ class RunUpdated(Message):
     """New metrics records / status / train.log lines of one watched run."""
     run_id: str
     records: list[dict]
-    status: dict
+    status: RunStatus
     log_lines: list[str] = field(default_factory=list)
 
 

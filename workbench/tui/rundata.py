@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
-from workbench.rundir import TIMELINE_EVENTS, EvalRecord, EventRecord, Record, TrainRecord, parse_record
+from workbench.rundir import TIMELINE_EVENTS, EvalRecord, EventRecord, Record, RunStatus, TrainRecord, parse_record
 
 # Events worth a marker on screen, with the style they are shown in.
 EVENT_STYLES = {
@@ -39,7 +38,7 @@ class RunData:
     events: list[EventRecord] = field(default_factory=list)
     last_train: TrainRecord | None = None
     last_eval: EvalRecord | None = None
-    status: dict[str, Any] = field(default_factory=dict)
+    status: RunStatus = field(default_factory=RunStatus)
     skipped_total: int = 0
     # (step, elapsed_s) of train records since the last (re)start, warm-up record left out
     _rate_points: list[tuple[int, float]] = field(default_factory=list)
@@ -111,19 +110,19 @@ class RunData:
 
     @property
     def step(self) -> int:
-        return max(self.last_train.step if self.last_train else 0, int(self.status.get("step") or 0))
+        return max(self.last_train.step if self.last_train else 0, self.status.step)
 
     @property
     def max_iters(self) -> int:
-        return int(self.status.get("max_iters") or 0)
+        return self.status.max_iters
 
     @property
     def state(self) -> str:
-        return str(self.status.get("state") or "?")
+        return self.status.state
 
     @property
     def compiling(self) -> bool:
-        return bool(self.status.get("compiling")) and self.state in ("starting", "running")
+        return self.status.compiling and self.status.live
 
     def steps_per_s(self) -> float | None:
         """Measured over recent records, leaving out compile and warm-up steps."""
@@ -142,9 +141,8 @@ class RunData:
         return max(0.0, (self.max_iters - self.step) / rate)
 
     def best_val(self) -> float | None:
-        best = self.status.get("best_val_loss")
-        if best is not None:
-            return float(best)
+        if self.status.best_val_loss is not None:
+            return self.status.best_val_loss
         return min(self.eval_val) if self.eval_val else None
 
 

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from workbench.rundir import LineTail, MetricsTail, read_status
+from workbench.rundir import LineTail, MetricsTail, RunStatus, read_status
 
 LOG_TAIL_BYTES = 16384  # how much of an existing train.log to show on first attach
 
@@ -51,7 +51,7 @@ class _Watched:
         self.metrics = MetricsTail(run_dir / "metrics.jsonl")
         self.log = LogTail(run_dir / "train.log") if with_log else None
         self.status_mtime: float | None = None
-        self.status: dict = {}
+        self.status: RunStatus | None = None
         self.last_state: str | None = None
 
 
@@ -108,7 +108,7 @@ class RunWatcher:
             lines = w.log.read_new() if w.log else []
             if records or status_changed or lines:
                 changed += 1
-                self.post(RunUpdated(rid, records, dict(w.status), lines))
+                self.post(RunUpdated(rid, records, w.status, lines))
         return changed
 
     def _read_status(self, w: _Watched) -> bool:
@@ -120,10 +120,10 @@ class RunWatcher:
         # a live run's status must be re-checked even unchanged: its process may have died
         if mtime == w.status_mtime and w.last_state not in ("starting", "running", None):
             return False
-        st = read_status(w.run_dir) if w.run_dir.is_dir() else {"state": "deleted"}
+        st = read_status(w.run_dir) if w.run_dir.is_dir() else RunStatus(state="deleted")
         w.status_mtime = mtime
         changed = st != w.status
-        w.status, w.last_state = st, st.get("state")
+        w.status, w.last_state = st, st.state
         return changed
 
     def run(self, cancelled: Callable[[], bool]) -> None:

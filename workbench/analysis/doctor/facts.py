@@ -25,6 +25,7 @@ from workbench.rundir import (
     EvalRecord,
     EventRecord,
     MetricsTail,
+    RunStatus,
     TrainRecord,
     list_checkpoints,
     read_status,
@@ -39,7 +40,7 @@ RECENT_TRAIN = 200
 class RunFacts:
     """One run as the doctor sees it (see the module docstring)."""
     run_dir: Path
-    status: dict[str, Any] = field(default_factory=dict)
+    status: RunStatus = field(default_factory=RunStatus)
     preset: Preset | None = None
     preset_error: str | None = None
     start: EventRecord | None = None          # the latest start or resume: device, precision, corpus sizes
@@ -60,7 +61,7 @@ class RunFacts:
 
     @property
     def state(self) -> str:
-        return str(self.status.get("state") or "?")
+        return self.status.state
 
     @property
     def live(self) -> bool:
@@ -68,13 +69,13 @@ class RunFacts:
 
     @property
     def step(self) -> int:
-        return max(self.last_train.step if self.last_train else 0, int(self.status.get("step") or 0))
+        return max(self.last_train.step if self.last_train else 0, self.status.step)
 
     @property
     def max_iters(self) -> int:
         if self.preset is not None:
             return self.preset.train.max_iters
-        return int(self.status.get("max_iters") or 0)
+        return self.status.max_iters
 
     @property
     def device(self) -> str | None:

@@ -62,7 +62,7 @@ def check(ctx: Context) -> list[Finding]:
     f = ctx.facts
     if f.preset is None or not f.device:
         return []
-    error = str(f.status.get("error") or "")
+    error = f.status.error or ""
     if f.state in ("failed", "crashed") and "out of memory" in error.lower():
         values = smaller_batch(ctx)
         same = " (same tokens per step)" if "train.grad_accum" in values else ""

@@ -87,7 +87,7 @@ def check(ctx: Context) -> list[Finding]:
 def _nonfinite(ctx: Context) -> Finding | None:
     f = ctx.facts
     skips, rollbacks = f.event_list("nonfinite_skip"), f.event_list("rollback")
-    error = str(f.status.get("error") or "")
+    error = f.status.error or ""
     failed = f.state == "failed" and "non-finite" in error
     if not (skips or rollbacks or failed):
         return None

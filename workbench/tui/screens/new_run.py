@@ -15,40 +15,22 @@ from textual.widgets import Button, Input, Label, Select, Static
 from workbench.analysis.history import measured_in
 from workbench.config import (
     Preset,
-    PresetError,
-    apply_overrides,
-    parse_toml,
-    preset_from_dict,
     preset_paths,
-    toml_string,
 )
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
-from workbench.plan.finetune import init_preset, parse_init_from
 from workbench.plan.report import fit_check
+from workbench.plan.run_plan import plan_new_run
 from workbench.rundir import runs_root, sanitize_run_name
 from workbench.tui.launcher import RunRequest
 from workbench.tui.screens.dialogs import ConfirmScreen
 
 
 def request_preset(req: RunRequest, runs_dir: Path | None = None) -> Preset:
-    """The preset the trainer would run for ``req``: the engine's own validation of preset, corpus
-    and overrides (and, starting from a checkpoint, the source run's model), before any process starts
-    (a WorkbenchError or OSError says what is wrong)."""
-    paths = preset_paths()
-    if req.preset not in paths:
-        raise PresetError(f"unknown preset {req.preset!r}")
-    path = paths[req.preset][0]
-    data = parse_toml(path.read_text(encoding="utf-8"), str(path))
-    sets = req.sets()
-    if req.corpus:
-        # a TOML string, as --set parses it: a Windows path's backslashes and any quotes escaped
-        sets.append("data.corpus=" + (toml_string(req.corpus) if req.corpus != "builtin" else "builtin"))
-    apply_overrides(data, sets)
-    p = preset_from_dict(data, req.preset, name=req.preset)
-    if req.init_from:  # as `workbench train --init-from` resolves it
-        p = init_preset(p, parse_init_from(runs_root(runs_dir), req.init_from), sets)
-    return p
+    """The preset the trainer would run for ``req``, decided as `workbench train` decides it (the same
+    run plan, so the same refusals), before any process starts (a WorkbenchError or OSError says what
+    is wrong)."""
+    return plan_new_run(req.new_run(), runs_root(runs_dir)).preset
 
 
 def check_request(req: RunRequest, runs_dir: Path | None = None) -> str | None:

@@ -122,7 +122,7 @@ class HealthBox(Static):
             facts = self._facts.setdefault(run_id, RunFacts(self.runs_dir / run_id))
             try:
                 facts.refresh()
-                pid = facts.status.get("pid") if facts.live else None
+                pid = facts.status.pid if facts.live else None
                 snapshot = take_snapshot(int(pid) if pid else None, interval=self.SAMPLE_SECONDS)
                 findings = diagnose(facts, snapshot, notes)
             except Exception as e:  # noqa: BLE001 - a check that fails must say so, not kill the box

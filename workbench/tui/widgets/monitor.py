@@ -34,7 +34,7 @@ NO_RUN = "(no runs yet: press n to start one)"
 
 def preparing(d: RunData) -> dict | None:
     """The corpus preparation a starting trainer reports in status.json, while it lasts."""
-    p = d.status.get("preparing")
+    p = d.status.preparing
     return p if isinstance(p, dict) and d.state in LIVE_STATES else None
 
 
@@ -232,9 +232,9 @@ class MonitorPane(Vertical, Pane):
             bar.update(total=max(1, d.max_iters), progress=min(d.step, max(1, d.max_iters)))
         self.query_one("#mon-progress-text", Label).update(progress_text(d))
         table = stats_table(d, wide=self.size.width >= 110)
-        if d.status.get("error") and d.state in ("failed", "crashed"):
+        if d.status.error and d.state in ("failed", "crashed"):
             self.query_one("#mon-stats", Static).update(
-                Group(table, Text(f"{d.state}: {d.status['error']}", style="bold red")))
+                Group(table, Text(f"{d.state}: {d.status.error}", style="bold red")))
         else:
             self.query_one("#mon-stats", Static).update(table)
         ev = self.query_one("#mon-events", RichLog)

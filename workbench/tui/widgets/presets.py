@@ -6,12 +6,9 @@ the app to open the new-run form."""
 
 from __future__ import annotations
 
-import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomli_w
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -29,15 +26,14 @@ from workbench.config import (
     Preset,
     PresetError,
     check_preset_name,
-    parse_toml,
-    preset_from_dict,
     preset_paths,
     shipped_presets_dir,
-    toml_string,
     user_presets_dir,
+    validate_preset_text,
+    with_name,
+    write_user_preset,
 )
 from workbench.errors import WorkbenchError
-from workbench.fs import write_atomic
 from workbench.machine.detect import Machine
 from workbench.plan.compare import compare
 from workbench.plan.estimate import estimate_memory
@@ -45,64 +41,6 @@ from workbench.plan.flops import count_params
 from workbench.tui import fmt
 from workbench.tui.screens.dialogs import NameScreen
 from workbench.tui.widgets.pane import Pane
-
-
-def locate_error(text: str, message: str) -> int | None:
-    """1-based line of the problem a validation message names, when it can be found."""
-    m = re.search(r"at line (\d+)", message)
-    if m:
-        return int(m.group(1))
-    m = re.search(r"(?:unknown key |\b)(model|train|data|hardware)\.([A-Za-z_][A-Za-z0-9_]*)", message)
-    if not m:
-        return None
-    section, key = m.groups()
-    current = None
-    for i, line in enumerate(text.splitlines(), 1):
-        s = line.strip()
-        if s.startswith("[") and s.endswith("]"):
-            current = s.strip("[]").strip()
-        elif current == section and re.match(rf"{re.escape(key)}\s*=", s):
-            return i
-    return None
-
-
-def validate(text: str, name: str) -> tuple[Preset | None, str]:
-    """(preset, '') when valid, else (None, 'line N: message')."""
-    try:
-        p = preset_from_dict(parse_toml(text, name), name, name=name)
-    except PresetError as e:
-        msg = str(e).removeprefix(f"{name}: ")
-        line = locate_error(text, msg)
-        return None, (f"line {line}: {msg}" if line and "at line" not in msg else msg)
-    return p, ""
-
-
-def with_name(text: str, name: str) -> str:
-    """The preset ``text`` (valid TOML) with its top-level ``name`` set to ``name``.
-
-    Only that line is rewritten (or one is added at the top), so the user's layout and comments
-    stay; the result is checked by parsing it. Where no such edit gives the right document (say, a
-    name written over several lines) the document is written anew from its data, without comments."""
-    want = dict(tomllib.loads(text), name=name)
-    lines = text.splitlines(keepends=True)
-    candidates: list[list[str]] = []
-    for i, line in enumerate(lines):
-        try:
-            is_name = tomllib.loads(line).keys() == {"name"}
-        except tomllib.TOMLDecodeError:
-            continue
-        if is_name:
-            ending = line[len(line.rstrip("\r\n")):] or "\n"
-            candidates.append(lines[:i] + [f"name = {toml_string(name)}{ending}"] + lines[i + 1:])
-    candidates.append([f"name = {toml_string(name)}\n"] + lines)  # no name yet: before any table
-    for candidate in candidates:
-        new = "".join(candidate)
-        try:
-            if tomllib.loads(new) == want:
-                return new
-        except tomllib.TOMLDecodeError:
-            continue
-    return tomli_w.dumps(want)
 
 
 def estimate_table(p: Preset, measured: dict | None = None, machine_info: dict | None = None) -> Table:
@@ -266,7 +204,7 @@ class PresetsPane(Horizontal, Pane):
         if not self.current:
             return
         text = self.query_one("#preset-editor", TextArea).text
-        self.valid, err = validate(text, self.current)
+        self.valid, err = validate_preset_text(text, self.current)
         status = self.query_one("#preset-status", Static)
         status.set_class(bool(err), "error")
         status.update(Text(f"✗ {err}", style="bold red") if err else Text("✓ valid", style="green"))
@@ -305,17 +243,17 @@ class PresetsPane(Horizontal, Pane):
             self.notify("Not saved: the preset has an error (see below the editor). "
                         "A file on disk is never replaced by an invalid one.", severity="error")
             return
-        path, kind = self.paths[name]
+        kind = self.paths[name][1]
         user_dir = user_presets_dir()
         if as_new or (kind == "shipped" and user_dir.resolve() == shipped_presets_dir().resolve()):
             def chosen(new: str | None) -> None:
                 if new:
-                    self._write(new, user_dir / f"{new}.toml", rename=True)
+                    self._write(new, rename=True)
 
             hint = "" if as_new else " (shipped presets in this directory are kept; save a copy)"
             self.app.push_screen(NameScreen(f"Save preset as{hint}:", f"{name}-copy", self._new_name_error), chosen)
             return
-        self._write(name, path if kind == "user" else user_dir / f"{name}.toml", rename=False)
+        self._write(name, rename=False)
 
     def _new_name_error(self, new: str) -> str | None:
         try:
@@ -326,16 +264,14 @@ class PresetsPane(Horizontal, Pane):
             return f"a preset named {new!r} exists already; choose another name"
         return None
 
-    def _write(self, name: str, target: Path, rename: bool) -> None:
-        """Write the editor's text to ``target`` (with ``name`` inside when ``rename``), then show it."""
+    def _write(self, name: str, rename: bool) -> None:
+        """Write the editor's text as the user preset ``name`` (with ``name`` inside when ``rename``: a new
+        preset, which must not exist yet), then show it."""
         text = self.editor_text()
-        if rename:
-            text = with_name(text, name)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(target, text)
-        except OSError as e:
-            self.notify(f"Could not save {target}: {e}", severity="error")
+            target = write_user_preset(name, with_name(text, name) if rename else text, overwrite=not rename)
+        except PresetError as e:
+            self.notify(f"Not saved: {e}", severity="error")
             return
         if self.current:
             self.buffers.pop(self.current, None)

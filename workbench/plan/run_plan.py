@@ -1,0 +1,172 @@
+"""What will run: the one owner of a new run's preset and of a resume's, with every refusal.
+
+``workbench train``, ``estimate``, ``fit`` and the TUI's new-run form ask :func:`plan_new_run`;
+``workbench resume`` and the TUI's resume (which runs ``workbench resume``) ask :func:`plan_resume`.
+So the same inputs give the same preset or the same one-line refusal wherever they are typed.
+No torch: loading the checkpoint to check it is the caller's (the engine's) job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench import rundir
+from workbench.config import (
+    Preset,
+    PresetError,
+    apply_overrides,
+    overridden_keys,
+    parse_override,
+    parse_toml,
+    preset_from_dict,
+    preset_paths,
+    resolve_preset,
+)
+from workbench.plan.finetune import InitSource, init_preset, parse_init_from
+from workbench.plan.recommend import recommend_preset
+from workbench.plan.schedule import decay_start
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A new run as ``workbench train`` (or the new-run form) is asked for it."""
+    preset: str | None = None          # a name or a .toml path; None: the preset that suits this machine
+    overrides: tuple[str, ...] = ()    # --set section.key=value
+    corpus: tuple[str, ...] = ()       # --corpus paths and globs (or builtin); empty: the preset's data.corpus
+    init_from: str | None = None       # RUN[:CKPT]: start from that checkpoint's weights
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    preset: Preset                     # validated, data.corpus absolute: what preset.toml will hold
+    source: InitSource | None          # the checkpoint it starts from (--init-from)
+
+
+def default_preset_name(info: dict) -> str:
+    """The shipped or user preset that suits the machine ``info`` describes (cpu-small if none is known)."""
+    name, _why = recommend_preset(info)
+    return name if name in preset_paths() else "cpu-small"
+
+
+def absolute_corpus(corpus: str | list[str]) -> str | list[str]:
+    """Corpus paths and globs made absolute, so the run directory's preset means the same files anywhere."""
+    def one(c: str) -> str:
+        return c if c == "builtin" else str(Path(c).expanduser().absolute())
+    return one(corpus) if isinstance(corpus, str) else [one(c) for c in corpus]
+
+
+def corpus_values(corpus: tuple[str, ...] | list[str]) -> dict[str, dict]:
+    """``--corpus`` items as preset values (a list stays a list: it never becomes TOML text)."""
+    if not corpus:
+        return {}
+    return {"data": {"corpus": corpus[0] if len(corpus) == 1 else list(corpus)}}
+
+
+def plan_new_run(req: NewRun, runs_root: Path, info: dict | None = None) -> RunPlan:
+    """The preset a new run will use, or a WorkbenchError saying what is wrong with the request.
+    ``info``: the machine (``detect()``), needed only when no preset is named."""
+    if req.preset is None and info is None:
+        raise PresetError("name a preset (`workbench presets list`)")
+    name = req.preset or default_preset_name(info or {})
+    p = resolve_preset(name, list(req.overrides), corpus_values(req.corpus))
+    p.data.corpus = absolute_corpus(p.data.corpus)
+    if not req.init_from:
+        if p.train.finetune == "lora":
+            raise PresetError("train.finetune = lora trains adapters on weights that exist: start from a checkpoint "
+                              "with --init-from RUN (a run of yours, or a model brought in by `workbench import`)")
+        return RunPlan(p, None)
+    src = parse_init_from(runs_root, req.init_from)
+    return RunPlan(init_preset(p, src, list(req.overrides)), src)
+
+
+# ----------------------------------------------------------------------------- resuming
+
+# Keys that change what the checkpoint's tensors mean; resuming with other values is refused.
+SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "tie_embeddings", "head_size",
+              "attn_bias", "qk_norm")
+# Training keys that change what a checkpoint's tensors are (a LoRA run's checkpoints hold its adapters).
+ADAPTER_KEYS = ("finetune", "lora_rank", "lora_alpha", "lora_targets")
+
+
+@dataclass(frozen=True)
+class ResumeRequest:
+    """``workbench resume RUN`` as asked."""
+    run: str
+    checkpoint: str | None = None      # latest (None), best, or a step number
+    more: int | None = None            # --more N
+    name: str | None = None            # the branch's id
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    run_dir: Path                      # the run resumed
+    ckpt: dict                         # the checkpoint it goes on from (rundir.list_checkpoints entry)
+    preset: Preset                     # the preset it goes on with (overrides applied)
+    data: dict                         # that preset as data (a branch's preset.toml)
+    overrides: tuple[str, ...]         # what changes (--set, and --more as train.max_iters)
+    branching: bool                    # True: a new run continues ckpt (it is not the latest)
+    notes: tuple[str, ...] = field(default=())   # what the caller should tell the user
+
+
+def model_differences(preset_model: dict, ckpt_model: dict) -> list[str]:
+    return [f"model.{k}: checkpoint {ckpt_model.get(k)!r}, preset {preset_model.get(k)!r}"
+            for k in SHAPE_KEYS if k in ckpt_model and ckpt_model.get(k) != preset_model.get(k)]
+
+
+def being_trained(run_dir: Path) -> rundir.RunError:
+    return rundir.RunError(f"run {run_dir.name} is already being trained; "
+                           f"stop it first with `workbench stop {run_dir.name}`")
+
+
+def _latest_at_or_before(run_dir: Path, step: int, default: dict) -> dict:
+    return next((c for c in reversed(rundir.list_checkpoints(run_dir)) if c["step"] <= step), default)
+
+
+def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
+    """Which checkpoint a resume goes on from, in place or as a branch, with which preset; or a
+    WorkbenchError. A decayed wsd run extended with ``more`` goes on from where its decay began."""
+    run_dir = rundir.resolve_run(runs_root, req.run)
+    if not rundir.list_checkpoints(run_dir) and rundir.RunLock(run_dir).held_by_other():
+        raise being_trained(run_dir)  # before "no checkpoint yet": the run is young, not broken
+    ckpt = rundir.select_checkpoint(run_dir, req.checkpoint)
+    if ckpt.get("reason") == "import":
+        raise rundir.RunError(f"run {run_dir.name} is a model brought in by `workbench import`, not a run to "
+                              f"continue; train from it with `workbench train PRESET --init-from {run_dir.name}`")
+    path = run_dir / "preset.toml"
+    old = preset_from_dict(parse_toml(path.read_text(encoding="utf-8"), str(run_dir)), str(path))
+    notes: list[str] = []
+    more_from = int(ckpt["step"])
+    if req.more and old.train.schedule == "wsd" and more_from > (start := decay_start(old)):
+        # the stable phase continues, and a new decay ends the longer run (its first decay stays, in this run)
+        ckpt = _latest_at_or_before(run_dir, start, ckpt)
+        notes.append(f"wsd schedule: going on from step {ckpt['step']}, where the decay began, so the stable phase "
+                     f"continues and a new decay ends the run at step {more_from + req.more}")
+        if ckpt["step"] != start:
+            notes.append(f"note: no checkpoint at step {start}, where the decay began; going on from {ckpt['name']}")
+    branching = not rundir.is_latest_checkpoint(run_dir, ckpt)
+    if not branching and rundir.RunLock(run_dir).held_by_other():
+        raise being_trained(run_dir)
+    if req.name and not branching:
+        raise rundir.RunError(f"--name names a new run, made when resuming from a checkpoint other than the latest; "
+                              f"{ckpt['name']} is {run_dir.name}'s latest, so it continues in place")
+    overrides = list(req.overrides)
+    for item in overrides:
+        sec, key, _value = parse_override(item)
+        if sec == "data" or (sec == "model" and key != "dropout") or (sec == "train" and key in ADAPTER_KEYS):
+            raise PresetError(f"--set {item!r}: {sec}.{key} cannot change when resuming (it changes the "
+                              "model or its data); start a new run with `workbench train` instead")
+    if req.more is not None:
+        if req.more < 1:
+            raise rundir.RunError(f"--more {req.more}: give the number of steps to add, at least 1")
+        if "train.max_iters" in overridden_keys(overrides):
+            raise rundir.RunError("give --more N or --set train.max_iters=M, not both")
+        overrides.append(f"train.max_iters={more_from + req.more}")
+    data = apply_overrides(parse_toml(path.read_text(encoding="utf-8"), str(path)), overrides)
+    p = preset_from_dict(data, str(path), name=data.get("name"), user_set=overridden_keys(overrides))
+    diffs = model_differences(data.get("model", {}), ckpt.get("model") or {})
+    if diffs:
+        raise rundir.RunError(f"checkpoint {ckpt['name']} does not fit the run's preset: {'; '.join(diffs)}; "
+                              "restore those values in preset.toml or start a new run")
+    return ResumePlan(run_dir, ckpt, p, data, tuple(overrides), branching, tuple(notes))
