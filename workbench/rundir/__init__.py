@@ -186,7 +186,8 @@ def write_status(run_dir: Path, **fields: Any) -> RunStatus:
 
 def read_status(run_dir: Path) -> RunStatus:
     """status.json, with a live state whose process is gone reported as ``crashed``."""
-    st = RunStatus.from_dict(read_json(Path(run_dir) / "status.json"))
+    raw = read_json(Path(run_dir) / "status.json")
+    st = RunStatus.from_dict(raw) if isinstance(raw, dict) else RunStatus(state="starting")
     if st.live and not pid_alive(st.pid, st.pid_start):
         st = dataclasses.replace(st, state="crashed", error=st.error or
                                  "the trainer process is gone without saying why; see train.log, then "

@@ -39,6 +39,10 @@ def _int(v: Any, default: int = 0) -> int:
     return int(v)
 
 
+def _opt_int(v: Any) -> int | None:
+    return None if _num(v) is None else _int(v)
+
+
 @dataclass
 class TrainRecord:
     kind: ClassVar[str] = "train"
@@ -143,7 +147,7 @@ class RunStatus:
 
     Every writer goes through ``rundir.write_status`` with these field names, every reader gets this
     record from ``rundir.read_status``; keys it does not know are kept in ``extra``."""
-    state: str = "starting"            # one of rundir.STATES
+    state: str = "?"                   # one of STATES ("?": not known yet, e.g. before status.json is read)
     pid: int | None = None             # the trainer process, and its start time (a reused pid is not it)
     pid_start: float | None = None
     step: int = 0
@@ -180,11 +184,11 @@ class RunStatus:
         text = lambda v: v if isinstance(v, str) else None  # noqa: E731
         pid = d.get("pid")
         prep = d.get("preparing")
-        return cls(state=text(d.get("state")) or "starting", pid=pid if isinstance(pid, int) and pid > 0 else None,
+        return cls(state=text(d.get("state")) or "?", pid=pid if isinstance(pid, int) and pid > 0 else None,
                    pid_start=_num(d.get("pid_start")), step=_int(d.get("step")), max_iters=_int(d.get("max_iters")),
-                   tokens_seen=_int(d["tokens_seen"]) if "tokens_seen" in d else None, error=text(d.get("error")),
+                   tokens_seen=_opt_int(d.get("tokens_seen")), error=text(d.get("error")),
                    compiling=d.get("compiling") is True,
-                   world_size=_int(d["world_size"]) if "world_size" in d else None,
+                   world_size=_opt_int(d.get("world_size")),
                    started=_num(d.get("started")), resumed=_num(d.get("resumed")), finished=_num(d.get("finished")),
                    updated=_num(d.get("updated")), best_val_loss=_num(d.get("best_val_loss")),
                    ckpt_seconds=_num(d.get("ckpt_seconds")), preparing=prep if isinstance(prep, dict) else None,
