@@ -66,10 +66,10 @@ def sweep(preset_name: str, overrides: list[str], sizes: list[int], device: str,
         r["wall_s"] = time.time() - t0
         p = resolve_preset(preset_name, overrides + [f"train.batch_size={b}"])
         m = estimate_memory(p, r.get("precision"), device)
-        r["estimate_peak_allocated"] = m["peak_allocated"]
-        r["estimate_reserved"] = m["peak_allocated"] + m["fragmentation"]
-        r["estimate_total"] = m["total"]
-        r["estimate_phase"] = m["peak_phase"]
+        r["estimate_peak_allocated"] = m.peak_allocated
+        r["estimate_reserved"] = m.peak_allocated + m.fragmentation
+        r["estimate_total"] = m.total
+        r["estimate_phase"] = m.peak_phase
         out.append(r)
     return out
 

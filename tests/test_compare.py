@@ -99,7 +99,7 @@ def test_compare_says_fits_exactly_where_the_estimate_is_below_the_memory(name):
         assert r["available"] == usable
         precision = "fp16" if p.hardware.precision == "bf16" and g.bf16 is None else None
         assert r["estimate"] == estimate_memory(what_if(p, device=g.device, precision=precision),
-                                                machine=machine)["total"], (name, g.name)
+                                                machine=machine).total, (name, g.name)
         assert r["fits"] == (r["estimate"] <= (1 - HEADROOM) * usable), (name, g.name)
         # the micro-batch `fit` would choose: the preset's own batch or more where it fits, less where not
         batch = min(p.train.batch_size, p.train.batch_size * p.train.grad_accum)

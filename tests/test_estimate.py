@@ -70,14 +70,14 @@ def test_memory_components_hand_computed_fp32_cpu():
     acts = 2 * layer + 16 * B * T + 12 * BTD  # + ids/targets + final norm and lm_head input
     held = 0  # the loop drops the logits right after the forward (estimate.LOGITS_HELD is False)
     # start of backward: + log-softmax output, its gradient and the gradient of its input
-    assert m["phases"]["start of backward"] == 4 * n + 8 * n + acts + held + 12 * B * T * V
+    assert m.phases["start of backward"] == 4 * n + 8 * n + acts + held + 12 * B * T * V
     # optimizer step (per-tensor AdamW on CPU: ~3 temporaries of the largest tensor, the embedding)
-    assert m["phases"]["optimizer step"] == 4 * n + 4 * n + 8 * n + 12 * V * D + held
-    c = m["components"]
-    assert m["peak_phase"] == "optimizer step"  # a tiny batch: the model states dominate
+    assert m.phases["optimizer step"] == 4 * n + 4 * n + 8 * n + 12 * V * D + held
+    c = m.components
+    assert m.peak_phase == "optimizer step"  # a tiny batch: the model states dominate
     assert (c["weights"], c["gradients"], c["optimizer"], c["logits"]) == (4 * n, 4 * n, 8 * n, held)
-    assert m["peak_allocated"] == sum(c.values())
-    assert m["total"] == m["peak_allocated"] + m["fragmentation"] + m["framework"]
+    assert m.peak_allocated == sum(c.values())
+    assert m.total == m.peak_allocated + m.fragmentation + m.framework
 
 
 
@@ -109,10 +109,10 @@ def test_memory_with_fused_loss_and_fused_adamw_cpu_defaults():
     plain = estimate_memory(_tiny({"chunked_loss": "false"}), "fp32", "cpu")
     fused_grads = 4 * B * T * D + 4 * V * D  # grad x and grad w, computed in the forward pass
     # end of forward: one chunk's fp32 logits (here all 32 rows) + the gradients it produced
-    assert m["phases"]["end of forward"] - plain["phases"]["end of forward"] == (
+    assert m.phases["end of forward"] - plain.phases["end of forward"] == (
         (4 * B * T * V + fused_grads) - (4 * B * T * V + 4 * B * T * V))
-    assert m["phases"]["start of backward"] - plain["phases"]["start of backward"] == fused_grads - 12 * B * T * V
-    assert m["phases"]["optimizer step"] == 16 * n  # fused AdamW: no temporaries
+    assert m.phases["start of backward"] - plain.phases["start of backward"] == fused_grads - 12 * B * T * V
+    assert m.phases["optimizer step"] == 16 * n  # fused AdamW: no temporaries
 
 
 def test_memory_bf16_checkpointing_and_accumulation():
@@ -120,15 +120,15 @@ def test_memory_bf16_checkpointing_and_accumulation():
     n = count_params(p.model)
     bf = estimate_memory(p, "bf16", "cuda")
     fp = estimate_memory(p, "fp32", "cuda")
-    assert bf["components"]["weights"] == fp["components"]["weights"] == 4 * n  # fp32 master weights
-    assert bf["components"]["gradients"] == 4 * n  # resident across micro-batches
-    assert bf["components"]["weight_casts"] == 2 * matmul_params(p.model)
-    assert bf["per_layer"]["flash"] < fp["per_layer"]["flash"]
+    assert bf.components["weights"] == fp.components["weights"] == 4 * n  # fp32 master weights
+    assert bf.components["gradients"] == 4 * n  # resident across micro-batches
+    assert bf.components["weight_casts"] == 2 * matmul_params(p.model)
+    assert bf.per_layer["flash"] < fp.per_layer["flash"]
     ck = estimate_memory(p, "bf16", "cuda", activation_checkpointing=True)
-    assert ck["per_layer"]["saved"] == 4 * 2 * 16 * 64
-    assert ck["peak_allocated"] < bf["peak_allocated"]
+    assert ck.per_layer["saved"] == 4 * 2 * 16 * 64
+    assert ck.peak_allocated < bf.peak_allocated
     long = estimate_memory(p, "bf16", "cuda", batch_size=2)
-    assert long["per_layer"]["math"] - long["per_layer"]["flash"] == (
+    assert long.per_layer["math"] - long.per_layer["flash"] == (
         2 * 2 * 4 * 16 * 16 - 2 * 2 * 16 * 64 - 4 * 2 * 4 * 16)  # T x T weights instead of out + lse
 
 
@@ -190,7 +190,7 @@ def test_estimated_peak_matches_allocations_on_cpu(prec, ckpt, accum, loss):
 
     step()  # optimizer states exist from here on, as in training
     measured = _peak_of_timeline(lambda: (step(), step()))
-    estimated = estimate_memory(p, prec, "cpu")["peak_allocated"]
+    estimated = estimate_memory(p, prec, "cpu").peak_allocated
     assert estimated == pytest.approx(measured, rel=0.08)
 
 
@@ -237,7 +237,7 @@ def test_rss_growth_of_a_tiny_run_matches_model_states():
     cfg = ModelConfig(vocab_size=8192, dim=512, n_layers=4, n_heads=8, n_kv_heads=4, seq_len=8)
     p = Preset(model=cfg, train=TrainConfig(batch_size=1), hardware=HardwareConfig(device="cpu", precision="fp32"))
     m = estimate_memory(p, "fp32", "cpu")
-    states = m["model_states"]
+    states = m.model_states
     assert states == 16 * count_params(cfg)
     assert 0.95 * states <= grown <= 1.10 * states, (grown, states)
 
@@ -268,4 +268,4 @@ def test_compiled_cuda_runs_are_estimated_within_ten_percent_of_an_h100(what, ov
     from workbench.machine.gpus import find_gpu
     from workbench.plan.compare import machine_with
     m = estimate_memory(resolve_preset("gpu-8gb", over), machine=machine_with(find_gpu("H100")))
-    assert m["peak_allocated"] / 2**20 == pytest.approx(measured_mib, rel=0.10), (what, m["peak_allocated"] / 2**20)
+    assert m.peak_allocated / 2**20 == pytest.approx(measured_mib, rel=0.10), (what, m.peak_allocated / 2**20)

@@ -149,7 +149,7 @@ def test_cli_fit_writes_a_preset_at_the_largest_batch_that_fits(tmp_path):
 
     def estimate(b: int) -> float:
         settings = resolve_settings(what_if(src, batch_size=b), machine, world_size=1)
-        return estimate_memory(src, settings=settings)["total"]
+        return estimate_memory(src, settings=settings).total
 
     for b, (shown, _ok) in trials.items():
         assert shown == human_bytes(estimate(b)), (b, shown)

@@ -28,5 +28,5 @@ def test_shipped_preset_fits_what_it_is_sized_for(name):
     machine = sized_for(device, p.hardware.expected_memory_gb)
     est = estimate_memory(p, machine=machine)
     available, what = machine.memory(device)
-    assert fits(est, available), (f"{name} on {device}: ~{est['total'] / GiB:.2f} GiB at {est['peak_phase']}, but "
+    assert fits(est, available), (f"{name} on {device}: ~{est.total / GiB:.2f} GiB at {est.peak_phase}, but "
                                   f"{available / GiB:.2f} GiB {what} with 10 % kept free")

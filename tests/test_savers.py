@@ -56,7 +56,7 @@ def test_8bit_states_are_the_bytes_the_estimate_counts(optimizer):
         model(ids, targets=ids)[1].backward()
         opt.step(torch.amp.GradScaler("cpu", enabled=False))
         p = Preset(model=cfg, train=t, hardware=HardwareConfig(device="cpu", optimizer_states=states))
-        want = estimate_memory(p, machine=Machine.assumed("cpu"))["components"]["optimizer"]
+        want = estimate_memory(p, machine=Machine.assumed("cpu")).components["optimizer"]
         got[states] = state_bytes(opt)
         assert got[states] == want, states
     # AdamW alone: most of its moments become 8-bit; with Muon only the embedding's (Muon's momentum stays fp32)

@@ -52,11 +52,11 @@ def test_lora_parameters_and_memory_by_component():
     lora = estimate_memory(p, "bf16", "cuda", machine=machine)
     full = estimate_memory(dataclasses.replace(p, train=TrainConfig()), "bf16", "cuda", machine=machine)
     a = lora_params(CFG, p.train)
-    assert lora["trainable_params"] == a and full["trainable_params"] == n
+    assert lora.trainable_params == a and full.trainable_params == n
     # frozen projections in bf16, embedding and norms fp32, adapters fp32; gradients and AdamW for adapters only
-    assert lora["components"]["weights"] == 2 * (n - 512 * 128 - 3 * 128) + 4 * (512 * 128 + 3 * 128) + 4 * a
-    assert lora["components"]["optimizer"] == 8 * a and lora["checkpoint_bytes"] == 12 * a
-    assert lora["total"] < full["total"]
+    assert lora.components["weights"] == 2 * (n - 512 * 128 - 3 * 128) + 4 * (512 * 128 + 3 * 128) + 4 * a
+    assert lora.components["optimizer"] == 8 * a and lora.checkpoint_bytes == 12 * a
+    assert lora.total < full.total
 
 
 def test_methods_recommend_what_fits():

@@ -60,7 +60,7 @@ def estimate_for_run(run_dir: Path, device: str, precision: str) -> float | None
         m = estimate_memory(p, precision, device, machine=Machine.assumed(device))
     except (WorkbenchError, OSError, ValueError):
         return None
-    return (m["total"] if device == "cpu" else m["peak_allocated"]) / 2**20
+    return (m.total if device == "cpu" else m.peak_allocated) / 2**20
 
 
 def summarize_run(run_dir: Path) -> RunSummary:

@@ -177,47 +177,47 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"{r['preset']}: {pr['total'] / 1e6:.2f} M parameters (embedding {pr['embedding'] / 1e6:.2f} M"
           + (", tied" if not pr["lm_head"] else f", lm_head {pr['lm_head'] / 1e6:.2f} M") + "), "
           f"{r['flops_per_token'] / 1e6:.4g} MFLOP per token (6N + 12·L·H·Q·T)")
-    print(f"{m['device']}, {m['precision']}, attention {m['attention']}, activation checkpointing "
-          f"{'on' if m['activation_checkpointing'] else 'off'}, AdamW {'fused' if m['fused_adamw'] else 'unfused'}; "
-          f"batch {m['batch_size']} x seq {m['seq_len']} x accum {m['grad_accum']} = "
+    print(f"{m.device}, {m.precision}, attention {m.attention}, activation checkpointing "
+          f"{'on' if m.activation_checkpointing else 'off'}, AdamW {'fused' if m.fused_adamw else 'unfused'}; "
+          f"batch {m.batch_size} x seq {m.seq_len} x accum {m.grad_accum} = "
           f"{r['tokens_per_step']:,} tokens/step")
     st = r["settings"]
     loss = f"fused, {st['loss_chunk_tokens']} tokens a chunk" if st["loss_chunk_tokens"] else "plain"
     print(f"loss {loss}; compile {st['compile_mode']} ({st['compile_reason']})")
-    c = m["components"]
-    cast = "bf16/fp16" if m["precision"] != "fp32" else ""
-    lora = m.get("finetune") == "lora"
+    c = m.components
+    cast = "bf16/fp16" if m.precision != "fp32" else ""
+    lora = m.finetune == "lora"
     if lora:
-        print(f"LoRA: {m['trainable_params'] / 1e6:.3g} M adapter parameters trained; the other weights frozen"
-              + (f" and kept in {m['precision']}" if m["precision"] != "fp32" else ""))
+        print(f"LoRA: {m.trainable_params / 1e6:.3g} M adapter parameters trained; the other weights frozen"
+              + (f" and kept in {m.precision}" if m.precision != "fp32" else ""))
     rows = [
         ("weights (frozen + fp32 adapters)" if lora else "weights (fp32)", c["weights"], ""),
         ("gradients (fp32" + (", adapters)" if lora else ")"), c["gradients"],
-         "" if c["gradients"] else f"{hb(4 * m['trainable_params'])} allocated after this point (grad_accum 1)"),
+         "" if c["gradients"] else f"{hb(4 * m.trainable_params)} allocated after this point (grad_accum 1)"),
         ("optimizer states (AdamW, 2 x fp32" + (", adapters)" if lora else ")"), c["optimizer"], ""),
         (f"weight casts ({cast or 'none in fp32'})", c["weight_casts"], ""),
         ("activations", c["activations"],
-         "compiled: less saved, the rest recomputed" if m.get("whole_compiled")
-         else f"{m['per_layer']['saved'] / 2**20:.1f} MiB/layer saved"),
-        ("logits + their gradient" if m.get("whole_compiled") else "logits + fp32 log-softmax", c["logits"], ""),
+         "compiled: less saved, the rest recomputed" if m.whole_compiled
+         else f"{m.per_layer['saved'] / 2**20:.1f} MiB/layer saved"),
+        ("logits + their gradient" if m.whole_compiled else "logits + fp32 log-softmax", c["logits"], ""),
         ("optimizer temporaries", c["optimizer_temp"], ""),
     ]
     if c.get("workspace"):
         rows.append(("cuBLAS workspaces", c["workspace"], ""))
-    print(f"\nmemory at the peak ({m['peak_phase']}), estimate:")
+    print(f"\nmemory at the peak ({m.peak_phase}), estimate:")
     for name, v, note in rows:
         print(f"  {name:<38} {hb(v):>11}" + (f"   {note}" if note else ""))
-    print(f"  {'= peak allocated (tensors)':<38} {hb(m['peak_allocated']):>11}")
-    print(f"  {'allocator fragmentation (~12 %)':<38} {hb(m['fragmentation']):>11}")
-    fw = "CUDA context" if m["device"] == "cuda" else "torch runtime"
-    print(f"  {fw:<38} {hb(m['framework']):>11}")
-    print(f"  {'= total':<38} {hb(m['total']):>11}")
-    pl = m["per_layer"]
+    print(f"  {'= peak allocated (tensors)':<38} {hb(m.peak_allocated):>11}")
+    print(f"  {'allocator fragmentation (~12 %)':<38} {hb(m.fragmentation):>11}")
+    fw = "CUDA context" if m.device == "cuda" else "torch runtime"
+    print(f"  {fw:<38} {hb(m.framework):>11}")
+    print(f"  {'= total':<38} {hb(m.total):>11}")
+    pl = m.per_layer
     print(f"  per layer: {hb(pl['flash'])} with SDPA flash / memory-efficient attention, {hb(pl['math'])} with "
           f"eager (math) attention, {hb(pl['checkpointed'])} with activation checkpointing")
     if r["available"]:
         verdict = {True: "fits", False: "does NOT fit", None: "?"}[r["fits"]]
-        print(f"fit: {verdict}: {hb(m['total'])} of {hb(r['available'])} {r['available_what']} "
+        print(f"fit: {verdict}: {hb(m.total)} of {hb(r['available'])} {r['available_what']} "
               f"(keeping {est.HEADROOM:.0%} headroom)")
         if len(r.get("savers") or []) > 1:
             print("  to fit, by estimate (memory savers, cheapest in speed first):")
@@ -226,23 +226,23 @@ def print_report(r: dict[str, Any]) -> None:
         elif r.get("suggestion"):
             print(f"  to fit: {r['suggestion']}")
     else:
-        print(f"fit: no {m['device']} device here ({r['device_here']}); the numbers above are for {m['device']}")
+        print(f"fit: no {m.device} device here ({r['device_here']}); the numbers above are for {m.device}")
     if r.get("methods"):
         print_methods(r)
     prev = r.get("previous_run")
     if prev and (prev.get("mem_mb") or prev.get("mem_reserved_mb")):
         meas = prev["mem_mb"] * 2**20 if prev.get("mem_mb") else None
-        if m["device"] == "cuda" and meas:
-            line = (f"measured peak allocated {hb(meas)} (estimate {hb(m['peak_allocated'])}, "
-                    f"{_pct(meas, m['peak_allocated'])})")
+        if m.device == "cuda" and meas:
+            line = (f"measured peak allocated {hb(meas)} (estimate {hb(m.peak_allocated)}, "
+                    f"{_pct(meas, m.peak_allocated)})")
             if prev.get("mem_reserved_mb"):
                 res = prev["mem_reserved_mb"] * 2**20
-                est_res = m["peak_allocated"] + m["fragmentation"]
+                est_res = m.peak_allocated + m.fragmentation
                 line += f"; reserved {hb(res)} (estimate {hb(est_res)}, {_pct(res, est_res)})"
             print(f"run {prev['run']}: {line}")
         elif meas:
             print(f"run {prev['run']}: measured memory {hb(meas)} (process RSS at log time; "
-                  f"estimated peak {hb(m['total'])}, {_pct(meas, m['total'])})")
+                  f"estimated peak {hb(m.total)}, {_pct(meas, m.total)})")
     if r["tokens_per_s"]:
         t = r["time"]
         print(f"throughput: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_source']})")
@@ -334,7 +334,7 @@ def print_compare(c: dict[str, Any]) -> None:
 def run(args) -> int:
     r = build_report(args)
     if args.json:
-        print(json.dumps(r, indent=2, default=str))
+        print(json.dumps(r, indent=2, default=lambda o: o.to_dict() if hasattr(o, "to_dict") else str(o)))
     elif args.compare:
         print_compare(r)
     else:

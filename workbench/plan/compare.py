@@ -81,7 +81,7 @@ def fit_batch(preset: Preset, gpu: GpuSpec, available: int) -> tuple[int, int, i
 
     def trial(b: int) -> bool:
         s = resolve_settings(est.what_if(preset, batch_size=b), machine, world_size=1, peak=gpu_peak(gpu))
-        return est.estimate_memory(preset, settings=s)["total"] <= limit
+        return est.estimate_memory(preset, settings=s).total <= limit
 
     best, _ = search_batch(trial, cap=seqs, start=min(preset.train.batch_size, seqs))
     if not best:
@@ -109,7 +109,7 @@ def gpu_row(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mfu: 
     cost = est.estimate_cost(t["total_s"], gpu.power_w, usd_per_hour, usd_per_kwh) if t else None
     return {
         "gpu": gpu.name, "device": gpu.device, "memory": gpu.memory_bytes, "available": available,
-        "estimate": mem["total"], "fits": est.fits(mem, available),
+        "estimate": mem.total, "fits": est.fits(mem, available),
         "precision": settings.precision, "compile_mode": settings.compile_mode, "peak_flops": settings.peak_flops,
         "fit_batch": best, "batch_size": batch, "grad_accum": accum, "batch_note": batch_note,
         "mfu": m.value if tps and best else None, "mfu_basis": m.basis, "mfu_why": m.why,

@@ -8,6 +8,7 @@ trainer would do. Parameter and FLOP counts are in :mod:`workbench.plan.flops`.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from workbench.config import Preset, lora_projections
@@ -178,206 +179,261 @@ def estimate_settings(preset: Preset, machine: Machine | None = None, peak=None)
     return resolve_settings(preset, machine, world_size=1, peak=peak)
 
 
-def estimate_memory(preset: Preset, precision: str | None = None, device: str | None = None,
-                    batch_size: int | None = None, activation_checkpointing: bool | None = None, *,
-                    machine: Machine | None = None, settings: RunSettings | None = None) -> dict[str, Any]:
-    """Training memory by component, in bytes, at the step's peak, for eager PyTorch.
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Training memory of one preset on one setup, in bytes (``estimate_memory``). ``components`` is what
+    is resident at the peak and sums to ``peak_allocated``; ``total`` adds allocator fragmentation and the
+    framework's own memory. ``to_dict()`` is its JSON form (``workbench estimate --json``'s "memory")."""
+    preset: str
+    device: str
+    precision: str
+    attention: str
+    activation_checkpointing: bool
+    fused_adamw: bool
+    whole_compiled: bool
+    optimizer_states: str
+    batch_size: int
+    seq_len: int
+    grad_accum: int
+    params: int
+    components: dict[str, int]
+    peak_phase: str
+    phases: dict[str, int]
+    peak_allocated: int
+    fragmentation: int
+    framework: int
+    total: int
+    per_layer: dict[str, int]
+    model_states: int
+    finetune: str
+    trainable_params: int
+    activations_total: int
+    checkpoint_bytes: int      # a checkpoint's model.pt + state.pt: the trained weights and the optimizer's states
 
-    Weights and gradients are fp32 whatever the precision (autocast computes in
-    bf16/fp16 but keeps fp32 parameters, the "master" copy), AdamW keeps two
-    fp32 states per parameter. Under autocast each Linear's weight is also cast
-    once per forward and that copy lives until its backward ("weight casts").
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
-    The peak is the largest of three moments:
-    * end of forward: + all saved activations + logits (compute dtype) + fp32 copy + log-softmax
-    * start of backward: the fp32 log-softmax output, its gradient and the
-      gradient of its input (12 bytes per logit) and the logits the loop still
-      holds (``LOGITS_HELD``); gradients are not yet allocated when grad_accum == 1
-      (the loop zeroes them with set_to_none)
-    * late in backward: all gradients, one block's activations (recomputed
-      under checkpointing) and its backward temporaries
-    * optimizer step: weights + gradients + states (+ one fp32 temporary per
-      parameter for CUDA's foreach AdamW; a few tensors' worth for the per-tensor
-      loop on CPU/MPS; none for the fused kernel)
-    ``components`` holds what is resident at the peak and sums to ``peak_allocated``;
-    ``total`` adds allocator fragmentation and the framework's own memory
-    (CUDA context or torch's RSS). Compiled on CUDA without checkpointing, the blocks save less
-    (``COMPILED_ACTIVATION_SHARE``) and a whole-model compile keeps the logits in the compute dtype
-    only; per-block compile under activation checkpointing is modelled as eager, which it matches.
-    """
-    preset = what_if(preset, precision=precision, device=device, batch_size=batch_size,
-                     activation_checkpointing=activation_checkpointing)
-    if settings is None:
-        settings = estimate_settings(preset, machine)
+
+@dataclass(frozen=True)
+class ModelStates:
+    """The weights, their gradients and the optimizer's states, and the optimizer step's temporaries."""
+    params: int
+    trainable: int
+    weights: int
+    gradients: int
+    optimizer: int
+    optimizer_temp: int
+
+
+def model_state_bytes(preset: Preset, settings: RunSettings) -> ModelStates:
+    """Weights and gradients are fp32 whatever the precision (autocast computes in bf16/fp16 but keeps fp32
+    parameters, the "master" copy); AdamW keeps two fp32 states per parameter (~2 bytes with 8-bit states),
+    Muon one momentum buffer for the hidden matrices. A LoRA run keeps its frozen projections (and an
+    untied head) in the compute dtype, the embedding and norms in fp32; only its adapters are trained."""
     c, t = preset.model, preset.train
-    dev, prec = settings.device_type, settings.precision
-    B = settings.micro_batch
-    T, D, V, L = c.seq_len, c.dim, c.vocab_size, c.n_layers
-    ckpt = settings.activation_checkpointing
-    attn = settings.attention
-    fused_adamw = settings.fused_optimizer
-    mixed = prec != "fp32"
-    a = 2 if mixed else 4
-    BTD, BTV = B * T * D, B * T * V
-
+    mixed = settings.precision != "fp32"
+    D = c.dim
     n = count_params(c)
-    n_matmul = matmul_params(c)
-    parts = param_breakdown(c)
     lora = t.finetune == "lora"
-    # LoRA (workbench.train.lora): the frozen projections (and an untied head) are kept in the compute
-    # dtype, the embedding and norms in fp32; only the adapters have gradients and AdamW states.
     n_train = lora_params(c, t) if lora else n
     if lora:
+        parts = param_breakdown(c)
         frozen_cast = parts["attention"] + parts["mlp"] + parts["lm_head"]
         weights = (2 if mixed else 4) * frozen_cast + 4 * (n - frozen_cast) + 4 * n_train
     else:
         weights = 4 * n
-    grads = 4 * n_train
-    # AdamW keeps two fp32 states per parameter; with train.optimizer = muon the hidden matrices
-    # (attention and MLP) have Muon's one momentum buffer instead.
-    # (the hidden matrices: attention and MLP weights, not their biases, which AdamW keeps)
+    # the hidden matrices (attention and MLP weights, not their biases) have Muon's one buffer under muon
     muon = t.optimizer == "muon" and not lora
     tensors = param_tensors(c, t)
-    n_muon = sum(n for kind, n in tensors if muon and kind in ("attention", "mlp"))
-    adamw_sizes = [n for kind, n in tensors if not (muon and kind in ("attention", "mlp"))]
-    eight_bit = settings.optimizer_states == "8bit"
+    n_muon = sum(k for kind, k in tensors if muon and kind in ("attention", "mlp"))
+    adamw_sizes = [k for kind, k in tensors if not (muon and kind in ("attention", "mlp"))]
     optimizer = adamw_state_bytes(adamw_sizes, settings.optimizer_states) + 4 * n_muon
-    # AdamW's step: the fused kernel needs no temporaries; the foreach version
-    # (CUDA's default) makes one fp32 sqrt(v) per parameter at once; the
-    # per-tensor loop (CPU and MPS default) about three temporaries of the largest tensor.
-    if eight_bit:  # the compiled per-tensor step: the moments of one tensor dequantised, and its update
+    # AdamW's step: the fused kernel needs no temporaries; the foreach version (CUDA's default) makes one
+    # fp32 sqrt(v) per parameter at once; the per-tensor loop (CPU and MPS default) about three temporaries
+    # of the largest tensor; 8-bit states' compiled per-tensor step one tensor's moments dequantised and
+    # its update.
+    if settings.optimizer_states == "8bit":
         opt_temp = 16 * max(adamw_sizes)
-    elif fused_adamw:
+    elif settings.fused_optimizer:
         opt_temp = 0
-    elif dev.startswith("cuda"):
+    elif settings.device_type.startswith("cuda"):
         opt_temp = 4 * (n_train - n_muon)
     elif lora:
         opt_temp = 12 * t.lora_rank * max(D, c.hidden_dim, c.n_heads * c.head_dim)
     else:
-        opt_temp = 12 * max(V * D, D * c.hidden_dim, D * c.n_heads * c.head_dim)
+        opt_temp = 12 * max(c.vocab_size * D, D * c.hidden_dim, D * c.n_heads * c.head_dim)
     if n_muon:  # Newton-Schulz works on one matrix at a time: a few copies of the largest hidden one
         opt_temp = max(opt_temp, 16 * max(D * c.hidden_dim, D * c.n_heads * c.head_dim))
-    # Under autocast each fp32 weight a matmul reads is cast once per forward (LoRA: the adapters, and a
-    # tied head, which is the fp32 embedding).
-    head_fp32 = not lora or c.tie_embeddings
+    return ModelStates(n, n_train, weights, 4 * n_train, optimizer, opt_temp)
+
+
+@dataclass(frozen=True)
+class Activations:
+    """What the forward saves for the backward, and the casts of the weights that live with it."""
+    total: int                 # the whole model's saved activations (inductor's share where compiled)
+    layer_full: int            # one block's, computed (or recomputed under checkpointing)
+    layer_checkpointed: int    # one block's under activation checkpointing: its input
+    casts_all: int             # every matmul weight cast to the compute dtype (autocast)
+    casts_head: int            # the head's cast alone
+    layer_casts: int           # one block's casts
+    transient: int             # one block's backward temporaries
+
+
+def activation_bytes(preset: Preset, settings: RunSettings) -> Activations:
+    """Saved activations, per block and in all, and the autocast weight casts (each fp32 weight a matmul
+    reads is cast once per forward and lives until its backward; LoRA: the adapters and a tied head).
+    Compiled on CUDA without checkpointing the blocks save ``COMPILED_ACTIVATION_SHARE`` of eager's."""
+    c, t = preset.model, preset.train
+    dev, prec = settings.device_type, settings.precision
+    B, T, D, V, L = settings.micro_batch, c.seq_len, c.dim, c.vocab_size, c.n_layers
+    mixed = prec != "fp32"
+    a = 2 if mixed else 4
+    BTD = B * T * D
+    lora = t.finetune == "lora"
     if lora:
+        n_train = lora_params(c, t)
         casts_all = (2 * n_train + (2 * V * D if c.tie_embeddings else 0)) if mixed else 0
         casts_head = 2 * V * D if mixed and c.tie_embeddings else 0
-        layer_full = lora_layer_activation_bytes(c, t, B, prec, attn, dev)
+        layer_full = lora_layer_activation_bytes(c, t, B, prec, settings.attention, dev)
+        layer_casts = 2 * (n_train // L) if mixed else 0
     else:
-        casts_all = 2 * n_matmul if mixed else 0
+        casts_all = 2 * matmul_params(c) if mixed else 0
         casts_head = 2 * V * D if mixed else 0
-        layer_full = layer_activation_bytes(c, B, prec, attn, dev)
+        layer_full = layer_activation_bytes(c, B, prec, settings.attention, dev)
+        layer_casts = 2 * ((matmul_params(c) - V * D) // L) if mixed else 0
     layer_ckpt = 4 * BTD  # the checkpoint keeps only the block's input
     # ids, targets, dropout mask
     emb = 16 * B * T + (BTD * (1 if dev.startswith("cuda") else 4) if c.dropout > 0 else 0)
     # final norm input + normalised (kept for the norm weight's gradient: not with LoRA) + lm_head input
     head = 4 * BTD + (0 if lora else 4 * BTD) + (a * BTD if mixed else 4 * BTD)
-    per_layer = layer_ckpt if ckpt else layer_full
-    activations = L * per_layer + emb + head
-    grads_resident = grads if t.grad_accum > 1 else 0
-
-    static = weights + optimizer + grads_resident
-    # Logits exist for one loss chunk at a time when the loss is chunked (hardware.chunked_loss).
-    chunk = settings.loss_chunk_tokens
-    compiled_cuda = settings.compile and dev.startswith("cuda") and not ckpt
-    whole_compiled = compiled_cuda and settings.compile_mode == "whole model"
-    if compiled_cuda:  # the blocks are one compiled graph: inductor saves less than eager
-        activations = int(COMPILED_ACTIVATION_SHARE * activations)
-    if chunk:
-        # The fused loss: one chunk's logits (fp32, plus the matmul output and the gradient's
-        # cast in the compute dtype), and the gradients of x and w it computes as it goes,
-        # which wait for the backward pass.
-        fused_grads = 4 * BTD + (0 if lora else 4 * V * D)  # a frozen head gets no gradient
-        held = 0
-        fwd_logits = chunk * V * (4 + (2 * a if mixed else 0)) + fused_grads + (a * V * D if mixed and head_fp32
-                                                                                else 0)
-        bwd_logits = fused_grads
-    elif whole_compiled:
-        held = 0
-        fwd_logits = a * BTV + 8 * B * T           # the logits and their log-sum-exp
-        bwd_logits = COMPILED_LOGIT_COPIES * a * BTV  # the logits, their gradient, one more
-    else:
-        # The loop drops the logits right after the forward (LOGITS_HELD False).
-        held = a * BTV if LOGITS_HELD else 0
-        # logits (+ the previous ones), their fp32 copy (none in fp32), log-softmax output
-        fwd_logits = held + a * BTV + (4 * BTV if mixed else 0) + 4 * BTV
-        # log-softmax output + its gradient + the gradient of its input, and the held logits
-        bwd_logits = held + 12 * BTV
-    end_of_forward = static + casts_all + activations + fwd_logits
-    start_of_backward = static + (casts_head if ckpt else casts_all) + activations + bwd_logits
-    # late in backward: nearly all gradients exist, one block's activations are
-    # alive (recomputed under checkpointing, with its casts) plus its backward temporaries
-    layer_casts = (2 * ((n_train if lora else n_matmul - V * D) // L)) if mixed else 0
+    total = L * (layer_ckpt if settings.activation_checkpointing else layer_full) + emb + head
+    if compiled_blocks(settings):  # the blocks are one compiled graph: inductor saves less than eager
+        total = int(COMPILED_ACTIVATION_SHARE * total)
     transient = 3 * a * B * T * c.hidden_dim + 8 * BTD
-    late_backward = (weights + optimizer + grads + held + layer_full + layer_casts + transient
-                     + (layer_ckpt if ckpt else 0))
-    opt_step = weights + grads + optimizer + opt_temp + held
-    phases = {"end of forward": end_of_forward, "start of backward": start_of_backward,
-              "optimizer step": opt_step}
-    phases["late backward"] = late_backward
-    phase = max(phases, key=phases.get)
-    peak = phases[phase]
+    return Activations(total, layer_full, layer_ckpt, casts_all, casts_head, layer_casts, transient)
 
+
+def compiled_blocks(settings: RunSettings) -> bool:
+    """Compiled on CUDA without activation checkpointing: the blocks are one graph."""
+    return settings.compile and settings.device_type.startswith("cuda") and not settings.activation_checkpointing
+
+
+@dataclass(frozen=True)
+class Logits:
+    held: int                  # logits the loop still holds from the previous forward
+    forward: int               # at the end of the forward
+    backward: int              # at the start of the backward
+
+
+def logit_bytes(preset: Preset, settings: RunSettings) -> Logits:
+    """The logits and the loss's buffers. The fused loss (hardware.chunked_loss) holds one chunk's logits
+    and the gradients of x and w it computes as it goes; a whole-model compile keeps no fp32 copy;
+    eager keeps the logits, their fp32 copy and the log-softmax, then 12 bytes per logit in backward."""
+    c, t = preset.model, preset.train
+    mixed = settings.precision != "fp32"
+    a = 2 if mixed else 4
+    B, T, D, V = settings.micro_batch, c.seq_len, c.dim, c.vocab_size
+    BTV = B * T * V
+    lora = t.finetune == "lora"
+    chunk = settings.loss_chunk_tokens
+    if chunk:
+        fused_grads = 4 * B * T * D + (0 if lora else 4 * V * D)  # a frozen head gets no gradient
+        head_fp32 = not lora or c.tie_embeddings
+        fwd = chunk * V * (4 + (2 * a if mixed else 0)) + fused_grads + (a * V * D if mixed and head_fp32 else 0)
+        return Logits(0, fwd, fused_grads)
+    if compiled_blocks(settings) and settings.compile_mode == "whole model":
+        return Logits(0, a * BTV + 8 * B * T, COMPILED_LOGIT_COPIES * a * BTV)  # + their log-sum-exp
+    held = a * BTV if LOGITS_HELD else 0  # the loop drops the logits right after the forward
+    return Logits(held, held + a * BTV + (4 * BTV if mixed else 0) + 4 * BTV, held + 12 * BTV)
+
+
+def peak_phase(states: ModelStates, acts: Activations, logits: Logits, settings: RunSettings,
+               grad_accum: int, workspace: int) -> tuple[str, dict[str, int], dict[str, int]]:
+    """(the phase of the step's peak, every phase's bytes, what is resident at the peak by component).
+
+    * end of forward: all saved activations, the logits (and their fp32 copy and log-softmax)
+    * start of backward: the loss's backward buffers; gradients are not yet allocated when grad_accum == 1
+      (the loop zeroes them with set_to_none)
+    * late in backward: all gradients, one block's activations (recomputed under checkpointing, with its
+      casts) and its backward temporaries
+    * optimizer step: weights + gradients + states + the step's temporaries"""
+    ckpt = settings.activation_checkpointing
+    grads_resident = states.gradients if grad_accum > 1 else 0
+    static = states.weights + states.optimizer + grads_resident
+    late_acts = acts.layer_full + acts.transient + (acts.layer_checkpointed if ckpt else 0)
+    casts_backward = acts.casts_head if ckpt else acts.casts_all
+    parts = {
+        "end of forward": dict(gradients=grads_resident, activations=acts.total, weight_casts=acts.casts_all,
+                               logits=logits.forward),
+        "start of backward": dict(gradients=grads_resident, activations=acts.total, weight_casts=casts_backward,
+                                  logits=logits.backward),
+        "optimizer step": dict(gradients=states.gradients, optimizer_temp=states.optimizer_temp, logits=logits.held),
+        "late backward": dict(gradients=states.gradients, activations=late_acts, weight_casts=acts.layer_casts,
+                              logits=logits.held),
+    }
+    components = {name: {"weights": states.weights, "gradients": 0, "optimizer": states.optimizer,
+                         "weight_casts": 0, "activations": 0, "logits": 0, "optimizer_temp": 0,
+                         "workspace": workspace} | kv for name, kv in parts.items()}
+    phases = {name: sum(comp.values()) for name, comp in components.items()}
+    assert phases["end of forward"] == static + acts.casts_all + acts.total + logits.forward + workspace
+    phase = max(phases, key=phases.get)
+    return phase, phases, components[phase]
+
+
+def framework_bytes(settings: RunSettings) -> int:
+    """Memory outside the tensors: the CUDA context, or torch's own RSS (and compile's, on a CPU)."""
+    dev = settings.device_type
+    if dev.startswith("cuda"):
+        return CUDA_CONTEXT_BYTES
+    if dev == "mps":
+        return MPS_FRAMEWORK_BYTES
+    compiles = settings.compile or settings.optimizer_states == "8bit"
+    return CPU_FRAMEWORK_BYTES + (CPU_COMPILE_RUNTIME_BYTES if compiles else 0)
+
+
+def estimate_memory(preset: Preset, precision: str | None = None, device: str | None = None,
+                    batch_size: int | None = None, activation_checkpointing: bool | None = None, *,
+                    machine: Machine | None = None, settings: RunSettings | None = None) -> MemoryEstimate:
+    """Training memory by component, in bytes, at the step's peak: the model's states, the activations, the
+    logits, each phase of the step (see the helpers above), fragmentation and the framework. Eager PyTorch,
+    except where compiled on CUDA without checkpointing (``COMPILED_ACTIVATION_SHARE``, and a whole-model
+    compile's logits); per-block compile under activation checkpointing is modelled as eager, which it
+    matches."""
+    preset = what_if(preset, precision=precision, device=device, batch_size=batch_size,
+                     activation_checkpointing=activation_checkpointing)
+    if settings is None:
+        settings = estimate_settings(preset, machine)
+    c, t = preset.model, preset.train
+    dev = settings.device_type
+    states = model_state_bytes(preset, settings)
+    acts = activation_bytes(preset, settings)
     workspace = CUDA_WORKSPACE_BYTES if dev.startswith("cuda") else 0
-    phases = {k: v + workspace for k, v in phases.items()}
-    peak = phases[phase]
-    comp: dict[str, int] = {"weights": weights, "gradients": 0, "optimizer": optimizer,
-                            "weight_casts": 0, "activations": 0, "logits": 0, "optimizer_temp": 0,
-                            "workspace": workspace}
-    if phase == "optimizer step":
-        comp.update(gradients=grads, optimizer_temp=opt_temp, logits=held)
-    else:
-        comp["gradients"] = grads_resident
-        comp["activations"] = activations
-        if phase == "end of forward":
-            comp.update(weight_casts=casts_all, logits=fwd_logits)
-        elif phase == "start of backward":
-            comp.update(weight_casts=casts_head if ckpt else casts_all, logits=bwd_logits)
-        else:
-            comp.update(activations=layer_full + transient + (layer_ckpt if ckpt else 0),
-                        weight_casts=layer_casts, gradients=grads, logits=held)
-    assert sum(comp.values()) == peak
+    phase, phases, comp = peak_phase(states, acts, logit_bytes(preset, settings), settings, t.grad_accum, workspace)
     churn = comp["activations"] + comp["logits"] + comp["weight_casts"] + comp["optimizer_temp"]
     fragmentation = int(FRAGMENTATION * churn)
-    if dev.startswith("cuda"):
-        framework = CUDA_CONTEXT_BYTES
-    elif dev == "mps":
-        framework = MPS_FRAMEWORK_BYTES
-    else:
-        framework = CPU_FRAMEWORK_BYTES + (CPU_COMPILE_RUNTIME_BYTES if settings.compile or eight_bit else 0)
-    return {
-        "preset": preset.name, "device": dev, "precision": prec, "attention": attn,
-        "activation_checkpointing": ckpt, "fused_adamw": bool(fused_adamw), "whole_compiled": whole_compiled,
-        "optimizer_states": settings.optimizer_states,
-        "batch_size": B, "seq_len": T, "grad_accum": t.grad_accum, "params": n,
-        "components": comp,
-        "peak_phase": phase,
-        "phases": phases,
-        "peak_allocated": peak,
-        "fragmentation": fragmentation,
-        "framework": framework,
-        "total": peak + fragmentation + framework,
-        "per_layer": {
-            "saved": per_layer,
-            "flash": layer_activation_bytes(c, B, prec, "flash", dev),
-            "math": layer_activation_bytes(c, B, prec, "math", dev),
-            "checkpointed": layer_ckpt,
-        },
-        "model_states": weights + grads + optimizer,
-        "finetune": t.finetune,
-        "trainable_params": n_train,
-        "activations_total": activations,
-        # a checkpoint's model.pt + state.pt: the weights (a LoRA run's adapters alone) and AdamW's states
-        "checkpoint_bytes": 4 * n_train + optimizer,
-    }
+    framework = framework_bytes(settings)
+    B, prec, ckpt = settings.micro_batch, settings.precision, settings.activation_checkpointing
+    return MemoryEstimate(
+        preset=preset.name, device=dev, precision=prec, attention=settings.attention,
+        activation_checkpointing=ckpt, fused_adamw=bool(settings.fused_optimizer),
+        whole_compiled=compiled_blocks(settings) and settings.compile_mode == "whole model",
+        optimizer_states=settings.optimizer_states, batch_size=B, seq_len=c.seq_len, grad_accum=t.grad_accum,
+        params=states.params, components=comp, peak_phase=phase, phases=phases, peak_allocated=phases[phase],
+        fragmentation=fragmentation, framework=framework, total=phases[phase] + fragmentation + framework,
+        per_layer={"saved": acts.layer_checkpointed if ckpt else acts.layer_full,
+                   "flash": layer_activation_bytes(c, B, prec, "flash", dev),
+                   "math": layer_activation_bytes(c, B, prec, "math", dev),
+                   "checkpointed": acts.layer_checkpointed},
+        model_states=states.weights + states.gradients + states.optimizer, finetune=t.finetune,
+        trainable_params=states.trainable, activations_total=acts.total,
+        checkpoint_bytes=4 * states.trainable + states.optimizer)
 
 
-def fits(mem: dict[str, Any], available: int | None, headroom: float = HEADROOM) -> bool | None:
-    """Whether ``mem['total']`` fits in ``available`` bytes keeping ``headroom`` spare (None: unknown)."""
+def fits(mem: MemoryEstimate, available: int | None, headroom: float = HEADROOM) -> bool | None:
+    """Whether ``mem.total`` fits in ``available`` bytes keeping ``headroom`` spare (None: unknown)."""
     if not available:
         return None
-    return mem["total"] <= (1.0 - headroom) * available
+    return mem.total <= (1.0 - headroom) * available
 
 
 # ----------------------------------------------------------------------------- time, energy, cost

@@ -143,12 +143,12 @@ def compare_methods(p: Preset, machine: Machine) -> dict[str, Any]:
         except PresetError as e:
             rows.append({"method": key, "label": label, "error": str(e)})
             continue
-        c = mem["components"]
-        rows.append({"method": key, "label": label, "total": mem["total"], "fits": est.fits(mem, avail),
-                     "trainable": mem["trainable_params"], "weights": c["weights"],
-                     "gradients": mem["model_states"] - c["weights"] - c["optimizer"], "optimizer": c["optimizer"],
-                     "activations": mem["activations_total"], "precision": mem["precision"],
-                     "checkpoint_bytes": mem["checkpoint_bytes"]})
+        c = mem.components
+        rows.append({"method": key, "label": label, "total": mem.total, "fits": est.fits(mem, avail),
+                     "trainable": mem.trainable_params, "weights": c["weights"],
+                     "gradients": mem.model_states - c["weights"] - c["optimizer"], "optimizer": c["optimizer"],
+                     "activations": mem.activations_total, "precision": mem.precision,
+                     "checkpoint_bytes": mem.checkpoint_bytes})
     fitting = [r for r in rows if r.get("fits")]
     rec = fitting[0]["method"] if fitting else None
     if rec is None:

@@ -84,7 +84,7 @@ def fitting_savers(preset: Preset, device: str, available: int, machine: Machine
         if any(getattr(getattr(preset, k.split(".")[0]), k.split(".")[1]) == v for k, v in savers.items()):
             continue  # already on
         p = with_savers(preset, savers)
-        b = search_batch(lambda b: est.estimate_memory(p, device=device, batch_size=b, machine=machine)["total"]
+        b = search_batch(lambda b: est.estimate_memory(p, device=device, batch_size=b, machine=machine).total
                          <= limit, cap=seqs, start=min(preset.train.batch_size, seqs))[0]
         if not b:
             continue
@@ -99,7 +99,7 @@ def fitting_savers(preset: Preset, device: str, available: int, machine: Machine
         if (bs, acc) != (preset.train.batch_size, preset.train.grad_accum):
             sets += [f"train.batch_size={bs}", f"train.grad_accum={acc}"]
             why.append("same tokens per step" if not note else f"{(bs * acc - seqs) / seqs:+.0%} tokens per step")
-        total = est.estimate_memory(p, device=device, batch_size=bs, machine=machine)["total"]
+        total = est.estimate_memory(p, device=device, batch_size=bs, machine=machine).total
         out.append({"set": sets, "batch": b, "batch_size": bs, "grad_accum": acc, "total": total, "speed": speed,
                     "why": "; ".join(why)})
     return out
@@ -146,12 +146,12 @@ def recommend_preset(info: dict[str, Any] | None = None) -> tuple[str, str]:
         except PresetError:
             continue
         if est.fits(m, mem):
-            why = f"{device}: needs ~{human_bytes(m['total'])} (estimate) of {human_bytes(mem)} {what}"
+            why = f"{device}: needs ~{human_bytes(m.total)} (estimate) of {human_bytes(mem)} {what}"
             if name != first:
                 why += f"; {first_note}"
             return name, why
         if name == first:
-            first_note = (f"{first} needs ~{human_bytes(m['total'])} (estimate), more than {human_bytes(mem)} {what} "
+            first_note = (f"{first} needs ~{human_bytes(m.total)} (estimate), more than {human_bytes(mem)} {what} "
                           f"allows with {est.HEADROOM:.0%} headroom; to run it: "
                           + suggest_changes(p, device, mem, machine))
     return first, first_note or f"{device} with {human_bytes(mem)} {what}"

@@ -134,10 +134,10 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None) 
     """The estimate a new run is shown before it starts (the new-run dialog, `workbench train`)."""
     r = build_report(preset, machine, history=history)
     m, avail = r["memory"], r["available"]
-    total = human_bytes(m["total"])
+    total = human_bytes(m.total)
     if r["fits"] is None:
-        where = r["available_what"] or f"this machine has no {m['device']} device"
-        memory = f"needs ~{total} on {m['device']} (estimate); {where}"
+        where = r["available_what"] or f"this machine has no {m.device} device"
+        memory = f"needs ~{total} on {m.device} (estimate); {where}"
     else:
         memory = (f"{'fits' if r['fits'] else 'does not fit'}: ~{total} of {human_bytes(avail)} "
                   f"{r['available_what']} (estimate, {HEADROOM:.0%} kept free)")

@@ -141,8 +141,8 @@ def find_batch(preset: Preset, settings: RunSettings, machine: Machine, margin: 
 
         def trial(b: int) -> bool:
             m = estimate_memory(preset, settings=settings_at(b))
-            ok = m["total"] <= limit
-            desc = f"estimate {human_bytes(m['total'])} {'fits' if ok else 'too big'}"
+            ok = m.total <= limit
+            desc = f"estimate {human_bytes(m.total)} {'fits' if ok else 'too big'}"
             result.trials.append((b, desc))
             on_trial(b, desc)
             return ok

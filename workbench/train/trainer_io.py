@@ -157,7 +157,7 @@ def oom_message(tr: "Trainer") -> str:
     est = ""
     try:
         m = estimate_memory(p, s.precision, s.device_type, batch_size=half, machine=Machine.assumed(s.device_type))
-        est = f" (estimated {m['total'] / 2**30:.1f} GiB at batch_size {half})"
+        est = f" (estimated {m.total / 2**30:.1f} GiB at batch_size {half})"
     except WorkbenchError:  # the advice stands without the number
         pass
     return (f"out of memory on {tr.device} at batch_size {t.batch_size} x seq_len {p.model.seq_len}; lower "

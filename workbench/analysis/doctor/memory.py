@@ -8,7 +8,7 @@ from workbench.analysis.doctor.finding import Finding, percent, set_line
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
 from workbench.plan.batch import plan_accumulation, search_batch
-from workbench.plan.estimate import estimate_memory, what_if
+from workbench.plan.estimate import MemoryEstimate, estimate_memory, what_if
 from workbench.plan.settings import resolve_settings
 
 # Near the limit: above 90 % of the device's memory. The estimate calls a preset that fits only when it
@@ -100,16 +100,16 @@ def _headroom(ctx: Context, peak: float, limit: int, what: str, peak_what: str) 
     device, kind = f.device or "cpu", (f.device or "cpu").split(":")[0]
     # The estimate, scaled to what this run measured (its peak over the estimate of the same figure).
     try:
-        def est(batch: int) -> dict:
+        def est(batch: int) -> MemoryEstimate:
             q = what_if(p, batch_size=batch, device=device)
             return estimate_memory(q, settings=resolve_settings(q, ctx.machine, world_size=1))
         now = est(b)
         # like with like: the peak RSS against the whole estimate on a CPU, peak allocated against the
         # estimate's allocated peak on a GPU; the scaled whole estimate then has to fit
         measured = peak if kind == "cpu" else (f.peak_mem_mb or 0) * 2**20 or peak
-        ratio = measured / (now["total"] if kind == "cpu" else now["peak_allocated"]) if now["total"] else 1.0
+        ratio = measured / (now.total if kind == "cpu" else now.peak_allocated) if now.total else 1.0
         cap = b * a if a > 1 else b * GPU_ROOM_MAX_FACTOR
-        best, _ = search_batch(lambda x: est(x)["total"] * ratio <= (1 - FIT_MARGIN) * limit, cap=cap, start=b)
+        best, _ = search_batch(lambda x: est(x).total * ratio <= (1 - FIT_MARGIN) * limit, cap=cap, start=b)
     except WorkbenchError:
         return None
     if a > 1:

@@ -53,7 +53,7 @@ def estimate_table(p: Preset, measured: dict | None = None, machine_info: dict |
     t.add_row("total tokens", fmt.si(p.tokens_per_step() * p.train.max_iters))
     try:
         machine = Machine.from_info(machine_info) if machine_info else None
-        t.add_row("memory", f"{fmt.human_bytes(estimate_memory(p, machine=machine)['total'])} (estimate)")
+        t.add_row("memory", f"{fmt.human_bytes(estimate_memory(p, machine=machine).total)} (estimate)")
     except WorkbenchError as e:  # e.g. a device this machine does not have
         t.add_row("memory", str(e))
     if p.hardware.expected_memory_gb:
