@@ -1,4 +1,5 @@
-"""The one byte formatter and the one duration formatter (CLI and TUI alike). Plain Python."""
+"""The one byte formatter, the one parameter-count formatter and the one duration formatter (CLI and TUI
+alike). Plain Python."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ def human_bytes(n: float | None) -> str:
             v = n / size
             return f"{v:.0f} {unit}" if abs(v) >= 100 else f"{v:.1f} {unit}" if abs(v) >= 10 else f"{v:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def millions(n: float, spec: str = ".2f") -> str:
+    """A parameter (or token) count in millions, ``spec`` its number format: 5048832 -> '5.05 M'."""
+    return f"{n / 1e6:{spec}} M"
 
 
 def duration(seconds: float | None) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from workbench.analysis.history import measured_in
 from workbench.commands.common import add_init_from_option, add_set_option
 from workbench.errors import WorkbenchError
-from workbench.fmt import GiB, duration, human_bytes
+from workbench.fmt import GiB, duration, human_bytes, millions
 from workbench.machine.detect import Machine, detect
 from workbench.machine.gpus import find_gpu
 from workbench.plan import compare, report
@@ -174,8 +174,8 @@ def print_report(r: dict[str, Any]) -> None:
               f"{g['bandwidth_gbs']:g} GB/s, {g['power_w']:g} W; {g['source']})")
         if r.get("gpu_note"):
             print(f"note: {r['gpu_note']}")
-    print(f"{r['preset']}: {pr['total'] / 1e6:.2f} M parameters (embedding {pr['embedding'] / 1e6:.2f} M"
-          + (", tied" if not pr["lm_head"] else f", lm_head {pr['lm_head'] / 1e6:.2f} M") + "), "
+    print(f"{r['preset']}: {millions(pr['total'], '.2f')} parameters (embedding {millions(pr['embedding'], '.2f')}"
+          + (", tied" if not pr["lm_head"] else f", lm_head {millions(pr['lm_head'], '.2f')}") + "), "
           f"{r['flops_per_token'] / 1e6:.4g} MFLOP per token (6N + 12·L·H·Q·T)")
     print(f"{m.device}, {m.precision}, attention {m.attention}, activation checkpointing "
           f"{'on' if m.activation_checkpointing else 'off'}, AdamW {'fused' if m.fused_adamw else 'unfused'}; "
@@ -188,7 +188,7 @@ def print_report(r: dict[str, Any]) -> None:
     cast = "bf16/fp16" if m.precision != "fp32" else ""
     lora = m.finetune == "lora"
     if lora:
-        print(f"LoRA: {m.trainable_params / 1e6:.3g} M adapter parameters trained; the other weights frozen"
+        print(f"LoRA: {millions(m.trainable_params, '.3g')} adapter parameters trained; the other weights frozen"
               + (f" and kept in {m.precision}" if m.precision != "fp32" else ""))
     rows = [
         ("weights (frozen + fp32 adapters)" if lora else "weights (fp32)", c["weights"], ""),
@@ -246,7 +246,7 @@ def print_report(r: dict[str, Any]) -> None:
     if r["tokens_per_s"]:
         t = r["time"]
         print(f"throughput: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_source']})")
-        print(f"time to max_iters: {duration(t['total_s'])} ({t['tokens'] / 1e6:,.1f} M tokens: "
+        print(f"time to max_iters: {duration(t['total_s'])} ({millions(t['tokens'], ',.1f')} tokens: "
               f"train {duration(t['train_s'])} + eval {duration(t['eval_s'])})")
         cst = r["cost"]
         parts = []
@@ -275,7 +275,7 @@ def print_methods(r: dict[str, Any]) -> None:
         if "error" in x:
             rows.append([x["label"], "—", "—", "—", "—", "—", "—", x["error"][:40]])
             continue
-        rows.append([x["label"], f"{x['trainable'] / 1e6:.3g} M", hb(x["weights"]), hb(x["gradients"] + x["optimizer"]),
+        rows.append([x["label"], millions(x["trainable"], ".3g"), hb(x["weights"]), hb(x["gradients"] + x["optimizer"]),
                      hb(x["activations"]), hb(x["total"]), {True: "yes", False: "no", None: "?"}[x["fits"]],
                      hb(x["checkpoint_bytes"])])
     for line in _table(rows, right={1, 2, 3, 4, 5, 7}):
@@ -300,8 +300,8 @@ def _table(rows: list[list[str]], right: set[int]) -> list[str]:
 
 
 def print_compare(c: dict[str, Any]) -> None:
-    print(f"{c['preset']}: {c['params'] / 1e6:.1f} M parameters, {c['max_iters']:,} steps x "
-          f"{c['tokens_per_step']:,} tokens = {c['tokens'] / 1e6:,.1f} M tokens; sorted by {c['sort']}")
+    print(f"{c['preset']}: {millions(c['params'], '.1f')} parameters, {c['max_iters']:,} steps x "
+          f"{c['tokens_per_step']:,} tokens = {millions(c['tokens'], ',.1f')} tokens; sorted by {c['sort']}")
     print(f"fits: the memory estimate is at most {(1 - c['headroom']) * 100:.0f} % of the usable memory (an Apple Mac "
           "gives MPS ~2/3 of its RAM)")
     print("fit batch: batch_size x grad_accum that `workbench fit` would choose there (same tokens per step)")

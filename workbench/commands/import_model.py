@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workbench import rundir
+from workbench.fmt import millions
 
 
 def register(sub) -> None:
@@ -34,7 +35,7 @@ def run(args) -> int:
     extras = [x for x, on in (("attention biases", m.attn_bias), ("QK-norm", m.qk_norm),
                               (f"rope scaling {m.rope_scaling} x{m.rope_factor:g}", m.rope_scaling != "none"),
                               ("tied embeddings", m.tie_embeddings)) if on]
-    print(f"imported {src['architecture']} from {src['model']}: {r.params / 1e6:.1f} M parameters (dim {m.dim}, "
+    print(f"imported {src['architecture']} from {src['model']}: {millions(r.params, '.1f')} parameters (dim {m.dim}, "
           f"{m.n_layers} layers, {m.n_heads}/{m.n_kv_heads} heads of {m.head_dim}, MLP {m.hidden_dim}, vocab "
           f"{m.vocab_size:,}, context {src['max_position_embeddings']:,}"
           + (", " + ", ".join(extras) if extras else "") + f") in {r.seconds:.1f} s")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from workbench.config import Preset
 from workbench.errors import WorkbenchError
-from workbench.fmt import human_bytes
+from workbench.fmt import human_bytes, millions
 from workbench.machine.detect import Gpu, Machine
 from workbench.machine.gpus import GpuSpec, compare_set, find_gpu
 from workbench.plan import estimate as est
@@ -185,7 +185,7 @@ def compare(preset: Preset, gpus: Iterable[GpuSpec] | None = None, *, precision:
                      f"(x (N / N_measured)^{throughput.SIZE_EXPONENT}); the same on every GPU (see "
                      "workbench/plan/throughput.py); give --mfu to use your own")
     if n < SMALL_MODEL:
-        notes.append(f"{n / 1e6:.1f} M parameters: small models are launch- and memory-bound, the MFU is the "
+        notes.append(f"{millions(n, '.1f')} parameters: small models are launch- and memory-bound, the MFU is the "
                      "least certain number here")
     if any(r["fit_batch"] and not r["fits"] for r in rows):
         notes.append("where the preset fits only at a smaller micro-batch (fits: no, a fit batch), the time is at "

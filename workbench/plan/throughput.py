@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.config import ModelConfig, Preset
+from workbench.fmt import millions
 from workbench.machine.gpus import GpuSpec, find_gpu
 from workbench.plan.flops import count_params, flops_per_token
 from workbench.plan.settings import RunSettings
@@ -107,7 +108,7 @@ def mfu_for(preset: Preset, settings: RunSettings, gpu: GpuSpec, given: float | 
     value = min(MFU_CAP, _reference(m) * (n / m.params) ** SIZE_EXPONENT)
     prefix = "MPS unmeasured: " if settings.device_type == "mps" else ""
     return Mfu(value, "scaled", f"{prefix}{_reference(m):.1%} measured on the {m.gpu} ({m.what}) x "
-                                f"({n / 1e6:.0f} M / {m.params / 1e6:.0f} M params)^{SIZE_EXPONENT}")
+                                f"({millions(n, '.0f')} / {millions(m.params, '.0f')} params)^{SIZE_EXPONENT}")
 
 
 def tokens_per_s(preset: Preset, settings: RunSettings, mfu: Mfu) -> float | None:

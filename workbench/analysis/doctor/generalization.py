@@ -8,6 +8,7 @@ import dataclasses
 from workbench.analysis.doctor.facts import Context
 from workbench.analysis.doctor.finding import Finding, num, set_line
 from workbench.config import ModelConfig
+from workbench.fmt import millions
 from workbench.plan.flops import count_params
 
 # The run so far is cut in thirds by step: the last third ("recent") is compared with what came before.
@@ -93,7 +94,8 @@ def check(ctx: Context) -> list[Finding]:
     params = int(f.start_value("params") or count_params(p.model))
     if (small := smaller_model(p.model)) is not None and train_tokens:
         sv, sp = small
-        also.append(f"a smaller model: {set_line(sv)} ({sp / 1e6:.2f} M parameters, now {params / 1e6:.2f} M; "
+        also.append(f"a smaller model: {set_line(sv)} ({millions(sp, '.2f')} parameters, now "
+                    f"{millions(params, '.2f')}; "
                     f"{train_tokens / params:.2g} training tokens per parameter now, ~{TOKENS_PER_PARAM} is "
                     f"compute-optimal)")
     if near.step < last.step:

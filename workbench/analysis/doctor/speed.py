@@ -9,6 +9,7 @@ import statistics
 from workbench.analysis.doctor.facts import Context
 from workbench.analysis.doctor.finding import Finding, env_path_hint, num, percent, set_line
 from workbench.errors import WorkbenchError
+from workbench.fmt import millions
 from workbench.machine.peaks import peak_flops
 from workbench.plan.report import build_report
 from workbench.plan.settings import resolve_settings
@@ -228,8 +229,8 @@ def _throughput(ctx: Context, causes: list[Finding]) -> Finding | None:
         return None
     params = int(start.get("params") or 0)
     if params < SPEED_MIN_PARAMS:
-        ctx.note(f"speed vs the estimate: not judged below {SPEED_MIN_PARAMS / 1e6:g} M parameters "
-                 f"(this model has {params / 1e6:.2f} M; per-step overhead dominates)")
+        ctx.note(f"speed vs the estimate: not judged below {millions(SPEED_MIN_PARAMS, 'g')} parameters "
+                 f"(this model has {millions(params, '.2f')}; per-step overhead dominates)")
         return None
     if int(start.get("world_size") or 1) > 1:
         ctx.note("speed vs the estimate: not judged for a run of several processes")
