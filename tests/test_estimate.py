@@ -165,7 +165,7 @@ def test_estimated_peak_matches_allocations_on_cpu(prec, ckpt, accum, loss):
     """The estimate's peak against the allocations torch records (the training loop's step), with
     the CPU defaults (fused loss, fused AdamW) and with the plain loss and per-tensor AdamW."""
     from workbench.plan.settings import auto_loss_chunk
-    from workbench.train.model import configure_optimizer
+    from workbench.train.optim import build_optimizer
     cfg = ModelConfig(vocab_size=4096, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=64)
     fused = loss == "auto"
     p = Preset(model=cfg, train=TrainConfig(batch_size=4, grad_accum=accum),
@@ -175,7 +175,7 @@ def test_estimated_peak_matches_allocations_on_cpu(prec, ckpt, accum, loss):
     chunk = auto_loss_chunk(4, cfg.seq_len, cfg.vocab_size, loss, "cpu")
     assert (chunk > 0) == fused
     model = GPT(cfg, activation_checkpointing=ckpt, loss_chunk_tokens=chunk)
-    opt = configure_optimizer(model, 1e-3, 0.1, (0.9, 0.95), fused=fused)
+    opt = build_optimizer(model, p.train, fused=fused).adamw  # the trainer's own optimizer
     amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16")
 
     def step():
@@ -197,19 +197,21 @@ def test_estimated_peak_matches_allocations_on_cpu(prec, ckpt, accum, loss):
 _RSS_SCRIPT = """
 import ctypes, gc, json, psutil, torch
 from workbench.config import ModelConfig
-from workbench.train.model import GPT, configure_optimizer
+from workbench.config import TrainConfig
+from workbench.train.model import GPT
+from workbench.train.optim import build_optimizer
 cfg = ModelConfig(vocab_size=8192, dim=512, n_layers=4, n_heads=8, n_kv_heads=4, seq_len=8)
 x = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len))
 # warm up torch's lazily loaded kernels and threads on a tiny model first
 w = GPT(ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, seq_len=8))
-o = configure_optimizer(w, 1e-3, 0.1, (0.9, 0.95), fused=False)
+o = build_optimizer(w, TrainConfig(), fused=False).adamw
 _, l = w(x % 64, x % 64); l.backward(); o.step()
 del w, o, l
 gc.collect()
 ctypes.CDLL("libc.so.6").malloc_trim(0)
 rss0 = psutil.Process().memory_info().rss
 model = GPT(cfg)
-opt = configure_optimizer(model, 1e-3, 0.1, (0.9, 0.95), fused=False)
+opt = build_optimizer(model, TrainConfig(), fused=False).adamw  # the trainer's own optimizer
 for _ in range(3):
     loss = model(x, x)[1]
     loss.backward()

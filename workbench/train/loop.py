@@ -19,20 +19,19 @@ iteration starts from.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import random
 import signal
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 from workbench import rundir
 from workbench.config import Preset, load_preset_file
-from workbench.data.encode import PrepareProgress
 from workbench.data.tokenizer import tokenizer_file
 from workbench.data.tokens import TokenData, WindowSampler, prepare_data
 from workbench.errors import WorkbenchError
@@ -40,19 +39,19 @@ from workbench.faults import Faults
 from workbench.machine.detect import Machine
 from workbench.machine.probe import measured_peak, this_machine
 from workbench.plan.flops import flops_per_token
-from workbench.plan.schedule import decay_start, lr_factor
+from workbench.plan.schedule import lr_factor
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.rundir import EvalRecord, TrainRecord
+from workbench.train import runtime, stateful
 from workbench.train.build import Built, build
 from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
+from workbench.train.checkpointer import Checkpointer
 from workbench.train.dist import Dist
 from workbench.train.evaluation import evaluate
-from workbench.train.reporter import Reporter, Throughput, start_line
-from workbench.train.runtime import amp_dtype, apply_backend_flags, autocast, compile_cache_counts, memory_mb
+from workbench.train.reporter import Reporter, Throughput, failure_message, start_line
 from workbench.train.sample import generate_text
 from workbench.train.skips import Skips
 from workbench.train.state import TrainerState
-from workbench.train.trainer_io import CheckpointIO, failure_message
 
 
 class TrainError(WorkbenchError):
@@ -86,8 +85,9 @@ class Trainer:
         self.data: TokenData | None = None
         self.sampler: WindowSampler | None = None
         self.built: Built | None = None
-        self.io: CheckpointIO | None = None
+        self.checkpointer: Checkpointer | None = None
         self.state = TrainerState()                 # everything a checkpoint restores, besides tensors
+        self.elapsed_before = 0.0                   # training time of the run before this process
         self.throughput = Throughput()
         self.tokens_per_step = 0
         self.flops_per_token = 0.0
@@ -109,13 +109,10 @@ class Trainer:
         self.report.log(f"received {signal.Signals(signum).name}: finishing this step, saving a checkpoint, "
                         "then stopping")
 
-    def _preparing(self, progress: PrepareProgress) -> None:
-        self.report.status(preparing=progress.to_dict())
-
     def setup(self) -> None:
         rd, main = self.run_dir, self.dist.is_main
         p = self.preset = load_preset_file(rd / "preset.toml")
-        self.skips = Skips(lambda: self.state, self.report, p.train.max_skips)
+        self.skips = Skips(self.state, self.report, p.train.max_skips)
         removed = []
         if main:  # rank 0 alone owns the run directory
             self.lock = rundir.RunLock(rd).acquire()
@@ -134,7 +131,8 @@ class Trainer:
         # The data first (a no-op when it is cached): a detached run prepares its corpus here, with its
         # progress in status.json. Every rank asks; one prepares, the others wait for it (a file lock).
         self.data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=self.report.log,
-                                 progress=self._preparing, faults=self.faults, run_dir=rd)
+                                 progress=lambda pr: self.report.status(preparing=pr.to_dict()), faults=self.faults,
+                                 run_dir=rd)
         self.report.status(preparing=None)
         if self.machine is None:
             self.machine = this_machine()
@@ -147,8 +145,8 @@ class Trainer:
         for w in s.warnings:
             self.report.log(f"warning: {w}")
         self.device = self.dist.device_for(torch.device(s.device))
-        apply_backend_flags(s)
-        self.autocast = autocast(s)
+        runtime.apply_backend_flags(s)
+        self.autocast = runtime.autocast(s)
 
         torch.manual_seed(p.train.seed + self.dist.rank)  # distinct dropout per rank; DDP syncs the weights
         random.seed(p.train.seed)
@@ -166,10 +164,12 @@ class Trainer:
             init = self.dist.broadcast(load_init_weights(rd) if main else None)
         self.built = build(p, s, self.device, self.dist, rd / "cache" / "inductor", init)
         del init
-        self.io = CheckpointIO(self)
+        self.checkpointer = Checkpointer(rd, p, self.report, self.faults)
         self.tokens_per_step = p.tokens_per_step()
         self.flops_per_token = flops_per_token(p.model)
-        pending_rng = self.io.restore(ckpt, at_start=True) if ckpt else None
+        pending_rng = self.load_state_dict(ckpt) if ckpt else None
+        if ckpt:
+            self.elapsed_before = self.state.elapsed_s
         n_params = self.built.model.num_params()
         self.report.log(start_line(rd.name, p, s, self.device, self.dist.world, n_params, self.built.trainable,
                                    self.tokens_per_step, self.data.source, self.data.cached))
@@ -184,9 +184,28 @@ class Trainer:
                           **({"checkpoint": ckpt.meta["name"]} if ckpt else {}),
                           **({"parent": p.parent} if p.parent else {}),
                           **({"init": p.init} if p.init else {}))
-        self.io.report_changes()
+        if ckpt:  # safe changes since the checkpoint (schedule length, intervals), after the resume event
+            self.report.preset_changes(self.state.step, stateful.preset_changes(self.state, p))
         if pending_rng:
             pending_rng()  # last: building the model above drew random numbers
+
+    # ------------------------------------------------------------------ its state, as a pair
+
+    def state_dict(self) -> dict | None:
+        """What a checkpoint holds (on rank 0; collective), for the checkpointer to write."""
+        return stateful.state_dict(self.built, self.sampler, self.state, self.preset, self.dist,
+                                   self.settings.parallel == "fsdp", self.elapsed())
+
+    def load_state_dict(self, ck: Checkpoint) -> Callable[[], None]:
+        """Continue from ``ck``; returns the RNGs' restore, to call once nothing else draws random numbers."""
+        restore_rng = stateful.load_state_dict(ck, self.built, self.sampler, self.state, self.preset, self.dist,
+                                               self.settings.parallel == "fsdp")
+        self.report.log(f"resumed from checkpoint {ck.meta['name']} (step {self.state.step})")
+        return restore_rng
+
+    def elapsed(self) -> float:
+        """Training time of the run so far, this process's included."""
+        return self.elapsed_before + (time.time() - self.started)
 
     def _read_checkpoint(self, selector: str | None) -> Checkpoint:
         """Rank 0 reads the checkpoint and hands it to the others (other nodes may not see the files)."""
@@ -218,7 +237,7 @@ class Trainer:
                     and not self.compile_reported:
                 self.compile_reported = True
                 self.report.event("compile_done", self.state.step, seconds=round(now - self.started, 1),
-                                  cache=compile_cache_counts())
+                                  cache=runtime.compile_cache_counts())
                 self.report.status(compiling=False)
             if self.state.step % t.log_interval == 0 or self.state.step == t.max_iters:
                 r = self.skips.result  # this step's: settled above
@@ -227,15 +246,10 @@ class Trainer:
             evaluated, saved, early_stop = self.maybe_evaluate()
             if early_stop:
                 return "early_stopped"
-            if not saved and self.io.due(self.state.step):
-                self.io.save(self.skips.last_loss, None, "interval")
-                saved = True
-            if not saved and t.schedule == "wsd" and self.state.step == decay_start(self.preset):
-                self.io.save(self.skips.last_loss, None, "decay start")  # where an extension goes on from
-                saved = True
+            saved = saved or self.checkpointer.maybe_save(self.state.step, self.state_dict, self.skips.last_loss)
             if self.stop_agreed if self.dist.enabled else self.stop_requested:
                 if not saved:
-                    self.io.save(self.skips.last_loss, None, "stop")
+                    self.checkpointer.maybe_save(self.state.step, self.state_dict, self.skips.last_loss, reason="stop")
                 self.report.event("stop", self.state.step)
                 return "stopped"
             if evaluated or saved:
@@ -254,7 +268,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(t.grad_accum):
             t_data = time.perf_counter()
-            x, y = self._to_device(*self._slice(*self.sampler.next_batch()))
+            x, y = self.next_batch(self.sampler)
             self.data_s += time.perf_counter() - t_data
             last = micro == t.grad_accum - 1
             # DDP all-reduces gradients once, on the last micro-batch; FSDP2 likewise reduce-scatters only then.
@@ -307,18 +321,17 @@ class Trainer:
     def settle_due(self, step: int) -> bool:
         t = self.preset.train
         return (step % t.log_interval == 0 or step >= t.max_iters or step % t.eval_interval == 0
-                or self.io.due(step) or (t.schedule == "wsd" and step == decay_start(self.preset))
-                or self.stop_requested)
+                or self.checkpointer.due(step) is not None or self.stop_requested)
 
     def log_step(self, lr: float, loss: float | None, gn: float, now: float) -> None:
         st, max_iters = self.state, self.preset.train.max_iters
         tps = self.throughput.rate(now)
-        mem, detail = memory_mb(self.device)
+        mem, detail = runtime.memory_mb(self.device)
         # peak is one process's (one GPU, or the CPU share it measured); tps is global.
         peak = self.settings.peak_flops * self.dist.world if self.settings.peak_flops else None
         self.report.record(TrainRecord(
             step=st.step, loss=loss, lr=lr, grad_norm=gn if math.isfinite(gn) else None, tokens_per_s=tps,
-            tokens_seen=st.tokens_seen, elapsed_s=round(self.io.elapsed(), 3), skipped=st.skipped_total, time=now,
+            tokens_seen=st.tokens_seen, elapsed_s=round(self.elapsed(), 3), skipped=st.skipped_total, time=now,
             mem_mb=mem, mfu=tps * self.flops_per_token / peak if tps and peak else None, memory=detail,
             data_fraction=self.throughput.data_fraction(now)))
         self.report.status(step=st.step, tokens_seen=st.tokens_seen)
@@ -345,9 +358,8 @@ class Trainer:
         else:
             st.bad_evals += 1
         self.write_sample()
-        saved = improved or self.io.due(st.step)
-        if saved:
-            self.io.save(self.skips.last_loss, vl, "best" if improved else "interval")
+        saved = self.checkpointer.maybe_save(st.step, self.state_dict, self.skips.last_loss, vl,
+                                             reason="best" if improved else None)
         if t.patience and st.bad_evals >= t.patience:
             self.report.log(f"early stop: val loss has not improved for {t.patience} evals (best {st.best_val:.4f})")
             self.report.event("early_stop", st.step, best_val_loss=st.best_val)
@@ -366,7 +378,7 @@ class Trainer:
             raise TrainError(f"{t.max_skips} consecutive non-finite steps at step {st.step} ({why}); try: {hint}")
         kept = (st.lr_scale * ROLLBACK_LR_FACTOR, st.rollbacks + 1, st.skipped_total)
         from_step, to = st.step, ckpts[-1]["name"]
-        self.io.restore(self._read_checkpoint(to), at_start=False)()
+        self.load_state_dict(self._read_checkpoint(to))()
         self.state.lr_scale, self.state.rollbacks, self.state.skipped_total = kept
         self.skips.reset()
         self.report.event("rollback", self.state.step, from_step=from_step, to=to, lr_scale=kept[0])
@@ -376,7 +388,7 @@ class Trainer:
 
     def evaluate(self) -> EvalRecord:
         return evaluate(self.built.model, self.preset, self.data, self.token_bytes, self.dist, self.autocast,
-                        self.device, lambda s: self._to_device(*self._slice(*s.next_batch())), self.state.step)
+                        self.device, self.next_batch, self.state.step)
 
     def write_sample(self) -> None:
         t = self.preset.train
@@ -384,26 +396,19 @@ class Trainer:
         if not t.sample_prompt or not (self.dist.is_main or self.settings.parallel == "fsdp"):
             return
         text = generate_text(self.built.model, self.data.tokenizer, t.sample_prompt, t.sample_tokens,
-                             temperature=0.8, top_k=50, seed=self.state.step, autocast_dtype=amp_dtype(self.settings))
+                             temperature=0.8, top_k=50, seed=self.state.step,
+                             autocast_dtype=runtime.amp_dtype(self.settings))
         self.built.model.train()
         if self.dist.is_main:
-            with open(self.run_dir / "samples.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": self.state.step, "prompt": t.sample_prompt, "text": text,
-                                    "time": time.time()}) + "\n")
+            self.report.sample(self.state.step, t.sample_prompt, text)
 
-    def _slice(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's part of a global batch (all of it in a single process)."""
+    def next_batch(self, sampler: WindowSampler) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's part of ``sampler``'s next global batch (all of it in a single process), on the device."""
+        x, y = sampler.next_batch()
         if self.dist.enabled:
             b, r = self.settings.micro_batch, self.dist.rank
             x, y = x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]
-        return x, y
-
-    def _to_device(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-        if self.device.type == "cuda":
-            return (xt.pin_memory().to(self.device, non_blocking=True),
-                    yt.pin_memory().to(self.device, non_blocking=True))
-        return xt.to(self.device), yt.to(self.device)
+        return runtime.batch_to_device(x, y, self.device)
 
     # ------------------------------------------------------------------ entry
 
@@ -415,13 +420,15 @@ class Trainer:
             state = self.train()
             self.report.event("finish" if state == "finished" else state, self.state.step)
             self.report.status(state=state, step=self.state.step, compiling=False, finished=time.time(),
-                               ckpt_seconds=round(self.io.ckpt_seconds, 3), best_val_loss=self.state.best_val)
+                               ckpt_seconds=round(self.checkpointer.seconds, 3), best_val_loss=self.state.best_val)
             self.report.log(f"{state} at step {self.state.step}" + (
                 f", best val loss {self.state.best_val:.4f}" if self.state.best_val is not None else ""))
             self.clean_exit = True
             return 0
         except BaseException as e:  # noqa: BLE001 - every failure must reach status.json
-            msg = failure_message(self, e)
+            msg = failure_message(e, preset=self.preset, settings=self.settings, device=str(self.device),
+                                  report=self.report, rank=self.dist.rank if self.dist.enabled else None,
+                                  run_name=self.run_dir.name)
             if self.lock:  # never touch the files of a run another trainer holds
                 try:
                     rundir.write_status(self.run_dir, state="failed", error=msg, compiling=False, step=self.state.step)
@@ -437,7 +444,7 @@ class Trainer:
             if self.settings is not None and self.settings.parallel == "fsdp":
                 # FSDP2's state holds the gloo/NCCL group: free it before the group is destroyed, not in the
                 # interpreter's exit (where gloo at times aborts a rank: "terminate called ...").
-                self.built = self.io = None
+                self.built = self.checkpointer = None
                 import gc
                 gc.collect()
             self.dist.close(clean=self.clean_exit)

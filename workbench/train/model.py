@@ -319,14 +319,3 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
 def fused_cross_entropy(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
     """Mean cross-entropy of (x @ w.T) against targets, ``chunk`` rows at a time (see FusedLinearCrossEntropy)."""
     return FusedLinearCrossEntropy.apply(x, w, targets, chunk)
-
-
-def configure_optimizer(model: GPT, lr: float, weight_decay: float, betas: tuple[float, float],
-                        fused: bool) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices (>= 2-D) and none on norms."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    kwargs = {"fused": True} if fused else {}
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, **kwargs)

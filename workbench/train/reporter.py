@@ -3,12 +3,21 @@ metric records, status.json. Rank 0 owns the run directory; other ranks' reports
 
 from __future__ import annotations
 
+import json
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 from workbench import rundir
+from workbench.config import Preset
+from workbench.errors import WorkbenchError
+from workbench.fmt import millions
+from workbench.machine.detect import Machine
+from workbench.plan.estimate import estimate_memory
+from workbench.plan.settings import RunSettings
 from workbench.rundir import EventRecord, MetricsWriter, NullWriter, Record
+from workbench.train.runtime import is_oom
 
 
 class Reporter:
@@ -36,6 +45,18 @@ class Reporter:
 
     def record(self, rec: Record) -> None:
         self.metrics.write(rec)
+
+    def sample(self, step: int, prompt: str, text: str) -> None:
+        """A sample generated at an eval, appended to samples.jsonl."""
+        with open(self.run_dir / "samples.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, "prompt": prompt, "text": text, "time": time.time()}) + "\n")
+
+    def preset_changes(self, step: int, changes: dict[str, list]) -> None:
+        """The [train] keys a resume changed since its checkpoint ({key: [old, new]}), if any."""
+        if changes:
+            self.event("preset_changed", step, changes=changes)
+            self.log("preset changes since that checkpoint: "
+                     + ", ".join(f"train.{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
 
     def event(self, event: str, step: int, **data: Any) -> None:
         self.metrics.write(EventRecord(event=event, step=step, time=time.time(), data=data))
@@ -98,12 +119,47 @@ def start_line(run_id: str, p: Any, s: Any, device: Any, world: int, n_params: i
     """The log's first line of a start or resume: what runs, where, how (``p`` the preset, ``s`` its RunSettings)."""
     layout = {"fsdp": f" x {world} processes, sharded (FSDP2)",
               "ddp": f" x {world} processes, replicated (DDP)"}.get(s.parallel, "")
-    tuned = {"lora": f" ({trainable / 1e6:.3f} M in LoRA adapters trained, rank "
+    tuned = {"lora": f" ({millions(trainable, '.3f')} in LoRA adapters trained, rank "
                      f"{p.train.lora_rank}; the rest frozen)"}.get(p.train.finetune, "")
     if p.init is not None:
         tuned += f", from {p.init['run']} step {p.init['step']}"
-    return (f"run {run_id}: preset {p.name}, {n_params / 1e6:.2f} M params{tuned}, device {device}"
+    return (f"run {run_id}: preset {p.name}, {millions(n_params, '.2f')} params{tuned}, device {device}"
             f"{layout}, precision {s.precision}, compile {s.compile_mode}, "
             + ("8-bit AdamW states, " if s.optimizer_states == "8bit" else "")
             + f"{tokens_per_step:,} tokens/step, corpus {source}"
             + (" (tokenizer and tokens from cache)" if cached else ""))
+
+
+# ----------------------------------------------------------------------------- the one line a failed run ends with
+
+def oom_message(p: Preset, settings: RunSettings, device: str) -> str:
+    t = p.train
+    half = max(1, t.batch_size // 2)
+    est = ""
+    try:
+        m = estimate_memory(p, settings.precision, settings.device_type, batch_size=half,
+                            machine=Machine.assumed(settings.device_type))
+        est = f" (estimated {m.total / 2**30:.1f} GiB at batch_size {half})"
+    except WorkbenchError:  # the advice stands without the number
+        pass
+    return (f"out of memory on {device} at batch_size {t.batch_size} x seq_len {p.model.seq_len}; lower "
+            f"train.batch_size (raise train.grad_accum to keep the tokens per step){est}, lower model.seq_len, or set "
+            f"hardware.activation_checkpointing = true; `workbench fit {p.name}` finds a batch that fits")
+
+
+def failure_message(e: BaseException, *, preset: Preset | None, settings: RunSettings | None, device: str,
+                    report: Reporter, rank: int | None, run_name: str) -> str:
+    """The one line status.json and the CLI show for a run that failed with ``e`` (``rank``: this process's in
+    a run of several, else None)."""
+    if isinstance(e, WorkbenchError):
+        return str(e)
+    if is_oom(e) and settings is not None and preset is not None:
+        return oom_message(preset, settings, device)
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted twice; stopped without saving (the last checkpoint is intact)"
+    report.log(traceback.format_exc())
+    if rank is not None and isinstance(e, (RuntimeError, OSError)):
+        return (f"rank {rank}: another rank of this run stopped (its process died or was killed: "
+                f"{type(e).__name__} in a collective); see train.log for which, then `workbench resume {run_name}`")
+    return f"{type(e).__name__}: {e} (traceback in train.log)"
+

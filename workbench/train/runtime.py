@@ -8,6 +8,7 @@ import os
 import resource
 import sys
 
+import numpy as np
 import psutil
 import torch
 
@@ -91,6 +92,14 @@ def peak_rss_mb() -> float:
 
 
 OOM_MARKERS = ("CUDA out of memory", "MPS backend out of memory", "out of memory")
+
+
+def batch_to_device(x: np.ndarray, y: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of token windows on ``device`` (pinned and copied asynchronously to a GPU)."""
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    if device.type == "cuda":
+        return xt.pin_memory().to(device, non_blocking=True), yt.pin_memory().to(device, non_blocking=True)
+    return xt.to(device), yt.to(device)
 
 
 def compile_cache_counts() -> dict[str, int]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -31,8 +30,8 @@ class StepResult:
 
 
 class Skips:
-    def __init__(self, state: Callable[[], TrainerState], report: Reporter, max_skips: int):
-        self.state = state  # the trainer's current state (a checkpoint's restore replaces it)
+    def __init__(self, state: TrainerState, report: Reporter, max_skips: int):
+        self.state = state  # the trainer's state (a checkpoint's restore loads into this same object)
         self.report, self.max_skips = report, max_skips
         self.consecutive = 0
         self.last_loss: float | None = None   # the last finite training loss
@@ -45,7 +44,7 @@ class Skips:
             self.consecutive = 0
             self.last_loss = loss
         else:
-            st = self.state()
+            st = self.state
             st.skipped_total += 1
             self.consecutive += 1
             self.report.event("nonfinite_skip", step, loss=loss if math.isfinite(loss) else None,

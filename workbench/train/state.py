@@ -72,6 +72,11 @@ class TrainerState:
     host_rng: HostRng | None = None
     train_preset: dict = field(default_factory=dict)  # [train] at save time: resume reports what changed
 
+    def replace_with(self, other: "TrainerState") -> None:
+        """Become ``other``, in place: the loop's parts (the skip counter) hold this object."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(other, f.name))
+
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "host_rng"}
         if self.host_rng is not None:
