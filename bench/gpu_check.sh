@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA checks we run on a lent GPU (device tool): first the GPU tests (tests/test_gpu.py, `pytest -m gpu`:
+# The CUDA checks we run on a lent GPU (device tool): first the GPU tests (tests/train/test_gpu.py, `pytest -m gpu`:
 # precision auto, bf16 / fp16 + GradScaler / fp32, TF32, the fused loss on CUDA, --nproc 1 and NCCL), then a
 # bf16 + compile run, kill -9 / resume agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter
 # config, estimated vs measured peak memory. Exits non-zero when a GPU test fails.
@@ -40,7 +40,7 @@ if [ "${1:-}" = mfu ]; then
     exit 0
 fi
 echo "== GPU tests (pytest -m gpu): skipped ones say why"
-$PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_gpu.py
+$PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/train/test_gpu.py
 TESTS_RC=$?
 [ "$TESTS_RC" = 0 ] || echo "GPU TESTS FAILED (exit $TESTS_RC)"
 [ "${1:-}" = tests ] && exit $TESTS_RC

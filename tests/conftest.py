@@ -1,36 +1,16 @@
-"""Shared fixtures: one cache of tokenizers/corpora for the whole session, tiny presets, CLI runner."""
+"""Shared fixtures: one cache of tokenizers/corpora for the whole session, one tiny trained run. The helpers
+tests share are in tests/support."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
-import subprocess
-import sys
+import signal
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
-# A tiny model on a small slice of the built-in corpus: a few steps take about a second.
-TINY = [
-    "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.seq_len=32",
-    "model.vocab_size=512", "train.batch_size=4", "train.warmup_iters=2", "train.eval_iters=2",
-    "train.log_interval=1", "data.builtin_mb=0.3", "data.tokenizer_sample_mb=0.3", "hardware.nproc=1",
-    # tiny models: a compile would not pay back (auto compiles CPU runs of 10 minutes or more)
-    "hardware.compile=false",
-]
-
-
-# bench/gpu_check.sh's ~124 M config (as overrides of gpu-8gb), measured on an H100 (README, GPU numbers)
-# without QK-norm, before it became the presets' default
-G124 = ["model.qk_norm=false", "model.vocab_size=32768", "model.dim=768", "model.n_layers=12", "model.n_heads=12",
-        "model.n_kv_heads=12", "model.ffn_hidden=2560", "model.seq_len=1024", "model.dropout=0.0",
-        "train.batch_size=32", "hardware.activation_checkpointing=false", "hardware.chunked_loss=false"]
-
-
-def tiny(*extra: str) -> list[str]:
-    return ["--set", *TINY, *extra]
+from tests.support.cli import tiny, wb
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -46,38 +26,6 @@ def shared_cache(tmp_path_factory):
         os.environ["WORKBENCH_CACHE_DIR"] = old
 
 
-def wb(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300,
-       check: bool = False) -> subprocess.CompletedProcess:
-    """Run the real `workbench` CLI in a subprocess."""
-    e = dict(os.environ, PYTHONUNBUFFERED="1")
-    e.update(env or {})
-    cp = subprocess.run([sys.executable, "-m", "workbench", *args], cwd=cwd, env=e, capture_output=True,
-                        text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    if check and cp.returncode != 0:
-        raise AssertionError(f"workbench {' '.join(args)} failed ({cp.returncode}):\n{cp.stdout}\n{cp.stderr}")
-    return cp
-
-
-def wait_running(run_dir: Path, min_step: int, timeout: float = 120):
-    """The status (a RunStatus) of a detached run once its trainer is running at or past ``min_step``."""
-    import time
-
-    from workbench.rundir import RunStatus, read_status
-    end = time.time() + timeout
-    st = RunStatus()
-    while time.time() < end:
-        if (run_dir / "status.json").is_file():
-            st = read_status(run_dir)
-            if st.state == "running" and st.step >= min_step:
-                break
-        time.sleep(0.2)
-    return st
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> Path:
     """One tiny real run on the built-in corpus, shared by the tests that only read it."""
@@ -86,3 +34,91 @@ def trained_run(tmp_path_factory) -> Path:
        *tiny("train.max_iters=60", "train.eval_interval=20", "train.ckpt_interval=20", "model.dropout=0.1",
              "train.lr=3e-3"), check=True)
     return root / "tiny"
+
+
+# ----------------------------------------------------------------------------- fine-tuning (tests.support.hf)
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_dir(tmp_path_factory) -> Path:
+    """A byte-level BPE tokenizer (GPT-2 / Llama 3 / Qwen style) of 400 ids with two special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tests.support.hf import corpus_text  # transformers is imported only by the sessions that need it
+    out = tmp_path_factory.mktemp("hf-tok")
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator([corpus_text()], trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    import transformers
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>",
+                                                bos_token="<|endoftext|>")
+    fast.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def hf_models(tmp_path_factory, hf_tokenizer_dir) -> dict[str, Path]:
+    from tests.support.hf import KINDS, build_hf_model
+    root = tmp_path_factory.mktemp("hf-models")
+    return {kind: build_hf_model(root / kind, kind, hf_tokenizer_dir) for kind in KINDS}
+
+
+@pytest.fixture(scope="session")
+def imported(tmp_path_factory, hf_models) -> Path:
+    """A runs directory with each model imported under its kind's name (in this process: the CLI is tested
+    on its own)."""
+    from workbench.interop.hf_import import import_model
+    root = tmp_path_factory.mktemp("ft-runs")
+    for kind, d in hf_models.items():
+        import_model(d, root, kind, log=lambda m: None)
+    return root
+
+
+@pytest.fixture(scope="session")
+def ft_corpus(tmp_path_factory) -> Path:
+    from tests.support.hf import corpus_text
+    path = tmp_path_factory.mktemp("ft-corpus") / "python.txt"
+    path.write_text(corpus_text(), encoding="utf-8")
+    return path
+
+
+@dataclasses.dataclass
+class LoraRun:
+    root: Path
+    run_dir: Path
+    trained_state: dict     # the trainer's model state dict when it finished (frozen weights and adapters)
+    log: str
+
+
+@pytest.fixture(scope="session")
+def lora_run(imported, ft_corpus) -> LoraRun:
+    """A LoRA run of 30 steps on llama-gqa-tied, trained in this process by the CLI's own code path, with the
+    trainer's model kept for inspection."""
+    import torch
+
+    from tests.support.hf import FT
+    from workbench.cli import main
+    from workbench.train.loop import Trainer
+    kept: dict = {}
+    original = Trainer.train
+
+    def keep(self):
+        state = original(self)
+        kept["sd"] = {k: v.detach().clone() for k, v in self.built.model.state_dict().items()}
+        return state
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Trainer, "train", keep)
+        rc = main(["train", "cpu-small", "--init-from", "llama-gqa-tied", "--corpus", str(ft_corpus), "--name", "lora",
+                   "--runs-dir", str(imported), "--set", *FT, "train.finetune=lora", "train.max_iters=30",
+                   "train.eval_interval=10", "train.ckpt_interval=10", "train.lr=3e-3", "train.lora_rank=4"])
+    for s, h in handlers.items():
+        signal.signal(s, h)
+    torch.set_num_threads(threads)
+    assert rc == 0
+    run_dir = imported / "lora"
+    return LoraRun(imported, run_dir, kept["sd"], (run_dir / "train.log").read_text())

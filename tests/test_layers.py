@@ -64,3 +64,18 @@ def test_ruff_passes():
     r = subprocess.run([_tool("ruff"), "check", "workbench", "tests", "bench"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_tests_share_helpers_only_through_tests_support():
+    """No test module imports from another test module or a conftest: what tests share is in tests/support."""
+    import ast
+    wrong = []
+    for f in sorted((ROOT / "tests").rglob("*.py")):
+        if "support" in f.relative_to(ROOT / "tests").parts:
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                mod = "." * node.level + (node.module or "")
+                if mod.startswith(".") or (mod.startswith("tests") and not mod.startswith("tests.support")):
+                    wrong.append(f"{f.relative_to(ROOT)}: from {mod} import ...")
+    assert wrong == []

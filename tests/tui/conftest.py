@@ -1,17 +1,13 @@
-"""Shared fixtures for the TUI tests: canned run directories and an app factory."""
+"""Fixtures for the TUI tests: canned run directories (the app factory and waits: tests.support.tui)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
-from collections.abc import Callable
 
 import psutil
 import pytest
-from textual.css.query import NoMatches
 
-from .fixtures.make_runs import HARDWARE, make_runs
+from tests.support.canned_runs import make_runs
 
 
 @pytest.fixture
@@ -27,58 +23,3 @@ def live_runs_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
     me = psutil.Process(os.getpid())
     return make_runs(tmp_path / "runs", live_pid=me.pid, live_pid_start=me.create_time())
-
-
-def make_app(runs_dir, **kw):
-    from workbench.tui.app import WorkbenchApp
-    kw.setdefault("hardware_info", HARDWARE)
-    kw.setdefault("watch_interval", 0.1)
-    kw.setdefault("list_interval", 60.0)
-    return WorkbenchApp(runs_dir, **kw)
-
-
-# What a condition may raise while the thing it looks at is not there yet: a widget not mounted
-# (NoMatches), a run not read yet (KeyError), a list still empty (IndexError). Anything else is a
-# real error and fails the test at once, instead of showing up as a timeout.
-NOT_YET = (NoMatches, KeyError, IndexError)
-
-
-async def wait_for(pilot, cond, timeout: float = 20.0, what: str | Callable[[], str] = "condition"):
-    """Let the app run until ``cond()`` is true (thread workers deliver asynchronously). ``what`` may be
-    a function, called at the timeout, so the message shows the state then, not at the start."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while True:
-        try:
-            if cond():
-                return
-        except NOT_YET as e:
-            last = e
-        if time.monotonic() > deadline:
-            what = what() if callable(what) else what
-            raise AssertionError(f"timed out waiting for {what}" + (f" (last: {last!r})" if last else ""))
-        await pilot.pause(0.05)
-
-
-def notified(app, message: str) -> bool:
-    """Whether the app has shown the user exactly ``message`` (a toast)."""
-    return any(str(n.message) == message for n in app._notifications)
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-def text_of(widget) -> str:
-    """The plain text a Static/Label shows (its content, rendered wide without colour)."""
-    from rich.console import Console
-    from rich.text import Text
-    from textual.content import Content
-    content = widget.content
-    if isinstance(content, str):
-        content = Content.from_markup(content)
-    if isinstance(content, (Text, Content)):
-        return content.plain
-    console = Console(width=400, record=True, color_system=None, file=open(os.devnull, "w"))
-    console.print(content)
-    return console.export_text()

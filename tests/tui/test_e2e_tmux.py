@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_running, wb
+from tests.support.cli import wb
+from tests.support.runs import wait_running, wait_until
 from workbench.rundir import RunStatus, pid_alive, read_status
 
 pytestmark = pytest.mark.slow
@@ -90,11 +91,11 @@ class Tmux:
         """Tab until ``field`` has the focus, one Tab at a time: two Tabs that arrive together move the
         focus only once (Textual), and keys typed then would land in the wrong field."""
         for _ in range(len(labels)):
-            now = _wait(lambda: self.focused_field(labels), 10, "a focused field")
+            now = wait_until(lambda: self.focused_field(labels), 10, "a focused field")
             if now == field:
                 return
             self.keys("Tab")
-            _wait(lambda now=now: self.focused_field(labels) not in (None, now), 10, "the focus to move")
+            wait_until(lambda now=now: self.focused_field(labels) not in (None, now), 10, "the focus to move")
         raise AssertionError(f"could not tab to {field}:\n{self.screen()}")
 
     def keys(self, *keys: str) -> None:
@@ -124,15 +125,6 @@ class Tmux:
         self._tmux("kill-server", check=False)
 
 
-def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (v := cond()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-    return v
-
-
 def _records(run_dir: Path) -> list[dict]:
     out = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
@@ -149,7 +141,7 @@ def _stop_leftover(run_dir: Path, runs: Path, env: dict) -> None:
     if st.state in ("running", "starting") and st.pid:
         subprocess.run([sys.executable, "-m", "workbench", "stop", run_dir.name, "--runs-dir", str(runs)],
                        env=env, capture_output=True, timeout=60)
-        _wait(lambda: not pid_alive(st.pid, st.pid_start), 60, "the trainer to exit")
+        wait_until(lambda: not pid_alive(st.pid, st.pid_start), 60, "the trainer to exit")
 
 
 def test_start_quit_reopen_stop_resume_in_tmux(tmp_path, tmux_env):
@@ -178,23 +170,23 @@ def test_start_quit_reopen_stop_resume_in_tmux(tmp_path, tmux_env):
         assert run_dir.is_dir()
         # 2. quit: the trainer keeps running
         tm.keys("q")
-        _wait(lambda: not tm.alive(), 15, "the TUI to exit")
+        wait_until(lambda: not tm.alive(), 15, "the TUI to exit")
         st = read_status(run_dir)
         assert st.state == "running" and pid_alive(st.pid, st.pid_start), st
         # 3. reopen: the same run, live
         tm.open_tui(runs)
         tm.wait_screen(r"e2e.*running", 30)
-        first = _wait(tm.shown_step, 60, "the step on screen")
-        _wait(lambda: (tm.shown_step() or 0) > first, 60, "the step to advance on screen")
+        first = wait_until(tm.shown_step, 60, "the step on screen")
+        wait_until(lambda: (tm.shown_step() or 0) > first, 60, "the step to advance on screen")
         # at least two checkpoints by the stop: an interval one, then the stop's own
-        ckpts = _wait(lambda: sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*")), 120,
+        ckpts = wait_until(lambda: sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*")), 120,
                       "a first checkpoint")
-        _wait(lambda: read_status(run_dir).step > ckpts[0] + 1, 60, "steps past the first checkpoint")
+        wait_until(lambda: read_status(run_dir).step > ckpts[0] + 1, 60, "steps past the first checkpoint")
         # 4. stop it from the TUI (with confirmation)
         tm.keys("3", "x")
         tm.wait_screen(r"Stop run e2e")
         tm.keys("y")
-        _wait(lambda: read_status(run_dir).state == "stopped", 60, "the run to stop")
+        wait_until(lambda: read_status(run_dir).state == "stopped", 60, "the run to stop")
         tm.wait_screen(r"stopped", 30)
         stopped = read_status(run_dir).step
         saved = sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*"))
@@ -205,13 +197,13 @@ def test_start_quit_reopen_stop_resume_in_tmux(tmp_path, tmux_env):
         tm.wait_screen(r"checkpoints \(tab here")
         tm.wait_screen(rf"step_{stopped:07d}", 20)
         tm.keys("r")
-        resume = _wait(lambda: next((e for e in _records(run_dir)[n_records:] if e.get("event") == "resume"), None),
-                       120, "a resume event")
+        resume = wait_until(lambda: next((e for e in _records(run_dir)[n_records:] if e.get("event") == "resume"),
+                                         None), 120, "a resume event")
         assert resume["step"] == stopped, (resume, saved)  # from the step it stopped at, not an older one
         log = (run_dir / "train.log").read_text()
         assert f"resumed from checkpoint step_{stopped:07d} (step {stopped})" in log
-        _wait(lambda: read_status(run_dir).state == "running", 60, "the resumed run")
-        after = _wait(lambda: [r["step"] for r in _records(run_dir)[n_records:] if r.get("kind") == "train"], 60,
+        wait_until(lambda: read_status(run_dir).state == "running", 60, "the resumed run")
+        after = wait_until(lambda: [r["step"] for r in _records(run_dir)[n_records:] if r.get("kind") == "train"], 60,
                       "a step after the resume")
         assert after[0] == (stopped // 5 + 1) * 5, after  # the next logged step (log_interval 5)
         tm.keys("3")
@@ -237,18 +229,18 @@ def test_two_uis_watch_one_run_and_a_crashed_ui_stops_nothing(tmp_path, tmux_env
         b.open_tui(runs)
         for ui in (a, b):  # both follow the run live
             ui.wait_screen(r"two.*running", 60)
-            first = _wait(ui.shown_step, 60, "the step on screen")
-            _wait(lambda ui=ui, first=first: (ui.shown_step() or 0) > first, 60, "the step to advance on screen")
+            first = wait_until(ui.shown_step, 60, "the step on screen")
+            wait_until(lambda ui=ui, first=first: (ui.shown_step() or 0) > first, 60, "the step to advance on screen")
         # kill -9 one UI: no goodbye, no cleanup
         os.kill(a.pid(), signal.SIGKILL)
-        _wait(lambda: not a.alive(), 15, "the killed UI's session to end")
+        wait_until(lambda: not a.alive(), 15, "the killed UI's session to end")
         at_kill = read_status(run_dir).step
-        _wait(lambda: read_status(run_dir).step > at_kill + 5, 60, "the trainer to go on")
+        wait_until(lambda: read_status(run_dir).step > at_kill + 5, 60, "the trainer to go on")
         st = read_status(run_dir)
         assert st.state == "running" and pid_alive(st.pid, st.pid_start), st
         # the other UI still follows it
-        shown = _wait(b.shown_step, 30, "the step on the other UI")
-        _wait(lambda: (b.shown_step() or 0) > shown, 60, "the other UI to keep up")
+        shown = wait_until(b.shown_step, 30, "the step on the other UI")
+        wait_until(lambda: (b.shown_step() or 0) > shown, 60, "the other UI to keep up")
     finally:
         a.kill_server()
         _stop_leftover(run_dir, runs, env)

@@ -9,11 +9,9 @@ from pathlib import Path
 
 from textual.widgets import DataTable, Input, Select
 
+from tests.support.tui import make_app, run, run_palette_command, text_of, wait_for
 from workbench.tui import launcher
 from workbench.tui.launcher import RunRequest
-
-from .conftest import make_app, run, text_of, wait_for
-from .test_panes import run_palette_command
 
 SMOL_PRESET = """name = "SmolTest"
 [source]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from textual.widgets import TextArea
 
+from tests.support.tui import make_app, run, text_of, wait_for
 from workbench.config import resolve_preset
 from workbench.plan.compare import compare
-
-from .conftest import make_app, run, text_of, wait_for
 
 
 def _table(app) -> str:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
+from tests.support.canned_runs import HARDWARE
+from tests.support.tui import make_app, run, text_of, wait_for
 from workbench.machine.activity import HardwareSnapshot
-
-from .conftest import make_app, run, text_of, wait_for
-from .fixtures.make_runs import HARDWARE
 
 CPU_ONLY = {**HARDWARE, "nvidia": []}
 

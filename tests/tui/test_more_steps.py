@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from textual.widgets import DataTable, Input
 
+from tests.support.tui import make_app, run, text_of, wait_for
 from workbench.tui import launcher
-
-from .conftest import make_app, run, text_of, wait_for
 
 
 def test_plus_asks_how_many_steps_explains_the_schedule_and_resumes_with_more(runs_dir, monkeypatch):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import tiny, wb
+from tests.support.cli import tiny, wb
 from workbench.config import preset_to_toml
 from workbench.tui.launcher import RunRequest
 from workbench.tui.screens.new_run import check_request, request_preset

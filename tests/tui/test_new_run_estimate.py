@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from textual.widgets import Select
 
-from .conftest import make_app, run, text_of, wait_for
+from tests.support.tui import make_app, run, text_of, wait_for
 
 
 def test_new_run_form_shows_fit_and_time_and_asks_when_it_does_not_fit(runs_dir, monkeypatch):

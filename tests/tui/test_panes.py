@@ -7,32 +7,13 @@ import sys
 
 from textual.widgets import DataTable, Input, RichLog, Select, SelectionList, Static, TextArea
 
-from .conftest import make_app, notified, run, text_of, wait_for
+from tests.support.tui import make_app, notified, run, run_palette_command, text_of, wait_for
 
 VALID = "✓ valid"  # the whole status line of a valid preset (an error reads "✗ ...", e.g. "not valid TOML")
 
 
 def preset_status(app) -> str:
     return text_of(app.query_one("#preset-status")).strip()
-
-
-def palette_top(app) -> str | None:
-    """The command the command palette has highlighted (what enter runs), once its search has answered."""
-    from textual.command import CommandList
-    cl = app.screen.query_one(CommandList)
-    if not cl.option_count:
-        return None
-    prompt = cl.get_option_at_index(cl.highlighted or 0).prompt
-    return (prompt.plain if hasattr(prompt, "plain") else str(prompt)).split("\n")[0]  # the help is below
-
-
-async def run_palette_command(pilot, app, typed: str, command: str) -> None:
-    """Open the command palette, type ``typed``, wait until ``command`` is the one highlighted, run it."""
-    await pilot.press("ctrl+p")
-    await pilot.pause()
-    await pilot.press(*typed)
-    await wait_for(pilot, lambda: palette_top(app) == command, what=f"the command {command!r}")
-    await pilot.press("enter")
 
 
 def _log_text(log) -> str:

@@ -6,7 +6,7 @@ import json
 
 from textual.widgets import ProgressBar
 
-from .conftest import make_app, run, text_of, wait_for
+from tests.support.tui import make_app, run, text_of, wait_for
 
 
 def test_train_pane_shows_corpus_preparation_then_training(live_runs_dir):

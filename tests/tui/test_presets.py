@@ -79,7 +79,7 @@ def test_presets_save_replaces_the_file_atomically_and_never_with_an_invalid_pre
     as it was, byte for byte."""
     from textual.widgets import TextArea
 
-    from .conftest import make_app, notified, run, text_of, wait_for
+    from tests.support.tui import make_app, notified, run, text_of, wait_for
     user = tmp_path / "user-presets" / "cpu-small.toml"
 
     async def go():
@@ -115,10 +115,9 @@ def test_ctrl_t_trains_the_preset_being_edited(runs_dir, tmp_path):
     whose frozen preset is that one."""
     from textual.widgets import Input, Select, TextArea
 
-    from tests.conftest import wait_running
+    from tests.support.runs import wait_running
+    from tests.support.tui import make_app, run, text_of, wait_for
     from workbench.rundir import LIVE_STATES, read_status
-
-    from .conftest import make_app, run, text_of, wait_for
     run_dir = runs_dir / "ct"
 
     async def go():

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from textual.widgets import DataTable, Input, Select
 
+from tests.support.tui import make_app, run, text_of, wait_for
 from workbench.tui import launcher
 from workbench.tui.messages import ResumeRun
-
-from .conftest import make_app, run, text_of, wait_for
 
 
 def _notes(app) -> list[str]:

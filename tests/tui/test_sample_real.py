@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Input, Select
 
-from tests.conftest import wb
-
-from .conftest import make_app, run, text_of, wait_for
+from tests.support.cli import wb
+from tests.support.tui import make_app, run, text_of, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import make_app, text_of, wait_for
+from tests.support.tui import make_app, text_of, wait_for
 
 SIZES = [(80, 24), (160, 48)]
 REPO = Path(__file__).resolve().parents[2]

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.canned_runs import make_runs
+from tests.support.tui import make_app, run, wait_for
 from workbench.rundir import read_status
-
-from .conftest import make_app, run, wait_for
-from .fixtures.make_runs import make_runs
 
 FAKE_TRAINER = Path(__file__).parent / "fixtures" / "fake_trainer.py"
 ROOT = Path(__file__).resolve().parents[2]

@@ -58,7 +58,7 @@ HEADROOM = 0.10
 # on an H100 (torch 2.11, bf16) to the ~124 M config (dim 768, 12 layers, seq 1024, vocab 32k) at batch
 # 32 with the plain loss (20,098 MiB peak allocated) and the fused loss (14,962 MiB); then within 1.2 %
 # at batch 16 and 48 and for gpu-8gb without checkpointing (GQA, dropout, another MLP width), which the
-# fit did not see (README, GPU numbers; tests/test_estimate.py).
+# fit did not see (README, GPU numbers; tests/plan/test_estimate.py).
 COMPILED_ACTIVATION_SHARE = 0.68
 COMPILED_LOGIT_COPIES = 3
 LOGITS_HELD = False  # "fits" means total <= (1 - HEADROOM) x what the device has

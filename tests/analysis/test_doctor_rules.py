@@ -1,0 +1,294 @@
+"""The run doctor's rules on hand-written run directories and hardware snapshots: no torch, no hardware.
+
+Each test writes a run as the trainer would (preset.toml, status.json, metrics.jsonl) with one problem
+in it, and checks that the doctor finds exactly that, with the run's numbers and a change that fits.
+The GPU cases (fp32 on an Ampere card, compile off on CUDA, a throttled or shared GPU, memory near
+the card's limit) run on a snapshot of a machine that is not this one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from tests.support.rundirs import RunDir
+from workbench.analysis.doctor import diagnose, diagnose_run, read_run, report
+from workbench.analysis.doctor.facts import RunFacts
+from workbench.config import preset_to_toml, resolve_preset
+from workbench.machine import activity
+from workbench.machine.activity import Activity, GpuClocks, GpuProcess, HardwareSnapshot, ProcessUse
+
+GiB = 2**30
+TINY = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.seq_len=32",
+        "model.vocab_size=512", "train.batch_size=4", "train.warmup_iters=2", "train.max_iters=100",
+        "train.eval_interval=20", "hardware.compile=false"]
+CPU = {"cpu": {"physical_cores": 2, "logical_cores": 2, "ram_total": 16 * GiB, "ram_available": 12 * GiB,
+               "native_bf16": False}, "nvidia": [], "mps": False, "cxx": True, "calibration": {"cpu:fp32": 2e10}}
+RTX4060 = {"index": 0, "name": "NVIDIA GeForce RTX 4060", "vram_total": 8 * GiB, "vram_used": GiB,
+           "vram_free": 7 * GiB, "compute_capability": "8.9"}
+GPU = {**CPU, "nvidia": [RTX4060]}
+GPU_RUN = {"preset": "gpu-8gb", "device": "cuda:0", "params": 103_000_000, "train_tokens": 10**9}
+
+
+def snap(info=CPU, act: Activity | None = None) -> HardwareSnapshot:
+    return HardwareSnapshot(info=info, activity=act)
+
+
+def write_run(root: Path, rid: str, overrides=(), *, preset: str = "cpu-small", steps: int = 100,
+              device: str = "cpu", precision: str = "fp32", compile_: bool = False, params: int = 131_392,
+              train_tokens: int = 1_000_000, val_tokens: int = 50_000, state: str = "finished",
+              loss=lambda s: 6.0 * math.exp(-s / 40) + 2.0, grad=lambda s: 1.0, tps=lambda s: 5000.0,
+              mem=lambda s: 300.0, extra=lambda s: {}, evals=None, events=(), status=None) -> Path:
+    """A run directory as the trainer writes it (tests.support.rundirs); every value a function of the step
+    where it varies; ``events`` go before the first step after theirs."""
+    p = resolve_preset(preset, [*TINY, *overrides] if preset == "cpu-small" else list(overrides))
+    if evals is None:
+        evals = [(s, loss(s), loss(s) + 0.05) for s in range(0, steps + 1, p.train.eval_interval)]
+    ev = {s: (t, v) for s, t, v in evals}
+    pending = sorted(events, key=lambda e: e["step"])
+    with RunDir(root, rid, preset_to_toml(p)) as r:
+        r.event("start", 0, device=device, precision=precision, compile=compile_, params=params,
+                tokens_per_step=p.tokens_per_step(), train_tokens=train_tokens, val_tokens=val_tokens,
+                corpus="builtin", peak_flops=2e10 if device == "cpu" else None, pid=1, world_size=1)
+        for s in range(1, steps + 2):
+            while pending and (pending[0]["step"] < s or s > steps):
+                e = dict(pending.pop(0))
+                r.event(e.pop("event"), e.pop("step"), **e)
+            if s > steps:
+                break
+            memory = ({"mem_rss_mb": mem(s), "mem_peak_rss_mb": mem(s)} if device == "cpu" else
+                      {"mem_allocated_mb": mem(s), "mem_reserved_mb": mem(s) * 1.1})
+            r.train(s, loss(s), lr=1e-3, grad_norm=grad(s), tokens_per_s=tps(s) if s > 1 else None,
+                    tokens_seen=s * p.tokens_per_step(), elapsed_s=s * 0.1, skipped=0, time=1.7e9 + s,
+                    mem_mb=mem(s), memory=memory, **extra(s))
+            if s in ev:
+                r.eval(s, *ev[s])
+        r.status(**(status or {"state": state, "step": steps, "max_iters": p.train.max_iters, "pid": 1}))
+    return r.path
+
+
+def codes(findings) -> list[str]:
+    return [f.code for f in findings]
+
+
+def test_a_healthy_run_has_no_findings(tmp_path):
+    d = write_run(tmp_path, "ok")
+    notes: list[str] = []
+    assert diagnose_run(d, snap(), notes) == []
+    assert any("not sampled" in n for n in notes)  # a finished run: no processes to look at
+
+
+def test_overfitting_names_the_best_step_and_suggests_dropout_and_fewer_steps(tmp_path):
+    # val bottoms out at step 40 while train keeps falling: the gap grows from 0.2 to 1.6
+    evals = [(0, 6.0, 6.0), (20, 4.0, 4.2), (40, 3.0, 3.6), (60, 2.4, 3.62), (80, 2.0, 3.65), (100, 1.8, 3.7)]
+    d = write_run(tmp_path, "of", evals=evals)
+    [f] = diagnose_run(d, snap())
+    assert f.code == "overfitting.gap" and f.kind == "overfitting"
+    assert f.set == {"model.dropout": 0.1, "train.max_iters": 40}
+    assert "3.600 at step 40 (best)" in f.evidence[0]
+    assert f.command.startswith("workbench train ") and "preset.toml --set model.dropout=0.1 train.max_iters=40" \
+        in f.command
+    assert any("model.n_layers=1" in a for a in f.also)
+    # the same run stopped at its best step: val was still improving, no finding
+    d2 = write_run(tmp_path, "of2", evals=evals[:3], steps=40)
+    assert diagnose_run(d2, snap()) == []
+
+
+def test_nonfinite_steps_and_rollbacks_suggest_a_lower_learning_rate(tmp_path):
+    events = [{"event": "nonfinite_skip", "step": 30, "loss": None}, {"event": "nonfinite_skip", "step": 31},
+              {"event": "rollback", "step": 20, "from_step": 31, "to": "step_0000020", "lr_scale": 0.5}]
+    d = write_run(tmp_path, "nan", ["train.lr=2e-3", "train.grad_clip=0"], events=events)
+    [f] = diagnose_run(d, snap())
+    assert f.code == "unstable.nonfinite" and f.severity == "high"
+    assert f.set == {"train.lr": 0.0005, "train.grad_clip": 1.0}   # 2e-3 x the rollback's 0.5 x 0.5
+    assert "steps 30, 31" in f.evidence[0] and "rolled back from step 31" in " ".join(f.evidence)
+
+
+def test_spikes_in_gradient_norm_and_loss(tmp_path):
+    d = write_run(tmp_path, "spiky", ["train.grad_clip=0"], grad=lambda s: 25.0 if s == 50 else 1.0 + 0.01 * (s % 3),
+                  loss=lambda s: 9.0 if s == 70 else 3.0 + 0.01 * (s % 5))
+    found = {f.code: f for f in diagnose_run(d, snap())}
+    assert set(found) == {"unstable.grad_spikes", "unstable.loss_spikes"}
+    assert found["unstable.grad_spikes"].set == {"train.grad_clip": 1.0} and found["unstable.grad_spikes"].step == 50
+    assert found["unstable.loss_spikes"].step == 70 and "train.lr" in found["unstable.loss_spikes"].set
+
+
+def test_a_timeline_abandoned_by_a_rollback_is_not_judged(tmp_path):
+    # a loss spike at step 70, then a rollback to step 60: the spike belongs to the abandoned timeline
+    d = write_run(tmp_path, "rb", loss=lambda s: 9.0 if s == 70 else 3.0,
+                  events=[{"event": "rollback", "step": 60, "from_step": 72, "to": "step_0000060", "lr_scale": 0.5}])
+    facts = read_run(d)
+    assert facts.loss_spikes.spikes == [] and all(e.step <= 60 or e.step > 72 for e in facts.evals)
+
+
+def test_memory_near_the_gpu_limit_and_out_of_memory(tmp_path):
+    d = write_run(tmp_path, "full", ["train.max_iters=100", "train.warmup_iters=10"], **GPU_RUN, precision="bf16",
+                  compile_=True, mem=lambda s: 7000.0, tps=lambda s: 9000.0)
+    [f] = diagnose_run(d, snap(GPU))
+    assert f.code == "memory.near_limit" and f.set == {"train.batch_size": 12, "train.grad_accum": 2}
+    d2 = write_run(tmp_path, "oom", status={"state": "failed", "step": 3, "max_iters": 100,
+                                            "error": "CUDA out of memory. Tried to allocate 2.00 GiB"})
+    [f] = diagnose_run(d2, snap())
+    assert f.code == "memory.oom" and f.severity == "high" and f.set == {"train.batch_size": 2,
+                                                                         "train.grad_accum": 2}
+    assert f.command.startswith("workbench train ")  # no checkpoint yet: a new run
+    (d2 / "checkpoints" / "step_0000002").mkdir(parents=True)
+    (d2 / "checkpoints" / "step_0000002" / "meta.json").write_text(json.dumps({"step": 2}))
+    [f] = diagnose_run(d2, snap())
+    assert f.command == "workbench resume oom --set train.batch_size=2 train.grad_accum=2"  # it can go on
+
+
+def test_memory_headroom_with_accumulation_is_what_fit_would_choose(tmp_path):
+    d = write_run(tmp_path, "small", ["train.batch_size=2", "train.grad_accum=8"])
+    [f] = diagnose_run(d, snap())
+    assert f.code == "memory.headroom" and f.set == {"train.batch_size": 16, "train.grad_accum": 1}
+    # on a GPU without accumulation, a quarter of the card used: a hint, with more tokens per step
+    d2 = write_run(tmp_path, "gpu", ["train.max_iters=100", "train.warmup_iters=10"], **GPU_RUN, precision="bf16",
+                   compile_=True, mem=lambda s: 800.0, tps=lambda s: 9000.0)
+    [f] = diagnose_run(d2, snap(GPU))
+    assert f.code == "memory.headroom" and f.severity == "low" and f.set["train.batch_size"] >= 48
+
+
+def test_slow_on_a_gpu_fp32_compile_off_and_below_the_estimate(tmp_path):
+    d = write_run(tmp_path, "slow", ["train.max_iters=100", "train.warmup_iters=10", "hardware.precision=fp32",
+                                     "hardware.compile=false"], **GPU_RUN, precision="fp32", mem=lambda s: 3000.0,
+                  tps=lambda s: 300.0)
+    found = diagnose_run(d, snap(GPU))
+    assert codes(found) == ["slow.throughput", "slow.compile_off", "slow.fp32"]
+    slow = found[0]
+    assert slow.data["ratio"] < 0.25 and slow.severity == "high" and "300 tokens/s" in slow.evidence[0]
+    assert found[1].set == {"hardware.compile": "auto"} and found[2].set == {"hardware.precision": "auto"}
+    assert "RTX 4060" in found[2].evidence[0]
+
+
+def test_a_cpu_run_on_a_machine_with_a_gpu(tmp_path):
+    d = write_run(tmp_path, "cpu", ["hardware.device=cpu"])
+    [f] = diagnose_run(d, snap(GPU))
+    assert f.code == "slow.not_on_gpu" and f.set == {"hardware.device": "auto"}
+    d2 = write_run(tmp_path, "auto")  # auto chose the CPU: torch cannot see the GPU
+    [f] = diagnose_run(d2, snap(GPU))
+    assert f.code == "slow.not_on_gpu" and "torch.cuda.is_available()" in f.command
+
+
+def test_a_live_run_beside_busy_processes_and_a_throttled_shared_gpu(tmp_path):
+    d = write_run(tmp_path, "live", ["train.max_iters=1000", "train.warmup_iters=10"], **GPU_RUN, precision="bf16",
+                  compile_=True, mem=lambda s: 3000.0, tps=lambda s: 9000.0, state="running")
+    act = Activity(interval_s=1.0, logical_cores=8, cpu_busy=0.9, run_pids=(100,), run_share=0.12,
+                   others_share=0.6, others=(ProcessUse(4242, "ffmpeg", 0.55, "ffmpeg -i a.mkv b.mp4"),),
+                   gpu_processes=(GpuProcess(0, 100, "python", 3 * GiB, 70.0), GpuProcess(0, 777, "game", GiB, 25.0)),
+                   gpus=(GpuClocks(0, "NVIDIA GeForce RTX 4060", 99, ("thermal (hardware)",)),))
+    found = {f.code: f for f in diagnose_run(d, snap(GPU, act))}
+    assert {"slow.busy_cpu", "slow.busy_gpu", "slow.throttled"} <= set(found)
+    assert "pid 4242 ffmpeg (55 %)" in found["slow.busy_cpu"].evidence[1]
+    assert found["slow.busy_cpu"].command == "renice -n 19 -p 4242" and found["slow.busy_cpu"].severity == "high"
+    assert "pid 777 game" in found["slow.busy_gpu"].evidence[0]
+    assert found["slow.throttled"].severity == "medium"
+
+
+def test_waiting_for_data(tmp_path):
+    d = write_run(tmp_path, "io", extra=lambda s: {"data_fraction": 0.4})
+    [f] = diagnose_run(d, snap())
+    assert f.code == "slow.data_wait" and f.severity == "high" and "0.400" in f.evidence[0]
+
+
+def test_data_findings_epochs_vocabulary_and_a_tiny_val_split(tmp_path):
+    d = write_run(tmp_path, "data", ["train.max_iters=2000", "model.vocab_size=4096"], steps=20,
+                  train_tokens=20_000, val_tokens=900)
+    found = {f.code: f for f in diagnose_run(d, snap())}
+    assert set(found) == {"data.epochs", "data.vocab", "data.val_split"}
+    assert "12.8 times" in found["data.epochs"].title and found["data.epochs"].severity == "medium"
+    assert found["data.epochs"].set == {"data.builtin_mb": 6.0 * 13}
+    assert found["data.vocab"].set == {"model.vocab_size": 512}
+    assert found["data.val_split"].set == {}  # 10k val tokens would be half the corpus: more text instead
+
+
+def test_findings_come_most_important_first(tmp_path):
+    d = write_run(tmp_path, "many", ["train.max_iters=2000"], steps=20, train_tokens=20_000,
+                  events=[{"event": "nonfinite_skip", "step": 10}], extra=lambda s: {"data_fraction": 0.15})
+    found = diagnose_run(d, snap())
+    assert [f.severity for f in found] == sorted((f.severity for f in found), key=("high", "medium", "low").index)
+    assert found[0].code == "unstable.nonfinite"
+
+
+def test_facts_read_only_what_was_appended(tmp_path):
+    d = write_run(tmp_path, "grow", steps=10)
+    facts = RunFacts(d).refresh()
+    assert facts.train_records == 10
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "train", "step": 11, "loss": 3.0, "tokens_seen": 1, "skipped": 0}) + "\n")
+    facts.refresh()
+    assert facts.train_records == 11 and facts.last_train.step == 11
+
+
+def test_doctor_json_follows_the_readme_schema(tmp_path, capsys):
+    from workbench.cli import main
+    write_run(tmp_path, "of", evals=[(0, 6.0, 6.0), (20, 4.0, 4.2), (40, 3.0, 3.6), (60, 2.4, 3.62),
+                                      (80, 2.0, 3.65), (100, 1.8, 3.7)])
+    assert main(["doctor", "of", "--runs-dir", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"run", "path", "state", "step", "max_iters", "preset", "device", "checked_at", "ok",
+                        "findings", "notes", "activity"}
+    assert out["ok"] is False and out["activity"] is None
+    assert set(out["findings"][0]) == {"kind", "code", "severity", "title", "evidence", "change", "set", "command",
+                                       "also", "step", "data"}
+    assert main(["doctor", "of", "--runs-dir", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "1 finding" in text and "] overfitting: " in text and "change" in text
+
+
+def test_report_of_a_run_that_has_not_started(tmp_path):
+    d = tmp_path / "new"
+    d.mkdir()
+    (d / "status.json").write_text(json.dumps({"state": "starting"}))
+    notes: list[str] = []
+    facts = read_run(d)
+    assert diagnose(facts, snap(), notes) == [] and any("not started" in n for n in notes)
+    assert report(facts, [], notes, snap())["ok"] is True
+
+
+# ----------------------------------------------------------------------------- the machine's activity
+
+def test_activity_names_a_busy_process_and_tells_the_run_apart():
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        a = activity.sample_activity(run_pid=None, interval=0.5)
+        assert any(p.pid == hog.pid for p in a.others), a.others  # named (a busy CI machine gives it less than a core)
+        b = activity.sample_activity(run_pid=hog.pid, interval=0.5)
+        assert hog.pid in b.run_pids and b.run_share > 0 and all(p.pid != hog.pid for p in b.others)
+        assert Activity.from_dict(json.loads(json.dumps(b.to_dict()))) == b
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def test_gpu_processes_and_throttle_reasons_from_nvml(monkeypatch):
+    class Err(Exception):
+        pass
+
+    proc = types.SimpleNamespace(pid=4321, usedGpuMemory=2 * GiB)
+    sample = types.SimpleNamespace(pid=4321, smUtil=37, memUtil=5, timeStamp=0)
+    fake = types.SimpleNamespace(
+        NVMLError=Err, nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: "h0", nvmlDeviceGetName=lambda h: b"NVIDIA GeForce RTX 4090",
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=98, memory=40),
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x1 | 0x4 | 0x40,
+        nvmlDeviceGetProcessUtilization=lambda h, since: [sample],
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [proc])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    procs, gpus, note = activity._gpu_sample()
+    assert note == "" and gpus[0].throttle == ("power cap (software)", "thermal (hardware)")  # idle is not one
+    assert procs == [GpuProcess(0, 4321, procs[0].name, 2 * GiB, 37.0)]
+
+
+@pytest.mark.parametrize("info", [CPU, GPU])
+def test_snapshot_round_trips(info):
+    s = HardwareSnapshot(info=info, activity=Activity(1.0, 2, 0.5), taken=1.0)
+    assert HardwareSnapshot.from_dict(json.loads(json.dumps(s.to_dict()))) == s

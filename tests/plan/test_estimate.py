@@ -1,0 +1,273 @@
+"""Estimates against the real model: parameter counts, FLOPs, memory components."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tests.support.cli import G124
+from workbench.config import ModelConfig, preset_paths, resolve_preset
+from workbench.plan.flops import count_params, flops_per_token, matmul_params
+from workbench.train.model import GPT
+
+
+def _meta_count(cfg: ModelConfig) -> int:
+    with torch.device("meta"):
+        return GPT(cfg).num_params()
+
+
+@pytest.mark.parametrize("name", sorted(preset_paths()))
+def test_param_count_equals_model_for_every_preset(name):
+    cfg = resolve_preset(name).model
+    assert count_params(cfg) == _meta_count(cfg)
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads,tie",
+                         [(8, 8, True), (8, 2, True), (8, 1, True), (8, 4, False), (6, 3, False)])
+def test_param_count_gqa_mqa_and_untied(n_heads, n_kv_heads, tie):
+    cfg = ModelConfig(vocab_size=300, dim=96, n_layers=3, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                      seq_len=32, ffn_hidden=0, tie_embeddings=tie)
+    assert count_params(cfg) == _meta_count(cfg)
+    cfg2 = dataclasses.replace(cfg, ffn_hidden=200)
+    assert count_params(cfg2) == _meta_count(cfg2)
+
+
+def test_flops_per_token_hand_computed():
+    cfg = ModelConfig(vocab_size=1000, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=16, ffn_hidden=128)
+    # per layer: wq 64*64 + wk,wv 2*64*32 + wo 64*64 + mlp 3*64*128 = 4096+4096+4096+24576
+    per_layer = 4096 + 4096 + 4096 + 24576
+    n = 2 * per_layer + 1000 * 64  # + output projection (the tied embedding, once)
+    assert matmul_params(cfg) == n
+    assert flops_per_token(cfg) == 6 * n + 12 * 2 * 4 * 16 * 16
+
+
+# ----------------------------------------------------------------------------- memory
+
+from workbench.config import HardwareConfig, Preset, TrainConfig  # noqa: E402
+from workbench.plan.estimate import estimate_cost, estimate_memory, estimate_time, layer_activation_bytes  # noqa: E402
+
+
+def _tiny(hw: dict | None = None, **train) -> Preset:
+    m = ModelConfig(vocab_size=1000, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=16, ffn_hidden=128)
+    return Preset(model=m, train=TrainConfig(batch_size=2, **train),
+                  hardware=HardwareConfig(device="cpu", precision="fp32", **(hw or {})), name="tiny")
+
+
+def test_memory_components_hand_computed_fp32_cpu():
+    p = _tiny({"chunked_loss": "false", "fused_adamw": "false"})  # the plain loss and per-tensor AdamW
+    m = estimate_memory(p, "fp32", "cpu")
+    n = count_params(p.model)
+    # per layer: 2 L + 128*... : N = 2 * (64*64 + 2*64*32 + 64*64 + 3*64*128 + 2*64) + 1000*64 + 64
+    assert n == 2 * (4096 + 4096 + 4096 + 24576 + 128) + 64000 + 64
+    B, T, D, F, H, V = 2, 16, 64, 128, 4, 1000
+    BTD = B * T * D
+    # fp32 block: norms 2*(4+4)BTD, shared norm output 2*4BTD, wo input 4BTD,
+    # flash attention q,k,v,out 4*4BTD + lse 4BHT, SwiGLU 4*4*BTF
+    layer = 16 * BTD + 8 * BTD + 4 * BTD + 16 * BTD + 4 * B * H * T + 16 * B * T * F
+    assert layer_activation_bytes(p.model, B, "fp32", "flash", "cpu") == layer
+    acts = 2 * layer + 16 * B * T + 12 * BTD  # + ids/targets + final norm and lm_head input
+    held = 0  # the loop drops the logits right after the forward (estimate.LOGITS_HELD is False)
+    # start of backward: + log-softmax output, its gradient and the gradient of its input
+    assert m.phases["start of backward"] == 4 * n + 8 * n + acts + held + 12 * B * T * V
+    # optimizer step (per-tensor AdamW on CPU: ~3 temporaries of the largest tensor, the embedding)
+    assert m.phases["optimizer step"] == 4 * n + 4 * n + 8 * n + 12 * V * D + held
+    c = m.components
+    assert m.peak_phase == "optimizer step"  # a tiny batch: the model states dominate
+    assert (c["weights"], c["gradients"], c["optimizer"], c["logits"]) == (4 * n, 4 * n, 8 * n, held)
+    assert m.peak_allocated == sum(c.values())
+    assert m.total == m.peak_allocated + m.fragmentation + m.framework
+
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_block_activations_match_what_autograd_keeps(precision, qk_norm):
+    """The per-block count (full training, flash attention, no dropout) against saved-tensor hooks on CPU:
+    within 3 %, QK-norm's two RMSNorms included (it keeps more: fp32 copies of q and k, normalised)."""
+    from tests.support.saved import saved_bytes
+    cfg = ModelConfig(vocab_size=512, dim=128, n_layers=1, n_heads=4, n_kv_heads=2, seq_len=128, qk_norm=qk_norm)
+    dtype = torch.bfloat16 if precision == "bf16" else None
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    x = torch.randn(2, cfg.seq_len, cfg.dim, requires_grad=True)
+    got = saved_bytes(model.layers[0], x, model.rope_cos, model.rope_sin, dtype)
+    if dtype is not None:  # autocast's bf16 copies of the block's matrices: the estimate's weight_casts, apart
+        got -= 2 * sum(p.numel() for p in model.layers[0].parameters() if p.dim() == 2)
+    want = layer_activation_bytes(cfg, 2, precision, "flash", "cpu")
+    assert abs(got - want) / got < 0.03, (got, want)
+    if qk_norm:
+        plain = layer_activation_bytes(dataclasses.replace(cfg, qk_norm=False), 2, precision, "flash", "cpu")
+        assert want - plain == (4 + (2 if dtype else 4)) * 2 * 128 * 32 * (4 + 2)
+
+def test_memory_with_fused_loss_and_fused_adamw_cpu_defaults():
+    p = _tiny()  # CPU defaults: the fused loss (one chunk of all 32 tokens here) and fused AdamW
+    m = estimate_memory(p, "fp32", "cpu")
+    n = count_params(p.model)
+    B, T, D, V = 2, 16, 64, 1000
+    plain = estimate_memory(_tiny({"chunked_loss": "false"}), "fp32", "cpu")
+    fused_grads = 4 * B * T * D + 4 * V * D  # grad x and grad w, computed in the forward pass
+    # end of forward: one chunk's fp32 logits (here all 32 rows) + the gradients it produced
+    assert m.phases["end of forward"] - plain.phases["end of forward"] == (
+        (4 * B * T * V + fused_grads) - (4 * B * T * V + 4 * B * T * V))
+    assert m.phases["start of backward"] - plain.phases["start of backward"] == fused_grads - 12 * B * T * V
+    assert m.phases["optimizer step"] == 16 * n  # fused AdamW: no temporaries
+
+
+def test_memory_bf16_checkpointing_and_accumulation():
+    p = _tiny({"compile": "false"}, grad_accum=4)  # eager (a whole-model compile saves less: its own test)
+    n = count_params(p.model)
+    bf = estimate_memory(p, "bf16", "cuda")
+    fp = estimate_memory(p, "fp32", "cuda")
+    assert bf.components["weights"] == fp.components["weights"] == 4 * n  # fp32 master weights
+    assert bf.components["gradients"] == 4 * n  # resident across micro-batches
+    assert bf.components["weight_casts"] == 2 * matmul_params(p.model)
+    assert bf.per_layer["flash"] < fp.per_layer["flash"]
+    ck = estimate_memory(p, "bf16", "cuda", activation_checkpointing=True)
+    assert ck.per_layer["saved"] == 4 * 2 * 16 * 64
+    assert ck.peak_allocated < bf.peak_allocated
+    long = estimate_memory(p, "bf16", "cuda", batch_size=2)
+    assert long.per_layer["math"] - long.per_layer["flash"] == (
+        2 * 2 * 4 * 16 * 16 - 2 * 2 * 16 * 64 - 4 * 2 * 4 * 16)  # T x T weights instead of out + lse
+
+
+def test_time_and_cost():
+    p = _tiny(max_iters=100, eval_interval=50, eval_iters=2)
+    t = estimate_time(p, tokens_per_s=320.0)
+    assert t["tokens"] == 100 * 2 * 16
+    assert t["train_s"] == pytest.approx(10.0)
+    assert t["eval_s"] == pytest.approx(3 * 2 * 2 * 2 * 16 / (3 * 320.0))
+    c = estimate_cost(3600.0, watts=250, usd_per_hour=2.0, usd_per_kwh=0.4)
+    assert c["kwh"] == pytest.approx(0.25) and c["usd"] == pytest.approx(2.1)
+
+
+def _peak_of_timeline(run_steps) -> int:
+    """Peak bytes of tensors alive during ``run_steps()``, from the profiler's memory timeline."""
+    import json
+    import tempfile
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        run_steps()
+    with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = f"{d}/mem.json"
+        prof.export_memory_timeline(path, device="cpu")
+        _, sizes = json.load(open(path))
+    return max(sum(s) for s in sizes)
+
+
+@pytest.mark.parametrize("prec,ckpt,accum,loss", [("fp32", False, 1, "auto"), ("bf16", False, 2, "auto"),
+                                                   ("fp32", True, 2, "false"), ("fp32", False, 1, "false")])
+def test_estimated_peak_matches_allocations_on_cpu(prec, ckpt, accum, loss):
+    """The estimate's peak against the allocations torch records (the training loop's step), with
+    the CPU defaults (fused loss, fused AdamW) and with the plain loss and per-tensor AdamW."""
+    from workbench.plan.settings import auto_loss_chunk
+    from workbench.train.optim import build_optimizer
+    cfg = ModelConfig(vocab_size=4096, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=64)
+    fused = loss == "auto"
+    p = Preset(model=cfg, train=TrainConfig(batch_size=4, grad_accum=accum),
+               hardware=HardwareConfig(device="cpu", precision=prec, activation_checkpointing=ckpt,
+                                       chunked_loss=loss, fused_adamw="auto" if fused else "false"))
+    torch.manual_seed(0)
+    chunk = auto_loss_chunk(4, cfg.seq_len, cfg.vocab_size, loss, "cpu")
+    assert (chunk > 0) == fused
+    model = GPT(cfg, activation_checkpointing=ckpt, loss_chunk_tokens=chunk)
+    opt = build_optimizer(model, p.train, fused=fused).adamw  # the trainer's own optimizer
+    amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16")
+
+    def step():
+        for _ in range(accum):
+            x = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len))
+            with amp:
+                loss = model(x, x)[1]  # as the loop does: the logits are dropped at once
+            (loss / accum).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # optimizer states exist from here on, as in training
+    measured = _peak_of_timeline(lambda: (step(), step()))
+    estimated = estimate_memory(p, prec, "cpu").peak_allocated
+    assert estimated == pytest.approx(measured, rel=0.08)
+
+
+_RSS_SCRIPT = """
+import ctypes, gc, json, psutil, torch
+from workbench.config import ModelConfig
+from workbench.config import TrainConfig
+from workbench.train.model import GPT
+from workbench.train.optim import build_optimizer
+cfg = ModelConfig(vocab_size=8192, dim=512, n_layers=4, n_heads=8, n_kv_heads=4, seq_len=8)
+x = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len))
+# warm up torch's lazily loaded kernels and threads on a tiny model first
+w = GPT(ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, seq_len=8))
+o = build_optimizer(w, TrainConfig(), fused=False).adamw
+_, l = w(x % 64, x % 64); l.backward(); o.step()
+del w, o, l
+gc.collect()
+ctypes.CDLL("libc.so.6").malloc_trim(0)
+rss0 = psutil.Process().memory_info().rss
+model = GPT(cfg)
+opt = build_optimizer(model, TrainConfig(), fused=False).adamw  # the trainer's own optimizer
+for _ in range(3):
+    loss = model(x, x)[1]
+    loss.backward()
+    opt.step()
+del loss
+gc.collect()
+# Hand freed heap pages back to the OS so RSS counts what is live, not what malloc happens to keep
+# (without this the growth varied from 287 to 338 MB between identical runs).
+ctypes.CDLL("libc.so.6").malloc_trim(0)
+print(json.dumps({"grown": psutil.Process().memory_info().rss - rss0}))
+"""
+
+
+def test_rss_growth_of_a_tiny_run_matches_model_states():
+    """Weights + gradients + AdamW states (estimate) against the RSS growth of a fresh process
+    that builds a dim-512 model and takes 3 AdamW steps on CPU, with freed heap handed back
+    (malloc_trim) so RSS counts live memory. Activations are tiny (batch 1 x 8 tokens), so the
+    growth must be the model states within -5 % / +10 % (measured here: +5.3 %, the same to
+    0.01 % across runs; without the trim it wandered by ±8 %)."""
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT], capture_output=True, text=True, check=True)
+    grown = json.loads(out.stdout.strip().splitlines()[-1])["grown"]
+    cfg = ModelConfig(vocab_size=8192, dim=512, n_layers=4, n_heads=8, n_kv_heads=4, seq_len=8)
+    p = Preset(model=cfg, train=TrainConfig(batch_size=1), hardware=HardwareConfig(device="cpu", precision="fp32"))
+    m = estimate_memory(p, "fp32", "cpu")
+    states = m.model_states
+    assert states == 16 * count_params(cfg)
+    assert 0.95 * states <= grown <= 1.10 * states, (grown, states)
+
+
+# Peak allocated memory that bench/gpu_check.sh measured on an H100 80GB (torch 2.11, bf16, the
+# trainer's own runs through bench/throughput.py; README, GPU numbers). CI has no GPU, so the
+# estimator is held to the recorded measurements: gpu-8gb compiles per block, the others whole. All
+# were measured without QK-norm (before it became the presets' default), so they are held to that.
+H100_MEASURED_MIB = [
+    ("gpu-8gb (per block, checkpointing, fused loss)", ["model.qk_norm=false"], 3341),
+    ("gpu-8gb without checkpointing (whole model)", ["model.qk_norm=false", "hardware.activation_checkpointing=false",
+                                                     "hardware.chunked_loss=false"], 14851),
+    ("~124 M, batch 16 (whole model)", [*G124, "train.batch_size=16"], 10922),
+    ("~124 M, batch 32 (whole model)", [*G124, "train.batch_size=32"], 20098),
+    ("~124 M, batch 48 (whole model)", [*G124, "train.batch_size=48"], 29273),
+    ("~124 M, batch 32, fused loss (all but the loss)", [*G124, "train.batch_size=32", "hardware.chunked_loss=true"],
+     14962),
+]
+
+
+@pytest.mark.parametrize("what,over,measured_mib", H100_MEASURED_MIB, ids=[m[0] for m in H100_MEASURED_MIB])
+def test_compiled_cuda_runs_are_estimated_within_ten_percent_of_an_h100(what, over, measured_mib):
+    """Estimated peak allocated vs what the trainer measured on an H100 (compiled, bf16). The compiled
+    share and logit copies were fitted to the ~124 M config at batch 32 (plain and fused loss); the
+    other rows are what the fit did not see (gpu-8gb without checkpointing: GQA, dropout, another MLP
+    width: +0.4 %)."""
+    from workbench.config import resolve_preset
+    from workbench.machine.gpus import find_gpu
+    from workbench.plan.compare import machine_with
+    m = estimate_memory(resolve_preset("gpu-8gb", over), machine=machine_with(find_gpu("H100")))
+    assert m.peak_allocated / 2**20 == pytest.approx(measured_mib, rel=0.10), (what, m.peak_allocated / 2**20)

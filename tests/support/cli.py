@@ -1,0 +1,41 @@
+"""The real CLI in a subprocess, and the overrides that make a preset tiny."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A tiny model on a small slice of the built-in corpus: a few steps take about a second.
+TINY = [
+    "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.seq_len=32",
+    "model.vocab_size=512", "train.batch_size=4", "train.warmup_iters=2", "train.eval_iters=2",
+    "train.log_interval=1", "data.builtin_mb=0.3", "data.tokenizer_sample_mb=0.3", "hardware.nproc=1",
+    # tiny models: a compile would not pay back (auto compiles CPU runs of 10 minutes or more)
+    "hardware.compile=false",
+]
+
+# bench/gpu_check.sh's ~124 M config (as overrides of gpu-8gb), measured on an H100 (README, GPU numbers)
+# without QK-norm, before it became the presets' default
+G124 = ["model.qk_norm=false", "model.vocab_size=32768", "model.dim=768", "model.n_layers=12", "model.n_heads=12",
+        "model.n_kv_heads=12", "model.ffn_hidden=2560", "model.seq_len=1024", "model.dropout=0.0",
+        "train.batch_size=32", "hardware.activation_checkpointing=false", "hardware.chunked_loss=false"]
+
+
+def tiny(*extra: str) -> list[str]:
+    return ["--set", *TINY, *extra]
+
+
+def wb(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300,
+       check: bool = False) -> subprocess.CompletedProcess:
+    """Run the real `workbench` CLI in a subprocess."""
+    e = dict(os.environ, PYTHONUNBUFFERED="1")
+    e.update(env or {})
+    cp = subprocess.run([sys.executable, "-m", "workbench", *args], cwd=cwd, env=e, capture_output=True,
+                        text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if check and cp.returncode != 0:
+        raise AssertionError(f"workbench {' '.join(args)} failed ({cp.returncode}):\n{cp.stdout}\n{cp.stderr}")
+    return cp

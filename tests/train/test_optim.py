@@ -1,0 +1,139 @@
+"""Muon, the wsd schedule and bits per byte: the update rule, exact resume, DDP, extending a decayed run."""
+
+from __future__ import annotations
+
+import math
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from tests.support.cli import tiny, wb
+from tests.support.runs import losses, read_jsonl
+from workbench import rundir
+from workbench.config import DataConfig, resolve_preset
+from workbench.data.tokens import WindowSampler, prepare_data
+from workbench.plan.schedule import decay_start, lr_at, lr_factor
+from workbench.train.model import GPT
+from workbench.train.optim import Muon, build_optimizer, is_hidden_matrix
+
+MUON = ("train.optimizer=muon", "train.schedule=wsd", "train.decay_fraction=0.25")
+
+
+def test_muon_is_torchs_update_in_full_precision():
+    """The same step as torch.optim.Muon (which orthogonalises in bf16) to bf16's precision, on a tall and a
+    wide matrix, with weight decay and Nesterov momentum, over several steps."""
+    torch.manual_seed(0)
+    for shape in ((96, 64), (64, 160)):
+        ours_p = torch.nn.Parameter(torch.randn(shape))
+        ref_p = torch.nn.Parameter(ours_p.detach().clone())
+        ours = Muon([ours_p], lr=0.02, weight_decay=0.1, momentum=0.95)
+        ref = torch.optim.Muon([ref_p], lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True)
+        for _ in range(4):
+            g = torch.randn(shape)
+            ours_p.grad, ref_p.grad = g.clone(), g.clone()
+            ours.step()
+            ref.step()
+        assert torch.allclose(ours_p.detach(), ref_p.detach(), atol=2e-3), (ours_p - ref_p).abs().max()
+    with pytest.raises(ValueError, match="matrices only"):
+        Muon([torch.nn.Parameter(torch.zeros(4))])
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    p = resolve_preset("cpu-small", ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
+                                     "model.vocab_size=512", "model.tie_embeddings=false", *MUON])
+    model = GPT(p.model)
+    opt = build_optimizer(model, p.train, fused=False)
+    muon_ids = {id(q) for g in opt.parts["muon"].param_groups for q in g["params"]}
+    for name, q in model.named_parameters():
+        assert (id(q) in muon_ids) == is_hidden_matrix(name, q), name
+        assert (id(q) in muon_ids) == (name.startswith("layers.") and q.dim() == 2), name
+    assert {g["base_lr"] for g in opt.parts["muon"].param_groups} == {p.train.muon_lr}
+    assert {g["base_lr"] for g in opt.parts["adamw"].param_groups} == {p.train.lr}
+    opt.set_lr(0.5)
+    assert {g["lr"] for g in opt.param_groups} == {p.train.muon_lr / 2, p.train.lr / 2}
+
+
+def test_schedules():
+    cos = resolve_preset("cpu-small", ["train.max_iters=1000", "train.warmup_iters=100"])
+    wsd = resolve_preset("cpu-small", ["train.max_iters=1000", "train.warmup_iters=100", "train.schedule=wsd",
+                                       "train.decay_fraction=0.2"])
+    assert decay_start(wsd) == 800
+    t = wsd.train
+    assert lr_at(99, wsd) == pytest.approx(t.lr * 100 / 101) and lr_at(100, wsd) == lr_at(799, wsd) == t.lr
+    assert lr_at(899, wsd) == pytest.approx(t.lr - (t.lr - t.min_lr) * 100 / 200)
+    assert lr_at(999, wsd) == pytest.approx(t.min_lr)
+    assert all(lr_factor(s, wsd) >= lr_factor(s + 1, wsd) for s in range(100, 999))
+    assert lr_at(550, cos) == pytest.approx(cos.train.min_lr + 0.5 * (cos.train.lr - cos.train.min_lr))
+
+
+EXACT = tiny("train.max_iters=16", "train.ckpt_interval=5", "train.eval_interval=8", "model.dropout=0.1",
+             "train.patience=0", *MUON)
+
+
+def test_muon_run_resumes_bitwise_after_kill_minus_nine(tmp_path):
+    root = str(tmp_path)
+    wb("train", "cpu-small", "--name", "straight", "--runs-dir", root, *EXACT, check=True)
+    straight = losses(tmp_path / "straight")
+    assert sorted(straight) == list(range(1, 17))
+    cp = wb("train", "cpu-small", "--name", "r", "--runs-dir", root, *EXACT, env={"WORKBENCH_TEST_KILL_AT_STEP": "13"})
+    assert cp.returncode == -signal.SIGKILL
+    d = tmp_path / "r"
+    assert rundir.list_checkpoints(d)[-1]["step"] == 12  # wsd's decay start (16 - 4) is pinned and saved
+    res = wb("resume", "r", "--runs-dir", root, check=True)
+    assert "resumed from checkpoint step_0000012" in res.stdout
+    assert losses(d) == straight  # every step's loss, bit for bit
+
+
+@pytest.mark.slow
+def test_muon_under_two_process_ddp_follows_one_process(tmp_path):
+    root = str(tmp_path)
+    common = tiny("train.max_iters=8", "train.eval_interval=4", "train.ckpt_interval=4", "train.batch_size=4",
+                  *MUON)
+    wb("train", "cpu-small", "--name", "one", "--runs-dir", root, *common, check=True)
+    wb("train", "cpu-small", "--name", "two", "--runs-dir", root, "--nproc", "2", *common, check=True)
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == list(range(1, 9))
+    for s in one:
+        assert two[s] == pytest.approx(one[s], rel=1e-5, abs=1e-6), s
+    # sharding a Muon run is refused with one line, before anything starts
+    cp = wb("train", "cpu-small", "--name", "fsdp", "--runs-dir", root, "--nproc", "2",
+            *tiny("hardware.shard=true", *MUON))
+    assert cp.returncode == 2 and "train.optimizer = muon does not work with hardware.shard = true" in cp.stderr
+
+
+def test_extending_a_decayed_wsd_run_goes_on_from_its_decay_start_without_a_jump(tmp_path):
+    root = str(tmp_path)
+    wb("train", "cpu-small", "--name", "w", "--runs-dir", root,
+       *tiny("train.max_iters=60", "train.eval_interval=30", "train.ckpt_interval=30", *MUON), check=True)
+    parent = losses(tmp_path / "w")
+    start = 45  # 60 - 0.25 x 60: the decay began here, and that checkpoint was kept
+    assert start in [c["step"] for c in rundir.list_checkpoints(tmp_path / "w")]
+    cp = wb("resume", "w", "--runs-dir", root, "--more", "30", check=True)
+    assert "wsd schedule: going on from step 45, where the decay began" in cp.stdout
+    child = losses(tmp_path / "w-from-45")
+    assert sorted(child) == list(range(46, 91))
+    recent = [parent[s] for s in range(36, 46)]  # the parent's last stable-phase steps
+    spread = max(recent) - min(recent)
+    assert abs(child[46] - parent[45]) <= spread + 0.05, (child[46], recent)
+    change = next(r for r in read_jsonl(tmp_path / "w-from-45" / "metrics.jsonl") if r.get("event") == "preset_changed")
+    assert change["changes"]["max_iters"] == [60, 90]
+
+
+def test_bits_per_byte_counts_the_bytes_the_tokens_stand_for(tmp_path, trained_run):
+    data = prepare_data(DataConfig(builtin_mb=0.3, tokenizer_sample_mb=0.3), 512, 32, log=lambda m: None)
+    tok = data.tokenizer
+    lengths = tok.byte_lengths()
+    text = "def f(x):\n\treturn 'héllo wörld — 世界'\n"
+    ids = tok.encode(text)
+    assert lengths[ids].sum() == len(text.encode("utf-8"))  # bytes, not characters
+    assert lengths[tok.eod_id] == 0
+    # The trainer's val bpb: its val loss over the bytes of the same windows.
+    ev = [r for r in read_jsonl(trained_run / "metrics.jsonl") if r["kind"] == "eval"][-1]
+    p = resolve_preset(str(trained_run / "preset.toml"))
+    s = WindowSampler(data.val, p.model.seq_len, p.train.batch_size, seed=p.train.seed + 1)
+    nbytes = sum(int(lengths[s.next_batch()[1]].sum()) for _ in range(p.train.eval_iters))
+    n_tokens = p.train.eval_iters * p.train.batch_size * p.model.seq_len
+    assert ev["val_bpb"] == pytest.approx(ev["val_loss"] * n_tokens / math.log(2) / nbytes, rel=1e-5)
+    assert np.isfinite(ev["train_bpb"])
