@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 def make_corpus(path: Path, gb: float) -> int:
     """JSONL of builtin documents repeated (each copy numbered) up to ``gb`` GB; returns bytes written."""
-    from workbench.data.corpus import open_corpus
+    from workbench.data.documents import open_corpus
     docs, cur = [], ""
     for text, end in open_corpus("builtin", builtin_mb=6.0).pieces():
         cur += text

@@ -40,7 +40,7 @@ def test_import_contracts_hold():
     ("tui/fmt.py", "import workbench.train.model", "TUI never imports torch"),
     ("train/model.py", "import textual.app", "engine and interop never import textual"),
     ("plan/settings.py", "import torch", "no torch, no textual"),
-    ("data/corpus.py", "import torch", "Data: no torch, no textual"),              # the corpus pipeline
+    ("data/documents.py", "import torch", "Data: no torch, no textual"),              # the corpus pipeline
     ("data/tokens.py", "import workbench.train.model", "Layers"),                  # data importing the engine
     ("analysis/doctor/speed.py", "import torch", "no torch, no textual"),          # reading past runs
     ("plan/report.py", "import workbench.analysis.history", "Layers"),            # planning reading past runs

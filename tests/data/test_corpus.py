@@ -21,7 +21,7 @@ import zstandard
 
 from tests.support.cli import wb
 from workbench.config import DataConfig
-from workbench.data.corpus import CorpusError, open_corpus
+from workbench.data.documents import CorpusError, open_corpus
 from workbench.data.tokens import prepare_data
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.config import DataConfig
-from workbench.data.corpus import CorpusError, Stats, open_corpus, warnings_of
+from workbench.data.documents import CorpusError, Stats, open_corpus, warnings_of
 from workbench.data.tokenizer import TokenizerError, train_tokenizer
 from workbench.data.tokens import DataError, WindowSampler, prepare_data
 

@@ -1,8 +1,8 @@
 """Data: from a user's files to the tokens a run trains on. No torch, no textual (the TUI may read it).
 
-- ``sources``          listing what ``data.corpus`` names (files, directories, globs, ``builtin``), opening
-                       their bytes (plain or compressed), and the text / built-in document readers
-- ``corpus``           a corpus: its files, and every document streamed from them (JSONL, parquet, text)
+- ``files``            listing what ``data.corpus`` names (files, directories, globs, ``builtin``), nothing read,
+                       and opening a file's bytes (plain or compressed)
+- ``documents``        a corpus and every reader of its documents (text, JSONL, parquet, built-in), streamed
 - ``tokenizer``        the tokenizer interface: workbench's sentencepiece BPE and a Hugging Face tokenizer.json
 - ``tokenizer_formats`` one tokenizer written in the other's format (for export)
 - ``prepare``          preparing a corpus once: scan, tokenizer, cached and resumable encoding

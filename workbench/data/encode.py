@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from workbench.data.corpus import Corpus, CorpusError, Piece, Stats
+from workbench.data.documents import Corpus, CorpusError, Piece, Stats
 from workbench.data.tokenizer import AnyTokenizer, tokenizer_from_spec
 from workbench.faults import NO_FAULTS, Faults
 from workbench.fmt import human_bytes

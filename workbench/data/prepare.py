@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from workbench.data.corpus import Corpus, Stats, warnings_of
+from workbench.data.documents import Corpus, Stats, warnings_of
 from workbench.data.encode import SHARD_CHARS, Progress, Ticker, encode, join_shards
 from workbench.data.tokenizer import OPTIONS_VERSION, AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
 from workbench.errors import WorkbenchError

@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from workbench.config import DataConfig
-from workbench.data.corpus import Corpus, open_corpus
+from workbench.data.documents import Corpus, open_corpus
 from workbench.data.prepare import SHARD_CHARS, DataError, Prepared, Progress, prepare
 from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file
 from workbench.faults import NO_FAULTS, Faults

@@ -1,26 +1,23 @@
-"""Corpus sources: the files a ``data.corpus`` entry names (listed and stat'ed, nothing read), and the
-readers that stream documents out of them (text, compressed bytes, the built-in corpus). JSONL and
-parquet records are read by :class:`workbench.data.corpus.Corpus`, which knows the text field."""
+"""The files a ``data.corpus`` entry names: listed and stat'ed (nothing read: a cached start reads no corpus
+bytes), each a :class:`Source` of a kind (text, JSONL, parquet, builtin) and a compression, and opened as
+a stream of decompressed bytes. Reading documents out of them is :mod:`workbench.data.documents`."""
 
 from __future__ import annotations
 
-import codecs
 import glob
 import gzip
 import lzma
 import os
 import sysconfig
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO, Iterator
 
 from workbench.errors import WorkbenchError
 
-PIECE_CHARS = 1 << 20       # a long text document is streamed in pieces of about this many characters
 SNIFF_BYTES = 8192          # a NUL byte in these first bytes marks a binary file
 COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".xz": "xz"}
 JSONL_SUFFIXES = (".jsonl", ".json")
-FIX_RECORDS = "fix it, or set data.skip_bad_records = true to skip bad records"
 
 
 class CorpusError(WorkbenchError):
@@ -39,23 +36,6 @@ class Source:
 
     def stat_key(self) -> list:
         return [self.path, self.size, self.mtime_ns]
-
-
-@dataclass
-class Stats:
-    """What a pass over the corpus saw."""
-    documents: int = 0
-    chars: int = 0
-    bytes_read: int = 0        # input bytes consumed (compressed bytes for compressed files)
-    skipped_binary: int = 0
-    skipped_empty: int = 0
-    skipped_records: int = 0
-    first_bad_record: str = ""
-    replaced: dict = field(default_factory=dict)  # file -> count of undecodable bytes replaced
-    position: Callable[[], int] = lambda: 0        # bytes consumed of the file being read
-
-    def bytes_done(self) -> int:
-        return self.bytes_read + self.position()
 
 
 def kind_of(path: Path) -> tuple[str, str | None]:
@@ -194,115 +174,3 @@ def corrupt(src: Source, e: BaseException) -> CorpusError:
     detail = str(e).strip() or type(e).__name__
     return CorpusError(f"corpus file {src.path} is truncated or corrupt ({src.compression or 'read'}: {detail}); "
                        "download or compress it again")
-
-
-Piece = tuple[str, bool]   # (text, whether it ends a document)
-
-
-READER_VERSION = 2  # bump when what a reader extracts changes, so cached tokens are rebuilt
-
-
-def json_type(v) -> str:
-    return {bool: "true/false", int: "a number", float: "a number", list: "a list", dict: "an object",
-            type(None): "null"}.get(type(v), type(v).__name__)
-
-
-def byte_lines(stream: IO[bytes], block: int = 1 << 20) -> Iterator[bytes]:
-    rest = b""
-    while True:
-        chunk = stream.read(block)
-        if not chunk:
-            break
-        parts = (rest + chunk).split(b"\n")
-        rest = parts.pop()
-        yield from parts
-    if rest:
-        yield rest
-
-
-def split_document(text: str, stats: Stats) -> Iterator[Piece]:
-    """One document as pieces of at most ~PIECE_CHARS characters, cut after a newline where there is one."""
-    stats.documents += 1
-    stats.chars += len(text)
-    pos, n = 0, len(text)
-    while n - pos > PIECE_CHARS:
-        cut = text.rfind("\n", pos, pos + PIECE_CHARS)
-        end = cut + 1 if cut > pos else pos + PIECE_CHARS
-        yield text[pos:end], False
-        pos = end
-    yield text[pos:], True
-
-
-def text_pieces(src: Source, stream: IO[bytes], stats: Stats) -> Iterator[Piece]:
-    """A text file as one document, decoded incrementally (bad UTF-8 replaced and counted)."""
-    head = stream.read(SNIFF_BYTES)
-    if b"\x00" in head:
-        if src.in_directory:
-            stats.skipped_binary += 1
-            return
-        raise CorpusError(f"corpus {src.path!r} looks like a binary file (it contains NUL bytes); "
-                          "give a UTF-8 text file")
-    bad = [0]
-
-    def count(e: UnicodeDecodeError):
-        bad[0] += e.end - e.start
-        return "\ufffd", e.end
-
-    handler = f"workbench-count-{id(bad)}"
-    codecs.register_error(handler, count)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors=handler)
-    buf, started, chunk = "", False, head
-    while True:
-        final = not chunk
-        buf += decoder.decode(chunk, final=final)
-        while len(buf) > PIECE_CHARS:
-            cut = buf.rfind("\n", 0, PIECE_CHARS)
-            end = cut + 1 if cut >= 0 else PIECE_CHARS
-            if not started:
-                stats.documents, started = stats.documents + 1, True
-            stats.chars += end
-            yield buf[:end], False
-            buf = buf[end:]
-        if final:
-            break
-        chunk = stream.read(PIECE_CHARS)
-    if bad[0]:
-        stats.replaced[src.path] = bad[0]
-    if not started and not buf.strip():  # whitespace only: nothing to learn from
-        if not src.in_directory:
-            raise CorpusError(f"corpus {src.path!r} is empty; give a file with text in it")
-        stats.skipped_empty += 1
-        return
-    if not started:
-        stats.documents += 1
-    stats.chars += len(buf)
-    yield buf, True
-
-
-def builtin_pieces(src: Source, stats: Stats) -> Iterator[Piece]:
-    """Python's documentation topics, then stdlib sources, up to the size in the source's name."""
-    import pydoc_data.topics as topics
-
-    limit = src.size
-    size = 0
-    for key in sorted(topics.topics):
-        text = topics.topics[key].strip() + "\n"
-        text = text[: max(0, limit - size)]
-        if text:
-            size += len(text)
-            yield from split_document(text, stats)
-        if size >= limit:
-            return
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    for path in sorted(stdlib.glob("*.py")) + sorted(stdlib.glob("*/*.py")):
-        if "test" in path.parts[-2:-1] or path.name.startswith("test"):
-            continue
-        try:
-            text = f"# file: {path.relative_to(stdlib)}\n" + path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        text = text[: max(0, limit - size)]
-        size += len(text)
-        yield from split_document(text, stats)
-        if size >= limit:
-            return

@@ -1,4 +1,4 @@
-"""Corpora: what ``data.corpus`` names, and the documents in it, streamed (never held whole).
+"""Documents: every reader of what ``data.corpus`` names, streamed (never held whole), in one place.
 
 A corpus is a path, a glob, or a list of them, or ``builtin``. Each file is read by its name:
 
@@ -12,40 +12,160 @@ a link loop refused); in a directory, binary files (a NUL byte in the first 8 KB
 are skipped with a warning. ``builtin`` is Python's own documentation and standard-library
 sources, assembled on this machine, one document per topic or file.
 
-:func:`open_corpus` only lists and stats the files (no content is read: a start whose tokens are
-cached reads no corpus bytes); :meth:`Corpus.pieces` streams the text. Bad input raises
+:func:`open_corpus` only lists and stats the files (:mod:`workbench.data.files`; no content is read: a
+start whose tokens are cached reads no corpus bytes); :meth:`Corpus.pieces` streams the text, whatever the
+format. Bad input raises
 :class:`CorpusError` naming the file and, where it applies, the line or row; with
 ``data.skip_bad_records`` bad records are counted and skipped instead. No torch here.
 """
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 import json
 import lzma
 import os
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Callable, Iterator
 
-from workbench.data.sources import (
-    FIX_RECORDS,
-    READER_VERSION,
-    CorpusError,
-    Piece,
-    Source,
-    Stats,
-    builtin_pieces,
-    builtin_source,
-    byte_lines,
-    corrupt,
-    expand,
-    json_type,
-    open_bytes,
-    split_document,
-    text_pieces,
-)
+from workbench.data.files import SNIFF_BYTES, CorpusError, Source, builtin_source, corrupt, expand, open_bytes
+
+PIECE_CHARS = 1 << 20       # a long text document is streamed in pieces of about this many characters
+FIX_RECORDS = "fix it, or set data.skip_bad_records = true to skip bad records"
+
+
+@dataclass
+class Stats:
+    """What a pass over the corpus saw."""
+    documents: int = 0
+    chars: int = 0
+    bytes_read: int = 0        # input bytes consumed (compressed bytes for compressed files)
+    skipped_binary: int = 0
+    skipped_empty: int = 0
+    skipped_records: int = 0
+    first_bad_record: str = ""
+    replaced: dict = field(default_factory=dict)  # file -> count of undecodable bytes replaced
+    position: Callable[[], int] = lambda: 0        # bytes consumed of the file being read
+
+    def bytes_done(self) -> int:
+        return self.bytes_read + self.position()
+
+
+Piece = tuple[str, bool]   # (text, whether it ends a document)
+
+
+READER_VERSION = 2  # bump when what a reader extracts changes, so cached tokens are rebuilt
+
+
+def json_type(v) -> str:
+    return {bool: "true/false", int: "a number", float: "a number", list: "a list", dict: "an object",
+            type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def byte_lines(stream: IO[bytes], block: int = 1 << 20) -> Iterator[bytes]:
+    rest = b""
+    while True:
+        chunk = stream.read(block)
+        if not chunk:
+            break
+        parts = (rest + chunk).split(b"\n")
+        rest = parts.pop()
+        yield from parts
+    if rest:
+        yield rest
+
+
+def split_document(text: str, stats: Stats) -> Iterator[Piece]:
+    """One document as pieces of at most ~PIECE_CHARS characters, cut after a newline where there is one."""
+    stats.documents += 1
+    stats.chars += len(text)
+    pos, n = 0, len(text)
+    while n - pos > PIECE_CHARS:
+        cut = text.rfind("\n", pos, pos + PIECE_CHARS)
+        end = cut + 1 if cut > pos else pos + PIECE_CHARS
+        yield text[pos:end], False
+        pos = end
+    yield text[pos:], True
+
+
+def text_pieces(src: Source, stream: IO[bytes], stats: Stats) -> Iterator[Piece]:
+    """A text file as one document, decoded incrementally (bad UTF-8 replaced and counted)."""
+    head = stream.read(SNIFF_BYTES)
+    if b"\x00" in head:
+        if src.in_directory:
+            stats.skipped_binary += 1
+            return
+        raise CorpusError(f"corpus {src.path!r} looks like a binary file (it contains NUL bytes); "
+                          "give a UTF-8 text file")
+    bad = [0]
+
+    def count(e: UnicodeDecodeError):
+        bad[0] += e.end - e.start
+        return "\ufffd", e.end
+
+    handler = f"workbench-count-{id(bad)}"
+    codecs.register_error(handler, count)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors=handler)
+    buf, started, chunk = "", False, head
+    while True:
+        final = not chunk
+        buf += decoder.decode(chunk, final=final)
+        while len(buf) > PIECE_CHARS:
+            cut = buf.rfind("\n", 0, PIECE_CHARS)
+            end = cut + 1 if cut >= 0 else PIECE_CHARS
+            if not started:
+                stats.documents, started = stats.documents + 1, True
+            stats.chars += end
+            yield buf[:end], False
+            buf = buf[end:]
+        if final:
+            break
+        chunk = stream.read(PIECE_CHARS)
+    if bad[0]:
+        stats.replaced[src.path] = bad[0]
+    if not started and not buf.strip():  # whitespace only: nothing to learn from
+        if not src.in_directory:
+            raise CorpusError(f"corpus {src.path!r} is empty; give a file with text in it")
+        stats.skipped_empty += 1
+        return
+    if not started:
+        stats.documents += 1
+    stats.chars += len(buf)
+    yield buf, True
+
+
+def builtin_pieces(src: Source, stats: Stats) -> Iterator[Piece]:
+    """Python's documentation topics, then stdlib sources, up to the size in the source's name."""
+    import pydoc_data.topics as topics
+
+    limit = src.size
+    size = 0
+    for key in sorted(topics.topics):
+        text = topics.topics[key].strip() + "\n"
+        text = text[: max(0, limit - size)]
+        if text:
+            size += len(text)
+            yield from split_document(text, stats)
+        if size >= limit:
+            return
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(stdlib.glob("*.py")) + sorted(stdlib.glob("*/*.py")):
+        if "test" in path.parts[-2:-1] or path.name.startswith("test"):
+            continue
+        try:
+            text = f"# file: {path.relative_to(stdlib)}\n" + path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        text = text[: max(0, limit - size)]
+        size += len(text)
+        yield from split_document(text, stats)
+        if size >= limit:
+            return
+
 
 __all__ = ["Corpus", "CorpusError", "Piece", "Source", "Stats", "open_corpus", "warnings_of"]
 
