@@ -15,7 +15,7 @@ from workbench import rundir
 from workbench.config import Preset
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
-from workbench.plan.settings import process_layout
+from workbench.plan.settings import resolve_settings
 
 
 @dataclass
@@ -41,11 +41,14 @@ def add_topology_options(p) -> None:
 
 
 def topology_from_args(args, preset: Preset, machine: Machine) -> Topology:
-    """Processes per machine (``--nproc``, else the preset's process layout) and the machines."""
-    nproc, why = (args.nproc, "--nproc") if args.nproc else (preset.hardware.nproc, "hardware.nproc")
-    if nproc == 0:
-        nproc, how = process_layout(preset, machine)
-        print(f"process layout: {nproc} process{'es' if nproc > 1 else ''} ({how}; hardware.nproc = 0 is auto)")
+    """Processes per machine (``--nproc``, else the process layout the run's settings decide) and the machines."""
+    if args.nproc:
+        nproc, why = args.nproc, "--nproc"
+    else:
+        s = resolve_settings(preset, machine)
+        nproc, why = s.nproc, s.nproc_reason
+        if not preset.hardware.nproc:
+            print(f"process layout: {nproc} process{'es' if nproc > 1 else ''} ({why}; hardware.nproc = 0 is auto)")
     t = Topology(nproc=nproc, nnodes=args.nnodes, node_rank=args.node_rank,
                  master_addr=args.master_addr, master_port=args.master_port)
     if t.nproc < 1 or t.nnodes < 1 or not 0 <= t.node_rank < t.nnodes:
