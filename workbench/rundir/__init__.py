@@ -49,6 +49,7 @@ from workbench.rundir.records import (
     NullWriter,
     Record,
     RunStatus,
+    RunView,
     TrainRecord,
     current_timeline,
     first_event,
@@ -320,5 +321,5 @@ __all__ = ["best_checkpoint", "ckpt_name", "CKPT_PREFIX", "clean_stale_temporari
            "last_records", "LineTail", "list_checkpoints", "LIVE_STATES", "MetricsTail", "MetricsWriter",
            "new_run_dir", "NullWriter", "parse_record", "pid_alive", "process_start_time", "read_jsonl_tail",
            "read_metrics", "read_status", "Record", "resolve_run", "RunError", "RunLock", "runs_root", "RunStatus",
-           "sanitize_run_name", "select_checkpoint", "STATES", "TIMELINE_EVENTS", "TMP_PREFIX", "TOKENIZER_FILES",
-           "TrainRecord", "write_status"]
+           "RunView", "sanitize_run_name", "select_checkpoint", "STATES", "TIMELINE_EVENTS", "TMP_PREFIX",
+           "TOKENIZER_FILES", "TrainRecord", "write_status"]

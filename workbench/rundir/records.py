@@ -195,6 +195,30 @@ class RunStatus:
                    source=text(d.get("source")), extra={k: v for k, v in d.items() if k not in cls.fields()})
 
 
+class RunView:
+    """What a reader of one run (the doctor's facts, the TUI's run data) derives from the run's ``status``
+    and its newest train record ``last_train``; the class using it has both attributes."""
+    status: RunStatus
+    last_train: "TrainRecord | None"
+
+    @property
+    def state(self) -> str:
+        return self.status.state
+
+    @property
+    def live(self) -> bool:
+        return self.status.live
+
+    @property
+    def step(self) -> int:
+        """The newest step: the status's, or a train record's written since."""
+        return max(self.last_train.step if self.last_train else 0, self.status.step)
+
+    @property
+    def max_iters(self) -> int:
+        return self.status.max_iters
+
+
 TIMELINE_EVENTS = ("resume", "rollback")
 
 

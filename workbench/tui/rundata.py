@@ -11,7 +11,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from workbench.rundir import TIMELINE_EVENTS, EvalRecord, EventRecord, Record, RunStatus, TrainRecord, parse_record
+from workbench.rundir import (
+    TIMELINE_EVENTS,
+    EvalRecord,
+    EventRecord,
+    Record,
+    RunStatus,
+    RunView,
+    TrainRecord,
+    parse_record,
+)
 
 # Events worth a marker on screen, with the style they are shown in.
 EVENT_STYLES = {
@@ -25,7 +34,7 @@ RATE_WINDOW = 20
 
 
 @dataclass
-class RunData:
+class RunData(RunView):
     run_id: str
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -107,18 +116,6 @@ class RunData:
         return next((e for e in reversed(self.events) if e.event in ("start", "resume")), None)
 
     # ------------------------------------------------------------------ derived numbers
-
-    @property
-    def step(self) -> int:
-        return max(self.last_train.step if self.last_train else 0, self.status.step)
-
-    @property
-    def max_iters(self) -> int:
-        return self.status.max_iters
-
-    @property
-    def state(self) -> str:
-        return self.status.state
 
     @property
     def compiling(self) -> bool:

@@ -20,12 +20,12 @@ from workbench.errors import WorkbenchError
 from workbench.machine.activity import HardwareSnapshot
 from workbench.machine.detect import Machine
 from workbench.rundir import (
-    LIVE_STATES,
     TIMELINE_EVENTS,
     EvalRecord,
     EventRecord,
     MetricsTail,
     RunStatus,
+    RunView,
     TrainRecord,
     list_checkpoints,
     read_status,
@@ -37,7 +37,7 @@ RECENT_TRAIN = 200
 
 
 @dataclass
-class RunFacts:
+class RunFacts(RunView):
     """One run as the doctor sees it (see the module docstring)."""
     run_dir: Path
     status: RunStatus = field(default_factory=RunStatus)
@@ -60,22 +60,8 @@ class RunFacts:
         return self.run_dir.name
 
     @property
-    def state(self) -> str:
-        return self.status.state
-
-    @property
-    def live(self) -> bool:
-        return self.state in LIVE_STATES
-
-    @property
-    def step(self) -> int:
-        return max(self.last_train.step if self.last_train else 0, self.status.step)
-
-    @property
     def max_iters(self) -> int:
-        if self.preset is not None:
-            return self.preset.train.max_iters
-        return self.status.max_iters
+        return self.preset.train.max_iters if self.preset is not None else self.status.max_iters
 
     @property
     def device(self) -> str | None:
