@@ -19,6 +19,7 @@ iteration starts from.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import random
@@ -441,10 +442,11 @@ class Trainer:
             if self.lock:
                 self.lock.release()
             self.report.close()
-            if self.settings is not None and self.settings.parallel == "fsdp":
-                # FSDP2's state holds the gloo/NCCL group: free it before the group is destroyed, not in the
-                # interpreter's exit (where gloo at times aborts a rank: "terminate called ...").
+            if self.dist.enabled:
+                # FSDP2's state and DDP's reducer hold the gloo/NCCL group: free them before the group is
+                # destroyed, not in the interpreter's exit (where gloo at times aborts a rank: "terminate called
+                # without an active exception", seen under DDP too once the trainer no longer kept itself alive
+                # through its checkpointer)
                 self.built = self.checkpointer = None
-                import gc
                 gc.collect()
             self.dist.close(clean=self.clean_exit)
