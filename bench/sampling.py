@@ -28,8 +28,8 @@ def main() -> int:
     import torch
 
     from workbench.config import resolve_preset
+    from workbench.train.generate import generate
     from workbench.train.model import GPT
-    from workbench.train.sample import generate
 
     p = resolve_preset(args.preset, args.overrides)
     torch.manual_seed(0)

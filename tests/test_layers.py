@@ -36,8 +36,8 @@ def test_import_contracts_hold():
 @pytest.mark.parametrize("module,line,contract", [
     ("plan/estimate.py", "import workbench.commands.fit", "Layers"),              # planning importing the CLI
     ("rundir/__init__.py", "import workbench.config", "Layers"),                  # the contract importing presets
-    ("tui/fmt.py", "import workbench.plan.settings, torch", "TUI never imports torch"),
-    ("tui/fmt.py", "import workbench.train.model", "TUI never imports torch"),
+    ("tui/display.py", "import workbench.plan.settings, torch", "TUI never imports torch"),
+    ("tui/display.py", "import workbench.train.model", "TUI never imports torch"),
     ("train/model.py", "import textual.app", "engine and interop never import textual"),
     ("plan/settings.py", "import torch", "no torch, no textual"),
     ("data/documents.py", "import torch", "Data: no torch, no textual"),              # the corpus pipeline
@@ -46,7 +46,7 @@ def test_import_contracts_hold():
     ("plan/report.py", "import workbench.analysis.history", "Layers"),            # planning reading past runs
     ("train/loop.py", "import workbench.interop.export", "Layers"),               # the engine importing interop
     ("interop/export.py", "import textual.app", "interop never import textual"),
-    ("tui/fmt.py", "import workbench.interop.hf_layout", "TUI never imports torch"),
+    ("tui/display.py", "import workbench.interop.hf_layout", "TUI never imports torch"),
 ])
 def test_a_violation_breaks_a_contract(tmp_path, module, line, contract):
     """A deliberate wrong-way import in a copy of the package makes lint-imports fail, naming the contract."""

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from workbench.config import ModelConfig
 from workbench.train.checkpoint import strip_compile_prefix
+from workbench.train.generate import generate
 from workbench.train.model import GPT, apply_rope
-from workbench.train.sample import generate
 
 
 def cfg(**kw) -> ModelConfig:

@@ -217,13 +217,15 @@ def test_a_resume_compiles_warm_from_the_runs_inductor_cache(compiled_runs, tmp_
     assert len(to_first_step) == 2 and rundir.read_status(d).step == 6
     # What the cache guarantees, not a timing ratio (under another test worker's load the resume took 36 CPU
     # seconds against 43 cold: Dynamo traces the model again at every start, which no cache covers): the cold
-    # start compiled every graph anew, the resume found every one in the run's cache and compiled none.
+    # start compiled every graph anew, the resume found every one in the run's inductor cache and compiled
+    # none. (AOTAutograd's own cache is not asserted: in a fresh clone it missed once while every inductor
+    # graph hit, so the resume traced the joint graph again and compiled nothing.)
     cold_cache, warm_cache = (r["cache"] for r in recs if r.get("event") == "compile_done")
     assert cold_cache["fxgraph_misses"] > 0 and cold_cache["fxgraph_hits"] == 0, cold_cache
     assert warm_cache["fxgraph_misses"] == 0 and warm_cache["fxgraph_hits"] == cold_cache["fxgraph_misses"], \
         (cold_cache, warm_cache)
-    assert warm_cache["autograd_misses"] == 0 and warm_cache["autograd_hits"] > 0, warm_cache
-    print(f"compile CPU seconds: cold {cold:.1f}, warm {warm:.1f}; to the first step {to_first_step}")
+    print(f"compile CPU seconds: cold {cold:.1f}, warm {warm:.1f}; to the first step {to_first_step}; "
+          f"caches {warm_cache}")
 
 
 def test_compile_auto_pays_only_where_it_pays_back():

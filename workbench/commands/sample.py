@@ -39,7 +39,7 @@ def run(args) -> int:
     from workbench.machine.probe import this_machine
     from workbench.plan.settings import resolve_device
     from workbench.train.checkpoint import load_run_model
-    from workbench.train.sample import generate_text
+    from workbench.train.generate import generate_text
     from workbench.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(run_dir)

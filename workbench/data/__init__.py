@@ -1,6 +1,6 @@
 """Data: from a user's files to the tokens a run trains on. No torch, no textual (the TUI may read it).
 
-- ``files``            listing what ``data.corpus`` names (files, directories, globs, ``builtin``), nothing read,
+- ``listing``          listing what ``data.corpus`` names (files, directories, globs, ``builtin``), nothing read,
                        and opening a file's bytes (plain or compressed)
 - ``documents``        a corpus and every reader of its documents (text, JSONL, parquet, built-in), streamed
 - ``tokenizer``        the tokenizer interface: workbench's sentencepiece BPE and a Hugging Face tokenizer.json

@@ -12,7 +12,7 @@ a link loop refused); in a directory, binary files (a NUL byte in the first 8 KB
 are skipped with a warning. ``builtin`` is Python's own documentation and standard-library
 sources, assembled on this machine, one document per topic or file.
 
-:func:`open_corpus` only lists and stats the files (:mod:`workbench.data.files`; no content is read: a
+:func:`open_corpus` only lists and stats the files (:mod:`workbench.data.listing`; no content is read: a
 start whose tokens are cached reads no corpus bytes); :meth:`Corpus.pieces` streams the text, whatever the
 format. Bad input raises
 :class:`CorpusError` naming the file and, where it applies, the line or row; with
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
-from workbench.data.files import SNIFF_BYTES, CorpusError, Source, builtin_source, corrupt, expand, open_bytes
+from workbench.data.listing import SNIFF_BYTES, CorpusError, Source, builtin_source, corrupt, expand, open_bytes
 
 PIECE_CHARS = 1 << 20       # a long text document is streamed in pieces of about this many characters
 FIX_RECORDS = "fix it, or set data.skip_bad_records = true to skip bad records"

@@ -49,8 +49,8 @@ from workbench.train.checkpoint import Checkpoint, load_init_weights, read_check
 from workbench.train.checkpointer import Checkpointer
 from workbench.train.dist import Dist
 from workbench.train.evaluation import evaluate
+from workbench.train.generate import generate_text
 from workbench.train.reporter import Reporter, Throughput, failure_message, start_line
-from workbench.train.sample import generate_text
 from workbench.train.skips import Skips
 from workbench.train.state import TrainerState
 

@@ -105,8 +105,8 @@ def batch_to_device(x: np.ndarray, y: np.ndarray, device: torch.device) -> tuple
 def compile_cache_counts() -> dict[str, int]:
     """How torch.compile's caches served this process so far: compiled graphs found in the inductor cache
     (``runs/<id>/cache/inductor``) against those compiled anew, and the same for AOTAutograd's cache. A
-    resume that compiles warm has hits and no misses; Dynamo still traces the model each start, which the
-    caches do not cover."""
+    resume that compiles warm has inductor hits and no misses; Dynamo still traces the model each start (and
+    AOTAutograd at times, where its cache misses), which the inductor cache does not cover."""
     from torch._dynamo.utils import counters
     ind, aot = counters["inductor"], counters["aot_autograd"]
     return {"fxgraph_hits": int(ind["fxgraph_cache_hit"]), "fxgraph_misses": int(ind["fxgraph_cache_miss"]),

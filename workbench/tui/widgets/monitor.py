@@ -22,7 +22,7 @@ from textual.message import Message
 from textual.widgets import Label, ProgressBar, RichLog, Select, Static
 
 from workbench.rundir import LIVE_STATES, EventRecord, TrainRecord
-from workbench.tui import fmt
+from workbench.tui import display
 from workbench.tui.messages import ResumeRun, StopRun
 from workbench.tui.rundata import EVENT_STYLES, RunData
 from workbench.tui.screens.dialogs import ConfirmScreen
@@ -43,9 +43,9 @@ def progress_text(d: RunData) -> str:
     prep = preparing(d)
     if prep:
         done, all_ = prep.get("done_bytes"), prep.get("total_bytes")
-        size = f" {fmt.human_bytes(done)} of {fmt.human_bytes(all_)}" if done is not None and all_ else ""
+        size = f" {display.human_bytes(done)} of {display.human_bytes(all_)}" if done is not None and all_ else ""
         rate = f", {prep['mb_per_s']:.1f} MB/s" if prep.get("mb_per_s") else ""
-        eta = f", ETA {fmt.duration(prep['eta_s'])}" if prep.get("eta_s") is not None else ""
+        eta = f", ETA {display.duration(prep['eta_s'])}" if prep.get("eta_s") is not None else ""
         return f"preparing the corpus: {prep.get('phase', '')}{size} ({100 * prep.get('fraction', 0):.0f}%){rate}{eta}"
     if not total and d.state == "starting":
         return "starting the trainer…"
@@ -54,7 +54,7 @@ def progress_text(d: RunData) -> str:
         eta = "compiling…"
     elif d.state in ("starting", "running"):
         rate = d.steps_per_s()
-        eta = "ETA " + fmt.duration(d.eta_s()) if rate else "warming up…"
+        eta = "ETA " + display.duration(d.eta_s()) if rate else "warming up…"
     else:
         eta = d.state.replace("_", "-")
     return f"step {step:,} / {total:,}  {pct}  {eta}"
@@ -64,27 +64,27 @@ def stats_table(d: RunData, wide: bool) -> Table:
     r = d.last_train or TrainRecord.from_dict({})
     labels = (("mem_allocated_mb", "alloc"), ("mem_reserved_mb", "reserved"), ("mem_device_used_mb", "device"),
               ("mem_rss_mb", "RSS"))
-    mem_parts = [f"{label} {fmt.mb(r.memory[key])}" for key, label in labels if key in r.memory]
+    mem_parts = [f"{label} {display.mb(r.memory[key])}" for key, label in labels if key in r.memory]
     start = d.start_event()
     device = str(start.get("device") or "") if start else ""
     mem_label = "RSS" if device == "cpu" else "GPU mem" if device.startswith(("cuda", "mps")) else "memory"
     if len(mem_parts) == 1 and mem_parts[0].startswith(mem_label + " "):
         mem_parts = [mem_parts[0][len(mem_label) + 1:]]  # "RSS 326 MB" under the label RSS: once is enough
-    mem = " · ".join(mem_parts) if mem_parts else fmt.mb(r.mem_mb)
+    mem = " · ".join(mem_parts) if mem_parts else display.mb(r.mem_mb)
     cells = [
-        ("tokens/s", fmt.si(r.tokens_per_s)),
+        ("tokens/s", display.si(r.tokens_per_s)),
         ("MFU", "—" if r.mfu is None else f"{100 * r.mfu:.1f}%"),
-        ("loss", fmt.loss(r.loss)),
-        ("val loss", fmt.loss(d.last_eval.val_loss if d.last_eval else None)),
-        ("best val", fmt.loss(d.best_val())),
-        ("lr", fmt.num(r.lr, ".2e")),
-        ("grad norm", fmt.num(r.grad_norm, ".3g")),
+        ("loss", display.loss(r.loss)),
+        ("val loss", display.loss(d.last_eval.val_loss if d.last_eval else None)),
+        ("best val", display.loss(d.best_val())),
+        ("lr", display.num(r.lr, ".2e")),
+        ("grad norm", display.num(r.grad_norm, ".3g")),
         (mem_label, mem),
-        ("tokens", fmt.si(r.tokens_seen if d.last_train else None)),
-        ("elapsed", fmt.duration(r.elapsed_s)),
+        ("tokens", display.si(r.tokens_seen if d.last_train else None)),
+        ("elapsed", display.duration(r.elapsed_s)),
         ("skipped", str(d.skipped_total)),
         # bits per byte: compares runs with different tokenizers (the events have their own list)
-        ("val bpb", fmt.num(d.last_eval.val_bpb if d.last_eval else None, ".4f")),
+        ("val bpb", display.num(d.last_eval.val_bpb if d.last_eval else None, ".4f")),
     ]
     ncols = 3 if wide else 2
     t = Table.grid(padding=(0, 1), expand=True)
@@ -106,7 +106,7 @@ def event_message(e: EventRecord) -> str:
     if e.event in ("start", "resume"):
         parts = [str(e.get(k)) for k in ("device", "precision") if e.get(k)]
         if e.get("params"):
-            parts.append(f"{fmt.si(e.get('params'))} params")
+            parts.append(f"{display.si(e.get('params'))} params")
         if e.get("compile") is not None:
             parts.append("compile " + ("on" if e.get("compile") else "off"))
         if e.get("checkpoint"):
@@ -124,9 +124,9 @@ def run_header(d: RunData, preset: str = "") -> str:
     """State, preset and device line for the run shown."""
     start = d.start_event()
     bits = [preset] + ([start.get("device"), start.get("precision"),
-                        f"{fmt.si(start.get('params'))} params" if start.get("params") else ""] if start else [])
+                        f"{display.si(start.get('params'))} params" if start.get("params") else ""] if start else [])
     bits = [b for b in bits if b]
-    return fmt.state_markup(d.state) + (f"  [dim]{' · '.join(bits)}[/]" if bits else "")
+    return display.state_markup(d.state) + (f"  [dim]{' · '.join(bits)}[/]" if bits else "")
 
 
 def event_line(e: EventRecord | dict) -> Text:

@@ -38,7 +38,7 @@ from workbench.machine.detect import Machine
 from workbench.plan.compare import compare
 from workbench.plan.estimate import estimate_memory
 from workbench.plan.flops import count_params
-from workbench.tui import fmt
+from workbench.tui import display
 from workbench.tui.screens.dialogs import NameScreen
 from workbench.tui.widgets.pane import Pane
 
@@ -48,20 +48,20 @@ def estimate_table(p: Preset, measured: dict | None = None, machine_info: dict |
     t = Table.grid(padding=(0, 1))
     t.add_column(style="dim")
     t.add_column()
-    t.add_row("params", f"{fmt.si(count_params(p.model))} (estimate)")
+    t.add_row("params", f"{display.si(count_params(p.model))} (estimate)")
     t.add_row("tokens/step", f"{p.tokens_per_step():,}")
-    t.add_row("total tokens", fmt.si(p.tokens_per_step() * p.train.max_iters))
+    t.add_row("total tokens", display.si(p.tokens_per_step() * p.train.max_iters))
     try:
         machine = Machine.from_info(machine_info) if machine_info else None
-        t.add_row("memory", f"{fmt.human_bytes(estimate_memory(p, machine=machine).total)} (estimate)")
+        t.add_row("memory", f"{display.human_bytes(estimate_memory(p, machine=machine).total)} (estimate)")
     except WorkbenchError as e:  # e.g. a device this machine does not have
         t.add_row("memory", str(e))
     if p.hardware.expected_memory_gb:
         t.add_row("sized for", f"{p.hardware.expected_memory_gb:g} GB")
     if measured and measured.get("tokens_per_s"):
         tps = measured["tokens_per_s"]
-        t.add_row("tokens/s", f"{fmt.si(tps)} (measured, {measured['run']})")
-        t.add_row("time", fmt.duration(p.tokens_per_step() * p.train.max_iters / tps) + " (from measured)")
+        t.add_row("tokens/s", f"{display.si(tps)} (measured, {measured['run']})")
+        t.add_row("time", display.duration(p.tokens_per_step() * p.train.max_iters / tps) + " (from measured)")
     t.add_row("other GPUs", "ctrl+g")
     return t
 
@@ -75,8 +75,8 @@ def gpu_table(result: dict) -> Group:
     for r in result["rows"]:
         fits = Text("yes", style="green") if r["fits"] else Text("no", style="red")
         t.add_row(r["gpu"].removeprefix("Apple "), f"{r['estimate'] / 2**30:.1f}/{r['available'] / 2**30:.0f}G", fits,
-                  f"{r['batch_size']}x{r['grad_accum']}" if r["fit_batch"] else "—", fmt.si(r["tokens_per_s"]),
-                  fmt.duration(r["time_s"]), "—" if r["kwh"] is None else f"{r['kwh']:.2g} kWh")
+                  f"{r['batch_size']}x{r['grad_accum']}" if r["fit_batch"] else "—", display.si(r["tokens_per_s"]),
+                  display.duration(r["time_s"]), "—" if r["kwh"] is None else f"{r['kwh']:.2g} kWh")
     head = Text.assemble((f"{result['preset']} on other GPUs", "bold"),
                          (f"  ({result['params'] / 1e6:.0f} M params, {result['tokens'] / 1e6:,.0f} M tokens; "
                           "estimates)", "dim"))

@@ -21,7 +21,7 @@ from workbench.config import load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
 from workbench.rundir import LIVE_STATES, RunLock, best_checkpoint
-from workbench.tui import fmt
+from workbench.tui import display
 from workbench.tui.messages import ResumeRun
 from workbench.tui.screens.dialogs import ConfirmScreen
 from workbench.tui.screens.more_steps import MoreStepsScreen
@@ -113,8 +113,8 @@ class RunsPane(Vertical, Pane):
         t.clear()
         for r in runs:
             steps = f"{r.step:,}/{r.max_iters:,}" if r.max_iters else f"{r.step:,}"
-            t.add_row(r.id, Text.from_markup(fmt.state_markup(r.state)), steps,
-                      fmt.loss(r.train_loss), fmt.loss(r.best_val_loss), fmt.si(r.tokens_per_s),
+            t.add_row(r.id, Text.from_markup(display.state_markup(r.state)), steps,
+                      display.loss(r.train_loss), display.loss(r.best_val_loss), display.si(r.tokens_per_s),
                       human_bytes(r.disk_bytes), key=r.id)
         if current in self.summaries:
             t.move_cursor(row=t.get_row_index(current), animate=False)
@@ -149,7 +149,7 @@ class RunsPane(Vertical, Pane):
         if run is None:
             detail.update("No runs here yet. Press [b]n[/b] to start one.")
             return
-        msg = Text.assemble((run.id, "bold"), "  ", Text.from_markup(fmt.state_markup(run.state)),
+        msg = Text.assemble((run.id, "bold"), "  ", Text.from_markup(display.state_markup(run.state)),
                             f"  preset {run.preset}  {len(run.checkpoints)} checkpoint(s)",
                             (f"  branched from {run.parent.replace('@', ' at step ')}" if run.parent else "", "cyan"),
                             (source_text(run), "magenta"))
@@ -158,8 +158,8 @@ class RunsPane(Vertical, Pane):
         detail.update(msg)
         best = best_checkpoint(run.checkpoints)
         for k in reversed(run.checkpoints):
-            c.add_row(k.get("name", "?"), str(k.get("step", "?")), fmt.loss(k.get("train_loss")),
-                      fmt.loss(k.get("val_loss")), fmt.si(k.get("tokens_seen")),
+            c.add_row(k.get("name", "?"), str(k.get("step", "?")), display.loss(k.get("train_loss")),
+                      display.loss(k.get("val_loss")), display.si(k.get("tokens_seen")),
                       human_bytes(k["bytes"]) if isinstance(k.get("bytes"), int) else "—",
                       "best" if best is k else "", key=k.get("name"))
 

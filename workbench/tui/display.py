@@ -1,4 +1,4 @@
-"""Small formatting helpers for numbers on screen (plain Python). Bytes and durations use the
+"""How numbers and run states read on screen (plain Python). Bytes and durations use the
 package's one formatter of each (``workbench.fmt``)."""
 
 from __future__ import annotations
