@@ -2,7 +2,9 @@
 
 - ``settings``   every ``auto`` of a preset resolved once, on a given machine, into frozen RunSettings
 - ``flops``      parameter counts and FLOPs per token
-- ``estimate``   training memory by component, time, energy, cost
+- ``estimate``   training memory by component (a frozen MemoryEstimate)
+- ``cost``       run time, energy and cost
+- ``run_plan``   what will run: a new run's preset and a resume's, with every refusal
 - ``batch``      the micro-batch search and gradient-accumulation plan ``fit`` uses
 - ``recommend``  the preset that suits a machine, and what to change when one does not fit
 - ``report``     the ``workbench estimate`` report (CLI and TUI)

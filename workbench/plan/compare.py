@@ -24,6 +24,7 @@ from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes, millions
 from workbench.machine.detect import Gpu, Machine
 from workbench.machine.gpus import GpuSpec, compare_set, find_gpu
+from workbench.plan import cost as plan_cost
 from workbench.plan import estimate as est
 from workbench.plan import throughput
 from workbench.plan.batch import plan_accumulation, search_batch
@@ -105,8 +106,8 @@ def gpu_row(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mfu: 
                        + (f"; {o['why']})" if o["why"] else ")"))
     m = throughput.mfu_for(p, settings, gpu, given=mfu)
     tps = throughput.tokens_per_s(p, settings, m)
-    t = est.estimate_time(p, tps) if tps and best else None
-    cost = est.estimate_cost(t["total_s"], gpu.power_w, usd_per_hour, usd_per_kwh) if t else None
+    t = plan_cost.estimate_time(p, tps) if tps and best else None
+    cost = plan_cost.estimate_cost(t["total_s"], gpu.power_w, usd_per_hour, usd_per_kwh) if t else None
     return {
         "gpu": gpu.name, "device": gpu.device, "memory": gpu.memory_bytes, "available": available,
         "estimate": mem.total, "fits": est.fits(mem, available),

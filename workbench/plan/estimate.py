@@ -1,4 +1,4 @@
-"""Training memory by component, run time, energy and cost of a preset: arithmetic, no torch.
+"""Training memory by component of a preset: arithmetic, no torch (run time, energy and cost: ``plan.cost``).
 
 Every ``auto`` (device, precision, attention kernel, fused AdamW, the fused loss's chunk) comes
 from :func:`workbench.plan.settings.resolve_settings`, so the estimate describes the run the
@@ -12,13 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.config import Preset, lora_projections
-from workbench.errors import WorkbenchError
 from workbench.fmt import GiB as GB
 from workbench.fmt import MiB as MB
 from workbench.machine.detect import Machine, detect
 from workbench.plan.flops import (
     count_params,
-    flops_per_token,
     lora_params,
     matmul_params,
     param_breakdown,
@@ -434,34 +432,3 @@ def fits(mem: MemoryEstimate, available: int | None, headroom: float = HEADROOM)
     if not available:
         return None
     return mem.total <= (1.0 - headroom) * available
-
-
-# ----------------------------------------------------------------------------- time, energy, cost
-
-def tokens_per_s_from_flops(model_cfg, flops_per_s: float, efficiency: float) -> float:
-    return flops_per_s * efficiency / flops_per_token(model_cfg)
-
-
-def estimate_time(preset, tokens_per_s: float) -> dict[str, float]:
-    """Seconds to train to max_iters at ``tokens_per_s``, plus the periodic evaluations
-    (eval_iters batches of train and of val every eval_interval, forward only: ~1/3 of a step)."""
-    if not tokens_per_s or tokens_per_s <= 0:
-        raise WorkbenchError(f"tokens per second must be > 0, got {tokens_per_s!r}")
-    t, c = preset.train, preset.model
-    train_tokens = t.max_iters * preset.tokens_per_step()
-    n_evals = t.max_iters // t.eval_interval + 1
-    eval_tokens = n_evals * 2 * t.eval_iters * t.batch_size * c.seq_len
-    train_s = train_tokens / tokens_per_s
-    eval_s = eval_tokens / (3.0 * tokens_per_s)
-    return {"tokens": float(train_tokens), "train_s": train_s, "eval_s": eval_s, "total_s": train_s + eval_s}
-
-
-def estimate_cost(seconds: float, watts: float | None = None, usd_per_hour: float | None = None,
-                  usd_per_kwh: float | None = None) -> dict[str, float | None]:
-    """Energy (kWh at ``watts``) and cost: hours x $/hour plus kWh x $/kWh, each when given."""
-    hours = seconds / 3600.0
-    kwh = (watts * hours / 1000.0) if watts else None
-    cost = None
-    if usd_per_hour is not None or (usd_per_kwh is not None and kwh is not None):
-        cost = (hours * usd_per_hour if usd_per_hour else 0.0) + (kwh * usd_per_kwh if usd_per_kwh and kwh else 0.0)
-    return {"hours": hours, "watts": watts, "kwh": kwh, "usd": cost}

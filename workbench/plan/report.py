@@ -16,8 +16,8 @@ from workbench.fmt import duration, human_bytes
 from workbench.machine.detect import Machine
 from workbench.machine.gpus import GpuSpec, spec_for_device
 from workbench.machine.peaks import peak_flops
+from workbench.plan import cost, throughput
 from workbench.plan import estimate as est
-from workbench.plan import throughput
 from workbench.plan.estimate import HEADROOM
 from workbench.plan.flops import count_params, flops_per_token, param_breakdown
 from workbench.plan.recommend import fitting_savers, suggest_changes
@@ -99,21 +99,21 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
         source = throughput.describe(p, settings, gpu, mfu) if tps else None
     elif is_here and settings.peak_flops:
         eff = ASSUMED_EFFICIENCY.get(kind, 0.3)
-        tps = est.tokens_per_s_from_flops(p.model, settings.peak_flops, eff)
+        tps = cost.tokens_per_s_from_flops(p.model, settings.peak_flops, eff)
         g = machine.gpu(device)
         how = "peak table" if g and peak_flops(g.name, settings.precision) else "measured matmul"
         source = (f"estimate: {settings.peak_flops / 1e12:.3g} TFLOP/s ({how}) x {eff:.0%} assumed efficiency / "
                   f"{flops_per_token(p.model) / 1e6:.4g} MFLOP per token")
     report["tokens_per_s"], report["tokens_per_s_source"] = tps, source
     if tps:
-        report["time"] = est.estimate_time(p, tps)
+        report["time"] = cost.estimate_time(p, tps)
         watts_src = "given"
         if watts is None:
             if kind == "cuda" and power_limit_w:
                 watts, watts_src = power_limit_w, "GPU power limit (NVML)"
             elif kind == "cpu":
                 watts, watts_src = CPU_WATTS_ASSUMED, "assumed for a CPU; set --watts"
-        report["cost"] = est.estimate_cost(report["time"]["total_s"], watts, usd_per_hour, usd_per_kwh)
+        report["cost"] = cost.estimate_cost(report["time"]["total_s"], watts, usd_per_hour, usd_per_kwh)
         report["cost"]["watts_source"] = watts_src if watts else None
     return report
 

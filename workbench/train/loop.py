@@ -443,10 +443,8 @@ class Trainer:
                 self.lock.release()
             self.report.close()
             if self.dist.enabled:
-                # FSDP2's state and DDP's reducer hold the gloo/NCCL group: free them before the group is
-                # destroyed, not in the interpreter's exit (where gloo at times aborts a rank: "terminate called
-                # without an active exception", seen under DDP too once the trainer no longer kept itself alive
-                # through its checkpointer)
+                # FSDP2's state and DDP's reducer hold the gloo/NCCL group: free them before the group is destroyed,
+                # not at the interpreter's exit (where gloo at times aborts a rank: "terminate called ...")
                 self.built = self.checkpointer = None
                 gc.collect()
             self.dist.close(clean=self.clean_exit)
