@@ -1,5 +1,5 @@
 """One run at a glance, for ``workbench runs`` and the Runs pane: state, progress, losses, memory
-measured beside the estimate, checkpoints, disk use. Read from the run directory (no torch)."""
+measured beside the estimate, checkpoints, disk use, the newest task scores. Read from the run directory (no torch)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.analysis.lineage import parent_of
+from workbench.analysis.report_card import latest_headline
 from workbench.config import load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.fs import dir_size
@@ -50,6 +51,8 @@ class RunSummary:
     finetune: str | None = None       # full | lora, for a run started from another's weights
     est_mem_mb: float | None = None   # the estimator's figure for what mem_mb measures
     mem_err_pct: float | None = None  # (measured - estimate) / estimate
+    task_step: int | None = None      # the newest step with task scores, and its headline scores
+    tasks: dict[str, dict] = field(default_factory=dict)   # task -> {"metric", "value", "n"}
 
 
 def estimate_for_run(run_dir: Path, device: str, precision: str) -> float | None:
@@ -99,5 +102,8 @@ def summarize_run(run_dir: Path) -> RunSummary:
     if s.best_val_loss is None:
         b = best_checkpoint(s.checkpoints)
         s.best_val_loss = b["val_loss"] if b else None
+    if (latest := latest_headline(run_dir)):
+        s.task_step = latest[0]
+        s.tasks = {t: {"metric": r.metric, "value": r.value, "n": r.n} for t, r in latest[1].items()}
     s.disk_bytes = dir_size(run_dir)
     return s

@@ -5,6 +5,10 @@ come first (kind, step, loss, val_loss, train_loss, lr, tokens_per_s, tokens_see
 elapsed_s, mem_mb, mfu, grad_norm); any other key found in the records follows, in
 the order first seen. A record lacks a column → empty cell; None → empty cell.
 
+``--csv --tasks``: the run's task scores instead (step, task, metric, value, n, source, checkpoint), one
+row per step, task and metric, from metrics.jsonl (scored while training) and tasks.jsonl
+(``workbench eval``), the scores over more items where both scored a step.
+
 TensorBoard: event files under ``runs/<id>/tb/`` converted after the fact from
 metrics.jsonl (the trainer is not involved), so ``tensorboard --logdir runs`` shows
 every run. Rerunning rewrites the directory (built beside it, then swapped in), so
@@ -21,9 +25,10 @@ import sys
 from pathlib import Path
 
 from workbench import rundir
+from workbench.analysis.report_card import task_scores
 from workbench.errors import WorkbenchError
 from workbench.fs import atomic_dir, write_atomic
-from workbench.rundir import EvalRecord, TrainRecord
+from workbench.rundir import EvalRecord, TaskRecord, TrainRecord
 
 COLUMNS = ["kind", "step", "loss", "val_loss", "train_loss", "lr", "tokens_per_s", "tokens_seen", "elapsed_s",
            "mem_mb", "mfu", "grad_norm"]
@@ -44,6 +49,8 @@ def register(sub) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--csv", action="store_true", help="write CSV")
     g.add_argument("--tensorboard", action="store_true", help="write TensorBoard event files to runs/<id>/tb/")
+    p.add_argument("--tasks", action="store_true", help="with --csv: the task scores (train.eval_tasks, "
+                   "workbench eval) instead of the train and eval records")
     p.add_argument("--out", metavar="FILE", help="with --csv: write to FILE instead of stdout")
     p.set_defaults(func=run)
 
@@ -54,11 +61,24 @@ def load_records(run_dir: Path) -> list[dict]:
         raise MetricsError(f"run {Path(run_dir).name} has no metrics.jsonl yet; it has not started training")
     # the current timeline only: records a resume or rollback abandoned are not exported
     records = rundir.current_timeline(rundir.read_metrics(path))
-    return [r.to_dict() for r in records if isinstance(r, (TrainRecord, EvalRecord))]
+    return [r.to_dict() for r in records if isinstance(r, (TrainRecord, EvalRecord, TaskRecord))]
 
 
-def columns_for(records: list[dict]) -> list[str]:
-    cols = list(COLUMNS)
+TASK_COLUMNS = ["step", "task", "metric", "value", "n", "source", "checkpoint"]
+
+
+def task_rows(run_dir: Path) -> list[dict]:
+    scores = task_scores(run_dir)
+    if not scores:
+        raise MetricsError(f"run {Path(run_dir).name} has no task scores; set train.eval_tasks or run "
+                           f"`workbench eval {Path(run_dir).name} --task builtin`")
+    return [{"step": r.step, "task": r.task, "metric": r.metric, "value": r.value, "n": r.n,
+             "source": r.extra.get("source"), "checkpoint": r.extra.get("checkpoint")}
+            for at in scores.values() for r in at.values()]
+
+
+def columns_for(records: list[dict], first: list[str] = COLUMNS) -> list[str]:
+    cols = list(first)
     seen = set(cols)
     for r in records:
         for k in r:
@@ -79,8 +99,8 @@ def _cell(v) -> str | int | float:
     return v
 
 
-def to_csv(records: list[dict]) -> str:
-    cols = columns_for(records)
+def to_csv(records: list[dict], first: list[str] = COLUMNS) -> str:
+    cols = columns_for(records, first)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(cols)
@@ -116,10 +136,12 @@ def write_tensorboard(run_dir: Path, records: list[dict]) -> tuple[Path, int]:
             if not isinstance(step, int):
                 continue
             values = []
-            for key, tag in TB_SCALARS[r["kind"]].items():
+            for key, tag in TB_SCALARS.get(r["kind"], {}).items():
                 v = r.get(key)
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     values.append(Summary.Value(tag=tag, simple_value=float(v)))
+            if r["kind"] == "task" and isinstance(r.get("value"), (int, float)) and math.isfinite(r["value"]):
+                values.append(Summary.Value(tag=f"tasks/{r['task']}/{r['metric']}", simple_value=float(r["value"])))
             if values:
                 wall = r.get("time") if isinstance(r.get("time"), (int, float)) else 0.0
                 w.add_event(Event(wall_time=float(wall), step=step, summary=Summary(value=values)))
@@ -133,18 +155,23 @@ def run(args) -> int:
     run_dir = rundir.resolve_run(root, args.run)
     if args.out and not args.csv:
         raise MetricsError("--out goes with --csv; --tensorboard always writes runs/<id>/tb/")
-    records = load_records(run_dir)
+    if args.tasks and not args.csv:
+        raise MetricsError("--tasks goes with --csv (TensorBoard shows task scores under tasks/ already)")
+    records = task_rows(run_dir) if args.tasks else load_records(run_dir)
     if args.csv:
-        text = to_csv(records)
+        text = to_csv(records, TASK_COLUMNS) if args.tasks else to_csv([r for r in records if r["kind"] != "task"])
         if args.out:
             out = Path(args.out).expanduser()
             try:
                 write_atomic(out, text)
             except OSError as e:
                 raise MetricsError(f"cannot write {out}: {e.strerror or e}") from None
-            n_train = sum(r["kind"] == "train" for r in records)
-            print(f"wrote {len(records)} records ({n_train} train, {len(records) - n_train} eval) to {out}",
-                  file=sys.stderr)
+            if args.tasks:
+                print(f"wrote {len(records)} task scores to {out}", file=sys.stderr)
+            else:
+                n_train = sum(r["kind"] == "train" for r in records)
+                n_eval = sum(r["kind"] == "eval" for r in records)
+                print(f"wrote {n_train + n_eval} records ({n_train} train, {n_eval} eval) to {out}", file=sys.stderr)
         else:
             try:
                 sys.stdout.write(text)

@@ -57,6 +57,12 @@ def run(args) -> int:
           "MEM MB: peak measured (process RSS on CPU, peak allocated on GPU); EST MB: `workbench estimate` "
           "for the same preset; ERR: measured vs estimate")
     for r in runs:
+        if r.tasks:
+            scores = ", ".join(f"{t} {v['value']:.3f}" if v["value"] is not None else f"{t} —"
+                               for t, v in r.tasks.items())
+            metrics = sorted({v["metric"] for v in r.tasks.values()})
+            print(f"{r.id} tasks at step {r.task_step}: {scores} ({', '.join(metrics)})")
+    for r in runs:
         if r.error and r.state in ("failed", "crashed"):
             print(f"{r.id}: {r.error}")
     return 0

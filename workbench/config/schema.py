@@ -115,6 +115,13 @@ class TrainConfig:
     seed: int = _f(1337, "Seed for weights, data windows and dropout.", min=0)
     sample_prompt: str = _f("", "If set, a short sample from this prompt is written to samples.jsonl at each eval.")
     sample_tokens: int = _f(64, "Tokens generated for each eval-time sample.", min=1)
+    eval_tasks: str | list[str] = _f("", "Tasks scored while training (task records in metrics.jsonl): built-in "
+                                     "names (stdlib-next-line, docs-cloze; builtin = both) or JSONL task files "
+                                     "(see `workbench eval`); '' = none.")
+    task_eval_every: int = _f(0, "Score train.eval_tasks every this many steps; 0 = at each checkpoint interval "
+                                 "(and at step 0 and the end).", min=0)
+    task_limit: int = _f(100, "Items of each task scored while training (its first N; `workbench eval` scores "
+                              "all of them).", min=1)
     finetune: str = _f("full", "full: train every weight. lora: (a run started with --init-from) freeze the "
                                "weights and train low-rank adapters on lora_targets; checkpoints hold only the "
                                "adapters, and export merges them.", choices=("full", "lora"))

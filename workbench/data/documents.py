@@ -34,6 +34,8 @@ from typing import IO, Callable, Iterator
 
 from workbench.data.listing import SNIFF_BYTES, CorpusError, Source, builtin_source, corrupt, expand, open_bytes
 
+HELD_OUT_TOPICS_PERCENT = 12   # of the documentation topics, held out for the built-in eval tasks
+HELD_OUT_FILES_PERCENT = 5     # of the standard-library sources, likewise
 PIECE_CHARS = 1 << 20       # a long text document is streamed in pieces of about this many characters
 FIX_RECORDS = "fix it, or set data.skip_bad_records = true to skip bad records"
 
@@ -138,36 +140,57 @@ def text_pieces(src: Source, stream: IO[bytes], stats: Stats) -> Iterator[Piece]
     yield buf, True
 
 
-def builtin_pieces(src: Source, stats: Stats) -> Iterator[Piece]:
-    """Python's documentation topics, then stdlib sources, up to the size in the source's name."""
+def _held_out(key: str, percent: int) -> bool:
+    """Whether a built-in document is held out of every built-in corpus (a stable hash of its name)."""
+    return int(hashlib.sha256(f"heldout:{key}".encode()).hexdigest()[:8], 16) % 100 < percent
+
+
+def _stdlib_files() -> list[tuple[str, Path]]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    paths = sorted(stdlib.glob("*.py")) + sorted(stdlib.glob("*/*.py"))
+    return [(str(path.relative_to(stdlib)), path) for path in paths
+            if not ("test" in path.parts[-2:-1] or path.name.startswith("test"))]
+
+
+def _read_source(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def builtin_documents(held_out: bool = False) -> Iterator[tuple[str, str, str]]:
+    """The built-in corpus's documents in order, as (kind, name, text): Python's documentation topics
+    ("doc"), then standard-library sources ("code"). About 12 % of the topics and 5 % of the sources
+    (chosen by a hash of their names; installed packages never) are held out of every built-in corpus,
+    whatever its size, for the built-in eval tasks: ``held_out=True`` gives those alone."""
     import pydoc_data.topics as topics
 
+    for key in sorted(topics.topics):
+        if _held_out(f"topic:{key}", HELD_OUT_TOPICS_PERCENT) == held_out:
+            yield "doc", key, topics.topics[key].strip() + "\n"
+    for name, path in _stdlib_files():
+        package = name.startswith(("site-packages", "dist-packages"))
+        if (not package and _held_out(f"file:{name}", HELD_OUT_FILES_PERCENT)) == held_out:
+            text = _read_source(path)
+            if text is not None:
+                yield "code", name, f"# file: {name}\n" + text
+
+
+def builtin_pieces(src: Source, stats: Stats) -> Iterator[Piece]:
+    """The built-in documents that are not held out, up to the size in the source's name."""
     limit = src.size
     size = 0
-    for key in sorted(topics.topics):
-        text = topics.topics[key].strip() + "\n"
+    for _, _, text in builtin_documents():
         text = text[: max(0, limit - size)]
         if text:
             size += len(text)
             yield from split_document(text, stats)
         if size >= limit:
             return
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    for path in sorted(stdlib.glob("*.py")) + sorted(stdlib.glob("*/*.py")):
-        if "test" in path.parts[-2:-1] or path.name.startswith("test"):
-            continue
-        try:
-            text = f"# file: {path.relative_to(stdlib)}\n" + path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        text = text[: max(0, limit - size)]
-        size += len(text)
-        yield from split_document(text, stats)
-        if size >= limit:
-            return
 
 
-__all__ = ["Corpus", "CorpusError", "Piece", "Source", "Stats", "open_corpus", "warnings_of"]
+__all__ = ["Corpus", "CorpusError", "Piece", "Source", "Stats", "builtin_documents", "open_corpus", "warnings_of"]
 
 
 @dataclass

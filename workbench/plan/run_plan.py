@@ -23,6 +23,7 @@ from workbench.config import (
     preset_paths,
     resolve_preset,
 )
+from workbench.data.tasks import absolute_task_spec, expand_task_specs, load_task
 from workbench.plan.finetune import InitSource, init_preset, parse_init_from
 from workbench.plan.recommend import recommend_preset
 from workbench.plan.schedule import decay_start
@@ -56,6 +57,16 @@ def absolute_corpus(corpus: str | list[str]) -> str | list[str]:
     return one(corpus) if isinstance(corpus, str) else [one(c) for c in corpus]
 
 
+def checked_eval_tasks(tasks: str | list[str], limit: int) -> str | list[str]:
+    """``train.eval_tasks`` with files made absolute, each task read (its first ``limit`` items), so a task
+    that cannot be scored is refused before the run starts (a TaskError naming the file and line)."""
+    specs = [tasks] if isinstance(tasks, str) else list(tasks)
+    specs = [absolute_task_spec(s) for s in specs if s.strip()]
+    for spec in expand_task_specs(specs):
+        load_task(spec, limit=limit)
+    return "" if not specs else specs[0] if len(specs) == 1 else specs
+
+
 def corpus_values(corpus: tuple[str, ...] | list[str]) -> dict[str, dict]:
     """``--corpus`` items as preset values (a list stays a list: it never becomes TOML text)."""
     if not corpus:
@@ -71,6 +82,7 @@ def plan_new_run(req: NewRun, runs_root: Path, info: dict | None = None) -> RunP
     name = req.preset or default_preset_name(info or {})
     p = resolve_preset(name, list(req.overrides), corpus_values(req.corpus))
     p.data.corpus = absolute_corpus(p.data.corpus)
+    p.train.eval_tasks = checked_eval_tasks(p.train.eval_tasks, p.train.task_limit)
     if not req.init_from:
         if p.train.finetune == "lora":
             raise PresetError("train.finetune = lora trains adapters on weights that exist: start from a checkpoint "

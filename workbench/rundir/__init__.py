@@ -6,6 +6,7 @@
 - ``metrics.jsonl``    append-only, one typed record a line, flushed per line (trainer;
   the record kinds are defined in :mod:`workbench.rundir.records`)
 - ``status.json``      replaced atomically: state, pid, step, max_iters, error (trainer)
+- ``tasks.jsonl``      task scores from ``workbench eval`` (typed task records, like metrics.jsonl's)
 - ``samples.jsonl``    prompts and generations (trainer at eval time, sampler)
 - ``train.log``        the trainer's stdout/stderr
 - ``checkpoints/step_NNNNNNN/``  complete checkpoints; ``meta.json`` inside is written
@@ -50,6 +51,7 @@ from workbench.rundir.records import (
     Record,
     RunStatus,
     RunView,
+    TaskRecord,
     TrainRecord,
     current_timeline,
     first_event,
@@ -62,6 +64,7 @@ from workbench.rundir.records import (
 CKPT_PREFIX = "step_"
 TMP_PREFIX = ".tmp_"
 INIT_DIR = "init"   # the weights a run started from (init/model.pt)
+TASKS_FILE = "tasks.jsonl"   # task scores written by `workbench eval` (typed task records)
 # The files a run's tokenizer may consist of (sentencepiece; or a Hugging Face tokenizer.json and its config).
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json")
 
@@ -322,4 +325,4 @@ __all__ = ["best_checkpoint", "ckpt_name", "CKPT_PREFIX", "clean_stale_temporari
            "new_run_dir", "NullWriter", "parse_record", "pid_alive", "process_start_time", "read_jsonl_tail",
            "read_metrics", "read_status", "Record", "resolve_run", "RunError", "RunLock", "runs_root", "RunStatus",
            "RunView", "sanitize_run_name", "select_checkpoint", "STATES", "TIMELINE_EVENTS", "TMP_PREFIX",
-           "TOKENIZER_FILES", "TrainRecord", "write_status"]
+           "TaskRecord", "TASKS_FILE", "TOKENIZER_FILES", "TrainRecord", "write_status"]

@@ -1,9 +1,11 @@
 """metrics.jsonl: one typed record per line, written by the trainer and read by everyone else.
 
-Three kinds, each defined once here (the writer and every reader use these classes):
+Four kinds, each defined once here (the writer and every reader use these classes):
 
 - :class:`TrainRecord`  every ``train.log_interval`` steps: loss, lr, throughput, memory
 - :class:`EvalRecord`   every ``train.eval_interval`` steps: mean train and val loss on fixed windows
+- :class:`TaskRecord`   ``train.eval_tasks`` scored at a step: one record per task and metric (the
+  trainer writes them here; ``workbench eval`` writes the same records to ``tasks.jsonl``)
 - :class:`EventRecord`  start, resume, compile_done, checkpoint, early_stop, nonfinite_skip,
   rollback, preset_changed, stop, error, finish (each with its own fields in ``data``)
 
@@ -112,6 +114,29 @@ class EvalRecord:
 
 
 @dataclass
+class TaskRecord:
+    kind: ClassVar[str] = "task"
+    step: int
+    task: str                          # the task's name (built-in name or the file's stem)
+    metric: str                        # centered | acc | acc_norm | exact | contains | bpb | loss
+    value: float | None
+    n: int                             # items (or, for bpb, tokens) scored
+    time: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)   # e.g. source (the file), checkpoint, seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "step": self.step, "task": self.task, "metric": self.metric, "value": self.value,
+                "n": self.n, "time": self.time, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TaskRecord":
+        known = {"kind", "step", "task", "metric", "value", "n", "time"}
+        return cls(step=_int(d.get("step")), task=str(d.get("task") or "?"), metric=str(d.get("metric") or "?"),
+                   value=_num(d.get("value")), n=_int(d.get("n")), time=_num(d.get("time")),
+                   extra={k: v for k, v in d.items() if k not in known})
+
+
+@dataclass
 class EventRecord:
     kind: ClassVar[str] = "event"
     event: str
@@ -131,10 +156,10 @@ class EventRecord:
         return self.data.get(key, default)
 
 
-Record = Union[TrainRecord, EvalRecord, EventRecord]
+Record = Union[TrainRecord, EvalRecord, TaskRecord, EventRecord]
 
 # Events after which the run continues from the event's step: a resume from a checkpoint, or a rollback
-# to one. Train and eval records logged before such an event for later steps belong to the timeline it
+# to one. Train, eval and task records logged before such an event for later steps belong to the timeline it
 # abandoned; readers drop them (current_timeline), so no two histories are ever drawn as one.
 # "imported": a model brought in by `workbench import` (a step-0 checkpoint, never trained itself).
 STATES = ("starting", "running", "finished", "stopped", "early_stopped", "failed", "crashed", "imported")
@@ -223,15 +248,15 @@ TIMELINE_EVENTS = ("resume", "rollback")
 
 
 def current_timeline(records: list[Record]) -> list[Record]:
-    """The records in file order, without the train and eval records of abandoned timelines."""
+    """The records in file order, without the train, eval and task records of abandoned timelines."""
     out: list[Record] = []
     for r in records:
         if isinstance(r, EventRecord) and r.event in TIMELINE_EVENTS:
-            kept = [x for x in out if not (isinstance(x, (TrainRecord, EvalRecord)) and x.step > r.step)]
+            kept = [x for x in out if not (isinstance(x, (TrainRecord, EvalRecord, TaskRecord)) and x.step > r.step)]
             out = kept
         out.append(r)
     return out
-RECORD_KINDS: dict[str, type] = {c.kind: c for c in (TrainRecord, EvalRecord, EventRecord)}
+RECORD_KINDS: dict[str, type] = {c.kind: c for c in (TrainRecord, EvalRecord, TaskRecord, EventRecord)}
 
 
 def parse_record(d: Any) -> Record | None:
@@ -365,4 +390,4 @@ def first_event(path: Path, event: str | tuple[str, ...], head_bytes: int = 1638
 
 __all__ = ["current_timeline", "EvalRecord", "EventRecord", "first_event", "last_records", "LineTail", "MEMORY_KEYS",
            "MetricsTail", "MetricsWriter", "NullWriter", "parse_record", "read_jsonl_tail", "read_metrics", "Record",
-           "RECORD_KINDS", "TIMELINE_EVENTS", "TrainRecord"]
+           "RECORD_KINDS", "TaskRecord", "TIMELINE_EVENTS", "TrainRecord"]

@@ -42,7 +42,7 @@ from workbench.machine.probe import measured_peak, this_machine
 from workbench.plan.flops import flops_per_token
 from workbench.plan.schedule import lr_factor
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
-from workbench.rundir import EvalRecord, TrainRecord
+from workbench.rundir import EvalRecord, TaskRecord, TrainRecord
 from workbench.train import runtime, stateful
 from workbench.train.build import Built, build
 from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
@@ -53,6 +53,7 @@ from workbench.train.generate import generate_text
 from workbench.train.reporter import Reporter, Throughput, failure_message, start_line
 from workbench.train.skips import Skips
 from workbench.train.state import TrainerState
+from workbench.train.task_eval import load_eval_tasks, score_task
 
 
 class TrainError(WorkbenchError):
@@ -166,6 +167,11 @@ class Trainer:
         self.built = build(p, s, self.device, self.dist, rd / "cache" / "inductor", init)
         del init
         self.checkpointer = Checkpointer(rd, p, self.report, self.faults)
+        self.tasks = load_eval_tasks(p.train)
+        if self.tasks and s.parallel == "fsdp":
+            self.report.log("warning: train.eval_tasks are not scored in a sharded (FSDP) run; score its "
+                            "checkpoints with `workbench eval`")
+            self.tasks = []
         self.tokens_per_step = p.tokens_per_step()
         self.flops_per_token = flops_per_token(p.model)
         pending_rng = self.load_state_dict(ckpt) if ckpt else None
@@ -223,6 +229,7 @@ class Trainer:
             self.report.record(ev)
             self.report.log(f"step 0: train loss {ev.train_loss:.4f}, val loss {ev.val_loss:.4f} "
                             f"({ev.val_bpb:.3f} bits/byte)")
+            self.maybe_score_tasks()
         self.throughput.reset()
         while self.state.step < t.max_iters:
             self.train_step()
@@ -244,6 +251,8 @@ class Trainer:
                 r = self.skips.result  # this step's: settled above
                 self.log_step(r.lr, r.loss if r.finite else None, r.grad_norm, now)
             self.faults.after_step(self.state.step)
+            # Before any checkpoint of this step: a checkpoint on disk always has its task records.
+            scored = self.maybe_score_tasks()
             evaluated, saved, early_stop = self.maybe_evaluate()
             if early_stop:
                 return "early_stopped"
@@ -253,7 +262,7 @@ class Trainer:
                     self.checkpointer.maybe_save(self.state.step, self.state_dict, self.skips.last_loss, reason="stop")
                 self.report.event("stop", self.state.step)
                 return "stopped"
-            if evaluated or saved:
+            if evaluated or saved or scored:
                 self.throughput.start(time.time())  # leave eval and save time out of the rate
         return "finished"
 
@@ -390,6 +399,28 @@ class Trainer:
     def evaluate(self) -> EvalRecord:
         return evaluate(self.built.model, self.preset, self.data, self.token_bytes, self.dist, self.autocast,
                         self.device, self.next_batch, self.state.step)
+
+    def maybe_score_tasks(self) -> bool:
+        """At step 0, every ``train.task_eval_every`` steps (0: each checkpoint interval) and at the end: score
+        ``train.eval_tasks`` (rank 0) and write one task record per task and metric. True when it scored."""
+        t, step = self.preset.train, self.state.step
+        due = step == 0 or step == t.max_iters or (
+            step % t.task_eval_every == 0 if t.task_eval_every else self.checkpointer.due(step) is not None)
+        if not self.tasks or not due:
+            return False
+        if self.dist.is_main:
+            t0 = time.time()
+            with torch.compiler.set_stance("force_eager"):  # variable-length batches: no recompiles
+                scores = [score_task(self.built.model, self.data.tokenizer, task, self.device, self.autocast,
+                                     runtime.amp_dtype(self.settings)) for task in self.tasks]
+            for sc in scores:
+                for metric in sc.task.metrics:
+                    self.report.record(TaskRecord(step=step, task=sc.task.name, metric=metric, value=sc.values[metric],
+                                                  n=sc.n, time=time.time(),
+                                                  extra={"source": sc.task.source, "seconds": round(sc.seconds, 2)}))
+            self.report.log(f"step {step}: tasks " + ", ".join(f"{sc.task.name} {sc.score:.3f}" for sc in scores)
+                            + f" ({scores[0].task.metrics[0]}; {time.time() - t0:.1f} s)")
+        return True
 
     def write_sample(self) -> None:
         t = self.preset.train

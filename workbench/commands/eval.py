@@ -1,0 +1,214 @@
+"""`workbench eval RUN`: a run's checkpoints scored on tasks (multiple choice, exact match) and held-out text.
+
+Everything is read and checked before torch loads (tasks, checkpoints, the corpus); scores are written to
+the run's ``tasks.jsonl`` only when every checkpoint was scored, so a bad input leaves the run as it was.
+``--json`` prints one object (see :func:`json_result`; ``version`` says its layout).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+from workbench import rundir
+from workbench.analysis.report_card import card_lines, report_card
+from workbench.commands.common import add_corpus_option
+from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task
+from workbench.data.documents import open_corpus
+from workbench.data.tasks import Task, TaskError, expand_task_specs, load_task, task_options
+from workbench.fmt import duration
+
+JSON_VERSION = 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("eval", help="score a run's checkpoints on tasks and on held-out text")
+    p.add_argument("run", nargs="?", help="run id or run directory")
+    p.add_argument("--checkpoint", default="latest", help="latest (default), best, a step number, or all")
+    p.add_argument("--task", dest="tasks", action="extend", nargs="+", default=[], metavar="TASK",
+                   help="a JSONL task file (plain, .gz, .zst) or a built-in task (builtin = all of them; "
+                        "--list-tasks)")
+    add_corpus_option(p, ": score the model's bits per byte on this text")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="score the first N items of each task (with --corpus: N windows of the context; "
+                        "default 200)")
+    p.add_argument("--set", dest="options", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="task options for every task file, over its TOML sidecar: context_field, choices_field, "
+                        "gold_field, prompt_field, answer_field, kind (mc|gen), metric (acc|acc_norm), delimiter, "
+                        "until, max_new_tokens, name")
+    p.add_argument("--json", action="store_true", help="machine-readable output (stable: see the README)")
+    p.add_argument("--dump", default=None, metavar="FILE",
+                   help="write each exact-match record (prompt, answers, the model's output, right or not) to "
+                        "FILE as JSON lines")
+    p.add_argument("--no-save", action="store_true", help="do not add the scores to the run's tasks.jsonl")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
+    p.add_argument("--list-tasks", action="store_true", help="list the built-in tasks and exit")
+    p.set_defaults(func=run)
+
+
+def list_tasks() -> int:
+    for name in BUILTIN_TASKS:
+        t = builtin_task(name)
+        print(f"{name:18s} {len(t.items)} items, {t.metric}: {t.description}")
+    print("builtin            all of the above")
+    return 0
+
+
+def checkpoints(run_dir: Path, selector: str) -> list[dict]:
+    if selector == "all":
+        found = rundir.list_checkpoints(run_dir)
+        if not found:
+            rundir.select_checkpoint(run_dir, "latest")  # raises the one-line "no checkpoint" error
+        return found
+    return [rundir.select_checkpoint(run_dir, selector)]
+
+
+def documents(corpus) -> Iterator[str]:
+    """Whole documents of a corpus (its pieces joined)."""
+    parts: list[str] = []
+    for text, ends in corpus.pieces():
+        parts.append(text)
+        if ends:
+            yield "".join(parts)
+            parts = []
+    if parts:
+        yield "".join(parts)
+
+
+def run(args) -> int:
+    if args.list_tasks:
+        return list_tasks()
+    if not args.run:
+        raise rundir.RunError("name the run to score: workbench eval RUN --task builtin (`workbench runs` lists them)")
+    if not args.tasks and not args.corpus:
+        raise TaskError("give --task (a JSONL file or a built-in task: builtin, " + ", ".join(BUILTIN_TASKS)
+                        + ") or --corpus PATH")
+    if args.limit is not None and args.limit < 1:
+        raise TaskError("--limit must be at least 1")
+    run_dir = rundir.resolve_run(args.runs_dir, args.run)
+    ckpts = checkpoints(run_dir, args.checkpoint)
+    opts = task_options(args.options)
+    tasks = [load_task(s, opts if s not in BUILTIN_TASKS else None, args.limit) for s in expand_task_specs(args.tasks)]
+    names = [t.name for t in tasks]
+    if len(set(names)) < len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise TaskError(f"two tasks are named {dup!r}; give one a name in its sidecar (name = \"...\")")
+    corpus = open_corpus(list(args.corpus)) if args.corpus else None
+
+    import torch  # noqa: I001 - torch loads only once the inputs are known to be good
+
+    from workbench.data.tokenizer import load_tokenizer
+    from workbench.machine.detect import Machine
+    from workbench.machine.probe import this_machine
+    from workbench.plan.settings import resolve_device
+    from workbench.train.checkpoint import load_run_model
+    from workbench.train.task_eval import score_task, text_bpb
+
+    tok = load_tokenizer(run_dir)
+    device = resolve_device(args.device, Machine() if args.device == "cpu" else this_machine())
+    results, records, dumps = [], [], []
+    for ck in ckpts:
+        t0 = time.time()
+        loaded = load_run_model(run_dir, ck["step"], device)
+        model = loaded.model
+        if not args.json:
+            print(f"[{run_dir.name} {ck['name']}: {model.num_params() / 1e6:.2f} M params on {device}, loaded in "
+                  f"{time.time() - t0:.2f} s]", file=sys.stderr, flush=True)
+        scored = []
+        for task in tasks:
+            sc = score_task(model, tok, task, torch.device(device))
+            scored.append(sc)
+            dumps += [dict(r, task=task.name, checkpoint=ck["name"]) for r in sc.per_item]
+        text = None
+        if corpus is not None:
+            t1 = time.time()
+            bpb, loss, n = text_bpb(model, tok, documents(corpus), torch.device(device),
+                                    max_windows=args.limit or 200)
+            text = {"corpus": corpus.description, "bpb": bpb, "loss": loss, "tokens": n,
+                    "seconds": time.time() - t1}
+        results.append(json_result_checkpoint(ck, scored, text))
+        records += task_records(ck, scored, text, corpus)
+        del model, loaded
+    if args.dump:
+        with open(args.dump, "w", encoding="utf-8") as f:
+            for d in dumps:
+                f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    if not args.no_save:
+        with open(run_dir / rundir.TASKS_FILE, "a", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r.to_dict(), separators=(",", ":")) + "\n")
+    if args.json:
+        print(json.dumps({"version": JSON_VERSION, "run": run_dir.name, "device": str(device),
+                          "checkpoints": results}, indent=1))
+        return 0
+    for res in results:
+        print_checkpoint(run_dir, res, not args.no_save)
+    if args.dump:
+        print(f"wrote {len(dumps)} exact-match records to {args.dump}", file=sys.stderr)
+    return 0
+
+
+def json_result_checkpoint(ck: dict, scored: list, text: dict | None) -> dict:
+    """One checkpoint's scores as ``--json`` gives them."""
+    tasks = []
+    for sc in scored:
+        t: Task = sc.task
+        tasks.append({"task": t.name, "kind": t.kind, "source": t.source, "shape": t.shape, "n": sc.n,
+                      "metric": t.metrics[0], "score": sc.score,
+                      **({"chosen": t.metric, "chance": t.chance} if t.kind == "mc" else {}),
+                      **sc.values, "seconds": round(sc.seconds, 3), "items_per_s": sc.n / max(sc.seconds, 1e-9)})
+    mc = [x["centered"] for x in tasks if x["kind"] == "mc"]
+    return {"step": ck["step"], "checkpoint": ck["name"], "tasks": tasks,
+            "mean_centered": sum(mc) / len(mc) if mc else None, "text": text}
+
+
+def task_records(ck: dict, scored: list, text: dict | None, corpus) -> list:
+    now = time.time()
+    out = []
+    for sc in scored:
+        for metric in sc.task.metrics:
+            out.append(rundir.TaskRecord(step=ck["step"], task=sc.task.name, metric=metric, value=sc.values[metric],
+                                         n=sc.n, time=now, extra={"source": sc.task.source, "checkpoint": ck["name"],
+                                                                  "seconds": round(sc.seconds, 2)}))
+    if text is not None:
+        name = f"text:{Path(corpus.spec[0]).name}" + (f"+{len(corpus.spec) - 1}" if len(corpus.spec) > 1 else "")
+        for metric in ("bpb", "loss"):
+            out.append(rundir.TaskRecord(step=ck["step"], task=name, metric=metric, value=text[metric],
+                                         n=text["tokens"], time=now,
+                                         extra={"source": corpus.spec, "checkpoint": ck["name"]}))
+    return out
+
+
+def print_checkpoint(run_dir: Path, res: dict, saved: bool) -> None:
+    print(f"{run_dir.name} {res['checkpoint']} (step {res['step']})")
+    rows = [("task", "items", "acc", "acc_norm", "centered", "exact", "contains", "items/s", "time")]
+    for t in res["tasks"]:
+        def v(k: str) -> str:
+            if k not in t:
+                return ""
+            mark = "*" if k == t.get("chosen") else ""
+            return f"{t[k]:.3f}{mark}"
+        rows.append((t["task"], f"{t['n']:,}", v("acc"), v("acc_norm"), v("centered"), v("exact"), v("contains"),
+                     f"{t['items_per_s']:.1f}", duration(t["seconds"])))
+    if res["tasks"]:
+        keep = [i for i in range(len(rows[0])) if any(r[i] for r in rows[1:])]
+        widths = [max(len(r[i]) for r in rows) for i in keep]
+        for r in rows:
+            print("  " + "  ".join(r[i].ljust(w) if i == 0 else r[i].rjust(w) for i, w in zip(keep, widths)).rstrip())
+    if res["mean_centered"] is not None:
+        n = sum(1 for t in res["tasks"] if t["kind"] == "mc")
+        print(f"  mean centered accuracy over {n} multiple-choice task{'s' if n != 1 else ''}: "
+              f"{res['mean_centered']:.3f}  (* the metric each task reports; centered: 0 = chance, 1 = all right)")
+    if res["text"]:
+        x = res["text"]
+        print(f"  text {x['corpus']}: {x['bpb']:.4f} bits/byte, loss {x['loss']:.4f} over {x['tokens']:,} tokens "
+              f"({duration(x['seconds'])})")
+    if saved and res["tasks"]:
+        card = report_card(run_dir.parent, run_dir.name, res["step"])
+        if card.prev_step is not None or card.base_label:
+            print("  report card:")
+            for line in card_lines(card):
+                print("    " + line)
