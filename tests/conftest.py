@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import tiny, wb
+from tests.support.cli import FACTS, tiny, wb
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -34,6 +34,25 @@ def trained_run(tmp_path_factory) -> Path:
        *tiny("train.max_iters=60", "train.eval_interval=20", "train.ckpt_interval=20", "model.dropout=0.1",
              "train.lr=3e-3"), check=True)
     return root / "tiny"
+
+
+@pytest.fixture(scope="session")
+def facts_run(tmp_path_factory) -> Path:
+    """A tiny model that has learned twelve facts ("code 003 means cloud."; tests.support.cli.FACTS) by heart:
+    its greedy answers are known, for exact-match scoring (150 steps, ~5 s)."""
+    import random
+    d = tmp_path_factory.mktemp("facts")
+    rng = random.Random(0)
+    lines = [f"{q} {a}." for q, a in FACTS]
+    blocks = []
+    for _ in range(400):
+        rng.shuffle(lines)
+        blocks.append("\n".join(lines) + "\n")
+    (d / "facts.txt").write_text("\n".join(blocks))
+    wb("train", "cpu-small", "--name", "facts", "--runs-dir", str(d / "runs"), "--corpus", str(d / "facts.txt"),
+       *tiny("model.vocab_size=320", "train.batch_size=8", "train.warmup_iters=5", "train.log_interval=10",
+             "train.max_iters=150", "train.eval_interval=50", "train.ckpt_interval=50", "train.lr=3e-3"), check=True)
+    return d / "runs" / "facts"
 
 
 # ----------------------------------------------------------------------------- fine-tuning (tests.support.hf)

@@ -24,6 +24,10 @@ G124 = ["model.qk_norm=false", "model.vocab_size=32768", "model.dim=768", "model
         "model.n_kv_heads=12", "model.ffn_hidden=2560", "model.seq_len=1024", "model.dropout=0.0",
         "train.batch_size=32", "hardware.activation_checkpointing=false", "hardware.chunked_loss=false"]
 
+# What the facts_run fixture's model learns by heart ("code 003 means cloud."): known greedy answers.
+FACTS = [(f"code {i:03d} means", word) for i, word in
+         enumerate("apple river stone cloud maple tiger ocean candle silver garden rocket violin".split())]
+
 
 def tiny(*extra: str) -> list[str]:
     return ["--set", *TINY, *extra]

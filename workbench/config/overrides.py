@@ -32,12 +32,16 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     known = {f.name for f in fields(SECTIONS[sec])}
     if key not in known:
         raise PresetError(f"--set {item!r}: unknown key {sec}.{key}{_did_you_mean(key, known)}")
+    return sec, key, parse_value(rhs)
+
+
+def parse_value(rhs: str) -> Any:
+    """A ``--set`` value parsed as TOML; a bare word (cpu, builtin) is taken as a string."""
     rhs = rhs.strip()
     try:
-        value = tomllib.loads(f"v = {rhs}")["v"]
+        return tomllib.loads(f"v = {rhs}")["v"]
     except tomllib.TOMLDecodeError:
-        value = rhs  # a bare word such as cpu or builtin is taken as a string
-    return sec, key, value
+        return rhs
 
 
 def overridden_keys(overrides: list[str] | None) -> frozenset[str]:

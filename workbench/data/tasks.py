@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from workbench.config.overrides import parse_override
+from workbench.config.overrides import parse_value
+from workbench.data.documents import byte_lines
 from workbench.data.listing import CorpusError, Source, kind_of, open_bytes
 from workbench.errors import WorkbenchError
 
@@ -90,11 +91,10 @@ def task_options(items: list[str] | None) -> dict[str, Any]:
     """``--set key=value`` items as task options (checked against :data:`OPTIONS`)."""
     out: dict[str, Any] = {}
     for item in items or []:
-        try:
-            key, _, value = parse_override(item)
-        except WorkbenchError as e:
-            raise TaskError(str(e)) from None
-        out[key] = value
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise TaskError(f"--set {item!r}: expected key=value, e.g. --set gold_field=answer_idx")
+        out[key.strip()] = parse_value(value)
     return _checked(out, "--set")
 
 
@@ -151,7 +151,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
         raise TaskError(f"cannot read task {path}: {getattr(e, 'strerror', None) or e}") from None
     with raw:
         try:
-            for n, line in enumerate(stream, 1):
+            for n, line in enumerate(byte_lines(stream), 1):
                 if not line.strip():
                     continue
                 try:
