@@ -3,8 +3,10 @@
 # precision auto, bf16 / fp16 + GradScaler / fp32, TF32, the fused loss on CUDA, --nproc 1 and NCCL), then a
 # bf16 + compile run, kill -9 / resume agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter
 # config, estimated vs measured peak memory. Exits non-zero when a GPU test fails.
-# Usage: bash bench/gpu_check.sh [quick|tests|mfu|profile|savers]   (tests: the GPU tests alone; mfu: the ~124 M config's MFU
-# levers, each one trainer run, and the gpu-8gb defaults; set WB_LEVERS to choose which, by name)
+# Usage: bash bench/gpu_check.sh [quick|tests|numbers|muon|mfu|profile|savers]   (tests: the GPU tests alone; quick: the GPU
+# tests, kill -9 / resume and fit's OOM path; numbers: the throughput runs and estimates alone; muon: Muon against AdamW,
+# time a step and the Newton-Schulz share; mfu: the ~124 M config's MFU levers, each one trainer run, and the gpu-8gb
+# defaults; set WB_LEVERS to choose which, by name)
 set -u
 cd "$(dirname "$0")/.."
 export WORKBENCH_CACHE_DIR=${WORKBENCH_CACHE_DIR:-/tmp/wbcache} PYTHONUNBUFFERED=1
@@ -12,10 +14,18 @@ PY=${PY:-python3}
 R=/tmp/wbruns; rm -rf $R
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
-# qk_norm=false: the README numbers were measured before QK-norm became the presets' default
+# qk_norm=false: the levers (mfu, profile) and the README's first rows were measured before QK-norm became the presets'
+# default; the numbers and muon modes add model.qk_norm=true, the presets' recipe
 G124="model.qk_norm=false model.vocab_size=32768 model.dim=768 model.n_layers=12 model.n_heads=12 model.n_kv_heads=12 model.ffn_hidden=2560
       model.seq_len=1024 model.dropout=0.0 train.batch_size=32 hardware.activation_checkpointing=false
       hardware.chunked_loss=false data.builtin_mb=24"
+if [ "${1:-}" = muon ]; then  # Muon vs AdamW: ms a step, the Newton-Schulz share (bench/muon_gpu.py), the trainer's tokens/s
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
+    $PY bench/muon_gpu.py gpu-8gb --steps 20
+    $PY bench/muon_gpu.py gpu-8gb --steps 20 --set $G124 model.qk_norm=true
+    $PY bench/throughput.py gpu-8gb --steps ${WB_STEPS:-60} --set train.optimizer=muon
+    exit 0
+fi
 if [ "${1:-}" = mfu ]; then
     # Compiled kernels shared between the runs (the trainer keeps a user's TORCHINDUCTOR_CACHE_DIR).
     export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
@@ -39,6 +49,8 @@ if [ "${1:-}" = mfu ]; then
     lever max-autotune hardware.compile_kernels=max-autotune-no-cudagraphs
     exit 0
 fi
+TESTS_RC=0
+if [ "${1:-}" != numbers ]; then
 echo "== GPU tests (pytest -m gpu): skipped ones say why"
 $PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/train/test_gpu.py
 TESTS_RC=$?
@@ -74,6 +86,7 @@ $PY -m workbench fit gpu-8gb --out oom-fit --force --runs-dir $R --set model.dim
     model.n_heads=12 model.n_kv_heads=12 model.ffn_hidden=4096 hardware.activation_checkpointing=false \
     hardware.chunked_loss=false train.batch_size=48 2>&1 | tail -25
 echo "fit exit: ${PIPESTATUS[0]}"
+fi
 [ "${1:-}" = quick ] && exit $TESTS_RC
 if [ "${1:-}" = savers ]; then  # 8-bit AdamW states against fp32 on the ~124 M config: peak memory, tokens/s
     export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
@@ -87,13 +100,17 @@ if [ "${1:-}" = profile ]; then  # where the ~124 M step's time goes, and two mo
     $PY bench/throughput.py gpu-8gb --steps 20 --set $G124 train.batch_size=16
     exit $TESTS_RC
 fi
-echo "== throughput (bench/throughput.py)"
-$PY bench/throughput.py gpu-8gb --steps 60
-$PY bench/throughput.py gpu-8gb --steps 60 --set hardware.activation_checkpointing=false
-$PY bench/throughput.py gpu-8gb --steps 60 --set $G124
-$PY bench/throughput.py gpu-8gb --steps 60 --set $G124 hardware.compile=false
+echo "== throughput (bench/throughput.py; the presets' recipe, QK-norm on, unless a line says qk_norm=false)"
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
+S=${WB_STEPS:-60}
+$PY bench/throughput.py gpu-8gb --steps $S
+$PY bench/throughput.py gpu-8gb --steps $S --set hardware.activation_checkpointing=false hardware.chunked_loss=false
+$PY bench/throughput.py gpu-8gb --steps $S --set $G124 model.qk_norm=true
+$PY bench/throughput.py gpu-8gb --steps $S --set $G124 model.qk_norm=true hardware.compile=false
+$PY bench/throughput.py gpu-8gb --steps $S --set $G124   # qk_norm=false: against the README's earlier H100 rows
 echo "== estimates"
 $PY -m workbench estimate gpu-8gb --device cuda 2>&1 | head -30
-$PY -m workbench estimate gpu-8gb --device cuda --set hardware.activation_checkpointing=false 2>&1 | grep -iE "total|activ|fits"
-$PY -m workbench estimate gpu-8gb --device cuda --set $G124 2>&1 | grep -iE "total|activ|fits|param"
+$PY -m workbench estimate gpu-8gb --device cuda --set hardware.activation_checkpointing=false hardware.chunked_loss=false 2>&1 | grep -iE "total|activ|fits"
+$PY -m workbench estimate gpu-8gb --device cuda --set $G124 model.qk_norm=true 2>&1 | grep -iE "total|activ|fits|param"
+$PY -m workbench estimate gpu-8gb --device cuda --set $G124 model.qk_norm=true hardware.compile=false 2>&1 | grep -iE "total|activ|fits|param"
 exit $TESTS_RC

@@ -112,11 +112,21 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
         if c.dropout > 0:
             attn += 2 * am * B * H * T * T         # dropout mask and dropped weights
     mlp = 4 * a * B * T * F                   # w1 out, silu(w1 out), w3 out, product (w2 input)
-    qk = (4 + a) * B * T * c.head_dim * (H + c.n_kv_heads) if c.qk_norm else 0
+    qk = qk_norm_bytes(c, B, a, False)
     drop = 0
     if c.dropout > 0:
         drop = 2 * BTD * (1 if device.startswith("cuda") else a)
     return norms + linear_inputs + wo_input + attn + mlp + qk + drop
+
+
+def qk_norm_bytes(c, batch_size: int, a: int, compiled: bool) -> int:
+    """What QK-norm saves in one block: eager, each of its RMSNorms keeps an fp32 copy of q (or k) and the
+    normalised tensor (``4 + a`` bytes a value, ``a`` the compute dtype's); compiled on CUDA (one graph, no
+    checkpointing), inductor keeps the projections' outputs in the compute dtype alone and recomputes the
+    norms (``a`` bytes a value: measured on an H100, README GPU numbers)."""
+    if not c.qk_norm:
+        return 0
+    return (a if compiled else 4 + a) * batch_size * c.seq_len * c.head_dim * (c.n_heads + c.n_kv_heads)
 
 
 def lora_layer_activation_bytes(model_cfg, train_cfg, batch_size: int, precision: str, attention: str,
@@ -306,7 +316,9 @@ def activation_bytes(preset: Preset, settings: RunSettings) -> Activations:
     head = 4 * BTD + (0 if lora else 4 * BTD) + (a * BTD if mixed else 4 * BTD)
     total = L * (layer_ckpt if settings.activation_checkpointing else layer_full) + emb + head
     if compiled_blocks(settings):  # the blocks are one compiled graph: inductor saves less than eager
-        total = int(COMPILED_ACTIVATION_SHARE * total)
+        # QK-norm apart: inductor keeps q and k in the compute dtype and recomputes both norms (H100, 2026-11-24)
+        qk_eager, qk_compiled = (0, 0) if lora else (qk_norm_bytes(c, B, a, False), qk_norm_bytes(c, B, a, True))
+        total = int(COMPILED_ACTIVATION_SHARE * (total - L * qk_eager)) + L * qk_compiled
     transient = 3 * a * B * T * c.hidden_dim + 8 * BTD
     return Activations(total, layer_full, layer_ckpt, casts_all, casts_head, layer_casts, transient)
 

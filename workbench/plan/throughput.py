@@ -19,7 +19,7 @@ with every number it produces:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from workbench.config import ModelConfig, Preset
 from workbench.fmt import millions
@@ -36,6 +36,10 @@ GPT_124M = ModelConfig(vocab_size=32768, dim=768, n_layers=12, n_heads=12, n_kv_
                        seq_len=1024, dropout=0.0, qk_norm=False)
 GPU_8GB = ModelConfig(vocab_size=32768, dim=768, n_layers=12, n_heads=12, n_kv_heads=6, seq_len=1024, dropout=0.1,
                       qk_norm=False)
+# The same two with QK-norm, the presets' recipe since 2026-11-23, measured on 2026-11-24 (listed first: the scaled
+# estimates start from the first measurement of a compile mode).
+GPT_124M_QK = replace(GPT_124M, qk_norm=True)
+GPU_8GB_QK = replace(GPU_8GB, qk_norm=True)
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,15 @@ class Measurement:
 
 
 H100_README = "README, GPU numbers (H100 80GB, torch 2.11; bench/gpu_check.sh mfu)"
+H100_QK = "README, GPU numbers (H100 80GB, torch 2.11 + CUDA 13.0, 2026-11-24; bench/gpu_check.sh numbers)"
 MEASUREMENTS: tuple[Measurement, ...] = (
+    Measurement("H100 SXM 80GB", "~124 M config with QK-norm, whole-model compile", GPT_124M_QK, 32, "whole model",
+                "bf16", 421_544, H100_QK),
+    Measurement("H100 SXM 80GB", "~124 M config with QK-norm, eager", GPT_124M_QK, 32, "off", "bf16", 160_768, H100_QK),
+    Measurement("H100 SXM 80GB", "gpu-8gb (QK-norm), activation checkpointing, fused loss, compile per block",
+                GPU_8GB_QK, 24, "per block", "bf16", 246_726, H100_QK),
+    Measurement("H100 SXM 80GB", "gpu-8gb (QK-norm) without activation checkpointing, plain loss, whole-model compile",
+                GPU_8GB_QK, 24, "whole model", "bf16", 412_386, H100_QK),
     Measurement("H100 SXM 80GB", "~124 M config, whole-model compile", GPT_124M, 32, "whole model", "bf16",
                 467_315, H100_README),
     Measurement("H100 SXM 80GB", "~124 M config, eager", GPT_124M, 32, "off", "bf16", 183_517,
