@@ -1,6 +1,7 @@
 """Run directories written as the trainer writes them, through the run-directory contract's own typed
-records (``RunStatus``, ``TrainRecord``, ``EvalRecord``, ``EventRecord``) and writers: a field the trainer
-does not write cannot be invented here. No torch: a checkpoint is its ``meta.json`` and a placeholder file."""
+records (``RunStatus``, ``TrainRecord``, ``EvalRecord``, ``TaskRecord``, ``EventRecord``) and writers: a field
+the trainer does not write cannot be invented here. No torch: a checkpoint is its ``meta.json`` and a
+placeholder file."""
 
 from __future__ import annotations
 
@@ -8,12 +9,21 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workbench.rundir import EvalRecord, EventRecord, MetricsWriter, TrainRecord, ckpt_name, write_status
+from workbench.rundir import (
+    TASKS_FILE,
+    EvalRecord,
+    EventRecord,
+    MetricsWriter,
+    TaskRecord,
+    TrainRecord,
+    ckpt_name,
+    write_status,
+)
 
 
 class RunDir:
-    """``RunDir(root, "alpha", preset_toml)`` then ``train``, ``eval``, ``event``, ``checkpoint`` in step order,
-    ``status(...)`` and ``close()`` (or ``with RunDir(...) as r:``)."""
+    """``RunDir(root, "alpha", preset_toml)`` then ``train``, ``eval``, ``task``, ``event``, ``checkpoint`` in step
+    order, ``status(...)`` and ``close()`` (or ``with RunDir(...) as r:``); ``scored`` for ``workbench eval``'s."""
 
     def __init__(self, root: Path, rid: str, preset_toml: str):
         self.path = Path(root) / rid
@@ -40,6 +50,16 @@ class RunDir:
 
     def eval(self, step: int, train_loss: float | None, val_loss: float | None, **bpb: float) -> None:
         self.metrics.write(EvalRecord(step=step, train_loss=train_loss, val_loss=val_loss, **bpb))
+
+    def task(self, step: int, task: str, metric: str, value: float | None, n: int = 100, **extra: Any) -> None:
+        """A task score as the trainer writes it (``train.eval_tasks``) into metrics.jsonl."""
+        self.metrics.write(TaskRecord(step=step, task=task, metric=metric, value=value, n=n, extra=extra))
+
+    def scored(self, step: int, task: str, metric: str, value: float | None, n: int = 100, **extra: Any) -> None:
+        """A task score as ``workbench eval`` appends it to tasks.jsonl."""
+        rec = TaskRecord(step=step, task=task, metric=metric, value=value, n=n, extra=extra)
+        with open(self.path / TASKS_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec.to_dict(), separators=(",", ":")) + "\n")
 
     def event(self, event: str, step: int, **data: Any) -> None:
         self.metrics.write(EventRecord(event=event, step=step, data=data))

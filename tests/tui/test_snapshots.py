@@ -35,6 +35,8 @@ async def _settle(pilot, app, tab):
     if tab == "runs":
         t = app.query_one("#runs-table")
         t.move_cursor(row=t.get_row_index("alpha"))
+        await wait_for(pilot, lambda: "no task scores" in text_of(app.query_one("#runs-card")),
+                       what="alpha's report card (read in a worker)")
     if tab == "presets":
         pane = app.query_one("#presets-pane")
         await wait_for(pilot, lambda: pane.current is not None, what="a preset loaded")

@@ -114,3 +114,52 @@ def test_watching_a_run_for_its_log_later_does_not_repeat_its_metrics(tmp_path):
     w.watch("r1", with_log=True, fresh_log=True)  # shown again after another run: the tail again
     w.poll_once()
     assert posted[-1].log_lines == ["a", "b"] and posted[-1].records == []
+
+
+def _task(step, task, metric, value, n=20):
+    return {"kind": "task", "step": step, "task": task, "metric": metric, "value": value, "n": n}
+
+
+def test_watcher_reads_tasks_jsonl_whole_only_when_it_changed(tmp_path):
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(_rec(10))
+    posted = []
+    w = RunWatcher(tmp_path, posted.append)
+    w.watch("r1")
+    w.poll_once()
+    assert posted[-1].task_file is None  # no tasks.jsonl: nothing to say
+    (run / "tasks.jsonl").write_text(json.dumps(_task(10, "qa", "exact", 0.5)) + "\n")
+    assert w.poll_once() == 1 and [r["value"] for r in posted[-1].task_file] == [0.5]
+    assert w.poll_once() == 0  # unchanged: not read again
+    with open(run / "tasks.jsonl", "a") as f:
+        f.write(json.dumps(_task(20, "qa", "exact", 0.75)) + "\n")
+    w.poll_once()
+    assert [r["value"] for r in posted[-1].task_file] == [0.5, 0.75]  # the whole file, not only the new line
+    (run / "tasks.jsonl").unlink()
+    w.poll_once()
+    assert posted[-1].task_file == []
+
+
+def test_run_data_task_scores_from_both_files_one_line_per_number_of_items():
+    from workbench.tui.plot import task_series
+
+    d = RunData("r")
+    d.feed([_task(10, "nl", "centered", 0.1), _task(10, "nl", "acc", 0.3),
+            _task(20, "nl", "centered", 0.2), _task(30, "nl", "centered", 0.4)])
+    # workbench eval scored step 20 again over the same 20 items (it wins), and 10 and 20 over 100 items
+    d.set_task_file([_task(20, "nl", "centered", 0.25), _task(10, "nl", "centered", 0.05, n=100),
+                     _task(20, "nl", "centered", 0.15, n=100), _task(20, "qa", "exact", 0.5, n=50)])
+    assert d.task_names() == ["nl", "qa"]
+    assert d.task_points("nl", "centered") == {20: ([10, 20, 30], [0.1, 0.25, 0.4]), 100: ([10, 20], [0.05, 0.15])}
+    assert d.task_points("qa", "exact") == {50: ([20], [0.5])}
+    metric, series = task_series([d], "nl")
+    assert metric == "centered"  # the headline, not acc
+    assert [(s.label, s.xs, s.ys) for s in series] == [("nl centered n=20", [10.0, 20.0, 30.0], [0.1, 0.25, 0.4]),
+                                                       ("nl centered n=100", [10.0, 20.0], [0.05, 0.15])]
+    assert series[0].color == series[1].color  # one run, one colour
+    # a resume from 20 abandons the trainer's step 30 (as current_timeline does)
+    d.feed([{"kind": "event", "event": "resume", "step": 20}])
+    assert d.task_points("nl", "centered")[20] == ([10, 20], [0.1, 0.25])
+    d.set_task_file([])
+    assert d.task_points("nl", "centered") == {20: ([10, 20], [0.1, 0.2])}

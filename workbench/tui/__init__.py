@@ -5,11 +5,11 @@ Where things live:
 - ``app.py``        WorkbenchApp: layout, the run list and tailer, routing of the panes' requests,
                     start / resume / stop / delete workers; ``run_tui`` entry
 - ``messages.py``   app-wide messages: workers' reports, and the StartRun / ResumeRun / StopRun requests
-- ``watcher.py``    the tailer thread: new bytes of metrics.jsonl / train.log, status.json
-- ``rundata.py``    what is known about one run (series, latest numbers, rate and ETA)
+- ``watcher.py``    the tailer thread: new bytes of metrics.jsonl / train.log, status.json, tasks.jsonl
+- ``rundata.py``    what is known about one run (series, task scores, latest numbers, rate and ETA)
 - ``launcher.py``   the CLI subprocesses: train / resume / stop --detach, streaming sample
 - ``hwinfo.py``     hardware facts and capabilities without torch
-- ``plot.py``       plotext loss curves as ANSI text
+- ``plot.py``       plotext loss curves and task scores as ANSI text
 - ``palette.py``    command-palette provider (every action)
 - ``widgets/``      one module per pane (each acts on its own keys and posts its requests, nested in its
                     class), ``pane.py`` what every pane offers, ``tabs.py`` the tabs; ``screens/`` dialogs

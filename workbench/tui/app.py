@@ -136,11 +136,13 @@ class WorkbenchApp(App[int]):
         prev_state = d.state
         d.status = msg.status
         d.feed(msg.records)
+        if msg.task_file is not None:
+            d.set_task_file(msg.task_file)
         if msg.run_id == self.monitored:
             mon = self.query_one(MonitorPane)
             mon.show_run(d)
             mon.append_log(msg.log_lines)
-        if msg.records:
+        if msg.records or msg.task_file is not None:
             self.query_one(CurvesPane).records_added(msg.run_id)
         if prev_state != d.state and prev_state != "?":
             self.action_refresh_runs()  # the browser should show the new state now

@@ -16,11 +16,13 @@ from workbench.tui.launcher import RunRequest
 
 @dataclass
 class RunUpdated(Message):
-    """New metrics records / status / train.log lines of one watched run."""
+    """New metrics records / status / train.log lines of one watched run; ``task_file``: every record of
+    its tasks.jsonl when that changed (None: unchanged)."""
     run_id: str
     records: list[dict]
     status: RunStatus
     log_lines: list[str] = field(default_factory=list)
+    task_file: list[dict] | None = None
 
 
 @dataclass

@@ -65,6 +65,8 @@ def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
     yield "Loss curves: cycle smoothing", "EMA 0 / 0.6 / 0.9 / 0.97", \
         partial(_in_curves, app, curves.action_cycle_smoothing)
     yield "Loss curves: train / val / both", "", partial(_in_curves, app, curves.action_cycle_show)
+    yield "Loss curves: loss / task scores", "the loss, then each task's score (k)", \
+        partial(_in_curves, app, curves.action_cycle_task)
     yield "Generate sample", "run the sampler on the chosen checkpoint(s)", sample.action_generate
     yield "Stop sampling", "", sample.action_cancel
     yield "Save preset", "atomic; shipped presets are saved as a user copy", partial(presets.save, False)

@@ -1,14 +1,29 @@
-"""Loss curves drawn with plotext into a string of ANSI text (no textual, no torch).
+"""Loss curves and task scores drawn with plotext into a string of ANSI text (no textual, no torch).
 
 plotext keeps one global figure, so this is called from the UI thread only.
 """
 
 from __future__ import annotations
 
-from workbench.tui.rundata import RunData, downsample, ema
+from typing import NamedTuple
+
+from workbench.analysis.report_card import LOWER_IS_BETTER
+from workbench.tui.rundata import RunData, downsample, ema, task_metric
 
 COLORS = ["cyan", "orange", "green", "magenta", "blue", "red", "yellow", "white"]
 SMOOTHING = [0.0, 0.6, 0.9, 0.97]
+# what a task metric is, in words (the y axis and the pane's title)
+METRIC_NAMES = {"centered": "centered accuracy", "acc": "accuracy", "acc_norm": "accuracy (length-normalised)",
+                "exact": "exact match", "contains": "answer contained", "bpb": "bits per byte", "loss": "loss"}
+
+
+
+class Series(NamedTuple):
+    """One line of a task plot: a run's scores over one number of items."""
+    label: str
+    xs: list[float]
+    ys: list[float]
+    color: str
 
 
 def _tokens_at(d: RunData, steps: list[int]) -> list[float]:
@@ -75,4 +90,57 @@ def render_loss_plot(runs: list[RunData], width: int, height: int, x_axis: str =
     plt.xlabel("tokens seen" if x_axis == "tokens" else "step")
     if metric == "bpb":
         plt.ylabel("bits per byte")
+    return plt.build()
+
+
+def task_series(runs: list[RunData], task: str, x_axis: str = "step") -> tuple[str | None, list[Series]]:
+    """The metric ``task`` is plotted by and one line per run that scored it (runs without it have none),
+    labelled by run id (by task and metric when only one run is plotted), in the run's colour. Scores over
+    different numbers of items are different lines ("n=40"), as the report card never compares them."""
+    metric = task_metric(runs, task)
+    out: list[Series] = []
+    if metric is None:
+        return None, out
+    points = [d.task_points(task, metric) for d in runs]
+    several_n = len({n for by_n in points for n in by_n}) > 1
+    for i, (d, by_n) in enumerate(zip(runs, points)):
+        for n, (steps, ys) in sorted(by_n.items()):
+            xs = _tokens_at(d, steps) if x_axis == "tokens" else [float(s) for s in steps]
+            label = (d.run_id if len(runs) > 1 else f"{task} {metric}") + (f" n={n}" if several_n else "")
+            out.append(Series(label, xs, ys, COLORS[i % len(COLORS)]))
+    return metric, out
+
+
+def task_title(task: str, metric: str | None, width: int = 1000) -> str:
+    """The plot's title: the task and its metric, as long as ``width`` allows (plotext leaves out a title
+    wider than the plot)."""
+    if metric is None:
+        return task
+    better = "lower" if metric in LOWER_IS_BETTER else "higher"
+    name = METRIC_NAMES.get(metric, metric)
+    titles = [f"{task}: {name} ({metric}, {better} is better)", f"{task}: {name}", f"{task} {metric}"]
+    return next((t for t in titles if len(t) <= width - 2), titles[-1])
+
+
+def render_task_plot(series: list[Series], title: str, metric: str, width: int, height: int,
+                     x_axis: str = "step", log_y: bool = False) -> str:
+    """``series`` from ``task_series``: one line per run, with a marker at each scored step."""
+    import plotext as plt
+
+    plt.clf()
+    plt.plotsize(max(20, width), max(6, height))
+    plt.theme("clear")
+    if not series:
+        return ""
+    dots: dict[str, int] = {}
+    for line in series:
+        plt.plot(line.xs, line.ys, label=line.label, color=line.color, marker="braille")
+        # a dot at each scored step (a run scored once is one dot); a run's second number of items: another
+        k = dots[line.color] = dots.get(line.color, -1) + 1
+        plt.scatter(line.xs, line.ys, color=line.color, marker="●◆■▲"[k % 4])
+    if log_y and all(y > 0 for line in series for y in line.ys):  # centered accuracy may be negative
+        plt.yscale("log")
+    plt.title(title)
+    plt.xlabel("tokens seen" if x_axis == "tokens" else "step")
+    plt.ylabel(METRIC_NAMES.get(metric, metric))
     return plt.build()

@@ -3,7 +3,9 @@
 Plain Python (no textual, no torch) so it is easy to test: ``RunData.feed`` takes
 the new ``metrics.jsonl`` records (typed, see ``workbench.rundir.records``, or as the
 parsed JSON lines the tailer reads) and keeps the series the panes draw plus the
-latest record of each kind.
+latest record of each kind. Task scores come from both ``metrics.jsonl`` (fed, as the
+trainer writes them) and ``tasks.jsonl`` (``workbench eval``; ``set_task_file`` with the
+whole file, which the tailer re-reads when it changes: it is small).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from workbench.analysis.report_card import headline
 from workbench.rundir import (
     TIMELINE_EVENTS,
     EvalRecord,
@@ -18,9 +21,14 @@ from workbench.rundir import (
     Record,
     RunStatus,
     RunView,
+    TaskRecord,
     TrainRecord,
     parse_record,
 )
+
+# step -> (task, metric, items scored) -> record: scores over different numbers of items (the trainer's
+# first train.task_limit, `workbench eval`'s all or --limit) are not the same measurement, so both are kept
+Scores = dict[int, dict[tuple[str, str, int], TaskRecord]]
 
 # Events worth a marker on screen, with the style they are shown in.
 EVENT_STYLES = {
@@ -45,6 +53,8 @@ class RunData(RunView):
     eval_val_bpb: list[float | None] = field(default_factory=list)    # bits per byte (None in older runs)
     eval_train_bpb: list[float | None] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
+    task_fed: Scores = field(default_factory=dict)    # task scores from metrics.jsonl (current timeline)
+    task_file: Scores = field(default_factory=dict)   # ... from tasks.jsonl (workbench eval)
     last_train: TrainRecord | None = None
     last_eval: EvalRecord | None = None
     status: RunStatus = field(default_factory=RunStatus)
@@ -68,6 +78,8 @@ class RunData(RunView):
                 self.eval_val_bpb.append(r.val_bpb)
                 self.eval_train_bpb.append(r.train_bpb)
                 self.last_eval = r
+            elif isinstance(r, TaskRecord):
+                self.task_fed.setdefault(r.step, {})[(r.task, r.metric, r.n)] = r
             elif isinstance(r, EventRecord):
                 self.events.append(r)
                 if r.event in TIMELINE_EVENTS:
@@ -91,6 +103,40 @@ class RunData(RunView):
             self.eval_train.pop()
             self.eval_val_bpb.pop()
             self.eval_train_bpb.pop()
+        for s in [s for s in self.task_fed if s > step]:
+            del self.task_fed[s]
+
+    def set_task_file(self, records: list[Record | dict]) -> None:
+        """Every record of ``tasks.jsonl`` (the whole file: it replaces what was read before)."""
+        self.task_file = {}
+        for raw in records:
+            r = parse_record(raw) if isinstance(raw, dict) else raw
+            if isinstance(r, TaskRecord):
+                self.task_file.setdefault(r.step, {})[(r.task, r.metric, r.n)] = r
+
+    def task_scores(self) -> Scores:
+        """Every task score, by step, from both files (``workbench eval``'s where both scored the same task,
+        metric and number of items at one step)."""
+        out: Scores = {s: dict(v) for s, v in self.task_fed.items()}
+        for step, at in self.task_file.items():
+            out.setdefault(step, {}).update(at)
+        return dict(sorted(out.items()))
+
+    def task_names(self) -> list[str]:
+        """The tasks scored in this run, in the order first seen (by step)."""
+        return list(dict.fromkeys(t for at in self.task_scores().values() for t, _m, _n in at))
+
+    def task_points(self, task: str, metric: str) -> dict[int, tuple[list[int], list[float]]]:
+        """items scored -> (steps, values) of one task's metric: one series per number of items, so that
+        every line compares like with like (as the report card does)."""
+        out: dict[int, tuple[list[int], list[float]]] = {}
+        for step, at in self.task_scores().items():
+            for (t, m, n), r in at.items():
+                if t == task and m == metric and r.value is not None:
+                    steps, values = out.setdefault(n, ([], []))
+                    steps.append(step)
+                    values.append(r.value)
+        return out
 
     def _feed_train(self, r: TrainRecord) -> None:
         if r.loss is not None:
@@ -143,6 +189,18 @@ class RunData(RunView):
         return min(self.eval_val) if self.eval_val else None
 
 
+def task_names(runs: list[RunData]) -> list[str]:
+    """The tasks scored in any of ``runs``, in the order first seen."""
+    return list(dict.fromkeys(t for d in runs for t in d.task_names()))
+
+
+def task_metric(runs: list[RunData], task: str) -> str | None:
+    """The metric a task is plotted by: its headline (``report_card.HEADLINE``: centered accuracy, exact
+    match, bits per byte), chosen over every score of it in ``runs`` so that every run draws the same."""
+    seen = {(t, m): r for d in runs for at in d.task_scores().values() for (t, m, _n), r in at.items() if t == task}
+    return headline(seen)[task].metric if seen else None
+
+
 def ema(values: list[float], alpha: float) -> list[float]:
     """Exponential moving average with bias correction (as TensorBoard smooths)."""
     if alpha <= 0 or not values:
@@ -180,6 +238,7 @@ def joined(parts: list[tuple[RunData, int | None]]) -> RunData:
         out.eval_train += [d.eval_train[i] for i in keep]
         out.eval_val_bpb += [d.eval_val_bpb[i] for i in keep]
         out.eval_train_bpb += [d.eval_train_bpb[i] for i in keep]
+        out.task_fed.update({s: at for s, at in d.task_scores().items() if upto is None or s <= upto})
     last = parts[-1][0]
     out.status, out.last_train, out.last_eval, out.events = last.status, last.last_train, last.last_eval, last.events
     return out

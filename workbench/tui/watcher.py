@@ -2,8 +2,9 @@
 
 Every ``interval`` seconds it reads, for each watched run, only the bytes
 appended to ``metrics.jsonl`` and ``train.log`` since last time (by byte offset,
-never re-reading a file), plus the small ``status.json``, and hands what changed
-to ``post``. It never touches widgets: ``post`` is the app's ``post_message``.
+never re-reading a file), plus the small ``status.json`` and ``tasks.jsonl`` (task
+scores from ``workbench eval``: read whole, when its size or time changed), and
+hands what changed to ``post``. It never touches widgets: ``post`` is the app's ``post_message``.
 
 Plain Python apart from the message type, so the offset logic is easy to test.
 """
@@ -15,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from workbench.rundir import LineTail, MetricsTail, RunStatus, read_status
+from workbench.rundir import TASKS_FILE, LineTail, MetricsTail, RunStatus, read_status
 
 LOG_TAIL_BYTES = 16384  # how much of an existing train.log to show on first attach
 
@@ -53,6 +54,7 @@ class _Watched:
         self.status_mtime: float | None = None
         self.status: RunStatus | None = None
         self.last_state: str | None = None
+        self.tasks_sig: tuple[int, int] | None = None   # (size, mtime) of tasks.jsonl when last read
 
 
 class RunWatcher:
@@ -106,10 +108,27 @@ class RunWatcher:
                 records.extend(batch)
             status_changed = self._read_status(w)
             lines = w.log.read_new() if w.log else []
-            if records or status_changed or lines:
+            task_file = self._read_tasks(w)
+            if records or status_changed or lines or task_file is not None:
                 changed += 1
-                self.post(RunUpdated(rid, records, w.status, lines))
+                self.post(RunUpdated(rid, records, w.status, lines, task_file))
         return changed
+
+    @staticmethod
+    def _read_tasks(w: _Watched) -> list[dict] | None:
+        """Every record of tasks.jsonl when it changed since the last call (``[]``: it is gone), else None.
+        It is small (a few records per checkpoint scored), so it is read whole: that also copes with a
+        file replaced rather than appended to."""
+        path = w.run_dir / TASKS_FILE
+        try:
+            st = os.stat(path)
+            sig: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            sig = None
+        if sig == w.tasks_sig:
+            return None
+        w.tasks_sig = sig
+        return MetricsTail(path).read_new(max_bytes=sig[0] + 1) if sig else []
 
     def _read_status(self, w: _Watched) -> bool:
         path = w.run_dir / "status.json"

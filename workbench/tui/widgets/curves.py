@@ -1,4 +1,5 @@
-"""Loss curves pane: train/val loss of one or several runs, step or tokens, log, smoothing."""
+"""Loss curves pane: train/val loss of one or several runs, step or tokens, log, smoothing; or, one key
+away, each task's score (``train.eval_tasks``, ``workbench eval``) on the same axes."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ except ImportError:  # pragma: no cover - a Textual without it: leave the rows a
 from textual.widgets.option_list import OptionDoesNotExist
 
 from workbench.analysis.lineage import lineage
-from workbench.tui.plot import SMOOTHING, render_loss_plot
-from workbench.tui.rundata import RunData, joined
+from workbench.tui.plot import SMOOTHING, Series, render_loss_plot, render_task_plot, task_series, task_title
+from workbench.tui.rundata import RunData, joined, task_names
 from workbench.tui.widgets.pane import Pane
 
 
@@ -49,6 +50,10 @@ class RunChecklist(SelectionList[str]):
 class LossPlot(Static):
     """Redraws on resize; the pane calls ``draw`` when data or settings change."""
 
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.series: list[Series] = []   # the task lines drawn last (label, xs, ys); [] when loss is drawn
+
     def on_resize(self) -> None:
         self.draw()
 
@@ -64,10 +69,23 @@ class LossPlot(Static):
                              "No run ticked: choose one on the left with ↑/↓ and press space "
                              "(or click it) to plot its loss.", style="dim"))
             return
+        if pane.plot_task is not None:
+            self.draw_task(pane.plot_task, runs, w, h)
+            return
+        self.series = []
         text = render_loss_plot(runs, w, h, x_axis=pane.x_axis, log_y=pane.log_y,
                                 smoothing=pane.smoothing, show=pane.show, metric=pane.metric)
         self.update(Text.from_ansi(text, no_wrap=True) if text else
                     Text("No loss recorded yet for the selected runs.", style="dim"))
+
+    def draw_task(self, task: str, runs: list[RunData], w: int, h: int) -> None:
+        pane = self.query_ancestor(CurvesPane)
+        metric, self.series = task_series(runs, task, pane.x_axis)
+        text = render_task_plot(self.series, task_title(task, metric, w), metric or "", w, h,
+                                x_axis=pane.x_axis, log_y=pane.log_y)
+        self.update(Text.from_ansi(text, no_wrap=True) if text else
+                    Text(f"No scores of task {task} in the selected runs (k: the next task, or loss).",
+                         style="dim"))
 
 
 class CurvesPane(Horizontal, Pane):
@@ -77,8 +95,10 @@ class CurvesPane(Horizontal, Pane):
         Binding("x", "toggle_x", "Step/tokens"),
         Binding("s", "cycle_smoothing", "Smooth"),
         Binding("v", "cycle_show", "Train/val"),
-        Binding("a", "toggle_lineage", "Ancestors"),
+        # what is plotted together (and before "Ancestors": the footer of an 80-column terminal shows them)
         Binding("b", "toggle_metric", "Loss/bpb"),
+        Binding("k", "cycle_task", "Task"),
+        Binding("a", "toggle_lineage", "Ancestors"),
     ]
 
     log_y: reactive[bool] = reactive(False, init=False)
@@ -87,6 +107,7 @@ class CurvesPane(Horizontal, Pane):
     show: reactive[str] = reactive("both", init=False)
     metric: reactive[str] = reactive("loss", init=False)   # loss (nats/token) or bpb (bits/byte, at evals)
     lineage: reactive[bool] = reactive(False, init=False)  # a branched run drawn with its ancestors, as one line
+    plot_task: reactive[str | None] = reactive(None, init=False)  # a task's score is drawn in place of the loss
 
     @dataclass
     class RunsTicked(Message):
@@ -205,19 +226,35 @@ class CurvesPane(Horizontal, Pane):
             self.query_one(LossPlot).draw()
 
     def _show_settings(self) -> None:
+        y = "task" if self.plot_task is not None else "bits/byte" if self.metric == "bpb" else "loss"
+        task = f"task: {self.plot_task}\n" if self.plot_task is not None else ""
         self.query_one("#curves-settings", Label).update(
-            f"x: {self.x_axis}   y: {'log' if self.log_y else 'linear'}, "
-            f"{'bits/byte' if self.metric == 'bpb' else 'loss'}\n"
+            f"x: {self.x_axis}   y: {'log' if self.log_y else 'linear'}, {y}\n{task}"
             f"smoothing: {self.smoothing:g}\nshow: {self.show}\nancestors: {'drawn' if self.lineage else 'not drawn'}")
 
     def _changed(self) -> None:
         self._show_settings()
         self.redraw()
 
-    watch_log_y = watch_x_axis = watch_smoothing = watch_show = watch_metric = lambda self, _v: self._changed()
+    watch_log_y = watch_x_axis = watch_smoothing = watch_show = watch_metric = watch_plot_task = \
+        lambda self, _v: self._changed()
 
     def action_toggle_metric(self) -> None:
+        """Loss or bits per byte (from a task's score: back to the loss, toggled)."""
         self.metric = "bpb" if self.metric == "loss" else "loss"
+        self.plot_task = None
+
+    def action_cycle_task(self) -> None:
+        """Loss, then each task scored in the runs plotted (its headline metric), then the loss again."""
+        names = task_names(self.selected_data())
+        if not names:
+            self.plot_task = None
+            self.notify("No task scores in the runs plotted: train with train.eval_tasks set, or score "
+                        "checkpoints with `workbench eval RUN --task builtin`.", severity="warning")
+            return
+        order: list[str | None] = [None, *names]
+        i = order.index(self.plot_task) if self.plot_task in order else 0
+        self.plot_task = order[(i + 1) % len(order)]
 
     def watch_lineage(self, _v: bool) -> None:
         self._watch_ticked()

@@ -1,14 +1,19 @@
-"""Runs / checkpoint browser: every run with its state, and its checkpoints from the sidecars.
+"""Runs / checkpoint browser: every run with its state, its checkpoints from the sidecars, and the report
+card of the checkpoint under the cursor (its task scores, with the change from the previous scored
+checkpoint and from the weights the run started from).
 
 The pane acts on the run (and checkpoint) under the cursor: it asks the app to follow, plot, sample,
 resume or delete it by messages; deleting is confirmed here first."""
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.text import Text
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -16,11 +21,12 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from workbench.analysis.lineage import branch_name
+from workbench.analysis.report_card import card_lines, report_card
 from workbench.analysis.summary import RunSummary
 from workbench.config import load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
-from workbench.rundir import LIVE_STATES, RunLock, best_checkpoint
+from workbench.rundir import LIVE_STATES, TASKS_FILE, RunLock, best_checkpoint
 from workbench.tui import display
 from workbench.tui.messages import ResumeRun
 from workbench.tui.screens.dialogs import ConfirmScreen
@@ -38,6 +44,24 @@ def source_text(run: RunSummary) -> str:
         how = "LoRA" if run.finetune == "lora" else "full fine-tune"
         parts.append(f"{how} from {run.init.replace('@', ' at step ')}")
     return ("  " + "; ".join(parts)) if parts else ""
+
+
+def card_inputs(run: RunSummary) -> tuple:
+    """What a run's report card is read from, as (size, mtime) of each file: the card is read again
+    only when one of them changed (its own scores, or those of the run its weights came from)."""
+    dirs = [Path(run.path)]
+    for origin in (run.parent, run.init):
+        if origin:
+            dirs.append(Path(run.path).parent / origin.rsplit("@", 1)[0])
+    sig = []
+    for d in dirs:
+        for name in ("metrics.jsonl", TASKS_FILE):
+            try:
+                st = os.stat(d / name)
+                sig.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                sig.append(None)
+    return tuple(sig)
 
 
 class RunsPane(Vertical, Pane):
@@ -87,14 +111,29 @@ class RunsPane(Vertical, Pane):
     class RefreshRequested(Message):
         """Read the runs directory again now."""
 
+    @dataclass
+    class CardRead(Message):
+        """The report card of ``run_id`` at ``step`` was read (in a worker): ``card_lines``'s text."""
+        run_id: str
+        step: int
+        lines: list[str]
+
+    # A live run's metrics.jsonl grows all the time: its card is read again at most this often (s).
+    CARD_REFRESH_S = 10.0
+
     def __init__(self, **kw):
         super().__init__(**kw)
         self.summaries: dict[str, RunSummary] = {}
+        self._ckpt_run: str | None = None      # the run whose checkpoints the checkpoint table lists
+        self._card: tuple[str, int] | None = None   # (run, step) the report card is for
+        self._card_inputs: tuple | None = None      # ... and the files it was last read from
+        self._card_read_at = 0.0
 
     def compose(self) -> ComposeResult:
         yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
         yield Static("", id="runs-detail")
         yield DataTable(id="ckpt-table", cursor_type="row")
+        yield Static("", id="runs-card")
 
     def on_mount(self) -> None:
         t = self.query_one("#runs-table", DataTable)
@@ -105,6 +144,7 @@ class RunsPane(Vertical, Pane):
         c = self.query_one("#ckpt-table", DataTable)
         c.add_columns("checkpoint", "step", "train loss", "val loss", "tokens", "size", "")
         c.border_title = "checkpoints (tab here, then c to resume from one)"
+        self.query_one("#runs-card", Static).border_title = "report card"
 
     def set_runs(self, runs: list[RunSummary]) -> None:
         t = self.query_one("#runs-table", DataTable)
@@ -140,14 +180,20 @@ class RunsPane(Vertical, Pane):
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id == "runs-table":
             self.show_checkpoints()
+        elif event.data_table.id == "ckpt-table":
+            self.show_card()
 
     def show_checkpoints(self) -> None:
         c = self.query_one("#ckpt-table", DataTable)
-        c.clear()
         run = self.summaries.get(self.selected_run_id() or "")
+        # the same run listed again (every few seconds): the checkpoint under the cursor stays there
+        keep = self.selected_checkpoint() if run and run.id == self._ckpt_run else None
+        self._ckpt_run = run.id if run else None
+        c.clear()
         detail = self.query_one("#runs-detail", Static)
         if run is None:
             detail.update("No runs here yet. Press [b]n[/b] to start one.")
+            self.show_card()
             return
         msg = Text.assemble((run.id, "bold"), "  ", Text.from_markup(display.state_markup(run.state)),
                             f"  preset {run.preset}  {len(run.checkpoints)} checkpoint(s)",
@@ -162,6 +208,48 @@ class RunsPane(Vertical, Pane):
                       display.loss(k.get("val_loss")), display.si(k.get("tokens_seen")),
                       human_bytes(k["bytes"]) if isinstance(k.get("bytes"), int) else "—",
                       "best" if best is k else "", key=k.get("name"))
+        if keep and keep.get("name") in c.rows:
+            c.move_cursor(row=c.get_row_index(keep["name"]), animate=False)
+        self.show_card()
+
+    # ------------------------------------------------------------------ report card
+
+    def show_card(self) -> None:
+        """The report card of the checkpoint under the cursor: read in a worker when the checkpoint is
+        another one, or when its files changed (a live run's at most every CARD_REFRESH_S)."""
+        card = self.query_one("#runs-card", Static)
+        run = self.summaries.get(self.selected_run_id() or "")
+        ck = self.selected_checkpoint()
+        if run is None or ck is None or not isinstance(ck.get("step"), int):
+            self._card = self._card_inputs = None
+            card.display = False
+            return
+        card.display = True
+        key, inputs = (run.id, int(ck["step"])), card_inputs(run)
+        if key == self._card:
+            if inputs == self._card_inputs or time.monotonic() - self._card_read_at < self.CARD_REFRESH_S:
+                return
+        else:
+            self._card = key
+            card.border_title = f"report card: {run.id} step {key[1]:,}"
+            card.update(Text("reading task scores…", style="dim"))
+        self._card_inputs, self._card_read_at = inputs, time.monotonic()
+        self._read_card(Path(run.path).parent, run.id, key[1])
+
+    @work(thread=True, exclusive=True, group="report-card", exit_on_error=False)
+    def _read_card(self, root: Path, run_id: str, step: int) -> None:
+        self.post_message(self.CardRead(run_id, step, card_lines(report_card(root, run_id, step))))
+
+    @on(CardRead)
+    def _card_read(self, msg: CardRead) -> None:
+        msg.stop()
+        if (msg.run_id, msg.step) != self._card:
+            return  # the cursor moved on
+        lines = msg.lines
+        text = Text("\n".join(lines), no_wrap=len(lines) > 1, overflow="ellipsis")
+        if len(lines) > 1:
+            text.stylize("bold", 0, len(lines[0]))
+        self.query_one("#runs-card", Static).update(text)
 
     def focused_table(self) -> str:
         f = self.app.focused
