@@ -39,7 +39,7 @@ def write_gen(path: Path, n: int) -> None:
     with open(path, "w") as f:
         for it in cloze_task().items[:n]:
             f.write(json.dumps({"prompt": it.context, "answer": it.choices[it.gold]}) + "\n")
-    path.with_suffix(".toml").write_text('until = [" ", "\\n"]\nmax_new_tokens = 8\n')
+    path.with_suffix(".toml").write_text('until = ["\\n"]\nmax_new_tokens = 8\n')
 
 
 def child(argv: list[str]) -> None:
@@ -56,7 +56,7 @@ def measure(run: str, runs_dir: str, task: Path) -> dict:
                          "--no-save", "--json", "--device", "cpu"], capture_output=True, text=True, check=True)
     m = json.loads(cp.stderr.strip().splitlines()[-1])
     t = json.loads(cp.stdout)["checkpoints"][0]["tasks"][0]
-    return {**m, "n": t["n"], "items_per_s": t["items_per_s"], "score": t["score"]}
+    return {**m, "n": t["n"], "items_per_s": t["items_per_s"], "score": t["score"], "contains": t.get("contains")}
 
 
 def main() -> int:
@@ -83,7 +83,7 @@ def main() -> int:
             write_gen(Path(tmp) / "gen.jsonl", a.gen)
             g = measure(a.run, a.runs_dir, Path(tmp) / "gen.jsonl")
             print(f"exact match, {g['n']} records (greedy, up to 8 new tokens): {g['items_per_s']:.1f} records/s, "
-                  f"peak RSS {g['peak_rss_mib']:.0f} MiB, exact {g['score']:.3f}")
+                  f"peak RSS {g['peak_rss_mib']:.0f} MiB, exact {g['score']:.3f}, contains {g['contains']:.3f}")
     return 0
 
 

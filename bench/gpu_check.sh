@@ -3,10 +3,10 @@
 # precision auto, bf16 / fp16 + GradScaler / fp32, TF32, the fused loss on CUDA, --nproc 1 and NCCL), then a
 # bf16 + compile run, kill -9 / resume agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter
 # config, estimated vs measured peak memory. Exits non-zero when a GPU test fails.
-# Usage: bash bench/gpu_check.sh [quick|tests|numbers|muon|mfu|profile|savers]   (tests: the GPU tests alone; quick: the GPU
+# Usage: bash bench/gpu_check.sh [quick|tests|numbers|eval|muon|mfu|profile|savers]   (tests: the GPU tests alone; quick: the GPU
 # tests, kill -9 / resume and fit's OOM path; numbers: the throughput runs and estimates alone; muon: Muon against AdamW,
 # time a step and the Newton-Schulz share; mfu: the ~124 M config's MFU levers, each one trainer run, and the gpu-8gb
-# defaults; set WB_LEVERS to choose which, by name)
+# defaults; eval: task scores while training on CUDA and `workbench eval` on CUDA and CPU; set WB_LEVERS to choose which)
 set -u
 cd "$(dirname "$0")/.."
 export WORKBENCH_CACHE_DIR=${WORKBENCH_CACHE_DIR:-/tmp/wbcache} PYTHONUNBUFFERED=1
@@ -19,6 +19,30 @@ $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_na
 G124="model.qk_norm=false model.vocab_size=32768 model.dim=768 model.n_layers=12 model.n_heads=12 model.n_kv_heads=12 model.ffn_hidden=2560
       model.seq_len=1024 model.dropout=0.0 train.batch_size=32 hardware.activation_checkpointing=false
       hardware.chunked_loss=false data.builtin_mb=24"
+if [ "${1:-}" = eval ]; then  # task scoring on CUDA: while training (bf16 autocast, per-block compile) and `workbench eval`
+    E="model.dim=256 model.n_layers=4 model.seq_len=256 model.vocab_size=4096 train.batch_size=16 train.warmup_iters=20
+       train.max_iters=200 train.ckpt_interval=100 train.eval_interval=100 train.log_interval=50 data.builtin_mb=6
+       hardware.device=cuda hardware.compile=true hardware.activation_checkpointing=true
+       train.eval_tasks=['builtin'] train.task_limit=100"
+    $PY -m workbench train cpu-small --name ev --runs-dir $R --set $E 2>&1 | grep -E "tasks|compile|finished|error|warning"
+    for dev in cuda cpu; do
+        $PY -m workbench eval ev --runs-dir $R --checkpoint all --task builtin --limit 100 --device $dev --json --no-save \
+            > /tmp/ev_$dev.json
+    done
+    $PY -m workbench eval ev --runs-dir $R --task builtin --device cuda  # all 400 items: the speed
+    $PY - <<'PYEOF'
+import json
+from workbench.analysis.report_card import task_scores
+tr = task_scores("/tmp/wbruns/ev")
+for dev in ("cuda", "cpu"):
+    for c in json.load(open(f"/tmp/ev_{dev}.json"))["checkpoints"]:
+        for t in c["tasks"]:
+            mine = tr[c["step"]][(t["task"], "centered")]
+            print(f"{dev} step {c['step']} {t['task']}: {t['n']} items {t['items_per_s']:.0f}/s centered {t['centered']:.4f} "
+                  f"acc {t['acc']:.4f} acc_norm {t['acc_norm']:.4f}; trainer (bf16, first {mine.n}) {mine.value:.4f}")
+PYEOF
+    exit 0
+fi
 if [ "${1:-}" = muon ]; then  # Muon vs AdamW: ms a step, the Newton-Schulz share (bench/muon_gpu.py), the trainer's tokens/s
     export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
     $PY bench/muon_gpu.py gpu-8gb --steps 20

@@ -66,3 +66,14 @@ def test_abandoned_timelines_are_not_scores(tmp_path):
     assert card_lines(report_card(tmp_path, "r", 30)) == [
         "no task scores at step 30; score it with `workbench eval r --checkpoint 30 --task builtin` or set "
         "train.eval_tasks"]
+
+
+def test_an_edited_task_is_not_compared_with_its_old_items(tmp_path):
+    old, new = (TaskRecord(step=s, task="qa", metric="exact", value=v, n=10, extra={"digest": d})
+                for s, v, d in ((10, 0.1, "aaaa"), (20, 0.5, "bbbb")))
+    again = TaskRecord(step=10, task="qa", metric="exact", value=0.3, n=10, extra={"digest": "bbbb"})
+    _run(tmp_path, "r", [old, new])
+    assert report_card(tmp_path, "r", 20).rows[0].d_prev is None
+    _run(tmp_path, "r2", [old, new], evals=[again])  # step 10 scored again on the new items
+    card = report_card(tmp_path, "r2", 20)
+    assert card.prev_step == 10 and round(card.rows[0].d_prev, 6) == 0.2

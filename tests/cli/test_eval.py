@@ -44,7 +44,8 @@ def test_every_checkpoint_scored_as_json_kept_and_shown(run):
     recs = read_jsonl(run / "tasks.jsonl")
     assert len(recs) == 3 * 2 * 3 and {r["kind"] for r in recs} == {"task"}
     assert {(r["step"], r["task"], r["metric"]) for r in recs} == {
-        (s, t, m) for s in (20, 40, 60) for t in ("stdlib-next-line", "docs-cloze") for m in ("centered", "acc", "acc_norm")}
+        (s, t, m) for s in (20, 40, 60) for t in ("stdlib-next-line", "docs-cloze")
+        for m in ("centered", "acc", "acc_norm")}
     last = {t["task"]: t["centered"] for t in out["checkpoints"][-1]["tasks"]}
 
     runs = wb("runs", "--runs-dir", root, check=True).stdout

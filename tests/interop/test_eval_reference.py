@@ -75,7 +75,8 @@ def test_every_choice_log_likelihood_equals_transformers(exported, ours):
         want += [reference_ll(hf_model, hf_tok, it.context, " " + c, L) for c in it.choices]
     assert len(got) == len(want) == 144
     assert any(len(it.context) > 100 for it in task.items)  # some contexts were cropped
-    torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64), atol=1e-4, rtol=0)
+    f64 = torch.float64
+    torch.testing.assert_close(torch.tensor(got, dtype=f64), torch.tensor(want, dtype=f64), atol=1e-4, rtol=0)
 
 
 def _write(path: Path, rows: list[dict]) -> Path:
@@ -123,7 +124,8 @@ def test_greedy_answers_equal_transformers_generate(facts_run, tmp_path):
     greedy ones token for token; exact match and "contains" follow from them."""
     out = tmp_path / "hf"
     wb("export", str(facts_run), str(out), "--format", "hf", check=True)
-    hf_model, hf_tok = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(out)
+    hf_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    hf_tok = AutoTokenizer.from_pretrained(out)
     model, tok = load_run_model(facts_run, "latest").model.eval(), load_tokenizer(facts_run)
     items, expected, theirs = [], [], []
     for k, (q, word) in enumerate(FACTS):

@@ -125,19 +125,23 @@ def _origin(run_dir: Path) -> tuple[str, str, int] | None:
     return None
 
 
-Index = dict[int, dict[tuple[str, str, int], TaskRecord]]   # step -> (task, metric, items) -> record
+Index = dict[int, dict[tuple, TaskRecord]]   # step -> (task, metric, items, digest) -> record
+
+
+def _key(r: TaskRecord) -> tuple:
+    return r.task, r.metric, r.n, r.extra.get("digest")
 
 
 def _index(recs: list[TaskRecord]) -> Index:
     out: Index = {}
     for r in recs:
-        out.setdefault(r.step, {})[(r.task, r.metric, r.n)] = r
+        out.setdefault(r.step, {})[_key(r)] = r
     return out
 
 
 def _latest_with(index: Index, keys: set, below: int | None = None, at_most: int | None = None) -> int | None:
     """The newest step (< ``below`` or <= ``at_most``) scored on any of ``keys``: scores are compared only
-    between the same task, metric and number of items."""
+    between the same task, metric, number of items and items (digest)."""
     steps = [s for s, at in index.items() if (below is None or s < below) and (at_most is None or s <= at_most)
              and keys & at.keys()]
     return max(steps) if steps else None
@@ -145,7 +149,7 @@ def _latest_with(index: Index, keys: set, below: int | None = None, at_most: int
 
 def report_card(root: Path, run_id: str, step: int) -> ReportCard:
     """The report card of ``run_id``'s checkpoint at ``step`` (rows empty when nothing was scored there).
-    A difference is shown only against a score over the same number of items (the same items)."""
+    A difference is shown only against a score of the same items (their number and the task's digest)."""
     run_dir = Path(root) / run_id
     recs = _task_records(run_dir)
     here = _best(recs).get(step, {})
@@ -153,7 +157,7 @@ def report_card(root: Path, run_id: str, step: int) -> ReportCard:
     origin = _origin(run_dir)
     other = _index(_task_records(Path(root) / origin[1])) if origin else {}
     rows_here = headline(here)
-    keys = {(t, r.metric, r.n) for t, r in rows_here.items()}
+    keys = {_key(r) for r in rows_here.values()}
 
     prev_at, prev_index = _latest_with(index, keys, below=step), index
     if prev_at is None and origin and origin[0] == "parent":  # a branch's first checkpoint: the parent's before it
@@ -170,7 +174,7 @@ def report_card(root: Path, run_id: str, step: int) -> ReportCard:
     prev = prev_index.get(prev_at, {}) if prev_at is not None else {}
     rows = []
     for task, rec in rows_here.items():
-        key = (task, rec.metric, rec.n)
+        key = _key(rec)
         p, b = prev.get(key), (base or {}).get(key)
         rows.append(CardRow(task, rec.metric, rec.value, rec.n, p.value if p else None, b.value if b else None))
     return ReportCard(run_id, step, tuple(rows), prev_at, label)

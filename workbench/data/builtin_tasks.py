@@ -12,7 +12,8 @@ preset ever trains on them). No download; the same items on every machine with t
   from the same documents. Scored by summed log-likelihood (``acc``).
 
 An item whose context and answer also occur in a document that is not held out (documentation topics repeat
-each other; some modules share code) is left out. Chance is 0.25 on both; the README gives what a random-init model and a trained cpu-small score.
+each other; some modules share code) is left out. Chance is 0.25 on both; the README gives what a random-init
+model and a trained cpu-small score.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ and the line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tomllib
 from dataclasses import dataclass, replace
@@ -69,6 +70,14 @@ class Task:
     def metrics(self) -> tuple[str, ...]:
         """The metrics scoring reports for this task; the first is its score."""
         return ("centered", "acc", "acc_norm") if self.kind == "mc" else ("exact", "contains")
+
+    @property
+    def digest(self) -> str:
+        """What identifies the items scored (their text, choices, golds and the scoring options): scores are
+        compared only between equal digests, so an edited task file or a changed built-in task is never
+        compared with its old self."""
+        opts = (self.kind, self.metric, self.delimiter, self.until, self.max_new_tokens)
+        return hashlib.sha256(repr((opts, self.items)).encode()).hexdigest()[:12]
 
     @property
     def chance(self) -> float:

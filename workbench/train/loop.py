@@ -417,7 +417,8 @@ class Trainer:
                 for metric in sc.task.metrics:
                     self.report.record(TaskRecord(step=step, task=sc.task.name, metric=metric, value=sc.values[metric],
                                                   n=sc.n, time=time.time(),
-                                                  extra={"source": sc.task.source, "seconds": round(sc.seconds, 2)}))
+                                                  extra={"source": sc.task.source, "digest": sc.task.digest,
+                                                         "seconds": round(sc.seconds, 2)}))
             self.report.log(f"step {step}: tasks " + ", ".join(f"{sc.task.name} {sc.score:.3f}" for sc in scores)
                             + f" ({scores[0].task.metrics[0]}; {time.time() - t0:.1f} s)")
         return True
