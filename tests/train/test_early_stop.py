@@ -69,3 +69,35 @@ def test_the_count_of_evals_without_gain_survives_a_resume(tmp_path):
     assert (st.state, st.step) == ("early_stopped", 8), st
     assert [e["step"] for e in _early_stops(d)] == [8]
     assert _early_stops(d)[0]["best_val_loss"] == _early_stops(tmp_path / "straight")[0]["best_val_loss"]
+
+
+def _stop_step(evals: dict[int, float], patience: int, reset: bool) -> int | None:
+    """Where early stopping stops on this eval sequence (the loop's first eval, at step 0, does not count)."""
+    best, bad = None, 0
+    for step, v in sorted(evals.items()):
+        if step == 0:
+            continue
+        if best is None or v < best:
+            best = v
+            bad = 0 if reset else bad
+        else:
+            bad += 1
+        if bad >= patience:
+            return step
+    return None
+
+
+def test_an_improvement_resets_the_count_of_evals_without_gain(tmp_path):
+    """The learning rate warms up to 1.0, so val loss goes down, up, down and up again: an improvement after a
+    bad eval must start the count again. The stop step is read off the run's own evals both ways (with and
+    without the reset), which must differ, so a count that never resets fails."""
+    root = str(tmp_path)
+    wb("train", "cpu-small", "--name", "es", "--runs-dir", root,
+       *tiny("train.max_iters=40", "train.eval_interval=2", "train.ckpt_interval=100", "train.lr=1.0",
+             "train.min_lr=1.0", "train.warmup_iters=12", "train.patience=2"), check=True)
+    d = tmp_path / "es"
+    evals = {r["step"]: r["val_loss"] for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "eval"}
+    with_reset, without = _stop_step(evals, 2, True), _stop_step(evals, 2, False)
+    assert with_reset is not None and without is not None and without < with_reset, evals
+    assert [e["step"] for e in _early_stops(d)] == [with_reset] == [max(evals)]
+    assert rundir.read_status(d).state == "early_stopped"
