@@ -103,6 +103,11 @@ def test_muon_under_two_process_ddp_follows_one_process(tmp_path):
     assert cp.returncode == 2 and "train.optimizer = muon does not work with hardware.shard = true" in cp.stderr
 
 
+def learning_rates(run_dir) -> dict[int, float]:
+    """step -> the learning rate its update used, as logged."""
+    return {r["step"]: r["lr"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"}
+
+
 def test_extending_a_decayed_wsd_run_goes_on_from_its_decay_start_without_a_jump(tmp_path):
     root = str(tmp_path)
     wb("train", "cpu-small", "--name", "w", "--runs-dir", root,
@@ -114,9 +119,16 @@ def test_extending_a_decayed_wsd_run_goes_on_from_its_decay_start_without_a_jump
     assert "wsd schedule: going on from step 45, where the decay began" in cp.stdout
     child = losses(tmp_path / "w-from-45")
     assert sorted(child) == list(range(46, 91))
-    recent = [parent[s] for s in range(36, 46)]  # the parent's last stable-phase steps
-    spread = max(recent) - min(recent)
-    assert abs(child[46] - parent[45]) <= spread + 0.05, (child[46], recent)
+    # No jump: step 46's loss is that of step 45's weights on step 46's batch, in the parent as in the branch,
+    # so it is the parent's to the bit (the learning rate only acts after it).
+    assert child[46] == parent[46], (child[46], parent[46])
+    # The stable phase goes on at the parent's stable learning rate, exactly, until the longer run's decay begins
+    # (a logged step s trained at lr_factor(s - 1)); the new decay ends at the parent's final learning rate.
+    lr_parent, lr_child = learning_rates(tmp_path / "w"), learning_rates(tmp_path / "w-from-45")
+    new_start = decay_start(resolve_preset(str(tmp_path / "w-from-45" / "preset.toml")))
+    assert new_start == 68 and lr_parent[45] == max(lr_parent.values())  # 90 - round(0.25 x 90); the peak
+    assert [lr_child[s] for s in range(46, new_start + 1)] == [lr_parent[45]] * (new_start - 45)
+    assert lr_child[new_start + 1] < lr_parent[45] and lr_child[90] == lr_parent[60]
     change = next(r for r in read_jsonl(tmp_path / "w-from-45" / "metrics.jsonl") if r.get("event") == "preset_changed")
     assert change["changes"]["max_iters"] == [60, 90]
 
@@ -137,3 +149,16 @@ def test_bits_per_byte_counts_the_bytes_the_tokens_stand_for(tmp_path, trained_r
     n_tokens = p.train.eval_iters * p.train.batch_size * p.model.seq_len
     assert ev["val_bpb"] == pytest.approx(ev["val_loss"] * n_tokens / math.log(2) / nbytes, rel=1e-5)
     assert np.isfinite(ev["train_bpb"])
+
+
+def test_stacked_orthogonalisation_is_each_matrix_on_its_own():
+    """A stack of same-shaped matrices (what Muon orthogonalises at once on a GPU) gives each matrix what it
+    gives alone, tall and wide."""
+    from workbench.train.optim import orthogonalize
+    g = torch.Generator().manual_seed(0)
+    for shape in ((5, 48, 32), (3, 32, 48)):
+        stack = torch.randn(*shape, generator=g)
+        together = orthogonalize(stack)
+        alone = torch.stack([orthogonalize(m) for m in stack])
+        torch.testing.assert_close(together, alone, atol=1e-6, rtol=0)
+        assert not torch.allclose(together[0], together[1])  # each its own, not one shared normalisation

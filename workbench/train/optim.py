@@ -43,21 +43,25 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Keller Jordan's quintic, as torch
 
 
 def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """Newton-Schulz: about U V^T of g = U S V^T (the singular values pushed towards 1)."""
+    """Newton-Schulz: about U V^T of g = U S V^T (the singular values pushed towards 1). ``g`` is one matrix
+    [r, c] or a stack of same-shaped matrices [k, r, c], each orthogonalised on its own (one batched product
+    per iteration instead of k: on an H100, gpu-8gb's 84 matrices took 44.6 ms one at a time, 7.4 ms stacked)."""
     a, b, c = NS_COEFFICIENTS
     x = g.to(torch.bfloat16 if g.device.type in ("cuda", "mps") else torch.float32)
-    tall = x.size(0) > x.size(1)
+    tall = x.size(-2) > x.size(-1)
     if tall:
-        x = x.T
-    x = x / (x.norm() + eps)  # spectral norm at most 1
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)  # spectral norm at most 1
     for _ in range(steps):
-        m = x @ x.T
+        m = x @ x.mT
         x = a * x + (b * m + c * m @ m) @ x
-    return (x.T if tall else x).to(g.dtype)
+    return (x.mT if tall else x).to(g.dtype)
 
 
 class Muon(torch.optim.Optimizer):
-    """Muon for 2-D parameters (see the module docstring for why not torch.optim.Muon)."""
+    """Muon for 2-D parameters (see the module docstring for why not torch.optim.Muon). On a GPU the matrices
+    of a parameter group that share a shape are orthogonalised together (``orthogonalize`` on their stack);
+    on a CPU one at a time (the same numbers, bit for bit; stacked was no faster there)."""
 
     def __init__(self, params, lr: float = 0.02, weight_decay: float = 0.0, momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5, eps: float = 1e-7):
@@ -73,6 +77,7 @@ class Muon(torch.optim.Optimizer):
         loss = closure() if closure is not None else None
         for g in self.param_groups:
             mu = g["momentum"]
+            by_shape: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
             for p in g["params"]:
                 if p.grad is None:
                     continue
@@ -81,9 +86,15 @@ class Muon(torch.optim.Optimizer):
                     buf = self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
                 buf.mul_(mu).add_(p.grad)
                 update = p.grad.add(buf, alpha=mu) if g["nesterov"] else buf
-                o = orthogonalize(update, g["ns_steps"], g["eps"])
-                p.mul_(1 - g["lr"] * g["weight_decay"])
-                p.add_(o, alpha=-g["lr"] * max(1.0, p.size(0) / p.size(1)) ** 0.5)
+                by_shape.setdefault((tuple(p.shape), p.dtype, p.device), []).append((p, update))
+            for (_, _, device), pairs in by_shape.items():
+                if device.type == "cpu":  # stacking gains nothing here (cpu-small x0.99, medium x0.83)
+                    ortho = [orthogonalize(u, g["ns_steps"], g["eps"]) for _, u in pairs]
+                else:
+                    ortho = orthogonalize(torch.stack([u for _, u in pairs]), g["ns_steps"], g["eps"])
+                for (p, _), o in zip(pairs, ortho):
+                    p.mul_(1 - g["lr"] * g["weight_decay"])
+                    p.add_(o, alpha=-g["lr"] * max(1.0, p.size(0) / p.size(1)) ** 0.5)
         return loss
 
 
