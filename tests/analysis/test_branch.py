@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from tests.support.cli import tiny, wb
-from tests.support.runs import read_jsonl, tree, wait_running
+from tests.support.runs import losses, read_jsonl, tree, wait_running
 from workbench import rundir
 from workbench.analysis.lineage import lineage
 from workbench.rundir import EvalRecord, TrainRecord, current_timeline, read_metrics
@@ -46,6 +46,13 @@ def test_resuming_an_older_checkpoint_branches_and_leaves_the_parent_as_it_was(t
     steps = train_steps(child)
     assert steps[0] == 41 and steps == list(range(41, steps[-1] + 1))
     assert [c["step"] for c in rundir.list_checkpoints(child)][0] == 40
+    # It continues step 40 of the parent itself: step 41's loss is step 40's weights on step 41's batch, the
+    # parent's to the bit; and its copy of that checkpoint is the parent's files, hard-linked, not copied.
+    assert losses(child)[41] == losses(parent)[41], (losses(child)[41], losses(parent)[41])
+    theirs, ours = parent / "checkpoints" / "step_0000040", child / "checkpoints" / "step_0000040"
+    names = sorted(f.name for f in theirs.iterdir())
+    assert "model.pt" in names and sorted(f.name for f in ours.iterdir()) == names
+    assert [(ours / n).stat().st_ino for n in names] == [(theirs / n).stat().st_ino for n in names]
     # `workbench runs` shows each with its own numbers, and where the branch came from.
     runs = {r["id"]: r for r in json.loads(wb("runs", "--json", "--runs-dir", str(tmp_path), check=True).stdout)}
     assert runs["p"]["step"] == 60 and runs["p"]["state"] == "finished" and runs["p"]["parent"] is None

@@ -283,12 +283,32 @@ def test_tokenizer_sample_comes_from_the_whole_corpus(tmp_path):
 # ----------------------------------------------------------------------------- parallel and resumable
 
 _PREPARE = """
-import sys
+import json, os, sys
 from workbench.config import DataConfig
 from workbench.data.tokens import prepare_data
 from workbench.faults import Faults
+
+KEPT = json.loads(os.environ.get("KEPT_SHARD_FILES", "{}"))  # path -> [inode, mtime_ns] before this start
+
+
+def same(path, ino, mtime_ns):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_ino, st.st_mtime_ns) == (ino, mtime_ns)
+
+
+class Watched(Faults):
+    def after_shard(self, shards_written):
+        # a line per shard this start encodes, naming any file of an earlier start's shards not left as it was
+        changed = [os.path.basename(p) for p, (i, m) in KEPT.items() if not same(p, i, m)]
+        print("ENCODED", shards_written, *changed, flush=True)
+        super().after_shard(shards_written)
+
+
 d = prepare_data(DataConfig(corpus=sys.argv[1]), 300, 16, log=lambda m: print(m, flush=True),
-                 workers=int(sys.argv[2]), shard_chars=int(sys.argv[3]), faults=Faults.from_env())
+                 workers=int(sys.argv[2]), shard_chars=int(sys.argv[3]), faults=Watched.from_env())
 print("TOKENS", d.tokenizer_path.parent / "tokens.bin", flush=True)
 """
 
@@ -327,10 +347,19 @@ def test_parallel_equals_serial_and_a_killed_preparation_resumes_bit_for_bit(tmp
     assert marker.exists(), proc.communicate()[1]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    shards = list((tmp_path / "c3").rglob("shards/*.json"))
-    assert len(shards) >= 5 and not list((tmp_path / "c3").rglob("tokens.bin"))
-    out = _prepare_in_subprocess(corpus, tmp_path / "c3", workers=2)
-    assert "continuing after" in out and _tokens_path(out).read_bytes() == serial
+    time.sleep(0.5)  # its encoding processes die with it (a signal on its exit): let a last write land
+    finished = sorted((tmp_path / "c3").rglob("shards/*.json"))  # a sidecar makes a shard count
+    assert len(finished) >= 5 and not list((tmp_path / "c3").rglob("tokens.bin"))
+    kept = {str(f): [f.stat().st_ino, f.stat().st_mtime_ns] for s in finished for f in (s, s.with_suffix(".bin"))}
+    out = _prepare_in_subprocess(corpus, tmp_path / "c3", workers=2, env={"KEPT_SHARD_FILES": json.dumps(kept)})
+    assert f"continuing after {len(finished)} finished shard(s)" in out and _tokens_path(out).read_bytes() == serial
+    # It encoded only the shards not finished before, and left each finished one as it was (same inode, same
+    # modification time) while it encoded the rest.
+    n_shards = len(json.loads((_tokens_path(out).parent / "index.json").read_text())["shards"])
+    encoded = [ln.split()[1:] for ln in out.splitlines() if ln.startswith("ENCODED")]
+    assert not {name for line in encoded for name in line[1:]}, f"finished shards rewritten: {encoded}"
+    assert [int(line[0]) for line in encoded] == list(range(1, n_shards - len(finished) + 1)), \
+        f"{len(encoded)} shards encoded, {n_shards - len(finished)} unfinished of {n_shards}"
 
 
 @pytest.mark.slow

@@ -4,6 +4,8 @@ recorders (no trainer starts); the runs are the canned ones."""
 
 from __future__ import annotations
 
+import shutil
+
 from textual.widgets import DataTable, Input, Select
 
 from tests.support.tui import make_app, run, text_of, wait_for
@@ -17,8 +19,16 @@ def _notes(app) -> list[str]:
 
 def test_runs_pane_resumes_the_checkpoint_chosen_or_the_latest(runs_dir, monkeypatch):
     calls = []
-    monkeypatch.setattr(launcher, "resume_run", lambda root, rid, ck="latest", timeout=120, more=None:
-                        calls.append((rid, ck)) or rid)
+    def resume(root, rid, ck="latest", timeout=120, more=None):
+        """As the real command answers (tests/tui/test_launcher.py runs it): the run that goes on, a new
+        branch `RUN-from-STEP` (a run directory beside its parent's) when the checkpoint is not the latest."""
+        calls.append((rid, ck))
+        if ck == "latest":
+            return rid
+        shutil.copytree(root / rid, root / f"{rid}-from-{ck}")
+        return f"{rid}-from-{ck}"
+
+    monkeypatch.setattr(launcher, "resume_run", resume)
 
     async def go():
         app = make_app(runs_dir, initial_tab="runs")
@@ -36,8 +46,9 @@ def test_runs_pane_resumes_the_checkpoint_chosen_or_the_latest(runs_dir, monkeyp
             assert "not the latest of alpha (step 400)" in question and "alpha-from-200" in question, question
             await pilot.press("y")
             await wait_for(pilot, lambda: calls == [("alpha", "200")], what=f"the resume ({calls})")
-            # the resumed run is followed in the Train pane
-            await wait_for(pilot, lambda: app.monitored == "alpha" and app.query_one("#tabs").active == "train")
+            # the branch (not its parent) is followed in the Train pane
+            await wait_for(pilot, lambda: app.monitored == "alpha-from-200"
+                           and app.query_one("#tabs").active == "train", what=lambda: f"the branch followed ({app.monitored}, {app.query_one('#tabs').active})")
             assert any("Resuming alpha from checkpoint 200" in n for n in _notes(app))
             await pilot.press("6")
             table.move_cursor(row=table.get_row_index("beta"))
