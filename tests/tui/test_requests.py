@@ -48,7 +48,8 @@ def test_runs_pane_resumes_the_checkpoint_chosen_or_the_latest(runs_dir, monkeyp
             await wait_for(pilot, lambda: calls == [("alpha", "200")], what=f"the resume ({calls})")
             # the branch (not its parent) is followed in the Train pane
             await wait_for(pilot, lambda: app.monitored == "alpha-from-200"
-                           and app.query_one("#tabs").active == "train", what=lambda: f"the branch followed ({app.monitored}, {app.query_one('#tabs').active})")
+                           and app.query_one("#tabs").active == "train",
+                           what=lambda: f"the branch followed ({app.monitored}, {app.query_one('#tabs').active})")
             assert any("Resuming alpha from checkpoint 200" in n for n in _notes(app))
             await pilot.press("6")
             table.move_cursor(row=table.get_row_index("beta"))
