@@ -12,6 +12,9 @@ import pytest
 
 from tests.support.cli import FACTS, tiny, wb
 
+# CI: a skip not marked gpu fails (tests/support/strict_skips.py)
+pytest_plugins = ["tests.support.strict_skips"]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_cache(tmp_path_factory):

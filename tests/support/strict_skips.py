@@ -1,0 +1,20 @@
+"""A pytest plugin: where WORKBENCH_STRICT_SKIPS is set (.ci/run sets it), a skipped test fails unless it is
+marked ``gpu``. So a package that CI installs but that fails to import (transformers, tensorboard, llama.cpp)
+turns its tests red instead of silently off."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if os.environ.get("WORKBENCH_STRICT_SKIPS") and rep.skipped and item.get_closest_marker("gpu") is None:
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        rep.outcome = "failed"
+        rep.longrepr = (f"skipped, and only tests marked gpu may skip where WORKBENCH_STRICT_SKIPS is set (CI): "
+                        f"{reason}")
