@@ -14,7 +14,7 @@ from workbench.machine.detect import Gpu, Machine
 from workbench.machine.gpus import GPUS, compare_set, find_gpu, spec_for_device
 from workbench.machine.peaks import peak_flops
 from workbench.plan import throughput
-from workbench.plan.compare import compare, gpu_report, load_prices, parse_price
+from workbench.plan.compare import compare, gpu_report, load_prices, machine_with, parse_price
 from workbench.plan.estimate import HEADROOM, estimate_memory, what_if
 
 GiB = 2**30
@@ -106,6 +106,13 @@ def test_compare_says_fits_exactly_where_the_estimate_is_below_the_memory(name):
         assert (r["fit_batch"] >= batch) == r["fits"], (name, g.name, r["fit_batch"])
         if r["fit_batch"]:
             assert r["batch_size"] * r["grad_accum"] * p.model.seq_len >= 0.9 * p.tokens_per_step()
+        # ... and it is the largest that fits: it fits, and one more (below the preset's sequences a step) does not
+        seqs = p.train.batch_size * p.train.grad_accum
+        for b, fits in ((r["fit_batch"], True), (r["fit_batch"] + 1, False)):
+            if 1 <= b <= seqs:
+                q = what_if(p, device=g.device, precision=precision, batch_size=b)
+                total = estimate_memory(q, machine=machine_with(g)).total
+                assert (total <= (1 - HEADROOM) * usable) == fits, (name, g.name, b, fits)
         assert (r["time_s"] is not None) == (r["fit_batch"] > 0 and r["tokens_per_s"] is not None)
 
 

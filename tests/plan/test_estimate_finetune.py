@@ -105,6 +105,7 @@ def test_a_lora_run_measured_beside_its_estimate(imported, ft_corpus, capsys):
     assert r["finetune"] == "lora" and r["init"] == "llama-gqa-tied@0"
     # Measured in a fresh CI clone: +29 % to +35 % (the trainer's own peak RSS; 488 vs 360 MB), where a plain
     # run of the same size measures -4 to -10 %: a fine-tune's start holds ~120 MB more than the estimate
-    # counts (README, Fine-tuning). The bound keeps the estimate within half.
-    assert r["est_mem_mb"] and r["mem_mb"] and abs(r["mem_err_pct"]) < 50, r["mem_err_pct"]
+    # counts (README, Fine-tuning). In a working tree with warm caches the same run measured -7.8 % (332 vs
+    # 360 MB, 2026-11-24). The bound spans what was measured, -8 % to +35 %, with a margin (was +-50 %).
+    assert r["est_mem_mb"] and r["mem_mb"] and -20 < r["mem_err_pct"] < 45, r["mem_err_pct"]
     assert load_preset_file(imported / "lora-rss" / "preset.toml").train.finetune == "lora"
