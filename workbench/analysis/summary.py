@@ -77,6 +77,7 @@ def summarize_run(run_dir: Path) -> RunSummary:
     s = RunSummary(id=run_dir.name, path=str(run_dir), state=st.state, preset=preset,
                    step=st.step, max_iters=st.max_iters, error=st.error, started=st.started,
                    best_val_loss=st.best_val_loss)
+    evals: list[float] = []
     for r in last_records(run_dir / "metrics.jsonl"):
         if isinstance(r, TrainRecord):
             s.train_loss, s.tokens_per_s = r.loss, r.tokens_per_s
@@ -84,6 +85,8 @@ def summarize_run(run_dir: Path) -> RunSummary:
                 s.mem_mb = max(s.mem_mb or 0.0, r.peak_mem_mb)
         elif isinstance(r, EvalRecord):
             s.val_loss, s.val_bpb = r.val_loss, r.val_bpb
+            if r.val_loss is not None:
+                evals.append(r.val_loss)
     start = first_event(run_dir / "metrics.jsonl", ("start", "resume"))  # a branch starts with a resume
     if start and start.get("device"):
         s.device = str(start.get("device")).split(":")[0]
@@ -99,9 +102,9 @@ def summarize_run(run_dir: Path) -> RunSummary:
         s.init = f"{init['run']}@{init['step']}"
         s.finetune = (data.get("train") or {}).get("finetune", "full")
     s.checkpoints = list_checkpoints(run_dir)
-    if s.best_val_loss is None:
+    if s.best_val_loss is None:  # as the Train pane says it (tui.rundata.RunData.best_val): then the evals seen
         b = best_checkpoint(s.checkpoints)
-        s.best_val_loss = b["val_loss"] if b else None
+        s.best_val_loss = min(evals) if evals else b["val_loss"] if b else None
     if (latest := latest_headline(run_dir)):
         s.task_step = latest[0]
         s.tasks = {t: {"metric": r.metric, "value": r.value, "n": r.n} for t, r in latest[1].items()}
