@@ -406,3 +406,17 @@ def test_a_detached_run_prepares_its_corpus_in_the_trainer_with_progress_in_stat
     assert st.get("preparing") is None and seen, st  # it was reported while it lasted, and cleared after
     assert {p["phase"] for p in seen} <= {"scanning", "encoding"}
     assert all(0 <= p["fraction"] <= 1 and p["total_bytes"] == corpus.stat().st_size for p in seen)
+
+
+def test_a_new_tokenizer_on_an_unchanged_corpus_says_so(tmp_path):
+    """Encoding the same files again for another tokenizer is not a changed corpus (issue 31: fine-tuning on a
+    corpus another run had prepared said "corpus changed since it was encoded ... its files or options")."""
+    f = tmp_path / "notes.txt"
+    f.write_text("".join(f"note {i}: the quick brown fox jumps over the lazy dog {i * 7}\n" for i in range(800)))
+    env = {"WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}
+    wb("data", "prepare", str(f), "--vocab-size", "300", "--set", "data.tokenizer_sample_mb=0.1", env=env, check=True)
+    cp = wb("data", "prepare", str(f), "--vocab-size", "320", "--set", "data.tokenizer_sample_mb=0.1", env=env,
+            check=True)
+    out = cp.stdout + cp.stderr
+    assert "corpus changed" not in out, out
+    assert "the corpus is unchanged; it has not been encoded with a 320-piece tokenizer" in out, out

@@ -184,7 +184,11 @@ def _why_again(previous: dict | None, corpus: Corpus) -> str | None:
                 break
     if not parts and previous.get("text_field") != corpus.text_field:
         parts.append(f"data.text_field is now {corpus.text_field!r}")
-    return "; ".join(parts) or "its files or options changed"
+    if not parts and previous.get("skip_bad_records") != corpus.skip_bad:
+        parts.append(f"data.skip_bad_records is now {str(corpus.skip_bad).lower()}")
+    if not parts and previous.get("reader", corpus.manifest()["reader"]) != corpus.manifest()["reader"]:
+        parts.append("this version of workbench reads it differently")
+    return "; ".join(parts) or None  # the same files and options: what is new is the tokenizer (the caller says)
 
 
 def prepare(corpus: Corpus, vocab_size: int, sample_mb: float, log: Callable[[str], None] = print,
@@ -218,6 +222,10 @@ def _prepare_locked(corpus: Corpus, vocab_size: int, sample_mb: float, root: Pat
     if why:
         log(f"corpus changed since it was encoded ({why}): preparing it again")
     pointer = read_json(root / f"m-{mkey}.json")
+    if not why and pointer is not None:  # the text is known; its tokens for this tokenizer are not
+        what = (f"the given {given.kind} tokenizer" if given is not None
+                else f"a {vocab_size:,}-piece tokenizer (tokenizer sample {sample_mb:g} MB)")
+        log(f"the corpus is unchanged; it has not been encoded with {what} yet: encoding it")
     t0 = time.time()
     sc = None
     if pointer is None or (given is None and tokenizer_file(root / f"c-{pointer['content'][:20]}" / stem) is None):
