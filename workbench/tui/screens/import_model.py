@@ -43,8 +43,9 @@ class ImportModelScreen(ModalScreen["str | None"]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="import-model"):
-            yield Label("[b]Import a Hugging Face model[/b] (Llama, Qwen2, Qwen3; a local directory, nothing "
-                        "downloaded, no code run)")
+            # a Static wraps where the dialog is narrower than the line (a Label was cut at 90 columns)
+            yield Static("[b]Import a Hugging Face model[/b] (Llama, Qwen2, Qwen3; a local directory, nothing "
+                         "downloaded, no code run)", id="im-title")
             with Horizontal(classes="field"):
                 yield Label("model", classes="field-label")
                 yield Input("", placeholder="~/models/SmolLM2-135M", id="im-dir")
