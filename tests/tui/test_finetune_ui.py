@@ -127,7 +127,8 @@ def test_palette_imports_a_model(runs_dir, monkeypatch, tmp_path):
             screen = app.screen
             # the title is whole: wrapped onto as many lines as it needs (it was cut at one line)
             title = screen.query_one("#im-title")
-            plain = "Import a Hugging Face model (Llama, Qwen2, Qwen3; a local directory, nothing downloaded, no code run)"
+            plain = ("Import a Hugging Face model (Llama, Qwen2, Qwen3; a local directory, nothing downloaded, "
+                     "no code run)")
             assert title.region.width * title.region.height >= len(plain) and title.region.height >= 2, title.region
             screen.query_one("#im-dir", Input).value = str(model)
             await pilot.press("ctrl+s")
