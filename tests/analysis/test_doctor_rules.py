@@ -292,3 +292,255 @@ def test_gpu_processes_and_throttle_reasons_from_nvml(monkeypatch):
 def test_snapshot_round_trips(info):
     s = HardwareSnapshot(info=info, activity=Activity(1.0, 2, 0.5), taken=1.0)
     assert HardwareSnapshot.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+
+
+# ----------------------------------------------------------------------------- thresholds, closely
+# Each rule with a numeric threshold, just below it (0.9x: no finding) and just above it (1.1x: the finding),
+# computed as the rule computes its number. Where the threshold is on a ratio, the ratio is at 0.9x / 1.1x.
+
+GPU_OVERRIDES = ["train.max_iters=100", "train.warmup_iters=10"]
+GPU_BUSY = {**GPU_RUN, "precision": "bf16", "compile_": True, "mem": lambda s: 3000.0, "tps": lambda s: 9000.0}
+RTX4060_MIB = 8 * 1024  # the card's memory in MiB: a share of it is what memory.py compares
+
+
+def found_codes(d: Path, info=CPU, act: Activity | None = None) -> dict:
+    return {f.code: f for f in diagnose_run(d, snap(info, act))}
+
+
+@pytest.mark.parametrize("factor, fires", [(0.9, False), (1.1, True)])
+def test_grad_spike_threshold_is_ten_times_the_median(tmp_path, factor, fires):
+    # a flat norm of 1.0 (MAD 0): the bar is GRAD_SPIKE_FACTOR (10) x the median
+    d = write_run(tmp_path, "g", grad=lambda s: 10.0 * factor if s == 50 else 1.0, loss=lambda s: 3.0)
+    found = found_codes(d)
+    assert ("unstable.grad_spikes" in found) is fires
+    if fires:
+        assert found["unstable.grad_spikes"].step == 50
+
+
+@pytest.mark.parametrize("factor, fires", [(0.9, False), (1.1, True)])
+def test_loss_spike_threshold_is_a_fifth_above_the_median(tmp_path, factor, fires):
+    # a flat loss of 3.0 (MAD 0): the bar is LOSS_SPIKE_FRACTION (0.2) above the median
+    d = write_run(tmp_path, "l", loss=lambda s: 3.0 * (1 + 0.2 * factor) if s == 70 else 3.0)
+    found = found_codes(d)
+    assert ("unstable.loss_spikes" in found) is fires
+    if fires:
+        assert found["unstable.loss_spikes"].step == 70
+
+
+@pytest.mark.parametrize("factor, longer", [(0.9, True), (1.1, False)])
+def test_trouble_within_two_warmups_lengthens_the_warmup(tmp_path, factor, longer):
+    # EARLY_WARMUPS = 2: a first non-finite step at <= 2 x warmup_iters (10) is the warmup's
+    step = round(2 * 10 * factor)
+    d = write_run(tmp_path, "w", ["train.warmup_iters=10", "train.max_iters=2000"],
+                  events=[{"event": "nonfinite_skip", "step": step}])
+    f = found_codes(d)["unstable.nonfinite"]
+    assert ("train.warmup_iters" in f.set) is longer
+    if longer:
+        assert f.set["train.warmup_iters"] == 100  # MIN_WARMUP, under a tenth of the run
+
+
+@pytest.mark.parametrize("factor, fires", [(0.9, False), (1.1, True)])
+def test_memory_near_limit_threshold_is_ninety_percent_of_the_card(tmp_path, factor, fires):
+    # on CUDA the peak is the reserved memory (write_run logs it as 1.1 x mem); MEM_NEAR_FRACTION = 0.90
+    share = 0.90 * factor
+    d = write_run(tmp_path, "m", GPU_OVERRIDES, **{**GPU_BUSY, "mem": lambda s: share * RTX4060_MIB / 1.1})
+    found = found_codes(d, GPU)
+    assert ("memory.near_limit" in found) is fires
+    if fires:
+        assert found["memory.near_limit"].data["peak_bytes"] / (8 * GiB) == pytest.approx(share)
+
+
+@pytest.mark.parametrize("factor, fires", [(0.9, True), (1.1, False)])
+def test_gpu_headroom_hint_below_a_quarter_of_the_card(tmp_path, factor, fires):
+    # GPU_ROOM_FRACTION = 0.25: with no accumulation, a hint only under a quarter of the card's memory
+    share = 0.25 * factor
+    d = write_run(tmp_path, "h", GPU_OVERRIDES, **{**GPU_BUSY, "mem": lambda s: share * RTX4060_MIB / 1.1})
+    found = found_codes(d, GPU)
+    assert ("memory.headroom" in found) is fires
+    if fires:
+        assert found["memory.headroom"].severity == "low" and found["memory.headroom"].set["train.batch_size"] >= 48
+
+
+def expected_tokens_per_s(tmp_path: Path) -> float:
+    """What the estimate expects of the GPU run (read off a run far below it)."""
+    d = write_run(tmp_path, "probe", GPU_OVERRIDES, **{**GPU_BUSY, "tps": lambda s: 1.0})
+    return found_codes(d, GPU)["slow.throughput"].data["expected_tokens_per_s"]
+
+
+@pytest.mark.parametrize("ratio, severity", [(0.5 * 0.9, "medium"), (0.5 * 1.1, None),
+                                             (0.25 * 0.9, "high"), (0.25 * 1.1, "medium")])
+def test_slow_throughput_thresholds_are_half_and_a_quarter_of_the_estimate(tmp_path, ratio, severity):
+    # SLOW_RATIO = 0.5 (a finding under it), SLOW_RATIO_HIGH = 0.25 (high under it)
+    expected = expected_tokens_per_s(tmp_path)
+    d = write_run(tmp_path, "s", GPU_OVERRIDES, **{**GPU_BUSY, "tps": lambda s: ratio * expected})
+    f = found_codes(d, GPU).get("slow.throughput")
+    assert (f.severity if f else None) == severity
+    if f:
+        assert f.data["ratio"] == pytest.approx(ratio)
+
+
+@pytest.mark.parametrize("factor, judged", [(0.9, False), (1.1, True)])
+def test_speed_is_judged_from_a_million_parameters(tmp_path, factor, judged):
+    # SPEED_MIN_PARAMS = 1,000,000 (the start event's params): below it a note, no verdict
+    d = write_run(tmp_path, "p", GPU_OVERRIDES, **{**GPU_BUSY, "params": int(1_000_000 * factor),
+                                                   "tps": lambda s: 1.0})
+    notes: list[str] = []
+    found = {f.code for f in diagnose_run(d, snap(GPU), notes)}
+    assert ("slow.throughput" in found) is judged
+    assert any("not judged below" in n for n in notes) is not judged
+
+
+def live_activity(others_share: float = 0.0, gpu_processes=()) -> Activity:
+    return Activity(interval_s=1.0, logical_cores=8, cpu_busy=0.9, run_pids=(100,), run_share=0.12,
+                    others_share=others_share,
+                    others=(ProcessUse(4242, "ffmpeg", others_share, "ffmpeg -i a.mkv b.mp4"),),
+                    gpu_processes=(GpuProcess(0, 100, "python", 3 * GiB, 70.0), *gpu_processes))
+
+
+@pytest.mark.parametrize("share, severity", [(0.25 * 0.9, None), (0.25 * 1.1, "medium"),
+                                             (0.5 * 0.9, "medium"), (0.5 * 1.1, "high")])
+def test_busy_cpu_thresholds_are_a_quarter_and_half_of_the_machine(tmp_path, share, severity):
+    # OTHERS_CPU_SHARE = 0.25 (a finding from it), OTHERS_CPU_HIGH = 0.5 (high from it)
+    d = write_run(tmp_path, "c", ["train.max_iters=1000", "train.warmup_iters=10"], **GPU_BUSY, state="running")
+    f = found_codes(d, GPU, live_activity(share)).get("slow.busy_cpu")
+    assert (f.severity if f else None) == severity
+
+
+@pytest.mark.parametrize("sm_pct, memory_share, fires", [
+    (10.0 * 0.9, 0.0, False), (10.0 * 1.1, 0.0, True),      # GPU_OTHER_SM_PCT = 10 % of the SMs
+    (0.0, 0.10 * 0.9, False), (0.0, 0.10 * 1.1, True),      # GPU_OTHER_MEMORY = a tenth of the card's memory
+])
+def test_busy_gpu_thresholds_on_sms_and_memory(tmp_path, sm_pct, memory_share, fires):
+    d = write_run(tmp_path, "g", ["train.max_iters=1000", "train.warmup_iters=10"], **GPU_BUSY, state="running")
+    other = GpuProcess(0, 777, "game", int(memory_share * 8 * GiB), sm_pct)
+    found = found_codes(d, GPU, live_activity(gpu_processes=(other,)))
+    assert ("slow.busy_gpu" in found) is fires
+    if fires:
+        assert "pid 777 game" in found["slow.busy_gpu"].evidence[0]
+
+
+@pytest.mark.parametrize("fraction, severity", [(0.10 * 0.9, None), (0.10 * 1.1, "medium"),
+                                                (0.3 * 0.9, "medium"), (0.3 * 1.1, "high")])
+def test_data_wait_thresholds_are_a_tenth_and_three_tenths_of_a_step(tmp_path, fraction, severity):
+    # DATA_WAIT_FRACTION = 0.10 (a finding from it); high from 0.3 of each step
+    d = write_run(tmp_path, "io", extra=lambda s: {"data_fraction": fraction})
+    f = found_codes(d).get("slow.data_wait")
+    assert (f.severity if f else None) == severity
+
+
+TINY_TOKENS_PER_STEP = 4 * 32  # TINY's batch_size x seq_len
+
+
+@pytest.mark.parametrize("epochs, severity", [(1.0 * 0.9, None), (1.0 * 1.1, "low"),
+                                              (4.0 * 0.9, "low"), (4.0 * 1.1, "medium")])
+def test_epochs_thresholds_are_one_and_four_passes(tmp_path, epochs, severity):
+    # EPOCHS_NOTE = 1 (a finding over it), EPOCHS_WARN = 4 (medium over it); 100 steps x 128 tokens planned
+    planned = 100 * TINY_TOKENS_PER_STEP
+    d = write_run(tmp_path, "e", train_tokens=round(planned / epochs))
+    f = found_codes(d).get("data.epochs")
+    assert (f.severity if f else None) == severity
+    if f:
+        assert f.data["epochs"] == pytest.approx(epochs, rel=1e-3) and f.data["planned_tokens"] == planned
+
+
+@pytest.mark.parametrize("per_id, severity", [(100 * 0.9, "low"), (100 * 1.1, None),
+                                              (20 * 0.9, "medium"), (20 * 1.1, "low")])
+def test_vocabulary_thresholds_are_100_and_20_tokens_per_id(tmp_path, per_id, severity):
+    # TOKENS_PER_ID = 100 (a finding under it), TOKENS_PER_ID_WARN = 20 (medium under it); a vocabulary of 4096
+    d = write_run(tmp_path, "v", ["model.vocab_size=4096", "train.max_iters=10"], steps=10,
+                  train_tokens=round(per_id * 4096))
+    f = found_codes(d).get("data.vocab")
+    assert (f.severity if f else None) == severity
+    if f:
+        assert f.data["tokens_per_id"] == pytest.approx(per_id, rel=1e-3)
+        assert f.set["model.vocab_size"] < 4096
+
+
+@pytest.mark.parametrize("factor, fires", [(0.9, True), (1.1, False)])
+def test_val_split_threshold_is_ten_thousand_tokens(tmp_path, factor, fires):
+    # VAL_MIN_TOKENS = 10,000
+    d = write_run(tmp_path, "vs", val_tokens=round(10_000 * factor))
+    assert ("data.val_split" in found_codes(d)) is fires
+
+
+@pytest.mark.parametrize("factor, settable", [(0.9, True), (1.1, False)])
+def test_a_larger_val_fraction_is_suggested_up_to_a_fifth_of_the_corpus(tmp_path, factor, settable):
+    # VAL_FRACTION_MAX = 0.2: the share of the corpus 10,000 val tokens would take, at 0.18 and 0.22
+    total = round(10_000 / (0.2 * factor))
+    d = write_run(tmp_path, "vf", ["train.max_iters=10"], steps=10, train_tokens=total - 5_000, val_tokens=5_000)
+    f = found_codes(d)["data.val_split"]
+    if settable:
+        assert f.set == {"data.val_fraction": 0.18} and f.change == "--set data.val_fraction=0.18"
+    else:
+        assert f.set == {} and f.change.startswith("more text: ")
+
+
+def overfit_evals(middle: tuple[float, float], recent: tuple[float, float], gap_middle: float, gap_recent: float):
+    """Evals at 0..100 (the middle third at 40, 60; the recent at 80, 100) with these val losses and gaps."""
+    (v40, v60), (v80, v100) = middle, recent
+    return [(0, 6.0, 6.0), (20, 4.0, 4.0), (40, v40 - gap_middle, v40), (60, v60 - gap_middle, v60),
+            (80, v80 - gap_recent, v80), (100, v100 - gap_recent, v100)]
+
+
+@pytest.mark.parametrize("factor, fires", [(0.9, False), (1.1, True)])
+def test_overfitting_needs_a_last_gap_of_a_quarter_nat(tmp_path, factor, fires):
+    # GAP_MIN = 0.25: the last gap at 0.225 / 0.275; it grew from 0 (growth >> 0.05), val got worse since step 40
+    gap = 0.25 * factor
+    d = write_run(tmp_path, "o", evals=overfit_evals((3.0, 3.0), (3.05, 3.1), 0.0, gap))
+    found = found_codes(d)
+    assert ("overfitting.gap" in found) is fires
+    if fires:
+        assert found["overfitting.gap"].data["gap_end"] == pytest.approx(gap)
+
+
+@pytest.mark.parametrize("factor, fires", [(0.9, False), (1.1, True)])
+def test_overfitting_needs_the_gap_to_grow_by_a_twentieth(tmp_path, factor, fires):
+    # GAP_GROWTH_MIN = 0.05: the recent third's gap above the middle third's (0.5) by 0.045 / 0.055
+    growth = 0.05 * factor
+    d = write_run(tmp_path, "o", evals=overfit_evals((3.0, 3.0), (3.05, 3.1), 0.5, 0.5 + growth))
+    found = found_codes(d)
+    assert ("overfitting.gap" in found) is fires
+    if fires:
+        assert found["overfitting.gap"].data["gap_growth"] == pytest.approx(growth)
+
+
+@pytest.mark.parametrize("factor, fires", [(0.9, True), (1.1, False)])
+def test_overfitting_needs_val_to_improve_less_than_a_quarter_of_the_gap_growth(tmp_path, factor, fires):
+    # PLATEAU_RATIO = 0.25: the gap grows by 0.4 (0.5 -> 0.9), the best val improves by 0.09 / 0.11 (0.1 = 0.25 x 0.4)
+    gain = 0.25 * 0.4 * factor
+    d = write_run(tmp_path, "o", evals=overfit_evals((3.0, 3.0), (3.0 - gain, 3.05 - gain), 0.5, 0.9))
+    found = found_codes(d)
+    assert ("overfitting.gap" in found) is fires
+    if fires:
+        assert found["overfitting.gap"].data["val_gain"] == pytest.approx(gain)
+
+
+# ----------------------------------------------------------------------------- advice branches
+
+def test_out_of_memory_at_batch_1_suggests_activation_checkpointing_then_a_shorter_sequence(tmp_path):
+    failed = {"state": "failed", "step": 3, "max_iters": 100, "error": "CUDA out of memory. Tried to allocate 2.00 GiB"}
+    d = write_run(tmp_path, "oom1", ["train.batch_size=1"], status=failed)
+    [f] = diagnose_run(d, snap())
+    assert f.code == "memory.oom" and f.set == {"hardware.activation_checkpointing": True}
+    assert f.change == "--set hardware.activation_checkpointing=true"  # not "same tokens per step": it is
+    # already checkpointing activations: half the sequence, a new run (model.* cannot be resumed)
+    d2 = write_run(tmp_path, "oom2", ["train.batch_size=1", "hardware.activation_checkpointing=true"], status=failed)
+    [f] = diagnose_run(d2, snap())
+    assert f.code == "memory.oom" and f.set == {"model.seq_len": 16} and f.change == "--set model.seq_len=16"
+    assert f.command.startswith("workbench train ") and f.command.endswith("preset.toml --set model.seq_len=16")
+
+
+T4 = {"index": 0, "name": "Tesla T4", "vram_total": 16 * GiB, "vram_used": GiB, "vram_free": 15 * GiB,
+      "compute_capability": "7.5"}
+
+
+@pytest.mark.parametrize("info, precision", [(GPU, "bf16"), ({**CPU, "nvidia": [T4]}, "fp32")])
+def test_nonfinite_steps_in_fp16_suggest_bf16_or_fp32_where_the_gpu_has_no_bf16(tmp_path, info, precision):
+    d = write_run(tmp_path, "fp16", [*GPU_OVERRIDES, "hardware.precision=fp16"],
+                  **{**GPU_BUSY, "precision": "fp16"}, events=[{"event": "nonfinite_skip", "step": 40}])
+    f = found_codes(d, info)["unstable.nonfinite"]
+    assert f.set["hardware.precision"] == precision
+    assert f.change.endswith(f"hardware.precision={precision}") and f.change.startswith("--set train.lr=")
+    # the same run in bf16: the precision is left alone
+    d2 = write_run(tmp_path, "bf16", GPU_OVERRIDES, **GPU_BUSY, events=[{"event": "nonfinite_skip", "step": 40}])
+    assert "hardware.precision" not in found_codes(d2, info)["unstable.nonfinite"].set
