@@ -40,6 +40,7 @@ GPU_OTHER_MEMORY = 0.10
 # under 1 % of a step (0.1 % in the tiny test runs); 10 % means the token file is read from a slow or
 # busy disk (or does not fit in RAM), and the device idles that long every step.
 DATA_WAIT_FRACTION = 0.10
+DATA_WAIT_HIGH = 0.30        # ... and a high-severity finding from this share on
 
 THERMAL = ("thermal (software)", "thermal (hardware)", "hardware slowdown", "power brake (hardware)")
 
@@ -165,7 +166,7 @@ def _data_wait(ctx: Context) -> Finding | None:
     med = statistics.median(fr)
     if med < DATA_WAIT_FRACTION:
         return None
-    return Finding("slow", "slow.data_wait", "high" if med >= 0.3 else "medium",
+    return Finding("slow", "slow.data_wait", "high" if med >= DATA_WAIT_HIGH else "medium",
                    f"{percent(med)} of each step is spent waiting for training data",
                    (f"median data_fraction {med:.3f} over the last {len(fr)} log records (the share of each logged "
                     f"interval spent drawing batches and moving them to the device)",
