@@ -167,13 +167,7 @@ def json_result_checkpoint(ck: dict, scored: list, text: dict | None) -> dict:
 
 def task_records(ck: dict, scored: list, text: dict | None, corpus) -> list:
     now = time.time()
-    out = []
-    for sc in scored:
-        for metric in sc.task.metrics:
-            out.append(rundir.TaskRecord(step=ck["step"], task=sc.task.name, metric=metric, value=sc.values[metric],
-                                         n=sc.n, time=now, extra={"source": sc.task.source, "checkpoint": ck["name"],
-                                                                  "digest": sc.task.digest,
-                                                                  "seconds": round(sc.seconds, 2)}))
+    out = [r for sc in scored for r in sc.records(ck["step"], checkpoint=ck["name"])]
     if text is not None:
         name = f"text:{Path(corpus.spec[0]).name}" + (f"+{len(corpus.spec) - 1}" if len(corpus.spec) > 1 else "")
         for metric in ("bpb", "loss"):

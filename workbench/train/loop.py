@@ -42,7 +42,7 @@ from workbench.machine.probe import measured_peak, this_machine
 from workbench.plan.flops import flops_per_token
 from workbench.plan.schedule import lr_factor
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
-from workbench.rundir import EvalRecord, TaskRecord, TrainRecord
+from workbench.rundir import EvalRecord, TrainRecord
 from workbench.train import runtime, stateful
 from workbench.train.build import Built, build
 from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
@@ -413,12 +413,8 @@ class Trainer:
             with torch.compiler.set_stance("force_eager"):  # variable-length batches: no recompiles
                 scores = [score_task(self.built.model, self.data.tokenizer, task, self.device, self.autocast,
                                      runtime.amp_dtype(self.settings)) for task in self.tasks]
-            for sc in scores:
-                for metric in sc.task.metrics:
-                    self.report.record(TaskRecord(step=step, task=sc.task.name, metric=metric, value=sc.values[metric],
-                                                  n=sc.n, time=time.time(),
-                                                  extra={"source": sc.task.source, "digest": sc.task.digest,
-                                                         "seconds": round(sc.seconds, 2)}))
+            for rec in (r for sc in scores for r in sc.records(step)):
+                self.report.record(rec)
             self.report.log(f"step {step}: tasks " + ", ".join(f"{sc.task.name} {sc.score:.3f}" for sc in scores)
                             + f" ({scores[0].task.metrics[0]}; {time.time() - t0:.1f} s)")
         return True

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from workbench.config import TrainConfig
 from workbench.data.tasks import ChoiceItem, GenItem, Task, TaskError, expand_task_specs, load_task
+from workbench.rundir import TaskRecord
 from workbench.train.generate import generate
 from workbench.train.model import GPT
 
@@ -51,6 +52,14 @@ class TaskScore:
     @property
     def score(self) -> float:
         return self.values[self.task.metrics[0]]
+
+    def records(self, step: int, **extra) -> list[TaskRecord]:
+        """One task record per metric, as the trainer (metrics.jsonl) and ``workbench eval`` (tasks.jsonl)
+        write them."""
+        now = time.time()
+        return [TaskRecord(step=step, task=self.task.name, metric=m, value=self.values[m], n=self.n, time=now,
+                           extra={"source": self.task.source, "digest": self.task.digest,
+                                  "seconds": round(self.seconds, 2), **extra}) for m in self.task.metrics]
 
 
 def _unknown_id(tok) -> int | None:
