@@ -53,7 +53,7 @@ from workbench.train.generate import generate_text
 from workbench.train.reporter import Reporter, Throughput, failure_message, start_line
 from workbench.train.skips import Skips
 from workbench.train.state import TrainerState
-from workbench.train.task_eval import load_eval_tasks, score_task
+from workbench.train.task_eval import TaskScorer
 
 
 class TrainError(WorkbenchError):
@@ -167,11 +167,11 @@ class Trainer:
         self.built = build(p, s, self.device, self.dist, rd / "cache" / "inductor", init)
         del init
         self.checkpointer = Checkpointer(rd, p, self.report, self.faults)
-        self.tasks = load_eval_tasks(p.train)
-        if self.tasks and s.parallel == "fsdp":
+        self.tasks = TaskScorer(p.train, self.checkpointer.due)
+        if self.tasks.tasks and s.parallel == "fsdp":
             self.report.log("warning: train.eval_tasks are not scored in a sharded (FSDP) run; score its "
                             "checkpoints with `workbench eval`")
-            self.tasks = []
+            self.tasks.tasks = []
         self.tokens_per_step = p.tokens_per_step()
         self.flops_per_token = flops_per_token(p.model)
         pending_rng = self.load_state_dict(ckpt) if ckpt else None
@@ -401,22 +401,15 @@ class Trainer:
                         self.device, self.next_batch, self.state.step)
 
     def maybe_score_tasks(self) -> bool:
-        """At step 0, every ``train.task_eval_every`` steps (0: each checkpoint interval) and at the end: score
-        ``train.eval_tasks`` (rank 0) and write one task record per task and metric. True when it scored."""
-        t, step = self.preset.train, self.state.step
-        due = step == 0 or step == t.max_iters or (
-            step % t.task_eval_every == 0 if t.task_eval_every else self.checkpointer.due(step) is not None)
-        if not self.tasks or not due:
+        """Score ``train.eval_tasks`` when due (rank 0; see TaskScorer); True when it scored."""
+        if not self.tasks.due(self.state.step):
             return False
         if self.dist.is_main:
-            t0 = time.time()
-            with torch.compiler.set_stance("force_eager"):  # variable-length batches: no recompiles
-                scores = [score_task(self.built.model, self.data.tokenizer, task, self.device, self.autocast,
-                                     runtime.amp_dtype(self.settings)) for task in self.tasks]
-            for rec in (r for sc in scores for r in sc.records(step)):
+            records, line = self.tasks.score(self.state.step, self.built.model, self.data.tokenizer, self.device,
+                                             self.autocast, runtime.amp_dtype(self.settings))
+            for rec in records:
                 self.report.record(rec)
-            self.report.log(f"step {step}: tasks " + ", ".join(f"{sc.task.name} {sc.score:.3f}" for sc in scores)
-                            + f" ({scores[0].task.metrics[0]}; {time.time() - t0:.1f} s)")
+            self.report.log(line)
         return True
 
     def write_sample(self) -> None:

@@ -245,6 +245,30 @@ def load_eval_tasks(t: TrainConfig) -> list[Task]:
     return [load_task(s, limit=t.task_limit) for s in expand_task_specs([s for s in specs if s.strip()])]
 
 
+class TaskScorer:
+    """``train.eval_tasks`` while training: when they are due (step 0, every ``train.task_eval_every`` steps or,
+    with 0, each checkpoint interval, and the end) and their scores as task records with one log line."""
+
+    def __init__(self, t: TrainConfig, checkpoint_due: Callable[[int], str | None]):
+        self.t, self.checkpoint_due = t, checkpoint_due
+        self.tasks = load_eval_tasks(t)
+
+    def due(self, step: int) -> bool:
+        t = self.t
+        return bool(self.tasks) and (step == 0 or step == t.max_iters or (
+            step % t.task_eval_every == 0 if t.task_eval_every else self.checkpoint_due(step) is not None))
+
+    def score(self, step: int, model: GPT, tok, device: torch.device, autocast: contextlib.AbstractContextManager,
+              autocast_dtype: torch.dtype | None) -> tuple[list[TaskRecord], str]:
+        """(the records, the log line) of every task scored on ``model`` now."""
+        t0 = time.time()
+        with torch.compiler.set_stance("force_eager"):  # variable-length batches: no recompiles
+            scores = [score_task(model, tok, task, device, autocast, autocast_dtype) for task in self.tasks]
+        line = (f"step {step}: tasks " + ", ".join(f"{sc.task.name} {sc.score:.3f}" for sc in scores)
+                + f" ({scores[0].task.metrics[0]}; {time.time() - t0:.1f} s)")
+        return [r for sc in scores for r in sc.records(step)], line
+
+
 def score_task(model: GPT, tok, task: Task, device: torch.device,
                autocast: contextlib.AbstractContextManager | None = None, autocast_dtype: torch.dtype | None = None,
                on_progress: Callable[[int], None] | None = None) -> TaskScore:
@@ -309,5 +333,5 @@ def text_bpb(model: GPT, tok, documents: Iterable[str], device: torch.device,
     return nats.item() / math.log(2) / max(1.0, nbytes.item()), nats.item() / tokens, tokens
 
 
-__all__ = ["TaskScore", "choice_requests", "continuation_logprobs", "load_eval_tasks", "normalise", "score_choices",
-           "score_generation", "score_task", "text_bpb"]
+__all__ = ["TaskScore", "TaskScorer", "choice_requests", "continuation_logprobs", "load_eval_tasks", "normalise",
+           "score_choices", "score_generation", "score_task", "text_bpb"]
