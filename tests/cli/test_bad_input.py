@@ -77,7 +77,7 @@ CASES = {
     "binary_corpus": Case(["train", "cpu-small", "--corpus", "bins", *T],
                           "bins' has no text files (1 binary, 0 empty)",
                           _write("bins/a.dat", b"\x00\x01" * 50)),
-    "short_corpus": Case(["train", "cpu-small", "--corpus", "short.txt", *T, "model.vocab_size=270"],
+    "short_corpus": Case(["train", "cpu-small", "--corpus", "short.txt", *T, "model.vocab_size=272"],
                          "the corpus is too short: ", _write("short.txt", "tiny corpus\n" * 4)),
     "vocab_too_large": Case(["train", "cpu-small", "--corpus", "small.txt", *T, "model.vocab_size=20000"],
                             "the corpus is too small for model.vocab_size = 20000: it supports at most",

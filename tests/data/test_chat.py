@@ -509,17 +509,10 @@ def test_a_tokenizer_without_the_templates_tokens_is_refused(hf_tokenizer_dir):
 
 @pytest.fixture(scope="module")
 def sp_tok():
-    """workbench's sentencepiece BPE trained with the ChatML pieces reserved as control pieces (what the tokenizer
-    must do for data.chat_template = "chatml")."""
-    import sentencepiece as spm
-
+    """workbench's own tokenizer as `workbench train` trains it: the ChatML pieces reserved as control pieces."""
     from tests.support.hf import corpus_text
-    from workbench.data.tokenizer import TRAINER_OPTIONS, Tokenizer
-    buf = io.BytesIO()
-    lines = [ln for ln in corpus_text().splitlines() if ln]
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=600, num_threads=1,
-                                   minloglevel=2, control_symbols=list(CHATML_PIECES), **TRAINER_OPTIONS)
-    return Tokenizer(buf.getvalue())
+    from workbench.data.tokenizer import train_tokenizer
+    return train_tokenizer(corpus_text(), 600, num_threads=1)
 
 
 def test_builtin_chatml_with_workbench_tokenizer(sp_tok):

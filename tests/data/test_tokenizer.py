@@ -105,4 +105,4 @@ def test_corpus_too_short_for_one_sequence(tmp_path):
     short.write_text("tiny corpus\n" * 30)
     with pytest.raises(DataError, match=r"the corpus is too short: \d+ tokens, but one training and one "
                                         r"validation sequence of model.seq_len = 256 need at least 514"):
-        prepare_data(DataConfig(corpus=str(short)), 270, 256, log=lambda m: None)
+        prepare_data(DataConfig(corpus=str(short)), 272, 256, log=lambda m: None)

@@ -18,7 +18,10 @@ dummy prefix, fall back to bytes for unseen characters, and make "\\n" a
 user-defined piece (sentencepiece trains on lines, so it never sees one).
 Id 1 is the end-of-document control piece ``<|endoftext|>``: no text ever
 encodes to it (typing it in a document gives ordinary pieces), it is put between
-documents in the token stream, and it decodes to nothing.
+documents in the token stream, and it decodes to nothing. Ids 2 and 3 are the
+ChatML pieces ``<|im_start|>`` and ``<|im_end|>``, reserved the same way, so a model
+trained from scratch can be chat-tuned with the built-in template
+(:mod:`workbench.data.chat_templates`).
 Known limit: U+2581 (the "▁" sentencepiece uses for spaces) decodes to a space.
 """
 
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.data.chat_templates import CHATML_PIECES
 from workbench.errors import WorkbenchError
 from workbench.fs import write_atomic
 
@@ -50,10 +54,12 @@ TRAINER_OPTIONS = dict(
     character_coverage=0.9995,
     max_sentence_length=1 << 15,
     bos_id=-1, eos_id=1, eos_piece=EOD_PIECE, pad_id=-1, unk_id=0,
+    control_symbols=list(CHATML_PIECES),
     hard_vocab_limit=True,
 )
-# Bump when TRAINER_OPTIONS change so cached tokenizers are retrained (2: the end-of-document piece).
-OPTIONS_VERSION = 2
+# Bump when TRAINER_OPTIONS change so cached tokenizers are retrained (2: the end-of-document piece;
+# 3: the ChatML pieces).
+OPTIONS_VERSION = 3
 
 
 class TokenizerError(WorkbenchError):
