@@ -122,6 +122,10 @@ class TrainConfig:
                                  "(and at step 0 and the end).", min=0)
     task_limit: int = _f(100, "Items of each task scored while training (its first N; `workbench eval` scores "
                               "all of them).", min=1)
+    loss_on: str = _f("assistant", "chat data (data.format): the tokens the loss is computed on. assistant: every "
+                                   "assistant message and its end-of-turn token; last_assistant: the last one of "
+                                   "each conversation; all: every token.",
+                      choices=("assistant", "last_assistant", "all"))
     finetune: str = _f("full", "full: train every weight. lora: (a run started with --init-from) freeze the "
                                "weights and train low-rank adapters on lora_targets; checkpoints hold only the "
                                "adapters, and export merges them.", choices=("full", "lora"))
@@ -152,6 +156,21 @@ class DataConfig:
                             "the tokenizer to encode it with as it is: a run directory's tokenizer.model or "
                             "tokenizer.json (Hugging Face), or a directory holding one. A run started with "
                             "--init-from uses its source run's.")
+    format: str = _f("auto", "text: documents. chat: conversations (OpenAI messages, ShareGPT conversations, alpaca "
+                             "instruction/input/output, or prompt/completion), rendered through data.chat_template, "
+                             "the loss on the answers (train.loss_on). auto: chat when the first JSONL/parquet "
+                             "record is a conversation, else text.", choices=("auto", "text", "chat"))
+    messages_field: str = _f("", "chat: the field holding each record's list of messages when it is not messages "
+                                 "or conversations; '' = detected.")
+    chat_roles: str | list[str] = _f("", "chat: more role names, as name=role pairs (a list or a comma-separated "
+                                         "string) mapping to system, user or assistant, e.g. 'bot=assistant'.")
+    chat_template: str = _f("model", "chat: model (an imported model's own chat_template; for workbench's own "
+                                     "tokenizer, chatml), chatml (the built-in ChatML template, whose pieces every "
+                                     "workbench tokenizer reserves), or a path to a Jinja template file.")
+    packing: bool = _f(True, "chat: place whole conversations into model.seq_len rows (best-fit decreasing), "
+                             "attention and positions restarting in each; false = one conversation a row, padded.")
+    overlong: str = _f("truncate", "chat: a conversation longer than model.seq_len is truncated to it, or dropped "
+                                   "(either is counted and reported).", choices=("truncate", "drop"))
 
 
 @dataclass
@@ -344,6 +363,13 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
             "(or 0 for max_iters)"
             + fix("train.lr_decay_iters", "train.warmup_iters", {"train.warmup_iters": t.lr_decay_iters // 10,
                                                                  "train.lr_decay_iters": 0}))
+    try:
+        chat_role_map(p.data.chat_roles)
+    except PresetError as e:
+        bad(str(e))
+    if "train.loss_on" in user_set and p.data.format == "text":
+        bad(f"train.loss_on = {t.loss_on} applies to chat data, but data.format = text; set data.format = chat "
+            "(or auto) for conversations")
     if m.vocab_size > 2**31:
         bad(f"model.vocab_size = {m.vocab_size} is too large")
     if not _DEVICE_RE.match(h.device):
@@ -357,6 +383,18 @@ LORA_TARGETS: dict[str, tuple[str, ...]] = {
     "q_proj": ("wq",), "k_proj": ("wk",), "v_proj": ("wv",), "o_proj": ("wo",),
     "gate_proj": ("w1",), "up_proj": ("w3",), "down_proj": ("w2",),
 }
+
+
+def chat_role_map(roles: str | list[str]) -> dict[str, str]:
+    """data.chat_roles as {name: role}; a PresetError for an entry that is not name=role of a known role."""
+    out = {}
+    for item in lora_target_list(roles):
+        name, eq, role = item.partition("=")
+        if not eq or not name or role not in ("system", "user", "assistant"):
+            raise PresetError(f"data.chat_roles entry {item!r} must be name=role, the role one of system, user, "
+                              "assistant (e.g. 'bot=assistant')")
+        out[name] = role
+    return out
 
 
 def lora_target_list(targets: str | list[str]) -> list[str]:

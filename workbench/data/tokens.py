@@ -10,6 +10,8 @@ from typing import Callable
 import numpy as np
 
 from workbench.config import DataConfig
+from workbench.data.chat_data import ChatData, corpus_is_chat, load_chat, prepare_chat
+from workbench.data.chat_templates import ChatTemplateError
 from workbench.data.documents import Corpus, open_corpus
 from workbench.data.prepare import SHARD_CHARS, DataError, Prepared, Progress, prepare
 from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file
@@ -29,6 +31,7 @@ class TokenData:
     cached: bool
     documents: int = 0
     index: dict | None = None   # the preparation's index.json (counts, timings, warnings)
+    format: str = "text"
 
     @property
     def train(self) -> np.ndarray:
@@ -113,14 +116,34 @@ def given_tokenizer(cfg: DataConfig, vocab_size: int, own: Path | None = None) -
     return tok
 
 
+def tokenizer_dir(cfg: DataConfig, own: Path | None = None) -> Path | None:
+    """The directory of the tokenizer data.tokenizer names (the run's own copy first): where an imported
+    model's tokenizer_config.json and chat template are."""
+    if own is not None and tokenizer_file(own) is not None:
+        return own
+    if not cfg.tokenizer:
+        return None
+    path = Path(cfg.tokenizer).expanduser()
+    return path if path.is_dir() else path.parent
+
+
 def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[str], None] = print,
                  progress: Progress | None = None, workers: int | None = None, shard_chars: int = SHARD_CHARS,
-                 faults: Faults = NO_FAULTS, run_dir: Path | None = None) -> TokenData:
-    """The tokenizer and tokens of a preset's corpus, ready to train on (prepared now unless cached).
-    ``run_dir``: the run's own copy of a given tokenizer (data.tokenizer) comes first."""
+                 faults: Faults = NO_FAULTS, run_dir: Path | None = None, loss_on: str = "assistant"
+                 ) -> TokenData | ChatData:
+    """The tokenizer and tokens of a preset's corpus, ready to train on (prepared now unless cached): a
+    :class:`TokenData` of documents, or a :class:`~workbench.data.chat_data.ChatData` of conversations
+    (data.format). ``run_dir``: the run's own copy of a given tokenizer (data.tokenizer) comes first."""
     corpus = open_data_corpus(cfg)
+    given = given_tokenizer(cfg, vocab_size, run_dir)
+    if corpus_is_chat(cfg, corpus):
+        try:
+            prep = prepare_chat(cfg, corpus, vocab_size, loss_on, given, tokenizer_dir(cfg, run_dir), log=log)
+        except ChatTemplateError as e:
+            raise DataError(str(e)) from None
+        return load_chat(prep, cfg.val_fraction)
     prep = prepare(corpus, vocab_size, cfg.tokenizer_sample_mb, log=log, progress=progress, workers=workers,
-                   shard_chars=shard_chars, faults=faults, tokenizer=given_tokenizer(cfg, vocab_size, run_dir))
+                   shard_chars=shard_chars, faults=faults, tokenizer=given)
     data = load_tokens(prep, cfg.val_fraction, seq_len)
     data.source = corpus.description  # the same text may have been prepared under other names
     return data

@@ -33,10 +33,13 @@ import torch
 
 from workbench import rundir
 from workbench.config import Preset, load_preset_file
+from workbench.data.chat_data import ChatData
+from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
 from workbench.data.tokenizer import tokenizer_file
-from workbench.data.tokens import TokenData, WindowSampler, prepare_data
+from workbench.data.tokens import TokenData, prepare_data
 from workbench.errors import WorkbenchError
 from workbench.faults import Faults
+from workbench.fs import write_atomic
 from workbench.machine.detect import Machine
 from workbench.machine.probe import measured_peak, this_machine
 from workbench.plan.flops import flops_per_token
@@ -44,6 +47,7 @@ from workbench.plan.schedule import lr_factor
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.rundir import EvalRecord, TrainRecord
 from workbench.train import runtime, stateful
+from workbench.train.batches import Sampler, chat_line, new_sampler, trained_targets
 from workbench.train.build import Built, build
 from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
 from workbench.train.checkpointer import Checkpointer
@@ -84,8 +88,8 @@ class Trainer:
         self.settings: RunSettings | None = None
         self.device = torch.device("cpu")
         self.autocast: contextlib.AbstractContextManager = contextlib.nullcontext()
-        self.data: TokenData | None = None
-        self.sampler: WindowSampler | None = None
+        self.data: TokenData | ChatData | None = None
+        self.sampler: Sampler | None = None
         self.built: Built | None = None
         self.checkpointer: Checkpointer | None = None
         self.state = TrainerState()                 # everything a checkpoint restores, besides tensors
@@ -134,7 +138,7 @@ class Trainer:
         # progress in status.json. Every rank asks; one prepares, the others wait for it (a file lock).
         self.data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=self.report.log,
                                  progress=lambda pr: self.report.status(preparing=pr.to_dict()), faults=self.faults,
-                                 run_dir=rd)
+                                 run_dir=rd, loss_on=p.train.loss_on)
         self.report.status(preparing=None)
         if self.machine is None:
             self.machine = this_machine()
@@ -157,7 +161,11 @@ class Trainer:
             self.data.tokenizer.save(rd)
         # One generator draws the global batch on every rank; each rank trains on its own slice. So N
         # ranks see exactly the data of one process, and one sampler state resumes them all.
-        self.sampler = WindowSampler(self.data.train, p.model.seq_len, p.train.batch_size, p.train.seed)
+        self.sampler = new_sampler(self.data, "train", p, p.train.seed)
+        if self.data.format == "chat":
+            if main and not (rd / CHAT_TEMPLATE_FILE).exists():  # the template chat and export apply
+                write_atomic(rd / CHAT_TEMPLATE_FILE, self.data.template.text.encode())
+            self.report.log(chat_line(self.data, self.sampler, p))
         self.token_bytes = torch.from_numpy(self.data.tokenizer.byte_lengths()).to(self.device)
         # The weights a fine-tuning run starts from (init/model.pt): at its start, and on every start of a
         # LoRA run (its checkpoints hold only the adapters). Rank 0 reads them and hands them on.
@@ -276,9 +284,15 @@ class Trainer:
         lr = self.preset.train.lr * factor
         poison = self.faults.poison_step(st.step + 1)
         loss_sum = torch.zeros((), device=self.device)
+        t_data = time.perf_counter()
+        batches = [self.sampler.next_batch() for _ in range(t.grad_accum)]
+        # chat: the loss is the mean over the trained targets of the whole step (every micro-batch and rank:
+        # all ranks draw the global batch), so each token weighs the same however ragged the masks are
+        per_step = trained_targets(batches, self.dist.world)
+        self.data_s += time.perf_counter() - t_data
         for micro in range(t.grad_accum):
             t_data = time.perf_counter()
-            x, y = self.next_batch(self.sampler)
+            x, y, pos, seg = self.to_device(batches[micro])
             self.data_s += time.perf_counter() - t_data
             last = micro == t.grad_accum - 1
             # DDP all-reduces gradients once, on the last micro-batch; FSDP2 likewise reduce-scatters only then.
@@ -286,11 +300,12 @@ class Trainer:
                 b.model.set_requires_gradient_sync(last)
             no_sync = self.settings.parallel == "ddp" and not last
             with b.train_forward.no_sync() if no_sync else contextlib.nullcontext():
-                with self.autocast:
-                    loss = b.train_forward(x, y)[1]  # drop the logits now: they would live through backward
+                with self.autocast:  # drop the logits now: they would live through backward
+                    loss = b.train_forward(x, y, positions=pos, segments=seg, loss_tokens=per_step)[1]
                 if poison:
                     loss = loss * float("nan")
-                loss = loss / t.grad_accum
+                if per_step is None:
+                    loss = loss / t.grad_accum
                 b.scaler.scale(loss).backward()
             loss_sum += loss.detach()
         b.optimizer.unscale_(b.scaler)
@@ -424,13 +439,18 @@ class Trainer:
         if self.dist.is_main:
             self.report.sample(self.state.step, t.sample_prompt, text)
 
-    def next_batch(self, sampler: WindowSampler) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's part of ``sampler``'s next global batch (all of it in a single process), on the device."""
-        x, y = sampler.next_batch()
+    def next_batch(self, sampler: Sampler) -> tuple[torch.Tensor | None, ...]:
+        """This rank's part of ``sampler``'s next global batch (all of it in a single process), on the device:
+        (x, y, positions, segments), the last two None for text."""
+        return self.to_device(sampler.next_batch())
+
+    def to_device(self, batch: tuple) -> tuple[torch.Tensor | None, ...]:
+        """This rank's part of a global batch, on the device, as (x, y, positions, segments)."""
+        batch = tuple(batch) + (None,) * (4 - len(batch))
         if self.dist.enabled:
             b, r = self.settings.micro_batch, self.dist.rank
-            x, y = x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]
-        return runtime.batch_to_device(x, y, self.device)
+            batch = tuple(a if a is None else a[r * b:(r + 1) * b] for a in batch)
+        return runtime.batch_to_device(batch, self.device)
 
     # ------------------------------------------------------------------ entry
 

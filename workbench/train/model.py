@@ -37,6 +37,8 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from workbench.config import ModelConfig
 
+IGNORE = -100   # a target left out of the loss (chat: prompt tokens; F.cross_entropy's ignore_index)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -110,7 +112,9 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0):
+    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None):
+        """``mask``: [B, 1, T, T] bool, True where a query may attend (packed rows: causal within each
+        conversation); None: causal."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.hd)
         k = self.wk(x).view(B, T, self.n_kv, self.hd)
@@ -133,7 +137,7 @@ class Attention(nn.Module):
             rep = self.n_heads // self.n_kv
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd)
         return self.resid_drop(self.wo(y))
@@ -160,8 +164,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x, cos, sin, cache=None, layer=0):
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer)
+    def forward(self, x, cos, sin, cache=None, layer=0, mask=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -204,19 +208,30 @@ class GPT(nn.Module):
     def output_weight(self) -> torch.Tensor:
         return self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
 
-    def hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """The final normalised hidden states [B, T, dim]: everything but the output layer."""
+    def hidden(self, idx: torch.Tensor, cache: KVCache | None = None, positions: torch.Tensor | None = None,
+               segments: torch.Tensor | None = None) -> torch.Tensor:
+        """The final normalised hidden states [B, T, dim]: everything but the output layer.
+        Packed rows (several conversations in one): ``positions`` [B, T], each token's position in its own
+        conversation (RoPE restarts in each), and ``segments`` [B, T], which conversation it belongs to
+        (attention stays inside one: a block-diagonal causal mask)."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.cfg.seq_len:
             raise ValueError(f"sequence of {start + T} tokens exceeds seq_len {self.cfg.seq_len}")
-        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        if positions is not None:
+            cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
+        else:
+            cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        mask = None
+        if segments is not None:
+            causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+            mask = (segments[:, None, :, None] == segments[:, None, None, :]) & causal
         x = self.drop(self.tok_emb(idx))
         for i, block in enumerate(self.layers):
             if self.activation_checkpointing and self.training and cache is None:
-                x = activation_checkpoint(block, x, cos, sin, use_reentrant=False)
+                x = activation_checkpoint(block, x, cos, sin, None, i, mask, use_reentrant=False)
             else:
-                x = block(x, cos, sin, cache, i)
+                x = block(x, cos, sin, cache, i, mask)
         if cache is not None:
             cache.pos += T
         return self.norm(x)
@@ -228,24 +243,30 @@ class GPT(nn.Module):
         self._hidden_compiled = torch.compile(self.hidden, **compile_kwargs)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                cache: KVCache | None = None):
+                cache: KVCache | None = None, positions: torch.Tensor | None = None,
+                segments: torch.Tensor | None = None, loss_tokens: float | None = None):
         """Returns (logits, loss). With targets, logits are those of every position (None with
-        the fused loss, which never builds them)."""
+        the fused loss, which never builds them). ``loss_tokens`` (chat): the loss is the sum over the targets
+        that are not ``IGNORE`` (-100) divided by this (the trained targets of the whole optimizer step, so
+        micro-batches of ragged masks weigh each token alike); None: the mean over every target."""
         compiled = self.__dict__.get("_hidden_compiled")
         if compiled is not None and cache is None and torch.is_grad_enabled():
-            x = compiled(idx)  # training steps only: evals and sampling stay eager (one graph to compile)
+            # training steps only: evals and sampling stay eager (one graph to compile)
+            x = compiled(idx, None, positions, segments)
         else:
-            x = self.hidden(idx, cache)
+            x = self.hidden(idx, cache, positions, segments)
         if targets is None:
             # Generation needs only the last position's logits.
             return F.linear(x[:, -1:, :], self.output_weight()), None
         n_tok = x.shape[0] * x.shape[1]
         if self.loss_chunk_tokens:
             return None, fused_cross_entropy(x.reshape(n_tok, -1), self.output_weight(), targets.reshape(-1),
-                                             self.loss_chunk_tokens)
+                                             self.loss_chunk_tokens, loss_tokens)
         logits = F.linear(x, self.output_weight())
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+        flat = logits.float().view(-1, logits.size(-1))
+        if loss_tokens is None:
+            return logits, F.cross_entropy(flat, targets.reshape(-1))
+        return logits, F.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE, reduction="sum") / loss_tokens
 
     def new_cache(self, batch: int, device, dtype) -> KVCache:
         c = self.cfg
@@ -267,11 +288,15 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     cpu-small on a 2-core CPU, measured against the plain loss in the same process.
     Under autocast the matmuls run in the autocast dtype and the softmax in fp32, as
     F.linear + F.cross_entropy(logits.float()) would.
+
+    With ``denom`` (chat) the loss is the sum over the targets that are not IGNORE divided by ``denom``, and
+    an ignored row has no loss and no gradient; without it every target counts and the loss is the mean.
     """
 
     @staticmethod
-    def forward(ctx, x, w, targets, chunk: int):
-        n = x.shape[0]
+    def forward(ctx, x, w, targets, chunk: int, denom: float | None = None):
+        n = x.shape[0] if denom is None else denom
+        masked = denom is not None
         dev = x.device.type
         cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -280,19 +305,25 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
             gx = torch.empty_like(x) if need_x else None
             gw = torch.zeros_like(w, dtype=torch.float32) if need_w else None
             total = torch.zeros((), dtype=torch.float32, device=x.device)
-            for i in range(0, n, chunk):
+            for i in range(0, x.shape[0], chunk):
                 xs, ts = x[i:i + chunk].to(cdt), targets[i:i + chunk, None]
+                if masked:
+                    keep = ts != IGNORE
+                    ts = ts.clamp_min(0)
                 z = (xs @ wc.t()).float()
                 # log-sum-exp in place (torch.logsumexp would allocate another chunk of logits)
                 target_logit = z.gather(1, ts)
                 m = z.amax(dim=-1, keepdim=True)
                 z.sub_(m).exp_()
                 s = z.sum(dim=-1, keepdim=True)
-                total += (m + s.log() - target_logit).sum()
+                row_loss = m + s.log() - target_logit
+                total += (row_loss * keep).sum() if masked else row_loss.sum()
                 if gx is None and gw is None:
                     continue
                 z.div_(s * n)                                            # softmax / N
                 z.scatter_add_(1, ts, z.new_full(ts.shape, -1.0 / n))    # - onehot / N
+                if masked:
+                    z.mul_(keep)                                         # ignored rows: no gradient
                 zc = z.to(cdt)
                 if gx is not None:
                     if gx.dtype == cdt:
@@ -313,9 +344,11 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         gx, gw = ctx.saved_tensors
         return (None if gx is None else gx * grad_out.to(gx.dtype),
                 None if gw is None else (gw * grad_out).to(ctx.w_dtype),
-                None, None)
+                None, None, None)
 
 
-def fused_cross_entropy(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Mean cross-entropy of (x @ w.T) against targets, ``chunk`` rows at a time (see FusedLinearCrossEntropy)."""
-    return FusedLinearCrossEntropy.apply(x, w, targets, chunk)
+def fused_cross_entropy(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk: int,
+                        denom: float | None = None) -> torch.Tensor:
+    """Cross-entropy of (x @ w.T) against targets, ``chunk`` rows at a time: the mean, or with ``denom`` the
+    sum over targets that are not IGNORE divided by it (see FusedLinearCrossEntropy)."""
+    return FusedLinearCrossEntropy.apply(x, w, targets, chunk, denom)

@@ -94,12 +94,15 @@ def peak_rss_mb() -> float:
 OOM_MARKERS = ("CUDA out of memory", "MPS backend out of memory", "out of memory")
 
 
-def batch_to_device(x: np.ndarray, y: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch of token windows on ``device`` (pinned and copied asynchronously to a GPU)."""
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    if device.type == "cuda":
-        return xt.pin_memory().to(device, non_blocking=True), yt.pin_memory().to(device, non_blocking=True)
-    return xt.to(device), yt.to(device)
+def batch_to_device(arrays: tuple[np.ndarray | None, ...], device: torch.device) -> tuple[torch.Tensor | None, ...]:
+    """A batch's arrays (token windows, targets; chat's positions and segments, or None) on ``device``
+    (pinned and copied asynchronously to a GPU)."""
+    def move(a: np.ndarray | None) -> torch.Tensor | None:
+        if a is None:
+            return None
+        t = torch.from_numpy(a)
+        return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+    return tuple(move(a) for a in arrays)
 
 
 def compile_cache_counts() -> dict[str, int]:

@@ -1,0 +1,44 @@
+"""A generated instruction set whose answers can be checked: reverse a list of words, sort numbers, look up a
+fact from a table given in the system prompt. Made from a seed, so tests and bench/chat_sft.py share it."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+WORDS = ("apple", "river", "stone", "cloud", "tiger", "lamp", "green", "bread", "salt", "piano", "ocean", "chair",
+         "ember", "violet", "maple", "copper", "frost", "honey", "kite", "lemon")
+NAMES = ("Ada", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lea")
+COLOURS = ("red", "blue", "green", "amber", "white", "black", "grey", "pink")
+
+
+def conversation(rng: random.Random) -> dict:
+    """One OpenAI-style record: {"messages": [...]}; the last assistant message is the checkable answer."""
+    kind = rng.randrange(3)
+    if kind == 0:
+        words = rng.sample(WORDS, rng.randint(3, 6))
+        return {"messages": [{"role": "user", "content": "Reverse the words: " + " ".join(words)},
+                             {"role": "assistant", "content": " ".join(reversed(words))}]}
+    if kind == 1:
+        nums = [rng.randint(0, 99) for _ in range(rng.randint(3, 6))]
+        return {"messages": [{"role": "user", "content": "Sort: " + " ".join(map(str, nums))},
+                             {"role": "assistant", "content": " ".join(map(str, sorted(nums)))}]}
+    names = rng.sample(NAMES, 4)
+    table = {n: rng.choice(COLOURS) for n in names}
+    who = rng.choice(names)
+    system = "Colours: " + ", ".join(f"{n}={c}" for n, c in table.items())
+    return {"messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": f"Colour of {who}?"},
+                         {"role": "assistant", "content": table[who]}]}
+
+
+def conversations(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    return [conversation(rng) for _ in range(n)]
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path = Path(path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path

@@ -1,0 +1,404 @@
+"""Chat data for training: conversations prepared once into token ids with a label per token beside them,
+cached; then packed into ``model.seq_len`` rows and drawn in resumable batches. No torch.
+
+Preparation (:func:`prepare_chat`) streams the corpus (:class:`~workbench.data.chat.ChatReader`), renders each
+conversation through the chat template and encodes it (:class:`~workbench.data.chat.ChatEncoder`), and writes
+
+    tokens.bin   the ids of every conversation, one after another (uint16, or uint32 for a large vocabulary)
+    labels.bin   one uint8 per token: 0 a prompt token (header, system, user text), 1 a token of an assistant
+                 turn (content and end-of-turn token), 2 a token of the last assistant turn of its conversation
+    lengths.bin  each conversation's token count (uint32)
+    index.json   counts, the template, the tokenizer's ids; written last: its presence marks the preparation
+                 complete
+
+in ``$WORKBENCH_CACHE_DIR/data/chat-<key>/``, the key naming the input files (paths, sizes, modification
+times), the reading options, the tokenizer and the template. Memory is bounded: tokens are written as they
+are made, and only the lengths (4 bytes a conversation) are held. ``train.loss_on`` picks labels at batch
+time (assistant: 1 and 2; last_assistant: 2; all: every token), so changing it re-encodes nothing.
+
+Batches (:class:`ChatSampler`): a conversation of ``n`` tokens gives ``n - 1`` (input, target) positions; its
+targets that are not trained are ``IGNORE``. With ``data.packing`` whole conversations share a row (best-fit
+decreasing, :func:`pack`), each with its own segment id and positions restarting at 0, so attention never
+crosses a conversation and RoPE sees each as if alone. Without it each conversation is a row of its own,
+padded. A conversation longer than the row is truncated or dropped (``data.overlong``) and counted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from workbench.config import DataConfig, chat_role_map
+from workbench.data.chat import BadRecord, ChatEncoder, ChatOptions, ChatReader, sniff_format, special_pieces
+from workbench.data.chat_templates import (
+    CHATML_PIECES,
+    ChatTemplate,
+    ChatTemplateError,
+    load_chat_template,
+    model_template,
+)
+from workbench.data.documents import Corpus, Stats, warnings_of
+from workbench.data.prepare import DataError, Prepared
+from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
+from workbench.fmt import duration, human_bytes
+from workbench.fs import cache_root, fsync_dir, read_json, write_atomic, write_json_atomic
+
+IGNORE = -100              # a target the loss skips (torch's cross_entropy ignore_index)
+PROMPT, TRAINED, LAST = 0, 1, 2
+CHAT_VERSION = 1           # bump when what is written changes, so caches are prepared again
+FLUSH_TOKENS = 1 << 20     # tokens held before they are appended to the files
+
+
+def corpus_is_chat(cfg: DataConfig, corpus: Corpus) -> bool:
+    """data.format: chat or text; auto reads the first record of the first JSONL/parquet file."""
+    if cfg.format != "auto":
+        return cfg.format == "chat"
+    src = next((s for s in corpus.sources if s.kind in ("jsonl", "parquet")), None)
+    return src is not None and sniff_format(src, chat_options(cfg)) is not None
+
+
+def chat_options(cfg: DataConfig) -> ChatOptions:
+    return ChatOptions(cfg.messages_field, chat_role_map(cfg.chat_roles), cfg.skip_bad_records)
+
+
+def template_for(cfg: DataConfig, tok: AnyTokenizer | None, model_dir: Path | None) -> ChatTemplate:
+    """data.chat_template for this tokenizer: ``model`` is the model directory's own template, and for
+    workbench's own tokenizer (which reserves the ChatML pieces) the built-in ChatML."""
+    if cfg.chat_template == "model" and not isinstance(tok, HFTokenizer):
+        if model_dir is not None and model_template(model_dir) is not None:
+            return load_chat_template("model", model_dir)
+        if tok is None or all(p in special_pieces(tok) for p in CHATML_PIECES):
+            return load_chat_template("chatml")
+        raise ChatTemplateError(f"the tokenizer {model_dir or ''} has no chat template and does not reserve "
+                                f"{' and '.join(CHATML_PIECES)} (it was trained before workbench reserved them); "
+                                "give data.chat_template the path of a .jinja template written with its special "
+                                "pieces, or train a new tokenizer")
+    return load_chat_template(cfg.chat_template, model_dir)
+
+
+# ----------------------------------------------------------------------------- preparation
+
+@dataclass
+class ChatPrepared(Prepared):
+    template: ChatTemplate | None = None
+
+    @property
+    def labels_path(self) -> Path:
+        return self.dir / "labels.bin"
+
+
+def _sample_for_tokenizer(reader: ChatReader, corpus: Corpus, sample_mb: float) -> list[str]:
+    """Lines of message text, the first ``sample_mb`` of the corpus's conversations (the template's own
+    pieces are reserved, not learned)."""
+    lines, size, budget = [], 0, int(sample_mb * 1_000_000)
+    for conv in reader.conversations(corpus.sources):
+        for m in conv.messages:
+            lines += m.content.split("\n")
+            size += len(m.content) + 1
+        if size >= budget:
+            break
+    return lines
+
+
+def _key(corpus: Corpus, cfg: DataConfig, tok: AnyTokenizer | None, vocab_size: int, sample_mb: float,
+         template: ChatTemplate, all_tokens: bool) -> str:
+    parts = [CHAT_VERSION, corpus.manifest(), cfg.messages_field, sorted(chat_role_map(cfg.chat_roles).items()),
+             tok.digest() if tok is not None else f"own-{vocab_size}-{sample_mb:g}", template.text,
+             sorted(template.variables), all_tokens]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+
+
+def prepare_chat(cfg: DataConfig, corpus: Corpus, vocab_size: int, loss_on: str, given: AnyTokenizer | None,
+                 model_dir: Path | None, log: Callable[[str], None] = print) -> ChatPrepared:
+    """The conversations of ``corpus`` as tokens and labels: from the cache when its inputs are unchanged,
+    else prepared now. ``given``: the tokenizer to use (else one is trained on the messages' text)."""
+    template = template_for(cfg, given, model_dir)
+    all_tokens = loss_on == "all"
+    root = cache_root() / "data"
+    d = root / f"chat-{_key(corpus, cfg, given, vocab_size, cfg.tokenizer_sample_mb, template, all_tokens)}"
+    index = read_json(d / "index.json")
+    if index and tokenizer_file(d) is not None:
+        return ChatPrepared(d, index, cached=True, template=template)
+    t0 = time.time()
+    tmp = d.with_name(f".{d.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        stats = Stats()
+        reader = ChatReader(chat_options(cfg), stats)
+        if given is None:
+            log(f"training a {vocab_size}-piece tokenizer on the messages of {corpus.description} ...")
+            tok = train_tokenizer(_sample_for_tokenizer(ChatReader(chat_options(cfg)), corpus,
+                                                        cfg.tokenizer_sample_mb), vocab_size)
+        else:
+            tok = given
+        try:
+            encoder = ChatEncoder(template, tok, "all" if all_tokens else "assistant")
+        except ChatTemplateError as e:
+            raise DataError(str(e)) from None
+        log(f"encoding the conversations of {corpus.description} ({human_bytes(corpus.total_bytes)}) through "
+            f"the chat template {template.source} ...")
+        index = _encode_all(reader, encoder, corpus, tmp, all_tokens)
+        index.update(source=corpus.description, vocab_size=tok.vocab_size, eod_id=tok.eod_id,
+                     end_of_turn=encoder.end, end_of_turn_id=encoder.end_id, template=template.source,
+                     loss_labels="all" if all_tokens else "assistant", warnings=warnings_of(corpus, stats),
+                     seconds=round(time.time() - t0, 2))
+        if index["trained"] == 0:
+            raise DataError(f"no token of {corpus.description} would be trained: every conversation's tokens are "
+                            "masked (prompt only); check the records have assistant messages with content, or "
+                            "set train.loss_on = \"all\"")
+        tok.save(tmp)
+        write_json_atomic(tmp / "index.json", index)
+        fsync_dir(tmp)
+        shutil.rmtree(d, ignore_errors=True)
+        os.replace(tmp, d)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for w in index["warnings"]:
+        log(f"warning: {w}")
+    log(f"encoded {index['conversations']:,} conversations, {index['tokens']:,} tokens "
+        f"({index['trained'] / max(1, index['tokens']):.0%} of them trained) in {duration(time.time() - t0)}")
+    return ChatPrepared(d, index, cached=False, template=template)
+
+
+def _encode_all(reader: ChatReader, encoder: ChatEncoder, corpus: Corpus, out: Path, all_tokens: bool) -> dict:
+    dtype = np.uint16 if encoder.tok.vocab_size <= 65535 else np.uint32
+    lengths: list[int] = []
+    ids_buf: list[int] = []
+    lab_buf: list[int] = []
+    counts = {"trained": 0, "last_trained": 0}
+    with open(out / "tokens.bin", "wb") as ft, open(out / "labels.bin", "wb") as fl:
+        def flush() -> None:
+            ft.write(np.asarray(ids_buf, dtype=dtype).tobytes())
+            fl.write(np.asarray(lab_buf, dtype=np.uint8).tobytes())
+            ids_buf.clear()
+            lab_buf.clear()
+
+        for conv in reader.conversations(corpus.sources):
+            try:
+                got = encoder.encode(conv)
+            except BadRecord as e:
+                reader.bad(str(e))
+                reader.stats.documents -= 1
+                continue
+            labels = [LAST] * len(got.ids) if all_tokens else last_turn_labels(got.mask)
+            ids_buf += got.ids
+            lab_buf += labels
+            lengths.append(len(got.ids))
+            counts["trained"] += sum(1 for v in labels if v)
+            counts["last_trained"] += sum(1 for v in labels if v == LAST)
+            if len(ids_buf) >= FLUSH_TOKENS:
+                flush()
+        flush()
+        for f in (ft, fl):
+            f.flush()
+            os.fsync(f.fileno())
+    write_atomic(out / "lengths.bin", np.asarray(lengths, dtype=np.uint32).tobytes())
+    return {"format": "chat", "conversations": len(lengths), "tokens": int(sum(lengths)),
+            "dtype": np.dtype(dtype).name, "skipped_records": reader.stats.skipped_records, **counts}
+
+
+def last_turn_labels(mask: list[int]) -> list[int]:
+    """A conversation's 0/1 loss mask as labels: its last run of trained tokens (the last assistant turn) 2."""
+    labels = list(mask)
+    j = len(labels) - 1
+    while j >= 0 and not labels[j]:
+        j -= 1
+    while j >= 0 and labels[j]:
+        labels[j] = LAST
+        j -= 1
+    return labels
+
+
+# ----------------------------------------------------------------------------- loading and packing
+
+@dataclass
+class Packing:
+    """Conversations placed into rows: row r holds ``items[starts[r]:starts[r + 1]]`` (conversation indices)."""
+    items: np.ndarray
+    starts: np.ndarray
+    truncated: int = 0
+    dropped: int = 0
+    positions: int = 0             # input positions filled (the rest of the rows is padding)
+    row_len: int = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.starts) - 1
+
+    @property
+    def efficiency(self) -> float:
+        """Filled positions over all positions of all rows."""
+        return self.positions / max(1, self.rows * self.row_len)
+
+
+def pack(lengths: np.ndarray, seq_len: int, packing: bool = True, overlong: str = "truncate") -> Packing:
+    """Rows of ``seq_len`` input positions; a conversation of ``n`` tokens needs ``n - 1`` (one-token
+    conversations have no target and are left out). Best-fit decreasing: the longest first, each into the
+    fullest row it fits; deterministic (ties by index)."""
+    need = np.asarray(lengths, dtype=np.int64) - 1
+    over = need > seq_len
+    dropped = int(over.sum()) if overlong == "drop" else 0
+    truncated = 0 if overlong == "drop" else int(over.sum())
+    keep = (need > 0) & ~(over if overlong == "drop" else np.zeros_like(over))
+    idx = np.flatnonzero(keep)
+    size = np.minimum(need[idx], seq_len)
+    if not packing:
+        return Packing(idx.astype(np.int64), np.arange(len(idx) + 1, dtype=np.int64), truncated, dropped,
+                       int(size.sum()), seq_len)
+    order = idx[np.lexsort((idx, -size))]
+    rows: list[list[int]] = []
+    free: list[int] = []                   # the distinct free space of open rows, sorted
+    by_free: dict[int, list[int]] = {}     # free space -> rows with it
+    sizes = dict(zip(idx.tolist(), size.tolist()))
+    for c in order.tolist():
+        s = sizes[c]
+        k = bisect.bisect_left(free, s)
+        if k < len(free):
+            f = free[k]
+            r = by_free[f].pop()
+            if not by_free[f]:
+                del by_free[f]
+                free.pop(k)
+            rows[r].append(c)
+        else:
+            f = seq_len
+            r = len(rows)
+            rows.append([c])
+        left = f - s
+        if left > 0:
+            if left not in by_free:
+                bisect.insort(free, left)
+                by_free[left] = []
+            by_free[left].append(r)
+    items = np.asarray([c for row in rows for c in row], dtype=np.int64)
+    starts = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(row) for row in rows], out=starts[1:])
+    return Packing(items, starts, truncated, dropped, int(size.sum()), seq_len)
+
+
+@dataclass
+class ChatData:
+    """A prepared chat corpus, memory-mapped, its conversations split into train and val (the last ones)."""
+    tokenizer: AnyTokenizer
+    tokens: np.ndarray
+    labels: np.ndarray
+    offsets: np.ndarray            # conversation i is tokens[offsets[i]:offsets[i + 1]]
+    n_train: int                   # conversations [0, n_train) train, the rest val
+    template: ChatTemplate
+    source: str
+    tokenizer_path: Path
+    cached: bool
+    index: dict = field(default_factory=dict)
+    format: str = "chat"
+
+    @property
+    def documents(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self, part: str) -> np.ndarray:
+        n = np.diff(self.offsets)
+        return n[: self.n_train] if part == "train" else n[self.n_train:]
+
+    def packing(self, part: str, seq_len: int, packing: bool, overlong: str) -> Packing:
+        p = pack(self.lengths(part), seq_len, packing, overlong)
+        if part == "val":  # indices into the whole corpus
+            p.items = p.items + self.n_train
+        return p
+
+
+def load_chat(prep: ChatPrepared, val_fraction: float) -> ChatData:
+    idx = prep.index
+    n = idx["conversations"]
+    if n < 2:
+        raise DataError(f"the chat corpus has {n} conversation(s); training and validation need at least 2 "
+                        "(one of each); add conversations")
+    tokens = np.memmap(prep.dir / "tokens.bin", dtype=np.dtype(idx["dtype"]), mode="r", shape=(idx["tokens"],))
+    labels = np.memmap(prep.dir / "labels.bin", dtype=np.uint8, mode="r", shape=(idx["tokens"],))
+    lengths = np.fromfile(prep.dir / "lengths.bin", dtype=np.uint32)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    n_val = min(n - 1, max(1, round(n * val_fraction)))
+    return ChatData(load_tokenizer(prep.dir), tokens, labels, offsets, n - n_val, prep.template, idx["source"],
+                    prep.tokenizer_path, prep.cached, idx)
+
+
+def trained_labels(loss_on: str) -> np.ndarray:
+    """A lookup from label (0, 1, 2) to whether ``train.loss_on`` trains it."""
+    return np.array({"assistant": [0, 1, 1], "last_assistant": [0, 0, 1], "all": [1, 1, 1]}[loss_on], dtype=bool)
+
+
+class ChatSampler:
+    """Batches of packed rows: (x, y, positions, segments), each [batch, seq_len]. Rows are drawn in a
+    shuffled order, a new one each epoch (from the seed and the epoch number), so the state is two integers.
+
+    ``segments`` is None without packing (one conversation a row: plain causal attention suffices)."""
+
+    def __init__(self, data: ChatData, part: str, seq_len: int, batch_size: int, seed: int, loss_on: str,
+                 packing: bool = True, overlong: str = "truncate"):
+        self.data, self.seq_len, self.batch_size, self.seed = data, seq_len, batch_size, seed
+        self.packed = packing
+        self.rows = data.packing(part, seq_len, packing, overlong)
+        if self.rows.rows == 0:
+            raise DataError(f"no {part} conversation fits model.seq_len = {seq_len} (data.overlong = \"drop\" "
+                            "dropped them all); raise seq_len or set data.overlong = \"truncate\"")
+        self.trains = trained_labels(loss_on)
+        self.epoch, self.pos = 0, 0
+        self._order = self._shuffle()
+
+    def _shuffle(self) -> np.ndarray:
+        return np.random.Generator(np.random.PCG64([self.seed, self.epoch])).permutation(self.rows.rows)
+
+    def next_rows(self) -> list[int]:
+        out = []
+        while len(out) < self.batch_size:
+            if self.pos == len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._shuffle()
+            take = self._order[self.pos:self.pos + self.batch_size - len(out)]
+            out += take.tolist()
+            self.pos += len(take)
+        return out
+
+    def next_batch(self) -> tuple[np.ndarray, ...]:
+        T, d, p = self.seq_len, self.data, self.rows
+        B = self.batch_size
+        x = np.zeros((B, T), dtype=np.int64)
+        y = np.full((B, T), IGNORE, dtype=np.int64)
+        pos = np.zeros((B, T), dtype=np.int64)
+        seg = np.full((B, T), -1, dtype=np.int64)
+        for b, r in enumerate(self.next_rows()):
+            at = 0
+            for k, c in enumerate(p.items[p.starts[r]:p.starts[r + 1]].tolist()):
+                lo = int(d.offsets[c])
+                n = min(int(d.offsets[c + 1]) - lo - 1, T)
+                ids = np.asarray(d.tokens[lo:lo + n + 1], dtype=np.int64)
+                trained = self.trains[np.asarray(d.labels[lo + 1:lo + n + 1])]
+                x[b, at:at + n] = ids[:-1]
+                y[b, at:at + n] = np.where(trained, ids[1:], IGNORE)
+                pos[b, at:at + n] = np.arange(n)
+                seg[b, at:at + n] = k
+                at += n
+        return (x, y, pos, seg) if self.packed else (x, y, pos, None)
+
+    def state(self) -> dict:
+        return {"kind": "chat", "epoch": self.epoch, "pos": self.pos}
+
+    def set_state(self, st: dict) -> None:
+        if st.get("kind") != "chat":
+            raise DataError("the checkpoint was trained on text, not conversations; a run keeps its data.format")
+        self.epoch, self.pos = int(st["epoch"]), int(st["pos"])
+        self._order = self._shuffle()
+
+
+__all__ = ["IGNORE", "ChatData", "ChatPrepared", "ChatSampler", "Packing", "chat_options", "corpus_is_chat",
+           "last_turn_labels", "load_chat", "pack", "prepare_chat", "template_for", "trained_labels"]
