@@ -1,0 +1,214 @@
+"""Chat fine-tuning's training side: the labels and targets a batch carries (prompt tokens never in the loss,
+the end-of-turn token always, last_assistant only the last turn), packing (no cross-talk: a packed row gives
+each conversation the logits it has alone; positions restart), the loss as the mean over a step's trained
+targets (grad accumulation 4 x 1 = 1 x 4 on ragged masks, fused and plain loss), and real runs: resume after
+kill -9 is bitwise, bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from tests.support.chat import conversations, write_jsonl
+from tests.support.cli import TINY, wb
+from tests.support.runs import losses
+from workbench import rundir
+from workbench.config import DataConfig, ModelConfig
+from workbench.data.chat_data import IGNORE, LAST, PROMPT, TRAINED, ChatSampler, pack
+from workbench.data.chat_templates import CHATML_END, CHATML_START
+from workbench.data.tokens import prepare_data
+from workbench.train.checkpoint import load_run_model
+from workbench.train.model import GPT, fused_cross_entropy
+
+SEQ = 64
+CHAT = [*TINY, f"model.seq_len={SEQ}", "model.vocab_size=400"]
+
+
+@pytest.fixture(scope="module")
+def chat_file(tmp_path_factory):
+    """400 generated conversations, a quarter of them with two exchanges (so last_assistant differs)."""
+    recs = conversations(400, seed=1)
+    for i in range(0, 400, 4):
+        second = conversations(1, seed=1000 + i)[0]["messages"]
+        recs[i] = {"messages": recs[i]["messages"] + [m for m in second if m["role"] != "system"]}
+    return write_jsonl(tmp_path_factory.mktemp("chat") / "chat.jsonl", recs)
+
+
+@pytest.fixture(scope="module")
+def chat_data(chat_file):
+    return prepare_data(DataConfig(corpus=str(chat_file)), 400, SEQ, log=lambda m: None)
+
+
+def _targets_of(data, c: int, trains) -> tuple[np.ndarray, np.ndarray]:
+    lo, hi = data.offsets[c], data.offsets[c + 1]
+    ids, lab = np.asarray(data.tokens[lo:hi], dtype=np.int64), np.asarray(data.labels[lo:hi])
+    return ids, np.where(trains[lab[1:]], ids[1:], IGNORE)
+
+
+def test_labels_train_answers_and_end_of_turn_never_the_prompt(chat_data, chat_file):
+    d, tok = chat_data, chat_data.tokenizer
+    records = [json.loads(line) for line in chat_file.read_text().splitlines()]
+    start, end = (tok.sp.piece_to_id(p) for p in (CHATML_START, CHATML_END))
+    assert d.format == "chat" and d.documents == 400 and d.index["skipped_records"] == 0
+    for c in range(40):
+        ids = np.asarray(d.tokens[d.offsets[c]:d.offsets[c + 1]])
+        lab = np.asarray(d.labels[d.offsets[c]:d.offsets[c + 1]])
+        # every run of trained tokens ends with <|im_end|>; no header or user token is trained
+        runs = np.flatnonzero(np.diff(np.r_[0, lab > 0, 0]))
+        pairs = runs.reshape(-1, 2)
+        answers = [m["content"] for m in records[c]["messages"] if m["role"] == "assistant"]
+        assert len(pairs) == len(answers)
+        for (a, b), answer in zip(pairs, answers):
+            assert ids[b - 1] == end
+            assert tok.decode(ids[a:b - 1].tolist()) == answer   # the content and <|im_end|>, nothing else
+            assert start not in ids[a:b]
+            trained_text = tok.decode(ids[a:b].tolist())
+            assert "user" not in trained_text and "Reverse" not in trained_text and "Sort" not in trained_text
+        assert (lab[pairs[-1][0]:pairs[-1][1]] == LAST).all()
+        assert set(lab[:pairs[-1][0]].tolist()) <= {PROMPT, TRAINED}
+        # the prompt: the header of the last turn is not trained
+        assert lab[pairs[-1][0] - 1] == PROMPT
+
+
+@pytest.mark.parametrize("loss_on", ["assistant", "last_assistant", "all"])
+def test_batches_carry_exactly_the_trained_targets(chat_data, loss_on):
+    s = ChatSampler(chat_data, "train", SEQ, 8, seed=3, loss_on=loss_on)
+    trains = s.trains
+    seen = 0
+    for _ in range(6):
+        rows = s._order[s.pos:s.pos + 8].tolist()
+        x, y, pos, seg = s.next_batch()
+        for b, r in enumerate(rows):
+            at = 0
+            for k, c in enumerate(s.rows.items[s.rows.starts[r]:s.rows.starts[r + 1]].tolist()):
+                ids, want = _targets_of(chat_data, c, trains)
+                n = min(len(ids) - 1, SEQ)
+                assert (x[b, at:at + n] == ids[:n]).all()
+                assert (y[b, at:at + n] == want[:n]).all()
+                assert (pos[b, at:at + n] == np.arange(n)).all()      # positions restart in each conversation
+                assert (seg[b, at:at + n] == k).all()
+                at += n
+                seen += 1
+            assert (y[b, at:] == IGNORE).all() and (seg[b, at:] == -1).all()
+    assert seen > 48
+    n_two_turns = 0
+    for c in range(0, 40, 4):  # the two-exchange conversations: last_assistant leaves the first answer out
+        ids, want = _targets_of(chat_data, c, trains)
+        _, every = _targets_of(chat_data, c, np.array([True, True, True]))
+        answers = (np.asarray(chat_data.labels[chat_data.offsets[c] + 1:chat_data.offsets[c + 1]]) > 0).sum()
+        trained = (want != IGNORE).sum()
+        if loss_on == "all":
+            assert trained == len(ids) - 1 and (want == every).all()
+        elif loss_on == "assistant":
+            assert trained == answers
+        else:
+            lab = np.asarray(chat_data.labels[chat_data.offsets[c]:chat_data.offsets[c + 1]])
+            assert trained == (lab[1:] == LAST).sum() < answers
+            n_two_turns += 1
+    assert loss_on != "last_assistant" or n_two_turns == 10
+
+
+def test_packing_is_best_fit_and_counts_what_does_not_fit():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 50, size=500).astype(np.uint32)
+    lengths[:5] = 90                                   # longer than a row
+    p = pack(lengths, 64)
+    placed = p.items.tolist()
+    assert sorted(placed) == list(range(500))          # every conversation once
+    for r in range(p.rows):
+        assert sum(min(int(lengths[c]) - 1, 64) for c in p.items[p.starts[r]:p.starts[r + 1]]) <= 64
+    assert p.truncated == 5 and p.dropped == 0 and p.efficiency > 0.95
+    d = pack(lengths, 64, overlong="drop")
+    assert d.dropped == 5 and d.truncated == 0 and sorted(d.items.tolist()) == list(range(5, 500))
+    u = pack(lengths, 64, packing=False)
+    assert u.rows == 500 and u.efficiency < 0.5
+
+
+def _tiny_model(**kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=SEQ), **kw).eval()
+
+
+def test_a_packed_row_gives_each_conversation_its_logits_alone():
+    m = _tiny_model()
+    g = torch.Generator().manual_seed(1)
+    convs = [torch.randint(0, 97, (n,), generator=g) for n in (9, 17, 5, 20)]
+    x = torch.cat(convs)[None]
+    pos = torch.cat([torch.arange(len(c)) for c in convs])[None]
+    seg = torch.cat([torch.full((len(c),), k) for k, c in enumerate(convs)])[None]
+    y = torch.zeros_like(x)
+    with torch.no_grad():
+        packed = m(x, y, positions=pos, segments=seg)[0][0]
+        no_mask = m(x, y, positions=pos)[0][0]
+        at = 0
+        for c in convs:
+            alone = m(c[None], torch.zeros_like(c[None]))[0][0]
+            assert torch.allclose(packed[at:at + len(c)], alone, atol=1e-5)
+            if at:  # the same row without the mask is not the same (RoPE is relative: inside the mask, a shift
+                # of every position changes nothing but rounding; the batches' positions are checked above)
+                assert not torch.allclose(no_mask[at:at + len(c)], alone, atol=1e-3)
+            at += len(c)
+
+
+def test_fused_loss_skips_ignored_targets_as_the_plain_loss_does():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(40, 16, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, generator=g, requires_grad=True)
+    t = torch.randint(0, 50, (40,), generator=g)
+    t[::3] = IGNORE
+    fused = fused_cross_entropy(x, w, t, 7, denom=13.0)
+    fused.backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    plain = torch.nn.functional.cross_entropy(x @ w.t(), t, ignore_index=IGNORE, reduction="sum") / 13.0
+    plain.backward()
+    assert torch.allclose(fused, plain, atol=1e-5)
+    assert torch.allclose(gx, x.grad, atol=1e-6) and torch.allclose(gw, w.grad, atol=1e-6)
+
+
+def _run(root, chat_file, name, *sets, env=None, check=True):
+    return wb("train", "cpu-small", "--corpus", str(chat_file), "--runs-dir", str(root), "--name", name,
+              "--set", *CHAT, *sets, env=env, check=check)
+
+
+@pytest.mark.parametrize("chunked", ["true", "false"])
+def test_grad_accumulation_weighs_every_trained_token_alike(chat_file, tmp_path, chunked):
+    """4 micro-batches of 1 row and 1 of 4 rows: the same rows, ragged masks; the same losses and weights."""
+    common = ["train.max_iters=3", "train.warmup_iters=1", "train.eval_interval=3", "train.ckpt_interval=3",
+              f"hardware.chunked_loss={chunked}"]
+    _run(tmp_path, chat_file, "one", "train.batch_size=4", "train.grad_accum=1", *common)
+    _run(tmp_path, chat_file, "four", "train.batch_size=1", "train.grad_accum=4", *common)
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "four")
+    assert sorted(a) == [1, 2, 3]
+    for step in a:
+        assert a[step] == pytest.approx(b[step], abs=1e-5)
+    ma, mb = (load_run_model(tmp_path / n, "latest").state_dict for n in ("one", "four"))
+    for k in ma:
+        assert torch.allclose(ma[k], mb[k], atol=1e-5), k
+
+
+def test_chat_run_killed_and_resumed_is_bitwise(chat_file, tmp_path):
+    sets = ["train.max_iters=12", "train.lr_decay_iters=12", "train.ckpt_interval=5", "train.eval_interval=8",
+            "model.dropout=0.1"]
+    _run(tmp_path, chat_file, "straight", *sets)
+    cp = _run(tmp_path, chat_file, "killed", *sets, env={"WORKBENCH_TEST_KILL_AT_STEP": "7"}, check=False)
+    assert cp.returncode == -signal.SIGKILL
+    assert [c["step"] for c in rundir.list_checkpoints(tmp_path / "killed")] == [5]
+    res = wb("resume", "killed", "--runs-dir", str(tmp_path), check=True)
+    assert "resumed from checkpoint step_0000005" in res.stdout
+    straight, after = losses(tmp_path / "straight"), losses(tmp_path / "killed")
+    assert sorted(straight) == list(range(1, 13)) and after == straight
+    assert (tmp_path / "straight" / "chat_template.jinja").read_text().startswith("{%- for message in messages")
+
+
+def test_text_data_with_loss_on_is_one_line(tmp_path):
+    (tmp_path / "t.txt").write_text("plain text, not conversations\n" * 200)
+    cp = wb("train", "cpu-small", "--corpus", str(tmp_path / "t.txt"), "--runs-dir", str(tmp_path / "runs"),
+            "--set", *CHAT, "data.format=text", "train.loss_on=all")
+    assert cp.returncode == 2
+    assert "train.loss_on = all applies to chat data, but data.format = text" in cp.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
