@@ -7,8 +7,10 @@ import json
 import sys
 import time
 
+from workbench.commands.chat_preview import chat_prepared, inspect_chat
 from workbench.commands.common import TerminalProgress, add_set_option
 from workbench.config import resolve_preset
+from workbench.data.chat_data import corpus_is_chat
 from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
@@ -36,6 +38,11 @@ def register(sub) -> None:
         else:
             s.add_argument("-n", "--documents", type=int, default=3, help="how many documents (default 3)")
             s.add_argument("--chars", type=int, default=600, help="characters shown of each (default 600)")
+            s.add_argument("--chat", action="store_true",
+                           help="conversations (data.format = chat; auto-detected too): each rendered through the "
+                                "chat template, its trained tokens highlighted (colour on a terminal, [[ ]] when "
+                                "piped)")
+            s.add_argument("--json", action="store_true", help="--chat: the text and trained spans as JSON")
 
 
 def _preset(args):
@@ -56,10 +63,12 @@ def cmd_prepare(args) -> int:
     t0 = time.time()
     try:
         data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=log, progress=progress,
-                            workers=args.workers)
+                            workers=args.workers, loss_on=p.train.loss_on)
     finally:
         progress.close()
     seconds = time.time() - t0
+    if data.format == "chat":
+        return chat_prepared(data, p, seconds, args.json)
     idx = data.index or {}
     enc = (idx.get("seconds") or {}).get("encode") or seconds
     out = {"documents": idx.get("documents", 0), "tokens": int(len(data.tokens)), "bytes": corpus.total_bytes,
@@ -88,8 +97,14 @@ def cmd_prepare(args) -> int:
 def cmd_inspect(args) -> int:
     if args.documents < 1 or args.chars < 1:
         raise WorkbenchError("-n and --chars must be at least 1")
+    if args.chat:
+        args.overrides = [*(args.overrides or []), "data.format=chat"]
     p = _preset(args)
     corpus = open_data_corpus(p.data)
+    if corpus_is_chat(p.data, corpus):
+        return inspect_chat(p, args.documents, args.json)
+    if args.json:
+        raise WorkbenchError("--json shows conversations (--chat); this corpus is text")
     print(f"{corpus.description}: {len(corpus.sources)} file(s), {human_bytes(corpus.total_bytes)}; "
           f"text field {p.data.text_field!r}")
     shown, text = 0, ""

@@ -314,6 +314,8 @@ def sniff_format(src: Source, options: ChatOptions = ChatOptions()) -> ChatForma
     records = reader._parquet(src) if src.kind == "parquet" else reader._jsonl(src)
     try:
         first = next(records, None)
+    except CorpusError:  # not chat records (a parquet file's first row is checked as it is read), or unreadable:
+        return None      # the text reader says which
     finally:
         records.close()
     return detect_format(first[1], options) if first else None

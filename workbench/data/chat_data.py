@@ -63,7 +63,21 @@ def corpus_is_chat(cfg: DataConfig, corpus: Corpus) -> bool:
     if cfg.format != "auto":
         return cfg.format == "chat"
     src = next((s for s in corpus.sources if s.kind in ("jsonl", "parquet")), None)
-    return src is not None and sniff_format(src, chat_options(cfg)) is not None
+    if src is None:
+        return False
+    # remembered per inputs (paths, sizes, modification times) and options: a cached start reads no corpus byte
+    key = hashlib.sha256(json.dumps([corpus.manifest_key(), cfg.messages_field, cfg.chat_roles]).encode())
+    seen = cache_root() / "data" / f"f-{key.hexdigest()[:20]}.json"
+    known = read_json(seen)
+    if known is not None:
+        return known.get("format") == "chat"
+    chat = sniff_format(src, chat_options(cfg)) is not None
+    try:
+        seen.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(seen, {"format": "chat" if chat else "text"})
+    except OSError:
+        pass  # the cache is not writable: the preparation says so
+    return chat
 
 
 def chat_options(cfg: DataConfig) -> ChatOptions:
@@ -337,6 +351,35 @@ def trained_labels(loss_on: str) -> np.ndarray:
     return np.array({"assistant": [0, 1, 1], "last_assistant": [0, 0, 1], "all": [1, 1, 1]}[loss_on], dtype=bool)
 
 
+def trained_count(index: dict, loss_on: str) -> int:
+    """The tokens of a prepared chat corpus that ``train.loss_on`` trains (from its index.json's counts)."""
+    return {"assistant": index["trained"], "last_assistant": index["last_trained"], "all": index["tokens"]}[loss_on]
+
+
+def conversation_pieces(data: ChatData, c: int, loss_on: str) -> list[tuple[str, bool]]:
+    """Conversation ``c`` as the trainer sees it: (text, trained) runs of its tokens, special pieces written
+    out (``<|im_end|>``), trained meaning the token is a target of the loss under ``loss_on`` (the first token
+    never is: nothing predicts it)."""
+    lo, hi = int(data.offsets[c]), int(data.offsets[c + 1])
+    ids = np.asarray(data.tokens[lo:hi], dtype=np.int64).tolist()
+    trained = trained_labels(loss_on)[np.asarray(data.labels[lo:hi])].tolist()
+    trained[0] = False
+    names = {i: piece for piece, i in special_pieces(data.tokenizer).items()}
+    runs: list[tuple[str, bool]] = []
+    j = 0
+    while j < len(ids):
+        k = j
+        while k < len(ids) and trained[k] == trained[j] and (ids[k] in names) == (ids[j] in names):
+            k += 1
+        text = "".join(names[i] for i in ids[j:k]) if ids[j] in names else data.tokenizer.decode(ids[j:k])
+        if runs and runs[-1][1] == trained[j]:
+            runs[-1] = (runs[-1][0] + text, trained[j])
+        else:
+            runs.append((text, trained[j]))
+        j = k
+    return runs
+
+
 class ChatSampler:
     """Batches of packed rows: (x, y, positions, segments), each [batch, seq_len]. Rows are drawn in a
     shuffled order, a new one each epoch (from the seed and the epoch number), so the state is two integers.
@@ -400,5 +443,6 @@ class ChatSampler:
         self._order = self._shuffle()
 
 
-__all__ = ["IGNORE", "ChatData", "ChatPrepared", "ChatSampler", "Packing", "chat_options", "corpus_is_chat",
-           "last_turn_labels", "load_chat", "pack", "prepare_chat", "template_for", "trained_labels"]
+__all__ = ["IGNORE", "ChatData", "ChatPrepared", "ChatSampler", "Packing", "chat_options", "conversation_pieces",
+           "corpus_is_chat", "last_turn_labels", "load_chat", "pack", "prepare_chat", "template_for", "trained_count",
+           "trained_labels"]

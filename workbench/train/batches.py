@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.config import Preset
-from workbench.data.chat_data import IGNORE, ChatData, ChatSampler
+from workbench.data.chat_data import IGNORE, ChatData, ChatSampler, trained_count
 from workbench.data.tokens import TokenData, WindowSampler
 
 Sampler = WindowSampler | ChatSampler
@@ -33,8 +33,7 @@ def trained_targets(batches: list[tuple], world: int) -> float | None:
 def chat_line(data: ChatData, sampler: ChatSampler, p: Preset) -> str:
     """The start log's line about a chat corpus: conversations, what is trained, how rows are filled."""
     idx, rows = data.index, sampler.rows
-    trained = {"assistant": idx["trained"], "last_assistant": idx["last_trained"],
-               "all": idx["tokens"]}[p.train.loss_on]
+    trained = trained_count(idx, p.train.loss_on)
     over = (f", {rows.truncated:,} truncated to model.seq_len" if rows.truncated else "") + \
         (f", {rows.dropped:,} longer than model.seq_len dropped" if rows.dropped else "")
     how = "packed" if p.data.packing else "one a row"

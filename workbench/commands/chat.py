@@ -1,0 +1,96 @@
+"""`workbench chat`: talk with a chat-tuned run's checkpoint through the template it was trained with.
+
+Interactive (a prompt per turn; /reset starts over, an empty line or end of input ends it), or one reply for
+scripts with ``--message``. Greedy by default, so the same checkpoint answers the same conversation the same
+way (as the exported model does in llama.cpp or transformers with greedy decoding)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from workbench import rundir
+
+
+def register(sub) -> None:
+    p = sub.add_parser("chat", help="chat with a run trained on conversations (data.format = chat)")
+    p.add_argument("run", help="run id or run directory")
+    p.add_argument("--checkpoint", default="latest", help="latest (default), best, or a step number")
+    p.add_argument("--system", default="", help="a system message put first")
+    p.add_argument("--message", default=None, help="one user message: print the reply and exit (for scripts)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=50, help="0 = off")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="with --message: the reply, its token ids and whether it "
+                                                       "ended with the end-of-turn token, as JSON")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, mps or auto")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    run_dir = rundir.resolve_run(args.runs_dir, args.run)
+    ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
+    if args.max_new_tokens < 1:
+        raise rundir.RunError("--max-new-tokens must be at least 1")
+    if args.temperature < 0:
+        raise rundir.RunError("--temperature must be >= 0 (0 = greedy)")
+    if args.json and args.message is None:
+        raise rundir.RunError("--json needs --message (one reply)")
+    from workbench.data.chat_templates import ChatTemplateError
+    from workbench.train.chat_reply import run_template
+    try:
+        template = run_template(run_dir)
+    except ChatTemplateError as e:
+        raise rundir.RunError(str(e)) from None
+    t0 = time.time()
+    import torch  # noqa: I001 - torch loads only once the arguments are known to be good
+
+    from workbench.data.tokenizer import load_tokenizer
+    from workbench.machine.detect import Machine
+    from workbench.machine.probe import this_machine
+    from workbench.plan.settings import resolve_device
+    from workbench.train.chat_reply import reply
+    from workbench.train.checkpoint import load_run_model
+
+    tok = load_tokenizer(run_dir)
+    device = resolve_device(args.device, Machine() if args.device == "cpu" else this_machine())
+    model = load_run_model(run_dir, ckpt["step"], device).model
+    if device == "cpu" and model.num_params() < 50e6:
+        torch.set_num_threads(1)  # one token at a time: one thread is faster (see `workbench sample`)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    kw = dict(max_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
+              seed=args.seed)
+
+    def emit(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    if args.message is not None:
+        if args.json:
+            r = reply(model, tok, template, messages + [{"role": "user", "content": args.message}], **kw)
+            print(json.dumps({"reply": r.text, "ids": r.ids, "stopped": r.stopped, "checkpoint": ckpt["name"]}))
+        else:
+            reply(model, tok, template, messages + [{"role": "user", "content": args.message}], on_text=emit, **kw)
+            sys.stdout.write("\n")
+        return 0
+    print(f"[{run_dir.name} {ckpt['name']}, loaded in {time.time() - t0:.2f} s; template {template.source}; "
+          "/reset starts over, an empty line ends]", file=sys.stderr, flush=True)
+    history = list(messages)
+    while True:
+        try:
+            text = input("you> ")
+        except EOFError:
+            break
+        if not text.strip():
+            break
+        if text.strip() == "/reset":
+            history = list(messages)
+            continue
+        history.append({"role": "user", "content": text})
+        sys.stdout.write("model> ")
+        r = reply(model, tok, template, history, on_text=emit, **kw)
+        sys.stdout.write("\n" if r.stopped else " [no end-of-turn: --max-new-tokens reached]\n")
+        history.append({"role": "assistant", "content": r.text})
+    return 0

@@ -1,0 +1,91 @@
+"""What `workbench data inspect|prepare` show of a chat corpus: each conversation rendered through the
+template with its trained tokens marked, and the counts that say whether the data will teach (trained
+fraction, truncated and dropped conversations, how full the packed rows are). No torch."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from workbench.config import Preset
+from workbench.data.chat_data import ChatData, conversation_pieces, pack, trained_count
+from workbench.data.tokens import prepare_data
+from workbench.fmt import duration
+
+GREEN, RESET = "\x1b[1;32m", "\x1b[0m"
+OPEN, CLOSE = "[[", "]]"    # the trained text, when stdout is not a terminal
+
+
+def marked(runs: list[tuple[str, bool]], colour: bool) -> str:
+    """The conversation's text with its trained runs in colour, or between [[ and ]]."""
+    a, b = (GREEN, RESET) if colour else (OPEN, CLOSE)
+    return "".join(f"{a}{text}{b}" if trained else text for text, trained in runs)
+
+
+def spans(runs: list[tuple[str, bool]]) -> list[list[int]]:
+    """The [start, end) character spans of the trained runs in the conversation's text."""
+    out, at = [], 0
+    for text, trained in runs:
+        if trained:
+            out.append([at, at + len(text)])
+        at += len(text)
+    return out
+
+
+def counts(data: ChatData, p: Preset) -> dict:
+    """Conversations, tokens, what the loss is on, and how the train conversations fill packed rows."""
+    idx = data.index
+    trained = trained_count(idx, p.train.loss_on)
+    rows = pack(data.lengths("train"), p.model.seq_len, p.data.packing, p.data.overlong)
+    return {"format": "chat", "conversations": data.documents, "train_conversations": data.n_train,
+            "val_conversations": data.documents - data.n_train, "tokens": idx["tokens"], "trained_tokens": trained,
+            "trained_fraction": round(trained / max(1, idx["tokens"]), 4), "loss_on": p.train.loss_on,
+            "template": data.template.source, "end_of_turn": idx["end_of_turn"],
+            "skipped_records": idx["skipped_records"], "seq_len": p.model.seq_len, "packing": p.data.packing,
+            "rows": rows.rows, "row_fill": round(rows.efficiency, 4), "truncated": rows.truncated,
+            "dropped": rows.dropped, "cached": data.cached, "cache_dir": str(data.tokenizer_path.parent),
+            "warnings": idx.get("warnings", [])}
+
+
+def chat_prepared(data: ChatData, p: Preset, seconds: float, as_json: bool) -> int:
+    """`workbench data prepare` of a chat corpus: its counts."""
+    out = counts(data, p)
+    if as_json:
+        print(json.dumps({**out, "seconds": round(seconds, 3), "source": data.source}, indent=1))
+        return 0
+    over = (f"; {out['truncated']:,} longer than seq_len {out['seq_len']} (truncated)" if out["truncated"] else "") + \
+        (f"; {out['dropped']:,} longer than seq_len {out['seq_len']} (dropped)" if out["dropped"] else "")
+    print(f"{data.source}: {out['conversations']:,} conversations ({out['train_conversations']:,} train, "
+          f"{out['val_conversations']:,} val), {out['tokens']:,} tokens; {duration(seconds)}"
+          + (" (from the cache)" if data.cached else ""))
+    print(f"template {out['template']} (turns end with {out['end_of_turn']}); loss on {out['loss_on']}: "
+          f"{out['trained_tokens']:,} tokens ({out['trained_fraction']:.1%}){over}")
+    print(f"{'packed' if out['packing'] else 'one conversation a row'}: {out['rows']:,} rows of {out['seq_len']}, "
+          f"{out['row_fill']:.0%} filled" + (f"; {out['skipped_records']:,} bad records skipped"
+                                             if out["skipped_records"] else ""))
+    return 0
+
+
+def inspect_chat(p: Preset, n: int, as_json: bool) -> int:
+    """`workbench data inspect --chat`: the first ``n`` conversations as the trainer sees them."""
+    data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, file=sys.stderr),
+                        loss_on=p.train.loss_on)
+    shown = [(c, conversation_pieces(data, c, p.train.loss_on)) for c in range(min(n, data.documents))]
+    lengths = data.lengths("train").tolist() + data.lengths("val").tolist()
+    if as_json:
+        print(json.dumps({**counts(data, p), "shown": [
+            {"index": c, "tokens": lengths[c], "text": "".join(t for t, _ in runs), "trained_spans": spans(runs),
+             "longer_than_seq_len": lengths[c] - 1 > p.model.seq_len} for c, runs in shown]}, indent=1))
+        return 0
+    colour = sys.stdout.isatty()
+    out = counts(data, p)
+    key = f"{GREEN}trained{RESET}" if colour else f"{OPEN}trained{CLOSE}"
+    print(f"{data.source}: {out['conversations']:,} conversations; template {out['template']}; loss on "
+          f"{out['loss_on']} ({out['trained_fraction']:.1%} of tokens); {key} = in the loss")
+    for c, runs in shown:
+        long = lengths[c] - 1 > p.model.seq_len
+        what = "truncated" if p.data.overlong == "truncate" else "dropped"
+        note = f"; longer than seq_len {p.model.seq_len}: {what}" if long else ""
+        print(f"\n--- conversation {c + 1} ({lengths[c]:,} tokens{note}) ---")
+        print(marked(runs, colour))
+    return 0

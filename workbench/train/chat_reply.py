@@ -1,0 +1,64 @@
+"""A chat model's reply: the conversation so far rendered through the run's chat template with the
+assistant's header (``add_generation_prompt``), encoded as training encoded it, then generated until the
+template's end-of-turn token (which is never shown) or ``max_tokens``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from workbench.data.chat import ChatEncoder
+from workbench.data.chat_templates import CHAT_TEMPLATE_FILE, ChatTemplate, ChatTemplateError, model_template
+from workbench.data.tokenizer import AnyTokenizer
+from workbench.train.generate import generate
+from workbench.train.model import GPT
+
+
+def run_template(run_dir: Path) -> ChatTemplate:
+    """The chat template a chat-tuned run trained with (its chat_template.jinja, written at its start), with
+    the special tokens of its tokenizer_config.json if it has one."""
+    found = model_template(run_dir)
+    if found is None:
+        raise ChatTemplateError(f"run {Path(run_dir).name} was not trained on conversations (it has no "
+                                f"{CHAT_TEMPLATE_FILE}); chat with a run trained with data.format = chat")
+    return found
+
+
+@dataclass
+class Reply:
+    text: str
+    ids: list[int]          # the generated ids, the end-of-turn token left out
+    stopped: bool           # ended by the end-of-turn token (not by max_tokens or the end of the document)
+
+
+@torch.no_grad()
+def reply(model: GPT, tok: AnyTokenizer, template: ChatTemplate, messages: list[dict], max_tokens: int = 256,
+          temperature: float = 0.0, top_k: int | None = 50, seed: int | None = None,
+          on_text: Callable[[str], None] | None = None, autocast_dtype: torch.dtype | None = None) -> Reply:
+    """The assistant's next message after ``messages`` (greedy at temperature 0), streamed to ``on_text``."""
+    enc = ChatEncoder(template, tok)
+    prompt = enc.prompt_ids(messages)
+    stops = {enc.end_id, *([tok.eod_id] if tok.eod_id is not None else [])}
+    ids: list[int] = []
+    shown = ""
+    stopped = False
+    for t in generate(model, prompt, max_tokens, temperature=temperature, top_k=top_k, seed=seed,
+                      autocast_dtype=autocast_dtype):
+        if t in stops:
+            stopped = True
+            break
+        ids.append(t)
+        text = tok.decode(ids)
+        if on_text and not text.endswith("\ufffd"):
+            on_text(text[len(shown):])
+            shown = text
+    text = tok.decode(ids)
+    if on_text and len(text) > len(shown):
+        on_text(text[len(shown):])
+    return Reply(text, ids, stopped)
+
+
+__all__ = ["Reply", "reply", "run_template"]
