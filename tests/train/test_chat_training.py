@@ -7,7 +7,10 @@ kill -9 is bitwise, bad input is one line."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -212,3 +215,81 @@ def test_text_data_with_loss_on_is_one_line(tmp_path):
     assert cp.returncode == 2
     assert "train.loss_on = all applies to chat data, but data.format = text" in cp.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+# ----------------------------------------------------------------------------- the CLI around it
+
+@pytest.fixture(scope="module")
+def chat_run(chat_file, tmp_path_factory):
+    root = tmp_path_factory.mktemp("chatruns")
+    _run(root, chat_file, "sft", "train.max_iters=30", "train.eval_interval=30", "train.lr=3e-3")
+    return root
+
+
+def test_chat_message_replies_through_the_template_and_stops(chat_run):
+    cp = wb("chat", "sft", "--runs-dir", str(chat_run), "--message", "Sort: 3 1 2", "--json", "--max-new-tokens", "24",
+            check=True)
+    out = json.loads(cp.stdout)
+    assert out["checkpoint"] == "step_0000030" and len(out["ids"]) <= 24
+    # the reply is what greedy decoding from the rendered prompt gives, the end-of-turn token left out
+    from workbench.data.chat import ChatEncoder
+    from workbench.data.tokenizer import load_tokenizer
+    from workbench.train.chat_reply import run_template
+    from workbench.train.generate import generate
+    run_dir = chat_run / "sft"
+    tok, template = load_tokenizer(run_dir), run_template(run_dir)
+    enc = ChatEncoder(template, tok)
+    prompt = enc.prompt_ids([{"role": "user", "content": "Sort: 3 1 2"}])
+    assert tok.decode(prompt).startswith("user\nSort: 3 1 2")  # control pieces decode to nothing
+    model = load_run_model(run_dir, "latest").model
+    want = []
+    for t in generate(model, prompt, 24, temperature=0):
+        if t == enc.end_id:
+            break
+        want.append(t)
+    assert out["ids"] == want and out["reply"] == tok.decode(want)
+    assert out["stopped"] == (len(want) < 24)
+    plain = wb("chat", "sft", "--runs-dir", str(chat_run), "--message", "Sort: 3 1 2", "--max-new-tokens", "24",
+               check=True)
+    assert plain.stdout == out["reply"] + "\n"
+
+
+def test_chat_interactive_keeps_the_conversation(chat_run):
+    e = dict(os.environ, PYTHONUNBUFFERED="1")
+    cp = subprocess.run([sys.executable, "-m", "workbench", "chat", "sft", "--runs-dir", str(chat_run),
+                         "--max-new-tokens", "6", "--system", "Colours: Ada=red"],
+                        input="Colour of Ada?\n/reset\nSort: 2 1\n\n", capture_output=True, text=True, env=e,
+                        timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.count("model> ") == 2 and cp.stdout.count("you> ") == 4
+    assert "template" in cp.stderr and "chat_template.jinja" in cp.stderr
+
+
+def test_chat_with_a_text_run_is_one_line(tmp_path):
+    root = tmp_path / "runs"
+    wb("train", "cpu-small", "--runs-dir", str(root), "--name", "txt", "--set", *TINY, "train.max_iters=3",
+       check=True)
+    cp = wb("chat", "txt", "--runs-dir", str(root), "--message", "hi")
+    assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [
+        "workbench: error: run txt was not trained on conversations (it has no chat_template.jinja); chat with a "
+        "run trained with data.format = chat"]
+
+
+def test_data_inspect_chat_marks_the_trained_tokens(chat_file, chat_run):
+    cp = wb("data", "inspect", str(chat_file), "-n", "2", "--set", *CHAT[1:], check=True)
+    records = [json.loads(line) for line in chat_file.read_text().splitlines()[:2]]
+    assert "[[trained]] = in the loss" in cp.stdout and "\x1b[" not in cp.stdout
+    for rec in records:
+        user = next(m["content"] for m in rec["messages"] if m["role"] == "user")
+        answer = rec["messages"][-1]["content"]
+        assert f"<|im_start|>user\n{user}<|im_end|>" in cp.stdout           # the prompt, not marked
+        assert f"<|im_start|>assistant\n[[{answer}<|im_end|>]]" in cp.stdout  # the answer and its end, marked
+    js = json.loads(wb("data", "inspect", str(chat_file), "-n", "1", "--json", "--set", *CHAT[1:],
+                       check=True).stdout)
+    shown = js["shown"][0]
+    (a, b), = shown["trained_spans"][-1:]
+    assert shown["text"][a:b] == records[0]["messages"][-1]["content"] + "<|im_end|>"
+    assert js["conversations"] == 400 and 0.1 < js["trained_fraction"] < 0.4 and js["loss_on"] == "assistant"
+    allj = json.loads(wb("data", "inspect", str(chat_file), "-n", "1", "--json", "--set", *CHAT[1:],
+                         "train.loss_on=all", check=True).stdout)
+    assert allj["trained_fraction"] == 1.0 and allj["shown"][0]["trained_spans"][0][0] > 0
