@@ -21,10 +21,14 @@ from tests.support.cli import TINY, wb
 from tests.support.runs import losses
 from workbench import rundir
 from workbench.config import DataConfig, ModelConfig
+from workbench.data.chat import ChatEncoder
 from workbench.data.chat_data import IGNORE, LAST, PROMPT, TRAINED, ChatSampler, pack
 from workbench.data.chat_templates import CHATML_END, CHATML_START
+from workbench.data.tokenizer import load_tokenizer
 from workbench.data.tokens import prepare_data
+from workbench.train.chat_reply import reply, run_template
 from workbench.train.checkpoint import load_run_model
+from workbench.train.generate import generate
 from workbench.train.model import GPT, fused_cross_entropy
 
 SEQ = 64
@@ -232,10 +236,6 @@ def test_chat_message_replies_through_the_template_and_stops(chat_run):
     out = json.loads(cp.stdout)
     assert out["checkpoint"] == "step_0000030" and len(out["ids"]) <= 24
     # the reply is what greedy decoding from the rendered prompt gives, the end-of-turn token left out
-    from workbench.data.chat import ChatEncoder
-    from workbench.data.tokenizer import load_tokenizer
-    from workbench.train.chat_reply import run_template
-    from workbench.train.generate import generate
     run_dir = chat_run / "sft"
     tok, template = load_tokenizer(run_dir), run_template(run_dir)
     enc = ChatEncoder(template, tok)
@@ -293,3 +293,33 @@ def test_data_inspect_chat_marks_the_trained_tokens(chat_file, chat_run):
     allj = json.loads(wb("data", "inspect", str(chat_file), "-n", "1", "--json", "--set", *CHAT[1:],
                          "train.loss_on=all", check=True).stdout)
     assert allj["trained_fraction"] == 1.0 and allj["shown"][0]["trained_spans"][0][0] > 0
+
+
+def test_hf_export_chats_as_workbench_does(chat_run, tmp_path):
+    """transformers, given the exported directory alone: the same prompt ids from its chat template, and greedy
+    generate stops at the end-of-turn token with the reply `workbench chat --message` gives."""
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "hf"
+    wb("export", "sft", str(out), "--runs-dir", str(chat_run), "--format", "hf", check=True)
+    tc = json.loads((out / "tokenizer_config.json").read_text())
+    assert tc["eos_token"] == CHATML_END
+    assert tc["chat_template"] == (chat_run / "sft" / "chat_template.jinja").read_text()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    end_id = hf_tok.convert_tokens_to_ids(CHATML_END)
+    assert model.generation_config.eos_token_id == end_id
+    enc = ChatEncoder(run_template(chat_run / "sft"), load_tokenizer(chat_run / "sft"))
+    wb_model = load_run_model(chat_run / "sft", "latest").model
+    for k, conv in enumerate(conversations(5, seed=77)):
+        prompt = conv["messages"][:-1]
+        ids = hf_tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        assert list(ids) == enc.prompt_ids(prompt)
+        # workbench chat --message's reply (the same function; the CLI's equality to it is tested above)
+        ours = reply(wb_model, enc.tok, enc.template, prompt, max_tokens=16)
+        with torch.no_grad():
+            got = model.generate(torch.tensor([list(ids)]), max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+        if got and got[-1] == end_id:
+            got = got[:-1]
+            assert ours.stopped
+        assert got == ours.ids, k

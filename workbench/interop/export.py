@@ -34,11 +34,13 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from workbench import rundir
+from workbench.data.chat import special_pieces
+from workbench.data.chat_templates import CHAT_TEMPLATE_FILE, ChatTemplateError, end_of_turn, model_template
 from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError, load_tokenizer
 from workbench.data.tokenizer_formats import tokenizer_files, tokenizer_json
 from workbench.errors import WorkbenchError
 from workbench.fs import atomic_dir
-from workbench.interop.gguf_export import check_gguf, write_gguf
+from workbench.interop.gguf_export import ChatExport, check_gguf, write_gguf
 from workbench.interop.hf_layout import LayoutError, hf_config, hf_state_dict, rope_permute
 from workbench.train.checkpoint import load_run_model
 
@@ -70,29 +72,41 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def write_hf(dest: Path, sd: dict, cfg, tokenizer: AnyTokenizer | None, max_positions: int | None = None) -> None:
+def write_hf(dest: Path, sd: dict, cfg, tokenizer: AnyTokenizer | None, max_positions: int | None = None,
+             chat: ChatExport | None = None) -> None:
     """Fill the (existing, empty) directory ``dest`` with a Hugging Face model (Llama, or Qwen2 / Qwen3
-    where the model has their biases or QK-norm)."""
+    where the model has their biases or QK-norm). ``chat``: a chat-tuned model's template goes into
+    tokenizer_config.json and its end-of-turn id is the end of generation (generation_config.json)."""
     hf_tok = tokenizer if isinstance(tokenizer, HFTokenizer) else None
+    eos = hf_tok.eod_id if hf_tok else None
+    if chat is not None:
+        eos = chat.end_id if eos is None or eos == chat.end_id else [chat.end_id, eos]
     try:
-        config = hf_config(cfg, bos_id=hf_tok.bos_id if hf_tok else None, eos_id=hf_tok.eod_id if hf_tok else None,
-                           max_positions=max_positions)
+        config = hf_config(cfg, bos_id=hf_tok.bos_id if hf_tok else None, eos_id=eos, max_positions=max_positions)
     except LayoutError as e:
         raise ExportError(str(e)) from None
     _write_json(dest / "config.json", config)
     # workbench sample's defaults; no max_length (it would clash with a caller's max_new_tokens).
     gen = {"do_sample": True, "temperature": 0.8, "top_k": 50}
     if hf_tok:
-        gen.update(bos_token_id=hf_tok.bos_id, eos_token_id=hf_tok.eod_id)
+        gen.update(bos_token_id=hf_tok.bos_id)
+    if eos is not None:
+        gen.update(eos_token_id=eos)
     _write_json(dest / "generation_config.json", gen)
     _save_safetensors(hf_state_dict(sd, cfg), dest / "model.safetensors")
     if isinstance(tokenizer, Tokenizer):
         (dest / "tokenizer.model").write_bytes(tokenizer.proto)
         _write_json(dest / "tokenizer.json", tokenizer_json(tokenizer.proto))
         for name, obj in tokenizer_files(cfg.seq_len).items():
+            if chat is not None and name == "tokenizer_config.json":
+                obj = {**obj, "eos_token": chat.end_piece, "chat_template": chat.template}
             _write_json(dest / name, obj)
     elif hf_tok:
-        hf_tok.save(dest)  # the imported model's own files, unchanged
+        hf_tok.save(dest)  # the imported model's own files
+        if chat is not None:  # with the template it was tuned with
+            config_path = dest / HFTokenizer.CONFIG
+            tc = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+            _write_json(config_path, {**tc, "chat_template": chat.template})
 
 
 def write_raw(dest: Path, sd: dict, preset_toml: str | None, tokenizer: AnyTokenizer | None,
@@ -123,7 +137,7 @@ def check_out_dir(out: Path) -> Path:
 def export_state_dict(sd: dict, cfg, fmt: str, out: Path, *, tokenizer_model: bytes | None = None,
                       tokenizer: AnyTokenizer | None = None, preset_toml: str | None = None,
                       metadata: dict | None = None, max_positions: int | None = None,
-                      gguf_type: str = "f16") -> Path:
+                      gguf_type: str = "f16", chat: ChatExport | None = None) -> Path:
     """Export a state dict (no run needed) into the new or empty directory ``out``. ``tokenizer`` (or the
     bytes of a sentencepiece ``tokenizer_model``) goes with it.
 
@@ -139,9 +153,9 @@ def export_state_dict(sd: dict, cfg, fmt: str, out: Path, *, tokenizer_model: by
     try:
         with atomic_dir(out.resolve()) as tmp:  # an existing ``out`` is empty (checked above)
             if fmt == "hf":
-                write_hf(tmp, sd, cfg, tokenizer, max_positions)
+                write_hf(tmp, sd, cfg, tokenizer, max_positions, chat)
             elif fmt == "gguf":
-                write_gguf(tmp / "model.gguf", sd, cfg, tokenizer, gguf_type, metadata or {}, max_positions)
+                write_gguf(tmp / "model.gguf", sd, cfg, tokenizer, gguf_type, metadata or {}, max_positions, chat)
             else:
                 write_raw(tmp, sd, preset_toml, tokenizer, metadata)
     except OSError as e:
@@ -175,5 +189,18 @@ def export_run(run_dir: Path, out: Path, fmt: str = "hf", checkpoint: str | int 
     max_pos = source.get("max_position_embeddings")
     dest = export_state_dict(loaded.state_dict, loaded.preset.model, fmt, out, tokenizer=tokenizer,
                              preset_toml=(run_dir / "preset.toml").read_text(encoding="utf-8"), metadata=meta,
-                             max_positions=max_pos if isinstance(max_pos, int) else None, gguf_type=gguf_type)
+                             max_positions=max_pos if isinstance(max_pos, int) else None, gguf_type=gguf_type,
+                             chat=chat_export(run_dir, tokenizer))
     return dest, ckpt
+
+
+def chat_export(run_dir: Path, tokenizer: AnyTokenizer) -> ChatExport | None:
+    """A chat-tuned run's template and end-of-turn token (None for a run trained on text)."""
+    if not (Path(run_dir) / CHAT_TEMPLATE_FILE).is_file():
+        return None
+    try:
+        template = model_template(run_dir)
+        end = end_of_turn(template, special_pieces(tokenizer))
+    except ChatTemplateError as e:
+        raise ExportError(str(e)) from None
+    return ChatExport(template.text, end, special_pieces(tokenizer)[end])

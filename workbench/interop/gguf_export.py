@@ -24,6 +24,7 @@ f16's range in an f16 file.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -199,8 +200,17 @@ def check_gguf(sd: dict, cfg, tokenizer: AnyTokenizer | None, gguf_type: str) ->
                                 "export with --gguf-type f32")
 
 
+@dataclass(frozen=True)
+class ChatExport:
+    """What a chat-tuned model's export carries so that other runtimes chat as it was trained: its template
+    and the token that ends an assistant turn (where generation stops)."""
+    template: str
+    end_piece: str
+    end_id: int
+
+
 def write_gguf(path: Path, sd: dict, cfg, tokenizer: AnyTokenizer, gguf_type: str, metadata: dict,
-               max_positions: int | None = None) -> None:
+               max_positions: int | None = None, chat: ChatExport | None = None) -> None:
     _arch, model_type = architecture(cfg)
     tf = tokenizer_fields(tokenizer, cfg.vocab_size)
     w = gguf.GGUFWriter(str(path), model_type)
@@ -232,6 +242,10 @@ def write_gguf(path: Path, sd: dict, cfg, tokenizer: AnyTokenizer, gguf_type: st
     w.add_token_types(tf["types"])
     if tf.get("merges"):
         w.add_token_merges(tf["merges"])
+    if chat is not None:  # llama.cpp stops at the end-of-turn token and applies the template
+        tf = {**tf, "eos": chat.end_id}
+        w.add_eot_token_id(chat.end_id)
+        w.add_chat_template(chat.template)
     for key, add in (("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id), ("unk", w.add_unk_token_id)):
         if tf.get(key) is not None:
             add(int(tf[key]))
