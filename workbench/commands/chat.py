@@ -19,6 +19,9 @@ def register(sub) -> None:
     p.add_argument("--checkpoint", default="latest", help="latest (default), best, or a step number")
     p.add_argument("--system", default="", help="a system message put first")
     p.add_argument("--message", default=None, help="one user message: print the reply and exit (for scripts)")
+    p.add_argument("--conversation", default=None, metavar="FILE",
+                   help="a conversation so far, as JSON ({\"messages\": [...]} or the list; - reads stdin), "
+                        "ending with a user message: print the next reply and exit (the TUI's chat uses this)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=50, help="0 = off")
@@ -29,6 +32,26 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def read_conversation(path: str) -> list[dict]:
+    """--conversation: the messages so far, each a role and a content, the last one the user's."""
+    where = "standard input" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        obj = json.loads(text)
+    except OSError as e:
+        raise rundir.RunError(f"cannot read --conversation {where}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise rundir.RunError(f"--conversation {where} is not JSON ({e})") from None
+    msgs = obj.get("messages") if isinstance(obj, dict) else obj
+    ok = isinstance(msgs, list) and msgs and all(
+        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
+        for m in msgs)
+    if not ok or msgs[-1]["role"] != "user":
+        raise rundir.RunError(f"--conversation {where} must be a list of messages (or {{\"messages\": [...]}}), each "
+                              "{\"role\": system|user|assistant, \"content\": text}, the last one the user's")
+    return [{"role": m["role"], "content": m["content"]} for m in msgs]
+
+
 def run(args) -> int:
     run_dir = rundir.resolve_run(args.runs_dir, args.run)
     ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
@@ -36,8 +59,9 @@ def run(args) -> int:
         raise rundir.RunError("--max-new-tokens must be at least 1")
     if args.temperature < 0:
         raise rundir.RunError("--temperature must be >= 0 (0 = greedy)")
-    if args.json and args.message is None:
-        raise rundir.RunError("--json needs --message (one reply)")
+    if args.json and args.message is None and args.conversation is None:
+        raise rundir.RunError("--json needs --message or --conversation (one reply)")
+    given = read_conversation(args.conversation) if args.conversation is not None else None
     from workbench.data.chat_templates import ChatTemplateError
     from workbench.train.chat_reply import run_template
     try:
@@ -67,12 +91,13 @@ def run(args) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    if args.message is not None:
+    if args.message is not None or given is not None:
+        turns = messages + (given if given is not None else [{"role": "user", "content": args.message}])
         if args.json:
-            r = reply(model, tok, template, messages + [{"role": "user", "content": args.message}], **kw)
+            r = reply(model, tok, template, turns, **kw)
             print(json.dumps({"reply": r.text, "ids": r.ids, "stopped": r.stopped, "checkpoint": ckpt["name"]}))
         else:
-            reply(model, tok, template, messages + [{"role": "user", "content": args.message}], on_text=emit, **kw)
+            reply(model, tok, template, turns, on_text=emit, **kw)
             sys.stdout.write("\n")
         return 0
     print(f"[{run_dir.name} {ckpt['name']}, loaded in {time.time() - t0:.2f} s; template {template.source}; "
