@@ -45,7 +45,7 @@ def write_run(root: Path, rid: str, overrides=(), *, preset: str = "cpu-small", 
               device: str = "cpu", precision: str = "fp32", compile_: bool = False, params: int = 131_392,
               train_tokens: int = 1_000_000, val_tokens: int = 50_000, state: str = "finished",
               loss=lambda s: 6.0 * math.exp(-s / 40) + 2.0, grad=lambda s: 1.0, tps=lambda s: 5000.0,
-              mem=lambda s: 300.0, extra=lambda s: {}, evals=None, events=(), status=None) -> Path:
+              mem=lambda s: 300.0, extra=lambda s: {}, evals=None, events=(), status=None, start=None) -> Path:
     """A run directory as the trainer writes it (tests.support.rundirs); every value a function of the step
     where it varies; ``events`` go before the first step after theirs."""
     p = resolve_preset(preset, [*TINY, *overrides] if preset == "cpu-small" else list(overrides))
@@ -56,7 +56,7 @@ def write_run(root: Path, rid: str, overrides=(), *, preset: str = "cpu-small", 
     with RunDir(root, rid, preset_to_toml(p)) as r:
         r.event("start", 0, device=device, precision=precision, compile=compile_, params=params,
                 tokens_per_step=p.tokens_per_step(), train_tokens=train_tokens, val_tokens=val_tokens,
-                corpus="builtin", peak_flops=2e10 if device == "cpu" else None, pid=1, world_size=1)
+                corpus="builtin", peak_flops=2e10 if device == "cpu" else None, pid=1, world_size=1, **(start or {}))
         for s in range(1, steps + 2):
             while pending and (pending[0]["step"] < s or s > steps):
                 e = dict(pending.pop(0))
@@ -544,3 +544,44 @@ def test_nonfinite_steps_in_fp16_suggest_bf16_or_fp32_where_the_gpu_has_no_bf16(
     # the same run in bf16: the precision is left alone
     d2 = write_run(tmp_path, "bf16", GPU_OVERRIDES, **GPU_BUSY, events=[{"event": "nonfinite_skip", "step": 40}])
     assert "hardware.precision" not in found_codes(d2, info)["unstable.nonfinite"].set
+
+
+# ----------------------------------------------------------------------------- chat data
+
+def chat_start(**kw) -> dict:
+    """A start event's ``chat`` (workbench.train.batches.chat_facts) with nothing to find, and ``kw``."""
+    return {"chat": {"conversations": 1000, "trained_fraction": 0.3, "loss_on": "assistant", "truncated": 0,
+                     "dropped": 0, "row_fill": 0.9, "packing": True, "p95_tokens": 20, **kw}}
+
+
+@pytest.mark.parametrize("frac, fires", [(0.05 * 0.9, True), (0.05 * 1.1, False)])
+def test_chat_trained_share_threshold_is_five_percent(tmp_path, frac, fires):
+    # TRAINED_MIN = 0.05; last_assistant: the change is to train every answer
+    d = write_run(tmp_path, "ct", start=chat_start(trained_fraction=frac, loss_on="last_assistant"))
+    f = found_codes(d).get("data.chat_trained")
+    assert (f is not None) is fires
+    if f:
+        assert f.set == {"train.loss_on": "assistant"} and f.data["trained_fraction"] == pytest.approx(frac)
+    d2 = write_run(tmp_path, "ct2", start=chat_start(trained_fraction=0.01))
+    assert found_codes(d2)["data.chat_trained"].set == {}
+
+
+@pytest.mark.parametrize("share, severity", [(0.02 * 0.9, None), (0.02 * 1.1, "low"), (0.1 * 0.9, "low"),
+                                             (0.1 * 1.1, "medium")])
+def test_chat_truncation_thresholds_are_two_and_ten_percent(tmp_path, share, severity):
+    # TRUNCATED_NOTE = 0.02, TRUNCATED_WARN = 0.10 of the training conversations cut at seq_len (32 here)
+    d = write_run(tmp_path, "tr", start=chat_start(truncated=round(share * 1000), p95_tokens=50))
+    f = found_codes(d).get("data.chat_truncated")
+    assert (f.severity if f else None) == severity
+    if f:
+        assert f.set == {"model.seq_len": 64} and f.data["truncated_share"] == pytest.approx(share, abs=1e-3)
+
+
+@pytest.mark.parametrize("fill, severity", [(0.5 * 1.1, None), (0.5 * 0.9, "low"), (0.25 * 0.9, "medium")])
+def test_chat_padding_threshold_is_half_a_row(tmp_path, fill, severity):
+    # ROW_FILL_MIN = 0.5 (medium under a quarter); unpacked rows: the change is packing
+    d = write_run(tmp_path, "rf", start=chat_start(row_fill=fill, packing=False))
+    f = found_codes(d).get("slow.chat_padding")
+    assert (f.severity if f else None) == severity
+    if f:
+        assert f.set == {"data.packing": True}

@@ -30,6 +30,23 @@ def trained_targets(batches: list[tuple], world: int) -> float | None:
     return max(1, n) / world
 
 
+def split_tokens(data: TokenData | ChatData) -> tuple[int, int]:
+    """Tokens of the train and the val split."""
+    if data.format == "chat":
+        return int(data.lengths("train").sum()), int(data.lengths("val").sum())
+    return int(data.n_train), int(len(data.tokens) - data.n_train)
+
+
+def chat_facts(data: ChatData, sampler: ChatSampler, p: Preset) -> dict:
+    """What the run doctor needs to judge a chat corpus (the start event's ``chat``)."""
+    idx, rows, lengths = data.index, sampler.rows, data.lengths("train")
+    return {"conversations": int(len(lengths)), "trained_fraction": round(trained_count(idx, p.train.loss_on)
+                                                                          / max(1, idx["tokens"]), 4),
+            "loss_on": p.train.loss_on, "truncated": rows.truncated, "dropped": rows.dropped,
+            "row_fill": round(rows.efficiency, 4), "packing": p.data.packing,
+            "p95_tokens": int(np.percentile(lengths, 95)) if len(lengths) else 0}
+
+
 def chat_line(data: ChatData, sampler: ChatSampler, p: Preset) -> str:
     """The start log's line about a chat corpus: conversations, what is trained, how rows are filled."""
     idx, rows = data.index, sampler.rows
@@ -42,4 +59,4 @@ def chat_line(data: ChatData, sampler: ChatSampler, p: Preset) -> str:
             f"{rows.rows:,} rows of {p.model.seq_len}, {rows.efficiency:.0%} filled{over}")
 
 
-__all__ = ["Sampler", "chat_line", "new_sampler", "trained_targets"]
+__all__ = ["Sampler", "chat_facts", "chat_line", "new_sampler", "split_tokens", "trained_targets"]

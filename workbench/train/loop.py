@@ -47,7 +47,7 @@ from workbench.plan.schedule import lr_factor
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.rundir import EvalRecord, TrainRecord
 from workbench.train import runtime, stateful
-from workbench.train.batches import Sampler, chat_line, new_sampler, trained_targets
+from workbench.train.batches import Sampler, chat_facts, chat_line, new_sampler, split_tokens, trained_targets
 from workbench.train.build import Built, build
 from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
 from workbench.train.checkpointer import Checkpointer
@@ -192,8 +192,8 @@ class Trainer:
                           device=str(self.device), precision=s.precision, compile=s.compile,
                           compile_mode=s.compile_mode, loss_chunk_tokens=s.loss_chunk_tokens,
                           tokens_per_step=self.tokens_per_step, corpus=self.data.source,
-                          train_tokens=int(self.data.n_train),
-                          val_tokens=int(len(self.data.tokens) - self.data.n_train),
+                          train_tokens=split_tokens(self.data)[0], val_tokens=split_tokens(self.data)[1],
+                          **({"chat": chat_facts(self.data, self.sampler, p)} if self.data.format == "chat" else {}),
                           peak_flops=s.peak_flops, pid=os.getpid(), world_size=self.dist.world, parallel=s.parallel,
                           finetune=p.train.finetune, trainable=self.built.trainable,
                           **({"checkpoint": ckpt.meta["name"]} if ckpt else {}),
