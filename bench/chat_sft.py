@@ -79,9 +79,10 @@ def score(run_dir: Path, step: str | int, held: list[dict]) -> dict[str, float]:
 
     model, tok = load_run_model(run_dir, step).model, load_tokenizer(run_dir)
     template = load_chat_template("chatml")  # the pretrained run has none of its own; the fine-tunes use it
+    max_tokens = 4 + max(len(tok.encode(r["messages"][-1]["content"])) for r in held)  # the longest answer + 4
     hits: dict[str, list[bool]] = {"all": [], "reverse": [], "sort": [], "colour": []}
     for rec in held:
-        got = reply(model, tok, template, rec["messages"][:-1], max_tokens=40).text.strip()
+        got = reply(model, tok, template, rec["messages"][:-1], max_tokens=max_tokens).text.strip()
         ok = got == rec["messages"][-1]["content"].strip()
         hits["all"].append(ok)
         hits[kind(rec)].append(ok)
@@ -136,15 +137,16 @@ def main() -> int:
     held = conversations(n_held, seed=1)
     print(f"chat_sft in {out}: pretrain {pre_steps} steps, fine-tunes {steps} steps, {n_held} held out", flush=True)
 
-    pre_s = train(out, "pre", "builtin", [*COMMON, f"train.max_iters={pre_steps}", f"train.warmup_iters={min(40, pre_steps // 4)}",
-                                          f"train.eval_interval={pre_steps}", "train.log_interval=50"])
+    pre_s = train(out, "pre", "builtin", [*COMMON, f"train.max_iters={pre_steps}", "train.log_interval=50",
+                                          f"train.warmup_iters={min(40, pre_steps // 4)}",
+                                          f"train.eval_interval={pre_steps}"])
     before = score(out / "runs" / "pre", "latest", held)
     log = 10 if every % 10 == 0 else every
     results = []
     for i, (label, sets) in enumerate(VARIANTS):
         name = f"ft{i}"
         run_dir = out / "runs" / name
-        wall = train(out, name, corpus, [*COMMON, *sets, f"train.max_iters={steps}", "train.lr=1e-3",
+        wall = train(out, name, corpus, [*COMMON, *sets, f"train.max_iters={steps}",
                                          f"train.warmup_iters={max(1, steps // 10)}", f"train.eval_interval={steps}",
                                          f"train.ckpt_interval={every}", f"train.milestone_interval={every}",
                                          f"train.log_interval={log}"], init_from="pre")

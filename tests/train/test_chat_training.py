@@ -23,10 +23,10 @@ from workbench import rundir
 from workbench.config import DataConfig, ModelConfig
 from workbench.data.chat import ChatEncoder
 from workbench.data.chat_data import IGNORE, LAST, PROMPT, TRAINED, ChatSampler, pack
-from workbench.data.chat_templates import CHATML_END, CHATML_START
+from workbench.data.chat_templates import CHATML_END, CHATML_START, run_template
 from workbench.data.tokenizer import load_tokenizer
 from workbench.data.tokens import prepare_data
-from workbench.train.chat_reply import reply, run_template
+from workbench.train.chat_reply import reply
 from workbench.train.checkpoint import load_run_model
 from workbench.train.generate import generate
 from workbench.train.model import GPT, fused_cross_entropy
@@ -265,14 +265,20 @@ def test_chat_interactive_keeps_the_conversation(chat_run):
     assert "template" in cp.stderr and "chat_template.jinja" in cp.stderr
 
 
-def test_chat_with_a_text_run_is_one_line(tmp_path):
-    root = tmp_path / "runs"
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    """A run trained on text (the built-in corpus): no chat template."""
+    root = tmp_path_factory.mktemp("textruns")
     wb("train", "cpu-small", "--runs-dir", str(root), "--name", "txt", "--set", *TINY, "train.max_iters=3",
        check=True)
-    cp = wb("chat", "txt", "--runs-dir", str(root), "--message", "hi")
+    return root
+
+
+def test_chat_with_a_text_run_is_one_line(text_run):
+    cp = wb("chat", "txt", "--runs-dir", str(text_run), "--message", "hi")
     assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [
-        "workbench: error: run txt was not trained on conversations (it has no chat_template.jinja); chat with a "
-        "run trained with data.format = chat"]
+        "workbench: error: run txt was not trained on conversations (it has no chat_template.jinja); use a run "
+        "trained with data.format = chat"]
 
 
 def test_data_inspect_chat_marks_the_trained_tokens(chat_file, chat_run):
@@ -323,3 +329,29 @@ def test_hf_export_chats_as_workbench_does(chat_run, tmp_path):
             got = got[:-1]
             assert ours.stopped
         assert got == ours.ids, k
+
+
+
+def test_eval_scores_chat_tasks_through_the_run_template(chat_run, text_run, tmp_path):
+    """A chat task file (conversations ending with the answer): `workbench eval` replies through the run's template;
+    each output is the reply `workbench chat` gives; a text run is refused in one line."""
+    task = write_jsonl(tmp_path / "held.jsonl", conversations(6, seed=99))
+    cp = wb("eval", "sft", "--runs-dir", str(chat_run), "--task", str(task), "--json", "--no-save",
+            "--dump", str(tmp_path / "dump.jsonl"), check=True)
+    out = json.loads(cp.stdout)
+    dump = [json.loads(line) for line in (tmp_path / "dump.jsonl").read_text().splitlines()]
+    assert len(dump) == 6
+    run_dir = chat_run / "sft"
+    tok, template = load_tokenizer(run_dir), run_template(run_dir)
+    model = load_run_model(run_dir, "latest").model
+    exact = 0
+    for rec, conv in zip(dump, conversations(6, seed=99)):
+        want = reply(model, tok, template, conv["messages"][:-1], max_tokens=32).text
+        assert rec["output"] == want and rec["answers"] == [conv["messages"][-1]["content"]]
+        exact += " ".join(want.split()) == conv["messages"][-1]["content"]
+    scored = out["checkpoints"][0]["tasks"][0]
+    assert scored["shape"] == "chat" and scored["kind"] == "gen" and scored["n"] == 6
+    assert scored["exact"] == pytest.approx(exact / 6)
+    cp = wb("eval", "txt", "--runs-dir", str(text_run), "--task", str(task))
+    assert cp.returncode == 2 and cp.stderr.startswith("workbench: error: held is a chat task, but run txt was not "
+                                                       "trained on conversations")

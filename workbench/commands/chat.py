@@ -62,8 +62,7 @@ def run(args) -> int:
     if args.json and args.message is None and args.conversation is None:
         raise rundir.RunError("--json needs --message or --conversation (one reply)")
     given = read_conversation(args.conversation) if args.conversation is not None else None
-    from workbench.data.chat_templates import ChatTemplateError
-    from workbench.train.chat_reply import run_template
+    from workbench.data.chat_templates import ChatTemplateError, run_template
     try:
         template = run_template(run_dir)
     except ChatTemplateError as e:

@@ -96,6 +96,13 @@ def run(args) -> int:
     if len(set(names)) < len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise TaskError(f"two tasks are named {dup!r}; give one a name in its sidecar (name = \"...\")")
+    template = None
+    if any(t.shape == "chat" for t in tasks):
+        from workbench.data.chat_templates import ChatTemplateError, run_template
+        try:
+            template = run_template(run_dir)
+        except ChatTemplateError as e:
+            raise TaskError(f"{next(t.name for t in tasks if t.shape == 'chat')} is a chat task, but {e}") from None
     corpus = open_corpus(list(args.corpus)) if args.corpus else None
 
     import torch  # noqa: I001 - torch loads only once the inputs are known to be good
@@ -119,7 +126,7 @@ def run(args) -> int:
                   f"{time.time() - t0:.2f} s]", file=sys.stderr, flush=True)
         scored = []
         for task in tasks:
-            sc = score_task(model, tok, task, torch.device(device))
+            sc = score_task(model, tok, task, torch.device(device), template=template)
             scored.append(sc)
             dumps += [dict(r, task=task.name, checkpoint=ck["name"]) for r in sc.per_item]
         text = None

@@ -192,6 +192,16 @@ def model_template(model_dir: Path) -> ChatTemplate | None:
     return ChatTemplate(text, f"{model_dir / TOKENIZER_CONFIG} (chat_template)", variables) if text else None
 
 
+def run_template(run_dir: Path) -> ChatTemplate:
+    """The chat template a chat-tuned run trained with (its chat_template.jinja, written at its start), with
+    the special tokens of its tokenizer_config.json if it has one."""
+    found = model_template(run_dir)
+    if found is None:
+        raise ChatTemplateError(f"run {Path(run_dir).name} was not trained on conversations (it has no "
+                                f"{CHAT_TEMPLATE_FILE}); use a run trained with data.format = chat")
+    return found
+
+
 def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
@@ -310,4 +320,5 @@ def end_of_turn(template: ChatTemplate, special_tokens: Iterable[str], loss_on: 
 
 __all__ = ["CHATML_END", "CHATML_PIECES", "CHATML_START", "CHATML_TEMPLATE", "ChatTemplate", "ChatTemplateError",
            "LOSS_ON", "chatml_template", "compile_template", "end_of_turn", "load_chat_template", "model_template",
+           "run_template",
            "token_variables", "trained_spans"]

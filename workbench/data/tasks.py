@@ -47,10 +47,13 @@ class ChoiceItem:
 
 @dataclass(frozen=True)
 class GenItem:
-    """One exact-match record: a prompt, and the answer(s) counted right."""
+    """One exact-match record: a prompt, and the answer(s) counted right. A chat record has ``messages``
+    instead, ((role, content), ...) ending with the user's: the answer is the model's next reply through its
+    chat template."""
     prompt: str
     answers: tuple[str, ...]
     line: int = 0
+    messages: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ OPTIONS: dict[str, type] = {"name": str, "kind": str, "metric": str, "delimiter"
                             "prompt_field": str, "answer_field": str}
 SHAPES = ('{"query"|"context"|"question", "choices": [...], "gold"|"label"|"answer": i}',
           'HellaSwag {"ctx", "endings", "label"}', 'ARC {"question", "choices": {"text", "label"}, "answerKey"}',
-          '{"prompt", "answer"}')
+          '{"prompt", "answer"}', 'chat {"messages": [..., assistant answer]}')
 
 
 def task_options(items: list[str] | None) -> dict[str, Any]:
@@ -197,6 +200,8 @@ class _Shape:
                 raise TaskError(f"{where}, line {n}: {key!r} must be {what}, not {type(v).__name__}")
             return v
 
+        if self.name == "chat":
+            return _chat_item(rec, n, where)
         if self.kind == "gen":
             prompt = need(self.context, (str,), "a string")
             ans = need(self.gold, (str, list), "a string or a list of strings")
@@ -262,11 +267,34 @@ def detect_shape(rec: dict, opts: dict[str, Any], path: Path) -> _Shape:
     if "prompt" in rec and "answer" in rec:
         return _Shape("prompt/answer", "gen", "prompt", gold="answer")
     if "messages" in rec:
-        raise TaskError(f"{where}, line 1: chat tasks ({{\"messages\": [...], \"answer\"}}) need a chat template, "
-                        "which workbench does not render yet; write the conversation as a prompt string")
+        return _Shape("chat", "gen")
     raise TaskError(f"{where}, line 1: no task shape matches the fields {', '.join(map(repr, rec)) or '(none)'}; "
                     f"accepted: {'; '.join(SHAPES)}; or map fields in {sidecar_path(path).name} "
                     "or with --set (e.g. --set context_field=q choices_field=options gold_field=idx)")
+
+
+def _chat_item(rec: dict, n: int, where: str) -> GenItem:
+    """{"messages": [..., {"role": "assistant", "content": answer}]}, or {"messages": [... user], "answer"}."""
+    msgs = rec.get("messages")
+    ok = isinstance(msgs, list) and msgs and all(
+        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
+        for m in msgs)
+    if not ok:
+        raise TaskError(f"{where}, line {n}: 'messages' must be a list of {{\"role\": system|user|assistant, "
+                        "\"content\": text}")
+    if "answer" in rec:
+        ans = rec["answer"]
+        answers = (ans,) if isinstance(ans, str) else tuple(ans) if isinstance(ans, list) else ()
+    elif msgs[-1]["role"] == "assistant":
+        answers, msgs = (msgs[-1]["content"],), msgs[:-1]
+    else:
+        answers = ()
+    if not answers or not all(isinstance(a, str) and a.strip() for a in answers):
+        raise TaskError(f"{where}, line {n}: a chat task record ends with the assistant's answer, or has "
+                        "\"answer\" beside messages that end with the user's")
+    if not msgs or msgs[-1]["role"] != "user":
+        raise TaskError(f"{where}, line {n}: the conversation before the answer must end with a user message")
+    return GenItem("", answers, n, tuple((m["role"], m["content"]) for m in msgs))
 
 
 def read_task_file(path: Path, opts: dict[str, Any] | None = None, limit: int | None = None) -> Task:

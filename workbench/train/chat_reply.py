@@ -5,26 +5,15 @@ template's end-of-turn token (which is never shown) or ``max_tokens``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 
 from workbench.data.chat import ChatEncoder
-from workbench.data.chat_templates import CHAT_TEMPLATE_FILE, ChatTemplate, ChatTemplateError, model_template
+from workbench.data.chat_templates import ChatTemplate, run_template
 from workbench.data.tokenizer import AnyTokenizer
 from workbench.train.generate import generate
 from workbench.train.model import GPT
-
-
-def run_template(run_dir: Path) -> ChatTemplate:
-    """The chat template a chat-tuned run trained with (its chat_template.jinja, written at its start), with
-    the special tokens of its tokenizer_config.json if it has one."""
-    found = model_template(run_dir)
-    if found is None:
-        raise ChatTemplateError(f"run {Path(run_dir).name} was not trained on conversations (it has no "
-                                f"{CHAT_TEMPLATE_FILE}); chat with a run trained with data.format = chat")
-    return found
 
 
 @dataclass

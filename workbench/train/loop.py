@@ -421,7 +421,8 @@ class Trainer:
             return False
         if self.dist.is_main:
             records, line = self.tasks.score(self.state.step, self.built.model, self.data.tokenizer, self.device,
-                                             self.autocast, runtime.amp_dtype(self.settings))
+                                             self.autocast, runtime.amp_dtype(self.settings),
+                                             getattr(self.data, "template", None))
             for rec in records:
                 self.report.record(rec)
             self.report.log(line)

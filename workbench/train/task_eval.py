@@ -29,8 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from workbench.config import TrainConfig
+from workbench.data.chat_templates import ChatTemplate
 from workbench.data.tasks import ChoiceItem, GenItem, Task, TaskError, expand_task_specs, load_task
 from workbench.rundir import TaskRecord
+from workbench.train.chat_reply import reply
 from workbench.train.generate import generate
 from workbench.train.model import GPT
 
@@ -198,8 +200,16 @@ def normalise(text: str) -> str:
 
 
 @torch.no_grad()
-def answer(model: GPT, tok, item: GenItem, task: Task, enc: Encoder, autocast_dtype: torch.dtype | None) -> str:
-    """The model's greedy answer to one prompt, up to the first stop string."""
+def answer(model: GPT, tok, item: GenItem, task: Task, enc: Encoder, autocast_dtype: torch.dtype | None,
+           template: ChatTemplate | None = None) -> str:
+    """The model's greedy answer to one prompt, up to the first stop string; a chat item's, its reply through
+    ``template`` up to the end-of-turn token."""
+    if item.messages:
+        if template is None:
+            raise TaskError(f"task {task.name} is conversations: score it on a run trained on chat data (one with a "
+                            "chat template)")
+        messages = [{"role": r, "content": c} for r, c in item.messages]
+        return reply(model, tok, template, messages, task.max_new_tokens, autocast_dtype=autocast_dtype).text
     ids: list[int] = []
     text = ""
     prompt = enc(item.prompt, item.line) or [tok.eod_id if tok.eod_id is not None else 0]
@@ -215,7 +225,8 @@ def answer(model: GPT, tok, item: GenItem, task: Task, enc: Encoder, autocast_dt
 
 
 def score_generation(model: GPT, tok, task: Task, autocast_dtype: torch.dtype | None = None,
-                     on_progress: Callable[[int], None] | None = None) -> TaskScore:
+                     on_progress: Callable[[int], None] | None = None,
+                     template: ChatTemplate | None = None) -> TaskScore:
     t0 = time.time()
     enc = Encoder(tok, task)
     was_training = model.training
@@ -223,14 +234,15 @@ def score_generation(model: GPT, tok, task: Task, autocast_dtype: torch.dtype | 
     per_item = []
     try:
         for k, item in enumerate(task.items):
-            out = answer(model, tok, item, task, enc, autocast_dtype)
+            out = answer(model, tok, item, task, enc, autocast_dtype, template)
             got = normalise(out)
             em = any(got == normalise(a) for a in item.answers)
             has = any(normalise(a) in got for a in item.answers)
             exact += em
             contains += has
             per_item.append({"line": item.line, "prompt": item.prompt, "answers": list(item.answers), "output": out,
-                             "exact": em, "contains": has})
+                             "exact": em, "contains": has,
+                             **({"messages": [list(m) for m in item.messages]} if item.messages else {})})
             if on_progress:
                 on_progress(k + 1)
     finally:
@@ -259,11 +271,13 @@ class TaskScorer:
             step % t.task_eval_every == 0 if t.task_eval_every else self.checkpoint_due(step) is not None))
 
     def score(self, step: int, model: GPT, tok, device: torch.device, autocast: contextlib.AbstractContextManager,
-              autocast_dtype: torch.dtype | None) -> tuple[list[TaskRecord], str]:
+              autocast_dtype: torch.dtype | None, template: ChatTemplate | None = None
+              ) -> tuple[list[TaskRecord], str]:
         """(the records, the log line) of every task scored on ``model`` now."""
         t0 = time.time()
         with torch.compiler.set_stance("force_eager"):  # variable-length batches: no recompiles
-            scores = [score_task(model, tok, task, device, autocast, autocast_dtype) for task in self.tasks]
+            scores = [score_task(model, tok, task, device, autocast, autocast_dtype, template=template)
+                      for task in self.tasks]
         line = (f"step {step}: tasks " + ", ".join(f"{sc.task.name} {sc.score:.3f}" for sc in scores)
                 + f" ({scores[0].task.metrics[0]}; {time.time() - t0:.1f} s)")
         return [r for sc in scores for r in sc.records(step)], line
@@ -271,11 +285,12 @@ class TaskScorer:
 
 def score_task(model: GPT, tok, task: Task, device: torch.device,
                autocast: contextlib.AbstractContextManager | None = None, autocast_dtype: torch.dtype | None = None,
-               on_progress: Callable[[int], None] | None = None) -> TaskScore:
+               on_progress: Callable[[int], None] | None = None, template: ChatTemplate | None = None) -> TaskScore:
+    """``template``: the run's chat template (chat tasks answer through it)."""
     autocast = autocast or contextlib.nullcontext()
     if task.kind == "mc":
         return score_choices(model, tok, task, device, autocast, on_progress=on_progress)
-    return score_generation(model, tok, task, autocast_dtype, on_progress=on_progress)
+    return score_generation(model, tok, task, autocast_dtype, on_progress=on_progress, template=template)
 
 
 @torch.no_grad()

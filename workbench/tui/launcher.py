@@ -118,6 +118,14 @@ def sample_argv(runs_dir: Path, run_id: str, checkpoint: str, prompt: str, max_n
                     "--top-k", str(top_k), "--top-p", str(top_p), "--seed", str(seed))
 
 
+def chat_argv(runs_dir: Path, run_id: str, checkpoint: str, system: str, max_new_tokens: int,
+              temperature: float) -> list[str]:
+    """``workbench chat`` answering the conversation it reads on stdin (the reply streamed, then a newline)."""
+    return cli_argv(runs_dir, "chat", run_id, "--checkpoint", checkpoint, "--conversation", "-",
+                    *([f"--system={system}"] if system else []), "--max-new-tokens", str(max_new_tokens),
+                    "--temperature", str(temperature))
+
+
 class PromptEcho:
     """Drops the sampler's echo of the prompt from the start of its stream.
 
@@ -142,11 +150,18 @@ class PromptEcho:
 
 
 class SampleProcess:
-    """A running ``workbench sample``: iterate over its stdout as it arrives."""
+    """A running ``workbench sample`` (or ``chat``, given ``stdin``): iterate over its stdout as it arrives."""
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], stdin: str | None = None):
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, env=_env(), start_new_session=True)
+                                     stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE, env=_env(),
+                                     start_new_session=True)
+        if stdin is not None:
+            try:
+                self.proc.stdin.write(stdin.encode("utf-8"))
+                self.proc.stdin.close()
+            except OSError:
+                pass  # it exited before reading: finish() reports why
 
     def chunks(self) -> Iterator[str]:
         fd = self.proc.stdout.fileno()
