@@ -355,3 +355,15 @@ def test_eval_scores_chat_tasks_through_the_run_template(chat_run, text_run, tmp
     cp = wb("eval", "txt", "--runs-dir", str(text_run), "--task", str(task))
     assert cp.returncode == 2 and cp.stderr.startswith("workbench: error: held is a chat task, but run txt was not "
                                                        "trained on conversations")
+
+
+def test_data_prepare_reports_what_the_chat_data_will_train(chat_file, chat_data):
+    out = json.loads(wb("data", "prepare", str(chat_file), "--json", "--set", *CHAT[1:], "model.seq_len=48",
+                        check=True).stdout)
+    rows = pack(chat_data.lengths("train"), 48)
+    assert out["format"] == "chat" and out["conversations"] == 400 and out["train_conversations"] == 380
+    assert out["trained_tokens"] == int((np.asarray(chat_data.labels) > 0).sum())
+    assert out["truncated"] == rows.truncated > 0 and out["row_fill"] == pytest.approx(rows.efficiency, abs=1e-4)
+    text = wb("data", "prepare", str(chat_file), "--set", *CHAT[1:], "model.seq_len=48", "data.overlong=drop",
+              check=True).stdout
+    assert f"{rows.truncated:,} longer than seq_len 48 (dropped)" in text and "packed: " in text
