@@ -367,3 +367,29 @@ def test_data_prepare_reports_what_the_chat_data_will_train(chat_file, chat_data
     text = wb("data", "prepare", str(chat_file), "--set", *CHAT[1:], "model.seq_len=48", "data.overlong=drop",
               check=True).stdout
     assert f"{rows.truncated:,} longer than seq_len 48 (dropped)" in text and "packed: " in text
+
+
+def test_gguf_export_chats_the_same_in_llama_cpp(chat_run, tmp_path):
+    """llama.cpp (llama-cpp-python), given the GGUF alone, applies its chat template, encodes the prompt to our ids
+    and replies greedily with our reply, stopping at the end-of-turn token."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    wb("export", "sft", str(tmp_path / "g"), "--runs-dir", str(chat_run), "--format", "gguf", "--gguf-type", "f32",
+       check=True)
+    llm = llama_cpp.Llama(model_path=str(tmp_path / "g" / "model.gguf"), n_ctx=SEQ, verbose=False)
+    run_dir = chat_run / "sft"
+    tok, template = load_tokenizer(run_dir), run_template(run_dir)
+    enc = ChatEncoder(template, tok)
+    assert llm.metadata["tokenizer.chat_template"] == template.text
+    assert int(llm.metadata["tokenizer.ggml.eos_token_id"]) == enc.end_id
+    model = load_run_model(run_dir, "latest").model
+    stopped = 0
+    for conv in conversations(5, seed=77):
+        prompt = conv["messages"][:-1]
+        text = template.render(prompt, add_generation_prompt=True)
+        assert llm.tokenize(text.encode(), add_bos=False, special=True) == enc.prompt_ids(prompt)
+        ours = reply(model, tok, template, prompt, max_tokens=16)
+        got = llm.create_chat_completion(messages=prompt, temperature=0, max_tokens=16)["choices"][0]
+        assert got["message"]["content"] == ours.text
+        assert (got["finish_reason"] == "stop") == ours.stopped
+        stopped += ours.stopped
+    print(f"{stopped} of 5 replies ended with the end-of-turn token")

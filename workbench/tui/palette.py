@@ -69,6 +69,10 @@ def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
         partial(_in_curves, app, curves.action_cycle_task)
     yield "Generate sample", "run the sampler on the chosen checkpoint(s)", sample.action_generate
     yield "Stop sampling", "", sample.action_cancel
+    if sample.chat_run:  # the Sample pane shows a run trained on conversations
+        yield "Sample: chat / text", "chat with the run, or sample raw text from it (ctrl+t)", sample.action_toggle_chat
+    if sample.chat_mode:
+        yield "Reset chat", "start the Sample pane's conversation over (ctrl+r)", sample.action_reset_chat
     yield "Save preset", "atomic; shipped presets are saved as a user copy", partial(presets.save, False)
     yield "Save preset as…", "save the editor's preset under a new name", partial(presets.save, True)
     yield "Preset on other GPUs", "fits, batch, tokens/s and time on common GPUs (ctrl+g toggles)", \

@@ -360,7 +360,7 @@ class SamplePane(Vertical, Pane):
         if chat:
             self.action_reset_chat()
         elif was:
-            self.action_cancel()
+            self.action_reset_chat()  # (the replies still being written say nothing more)
             self.query_one("#smp-out-a", SampleOutput).reset("checkpoint A", "")
             self.query_one("#smp-out-b", SampleOutput).reset("checkpoint B (choose one to compare)", "")
 
