@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -393,3 +395,59 @@ def test_gguf_export_chats_the_same_in_llama_cpp(chat_run, tmp_path):
         assert (got["finish_reason"] == "stop") == ours.stopped
         stopped += ours.stopped
     print(f"{stopped} of 5 replies ended with the end-of-turn token")
+
+
+_PREPARE = """
+import sys
+from workbench.config import DataConfig
+from workbench.data.tokens import prepare_data
+from workbench.faults import Faults
+d = prepare_data(DataConfig(corpus=sys.argv[1]), 400, 64, log=lambda m: print(m, flush=True), workers=int(sys.argv[2]),
+                 shard_chars=64 << 10, faults=Faults.from_env())
+print("TOKENS", d.tokenizer_path.parent / "tokens.bin", flush=True)
+"""
+
+
+def _prepare_in_subprocess(corpus, cache, workers: int, env: dict | None = None, wait: bool = True):
+    e = dict(os.environ, WORKBENCH_CACHE_DIR=str(cache), **(env or {}))
+    proc = subprocess.Popen([sys.executable, "-c", _PREPARE, str(corpus), str(workers)], env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not wait:
+        return proc
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return out
+
+
+def _tokens_path(out: str):
+    return Path(next(ln for ln in out.splitlines() if ln.startswith("TOKENS")).split(" ", 1)[1])
+
+
+@pytest.mark.slow
+def test_chat_preparation_is_parallel_and_a_killed_one_resumes_bit_for_bit(tmp_path):
+    """Shards of ~64 K characters: 2 workers give the bytes 1 worker gives; kill -9 after 3 shards, start again:
+    it continues after the finished shards and ends with the same tokens and labels."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", conversations(3000, seed=5))
+    serial_dir = _tokens_path(_prepare_in_subprocess(corpus, tmp_path / "c1", workers=1)).parent
+    serial = [(serial_dir / f).read_bytes() for f in ("tokens.bin", "labels.bin", "lengths.bin")]
+    par_dir = _tokens_path(_prepare_in_subprocess(corpus, tmp_path / "c2", workers=2)).parent
+    assert [(par_dir / f).read_bytes() for f in ("tokens.bin", "labels.bin", "lengths.bin")] == serial
+    assert json.loads((par_dir / "index.json").read_text())["conversations"] == 3000
+    marker = tmp_path / "paused"
+    proc = _prepare_in_subprocess(corpus, tmp_path / "c3", workers=2, wait=False, env={
+        "WORKBENCH_TEST_PAUSE_AFTER_SHARD": "3", "WORKBENCH_TEST_PAUSE_MARKER": str(marker),
+        "WORKBENCH_TEST_PAUSE_SECONDS": "60"})
+    deadline = time.time() + 120
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate()[1]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(0.5)
+    finished = sorted((tmp_path / "c3" / "data").glob("chat-*.shards/*.json"))
+    assert len(finished) >= 3 and not list((tmp_path / "c3").rglob("tokens.bin"))
+    out = _prepare_in_subprocess(corpus, tmp_path / "c3", workers=2)
+    assert f"continuing after {len(finished)} finished shard(s)" in out
+    again = _tokens_path(out).parent
+    assert [(again / f).read_bytes() for f in ("tokens.bin", "labels.bin", "lengths.bin")] == serial
+    assert not list((tmp_path / "c3" / "data").glob("chat-*.shards"))

@@ -1,8 +1,8 @@
 """Chat data for training: conversations prepared once into token ids with a label per token beside them,
 cached; then packed into ``model.seq_len`` rows and drawn in resumable batches. No torch.
 
-Preparation (:func:`prepare_chat`) streams the corpus (:class:`~workbench.data.chat.ChatReader`), renders each
-conversation through the chat template and encodes it (:class:`~workbench.data.chat.ChatEncoder`), and writes
+Preparation (:mod:`workbench.data.chat_prepare`) streams the corpus, renders each conversation through the chat
+template and encodes it (:class:`~workbench.data.chat.ChatEncoder`), and writes
 
     tokens.bin   the ids of every conversation, one after another (uint16, or uint32 for a large vocabulary)
     labels.bin   one uint8 per token: 0 a prompt token (header, system, user text), 1 a token of an assistant
@@ -28,17 +28,14 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import os
-import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from workbench.config import DataConfig, chat_role_map
-from workbench.data.chat import BadRecord, ChatEncoder, ChatOptions, ChatReader, sniff_format, special_pieces
+from workbench.data.chat import ChatOptions, sniff_format, special_pieces
 from workbench.data.chat_templates import (
     CHATML_PIECES,
     ChatTemplate,
@@ -46,16 +43,16 @@ from workbench.data.chat_templates import (
     load_chat_template,
     model_template,
 )
-from workbench.data.documents import Corpus, Stats, warnings_of
-from workbench.data.prepare import DataError, Prepared
-from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
-from workbench.fmt import duration, human_bytes
-from workbench.fs import cache_root, fsync_dir, read_json, write_atomic, write_json_atomic
+from workbench.data.documents import Corpus
+from workbench.data.prepare import DataError
+from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, load_tokenizer
+from workbench.fs import cache_root, read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from workbench.data.chat_prepare import ChatPrepared
 
 IGNORE = -100              # a target the loss skips (torch's cross_entropy ignore_index)
 PROMPT, TRAINED, LAST = 0, 1, 2
-CHAT_VERSION = 1           # bump when what is written changes, so caches are prepared again
-FLUSH_TOKENS = 1 << 20     # tokens held before they are appended to the files
 
 
 def corpus_is_chat(cfg: DataConfig, corpus: Corpus) -> bool:
@@ -97,140 +94,6 @@ def template_for(cfg: DataConfig, tok: AnyTokenizer | None, model_dir: Path | No
                                 "give data.chat_template the path of a .jinja template written with its special "
                                 "pieces, or train a new tokenizer")
     return load_chat_template(cfg.chat_template, model_dir)
-
-
-# ----------------------------------------------------------------------------- preparation
-
-@dataclass
-class ChatPrepared(Prepared):
-    template: ChatTemplate | None = None
-
-    @property
-    def labels_path(self) -> Path:
-        return self.dir / "labels.bin"
-
-
-def _sample_for_tokenizer(reader: ChatReader, corpus: Corpus, sample_mb: float) -> list[str]:
-    """Lines of message text, the first ``sample_mb`` of the corpus's conversations (the template's own
-    pieces are reserved, not learned)."""
-    lines, size, budget = [], 0, int(sample_mb * 1_000_000)
-    for conv in reader.conversations(corpus.sources):
-        for m in conv.messages:
-            lines += m.content.split("\n")
-            size += len(m.content) + 1
-        if size >= budget:
-            break
-    return lines
-
-
-def _key(corpus: Corpus, cfg: DataConfig, tok: AnyTokenizer | None, vocab_size: int, sample_mb: float,
-         template: ChatTemplate, all_tokens: bool) -> str:
-    parts = [CHAT_VERSION, corpus.manifest(), cfg.messages_field, sorted(chat_role_map(cfg.chat_roles).items()),
-             tok.digest() if tok is not None else f"own-{vocab_size}-{sample_mb:g}", template.text,
-             sorted(template.variables), all_tokens]
-    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
-
-
-def prepare_chat(cfg: DataConfig, corpus: Corpus, vocab_size: int, loss_on: str, given: AnyTokenizer | None,
-                 model_dir: Path | None, log: Callable[[str], None] = print) -> ChatPrepared:
-    """The conversations of ``corpus`` as tokens and labels: from the cache when its inputs are unchanged,
-    else prepared now. ``given``: the tokenizer to use (else one is trained on the messages' text)."""
-    template = template_for(cfg, given, model_dir)
-    all_tokens = loss_on == "all"
-    root = cache_root() / "data"
-    d = root / f"chat-{_key(corpus, cfg, given, vocab_size, cfg.tokenizer_sample_mb, template, all_tokens)}"
-    index = read_json(d / "index.json")
-    if index and tokenizer_file(d) is not None:
-        return ChatPrepared(d, index, cached=True, template=template)
-    t0 = time.time()
-    tmp = d.with_name(f".{d.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        stats = Stats()
-        reader = ChatReader(chat_options(cfg), stats)
-        if given is None:
-            log(f"training a {vocab_size}-piece tokenizer on the messages of {corpus.description} ...")
-            tok = train_tokenizer(_sample_for_tokenizer(ChatReader(chat_options(cfg)), corpus,
-                                                        cfg.tokenizer_sample_mb), vocab_size)
-        else:
-            tok = given
-        try:
-            encoder = ChatEncoder(template, tok, "all" if all_tokens else "assistant")
-        except ChatTemplateError as e:
-            raise DataError(str(e)) from None
-        log(f"encoding the conversations of {corpus.description} ({human_bytes(corpus.total_bytes)}) through "
-            f"the chat template {template.source} ...")
-        index = _encode_all(reader, encoder, corpus, tmp, all_tokens)
-        index.update(source=corpus.description, vocab_size=tok.vocab_size, eod_id=tok.eod_id,
-                     end_of_turn=encoder.end, end_of_turn_id=encoder.end_id, template=template.source,
-                     loss_labels="all" if all_tokens else "assistant", warnings=warnings_of(corpus, stats),
-                     seconds=round(time.time() - t0, 2))
-        if index["trained"] == 0:
-            raise DataError(f"no token of {corpus.description} would be trained: every conversation's tokens are "
-                            "masked (prompt only); check the records have assistant messages with content, or "
-                            "set train.loss_on = \"all\"")
-        tok.save(tmp)
-        write_json_atomic(tmp / "index.json", index)
-        fsync_dir(tmp)
-        shutil.rmtree(d, ignore_errors=True)
-        os.replace(tmp, d)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    for w in index["warnings"]:
-        log(f"warning: {w}")
-    log(f"encoded {index['conversations']:,} conversations, {index['tokens']:,} tokens "
-        f"({index['trained'] / max(1, index['tokens']):.0%} of them trained) in {duration(time.time() - t0)}")
-    return ChatPrepared(d, index, cached=False, template=template)
-
-
-def _encode_all(reader: ChatReader, encoder: ChatEncoder, corpus: Corpus, out: Path, all_tokens: bool) -> dict:
-    dtype = np.uint16 if encoder.tok.vocab_size <= 65535 else np.uint32
-    lengths: list[int] = []
-    ids_buf: list[int] = []
-    lab_buf: list[int] = []
-    counts = {"trained": 0, "last_trained": 0}
-    with open(out / "tokens.bin", "wb") as ft, open(out / "labels.bin", "wb") as fl:
-        def flush() -> None:
-            ft.write(np.asarray(ids_buf, dtype=dtype).tobytes())
-            fl.write(np.asarray(lab_buf, dtype=np.uint8).tobytes())
-            ids_buf.clear()
-            lab_buf.clear()
-
-        for conv in reader.conversations(corpus.sources):
-            try:
-                got = encoder.encode(conv)
-            except BadRecord as e:
-                reader.bad(str(e))
-                reader.stats.documents -= 1
-                continue
-            labels = [LAST] * len(got.ids) if all_tokens else last_turn_labels(got.mask)
-            ids_buf += got.ids
-            lab_buf += labels
-            lengths.append(len(got.ids))
-            counts["trained"] += sum(1 for v in labels if v)
-            counts["last_trained"] += sum(1 for v in labels if v == LAST)
-            if len(ids_buf) >= FLUSH_TOKENS:
-                flush()
-        flush()
-        for f in (ft, fl):
-            f.flush()
-            os.fsync(f.fileno())
-    write_atomic(out / "lengths.bin", np.asarray(lengths, dtype=np.uint32).tobytes())
-    return {"format": "chat", "conversations": len(lengths), "tokens": int(sum(lengths)),
-            "dtype": np.dtype(dtype).name, "skipped_records": reader.stats.skipped_records, **counts}
-
-
-def last_turn_labels(mask: list[int]) -> list[int]:
-    """A conversation's 0/1 loss mask as labels: its last run of trained tokens (the last assistant turn) 2."""
-    labels = list(mask)
-    j = len(labels) - 1
-    while j >= 0 and not labels[j]:
-        j -= 1
-    while j >= 0 and labels[j]:
-        labels[j] = LAST
-        j -= 1
-    return labels
 
 
 # ----------------------------------------------------------------------------- loading and packing
@@ -443,6 +306,6 @@ class ChatSampler:
         self._order = self._shuffle()
 
 
-__all__ = ["IGNORE", "ChatData", "ChatPrepared", "ChatSampler", "Packing", "chat_options", "conversation_pieces",
-           "corpus_is_chat", "last_turn_labels", "load_chat", "pack", "prepare_chat", "template_for", "trained_count",
+__all__ = ["IGNORE", "LAST", "PROMPT", "TRAINED", "ChatData", "ChatSampler", "Packing", "chat_options",
+           "conversation_pieces", "corpus_is_chat", "load_chat", "pack", "template_for", "trained_count",
            "trained_labels"]

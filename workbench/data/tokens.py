@@ -10,7 +10,8 @@ from typing import Callable
 import numpy as np
 
 from workbench.config import DataConfig
-from workbench.data.chat_data import ChatData, corpus_is_chat, load_chat, prepare_chat
+from workbench.data.chat_data import ChatData, corpus_is_chat, load_chat
+from workbench.data.chat_prepare import prepare_chat
 from workbench.data.chat_templates import ChatTemplateError
 from workbench.data.documents import Corpus, open_corpus
 from workbench.data.prepare import SHARD_CHARS, DataError, Prepared, Progress, prepare
@@ -138,7 +139,8 @@ def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[
     given = given_tokenizer(cfg, vocab_size, run_dir)
     if corpus_is_chat(cfg, corpus):
         try:
-            prep = prepare_chat(cfg, corpus, vocab_size, loss_on, given, tokenizer_dir(cfg, run_dir), log=log)
+            prep = prepare_chat(cfg, corpus, vocab_size, loss_on, given, tokenizer_dir(cfg, run_dir), log=log,
+                                workers=workers, shard_chars=shard_chars, faults=faults)
         except ChatTemplateError as e:
             raise DataError(str(e)) from None
         return load_chat(prep, cfg.val_fraction)

@@ -1,0 +1,279 @@
+"""Preparing a chat corpus once: each conversation rendered through the chat template and encoded, with a
+label per token, cached; encoded on every core and resumable, like a text corpus (:mod:`workbench.data.prepare`).
+
+The conversations are read in order and cut into shards of ~4 MB of message text; worker processes (one per
+core) render and encode a shard each and write it by atomic rename, a sidecar naming the hash of its
+conversations last. An interrupted preparation (Ctrl-C, kill -9) keeps its finished shards in
+``chat-<key>.shards/``; the next start reads the corpus again but encodes only the shards that are missing.
+The shards are then joined (:mod:`workbench.data.chat_data` describes the files) and ``index.json`` is
+written last. Memory is bounded: at most two shards per worker are in flight.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from workbench.config import DataConfig, chat_role_map
+from workbench.data.chat import BadRecord, ChatEncoder, ChatReader, Conversation
+from workbench.data.chat_data import LAST, chat_options, template_for
+from workbench.data.chat_templates import ChatTemplate, ChatTemplateError
+from workbench.data.documents import FIX_RECORDS, Corpus, Stats, warnings_of
+from workbench.data.encode import _init_worker as _init_encode_worker
+from workbench.data.prepare import DataError, Prepared, _locked, workers_available
+from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
+from workbench.faults import NO_FAULTS, Faults
+from workbench.fmt import duration, human_bytes
+from workbench.fs import cache_root, fsync_dir, read_json, write_atomic, write_json_atomic
+
+CHAT_VERSION = 2           # bump when what is written changes, so caches are prepared again
+SHARD_CHARS = 4 << 20      # message text per shard: the unit of parallel and resumable encoding
+
+
+@dataclass
+class ChatPrepared(Prepared):
+    template: ChatTemplate | None = None
+
+
+def _sample_for_tokenizer(reader: ChatReader, corpus: Corpus, sample_mb: float) -> list[str]:
+    """Lines of message text, the first ``sample_mb`` of the corpus's conversations (the template's own
+    pieces are reserved, not learned)."""
+    lines, size, budget = [], 0, int(sample_mb * 1_000_000)
+    for conv in reader.conversations(corpus.sources):
+        for m in conv.messages:
+            lines += m.content.split("\n")
+            size += len(m.content) + 1
+        if size >= budget:
+            break
+    return lines
+
+
+def _key(corpus: Corpus, cfg: DataConfig, tok: AnyTokenizer | None, vocab_size: int, sample_mb: float,
+         template: ChatTemplate, all_tokens: bool) -> str:
+    parts = [CHAT_VERSION, corpus.manifest(), cfg.messages_field, sorted(chat_role_map(cfg.chat_roles).items()),
+             tok.digest() if tok is not None else f"own-{vocab_size}-{sample_mb:g}", template.text,
+             sorted(template.variables), all_tokens]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+
+
+def prepare_chat(cfg: DataConfig, corpus: Corpus, vocab_size: int, loss_on: str, given: AnyTokenizer | None,
+                 model_dir: Path | None, log: Callable[[str], None] = print, workers: int | None = None,
+                 shard_chars: int = SHARD_CHARS, faults: Faults = NO_FAULTS) -> ChatPrepared:
+    """The conversations of ``corpus`` as tokens and labels: from the cache when its inputs are unchanged,
+    else prepared now (resuming an interrupted preparation). ``given``: the tokenizer to use (else one is
+    trained on the messages' text)."""
+    template = template_for(cfg, given, model_dir)
+    all_tokens = loss_on == "all"
+    root = cache_root() / "data"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create cache directory {root}: {e.strerror}; set WORKBENCH_CACHE_DIR") from None
+    d = root / f"chat-{_key(corpus, cfg, given, vocab_size, cfg.tokenizer_sample_mb, template, all_tokens)}"
+    index = read_json(d / "index.json")
+    if index and tokenizer_file(d) is not None:
+        return ChatPrepared(d, index, cached=True, template=template)
+    with _locked(d.with_name(d.name + ".lock"), log):
+        index = read_json(d / "index.json")  # prepared while we waited
+        if index and tokenizer_file(d) is not None:
+            return ChatPrepared(d, index, cached=True, template=template)
+        return _prepare_locked(cfg, corpus, vocab_size, template, all_tokens, given, d, log,
+                               workers or workers_available(), shard_chars, faults)
+
+
+def _prepare_locked(cfg: DataConfig, corpus: Corpus, vocab_size: int, template: ChatTemplate, all_tokens: bool,
+                    given: AnyTokenizer | None, d: Path, log, workers: int, shard_chars: int,
+                    faults: Faults) -> ChatPrepared:
+    t0 = time.time()
+    shards = d.with_name(d.name + ".shards")
+    shards.mkdir(exist_ok=True)
+    if given is not None:
+        tok = given
+    elif tokenizer_file(shards) is not None:  # trained by an interrupted start: its shards used it
+        tok = load_tokenizer(shards)
+    else:
+        log(f"training a {vocab_size}-piece tokenizer on the messages of {corpus.description} ...")
+        tok = train_tokenizer(_sample_for_tokenizer(ChatReader(chat_options(cfg)), corpus,
+                                                    cfg.tokenizer_sample_mb), vocab_size)
+        tok.save(shards)
+    try:
+        encoder = ChatEncoder(template, tok, "all" if all_tokens else "assistant")
+    except ChatTemplateError as e:
+        raise DataError(str(e)) from None
+    done = len(list(shards.glob("*.json")))
+    log(f"encoding the conversations of {corpus.description} ({human_bytes(corpus.total_bytes)}) through the chat "
+        f"template {template.source} on {workers} process{'es' if workers > 1 else ''}"
+        + (f", continuing after {done} finished shard(s)" if done else "") + " ...")
+    stats = Stats()
+    reader = ChatReader(chat_options(cfg), stats)
+    sides = _encode(reader, corpus, encoder, all_tokens, shards, workers, shard_chars, faults)
+    tmp = d.with_name(f".{d.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        for ext in ("tokens", "labels", "lengths"):
+            _join([shards / f"{i:06d}.{ext}" for i in range(len(sides))], tmp / f"{ext}.bin")
+        skipped = stats.skipped_records + sum(s["skipped"] for s in sides)
+        first_bad = stats.first_bad_record or next((s["first_bad"] for s in sides if s["first_bad"]), "")
+        stats.skipped_records, stats.first_bad_record = skipped, first_bad
+        index = {"format": "chat", "conversations": sum(s["conversations"] for s in sides),
+                 "tokens": sum(s["tokens"] for s in sides), "dtype": sides[0]["dtype"] if sides else "uint16",
+                 "trained": sum(s["trained"] for s in sides), "last_trained": sum(s["last_trained"] for s in sides),
+                 "skipped_records": skipped, "source": corpus.description, "vocab_size": tok.vocab_size,
+                 "eod_id": tok.eod_id, "end_of_turn": encoder.end, "end_of_turn_id": encoder.end_id,
+                 "template": template.source, "loss_labels": "all" if all_tokens else "assistant",
+                 "warnings": warnings_of(corpus, stats), "workers": workers, "seconds": round(time.time() - t0, 2)}
+        if index["conversations"] == 0:
+            raise DataError(f"no conversation of {corpus.description} could be encoded ({skipped} bad record(s) "
+                            f"skipped; the first: {first_bad})")
+        if index["trained"] == 0:
+            raise DataError(f"no token of {corpus.description} would be trained: every conversation's tokens are "
+                            "masked (prompt only); check the records have assistant messages with content, or "
+                            "set train.loss_on = \"all\"")
+        tok.save(tmp)
+        write_json_atomic(tmp / "index.json", index)
+        fsync_dir(tmp)
+        shutil.rmtree(d, ignore_errors=True)
+        os.replace(tmp, d)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(shards, ignore_errors=True)
+    for w in index["warnings"]:
+        log(f"warning: {w}")
+    log(f"encoded {index['conversations']:,} conversations, {index['tokens']:,} tokens "
+        f"({index['trained'] / max(1, index['tokens']):.0%} of them trained) in {duration(time.time() - t0)}")
+    return ChatPrepared(d, index, cached=False, template=template)
+
+
+def _shards(reader: ChatReader, corpus: Corpus, shard_chars: int) -> Iterator[tuple[list[Conversation], str]]:
+    """Consecutive conversations of about ``shard_chars`` characters of messages, and the hash of them."""
+    cur: list[Conversation] = []
+    h = hashlib.sha256()
+    size = 0
+    for conv in reader.conversations(corpus.sources):
+        cur.append(conv)
+        h.update(json.dumps(conv.as_dicts(), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        size += sum(len(m.content) for m in conv.messages)
+        if size >= shard_chars:
+            yield cur, h.hexdigest()
+            cur, h, size = [], hashlib.sha256(), 0
+    if cur:
+        yield cur, h.hexdigest()
+
+
+_ENCODER: tuple[ChatEncoder, bool, bool] | None = None
+
+
+def _init_worker(template: ChatTemplate, all_tokens: bool, skip_bad: bool, tok_spec: tuple,
+                 parent: int | None = None) -> None:
+    """In each encoding process: the tokenizer (and, on Linux, dying with the parent), and the encoder."""
+    global _ENCODER
+    _init_encode_worker(tok_spec, parent)
+    from workbench.data import encode
+    _ENCODER = (ChatEncoder(template, encode._TOKENIZER, "all" if all_tokens else "assistant"), all_tokens, skip_bad)
+
+
+def encode_shard(i: int, convs: list[Conversation], out: str, sha: str) -> dict:
+    """Render and encode one shard; write its tokens, labels and lengths, then its sidecar."""
+    encoder, all_tokens, skip_bad = _ENCODER
+    dtype = np.uint16 if encoder.tok.vocab_size <= 65535 else np.uint32
+    ids: list[int] = []
+    labels: list[int] = []
+    lengths: list[int] = []
+    skipped, first_bad = 0, ""
+    for conv in convs:
+        try:
+            got = encoder.encode(conv)
+        except BadRecord as e:
+            if not skip_bad:
+                raise BadRecord(f"{e}; {FIX_RECORDS}") from None
+            skipped, first_bad = skipped + 1, first_bad or str(e)
+            continue
+        ids += got.ids
+        labels += [LAST] * len(got.ids) if all_tokens else last_turn_labels(got.mask)
+        lengths.append(len(got.ids))
+    lab = np.asarray(labels, dtype=np.uint8)
+    d = Path(out)
+    write_atomic(d / f"{i:06d}.tokens", np.asarray(ids, dtype=dtype).tobytes())
+    write_atomic(d / f"{i:06d}.labels", lab.tobytes())
+    write_atomic(d / f"{i:06d}.lengths", np.asarray(lengths, dtype=np.uint32).tobytes())
+    side = {"sha256": sha, "conversations": len(lengths), "tokens": len(ids), "dtype": np.dtype(dtype).name,
+            "trained": int(np.count_nonzero(lab)), "last_trained": int(np.count_nonzero(lab == LAST)),
+            "skipped": skipped, "first_bad": first_bad}
+    write_json_atomic(d / f"{i:06d}.json", side)
+    return side
+
+
+def _encode(reader: ChatReader, corpus: Corpus, encoder: ChatEncoder, all_tokens: bool, out: Path, workers: int,
+            shard_chars: int, faults: Faults = NO_FAULTS) -> list[dict]:
+    """Every shard's sidecar, in order: kept from an earlier start where its conversations are the same."""
+    args = (encoder.template, all_tokens, reader.options.skip_bad, encoder.tok.spec())
+    pool = None
+    if workers > 1:
+        ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+        pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                      initargs=(*args, os.getpid()))
+    else:
+        _init_worker(*args)
+    results: dict[int, dict] = {}
+    pending: deque[tuple[int, cf.Future]] = deque()
+    try:
+        for i, (convs, sha) in enumerate(_shards(reader, corpus, shard_chars)):
+            side = read_json(out / f"{i:06d}.json")
+            if side and side.get("sha256") == sha:
+                results[i] = side  # finished by an earlier, interrupted start
+            elif pool is None:
+                results[i] = encode_shard(i, convs, str(out), sha)
+                faults.after_shard(len(results))
+            else:
+                pending.append((i, pool.submit(encode_shard, i, convs, str(out), sha)))
+                while len(pending) > 2 * workers:  # bounded: at most this many shards in flight
+                    j, fut = pending.popleft()
+                    results[j] = fut.result()
+                    faults.after_shard(len(results))
+        while pending:
+            j, fut = pending.popleft()
+            results[j] = fut.result()
+            faults.after_shard(len(results))
+    finally:
+        if pool is not None:
+            for _j, f in pending:
+                f.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+    return [results[i] for i in range(len(results))]
+
+
+def _join(parts: list[Path], dest: Path) -> None:
+    with open(dest, "wb") as f:
+        for p in parts:
+            with open(p, "rb") as s:
+                shutil.copyfileobj(s, f, 16 << 20)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def last_turn_labels(mask: list[int]) -> list[int]:
+    """A conversation's 0/1 loss mask as labels: its last run of trained tokens (the last assistant turn) 2."""
+    labels = list(mask)
+    j = len(labels) - 1
+    while j >= 0 and not labels[j]:
+        j -= 1
+    while j >= 0 and labels[j]:
+        labels[j] = LAST
+        j -= 1
+    return labels
+
+
+__all__ = ["CHAT_VERSION", "ChatPrepared", "encode_shard", "last_turn_labels", "prepare_chat"]
