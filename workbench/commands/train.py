@@ -10,6 +10,7 @@ from workbench.analysis.history import measured_in
 from workbench.commands import launch
 from workbench.commands.common import TerminalProgress, add_corpus_option, add_init_from_option, add_set_option
 from workbench.config import preset_to_toml
+from workbench.data.chat_data import corpus_is_chat
 from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
@@ -65,12 +66,13 @@ def run(args) -> int:
     # first records are checked here.
     corpus = open_data_corpus(p.data)
     if args.detach:
-        corpus.check_first_records()
+        if not corpus_is_chat(p.data, corpus):  # (a chat file's first record was read to tell)
+            corpus.check_first_records()
     else:
         progress = TerminalProgress()
         try:
             prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True),
-                         progress=progress)  # with --init-from: encoded with the source's tokenizer
+                         progress=progress, loss_on=p.train.loss_on)  # --init-from: with the source's tokenizer
         finally:
             progress.close()
     run_dir = rundir.new_run_dir(root, p.name, args.name)
