@@ -42,7 +42,8 @@ def trained_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def facts_run(tmp_path_factory) -> Path:
     """A tiny model that has learned twelve facts ("code 003 means cloud."; tests.support.cli.FACTS) by heart:
-    its greedy answers are known, for exact-match scoring (150 steps, ~5 s)."""
+    its greedy answers are known, for exact-match scoring (150 steps, ~5 s). 322 pieces: the 320 it was tuned at plus
+    the two ChatML control pieces every tokenizer now reserves (the same merges, so the same facts learned)."""
     import random
     d = tmp_path_factory.mktemp("facts")
     rng = random.Random(0)
@@ -53,7 +54,7 @@ def facts_run(tmp_path_factory) -> Path:
         blocks.append("\n".join(lines) + "\n")
     (d / "facts.txt").write_text("\n".join(blocks))
     wb("train", "cpu-small", "--name", "facts", "--runs-dir", str(d / "runs"), "--corpus", str(d / "facts.txt"),
-       *tiny("model.vocab_size=320", "train.batch_size=8", "train.warmup_iters=5", "train.log_interval=10",
+       *tiny("model.vocab_size=322", "train.batch_size=8", "train.warmup_iters=5", "train.log_interval=10",
              "train.max_iters=150", "train.eval_interval=50", "train.ckpt_interval=50", "train.lr=3e-3"), check=True)
     return d / "runs" / "facts"
 
