@@ -32,6 +32,7 @@ from workbench.data.chat_data import LAST, chat_options, template_for
 from workbench.data.chat_templates import ChatTemplate, ChatTemplateError
 from workbench.data.documents import FIX_RECORDS, Corpus, Stats, warnings_of
 from workbench.data.encode import _init_worker as _init_encode_worker
+from workbench.data.encode import join_files
 from workbench.data.prepare import DataError, Prepared, _locked, workers_available
 from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
 from workbench.faults import NO_FAULTS, Faults
@@ -124,7 +125,7 @@ def _prepare_locked(cfg: DataConfig, corpus: Corpus, vocab_size: int, template: 
     tmp.mkdir()
     try:
         for ext in ("tokens", "labels", "lengths"):
-            _join([shards / f"{i:06d}.{ext}" for i in range(len(sides))], tmp / f"{ext}.bin")
+            join_files([shards / f"{i:06d}.{ext}" for i in range(len(sides))], tmp / f"{ext}.bin")
         skipped = stats.skipped_records + sum(s["skipped"] for s in sides)
         first_bad = stats.first_bad_record or next((s["first_bad"] for s in sides if s["first_bad"]), "")
         stats.skipped_records, stats.first_bad_record = skipped, first_bad
@@ -253,15 +254,6 @@ def _encode(reader: ChatReader, corpus: Corpus, encoder: ChatEncoder, all_tokens
                 f.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
     return [results[i] for i in range(len(results))]
-
-
-def _join(parts: list[Path], dest: Path) -> None:
-    with open(dest, "wb") as f:
-        for p in parts:
-            with open(p, "rb") as s:
-                shutil.copyfileobj(s, f, 16 << 20)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def last_turn_labels(mask: list[int]) -> list[int]:

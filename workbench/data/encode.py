@@ -207,10 +207,15 @@ def encode(corpus: Corpus, tok: AnyTokenizer, shard_dir: Path, workers: int, sha
 
 def join_shards(shard_dir: Path, n_shards: int, out: Path) -> None:
     """The shards, in order, as one file (written beside it and renamed into place)."""
+    join_files([shard_dir / f"{i:06d}.bin" for i in range(n_shards)], out)
+
+
+def join_files(parts: list[Path], out: Path) -> None:
+    """``parts``, in order, as one file (written beside it, synced, and renamed into place)."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
-        for i in range(n_shards):
-            with open(shard_dir / f"{i:06d}.bin", "rb") as s:
+        for part in parts:
+            with open(part, "rb") as s:
                 shutil.copyfileobj(s, f, 16 << 20)
         f.flush()
         os.fsync(f.fileno())

@@ -12,7 +12,7 @@ import torch
 from workbench.data.chat import ChatEncoder
 from workbench.data.chat_templates import ChatTemplate, run_template
 from workbench.data.tokenizer import AnyTokenizer
-from workbench.train.generate import generate
+from workbench.train.generate import generate, stream_text
 from workbench.train.model import GPT
 
 
@@ -31,22 +31,18 @@ def reply(model: GPT, tok: AnyTokenizer, template: ChatTemplate, messages: list[
     enc = ChatEncoder(template, tok)
     prompt = enc.prompt_ids(messages)
     stops = {enc.end_id, *([tok.eod_id] if tok.eod_id is not None else [])}
-    ids: list[int] = []
-    shown = ""
     stopped = False
-    for t in generate(model, prompt, max_tokens, temperature=temperature, top_k=top_k, seed=seed,
-                      autocast_dtype=autocast_dtype):
-        if t in stops:
-            stopped = True
-            break
-        ids.append(t)
-        text = tok.decode(ids)
-        if on_text and not text.endswith("\ufffd"):
-            on_text(text[len(shown):])
-            shown = text
-    text = tok.decode(ids)
-    if on_text and len(text) > len(shown):
-        on_text(text[len(shown):])
+
+    def until_end():
+        nonlocal stopped
+        for t in generate(model, prompt, max_tokens, temperature=temperature, top_k=top_k, seed=seed,
+                          autocast_dtype=autocast_dtype):
+            if t in stops:
+                stopped = True
+                return
+            yield t
+
+    text, ids = stream_text(tok, until_end(), on_text)
     return Reply(text, ids, stopped)
 
 

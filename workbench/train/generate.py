@@ -7,7 +7,7 @@ seq_len/2 new tokens), so generation can run past seq_len.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -76,11 +76,17 @@ def generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, temperature
 
 def generate_text(model: GPT, tokenizer, prompt: str, max_new_tokens: int,
                   on_text: Callable[[str], None] | None = None, **kw) -> str:
-    """Decode incrementally so that multi-byte characters split across tokens print whole."""
-    prompt_ids = tokenizer.encode(prompt)
+    """The text generated after ``prompt``, streamed to ``on_text``."""
+    return stream_text(tokenizer, generate(model, tokenizer.encode(prompt), max_new_tokens, **kw), on_text)[0]
+
+
+def stream_text(tokenizer, ids: Iterable[int], on_text: Callable[[str], None] | None = None
+                ) -> tuple[str, list[int]]:
+    """Decode ``ids`` as they come, so that multi-byte characters split across tokens print whole; the text
+    and the ids."""
     out_ids: list[int] = []
     shown = ""
-    for tid in generate(model, prompt_ids, max_new_tokens, **kw):
+    for tid in ids:
         out_ids.append(tid)
         text = tokenizer.decode(out_ids)
         if on_text and not text.endswith("\ufffd"):
@@ -89,4 +95,4 @@ def generate_text(model: GPT, tokenizer, prompt: str, max_new_tokens: int,
     text = tokenizer.decode(out_ids)
     if on_text and len(text) > len(shown):
         on_text(text[len(shown):])
-    return text
+    return text, out_ids
