@@ -32,10 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"workbench.commands.{name}").register(sub)
-    # Accept --runs-dir after the subcommand too.
-    for p in sub.choices.values():
+    # Accept --runs-dir after the subcommand too, and after a subcommand's action (`data inspect ... --runs-dir`).
+    parsers = list(sub.choices.values())
+    while parsers:
+        p = parsers.pop()
         p.add_argument("--runs-dir", type=runs_root, default=argparse.SUPPRESS,
                        help="where runs live (default: $WORKBENCH_RUNS_DIR or ./runs)")
+        parsers += [c for a in p._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices.values()]
     return ap
 
 

@@ -303,6 +303,38 @@ def test_data_inspect_chat_marks_the_trained_tokens(chat_file, chat_run):
     assert allj["trained_fraction"] == 1.0 and allj["shown"][0]["trained_spans"][0][0] > 0
 
 
+def test_data_commands_init_from_use_that_runs_tokenizer_as_train_does(chat_file, text_run, tmp_path):
+    """`data prepare|inspect --init-from RUN` prepare what `train --init-from RUN` will train on: the run's
+    tokenizer (the run plan's data.tokenizer), not a new one; with --vocab-size it is one line."""
+    env = {"WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}
+    common = [str(chat_file), "--runs-dir", str(text_run), "--json", "--set", "model.seq_len=64"]
+    via_run = json.loads(wb("data", "prepare", *common, "--init-from", "txt", env=env, check=True).stdout)
+    explicit = json.loads(wb("data", "prepare", *common, f"data.tokenizer={text_run / 'txt' / 'tokenizer.model'}",
+                             env=env, check=True).stdout)
+    fresh = json.loads(wb("data", "prepare", *common, "model.vocab_size=400", env=env, check=True).stdout)
+    assert via_run["cached"] is False and explicit["cached"] is True   # the same tokens: the second from the cache
+    assert via_run["cache_dir"] == explicit["cache_dir"] != fresh["cache_dir"]
+    assert via_run["tokens"] == explicit["tokens"] != fresh["tokens"]
+    shown = json.loads(wb("data", "inspect", *common, "--init-from", "txt", "-n", "1", env=env, check=True).stdout)
+    assert shown["cache_dir"] == via_run["cache_dir"] and shown["cached"] is True
+    cp = wb("data", "prepare", str(chat_file), "--runs-dir", str(text_run), "--init-from", "txt", "--vocab-size",
+            "300", env=env)
+    assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [
+        "workbench: error: --vocab-size and --init-from: the vocabulary is that run's; leave --vocab-size out"]
+    cp = wb("data", "inspect", str(chat_file), "--runs-dir", str(text_run), "--init-from", "nope", env=env)
+    assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1 and "nope" in cp.stderr
+
+
+def test_data_inspect_json_of_text_documents(tmp_path):
+    f = tmp_path / "notes.jsonl"
+    f.write_text("".join(json.dumps({"text": t}) + "\n" for t in
+                         ("first note", "second note, which is longer than twenty characters", "third")))
+    js = json.loads(wb("data", "inspect", str(f), "--json", "-n", "2", "--chars", "20", check=True).stdout)
+    assert js["format"] == "text" and js["files"] == 1 and js["bytes"] == f.stat().st_size
+    assert js["shown"] == [{"index": 0, "text": "first note", "cut": False},
+                           {"index": 1, "text": "second note, which i", "cut": True}]
+
+
 def test_hf_export_chats_as_workbench_does(chat_run, tmp_path):
     """transformers, given the exported directory alone: the same prompt ids from its chat template, and greedy
     generate stops at the end-of-turn token with the reply `workbench chat --message` gives."""

@@ -14,7 +14,7 @@ from workbench.data.chat_data import corpus_is_chat
 from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
-from workbench.plan.run_plan import corpus_values
+from workbench.plan.run_plan import NewRun, corpus_values, plan_new_run
 
 
 def register(sub) -> None:
@@ -29,6 +29,9 @@ def register(sub) -> None:
         s.add_argument("--preset", default="cpu-small",
                        help="the preset whose [data] and vocabulary to use (default cpu-small)")
         add_set_option(s)
+        s.add_argument("--init-from", metavar="RUN[:STEP]", default=None,
+                       help="the tokenizer and chat template of that run, as `train --init-from` would use them "
+                            "(a run of yours, or a model brought in by `workbench import`)")
         s.set_defaults(func=func)
         if name == "prepare":
             s.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (default: the preset's)")
@@ -42,11 +45,18 @@ def register(sub) -> None:
                            help="conversations (data.format = chat; auto-detected too): each rendered through the "
                                 "chat template, its trained tokens highlighted (colour on a terminal, [[ ]] when "
                                 "piped)")
-            s.add_argument("--json", action="store_true", help="--chat: the text and trained spans as JSON")
+            s.add_argument("--json", action="store_true",
+                           help="print as JSON (conversations: the text and the trained spans)")
 
 
 def _preset(args):
-    """The preset with the corpus given (it wins over a --set data.corpus) and --vocab-size."""
+    """The preset with the corpus given (it wins over a --set data.corpus), --vocab-size, and with --init-from
+    the tokenizer (and so the template) `train --init-from` would use: the run plan's own."""
+    if args.init_from:
+        if getattr(args, "vocab_size", None):
+            raise WorkbenchError("--vocab-size and --init-from: the vocabulary is that run's; leave --vocab-size out")
+        req = NewRun(args.preset, tuple(args.overrides or ()), tuple(args.corpus), args.init_from)
+        return plan_new_run(req, args.runs_dir).preset
     values = corpus_values(args.corpus)
     if getattr(args, "vocab_size", None):
         values["model"] = {"vocab_size": args.vocab_size}
@@ -104,17 +114,27 @@ def cmd_inspect(args) -> int:
     if corpus_is_chat(p.data, corpus):
         return inspect_chat(p, args.documents, args.json)
     if args.json:
-        raise WorkbenchError("--json shows conversations (--chat); this corpus is text")
+        print(json.dumps({"format": "text", "source": corpus.description, "files": len(corpus.sources),
+                          "bytes": corpus.total_bytes, "text_field": p.data.text_field,
+                          "shown": [{"index": i, "text": text[: args.chars], "cut": len(text) > args.chars}
+                                    for i, text in enumerate(_documents(corpus, args.documents, args.chars))]},
+                         indent=1))
+        return 0
     print(f"{corpus.description}: {len(corpus.sources)} file(s), {human_bytes(corpus.total_bytes)}; "
           f"text field {p.data.text_field!r}")
+    for i, text in enumerate(_documents(corpus, args.documents, args.chars)):
+        print(f"\n--- document {i + 1} ({len(text):,}{'+' if len(text) > args.chars else ''} chars) ---")
+        print(text[: args.chars] + (" [...]" if len(text) > args.chars else ""))
+    return 0
+
+
+def _documents(corpus, n: int, chars: int):
+    """The first ``n`` documents, each cut at ``chars`` + 1 characters (so a longer one shows it is)."""
     shown, text = 0, ""
     for piece, end in corpus.pieces():
-        text += piece[: max(0, args.chars + 1 - len(text))]
+        text += piece[: max(0, chars + 1 - len(text))]
         if end:
-            cut = text[: args.chars] + (" [...]" if len(text) > args.chars else "")
-            print(f"\n--- document {shown + 1} ({len(text):,}{'+' if len(text) > args.chars else ''} chars) ---")
-            print(cut)
+            yield text
             shown, text = shown + 1, ""
-            if shown >= args.documents:
-                break
-    return 0
+            if shown >= n:
+                return
