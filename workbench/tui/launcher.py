@@ -7,6 +7,7 @@ from thread workers.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def _run(argv: list[str], timeout: float) -> str:
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
         msg = lines[-1] if lines else f"exit status {proc.returncode}"
-        raise LaunchError(msg.removeprefix("error: ").removeprefix("workbench: "))
+        raise LaunchError(msg.removeprefix("workbench: ").removeprefix("error: "))
     return proc.stdout
 
 
@@ -82,6 +83,19 @@ def start_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
     # --yes: the new-run form has shown the estimate and asked already when the run will not fit
     out = _run(cli_argv(runs_dir, "train", *args, "--detach", "--yes"), timeout)
     return _last_line(out)
+
+
+def inspect_data(runs_dir: Path, req: RunRequest, documents: int = 2, timeout: float = 600) -> dict:
+    """``workbench data inspect CORPUS --preset P --set ... [--init-from RUN] --json``: the first documents
+    of the run's corpus as its trainer will see them (conversations with their trained spans; preparing a
+    chat corpus trains its tokenizer and encodes it into the cache, which the run then reuses)."""
+    args = [req.corpus or "builtin", "--preset", req.preset, "--json",
+            "-n", str(documents)]
+    if req.init_from:
+        args += ["--init-from", req.init_from]
+    for item in req.sets():
+        args += ["--set", item]
+    return json.loads(_run(cli_argv(runs_dir, "data", "inspect", *args), timeout))
 
 
 def import_model(runs_dir: Path, model_dir: str, name: str = "", timeout: float = 1800) -> str:

@@ -6,9 +6,10 @@ import shlex
 from pathlib import Path
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
@@ -22,6 +23,7 @@ from workbench.machine.detect import Machine, detect
 from workbench.plan.report import fit_check
 from workbench.plan.run_plan import plan_new_run
 from workbench.rundir import runs_root, sanitize_run_name
+from workbench.tui import launcher
 from workbench.tui.launcher import RunRequest
 from workbench.tui.screens.dialogs import ConfirmScreen
 
@@ -44,6 +46,35 @@ def check_request(req: RunRequest, runs_dir: Path | None = None) -> str | None:
     return None
 
 
+PREVIEW_HINT = "ctrl+d: preview the data as the trainer will see it (conversations: what the loss is on)"
+PREVIEW_LINES = 10   # lines shown of each document
+
+
+def preview_text(out: dict) -> Text:
+    """``data inspect --json`` as the form shows it: a conversation's trained text in bold green, a
+    document's first lines."""
+    t = Text()
+    if out.get("format") == "chat":
+        over = out["truncated"] + out["dropped"]
+        t.append(f"{out['conversations']:,} conversations; template {out['template']}; loss on {out['loss_on']}: "
+                 f"{out['trained_fraction']:.1%} of tokens (bold green); rows {out['row_fill']:.0%} filled"
+                 + (f"; {over:,} longer than seq_len {out['seq_len']}" if over else ""), style="dim")
+    else:
+        t.append(f"{out['source']}: text, {out['files']:,} file(s)", style="dim")
+    for doc in out["shown"]:
+        text, marks = doc["text"], doc.get("trained_spans", [])
+        body = Text(text)
+        for a, b in marks:
+            body.stylize("bold green", a, b)
+        lines = body.split("\n")
+        t.append(f"\n--- {'conversation' if marks or out.get('format') == 'chat' else 'document'} "
+                 f"{doc['index'] + 1} ---\n", style="dim")
+        t.append(Text("\n").join(lines[:PREVIEW_LINES]))
+        if len(lines) > PREVIEW_LINES or doc.get("cut"):
+            t.append(" […]", style="dim")
+    return t
+
+
 def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | None) -> tuple[bool | None, str]:
     """(fits, what to show) for the run ``req`` describes on this machine: memory and time, by estimate."""
     try:
@@ -55,8 +86,9 @@ def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | N
 
 
 class NewRunScreen(ModalScreen["RunRequest | None"]):
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "start", "Start")]
-    DEFAULT_CSS = "#nr-finetune { width: 14; }"
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "start", "Start"),
+                Binding("ctrl+d", "preview", "Preview data")]
+    DEFAULT_CSS = "#nr-finetune { width: 14; }\n#nr-preview-box { height: auto; max-height: 20; }"
 
     def __init__(self, preset: str | None = None, overrides: str = "", machine_info: dict | None = None,
                  runs_dir: Path | None = None, init_from: str = ""):
@@ -95,6 +127,8 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
                              id="nr-finetune")
             yield Static("", id="nr-estimate")
             yield Static("", id="nr-error", classes="error")
+            with VerticalScroll(id="nr-preview-box"):
+                yield Static(Text(PREVIEW_HINT, style="dim"), id="nr-preview")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Start (ctrl+s)", id="start", variant="success")
                 yield Button("Cancel (esc)", id="cancel")
@@ -117,9 +151,40 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
 
     def on_select_changed(self) -> None:
         self._estimate_soon()
+        self._preview_stale()
 
     def on_input_changed(self) -> None:
         self._estimate_soon()
+        self._preview_stale()
+
+    def _preview_stale(self) -> None:
+        if self.query("#nr-preview"):
+            self.query_one("#nr-preview", Static).update(Text(PREVIEW_HINT, style="dim"))
+
+    def action_preview(self) -> None:
+        """Show the corpus's first documents as `workbench data inspect` sees them for this request."""
+        req = self.request()
+        err = check_request(req, self.runs_dir)
+        if err:
+            self.query_one("#nr-error", Static).update(err)
+            return
+        self.query_one("#nr-error", Static).update("")
+        self.query_one("#nr-preview", Static).update(Text("preparing the preview (a chat corpus is tokenized "
+                                                         "once, into the cache the run will use)…", style="dim"))
+        self._preview(req)
+
+    @work(thread=True, exclusive=True, group="preview", exit_on_error=False)
+    def _preview(self, req: RunRequest) -> None:
+        try:
+            out = launcher.inspect_data(runs_root(self.runs_dir), req)
+        except (WorkbenchError, OSError, ValueError) as e:
+            self.app.call_from_thread(self._show_preview, req, Text(f"preview: {e}", style="red"))
+            return
+        self.app.call_from_thread(self._show_preview, req, preview_text(out))
+
+    def _show_preview(self, req: RunRequest, text: Text) -> None:
+        if self.is_attached and self.query("#nr-preview") and req == self.request():  # not changed meanwhile
+            self.query_one("#nr-preview", Static).update(text)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "start":
