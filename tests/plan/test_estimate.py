@@ -84,23 +84,57 @@ def test_memory_components_hand_computed_fp32_cpu():
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_block_activations_match_what_autograd_keeps(precision, qk_norm):
+@pytest.mark.parametrize("masked", [False, True])
+def test_block_activations_match_what_autograd_keeps(precision, qk_norm, masked):
     """The per-block count (full training, flash attention, no dropout) against saved-tensor hooks on CPU:
-    within 3 %, QK-norm's two RMSNorms included (it keeps more: fp32 copies of q and k, normalised)."""
+    within 3 %, QK-norm's two RMSNorms included (it keeps more: fp32 copies of q and k, normalised), and packed
+    conversations' mask (SDPA keeps an additive copy of it in q's dtype: exactly that much more)."""
     from tests.support.saved import saved_bytes
     cfg = ModelConfig(vocab_size=512, dim=128, n_layers=1, n_heads=4, n_kv_heads=2, seq_len=128, qk_norm=qk_norm)
     dtype = torch.bfloat16 if precision == "bf16" else None
     torch.manual_seed(0)
     model = GPT(cfg)
     x = torch.randn(2, cfg.seq_len, cfg.dim, requires_grad=True)
-    got = saved_bytes(model.layers[0], x, model.rope_cos, model.rope_sin, dtype)
+    segments = torch.arange(cfg.seq_len).div(40, rounding_mode="floor").expand(2, -1)  # 4 conversations a row
+    mask = (segments[:, None, :, None] == segments[:, None, None, :]) & torch.ones(128, 128, dtype=torch.bool).tril()
+    got = saved_bytes(model.layers[0], x, model.rope_cos, model.rope_sin, dtype, mask if masked else None)
     if dtype is not None:  # autocast's bf16 copies of the block's matrices: the estimate's weight_casts, apart
         got -= 2 * sum(p.numel() for p in model.layers[0].parameters() if p.dim() == 2)
-    want = layer_activation_bytes(cfg, 2, precision, "flash", "cpu")
+    want = layer_activation_bytes(cfg, 2, precision, "flash", "cpu", masked)
     assert abs(got - want) / got < 0.03, (got, want)
     if qk_norm:
-        plain = layer_activation_bytes(dataclasses.replace(cfg, qk_norm=False), 2, precision, "flash", "cpu")
+        plain = layer_activation_bytes(dataclasses.replace(cfg, qk_norm=False), 2, precision, "flash", "cpu", masked)
         assert want - plain == (4 + (2 if dtype else 4)) * 2 * 128 * 32 * (4 + 2)
+    if masked:
+        unmasked = saved_bytes(model.layers[0], x, model.rope_cos, model.rope_sin, dtype)
+        if dtype is not None:
+            unmasked -= 2 * sum(p.numel() for p in model.layers[0].parameters() if p.dim() == 2)
+        assert got - unmasked == want - layer_activation_bytes(cfg, 2, precision, "flash", "cpu") \
+            == (2 if dtype else 4) * 2 * 128 * 128
+
+
+def test_packed_conversations_are_in_the_settings_and_the_estimate(tmp_path):
+    """A chat corpus (data.format auto, sniffed) with packing: the settings say packed, the estimate counts
+    the mask (the bool mask and positions/segments once, the additive mask per block); unpacked or text: none.
+    On CUDA the flash kernel, which takes no mask, is refused with one line."""
+    from tests.support.chat import conversations, write_jsonl
+    from workbench.machine.detect import Gpu, Machine
+    from workbench.plan.settings import SettingsError, resolve_settings
+    chat = write_jsonl(tmp_path / "chat.jsonl", conversations(5, seed=0))
+    p = _tiny({"compile": "false"})
+    packed = dataclasses.replace(p, data=dataclasses.replace(p.data, corpus=str(chat)))
+    unpacked = dataclasses.replace(p, data=dataclasses.replace(packed.data, packing=False))
+    m = Machine()
+    assert resolve_settings(packed, m, world_size=1).packed
+    assert not resolve_settings(unpacked, m, world_size=1).packed and not resolve_settings(p, m, world_size=1).packed
+    B, T, L = p.train.batch_size, p.model.seq_len, p.model.n_layers
+    a, b = estimate_memory(packed, "fp32", "cpu"), estimate_memory(unpacked, "fp32", "cpu")
+    assert a.activations_total - b.activations_total == L * 4 * B * T * T + B * T * T + 16 * B * T
+    flash = dataclasses.replace(packed, hardware=dataclasses.replace(packed.hardware, attention_kernel="flash"))
+    with pytest.raises(SettingsError, match="^hardware.attention_kernel = 'flash' cannot mask packed conversations"):
+        resolve_settings(dataclasses.replace(flash, hardware=dataclasses.replace(flash.hardware, device="auto")),
+                         Machine(gpus=(Gpu(0, "NVIDIA H100", 80 * 2**30, 80 * 2**30, (9, 0)),)), world_size=1)
+
 
 def test_memory_with_fused_loss_and_fused_adamw_cpu_defaults():
     p = _tiny()  # CPU defaults: the fused loss (one chunk of all 32 tokens here) and fused AdamW

@@ -108,6 +108,25 @@ def test_probe_runs_real_steps_on_cpu():
     assert r["ok"] and not r["oom"] and r["tokens_per_s"] > 0
 
 
+def test_the_probe_of_packed_conversations_runs_the_masked_attention(tmp_path):
+    """With packed conversations the probe's rows hold four, positions restarting in each (the trainer's mask)."""
+    import torch
+
+    from tests.support.chat import conversations, write_jsonl
+    from workbench.train.batch_probe import packed_inputs
+    got = packed_inputs(3, 32, torch.device("cpu"))
+    assert got["segments"].shape == got["positions"].shape == (3, 32)
+    assert got["segments"][0].tolist() == [i // 8 for i in range(32)]
+    assert got["positions"][2].tolist() == [i % 8 for i in range(32)]
+    chat = str(write_jsonl(tmp_path / "chat.jsonl", conversations(5, seed=0)))
+    p = resolve_preset("cpu-small", ["model.dim=64", "model.n_layers=1", "model.vocab_size=256",
+                                     "model.seq_len=32", "model.n_heads=4", "model.n_kv_heads=2", f"data.corpus={chat}"])
+    s = resolve_settings(p, Machine(), world_size=1)
+    assert s.packed
+    r = Prober(p, s).trial(4, steps=2)
+    assert r["ok"] and not r["oom"] and r["tokens_per_s"] > 0
+
+
 def _cli(*argv, env=None):
     return subprocess.run([sys.executable, "-m", "workbench", *argv], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=120)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 
-def saved_bytes(block, x: torch.Tensor, cos, sin, dtype) -> int:
-    """Bytes of the activations autograd keeps for one block's backward (parameters left out)."""
+def saved_bytes(block, x: torch.Tensor, cos, sin, dtype, mask: torch.Tensor | None = None) -> int:
+    """Bytes of the activations autograd keeps for one block's backward (parameters left out); ``mask``: a
+    packed row's attention mask [B, 1, T, T] (bool, so itself not counted: the estimate counts it once)."""
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}
     seen: dict[int, int] = {}
 
@@ -19,5 +20,5 @@ def saved_bytes(block, x: torch.Tensor, cos, sin, dtype) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-            block(x, cos, sin)
+            block(x, cos, sin, None, 0, mask)
     return sum(seen.values())

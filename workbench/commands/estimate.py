@@ -177,7 +177,8 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"{r['preset']}: {millions(pr['total'], '.2f')} parameters (embedding {millions(pr['embedding'], '.2f')}"
           + (", tied" if not pr["lm_head"] else f", lm_head {millions(pr['lm_head'], '.2f')}") + "), "
           f"{r['flops_per_token'] / 1e6:.4g} MFLOP per token (6N + 12·L·H·Q·T)")
-    print(f"{m.device}, {m.precision}, attention {m.attention}, activation checkpointing "
+    masked = " with packed conversations' mask" if r["settings"].get("packed") else ""
+    print(f"{m.device}, {m.precision}, attention {m.attention}{masked}, activation checkpointing "
           f"{'on' if m.activation_checkpointing else 'off'}, AdamW {'fused' if m.fused_adamw else 'unfused'}; "
           f"batch {m.batch_size} x seq {m.seq_len} x accum {m.grad_accum} = "
           f"{r['tokens_per_step']:,} tokens/step")

@@ -46,6 +46,7 @@ from workbench.data.chat_templates import (
 from workbench.data.documents import Corpus
 from workbench.data.prepare import DataError
 from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, load_tokenizer
+from workbench.errors import WorkbenchError
 from workbench.fs import cache_root, read_json, write_json_atomic
 
 if TYPE_CHECKING:
@@ -75,6 +76,29 @@ def corpus_is_chat(cfg: DataConfig, corpus: Corpus) -> bool:
     except OSError:
         pass  # the cache is not writable: the preparation says so
     return chat
+
+
+_PACKED: dict[str, bool] = {}
+
+
+def packed_rows(cfg: DataConfig) -> bool:
+    """Whether a run of ``cfg`` trains on packed conversations (so its attention takes a block-diagonal
+    mask): data.format chat (or auto on a conversation corpus) with data.packing. A corpus that cannot be
+    opened counts as text: the run itself says what is wrong with it. Remembered per process."""
+    if not cfg.packing or cfg.format == "text":
+        return False
+    if cfg.format == "chat":
+        return True
+    key = json.dumps([cfg.corpus, cfg.messages_field, cfg.chat_roles, cfg.text_field])
+    if key not in _PACKED:
+        from workbench.data.documents import open_corpus
+        try:
+            corpus = open_corpus(cfg.corpus, text_field=cfg.text_field, skip_bad=cfg.skip_bad_records,
+                                 builtin_mb=cfg.builtin_mb)
+            _PACKED[key] = corpus_is_chat(cfg, corpus)
+        except (WorkbenchError, OSError, ValueError):
+            _PACKED[key] = False
+    return _PACKED[key]
 
 
 def chat_options(cfg: DataConfig) -> ChatOptions:

@@ -78,7 +78,7 @@ def adamw_state_bytes(sizes: list[int], states: str = "fp32") -> int:
 
 
 def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention: str,
-                           device: str = "cuda") -> int:
+                           device: str = "cuda", masked: bool = False) -> int:
     """Bytes one block saves for backward (no activation checkpointing), eager PyTorch.
 
     Counted from what autograd keeps for ``workbench.train.model.Block``: the
@@ -92,7 +92,9 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
     the tensor's dtype elsewhere). RoPE and the GQA repeat keep nothing large.
     QK-norm (``model.qk_norm``) normalises the projections' outputs, so each of
     its two RMSNorms keeps an fp32 copy of q (or k) and the normalised tensor
-    (fp32 without autocast, the compute dtype with it).
+    (fp32 without autocast, the compute dtype with it). ``masked`` (packed
+    conversations): SDPA turns the [B, 1, T, T] bool mask into an additive one of
+    q's dtype in each block and keeps it (measured on CPU: 4 bytes fp32, 2 bf16).
     """
     c = model_cfg
     B, T, D, F, H = batch_size, c.seq_len, c.dim, c.hidden_dim, c.n_heads
@@ -111,6 +113,8 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
         attn = 3 * am * BTD + am * B * H * T * T   # q, k, v + softmax weights
         if c.dropout > 0:
             attn += 2 * am * B * H * T * T         # dropout mask and dropped weights
+    if masked:
+        attn += (4 if device == "cpu" and attention != "flash" else a) * B * T * T
     mlp = 4 * a * B * T * F                   # w1 out, silu(w1 out), w3 out, product (w2 input)
     qk = qk_norm_bytes(c, B, a, False)
     drop = 0
@@ -130,7 +134,7 @@ def qk_norm_bytes(c, batch_size: int, a: int, compiled: bool) -> int:
 
 
 def lora_layer_activation_bytes(model_cfg, train_cfg, batch_size: int, precision: str, attention: str,
-                                device: str = "cuda") -> int:
+                                device: str = "cuda", masked: bool = False) -> int:
     """Bytes one block saves for backward with LoRA (train.finetune = lora), from the full count
     (:func:`layer_activation_bytes`): frozen weights need no weight gradient, so autograd keeps neither
     the normalised tensors the RMSNorm weights would need (2 x fp32) nor the input of a projection
@@ -142,7 +146,7 @@ def lora_layer_activation_bytes(model_cfg, train_cfg, batch_size: int, precision
     B, T, D, F = batch_size, c.seq_len, c.dim, c.hidden_dim
     mixed = precision != "fp32"
     a = 2 if mixed else 4
-    saved = layer_activation_bytes(c, B, precision, attention, device) - 2 * 4 * B * T * D
+    saved = layer_activation_bytes(c, B, precision, attention, device, masked) - 2 * 4 * B * T * D
     targets = set(lora_projections(t.lora_targets))
     shapes = projection_shapes(c)
     if mixed:  # each projection keeps its own cast of its input
@@ -302,16 +306,18 @@ def activation_bytes(preset: Preset, settings: RunSettings) -> Activations:
         n_train = lora_params(c, t)
         casts_all = (2 * n_train + (2 * V * D if c.tie_embeddings else 0)) if mixed else 0
         casts_head = 2 * V * D if mixed and c.tie_embeddings else 0
-        layer_full = lora_layer_activation_bytes(c, t, B, prec, settings.attention, dev)
+        layer_full = lora_layer_activation_bytes(c, t, B, prec, settings.attention, dev, settings.packed)
         layer_casts = 2 * (n_train // L) if mixed else 0
     else:
         casts_all = 2 * matmul_params(c) if mixed else 0
         casts_head = 2 * V * D if mixed else 0
-        layer_full = layer_activation_bytes(c, B, prec, settings.attention, dev)
+        layer_full = layer_activation_bytes(c, B, prec, settings.attention, dev, settings.packed)
         layer_casts = 2 * ((matmul_params(c) - V * D) // L) if mixed else 0
     layer_ckpt = 4 * BTD  # the checkpoint keeps only the block's input
     # ids, targets, dropout mask
     emb = 16 * B * T + (BTD * (1 if dev.startswith("cuda") else 4) if c.dropout > 0 else 0)
+    if settings.packed:  # positions and segments (int64) and the bool mask all blocks share
+        emb += 16 * B * T + B * T * T
     # final norm input + normalised (kept for the norm weight's gradient: not with LoRA) + lm_head input
     head = 4 * BTD + (0 if lora else 4 * BTD) + (a * BTD if mixed else 4 * BTD)
     total = L * (layer_ckpt if settings.activation_checkpointing else layer_full) + emb + head
@@ -431,8 +437,8 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
         params=states.params, components=comp, peak_phase=phase, phases=phases, peak_allocated=phases[phase],
         fragmentation=fragmentation, framework=framework, total=phases[phase] + fragmentation + framework,
         per_layer={"saved": acts.layer_checkpointed if ckpt else acts.layer_full,
-                   "flash": layer_activation_bytes(c, B, prec, "flash", dev),
-                   "math": layer_activation_bytes(c, B, prec, "math", dev),
+                   "flash": layer_activation_bytes(c, B, prec, "flash", dev, settings.packed),
+                   "math": layer_activation_bytes(c, B, prec, "math", dev, settings.packed),
                    "checkpointed": acts.layer_checkpointed},
         model_states=states.weights + states.gradients + states.optimizer, finetune=t.finetune,
         trainable_params=states.trainable, activations_total=acts.total,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from workbench.config import Preset
+from workbench.data.chat_data import packed_rows
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.plan.flops import flops_per_token
@@ -60,6 +61,7 @@ class RunSettings:
     compile_kernels: str = "default"  # torch.compile's mode (default | reduce-overhead | max-autotune ...)
     nonfinite_check: str = "host"     # host | device: where a non-finite step is caught (nonfinite_check())
     optimizer_states: str = "fp32"    # fp32 | 8bit: AdamW's moments (hardware.optimizer_states)
+    packed: bool = False              # packed conversations: attention takes a block-diagonal mask
     warnings: tuple[str, ...] = ()
 
     @property
@@ -115,7 +117,9 @@ def resolve_precision(want: str, device: str, machine: Machine) -> str:
 def attention_kind(device: str, dropout: float) -> str:
     """Which SDPA kernel the model gets, for memory: "flash" keeps O(T) per head (CUDA flash /
     memory-efficient kernels, CPU flash without dropout); "math" materialises the T x T
-    attention weights (MPS; CPU with dropout)."""
+    attention weights (MPS; CPU with dropout). Packed conversations' mask does not change the class
+    (the CPU flash and CUDA memory-efficient kernels take it); it adds its own bytes (the estimate's
+    ``masked``)."""
     if device.startswith("cuda"):
         return "flash"
     if device == "mps":
@@ -288,6 +292,10 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
     else:
         reason = "auto: off on MPS"
     fused = fused_optimizer_wanted(h.fused_adamw, device, machine)
+    packed = packed_rows(p.data)
+    if packed and kind == "cuda" and h.attention_kernel == "flash":
+        raise SettingsError("hardware.attention_kernel = 'flash' cannot mask packed conversations (the flash kernel "
+                            "takes no mask); use hardware.attention_kernel = auto, or data.packing = false")
     if h.optimizer_states == "8bit":
         if h.fused_adamw == "true":
             raise SettingsError("hardware.optimizer_states = '8bit' has its own AdamW step (torchao), not the fused "
@@ -306,7 +314,7 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
         deterministic=h.deterministic and kind == "cuda",
         nonfinite_check=nonfinite_check(h.nonfinite_check, world=world, fused_optimizer=fused,
                                         optimizer=t.optimizer, grad_scaler=precision == "fp16"),
-        optimizer_states=h.optimizer_states,
+        optimizer_states=h.optimizer_states, packed=packed,
         warnings=tuple(warnings))
 
 

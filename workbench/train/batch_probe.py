@@ -73,6 +73,7 @@ class Prober:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         out: dict[str, Any] = {"batch": batch, "ok": False, "oom": False}
+        packed = packed_inputs(batch, T, self.device) if self.settings.packed else {}
         try:
             gen = torch.Generator(device="cpu").manual_seed(batch)
             times = []
@@ -81,7 +82,7 @@ class Prober:
                 for _ in range(self.micro_batches):
                     x = torch.randint(0, V, (batch, T), generator=gen).to(self.device)
                     with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
-                        _, loss = self.model(x, x)
+                        _, loss = self.model(x, x, **packed)
                     (loss / self.micro_batches).backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
                 self.optimizer.step(self.scaler)
@@ -89,6 +90,7 @@ class Prober:
                 synchronize(self.device)
                 times.append(time.perf_counter() - t0)
                 del x, loss, _
+            del packed
             timed = times[1:] or times
             out["tokens_per_s"] = batch * T * self.micro_batches * len(timed) / sum(timed)
             out["ok"] = True
@@ -105,6 +107,14 @@ class Prober:
             out["peak_reserved"] = out["peak_allocated"]
         self.free()
         return out
+
+
+def packed_inputs(batch: int, seq_len: int, device: torch.device, per_row: int = 4) -> dict[str, torch.Tensor]:
+    """A packed chat batch's ``segments`` and ``positions`` (``per_row`` conversations a row, positions from 0
+    in each), so a probe's attention takes the block-diagonal mask the trainer's does."""
+    seg = torch.arange(seq_len).mul(per_row).div(seq_len, rounding_mode="floor")
+    pos = torch.arange(seq_len) - torch.searchsorted(seg, seg)
+    return {"segments": seg.expand(batch, seq_len).to(device), "positions": pos.expand(batch, seq_len).to(device)}
 
 
 @dataclass
