@@ -3,6 +3,7 @@ and a cached start on a big corpus vs the built-in one.
 
     python bench/ingest.py                       # 0.1 GB and 1 GB
     python bench/ingest.py --sizes 0.1,1,3       # and 3 GB (needs ~3.5 GB of disk and ~15 min here)
+    python bench/ingest.py --one-document        # also each size as one plain-text document (a .txt dump)
 
 The corpora are generated at run time from the built-in corpus (Python's docs and stdlib) as JSONL,
 one document a line, each copy numbered so no two documents are the same, in a temporary directory
@@ -50,6 +51,19 @@ def make_corpus(path: Path, gb: float) -> int:
                 if size >= target:
                     break
             copy += 1
+    return path.stat().st_size
+
+
+def make_text(path: Path, gb: float) -> int:
+    """One plain-text document: the built-in corpus's text repeated up to ``gb`` GB; returns bytes written."""
+    from workbench.data.documents import open_corpus
+    text = "".join(t for t, _end in open_corpus("builtin", builtin_mb=6.0).pieces())
+    target, size = int(gb * 1e9), 0
+    with open(path, "w", encoding="utf-8") as f:
+        while size < target:
+            part = text[: target - size]
+            f.write(part)
+            size += len(part.encode("utf-8"))
     return path.stat().st_size
 
 
@@ -103,6 +117,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="0.1,1", help="corpus sizes in GB, comma-separated (default 0.1,1)")
     ap.add_argument("--rate-repeat", type=int, default=2, help="alternating 1-vs-N rate measurements")
+    ap.add_argument("--one-document", action="store_true",
+                    help="also prepare each size as a single plain-text document (peak memory)")
     ap.add_argument("--dir", default=None, help="where to write the corpora (default: a temporary directory)")
     args = ap.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
@@ -140,6 +156,19 @@ def main() -> int:
         lo, hi = min(sizes), max(sizes)
         grow = (results[hi]["peak_rss"] - results[lo]["peak_rss"]) / 2**20
         print(f"  growth {lo:g} -> {hi:g} GB: {grow:+,.0f} MiB (goal <= 300 MiB; all under 1.5 GB)")
+        if args.one_document:
+            print("\npeak memory, the corpus as one plain-text document (all cores):", flush=True)
+            one = {}
+            for gb in sizes:
+                txt = tmp / f"one-{gb:g}gb.txt"
+                make_text(txt, gb)
+                r = one[gb] = prepare(txt, tmp / f"cache-one-{gb:g}", None)
+                txt.unlink()
+                print(f"  {gb:g} GB: {r['documents']:,} document, {r['tokens']:,} tokens, {r['seconds']:.0f} s, "
+                      f"peak RSS {r['peak_rss'] / 2**20:,.0f} MiB (JSONL of many documents: "
+                      f"{results[gb]['peak_rss'] / 2**20:,.0f} MiB)", flush=True)
+            grow = (one[hi]["peak_rss"] - one[lo]["peak_rss"]) / 2**20
+            print(f"  growth {lo:g} -> {hi:g} GB: {grow:+,.0f} MiB (goal <= 300 MiB, as for many documents)")
 
         print("\ncached start, seconds from `workbench train` to the first step:", flush=True)
         big_cache = tmp / f"cache-{hi:g}"  # the big corpus is prepared there; the built-in one is added

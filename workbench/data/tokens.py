@@ -3,6 +3,8 @@ window sampler. Preparation itself (tokenizer, parallel encoding, the cache) is 
 
 from __future__ import annotations
 
+import mmap
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -43,35 +45,63 @@ class TokenData:
         return self.tokens[self.n_train:]
 
 
-def split_point(tokens: np.ndarray, eod: int | None, val_fraction: float, seq_len: int) -> int:
+def split_point(tokens: np.ndarray, eod: int | None, val_fraction: float, seq_len: int,
+                documents: int | None = None) -> int:
     """Where validation starts: at a document boundary, so that the last documents, about ``val_fraction``
-    of the tokens, are held out (no document is split between train and val); with a single document
-    (or none that fits), at ``val_fraction`` of the tokens. Depends only on the corpus: stable across runs."""
+    of the tokens, are held out (no document is split between train and val). The boundary is looked for
+    where it leaves between half and twice that share for validation (a corpus of a few huge documents
+    would otherwise hold out most of itself, or almost nothing); with none there, or a single document
+    (``documents``, if known: then nothing is read), the split is at ``val_fraction`` of the tokens.
+    Depends only on the corpus: stable across runs. Reads at most ~2 ``val_fraction`` of the tokens, in
+    blocks."""
     n, need = len(tokens), seq_len + 1
-    target = n - max(int(n * val_fraction), need)
-    if eod is not None:
-        after = _find(tokens, eod, target - 1, forward=True)      # the first document that starts at/after it
+    held = max(int(n * val_fraction), need)
+    target = n - held
+    if eod is not None and documents != 1:
+        blocks = _Blocks(tokens)
+        # the first document that starts at/after the target, leaving at least half the share ...
+        after = _find(blocks, eod, target - 1, forward=True, stop=n - max(held // 2, need))
         if after is not None and need <= after + 1 <= n - need:
             return after + 1
-        before = _find(tokens, eod, target - 1, forward=False)    # else the last one before it
+        # ... else the last one before it, holding out at most twice the share
+        before = _find(blocks, eod, target - 1, forward=False, stop=max(0, n - 2 * held - 1))
         if before is not None and need <= before + 1 <= n - need:
             return before + 1
     return target
 
 
-def _find(tokens: np.ndarray, value: int, start: int, forward: bool, block: int = 1 << 20) -> int | None:
-    """The position of the first ``value`` at or after ``start`` (forward) or before it, scanning in blocks."""
-    n = len(tokens)
+class _Blocks:
+    """Slices of a token array; of a whole-file memmap, read through the file: the pages of a map, once
+    touched, count in the process's memory (a scan of a 1 GB corpus would hold it all)."""
+
+    def __init__(self, tokens: np.ndarray):
+        self.tokens, self.n = tokens, len(tokens)
+        name = getattr(tokens, "filename", None)
+        whole = (isinstance(tokens, np.memmap) and isinstance(tokens.base, mmap.mmap) and tokens.offset == 0
+                 and os.path.getsize(name) == tokens.nbytes)
+        self.path = name if whole else None
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        lo, hi = max(0, sl.start), min(self.n, sl.stop)
+        if self.path is None:
+            return np.asarray(self.tokens[lo:hi])
+        with open(self.path, "rb") as f:
+            f.seek(lo * self.tokens.itemsize)
+            return np.fromfile(f, dtype=self.tokens.dtype, count=max(0, hi - lo))
+
+
+def _find(tokens: _Blocks, value: int, start: int, forward: bool, stop: int, block: int = 1 << 20) -> int | None:
+    """The position of the first ``value`` in [start, stop) (forward), or the last in [stop, start)."""
     if forward:
-        for lo in range(max(0, start), n, block):
-            hits = np.flatnonzero(np.asarray(tokens[lo:lo + block]) == value)
+        for lo in range(max(0, start), min(stop, tokens.n), block):
+            hits = np.flatnonzero(tokens[lo:min(lo + block, stop)] == value)
             if len(hits):
                 return lo + int(hits[0])
         return None
-    hi = min(n, start)
-    while hi > 0:
-        lo = max(0, hi - block)
-        hits = np.flatnonzero(np.asarray(tokens[lo:hi]) == value)
+    hi = min(tokens.n, start)
+    while hi > stop:
+        lo = max(stop, hi - block)
+        hits = np.flatnonzero(tokens[lo:hi] == value)
         if len(hits):
             return lo + int(hits[-1])
         hi = lo
@@ -88,7 +118,7 @@ def load_tokens(prep: Prepared, val_fraction: float, seq_len: int) -> TokenData:
         raise DataError(f"the corpus is too short: {n:,} tokens, but one training and one validation "
                         f"sequence of model.seq_len = {seq_len} need at least {need:,}; use a longer corpus "
                         f"or a smaller seq_len (e.g. --set model.seq_len={max(8, n // 4)})")
-    n_train = split_point(tokens, tok.eod_id, val_fraction, seq_len)
+    n_train = split_point(tokens, tok.eod_id, val_fraction, seq_len, idx.get("documents"))
     return TokenData(tokenizer=tok, tokens=tokens, n_train=n_train, source=idx.get("source", "?"),
                      tokenizer_path=prep.tokenizer_path, cached=prep.cached, documents=idx.get("documents", 0),
                      index=idx)
