@@ -15,7 +15,10 @@ second with conversations packed into rows against one conversation a row.
    weights): train.loss_on = assistant, packed (the default); loss_on = all, packed; loss_on = assistant,
    data.packing = false. Every --every steps a checkpoint is kept and scored; "s to X %" is the training time
    (the run's elapsed_s, interpolated between checkpoints) until the run first reaches X, the lowest final
-   score of the three.
+   score of the three. A fourth, one conversation a row for as many steps as it takes to train on as many
+   answer tokens as the packed run did; a fifth, packed with fewer rows a step for those same steps and about
+   the same answer tokens: the same data in the same number of optimizer steps, packing the only difference
+   (it should cost no score: no conversation sees another).
 5. Trained tokens/s: the assistant targets the run's batches held after its first logged step (its sampler
    replayed from the run's preset), over the training time from then to its last step.
 
@@ -116,6 +119,29 @@ def trained_per_step(run_dir: Path, steps: int) -> list[int]:
     return out
 
 
+def fine_tune(out: Path, name: str, label: str, corpus: str, sets: list[str], steps: int, every: int,
+              held: list[dict]) -> dict:
+    """A chat fine-tune from the pretrained run (or the one finished in --out), its checkpoints scored."""
+    run_dir = out / "runs" / name
+    log = 10 if every % 10 == 0 else every
+    wall = train(out, name, corpus, [*COMMON, *sets, f"train.max_iters={steps}",
+                                     f"train.warmup_iters={max(1, steps // 10)}", f"train.eval_interval={steps}",
+                                     f"train.ckpt_interval={every}", f"train.milestone_interval={every}",
+                                     f"train.log_interval={log}"], init_from="pre")
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    elapsed = {r["step"]: r["elapsed_s"] for r in recs if r.get("kind") == "train"}
+    tps = [r["tokens_per_s"] for r in recs if r.get("kind") == "train" and r.get("tokens_per_s")]
+    points, scores = [], {}
+    for step in sorted(set(range(every, steps + 1, every)) | {steps}):
+        scores[step] = score(run_dir, step, held)
+        points.append((elapsed[step], scores[step]["all"]))
+    first = min(elapsed)
+    per_step = trained_per_step(run_dir, steps)
+    trained_tps = sum(per_step[first:]) / (elapsed[steps] - elapsed[first])
+    return dict(label=label, steps=steps, wall=wall, scores=scores, points=points, trained_tps=trained_tps,
+                positions_tps=float(np.median(tps)) if tps else 0.0, trained=sum(per_step))
+
+
 def time_to(points: list[tuple[float, float]], target: float) -> float | None:
     """Seconds until the score first reaches ``target``, interpolated between the (seconds, score) around it."""
     prev = (0.0, 0.0)
@@ -151,27 +177,20 @@ def main() -> int:
                                           f"train.warmup_iters={min(40, pre_steps // 4)}",
                                           f"train.eval_interval={pre_steps}"])
     before = score(out / "runs" / "pre", "latest", held)
-    log = 10 if every % 10 == 0 else every
-    results = []
-    for i, (label, sets) in enumerate(VARIANTS):
-        name = f"ft{i}"
-        run_dir = out / "runs" / name
-        wall = train(out, name, corpus, [*COMMON, *sets, f"train.max_iters={steps}",
-                                         f"train.warmup_iters={max(1, steps // 10)}", f"train.eval_interval={steps}",
-                                         f"train.ckpt_interval={every}", f"train.milestone_interval={every}",
-                                         f"train.log_interval={log}"], init_from="pre")
-        recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        elapsed = {r["step"]: r["elapsed_s"] for r in recs if r.get("kind") == "train"}
-        tps = [r["tokens_per_s"] for r in recs if r.get("kind") == "train" and r.get("tokens_per_s")]
-        points, scores = [], {}
-        for step in sorted(set(range(every, steps + 1, every)) | {steps}):
-            scores[step] = score(run_dir, step, held)
-            points.append((elapsed[step], scores[step]["all"]))
-        first = min(elapsed)
-        per_step = trained_per_step(run_dir, steps)
-        trained_tps = sum(per_step[first:]) / (elapsed[steps] - elapsed[first])
-        results.append(dict(label=label, wall=wall, scores=scores, points=points, trained_tps=trained_tps,
-                            positions_tps=float(np.median(tps)) if tps else 0.0, trained=sum(per_step)))
+    results = [fine_tune(out, f"ft{i}", label, corpus, sets, steps, every, held)
+               for i, (label, sets) in enumerate(VARIANTS)]
+    # one conversation a row for as many trained targets as the packed run trained on (its own schedule over
+    # them): does packing cost quality at equal data? (packing's cross-talk is what hurts elsewhere)
+    matched = round(steps * results[0]["trained"] / results[2]["trained"] / 10) * 10
+    equal = fine_tune(out, "ft3", "assistant, unpacked, as many trained targets", corpus, VARIANTS[2][1], matched,
+                      matched // 4, held)
+    # and packed with rows enough for the same trained targets a step: the same data in the same number of
+    # optimizer steps, so packing (and its mask) is the only difference
+    from workbench.config import load_preset_file
+    batch = load_preset_file(out / "runs" / "ft0" / "preset.toml").train.batch_size
+    small = max(1, round(batch * results[2]["trained"] / results[0]["trained"]))
+    same = fine_tune(out, "ft4", f"assistant, packed, batch {small}", corpus,
+                     [*VARIANTS[0][1], f"train.batch_size={small}"], matched, matched // 4, held)
 
     target = min(r["points"][-1][1] for r in results)
     steps_shown = sorted(results[0]["scores"])
@@ -191,6 +210,15 @@ def main() -> int:
     packed, unpacked = results[0], results[2]
     print(f"\npacking pays: {packed['trained_tps']:,.0f} / {unpacked['trained_tps']:,.0f} trained tokens/s = "
           f"{packed['trained_tps'] / unpacked['trained_tps']:.2f}x (packed / one conversation a row, padded to 128)")
+    print(f"equal data: one conversation a row for {equal['steps']} steps ({equal['trained']:,} trained targets, "
+          f"packed: {packed['trained']:,} in {steps}): exact match "
+          + ", ".join(f"{v['all']:.1f} % @{k}" for k, v in equal["scores"].items())
+          + f" (packed {packed['scores'][steps]['all']:.1f} % @{steps}); {equal['points'][-1][0]:.0f} s of training "
+          f"against {packed['points'][-1][0]:.0f} s; {equal['trained_tps']:,.0f} trained tokens/s")
+    print(f"same data, same steps: packed in rows of batch {small} for {same['steps']} steps ({same['trained']:,} "
+          "trained targets): exact match " + ", ".join(f"{v['all']:.1f} % @{k}" for k, v in same["scores"].items())
+          + f" (one a row: {equal['scores'][equal['steps']]['all']:.1f} %); {same['points'][-1][0]:.0f} s of "
+          f"training against {equal['points'][-1][0]:.0f} s; {same['trained_tps']:,.0f} trained tokens/s")
     print(f"total {time.time() - t_start:.0f} s; commands:")
     for c in COMMANDS:
         print("  " + c)
