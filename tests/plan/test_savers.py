@@ -106,6 +106,17 @@ def test_8bit_run_trains_and_resumes_bitwise_after_kill_minus_nine(tmp_path):
     assert after == straight
 
 
+def applied(preset_name: str, base: list[str], option: dict, device: str, machine, init=None) -> int:
+    """The memory estimate of the preset with the option's --set strings applied as a user would (parsed from
+    text, the same overrides as `train --set`)."""
+    from workbench.config import resolve_preset
+    from workbench.plan.estimate import estimate_memory
+    p = resolve_preset(preset_name, [*base, *option["set"]])
+    if init is not None:
+        p = dataclasses.replace(p, init=init)
+    return estimate_memory(p, device=device, machine=machine).total
+
+
 def test_estimate_lists_the_savers_that_make_a_preset_fit(capsys):
     """gpu-24gb on an 8 GB card: each listed combination fits by the estimate, the cheapest (a smaller
     micro-batch alone, same tokens per step) first; the CLI prints them and gives them in its JSON."""
@@ -118,6 +129,8 @@ def test_estimate_lists_the_savers_that_make_a_preset_fit(capsys):
     machine = machine_with(gpu)
     options = fitting_savers(p, "cuda", gpu.memory_bytes, machine)
     assert options and all(o["total"] <= 0.9 * gpu.memory_bytes for o in options)
+    for o in options:  # each option's --set strings, applied, give the memory it promises
+        assert applied("gpu-24gb", [], o, "cuda", machine) == o["total"], o
     assert options[0]["set"] == ["train.batch_size=1", "train.grad_accum=64"] and options[0]["speed"] == 1.0
     assert any("hardware.optimizer_states=8bit" in o["set"] for o in options)
     capsys.readouterr()
@@ -141,6 +154,9 @@ def test_compare_says_which_savers_make_a_preset_fit_where_no_batch_does():
     assert small["fit_batch"] == 0 and small["savers"] and big["savers"] == []
     o = small["savers"][0]
     assert "hardware.optimizer_states=8bit" in o["set"] and o["total"] <= 0.9 * small["available"]
+    from workbench.plan.compare import machine_with
+    for o in small["savers"]:
+        assert applied("datacenter-80gb", [], o, "cuda", machine_with(find_gpu("RTX 4060"))) == o["total"], o
     assert "fits with --set " + " ".join(o["set"]) in small["batch_note"]
 
 
@@ -157,4 +173,8 @@ def test_lora_is_offered_for_a_full_fine_tune_that_fits_no_other_way():
     options = fitting_savers(ft, "cuda", gpu.memory_bytes, machine_with(gpu))
     assert options and all("train.finetune=lora" in o["set"] for o in options), options
     assert options[0]["speed"] == 1.5 and options[0]["total"] <= 0.9 * gpu.memory_bytes
+    base = ["model.dim=2048", "model.n_layers=16", "model.n_heads=16", "model.n_kv_heads=8", "train.batch_size=4",
+            "model.seq_len=1024"]
+    for o in options:
+        assert applied("gpu-8gb", base, o, "cuda", machine_with(gpu), init={"run": "base", "step": 0}) == o["total"]
     assert fitting_savers(big, "cuda", gpu.memory_bytes, machine_with(gpu)) == []

@@ -57,15 +57,21 @@ SAVERS = ({}, {"hardware.optimizer_states": "8bit"}, {"hardware.activation_check
 LORA_SAVERS = ({"train.finetune": "lora"}, {"train.finetune": "lora", "hardware.activation_checkpointing": True})
 
 
+def saver_changes(preset: Preset, savers: dict[str, Any]) -> dict[str, Any]:
+    """The ``{"section.key": value}`` changes ``savers`` make to ``preset``: the savers, and what they need
+    (8-bit states bring their own AdamW step, so an explicit fused_adamw = true goes back to auto)."""
+    changes = dict(savers)
+    if savers.get("hardware.optimizer_states") == "8bit" and preset.hardware.fused_adamw == "true":
+        changes["hardware.fused_adamw"] = "auto"
+    return changes
+
+
 def with_savers(preset: Preset, savers: dict[str, Any]) -> Preset:
-    """``preset`` with ``{"section.key": value}`` in place of its own (8-bit states bring their own AdamW step,
-    so an explicit fused_adamw = true goes back to auto)."""
+    """``preset`` with the changes ``savers`` make (:func:`saver_changes`)."""
     sections: dict[str, dict] = {}
-    for key, value in savers.items():
+    for key, value in saver_changes(preset, savers).items():
         section, name = key.split(".")
         sections.setdefault(section, {})[name] = value
-    if savers.get("hardware.optimizer_states") == "8bit" and preset.hardware.fused_adamw == "true":
-        sections["hardware"]["fused_adamw"] = "auto"
     return dataclasses.replace(preset, **{sec: dataclasses.replace(getattr(preset, sec), **kw)
                                           for sec, kw in sections.items()})
 
@@ -95,7 +101,7 @@ def fitting_savers(preset: Preset, device: str, available: int, machine: Machine
             factor, reason = by_kind.get(device.split(":")[0], by_kind["*"])
             speed = speed * factor if speed is not None and factor is not None else None
             why.append(reason)
-        sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in savers.items()]
+        sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in saver_changes(preset, savers).items()]
         if (bs, acc) != (preset.train.batch_size, preset.train.grad_accum):
             sets += [f"train.batch_size={bs}", f"train.grad_accum={acc}"]
             why.append("same tokens per step" if not note else f"{(bs * acc - seqs) / seqs:+.0%} tokens per step")
