@@ -155,3 +155,45 @@ def test_ctrl_t_trains_the_preset_being_edited(runs_dir, tmp_path):
             assert saved[section].items() <= frozen[section].items(), section
         assert (frozen["train"]["max_iters"], frozen["model"]["dim"]) == (6, 64)
     run(go())
+
+
+def test_the_estimate_box_gives_the_time_workbench_estimate_gives(tmp_path, monkeypatch):
+    """A preset with a run of it: the box's tokens/s is that run's (by `estimate`'s rule: same name, model,
+    batch and device) and its time is `workbench estimate`'s (evaluations included), to the second."""
+    import json
+
+    from tests.support.cli import TINY, wb
+    from tests.support.tui import make_app, run, text_of, wait_for
+    from workbench.fmt import duration
+    presets = tmp_path / "user-presets"
+    presets.mkdir()
+    monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(presets))
+    model = "\n".join(f"{k.split('.')[1]} = {v}" for k, v in (s.split("=") for s in TINY) if k.startswith("model."))
+    (presets / "tiny.toml").write_text(
+        f'name = "tiny"\n[model]\n{model}\n[train]\nbatch_size = 4\nmax_iters = 500\nwarmup_iters = 2\n'
+        'eval_interval = 50\neval_iters = 20\n[data]\nbuiltin_mb = 0.3\ntokenizer_sample_mb = 0.3\n'
+        '[hardware]\ndevice = "cpu"\ncompile = "false"\nnproc = 1\n')
+    runs = tmp_path / "runs"
+    env = {"WORKBENCH_PRESETS_DIR": str(presets)}
+    wb("train", "tiny", "--runs-dir", str(runs), "--name", "t1", "--set", "train.max_iters=6", "train.log_interval=1",
+       env=env, check=True)
+    # the same preset as the run except max_iters (which the history does not match on): 500 steps, 11 evals
+    est = json.loads(wb("estimate", "tiny", "--runs-dir", str(runs), "--json", env=env, check=True).stdout)
+    assert est["previous_run"]["run"] == "t1" and est["time"]["eval_s"] > 0
+
+    async def go():
+        app = make_app(runs, initial_tab="presets")
+        async with app.run_test(size=(160, 48)) as pilot:
+            pane = app.query_one("#presets-pane")
+            await wait_for(pilot, lambda: pane.current is not None)
+            pane.load("tiny")
+            box = app.query_one("#preset-estimate")
+            await wait_for(pilot, lambda: "time" in text_of(box), what=lambda: f"the time ({text_of(box)!r})")
+            rows = {ln.split(None, 1)[0]: ln.split(None, 1)[1].strip()
+                    for ln in text_of(box).splitlines() if ln.strip()}
+            tps = est["tokens_per_s"]
+            assert rows["tokens/s"].endswith("(measured, t1)"), rows
+            assert rows["time"] == f"{duration(est['time']['total_s'])} (evals included)", (rows, est["time"])
+            assert duration(est["time"]["total_s"]) != duration(est["time"]["train_s"])  # evals make a difference
+            assert tps > 0
+    run(go())

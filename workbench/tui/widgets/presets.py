@@ -6,6 +6,7 @@ the app to open the new-run form."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from textual.timer import Timer
 from textual.widgets import OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
+from workbench.analysis.history import previous_run
 from workbench.analysis.summary import RunSummary
 from workbench.config import (
     Preset,
@@ -34,17 +36,20 @@ from workbench.config import (
     write_user_preset,
 )
 from workbench.errors import WorkbenchError
-from workbench.machine.detect import Machine
+from workbench.machine.detect import Machine, detect
 from workbench.plan.compare import compare
 from workbench.plan.estimate import estimate_memory
 from workbench.plan.flops import count_params
+from workbench.plan.report import History, build_report
 from workbench.tui import display
 from workbench.tui.screens.dialogs import NameScreen
 from workbench.tui.widgets.pane import Pane
 
 
-def estimate_table(p: Preset, measured: dict | None = None, machine_info: dict | None = None) -> Table:
-    """The estimate box: on the hardware the app shows (``machine_info``; None: detected now)."""
+def estimate_table(p: Preset, machine_info: dict | None = None, history: History | None = None) -> Table:
+    """The estimate box: on the hardware the app shows (``machine_info``; None: detected now), with the
+    tokens/s a previous run of the preset measured (``history``, as `workbench estimate` finds it) and the
+    time to max_iters `workbench estimate` gives (evaluations included)."""
     t = Table.grid(padding=(0, 1))
     t.add_column(style="dim")
     t.add_column()
@@ -52,16 +57,19 @@ def estimate_table(p: Preset, measured: dict | None = None, machine_info: dict |
     t.add_row("tokens/step", f"{p.tokens_per_step():,}")
     t.add_row("total tokens", display.si(p.tokens_per_step() * p.train.max_iters))
     try:
-        machine = Machine.from_info(machine_info) if machine_info else None
+        machine = Machine.from_info(machine_info or detect())
         t.add_row("memory", f"{display.human_bytes(estimate_memory(p, machine=machine).total)} (estimate)")
+        r = build_report(p, machine, history=history)
     except WorkbenchError as e:  # e.g. a device this machine does not have
         t.add_row("memory", str(e))
+        r = {}
     if p.hardware.expected_memory_gb:
         t.add_row("sized for", f"{p.hardware.expected_memory_gb:g} GB")
-    if measured and measured.get("tokens_per_s"):
-        tps = measured["tokens_per_s"]
-        t.add_row("tokens/s", f"{display.si(tps)} (measured, {measured['run']})")
-        t.add_row("time", display.duration(p.tokens_per_step() * p.train.max_iters / tps) + " (from measured)")
+    if r.get("tokens_per_s"):
+        prev = r.get("previous_run")
+        t.add_row("tokens/s", f"{display.si(r['tokens_per_s'])} "
+                              + (f"(measured, {prev['run']})" if prev else "(estimate)"))
+        t.add_row("time", f"{display.duration(r['time']['total_s'])} (evals included)")
     t.add_row("other GPUs", "ctrl+g")
     return t
 
@@ -113,7 +121,7 @@ class PresetsPane(Horizontal, Pane):
         self.buffers: dict[str, str] = {}  # unsaved edits per preset, kept while switching
         self.paths: dict[str, tuple[Path, str]] = {}
         self.valid: Preset | None = None
-        self.measured: dict[str, dict] = {}  # preset name -> latest measured tokens/s
+        self._measured: dict[str, dict | None] = {}  # what earlier runs measured, per preset and device
         self._check_timer: Timer | None = None
         self.showing_gpus = False  # the other-GPUs view in place of the editor (ctrl+g)
 
@@ -210,18 +218,26 @@ class PresetsPane(Horizontal, Pane):
         status.update(Text(f"✗ {err}", style="bold red") if err else Text("✓ valid", style="green"))
         if self.valid is not None:
             self.query_one("#preset-estimate", Static).update(
-                estimate_table(self.valid, self.measured.get(self.current), self.app.machine_info))
+                estimate_table(self.valid, self.app.machine_info, self.history))
         if self.showing_gpus:
             self.compare_gpus()
 
     def editor_text(self) -> str:
         return self.query_one("#preset-editor", TextArea).text
 
+    def history(self, preset: Preset, device: str) -> dict | None:
+        """What the newest run of ``preset`` on ``device`` measured (`workbench estimate`'s rule), read once
+        per list of runs."""
+        key = json.dumps([preset.name, preset.to_dict()["model"], preset.train.batch_size, device])
+        if key not in self._measured:
+            self._measured[key] = previous_run(preset, self.app.runs_dir, device)
+        return self._measured[key]
+
     def set_measured(self, runs: list[RunSummary]) -> None:
-        """Note the tokens/s the runs measured, per preset (the newest run's wins)."""
-        for s in reversed(runs):  # the runs come newest first
-            if s.tokens_per_s:
-                self.measured[s.preset] = {"tokens_per_s": s.tokens_per_s, "run": s.id}
+        """The runs changed: what they measured is read again when next needed."""
+        seen = [(s.id, s.step) for s in runs]
+        if seen != getattr(self, "_runs_seen", None):
+            self._runs_seen, self._measured = seen, {}
 
     # ------------------------------------------------------------------ saving
 
