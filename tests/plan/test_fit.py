@@ -119,8 +119,8 @@ def test_the_probe_of_packed_conversations_runs_the_masked_attention(tmp_path):
     assert got["segments"][0].tolist() == [i // 8 for i in range(32)]
     assert got["positions"][2].tolist() == [i % 8 for i in range(32)]
     chat = str(write_jsonl(tmp_path / "chat.jsonl", conversations(5, seed=0)))
-    p = resolve_preset("cpu-small", ["model.dim=64", "model.n_layers=1", "model.vocab_size=256",
-                                     "model.seq_len=32", "model.n_heads=4", "model.n_kv_heads=2", f"data.corpus={chat}"])
+    p = resolve_preset("cpu-small", ["model.dim=64", "model.n_layers=1", "model.vocab_size=256", "model.seq_len=32",
+                                     "model.n_heads=4", "model.n_kv_heads=2", f"data.corpus={chat}"])
     s = resolve_settings(p, Machine(), world_size=1)
     assert s.packed
     r = Prober(p, s).trial(4, steps=2)

@@ -72,6 +72,7 @@ def test_the_form_previews_what_the_loss_is_on(runs_dir, tmp_path):
             await pilot.pause()
             await pilot.press("ctrl+d")
             await wait_for(pilot, lambda: text_of(preview).startswith("preview: "), timeout=60, what="the error")
-            assert text_of(preview) == (f"preview: corpus '{tmp_path / 'missing.jsonl'}' does not exist; "
-                                        "give a text file, a directory of text files, or --corpus builtin"), text_of(preview)
+            want = (f"preview: corpus '{tmp_path / 'missing.jsonl'}' does not exist; "
+                    "give a text file, a directory of text files, or --corpus builtin")
+            assert text_of(preview) == want, text_of(preview)
     run(go())

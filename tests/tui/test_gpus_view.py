@@ -6,7 +6,9 @@ from textual.widgets import TextArea
 
 from tests.support.tui import make_app, run, text_of, wait_for
 from workbench.config import resolve_preset
+from workbench.fmt import duration
 from workbench.plan.compare import compare
+from workbench.tui.display import si
 
 
 def _table(app) -> str:
@@ -32,7 +34,15 @@ def test_ctrl_g_shows_the_preset_on_other_gpus_and_back(runs_dir):
                 assert r["gpu"].removeprefix("Apple ") in shown
             lines = [ln for ln in shown.splitlines() if ln.strip()]
             first = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("GPU"))
-            assert lines[first + 1].lstrip().startswith(expected[0]["gpu"])
+            # every row, in `--compare`'s order, with each of its cells (memory, fits, batch, tok/s, time, energy)
+            for line, r in zip(lines[first + 1:first + 1 + len(expected)], expected):
+                name = r["gpu"].removeprefix("Apple ")
+                assert line.lstrip().startswith(name), (line, name)
+                cells = line.lstrip()[len(name):].split()
+                want = [f"{r['estimate'] / 2**30:.1f}/{r['available'] / 2**30:.0f}G", "yes" if r["fits"] else "no",
+                        f"{r['batch_size']}x{r['grad_accum']}" if r["fit_batch"] else "—", si(r["tokens_per_s"]),
+                        *duration(r["time_s"]).split(), *(["—"] if r["kwh"] is None else [f"{r['kwh']:.2g}", "kWh"])]
+                assert cells == want, (name, cells, want)
             assert not app.query_one("#preset-editor", TextArea).display
             assert app.query_one("#preset-side").display  # wide: the list stays beside the table
             # another preset: the table follows it
