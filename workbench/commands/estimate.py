@@ -247,8 +247,12 @@ def print_report(r: dict[str, Any]) -> None:
     if r["tokens_per_s"]:
         t = r["time"]
         print(f"throughput: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_source']})")
-        print(f"time to max_iters: {duration(t['total_s'])} ({millions(t['tokens'], ',.1f')} tokens: "
-              f"train {duration(t['train_s'])} + eval {duration(t['eval_s'])})")
+        if t["budget_s"]:
+            print(f"time budget: {duration(t['budget_s'])}, ~{t['steps']:,.0f} steps ({millions(t['tokens'], ',.1f')} "
+                  f"tokens: train {duration(t['train_s'])} + eval {duration(t['eval_s'])})")
+        else:
+            print(f"time to max_iters: {duration(t['total_s'])} ({millions(t['tokens'], ',.1f')} tokens: "
+                  f"train {duration(t['train_s'])} + eval {duration(t['eval_s'])})")
         cst = r["cost"]
         parts = []
         if cst["kwh"] is not None:

@@ -30,6 +30,9 @@ def register(sub) -> None:
     p.add_argument("--name", default=None, help="run id (default: <preset>-<date>-<time>)")
     add_init_from_option(p)
     add_set_option(p)
+    p.add_argument("--time-budget", metavar="DURATION", default=None,
+                   help="train for this long (45m, 2h, 1h30m) instead of max_iters: the schedule follows the clock "
+                        "and the run ends at the budget with a checkpoint (train.time_budget)")
     p.add_argument("--detach", action="store_true", help="start in the background and print the run id")
     p.add_argument("--yes", action="store_true",
                    help="start even when the estimate says the run will not fit this machine's memory")
@@ -38,7 +41,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    overrides = list(args.overrides) + ([f"hardware.nproc={args.nproc}"] if args.nproc else [])
+    overrides = list(args.overrides) + ([f"hardware.nproc={args.nproc}"] if args.nproc else []) + \
+        ([f"train.time_budget={args.time_budget}"] if args.time_budget is not None else [])
     info = detect()
     machine = Machine.from_info(info)
     root = args.runs_dir

@@ -29,6 +29,7 @@ from workbench.config.schema import (
     Preset,
     PresetError,
     TrainConfig,
+    budget_seconds,
     chat_role_map,
     field_doc,
     lora_projections,
@@ -37,8 +38,8 @@ from workbench.config.schema import (
 )
 
 __all__ = ["SECTIONS", "DataConfig", "HardwareConfig", "ModelConfig", "Preset", "PresetError", "TrainConfig",
-           "apply_overrides", "chat_role_map", "check_preset_name", "field_doc", "load_preset_file", "lora_projections",
-           "lora_target_list", "overridden_keys", "parse_override", "parse_toml", "preset_from_dict", "preset_paths",
-           "preset_source_path", "preset_to_toml", "resolve_preset", "save_user_preset", "shipped_presets_dir",
-           "toml_string", "user_preset_path", "user_presets_dir", "validate_preset_text", "with_name",
-           "write_user_preset"]
+           "apply_overrides", "budget_seconds", "chat_role_map", "check_preset_name", "field_doc",
+           "load_preset_file", "lora_projections", "lora_target_list", "overridden_keys", "parse_override",
+           "parse_toml", "preset_from_dict", "preset_paths", "preset_source_path", "preset_to_toml",
+           "resolve_preset", "save_user_preset", "shipped_presets_dir", "toml_string", "user_preset_path",
+           "user_presets_dir", "validate_preset_text", "with_name", "write_user_preset"]

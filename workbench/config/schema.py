@@ -78,7 +78,12 @@ class TrainConfig:
     batch_size: int = _f(8, "Micro-batch size in sequences, over all processes together (each of N "
                             "data-parallel processes takes batch_size / N).", min=1)
     grad_accum: int = _f(1, "Micro-batches per optimizer step; tokens/step = batch_size x grad_accum x seq_len.", min=1)
-    max_iters: int = _f(2000, "Optimizer steps to train for.", min=1)
+    max_iters: int = _f(2000, "Optimizer steps to train for (with time_budget: the first guess of how many fit).",
+                        min=1)
+    time_budget: str = _f("", "Train for this long instead of max_iters (e.g. 45m, 2h, 1h30m, 90s), on the "
+                              "trainer's own clock (evals counted; set-up and the first step's compile not): the "
+                              "learning-rate schedule follows the clock (wsd decays over the last decay_fraction of "
+                              "the budget) and the run ends at the budget with a checkpoint. \"\" = max_iters.")
     optimizer: str = _f("adamw", "adamw: AdamW for every parameter. muon: Muon (momentum, then Newton-Schulz "
                                  "orthogonalisation) for the hidden matrices (attention and MLP weights), AdamW "
                                  "(train.lr) for embeddings, the output head and norms.", choices=("adamw", "muon"))
@@ -367,6 +372,10 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
         chat_role_map(p.data.chat_roles)
     except PresetError as e:
         bad(str(e))
+    try:
+        budget_seconds(t.time_budget)
+    except PresetError as e:
+        bad(str(e))
     if "train.loss_on" in user_set and p.data.format == "text":
         bad(f"train.loss_on = {t.loss_on} applies to chat data, but data.format = text; set data.format = chat "
             "(or auto) for conversations")
@@ -383,6 +392,27 @@ LORA_TARGETS: dict[str, tuple[str, ...]] = {
     "q_proj": ("wq",), "k_proj": ("wk",), "v_proj": ("wv",), "o_proj": ("wo",),
     "gate_proj": ("w1",), "up_proj": ("w3",), "down_proj": ("w2",),
 }
+
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+def budget_seconds(text: str) -> float | None:
+    """train.time_budget in seconds ("45m", "2h", "1h30m", "90s", "1.5h"; a bare number is minutes), None
+    for "" (no budget); a PresetError for anything else."""
+    text = str(text).strip().lower().replace(" ", "")
+    if not text:
+        return None
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        text += "m"
+    m = _DURATION.fullmatch(text)
+    if not m or not any(m.groups()):
+        raise PresetError(f"train.time_budget = {text!r} is not a duration; write it like 45m, 2h, 1h30m or 90s")
+    h, mi, sec = (float(x) if x else 0.0 for x in m.groups())
+    seconds = 3600 * h + 60 * mi + sec
+    if seconds < 1:
+        raise PresetError(f"train.time_budget = {text!r} is less than a second; give at least 1s (e.g. 10m)")
+    return seconds
 
 
 def chat_role_map(roles: str | list[str]) -> dict[str, str]:

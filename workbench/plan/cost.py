@@ -3,6 +3,7 @@ that time costs in kWh and money. Arithmetic, no torch (memory is :mod:`workbenc
 
 from __future__ import annotations
 
+from workbench.config import budget_seconds
 from workbench.errors import WorkbenchError
 from workbench.plan.flops import flops_per_token
 
@@ -11,9 +12,10 @@ def tokens_per_s_from_flops(model_cfg, flops_per_s: float, efficiency: float) ->
     return flops_per_s * efficiency / flops_per_token(model_cfg)
 
 
-def estimate_time(preset, tokens_per_s: float) -> dict[str, float]:
+def estimate_time(preset, tokens_per_s: float) -> dict[str, float | None]:
     """Seconds to train to max_iters at ``tokens_per_s``, plus the periodic evaluations
-    (eval_iters batches of train and of val every eval_interval, forward only: ~1/3 of a step)."""
+    (eval_iters batches of train and of val every eval_interval, forward only: ~1/3 of a step).
+    With train.time_budget the total is the budget and ``steps`` (and tokens) what fits in it."""
     if not tokens_per_s or tokens_per_s <= 0:
         raise WorkbenchError(f"tokens per second must be > 0, got {tokens_per_s!r}")
     t, c = preset.train, preset.model
@@ -22,7 +24,14 @@ def estimate_time(preset, tokens_per_s: float) -> dict[str, float]:
     eval_tokens = n_evals * 2 * t.eval_iters * t.batch_size * c.seq_len
     train_s = train_tokens / tokens_per_s
     eval_s = eval_tokens / (3.0 * tokens_per_s)
-    return {"tokens": float(train_tokens), "train_s": train_s, "eval_s": eval_s, "total_s": train_s + eval_s}
+    out = {"tokens": float(train_tokens), "train_s": train_s, "eval_s": eval_s, "total_s": train_s + eval_s,
+           "steps": float(t.max_iters), "budget_s": None}
+    budget = budget_seconds(t.time_budget)
+    if budget is not None:  # the budget is the time; the steps are what fits in it at this rate, evals included
+        share = budget / out["total_s"]
+        out.update(tokens=train_tokens * share, train_s=train_s * share, eval_s=eval_s * share, total_s=budget,
+                   steps=t.max_iters * share, budget_s=budget)
+    return out
 
 
 def estimate_cost(seconds: float, watts: float | None = None, usd_per_hour: float | None = None,

@@ -141,7 +141,10 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None) 
     else:
         memory = (f"{'fits' if r['fits'] else 'does not fit'}: ~{total} of {human_bytes(avail)} "
                   f"{r['available_what']} (estimate, {HEADROOM:.0%} kept free)")
-    if r.get("time"):
+    if r.get("time") and r["time"]["budget_s"]:
+        time = (f"time budget {duration(r['time']['budget_s'])}: ~{r['time']['steps']:,.0f} steps at "
+                f"{r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_source'].split(':')[0]})")
+    elif r.get("time"):
         steps = preset.train.max_iters
         time = (f"~{duration(r['time']['total_s'])} for {steps:,} steps at {r['tokens_per_s']:,.0f} tokens/s "
                 f"({r['tokens_per_s_source'].split(':')[0]})")

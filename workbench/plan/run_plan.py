@@ -24,6 +24,7 @@ from workbench.config import (
     resolve_preset,
 )
 from workbench.data.tasks import absolute_task_spec, expand_task_specs, load_task
+from workbench.fs import read_json
 from workbench.plan.finetune import InitSource, init_preset, parse_init_from
 from workbench.plan.recommend import recommend_preset
 from workbench.plan.schedule import decay_start
@@ -136,6 +137,13 @@ def _latest_at_or_before(run_dir: Path, step: int, default: dict) -> dict:
     return next((c for c in reversed(rundir.list_checkpoints(run_dir)) if c["step"] <= step), default)
 
 
+def _budget_decay_step(ckpt: dict, default: int) -> int:
+    """Where a budgeted wsd run's decay began, as its checkpoint's trainer state recorded it (``default``: not
+    yet)."""
+    state = read_json(Path(ckpt["path"]) / "trainer_state.json") or {}
+    return int(state["decay_step"]) if state.get("decay_step") is not None else default
+
+
 def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
     """Which checkpoint a resume goes on from, in place or as a branch, with which preset; or a
     WorkbenchError. A decayed wsd run extended with ``more`` goes on from where its decay began."""
@@ -150,7 +158,11 @@ def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
     old = preset_from_dict(parse_toml(path.read_text(encoding="utf-8"), str(run_dir)), str(path))
     notes: list[str] = []
     more_from = int(ckpt["step"])
-    if req.more and old.train.schedule == "wsd" and more_from > (start := decay_start(old)):
+    budgeted = bool(old.train.time_budget)
+    # a budgeted run's decay began where its clock said (its trainer state records the step), not at a step of the
+    # preset
+    start = _budget_decay_step(ckpt, more_from) if budgeted else decay_start(old)
+    if req.more and old.train.schedule == "wsd" and more_from > start:
         # the stable phase continues, and a new decay ends the longer run (its first decay stays, in this run)
         ckpt = _latest_at_or_before(run_dir, start, ckpt)
         notes.append(f"wsd schedule: going on from step {ckpt['step']}, where the decay began, so the stable phase "
@@ -175,6 +187,10 @@ def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
         if "train.max_iters" in overridden_keys(overrides):
             raise rundir.RunError("give --more N or --set train.max_iters=M, not both")
         overrides.append(f"train.max_iters={more_from + req.more}")
+        if budgeted:  # more steps, not more time: the extension is counted in steps
+            overrides.append("train.time_budget=")
+            notes.append(f"train.time_budget = {old.train.time_budget} is spent: the {req.more:,} more steps are "
+                         "counted in steps (train.time_budget cleared)")
     data = apply_overrides(parse_toml(path.read_text(encoding="utf-8"), str(path)), overrides)
     p = preset_from_dict(data, str(path), name=data.get("name"), user_set=overridden_keys(overrides))
     diffs = model_differences(data.get("model", {}), ckpt.get("model") or {})

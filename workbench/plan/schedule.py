@@ -17,13 +17,21 @@ def decay_start(p: Preset) -> int:
     return max(t.warmup_iters, t.max_iters - max(1, round(t.decay_fraction * t.max_iters)))
 
 
-def lr_factor(step: int, p: Preset) -> float:
+def lr_factor(step: int, p: Preset, progress: float | None = None) -> float:
     """The learning rate at ``step`` as a share of its peak: the same for every parameter group (AdamW's
-    train.lr, Muon's train.muon_lr), ending at min_lr / lr."""
+    train.lr, Muon's train.muon_lr), ending at min_lr / lr. ``progress``: with train.time_budget, the share
+    of the budget spent (0-1); after warmup the schedule follows it instead of the step (wsd: stable until
+    1 - decay_fraction of the budget, then linear to min_lr at its end; cosine: over the whole budget)."""
     t = p.train
     floor = t.min_lr / t.lr
     if step < t.warmup_iters:
         return (step + 1) / (t.warmup_iters + 1)
+    if progress is not None:
+        progress = min(1.0, max(0.0, progress))
+        if t.schedule == "wsd":
+            frac = max(0.0, (progress - (1.0 - t.decay_fraction)) / t.decay_fraction)
+            return 1.0 - frac * (1.0 - floor)
+        return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - floor)
     if t.schedule == "wsd":
         start = decay_start(p)
         if step < start:

@@ -176,7 +176,9 @@ class RunStatus:
     pid: int | None = None             # the trainer process, and its start time (a reused pid is not it)
     pid_start: float | None = None
     step: int = 0
-    max_iters: int = 0
+    max_iters: int = 0                 # with a time budget: the step it should end at, re-estimated as it goes
+    budget_s: float | None = None      # train.time_budget in seconds, and how much of it is spent
+    budget_spent_s: float | None = None
     tokens_seen: int | None = None
     error: str | None = None           # the one line a failed or crashed run says
     compiling: bool = False
@@ -201,7 +203,9 @@ class RunStatus:
         return tuple(f for f in cls.__dataclass_fields__ if f != "extra")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{f: getattr(self, f) for f in self.fields()}, **self.extra}
+        """Every field; a run without a time budget leaves its two out."""
+        unset = {"budget_s", "budget_spent_s"} if self.budget_s is None else set()
+        return {**{f: getattr(self, f) for f in self.fields() if f not in unset}, **self.extra}
 
     @classmethod
     def from_dict(cls, d: Any) -> "RunStatus":
@@ -211,6 +215,7 @@ class RunStatus:
         prep = d.get("preparing")
         return cls(state=text(d.get("state")) or "?", pid=pid if isinstance(pid, int) and pid > 0 else None,
                    pid_start=_num(d.get("pid_start")), step=_int(d.get("step")), max_iters=_int(d.get("max_iters")),
+                   budget_s=_num(d.get("budget_s")), budget_spent_s=_num(d.get("budget_spent_s")),
                    tokens_seen=_opt_int(d.get("tokens_seen")), error=text(d.get("error")),
                    compiling=d.get("compiling") is True,
                    world_size=_opt_int(d.get("world_size")),

@@ -23,6 +23,15 @@ class Checkpointer:
     def __init__(self, run_dir: Path, preset: Preset, report: Reporter, faults: Faults):
         self.run_dir, self.preset, self.report, self.faults = Path(run_dir), preset, report, faults
         self.seconds = 0.0          # time spent saving, in this process
+        # train.time_budget: the step the wsd decay began, known once the clock gets there (the trainer sets it)
+        self.budget_decay: int | None = None
+
+    def decay_step(self) -> int | None:
+        """A wsd schedule's decay start (where an extension goes on from), if there is one yet."""
+        t = self.preset.train
+        if t.schedule != "wsd":
+            return None
+        return self.budget_decay if t.time_budget else decay_start(self.preset)
 
     def due(self, step: int) -> str | None:
         """Why a checkpoint is due after ``step`` (its interval or the run's end; a wsd schedule's decay start,
@@ -30,7 +39,7 @@ class Checkpointer:
         t = self.preset.train
         if step % t.ckpt_interval == 0 or step == t.max_iters:
             return "interval"
-        if t.schedule == "wsd" and step == decay_start(self.preset):
+        if step == self.decay_step():
             return "decay start"
         return None
 
@@ -59,7 +68,7 @@ class Checkpointer:
             keep = f"; checkpoint {prev[-1]['name']} is intact" if prev else ""
             raise CheckpointError(f"could not save checkpoint at step {step}: {e.strerror or e} (disk full?){keep}; "
                                   f"free space, then `workbench resume {self.run_dir.name}`") from None
-        pinned = (decay_start(p),) if p.train.schedule == "wsd" else ()
+        pinned = () if self.decay_step() is None else (self.decay_step(),)
         removed = apply_retention(self.run_dir, p.train.keep_last, p.train.milestone_interval, pinned)
         dt = time.time() - t0
         self.seconds += dt

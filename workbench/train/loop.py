@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from workbench import rundir
-from workbench.config import Preset, load_preset_file
+from workbench.config import Preset, budget_seconds, load_preset_file
 from workbench.data.chat_data import ChatData
 from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
 from workbench.data.tokenizer import tokenizer_file
@@ -48,6 +48,7 @@ from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve
 from workbench.rundir import EvalRecord, TrainRecord
 from workbench.train import runtime, stateful
 from workbench.train.batches import Sampler, chat_facts, chat_line, new_sampler, split_tokens, trained_targets
+from workbench.train.budget import Budget
 from workbench.train.build import Built, build
 from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
 from workbench.train.checkpointer import Checkpointer
@@ -105,6 +106,8 @@ class Trainer:
         self.stop_requested = False                 # SIGTERM or Ctrl-C seen by this process
         self.stop_agreed = False                    # ... by some rank (every rank stops at the same step)
         self.clean_exit = False
+        self.budget: Budget | None = None           # train.time_budget
+        self.budget_progress: float | None = None   # the share of it spent, as every rank agreed after a step
 
     # ------------------------------------------------------------------ setup
 
@@ -185,6 +188,12 @@ class Trainer:
         pending_rng = self.load_state_dict(ckpt) if ckpt else None
         if ckpt:
             self.elapsed_before = self.state.elapsed_s
+        if (seconds := budget_seconds(p.train.time_budget)) is not None:
+            self.budget = Budget(seconds, self.state.budget_spent, p.train.max_iters)
+            self.budget_progress = self.budget.progress(time.time())
+            self.checkpointer.budget_decay = self.state.decay_step
+            if self.budget.done(time.time()):
+                p.train.max_iters = self.state.step  # spent already: nothing left to train
         n_params = self.built.model.num_params()
         self.report.log(start_line(rd.name, p, s, self.device, self.dist.world, n_params, self.built.trainable,
                                    self.tokens_per_step, self.data.source, self.data.cached))
@@ -208,6 +217,8 @@ class Trainer:
 
     def state_dict(self) -> dict | None:
         """What a checkpoint holds (on rank 0; collective), for the checkpointer to write."""
+        if self.budget is not None:
+            self.state.budget_spent = round(self.budget.spent(time.time()), 3)
         return stateful.state_dict(self.built, self.sampler, self.state, self.preset, self.dist,
                                    self.settings.parallel == "fsdp", self.elapsed())
 
@@ -241,6 +252,8 @@ class Trainer:
         self.throughput.reset()
         while self.state.step < t.max_iters:
             self.train_step()
+            if self.budget is not None:
+                self.budget_tick()
             if self.settle_due(self.state.step):
                 self.skips.settle()
             if self.skips.rollback_due:
@@ -279,7 +292,7 @@ class Trainer:
         ``self.skips``); with the device check the GPU decides whether to apply the update, and the
         result is read a step later (or by ``self.skips.settle``), so the CPU never waits for the GPU here."""
         t, b, st = self.preset.train, self.built, self.state
-        factor = lr_factor(st.step, self.preset) * st.lr_scale
+        factor = lr_factor(st.step, self.preset, self.budget_progress) * st.lr_scale
         b.optimizer.set_lr(factor)  # every group at the same share of its own peak
         lr = self.preset.train.lr * factor
         poison = self.faults.poison_step(st.step + 1)
@@ -343,6 +356,20 @@ class Trainer:
         else:
             self.skips.record(st.step, lr, loss_val, gn, finite)
 
+    def budget_tick(self) -> None:
+        """After a step of a budgeted run: the share of the budget spent (the next step's schedule), the step it
+        ends at (train.max_iters, now if it is spent) and, with wsd, where the decay began. Every rank takes rank
+        0's clock, so all use the same learning rate and end at the same step."""
+        t, st, b, now = self.preset.train, self.state, self.budget, time.time()
+        b.start(now, st.step)
+        spent = b.spent(now)
+        if self.dist.enabled:
+            spent = float(self.dist.broadcast(spent if self.dist.is_main else None))
+        self.budget_progress = min(1.0, spent / b.seconds)
+        t.max_iters = st.step if spent >= b.seconds else b.end_step(st.step, now)
+        if t.schedule == "wsd" and st.decay_step is None and self.budget_progress >= 1.0 - t.decay_fraction:
+            st.decay_step = self.checkpointer.budget_decay = st.step  # saved here (Checkpointer.due)
+
     def settle_due(self, step: int) -> bool:
         t = self.preset.train
         return (step % t.log_interval == 0 or step >= t.max_iters or step % t.eval_interval == 0
@@ -359,11 +386,18 @@ class Trainer:
             tokens_seen=st.tokens_seen, elapsed_s=round(self.elapsed(), 3), skipped=st.skipped_total, time=now,
             mem_mb=mem, mfu=tps * self.flops_per_token / peak if tps and peak else None, memory=detail,
             data_fraction=self.throughput.data_fraction(now)))
-        self.report.status(step=st.step, tokens_seen=st.tokens_seen)
+        self.report.status(step=st.step, tokens_seen=st.tokens_seen, **self.budget_status(now))
         shown = loss if loss is not None else float("nan")
         self.report.log(f"step {st.step}/{max_iters}: loss {shown:.4f}, lr {lr:.2e}, grad norm {gn:.3f}, "
                         f"{f'{tps:,.0f} tok/s' if tps else 'warming up'}, mem {mem:.0f} MB")
         self.throughput.after_log(now)
+
+    def budget_status(self, now: float) -> dict:
+        """status.json's view of the budget: the step it should end at (max_iters), its seconds and those spent."""
+        if self.budget is None:
+            return {}
+        return {"max_iters": self.preset.train.max_iters, "budget_s": self.budget.seconds,
+                "budget_spent_s": round(self.budget.spent(now), 1)}
 
     def maybe_evaluate(self) -> tuple[bool, bool, bool]:
         """At an eval step: the losses, the best so far, a sample, a checkpoint if it is the best or
@@ -463,6 +497,7 @@ class Trainer:
             state = self.train()
             self.report.event("finish" if state == "finished" else state, self.state.step)
             self.report.status(state=state, step=self.state.step, compiling=False, finished=time.time(),
+                               **self.budget_status(time.time()),
                                ckpt_seconds=round(self.checkpointer.seconds, 3), best_val_loss=self.state.best_val)
             self.report.log(f"{state} at step {self.state.step}" + (
                 f", best val loss {self.state.best_val:.4f}" if self.state.best_val is not None else ""))

@@ -100,4 +100,5 @@ def load_state_dict(ck: Checkpoint, built: Built, sampler: WindowSampler, st: Tr
 def preset_changes(st: TrainerState, p: Preset) -> dict[str, list]:
     """[train] keys changed since the checkpoint ``st`` came from: {key: [old, new]} (resume records them)."""
     old = st.train_preset
-    return {k: [old[k], v] for k, v in vars(p.train).items() if k in old and old[k] != v}
+    moving = {"max_iters"} if p.train.time_budget else set()  # a budgeted run's end step is re-estimated
+    return {k: [old[k], v] for k, v in vars(p.train).items() if k in old and old[k] != v and k not in moving}

@@ -1,0 +1,142 @@
+"""train.time_budget (`train --time-budget`): the run ends at its budget on the trainer's own clock, with a
+checkpoint; wsd's decay starts at 1 - decay_fraction of the budget (checkpointed there) and reaches min_lr at
+its end; a run killed with kill -9 and resumed goes on against what its checkpoint had left; `--more` extends it
+in steps; the estimate gives the steps that fit; a bad duration is one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import REPO, TINY, wb
+from tests.support.runs import read_jsonl, wait_until
+from workbench import rundir
+
+BUDGET = 8.0
+# after the budget: the step that crossed it, the last eval and the checkpoint (a fraction of a second on an idle
+# machine; the other test worker can make it seconds). How close it ends on a quiet machine: bench/time_budget.py
+OVER = 3.0
+SETS = [*TINY, "train.log_interval=10", "train.schedule=wsd", "train.decay_fraction=0.3", "train.eval_interval=200",
+        "train.ckpt_interval=100000", "train.lr=1e-3", "train.min_lr=1e-5"]
+
+
+@pytest.fixture(scope="module")
+def budget_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("budget")
+    wb("train", "cpu-small", "--runs-dir", str(root), "--name", "b", "--time-budget", f"{BUDGET:g}s",
+       "--set", *SETS, check=True)
+    return root
+
+
+def test_a_budgeted_run_ends_at_its_budget_and_its_decay_follows_the_clock(budget_run):
+    d = budget_run / "b"
+    st = rundir.read_status(d)
+    assert st.state == "finished" and st.extra == {} and st.budget_s == BUDGET
+    # ended at the budget (set-up and the first step left out; the last eval and checkpoint after it)
+    assert BUDGET <= st.budget_spent_s <= BUDGET + OVER, st.budget_spent_s
+    assert st.max_iters == st.step > 100
+    ckpts = rundir.list_checkpoints(d)
+    assert ckpts[-1]["step"] == st.step                                  # a checkpoint at the end
+    decay = [c for c in ckpts if c["reason"] == "decay start"]
+    assert len(decay) == 1
+    start = decay[0]["step"]
+
+    def spent(ckpt: dict) -> float:
+        return json.loads((Path(ckpt["path"]) / "trainer_state.json").read_text())["budget_spent"]
+    # the decay began at the first step after 1 - decay_fraction of the budget was spent, by the clock
+    assert 0.7 * BUDGET <= spent(decay[0]) <= 0.7 * BUDGET + 0.5, spent(decay[0])
+    assert spent(ckpts[-1]) >= BUDGET
+    lrs = {r["step"]: r["lr"] for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "train"}
+    stable = [lr for s, lr in lrs.items() if 10 <= s <= start]
+    assert stable and all(lr == 1e-3 for lr in stable)                   # the peak until the decay began
+    decaying = [lr for s, lr in sorted(lrs.items()) if s > start]
+    assert all(a >= b for a, b in zip(decaying, decaying[1:])) and decaying[0] < 1e-3
+    assert decaying[-1] < 0.3e-3                                         # on its way to min_lr at the end
+    assert f"finished at step {st.step}" in (d / "train.log").read_text()
+
+
+@pytest.mark.parametrize("schedule", ["wsd", "cosine"])
+def test_the_schedule_follows_the_share_of_the_budget_spent(schedule):
+    from workbench.config import resolve_preset
+    from workbench.plan.schedule import lr_factor
+    p = resolve_preset("cpu-small", [f"train.schedule={schedule}", "train.decay_fraction=0.25", "train.lr=1e-3",
+                                     "train.min_lr=1e-4", "train.warmup_iters=10"])
+    floor = 0.1
+    assert lr_factor(3, p, 0.5) == 4 / 11                                # warmup is counted in steps
+    want = ({0.0: 1.0, 0.5: 1.0, 0.75: 1.0, 0.875: 1 - 0.5 * (1 - floor), 1.0: floor, 1.2: floor}
+            if schedule == "wsd" else {0.0: 1.0, 0.5: floor + 0.5 * (1 - floor), 1.0: floor, 1.2: floor})
+    for progress, factor in want.items():
+        assert lr_factor(5000, p, progress) == pytest.approx(factor, abs=1e-12), progress
+    assert lr_factor(5000, p) == pytest.approx(floor) != lr_factor(5000, p, 0.5)  # no budget: steps decide
+
+
+def test_more_steps_after_a_budget_are_counted_in_steps(budget_run):
+    st = rundir.read_status(budget_run / "b")
+    cp = wb("resume", "b", "--runs-dir", str(budget_run), "--more", "20", check=True)
+    assert "train.time_budget = 8s is spent: the 20 more steps are counted in steps" in cp.stdout + cp.stderr
+    # wsd: a new run goes on from where the decay began (the decayed one kept), its stable phase longer and a new
+    # decay ending 20 steps after where the budget ended
+    decay = next(c["step"] for c in rundir.list_checkpoints(budget_run / "b") if c["reason"] == "decay start")
+    branch = budget_run / f"b-from-{decay}"
+    after = rundir.read_status(branch)
+    assert after.state == "finished" and after.step == st.step + 20, (after.step, st.step)
+    assert 'time_budget = ""' in (branch / "preset.toml").read_text()
+    assert rundir.read_status(budget_run / "b").step == st.step                # the budgeted run, as it was
+
+
+def test_kill_minus_nine_then_resume_goes_on_against_what_is_left(tmp_path):
+    root = tmp_path / "runs"
+    sets = [*SETS, "train.ckpt_interval=50"]
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", "train", "cpu-small", "--runs-dir", str(root),
+                             "--name", "k", "--time-budget", f"{BUDGET:g}s", "--set", *sets], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    d = root / "k"
+
+    def half_spent():
+        st = rundir.read_status(d) if (d / "status.json").exists() else None
+        return st is not None and (st.budget_spent_s or 0) >= BUDGET / 2 and rundir.list_checkpoints(d)
+    wait_until(half_spent, timeout=120, what="half the budget spent")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    last = rundir.list_checkpoints(d)[-1]
+    spent = json.loads((Path(last["path"]) / "trainer_state.json").read_text())["budget_spent"]
+    assert 0 < spent < BUDGET
+    t0 = time.time()
+    wb("resume", "k", "--runs-dir", str(root), check=True)
+    resumed_wall = time.time() - t0
+    st = rundir.read_status(d)
+    assert st.state == "finished" and BUDGET <= st.budget_spent_s <= BUDGET + OVER, st.budget_spent_s
+    # the resumed process trained for what was left, not a whole budget (its start-up on top: a few seconds)
+    assert resumed_wall < (BUDGET - spent) + 8, (resumed_wall, spent)
+    resume = [r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "resume"]
+    assert len(resume) == 1 and resume[0]["step"] == last["step"]
+
+
+def test_the_estimate_gives_the_steps_that_fit_the_budget():
+    plain = json.loads(wb("estimate", "cpu-small", "--tokens-per-s", "5000", "--json", check=True).stdout)
+    budget = json.loads(wb("estimate", "cpu-small", "--tokens-per-s", "5000", "--json", "--set",
+                           "train.time_budget=45m", check=True).stdout)
+    t, b = plain["time"], budget["time"]
+    assert b["total_s"] == b["budget_s"] == 2700 and t["budget_s"] is None
+    per_step = t["total_s"] / t["steps"]                                  # a step and its share of the evals
+    assert b["steps"] == pytest.approx(2700 / per_step, rel=1e-9)
+    text = wb("estimate", "cpu-small", "--tokens-per-s", "5000", "--set", "train.time_budget=45m", check=True).stdout
+    assert f"time budget: 45m 00s, ~{b['steps']:,.0f} steps (" in text
+
+
+@pytest.mark.parametrize("value, why", [("soon", "is not a duration; write it like 45m, 2h, 1h30m or 90s"),
+                                        ("5x", "is not a duration; write it like 45m, 2h, 1h30m or 90s"),
+                                        ("0s", "is less than a second; give at least 1s (e.g. 10m)")])
+def test_a_bad_budget_is_one_line(tmp_path, value, why):
+    cp = wb("train", "cpu-small", "--runs-dir", str(tmp_path / "runs"), "--time-budget", value, "--set", *TINY)
+    assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [
+        f"workbench: error: {REPO / 'presets' / 'cpu-small.toml'}: train.time_budget = {value!r} {why}"]
+    assert list(tmp_path.iterdir()) == []                               # nothing written

@@ -1,0 +1,42 @@
+"""train.time_budget: the run ends when its budget is spent, on the trainer's own clock.
+
+The clock of a process starts when its first step is done (set-up, the step-0 eval and that step's compile are
+left out) and counts everything after it, evals and checkpoints included; a resumed run goes on from the budget
+its checkpoint had spent (the time between that checkpoint and a crash is spent again). The schedule follows the
+share of the budget spent (``plan.schedule.lr_factor``'s ``progress``), so it needs no step count; the step the
+budget will end at is re-estimated from this process's pace, for the progress bar and the log."""
+
+from __future__ import annotations
+
+
+class Budget:
+    def __init__(self, seconds: float, spent_before: float, first_guess: int):
+        self.seconds = seconds
+        self.spent_before = spent_before   # what the run had spent before this process (its checkpoint's)
+        self.t0: float | None = None       # this process's clock start: the end of its first step
+        self.step0 = 0
+        self.first_guess = first_guess     # the end step shown until this process has a pace (train.max_iters)
+
+    def start(self, now: float, step: int) -> None:
+        """After each step: the first one starts this process's clock."""
+        if self.t0 is None:
+            self.t0, self.step0 = now, step
+
+    def spent(self, now: float) -> float:
+        return self.spent_before + (now - self.t0 if self.t0 is not None else 0.0)
+
+    def progress(self, now: float) -> float:
+        """The share of the budget spent, 0 to 1."""
+        return min(1.0, self.spent(now) / self.seconds)
+
+    def done(self, now: float) -> bool:
+        return self.spent(now) >= self.seconds
+
+    def end_step(self, step: int, now: float) -> int:
+        """The step the budget will end at, by this process's pace so far; more than ``step`` until it is spent."""
+        if self.done(now):
+            return step
+        if self.t0 is None or step <= self.step0 or now <= self.t0:
+            return max(step + 1, self.first_guess)
+        rate = (step - self.step0) / (now - self.t0)
+        return max(step + 1, step + round((self.seconds - self.spent(now)) * rate))
