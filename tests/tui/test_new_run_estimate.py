@@ -38,3 +38,40 @@ def test_new_run_form_shows_fit_and_time_and_asks_when_it_does_not_fit(runs_dir,
             await pilot.press("y")  # yes: started anyway
             await wait_for(pilot, lambda: started == ["gpu-24gb"], what=f"the start ({started})")
     run(go())
+
+
+def test_the_form_takes_a_time_budget(runs_dir, monkeypatch):
+    """A budget in the form: the estimate gives the steps that fit it, a bad one is the preset's own line, and
+    the run starts with train.time_budget set (what `train --time-budget` sets)."""
+    from textual.widgets import Input
+
+    from workbench.config import resolve_preset
+    from workbench.machine.detect import Machine
+    from workbench.plan.report import fit_check
+    from workbench.tui import launcher
+    started = []
+    monkeypatch.setattr(launcher, "start_run", lambda root, req, timeout=120: started.append(req) or "")
+
+    async def go():
+        app = make_app(runs_dir)
+        async with app.run_test(size=(160, 48)) as pilot:
+            app.action_new_run("gpu-8gb")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "NewRunScreen"
+                           and bool(app.screen.query("#nr-estimate")), what="the form")
+            est = app.screen.query_one("#nr-estimate")
+            await wait_for(pilot, lambda: "fits:" in text_of(est), what="the estimate")
+            app.screen.query_one("#nr-budget", Input).value = "soon"
+            await pilot.press("ctrl+s")
+            err = app.screen.query_one("#nr-error")
+            await wait_for(pilot, lambda: "time_budget" in text_of(err), what="the error")
+            assert text_of(err).endswith("train.time_budget = 'soon' is not a duration; write it like 45m, 2h, "
+                                         "1h30m or 90s"), text_of(err)
+            app.screen.query_one("#nr-budget", Input).value = "45m"
+            want = fit_check(resolve_preset("gpu-8gb", ["train.time_budget=45m"]),
+                             Machine.from_info(app.machine_info)).time
+            assert want.startswith("time budget 45m 00s: ~")
+            await wait_for(pilot, lambda: want in text_of(est), what=lambda: f"the budget's estimate {text_of(est)!r}")
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: len(started) == 1, what="the start")
+            assert started[0].sets() == ["train.time_budget=45m"]
+    run(go())

@@ -58,15 +58,16 @@ class RunRequest:
     overrides: list[str] = field(default_factory=list)
     init_from: str = ""     # RUN[:STEP]: start from that checkpoint (--init-from); "" from scratch
     finetune: str = ""      # with init_from: full | lora (train.finetune)
+    time_budget: str = ""   # train for this long instead of max_iters (train.time_budget): 45m, 2h
 
     def new_run(self) -> NewRun:
         """The request as the run plan takes it (what `workbench train` is given for it)."""
         return NewRun(self.preset, tuple(self.sets()), (self.corpus,) if self.corpus else (), self.init_from or None)
 
     def sets(self) -> list[str]:
-        """The --set values of the request (the fine-tuning method is one)."""
-        return list(self.overrides) + ([f"train.finetune={self.finetune}"] if self.init_from and self.finetune
-                                       else [])
+        """The --set values of the request (the fine-tuning method and the time budget are ones)."""
+        method = [f"train.finetune={self.finetune}"] if self.init_from and self.finetune else []
+        return list(self.overrides) + method + ([f"train.time_budget={self.time_budget}"] if self.time_budget else [])
 
 
 def start_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:

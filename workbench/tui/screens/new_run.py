@@ -118,6 +118,10 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
                 yield Label("name", classes="field-label")
                 yield Input("", placeholder="(automatic)", id="nr-name")
             with Horizontal(classes="field"):
+                yield Label("budget", classes="field-label")
+                yield Input("", placeholder="(max_iters) or a time: 45m, 2h - the schedule follows the clock",
+                            id="nr-budget")
+            with Horizontal(classes="field"):
                 yield Label("--set", classes="field-label")
                 yield Input(self.overrides, placeholder="train.max_iters=500 model.dim=128 …", id="nr-overrides")
             with Horizontal(classes="field"):  # start from a checkpoint: fine-tune it, fully or with LoRA
@@ -134,7 +138,7 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
                 yield Button("Cancel (esc)", id="cancel")
 
     def on_mount(self) -> None:
-        self.query_one("#nr-preset", Select).focus()  # tab order: preset, corpus, name, --set
+        self.query_one("#nr-preset", Select).focus()  # tab order: preset, corpus, name, budget, --set
         self.show_estimate()
 
     def show_estimate(self) -> None:
@@ -205,7 +209,7 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
                           corpus=self.query_one("#nr-corpus", Input).value.strip(),
                           name=self.query_one("#nr-name", Input).value.strip(),
                           overrides=[s.removeprefix("--set=") for s in sets if s != "--set"],
-                          init_from=init_from,
+                          init_from=init_from, time_budget=self.query_one("#nr-budget", Input).value.strip(),
                           finetune=str(self.query_one("#nr-finetune", Select).value) if init_from else "")
 
     def action_start(self) -> None:
