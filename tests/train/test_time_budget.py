@@ -20,7 +20,8 @@ from tests.support.runs import read_jsonl, wait_until
 from workbench import rundir
 
 BUDGET = 8.0
-# after the budget: the step that crossed it, the last eval and the checkpoint (a fraction of a second on an idle
+# how far from the budget a run may end: training stops when what is left is the last eval's time (measured, or
+# estimated from the pace), so the error is that estimate's and one step's (a fraction of a second on an idle
 # machine; the other test worker can make it seconds). How close it ends on a quiet machine: bench/time_budget.py
 OVER = 3.0
 SETS = [*TINY, "train.log_interval=10", "train.schedule=wsd", "train.decay_fraction=0.3", "train.eval_interval=200",
@@ -40,7 +41,7 @@ def test_a_budgeted_run_ends_at_its_budget_and_its_decay_follows_the_clock(budge
     st = rundir.read_status(d)
     assert st.state == "finished" and st.extra == {} and st.budget_s == BUDGET
     # ended at the budget (set-up and the first step left out; the last eval and checkpoint after it)
-    assert BUDGET <= st.budget_spent_s <= BUDGET + OVER, st.budget_spent_s
+    assert abs(st.budget_spent_s - BUDGET) <= OVER, st.budget_spent_s
     assert st.max_iters == st.step > 100
     ckpts = rundir.list_checkpoints(d)
     assert ckpts[-1]["step"] == st.step                                  # a checkpoint at the end
@@ -50,9 +51,10 @@ def test_a_budgeted_run_ends_at_its_budget_and_its_decay_follows_the_clock(budge
 
     def spent(ckpt: dict) -> float:
         return json.loads((Path(ckpt["path"]) / "trainer_state.json").read_text())["budget_spent"]
-    # the decay began at the first step after 1 - decay_fraction of the budget was spent, by the clock
-    assert 0.7 * BUDGET <= spent(decay[0]) <= 0.7 * BUDGET + 0.5, spent(decay[0])
-    assert spent(ckpts[-1]) >= BUDGET
+    # the decay began at the first step after 1 - decay_fraction of the budget's training time was spent, by the
+    # clock (the training time: the budget less what the last eval takes, a fraction of a second here)
+    assert 0.65 * BUDGET <= spent(decay[0]) <= 0.7 * BUDGET + 0.5, spent(decay[0])
+    assert abs(spent(ckpts[-1]) - BUDGET) <= OVER
     lrs = {r["step"]: r["lr"] for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "train"}
     stable = [lr for s, lr in lrs.items() if 10 <= s <= start]
     assert stable and all(lr == 1e-3 for lr in stable)                   # the peak until the decay began
@@ -113,7 +115,7 @@ def test_kill_minus_nine_then_resume_goes_on_against_what_is_left(tmp_path):
     wb("resume", "k", "--runs-dir", str(root), check=True)
     resumed_wall = time.time() - t0
     st = rundir.read_status(d)
-    assert st.state == "finished" and BUDGET <= st.budget_spent_s <= BUDGET + OVER, st.budget_spent_s
+    assert st.state == "finished" and abs(st.budget_spent_s - BUDGET) <= OVER, st.budget_spent_s
     # the resumed process trained for what was left, not a whole budget (its start-up on top: a few seconds)
     assert resumed_wall < (BUDGET - spent) + 8, (resumed_wall, spent)
     resume = [r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "resume"]

@@ -1,10 +1,11 @@
 """train.time_budget: the run ends when its budget is spent, on the trainer's own clock.
 
-The clock of a process starts when its first step is done (set-up, the step-0 eval and that step's compile are
-left out) and counts everything after it, evals and checkpoints included; a resumed run goes on from the budget
-its checkpoint had spent (the time between that checkpoint and a crash is spent again). The schedule follows the
-share of the budget spent (``plan.schedule.lr_factor``'s ``progress``), so it needs no step count; the step the
-budget will end at is re-estimated from this process's pace, for the progress bar and the log."""
+The clock of a process starts when its first steps are done (set-up, the step-0 eval and the compile are left
+out) and counts everything after it, evals and checkpoints included; training stops early enough for the last
+eval to end at the budget (``reserve``: that eval's time, as measured or estimated). A resumed run goes on from
+the budget its checkpoint had spent (the time between that checkpoint and a crash is spent again). The schedule
+follows the share of the budget spent (``plan.schedule.lr_factor``'s ``progress``), so it needs no step count;
+the step the budget will end at is re-estimated from this process's pace, for the progress bar and the log."""
 
 from __future__ import annotations
 
@@ -16,6 +17,18 @@ class Budget:
         self.t0: float | None = None       # this process's clock start: the end of its first step
         self.step0 = 0
         self.first_guess = first_guess     # the end step shown until this process has a pace (train.max_iters)
+        self.reserve = 0.0                 # kept for the eval after the last step
+
+    @property
+    def usable(self) -> float:
+        """The seconds training steps may use: the budget less what the last eval will take."""
+        return max(1e-9, self.seconds - self.reserve)
+
+    def pace(self, step: int, now: float) -> float | None:
+        """Steps a second in this process so far (None: no step timed yet)."""
+        if self.t0 is None or step <= self.step0 or now <= self.t0:
+            return None
+        return (step - self.step0) / (now - self.t0)
 
     def start(self, now: float, step: int) -> None:
         """After each step: the first one starts this process's clock."""
@@ -26,17 +39,17 @@ class Budget:
         return self.spent_before + (now - self.t0 if self.t0 is not None else 0.0)
 
     def progress(self, now: float) -> float:
-        """The share of the budget spent, 0 to 1."""
-        return min(1.0, self.spent(now) / self.seconds)
+        """The share of the budget's training time spent, 0 to 1."""
+        return min(1.0, self.spent(now) / self.usable)
 
     def done(self, now: float) -> bool:
-        return self.spent(now) >= self.seconds
+        return self.spent(now) >= self.usable
 
     def end_step(self, step: int, now: float) -> int:
         """The step the budget will end at, by this process's pace so far; more than ``step`` until it is spent."""
         if self.done(now):
             return step
-        if self.t0 is None or step <= self.step0 or now <= self.t0:
+        rate = self.pace(step, now)
+        if rate is None:
             return max(step + 1, self.first_guess)
-        rate = (step - self.step0) / (now - self.t0)
-        return max(step + 1, step + round((self.seconds - self.spent(now)) * rate))
+        return max(step + 1, step + round((self.usable - self.spent(now)) * rate))

@@ -108,6 +108,7 @@ class Trainer:
         self.clean_exit = False
         self.budget: Budget | None = None           # train.time_budget
         self.budget_progress: float | None = None   # the share of it spent, as every rank agreed after a step
+        self.last_eval_s: float | None = None       # the last eval's seconds, timed on the budget's clock
 
     # ------------------------------------------------------------------ setup
 
@@ -361,12 +362,19 @@ class Trainer:
         ends at (train.max_iters, now if it is spent) and, with wsd, where the decay began. Every rank takes rank
         0's clock, so all use the same learning rate and end at the same step."""
         t, st, b, now = self.preset.train, self.state, self.budget, time.time()
-        b.start(now, st.step)
+        if not self.settings.compile or self.compile_reported:  # the clock starts once the compile is done
+            b.start(now, st.step)
+        # kept for the last eval: one timed on this clock, or the estimate's share (a forward is ~1/3 of a step)
+        rate = b.pace(st.step, now)
+        if self.last_eval_s is not None:
+            b.reserve = self.last_eval_s
+        elif rate:
+            b.reserve = 2 * t.eval_iters * t.batch_size * self.preset.model.seq_len / (3 * self.tokens_per_step * rate)
         spent = b.spent(now)
         if self.dist.enabled:
-            spent = float(self.dist.broadcast(spent if self.dist.is_main else None))
-        self.budget_progress = min(1.0, spent / b.seconds)
-        t.max_iters = st.step if spent >= b.seconds else b.end_step(st.step, now)
+            spent, b.reserve = self.dist.broadcast((spent, b.reserve) if self.dist.is_main else None)
+        self.budget_progress = min(1.0, spent / b.usable)
+        t.max_iters = st.step if spent >= b.usable else b.end_step(st.step, now)
         if t.schedule == "wsd" and st.decay_step is None and self.budget_progress >= 1.0 - t.decay_fraction:
             st.decay_step = self.checkpointer.budget_decay = st.step  # saved here (Checkpointer.due)
 
@@ -446,8 +454,12 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation and samples
 
     def evaluate(self) -> EvalRecord:
-        return evaluate(self.built.model, self.preset, self.data, self.token_bytes, self.dist, self.autocast,
-                        self.device, self.next_batch, self.state.step)
+        t0 = time.time()
+        ev = evaluate(self.built.model, self.preset, self.data, self.token_bytes, self.dist, self.autocast,
+                      self.device, self.next_batch, self.state.step)
+        if self.budget is not None and self.budget.t0 is not None:  # timed on the budget's clock (compiled)
+            self.last_eval_s = time.time() - t0
+        return ev
 
     def maybe_score_tasks(self) -> bool:
         """Score ``train.eval_tasks`` when due (rank 0; see TaskScorer); True when it scored."""
