@@ -177,6 +177,12 @@ class RunsPane(Vertical, Pane):
         key = str(c.coordinate_to_cell_key(c.cursor_coordinate).row_key.value)
         return next((k for k in run.checkpoints if k.get("name") == key), None)
 
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """enter on a table: the tables take the key themselves (select_cursor), so the pane's enter binding
+        never fires; a selected row is the run to monitor, as m does."""
+        event.stop()
+        self.action_monitor()
+
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id == "runs-table":
             self.show_checkpoints()
