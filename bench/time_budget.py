@@ -12,7 +12,7 @@ For each budget T and seed, one run after the other, cpu-small as shipped (cosin
    time reaches T, so a schedule planned from a wrong estimate is cut mid-decay (or ends early).
 3. Both runs' last checkpoints are scored by the same function (val loss over 50 fixed batches of the
    validation split), so the comparison does not depend on where their evals fell.
-4. With --kill: a third run with the budget is killed with kill -9 when half of it is spent and resumed; the
+4. With --kill: a third run with the (first) budget is killed with kill -9 when half of it is spent and resumed; the
    budget spent at its end, and the resumed process's wall time against what was left, are reported.
 
 Runs and the data cache live in --out (default: a new temporary directory); the commands are printed.
@@ -165,7 +165,7 @@ def main() -> int:
                   f"{p['val']:.4f}", flush=True)
             got.append((b, p))
         rows.append((minutes, steps, got))
-        if a.kill:
+        if a.kill and len(rows) == 1:  # the first budget only
             k = kill_run(out, f"killed-{minutes:g}m", seconds, 1337)
             print(f"  kill -9 at half, resumed: spent {k['spent']:.1f} s of {seconds:.0f} "
                   f"({(k['spent'] - seconds) / seconds:+.1%}); the resumed process ran {k['resume_wall']:.0f} s for "
