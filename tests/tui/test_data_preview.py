@@ -39,6 +39,7 @@ def test_the_form_previews_what_the_loss_is_on(runs_dir, tmp_path):
             assert text_of(preview) == PREVIEW_HINT
             form.query_one("#nr-corpus", Input).value = str(corpus)
             form.query_one("#nr-overrides", Input).value = sets
+            form.query_one("#nr-corpus", Input).focus()  # typing there: the key still previews (Input has ctrl+d)
             await pilot.pause()
             await pilot.press("ctrl+d")
             await wait_for(pilot, lambda: shown(preview, "--- conversation 2 ---"), timeout=120,

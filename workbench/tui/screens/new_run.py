@@ -87,7 +87,8 @@ def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | N
 
 class NewRunScreen(ModalScreen["RunRequest | None"]):
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "start", "Start"),
-                Binding("ctrl+d", "preview", "Preview data")]
+                # priority: an Input would take ctrl+d (delete right) while the user is typing in it
+                Binding("ctrl+d", "preview", "Preview data", priority=True)]
     DEFAULT_CSS = "#nr-finetune { width: 14; }\n#nr-preview-box { height: auto; max-height: 20; }"
 
     def __init__(self, preset: str | None = None, overrides: str = "", machine_info: dict | None = None,
