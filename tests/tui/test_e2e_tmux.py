@@ -87,7 +87,7 @@ class Tmux:
         odd = [label for label in labels if list(colour.values()).count(colour[label]) == 1]
         return odd[0] if len(odd) == 1 else None
 
-    def tab_to(self, field: str, labels: tuple[str, ...] = ("preset", "corpus", "name", "--set")) -> None:
+    def tab_to(self, field: str, labels: tuple[str, ...] = ("preset", "corpus", "name", "budget", "--set")) -> None:
         """Tab until ``field`` has the focus, one Tab at a time: two Tabs that arrive together move the
         focus only once (Textual), and keys typed then would land in the wrong field."""
         for _ in range(len(labels)):
