@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,8 @@ BUDGET = 8.0
 # how far from the budget a run may end: training stops when what is left is the last eval's time (measured, or
 # estimated from the pace), so the error is that estimate's and one step's (a fraction of a second on an idle
 # machine; the other test worker can make it seconds). How close it ends on a quiet machine: bench/time_budget.py
-OVER = 3.0
-SETS = [*TINY, "train.log_interval=10", "train.schedule=wsd", "train.decay_fraction=0.3", "train.eval_interval=200",
+OVER = 4.0
+SETS = [*TINY, "train.log_interval=1", "train.schedule=wsd", "train.decay_fraction=0.3", "train.eval_interval=200",
         "train.ckpt_interval=100000", "train.lr=1e-3", "train.min_lr=1e-5"]
 
 
@@ -42,7 +41,7 @@ def test_a_budgeted_run_ends_at_its_budget_and_its_decay_follows_the_clock(budge
     assert st.state == "finished" and st.extra == {} and st.budget_s == BUDGET
     # ended at the budget (set-up and the first step left out; the last eval and checkpoint after it)
     assert abs(st.budget_spent_s - BUDGET) <= OVER, st.budget_spent_s
-    assert st.max_iters == st.step > 100
+    assert st.max_iters == st.step > 10  # ~1,000 steps on an idle machine; 30 beside a busy test worker
     ckpts = rundir.list_checkpoints(d)
     assert ckpts[-1]["step"] == st.step                                  # a checkpoint at the end
     decay = [c for c in ckpts if c["reason"] == "decay start"]
@@ -111,15 +110,15 @@ def test_kill_minus_nine_then_resume_goes_on_against_what_is_left(tmp_path):
     last = rundir.list_checkpoints(d)[-1]
     spent = json.loads((Path(last["path"]) / "trainer_state.json").read_text())["budget_spent"]
     assert 0 < spent < BUDGET
-    t0 = time.time()
     wb("resume", "k", "--runs-dir", str(root), check=True)
-    resumed_wall = time.time() - t0
     st = rundir.read_status(d)
     assert st.state == "finished" and abs(st.budget_spent_s - BUDGET) <= OVER, st.budget_spent_s
-    # the resumed process trained for what was left, not a whole budget (its start-up on top: a few seconds)
-    assert resumed_wall < (BUDGET - spent) + 8, (resumed_wall, spent)
-    resume = [r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "resume"]
+    # the resumed trainer, from its resume event (set up) to its finish, trained for what was left, not a whole budget
+    recs = read_jsonl(d / "metrics.jsonl")
+    resume = [r for r in recs if r.get("event") == "resume"]
     assert len(resume) == 1 and resume[0]["step"] == last["step"]
+    finish = next(r for r in recs if r.get("event") == "finish")
+    assert finish["time"] - resume[0]["time"] <= (BUDGET - spent) + OVER, (finish["time"] - resume[0]["time"], spent)
 
 
 def test_the_estimate_gives_the_steps_that_fit_the_budget():
