@@ -8,10 +8,9 @@ takes the key itself): its test is an expected failure, strict, so it turns red 
 from __future__ import annotations
 
 import json
-import math
 import re
 
-from textual.widgets import DataTable, Input, SelectionList
+from textual.widgets import DataTable, SelectionList
 
 from tests.support.canned_runs import HARDWARE, PRESET
 from tests.support.cli import tiny, wb
@@ -290,48 +289,3 @@ def test_the_train_tab_marker_is_coloured_by_the_worst_finding(live_runs_dir, mo
 
 
 # ----------------------------------------------------------------------------- the + dialog's learning rate
-
-def cosine_lr(step: int, lr: float, min_lr: float, warmup: int, max_iters: int) -> float:
-    """The README's schedule, written out: linear warmup, then cosine decay from lr to min_lr at max_iters."""
-    if step < warmup:
-        return lr * (step + 1) / (warmup + 1)
-    if step >= max_iters:
-        return min_lr
-    frac = (step - warmup) / (max_iters - warmup)
-    return min_lr + 0.5 * (1 + math.cos(math.pi * frac)) * (lr - min_lr)
-
-
-def test_plus_dialog_says_what_the_cosine_schedule_does_to_the_learning_rate(runs_dir):
-    """alpha finished its 400 steps (lr 6e-4, min_lr 6e-5, warmup 2: the schema's defaults and the canned
-    preset): its learning rate is at the floor; N more steps stretch the decay to 400 + N, so it goes back up."""
-    lr, min_lr, warmup = 6e-4, 6e-5, 2
-
-    def note(more: int) -> str:
-        new_max = 400 + more
-        before = cosine_lr(399, lr, min_lr, warmup, 400)
-        after = cosine_lr(400, lr, min_lr, warmup, new_max)
-        end = cosine_lr(new_max - 1, lr, min_lr, warmup, new_max)
-        return (f"to step {new_max:,}; cosine schedule: its decay is stretched to end at step {new_max:,}, so the "
-                f"learning rate goes from {before:.2e} at step 400 up to {after:.2e}, then decays to {end:.2e}. "
-                "Recorded in the run's events as a change of train.max_iters.")
-
-    assert note(200).split("; ", 1)[1].startswith("cosine schedule: its decay is stretched to end at step 600, so "
-                                                  "the learning rate goes from 6.00e-05 at step 400 up to 1.96e-04")
-
-    async def go():
-        app = make_app(runs_dir, initial_tab="runs")
-        async with app.run_test(size=(160, 48)) as pilot:
-            table = app.query_one("#runs-table", DataTable)
-            await wait_for(pilot, lambda: table.row_count == 3)
-            table.move_cursor(row=table.get_row_index("alpha"))
-            await pilot.pause()
-            await pilot.press("plus")
-            await wait_for(pilot, lambda: app.screen.query("#more-n"), what="the more-steps dialog")
-            shown = lambda: " ".join(text_of(app.screen.query_one("#dialog-note")).split())  # noqa: E731
-            assert shown() == note(200)
-            app.screen.query_one("#more-n", Input).value = "1000"
-            await wait_for(pilot, lambda: shown() == note(1000), what=lambda: f"{shown()!r} != {note(1000)!r}")
-            await pilot.press("escape")  # nothing resumed
-            await pilot.pause()
-            assert not app.screen.query("#more-n")
-    run(go())
