@@ -5,6 +5,7 @@ the preset files (``files``: found by name, loaded, and the one writer of user p
 text as the editor holds it (``editing``). Plain data:
 no "auto" is decided here (see ``workbench.plan.settings``). Imports neither torch nor textual."""
 
+from workbench.config.duration import budget_seconds
 from workbench.config.editing import validate_preset_text, with_name
 from workbench.config.files import (
     check_preset_name,
@@ -29,7 +30,6 @@ from workbench.config.schema import (
     Preset,
     PresetError,
     TrainConfig,
-    budget_seconds,
     chat_role_map,
     field_doc,
     lora_projections,

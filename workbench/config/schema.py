@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from workbench.config.duration import DurationError, budget_seconds
 from workbench.errors import WorkbenchError
 
 
@@ -374,7 +375,7 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
         bad(str(e))
     try:
         budget_seconds(t.time_budget)
-    except PresetError as e:
+    except DurationError as e:
         bad(str(e))
     if "train.loss_on" in user_set and p.data.format == "text":
         bad(f"train.loss_on = {t.loss_on} applies to chat data, but data.format = text; set data.format = chat "
@@ -392,27 +393,6 @@ LORA_TARGETS: dict[str, tuple[str, ...]] = {
     "q_proj": ("wq",), "k_proj": ("wk",), "v_proj": ("wv",), "o_proj": ("wo",),
     "gate_proj": ("w1",), "up_proj": ("w3",), "down_proj": ("w2",),
 }
-
-
-_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
-
-
-def budget_seconds(text: str) -> float | None:
-    """train.time_budget in seconds ("45m", "2h", "1h30m", "90s", "1.5h"; a bare number is minutes), None
-    for "" (no budget); a PresetError for anything else."""
-    text = str(text).strip().lower().replace(" ", "")
-    if not text:
-        return None
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        text += "m"
-    m = _DURATION.fullmatch(text)
-    if not m or not any(m.groups()):
-        raise PresetError(f"train.time_budget = {text!r} is not a duration; write it like 45m, 2h, 1h30m or 90s")
-    h, mi, sec = (float(x) if x else 0.0 for x in m.groups())
-    seconds = 3600 * h + 60 * mi + sec
-    if seconds < 1:
-        raise PresetError(f"train.time_budget = {text!r} is less than a second; give at least 1s (e.g. 10m)")
-    return seconds
 
 
 def chat_role_map(roles: str | list[str]) -> dict[str, str]:
