@@ -3,7 +3,7 @@
 # precision auto, bf16 / fp16 + GradScaler / fp32, TF32, the fused loss on CUDA, --nproc 1 and NCCL), then a
 # bf16 + compile run, kill -9 / resume agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter
 # config, estimated vs measured peak memory. Exits non-zero when a GPU test fails.
-# Usage: bash bench/gpu_check.sh [quick|tests|numbers|eval|muon|mfu|profile|savers]   (tests: the GPU tests alone; quick: the GPU
+# Usage: bash bench/gpu_check.sh [quick|tests|numbers|eval|muon|muon-time|chat|mfu|profile|savers]   (tests: the GPU tests alone; quick: the GPU
 # tests, kill -9 / resume and fit's OOM path; numbers: the throughput runs and estimates alone; muon: Muon against AdamW,
 # time a step and the Newton-Schulz share; mfu: the ~124 M config's MFU levers, each one trainer run, and the gpu-8gb
 # defaults; eval: task scores while training on CUDA and `workbench eval` on CUDA and CPU; set WB_LEVERS to choose which)
@@ -41,6 +41,55 @@ for dev in ("cuda", "cpu"):
             print(f"{dev} step {c['step']} {t['task']}: {t['n']} items {t['items_per_s']:.0f}/s centered {t['centered']:.4f} "
                   f"acc {t['acc']:.4f} acc_norm {t['acc_norm']:.4f}; trainer (bf16, first {mine.n}) {mine.value:.4f}")
 PYEOF
+    exit 0
+fi
+if [ "${1:-}" = chat ]; then  # packed conversations on CUDA: the mask's cost in attention, and trained tokens/s
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
+    $PY bench/packed_attention.py
+    $PY bench/packed_attention.py --min 16 --max 128   # short conversations: many a row
+    $PY - <<'PYEOF'
+import json, random
+rng = random.Random(0)
+words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 8))) for _ in range(4000)]
+with open("/tmp/conv.jsonl", "w") as f:  # 20,000 conversations, ~60-700 tokens
+    for _ in range(20000):
+        u = " ".join(rng.choice(words) for _ in range(rng.randint(10, 150)))
+        a = " ".join(rng.choice(words) for _ in range(rng.randint(20, 300)))
+        f.write(json.dumps({"messages": [{"role": "user", "content": u}, {"role": "assistant", "content": a}]}) + "\n")
+PYEOF
+    C="model.vocab_size=4096 train.max_iters=${WB_STEPS:-60} train.log_interval=10 train.warmup_iters=0
+       train.eval_interval=1000 train.eval_iters=1 train.sample_prompt='' data.tokenizer_sample_mb=4"
+    # model.dropout=0 in all three: flex attention (auto for packed rows) has no attention dropout
+    for run in "flex data.packing=true" "mask data.packing=true hardware.attention_kernel=efficient" \
+               "unpacked data.packing=false"; do
+        set -- $run
+        name=$1; shift
+        $PY -m workbench train gpu-8gb --corpus /tmp/conv.jsonl --name chat-$name --runs-dir $R --yes \
+            --set $C model.dropout=0.0 "$@" 2>&1 | grep -E "chat:|run chat|error" | cut -c1-260
+    done
+    $PY - <<'PYEOF'
+import json, statistics, subprocess, sys
+for packing in ("flex", "mask", "unpacked"):
+    recs = [json.loads(x) for x in open(f"/tmp/wbruns/chat-{packing}/metrics.jsonl")]
+    start = next(r for r in recs if r.get("event") == "start")
+    tps = statistics.median(r["tokens_per_s"] for r in recs if r["kind"] == "train" and r.get("tokens_per_s"))
+    c = start["chat"]
+    print(f"{packing}: {tps:,.0f} positions/s, rows {c['row_fill']:.0%} filled, {c['trained_fraction']:.0%} of "
+          f"tokens trained: ~{tps * c['row_fill'] * c['trained_fraction']:,.0f} trained tokens/s; "
+          f"peak {max(r['mem_mb'] for r in recs if r.get('mem_mb')):,.0f} MiB")
+    est = json.loads(subprocess.run([sys.executable, "-m", "workbench", "estimate",
+                                     f"/tmp/wbruns/chat-{packing}/preset.toml", "--json", "--no-calibrate"],
+                                    capture_output=True, text=True).stdout or "{}")
+    if est:
+        print(f"   estimate: peak allocated {est['memory']['peak_allocated'] / 2**20:,.0f} MiB")
+PYEOF
+    exit 0
+fi
+if [ "${1:-}" = muon-time ]; then  # time to AdamW + cosine's final val loss: Muon + wsd on gpu-8gb, one seed
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
+    W="train.warmup_iters=30 data.builtin_mb=24"
+    $PY bench/time_to_loss.py "gpu-8gb $W" "gpu-8gb $W train.optimizer=muon train.schedule=wsd" \
+        --steps ${WB_STEPS:-300} --eval-every 50 --eval-iters 8 --repeat ${WB_REPEAT:-1}
     exit 0
 fi
 if [ "${1:-}" = muon ]; then  # Muon vs AdamW: ms a step, the Newton-Schulz share (bench/muon_gpu.py), the trainer's tokens/s
@@ -114,7 +163,8 @@ fi
 [ "${1:-}" = quick ] && exit $TESTS_RC
 if [ "${1:-}" = savers ]; then  # 8-bit AdamW states against fp32 on the ~124 M config: peak memory, tokens/s
     export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
-    $PY bench/savers.py --steps 30 --set $G124 hardware.device=cuda hardware.compile=true model.vocab_size=32768
+    $PY bench/savers.py --steps 30 --states fp32,8bit,offload --set $G124 hardware.device=cuda hardware.compile=true \
+        model.vocab_size=32768
     exit $TESTS_RC
 fi
 if [ "${1:-}" = profile ]; then  # where the ~124 M step's time goes, and two model changes timed beside it

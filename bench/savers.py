@@ -1,14 +1,16 @@
-"""Memory savers measured side by side: the same run with fp32 and with 8-bit AdamW states.
+"""Memory savers measured side by side: the same run with fp32, 8-bit and offloaded AdamW states.
 
     python bench/savers.py                      # ~100 M parameters on this machine's device
     python bench/savers.py --set model.dim=768 model.n_layers=12 --steps 20
+    python bench/savers.py --states fp32,8bit,offload --set hardware.device=cuda   # offload: CUDA only
 
 Each setting is one `workbench train` in a fresh process (so each peak is its own), on the same corpus
 and tokenizer, for --steps steps at batch 1 (or --set train.batch_size=N). Per setting the script prints
 the trainer's peak memory (RSS on a CPU, peak allocated on a GPU) beside `workbench estimate` for the
 same preset, the optimizer states the estimate counts, the checkpoint size on disk, the median
 tokens/s after the first steps (the 8-bit step is compiled at its first use), and the final loss; then
-the ratios 8bit / fp32.
+the ratios to fp32. On a GPU the estimate compared is its peak allocated (what the trainer measures there),
+on a CPU its total (RSS).
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ def measure(runs: Path, name: str, overrides: list[str]) -> dict:
     tps = [r["tokens_per_s"] for r in train[2:] if r.get("tokens_per_s")]
     est = json.loads(wb("estimate", str(runs / name / "preset.toml"), "--json", "--no-calibrate"))
     ckpt = max((runs / name / "checkpoints").iterdir())
-    return {"mem_mb": row["mem_mb"], "est_mb": est["memory"]["total"] / 2**20,
+    mem = est["memory"]
+    return {"mem_mb": row["mem_mb"],
+            "est_mb": (mem["peak_allocated"] if mem["device"] == "cuda" else mem["total"]) / 2**20,
+            "host_mb": mem.get("host_offload", 0) / 2**20,
             "states_mb": est["memory"]["components"]["optimizer"] / 2**20,
             "ckpt_mb": sum(f.stat().st_size for f in ckpt.iterdir()) / 2**20,
             "tokens_per_s": statistics.median(tps) if tps else None, "loss": train[-1]["loss"]}
@@ -54,28 +59,31 @@ def measure(runs: Path, name: str, overrides: list[str]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides for both settings")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides for every setting")
+    ap.add_argument("--states", default="fp32,8bit", help="hardware.optimizer_states values, the first the baseline")
     args = ap.parse_args()
     base = [*MODEL, *RUN, f"train.max_iters={args.steps}", f"train.eval_interval={args.steps}",
             f"train.ckpt_interval={args.steps}", *args.set]
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp)
-        rows["fp32"] = measure(runs, "fp32", [*base, "hardware.optimizer_states=fp32"])
-        tok = runs / "fp32" / "tokenizer.model"  # the same tokenizer, not trained again
-        rows["8bit"] = measure(runs, "8bit", [*base, "hardware.optimizer_states=8bit", f"data.tokenizer='{tok}'"])
-    print(f"{'states':<8}{'peak MB':>10}{'est MB':>10}{'err':>8}{'states MB':>11}{'ckpt MB':>10}{'tok/s':>9}"
-          f"{'loss':>9}")
+        states = args.states.split(",")
+        for i, st in enumerate(states):
+            tok = [f"data.tokenizer='{runs / states[0] / 'tokenizer.model'}'"] if i else []  # trained once
+            rows[st] = measure(runs, st, [*base, f"hardware.optimizer_states={st}", *tok])
+    print(f"{'states':<8}{'peak MB':>10}{'est MB':>10}{'err':>8}{'states MB':>11}{'host MB':>9}{'ckpt MB':>10}"
+          f"{'tok/s':>9}{'loss':>9}")
     for name, r in rows.items():
         err = (r["mem_mb"] - r["est_mb"]) / r["est_mb"]
         tps = f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] else "-"
-        print(f"{name:<8}{r['mem_mb']:>10,.0f}{r['est_mb']:>10,.0f}{err:>+8.0%}{r['states_mb']:>11,.0f}"
-              f"{r['ckpt_mb']:>10,.0f}{tps:>9}{r['loss']:>9.4f}")
-    a, b = rows["fp32"], rows["8bit"]
-    print(f"8bit - fp32: peak {b['mem_mb'] - a['mem_mb']:+,.0f} MB measured, {b['est_mb'] - a['est_mb']:+,.0f} MB "
-          f"estimated; checkpoint x{b['ckpt_mb'] / a['ckpt_mb']:.2f}"
-          + (f"; tokens/s x{b['tokens_per_s'] / a['tokens_per_s']:.2f}" if a["tokens_per_s"] and b["tokens_per_s"]
-             else ""))
+        print(f"{name:<8}{r['mem_mb']:>10,.0f}{r['est_mb']:>10,.0f}{err:>+8.1%}{r['states_mb']:>11,.0f}"
+              f"{r['host_mb']:>9,.0f}{r['ckpt_mb']:>10,.0f}{tps:>9}{r['loss']:>9.4f}")
+    base_name, a = next(iter(rows.items()))
+    for name, b in list(rows.items())[1:]:
+        print(f"{name} - {base_name}: peak {b['mem_mb'] - a['mem_mb']:+,.0f} MB measured, "
+              f"{b['est_mb'] - a['est_mb']:+,.0f} MB estimated; checkpoint x{b['ckpt_mb'] / a['ckpt_mb']:.2f}"
+              + (f"; tokens/s x{b['tokens_per_s'] / a['tokens_per_s']:.2f}"
+                 if a["tokens_per_s"] and b["tokens_per_s"] else ""))
     return 0
 
 

@@ -81,6 +81,34 @@ def test_8bit_settings_and_refusals(monkeypatch):
         check_installed(s)
 
 
+def test_offload_settings_estimate_and_refusals():
+    """hardware.optimizer_states = offload on a CUDA GPU: no fused device kernel, the host check, said in the
+    settings' line; the estimate keeps only the small tensors' moments on the GPU and counts 16 pinned host bytes
+    a value for the rest (its exact match with torchao's tensors is tests/train/test_gpu.py's); a checkpoint holds
+    the same states as fp32's. Refused, one line each, on a CPU, over several processes and with fp16."""
+    cuda = Machine.assumed("cuda")
+    hw = dict(device="cuda", precision="bf16")
+    p = Preset(model=CFG, hardware=HardwareConfig(**hw, optimizer_states="offload"))
+    s = estimate_settings(p, cuda)
+    assert s.optimizer_states == "offload" and not s.fused_optimizer and s.nonfinite_check == "host"
+    assert "AdamW, states on the CPU" in s.describe()
+    off, fp32 = (estimate_memory(Preset(model=CFG, hardware=HardwareConfig(**hw, optimizer_states=st)), machine=cuda)
+                 for st in ("offload", "fp32"))
+    n = off.params
+    small = 2 * CFG.n_layers * CFG.dim + CFG.dim  # the RMSNorms' weights: under torchao's 4,096 values
+    assert off.components["optimizer"] == 8 * small and fp32.components["optimizer"] == 8 * n
+    assert off.host_offload == 16 * (n - small) and fp32.host_offload == 0
+    assert off.checkpoint_bytes == fp32.checkpoint_bytes and off.total < fp32.total
+    for hw_bad, world, msg in ((dict(device="cpu"), 1, "on cpu they already live in this memory"),
+                               (hw, 2, "works with one process only"),
+                               (dict(device="cuda", precision="fp16"), 1, "does not support fp16"),
+                               (dict(hw, fused_adamw="true"), 1, "hardware.fused_adamw = auto or false")):
+        bad = Preset(model=CFG, train=TrainConfig(batch_size=4),
+                     hardware=HardwareConfig(**hw_bad, optimizer_states="offload"))
+        with pytest.raises(SettingsError, match=msg):
+            resolve_settings(bad, Machine.assumed(hw_bad["device"]), world_size=world)
+
+
 def test_8bit_run_trains_and_resumes_bitwise_after_kill_minus_nine(tmp_path):
     """The loss falls; a checkpoint's optimizer state is smaller than its fp32 weights (fp32 moments would be
     twice them); a kill -9 between checkpoints resumes to every step's loss bit for bit (the quantised moments

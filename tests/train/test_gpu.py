@@ -8,6 +8,8 @@ runs them (`pytest -m gpu`) on every GPU that becomes available.
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 
@@ -177,3 +179,106 @@ def test_8bit_optimizer_states_on_cuda(tmp_path):
     assert sorted(b) == list(range(1, 7)) and all(abs(a[s] - b[s]) < 5e-3 * a[s] for s in a)
     size = {n: rundir.list_checkpoints(tmp_path / n)[-1]["bytes"] for n in ("fp32", "8bit")}
     assert size["8bit"] < 0.75 * size["fp32"], size
+
+
+def _offload_bytes(opt) -> tuple[int, int]:
+    """(pinned host bytes: each offloaded weight's copy, its gradient's and AdamW's moments; the moments left on
+    the device) of torchao's CPUOffloadOptimizer after a step."""
+    host = sum(2 * p.untyped_storage().nbytes() for p in opt.param_d2h_map.values())
+    for inner in opt.optim_dict.values():
+        host += sum(v.untyped_storage().nbytes() for st in inner.state.values() for k, v in st.items()
+                    if k != "step")
+    dev = sum(v.untyped_storage().nbytes() for st in (opt.d_opt.state.values() if opt.d_opt else [])
+              for k, v in st.items() if k != "step")
+    return host, dev
+
+
+def test_offloaded_states_are_what_the_estimate_counts_and_step_as_adamw_does():
+    """hardware.optimizer_states = offload: the host's pinned bytes and the device's remaining moments are the
+    estimate's, byte for byte; and a clipped step (the clip factor applied to the host's gradient copies, taken
+    before the clip) moves the weights as torch's AdamW on the GPU does, where an unclipped step does not."""
+    pytest.importorskip("torchao", reason="hardware.optimizer_states = offload needs torchao")
+    import dataclasses
+
+    from workbench.config import ModelConfig, Preset, TrainConfig
+    from workbench.config.schema import HardwareConfig
+    from workbench.machine.detect import Machine
+    from workbench.plan.estimate import estimate_memory
+    from workbench.train.model import GPT
+    from workbench.train.optim import build_optimizer
+    cfg = ModelConfig(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=4, seq_len=32, ffn_hidden=64)
+    t = TrainConfig(batch_size=2, grad_clip=0.05)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), device="cuda")
+    weights = {}
+    for states, clip in (("fp32", 0.05), ("offload", 0.05), ("fp32", 0.0)):
+        torch.manual_seed(0)
+        model = GPT(cfg).cuda()
+        opt = build_optimizer(model, t, fused=states == "fp32", states=states)
+        for _ in range(3):
+            model(ids, targets=ids)[1].backward()
+            if clip:
+                opt.clip_grad_norm_(list(model.parameters()), clip)
+            opt.step(torch.amp.GradScaler("cuda", enabled=False))
+            opt.zero_grad()
+        weights[(states, clip)] = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()
+        if states == "offload":
+            host, dev = _offload_bytes(opt.adamw)
+            p = Preset(model=cfg, train=t, hardware=HardwareConfig(device="cuda", optimizer_states="offload",
+                                                                   precision="fp32"))
+            est = estimate_memory(p, machine=Machine.assumed("cuda"))
+            assert (host, dev) == (est.host_offload, est.components["optimizer"])
+            fp32 = estimate_memory(dataclasses.replace(p, hardware=HardwareConfig(device="cuda", precision="fp32")),
+                                   machine=Machine.assumed("cuda"))
+            assert est.checkpoint_bytes == fp32.checkpoint_bytes
+    same = (weights[("offload", 0.05)] - weights[("fp32", 0.05)]).abs().max().item()
+    unclipped = (weights[("fp32", 0.0)] - weights[("fp32", 0.05)]).abs().max().item()
+    assert same < 1e-6 < 1e-2 * unclipped, (same, unclipped)
+
+
+def test_offloaded_states_train_and_resume_bitwise_after_kill_minus_nine(tmp_path):
+    """A run with its AdamW states on the CPU trains as one with them on the GPU (fp32, to a few parts in a
+    million), and killed with kill -9 after a checkpoint and resumed it gives the straight run's losses bit for bit."""
+    pytest.importorskip("torchao", reason="hardware.optimizer_states = offload needs torchao")
+    common = ("train.max_iters=8", "train.ckpt_interval=4", "train.eval_interval=4", "train.lr_decay_iters=8",
+              "train.grad_clip=0.5", *CUDA, "hardware.precision=fp32", "hardware.tf32=false",
+              "hardware.compile=false", "hardware.deterministic=true")
+    out = {}
+    for name in ("fp32", "offload"):
+        out[name] = wb("train", "cpu-small", "--name", name, "--runs-dir", str(tmp_path),
+                       *tiny(*common, f"hardware.optimizer_states={name}"), check=True).stdout
+    a, b = losses(tmp_path / "fp32"), losses(tmp_path / "offload")
+    assert sorted(b) == list(range(1, 9)) and all(abs(a[s] - b[s]) < 1e-5 * a[s] for s in a), (a, b)
+    assert "AdamW states on the CPU" in out["offload"] and "AdamW states on the CPU" not in out["fp32"]
+    cp = wb("train", "cpu-small", "--name", "killed", "--runs-dir", str(tmp_path),
+            *tiny(*common, "hardware.optimizer_states=offload"), env={"WORKBENCH_TEST_KILL_AT_STEP": "6"})
+    assert cp.returncode == -signal.SIGKILL
+    assert "resumed from checkpoint step_0000004" in wb("resume", "killed", "--runs-dir", str(tmp_path),
+                                                        check=True).stdout
+    assert losses(tmp_path / "killed") == b
+    # a fine-tune: the source's weights are loaded after the optimizer is built; the host must step those
+    for name in ("fp32", "offload"):
+        wb("train", "cpu-small", "--name", f"ft-{name}", "--runs-dir", str(tmp_path), "--init-from", "fp32",
+           "--set", "train.max_iters=4", "train.ckpt_interval=4", "train.eval_interval=4", "train.grad_clip=0.5",
+           "train.warmup_iters=1", "train.log_interval=1", *common[5:], f"hardware.optimizer_states={name}", check=True)
+    a, b = losses(tmp_path / "ft-fp32"), losses(tmp_path / "ft-offload")
+    assert sorted(b) == [1, 2, 3, 4] and all(abs(a[s] - b[s]) < 1e-5 * a[s] for s in a), (a, b)
+
+
+def test_packed_conversations_train_alike_with_flex_attention_and_sdpa_with_the_mask(tmp_path):
+    """Packed chat rows on CUDA: auto picks flex attention (model.dropout = 0) and its training steps (forward
+    and backward: flex has no backward on a CPU) give the losses of SDPA with the [B, 1, T, T] mask
+    (the memory-efficient kernel), in fp32 to a few parts in a hundred thousand."""
+    from tests.support.chat import conversations, write_jsonl
+    chat = write_jsonl(tmp_path / "chat.jsonl", conversations(400, seed=1))
+    common = ("model.seq_len=128", "model.vocab_size=400", "model.dropout=0.0", "train.max_iters=6",
+              "train.ckpt_interval=6", "train.eval_interval=6", *CUDA, "hardware.precision=fp32",
+              "hardware.tf32=false", "hardware.compile=false")
+    for name, kernel in (("flex", "auto"), ("sdpa", "efficient")):
+        wb("train", "cpu-small", "--corpus", str(chat), "--name", name, "--runs-dir", str(tmp_path),
+           *tiny(*common, f"hardware.attention_kernel={kernel}"), check=True)
+    assert _start(tmp_path / "flex")["chat"]["packing"]
+    assert "flex attention for packed rows" in (tmp_path / "flex" / "train.log").read_text()
+    assert "flex attention" not in (tmp_path / "sdpa" / "train.log").read_text()
+    a, b = losses(tmp_path / "flex"), losses(tmp_path / "sdpa")
+    assert sorted(a) == list(range(1, 7)) and all(abs(a[s] - b[s]) < 5e-5 * b[s] for s in a), (a, b)

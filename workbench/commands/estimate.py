@@ -195,7 +195,9 @@ def print_report(r: dict[str, Any]) -> None:
         ("weights (frozen + fp32 adapters)" if lora else "weights (fp32)", c["weights"], ""),
         ("gradients (fp32" + (", adapters)" if lora else ")"), c["gradients"],
          "" if c["gradients"] else f"{hb(4 * m.trainable_params)} allocated after this point (grad_accum 1)"),
-        ("optimizer states (AdamW, 2 x fp32" + (", adapters)" if lora else ")"), c["optimizer"], ""),
+        ("optimizer states (AdamW, " + {"8bit": "8-bit", "offload": "offloaded"}.get(m.optimizer_states, "2 x fp32")
+         + (", adapters)" if lora else ")"), c["optimizer"],
+         f"+ {hb(m.host_offload)} pinned in host memory (weights, gradients, moments)" if m.host_offload else ""),
         (f"weight casts ({cast or 'none in fp32'})", c["weight_casts"], ""),
         ("activations", c["activations"],
          "compiled: less saved, the rest recomputed" if m.whole_compiled

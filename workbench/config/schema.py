@@ -192,8 +192,10 @@ class HardwareConfig:
     activation_checkpointing: bool = _f(False, "Recompute block activations in backward to save memory.")
     optimizer_states: str = _f("fp32", "AdamW's two moments per parameter: fp32 (8 bytes a parameter) or 8bit "
                                "(torchao's AdamW8bit: block-wise quantised, ~2 bytes a parameter; tensors under "
-                               "4096 values keep fp32). Muon's momentum stays fp32. 8bit needs torchao: pip install "
-                               "'workbench[savers]'.", choices=("fp32", "8bit"))
+                               "4096 values keep fp32), or offload (fp32 moments in the host's memory and AdamW's "
+                               "step on the CPU, torchao's CPUOffloadOptimizer: no moments on the GPU; CUDA, one "
+                               "process, bf16 or fp32). Muon's momentum stays fp32 on the device. 8bit and offload "
+                               "need torchao: pip install 'workbench[savers]'.", choices=("fp32", "8bit", "offload"))
     chunked_loss: str = _f("auto", "Fused loss: logits, softmax and their gradients a chunk of tokens at a time, so "
                            "the full logits never exist: auto (on CPU always, it is faster there; on GPUs when "
                            "the fp32 logits would exceed 1 GiB), true or false.", choices=("auto", "true", "false"))
@@ -203,10 +205,12 @@ class HardwareConfig:
                               "launches, more memory); max-autotune (also tries Triton matmul kernels: a much longer "
                               "first compile); max-autotune-no-cudagraphs.",
                               choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
-    attention_kernel: str = _f("auto", "Which CUDA kernel scaled_dot_product_attention uses: auto (torch's choice), "
-                               "flash, cudnn or efficient (the others switched off; bench/attention_kernels.py "
-                               "times each on your GPU). No effect off CUDA.",
-                               choices=("auto", "flash", "cudnn", "efficient"))
+    attention_kernel: str = _f("auto", "Which CUDA kernel attention uses: auto (torch's choice; flex for packed "
+                               "conversations without dropout), flash, cudnn or efficient (SDPA with the others "
+                               "switched off; bench/attention_kernels.py times each on your GPU), or flex (flex "
+                               "attention for packed conversations: skips the blocks across conversations; needs "
+                               "model.dropout = 0). No effect off CUDA.",
+                               choices=("auto", "flash", "cudnn", "efficient", "flex"))
     deterministic: bool = _f(False, "Bit-for-bit reproducible steps on CUDA (a run, and a run killed and resumed, "
                              "give the same losses): torch's deterministic algorithms, cuBLAS's fixed workspace, "
                              "and the memory-efficient attention kernel (its backward has a deterministic mode; "

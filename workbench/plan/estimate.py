@@ -65,6 +65,9 @@ LOGITS_HELD = False  # "fits" means total <= (1 - HEADROOM) x what the device ha
 # smaller tensors keep fp32 moments (as bitsandbytes does).
 STATE_BLOCK = 256
 STATE_MIN_VALUES = 4096
+# hardware.optimizer_states = offload: torchao's CPUOffloadOptimizer keeps tensors under this many values (its
+# minimal_size) and their states on the device
+OFFLOAD_MIN_VALUES = 4096
 
 
 def adamw_state_bytes(sizes: list[int], states: str = "fp32") -> int:
@@ -221,6 +224,7 @@ class MemoryEstimate:
     trainable_params: int
     activations_total: int
     checkpoint_bytes: int      # a checkpoint's model.pt + state.pt: the trained weights and the optimizer's states
+    host_offload: int = 0      # hardware.optimizer_states = offload: pinned host memory (weights, gradients, moments)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -235,6 +239,8 @@ class ModelStates:
     gradients: int
     optimizer: int
     optimizer_temp: int
+    offloaded: int = 0         # hardware.optimizer_states = offload: pinned host bytes (see model_state_bytes)
+    offloaded_states: int = 0  # of which AdamW's moments (a checkpoint holds them)
 
 
 def model_state_bytes(preset: Preset, settings: RunSettings) -> ModelStates:
@@ -260,13 +266,22 @@ def model_state_bytes(preset: Preset, settings: RunSettings) -> ModelStates:
     n_muon = sum(k for kind, k in tensors if muon and kind in ("attention", "mlp"))
     adamw_sizes = [k for kind, k in tensors if not (muon and kind in ("attention", "mlp"))]
     optimizer = adamw_state_bytes(adamw_sizes, settings.optimizer_states) + 4 * n_muon
+    offloaded = offloaded_states = 0
+    if settings.optimizer_states == "offload":
+        # torchao's CPUOffloadOptimizer: each tensor of OFFLOAD_MIN_VALUES or more keeps a pinned host copy of
+        # its weight and its gradient and AdamW's two fp32 moments there (16 bytes a value, none on the GPU);
+        # smaller ones (the norms) stay on the device with their moments.
+        big = sum(k for k in adamw_sizes if k >= OFFLOAD_MIN_VALUES)
+        offloaded_states = adamw_state_bytes([k for k in adamw_sizes if k >= OFFLOAD_MIN_VALUES])
+        offloaded = 2 * 4 * big + offloaded_states
+        optimizer = adamw_state_bytes([k for k in adamw_sizes if k < OFFLOAD_MIN_VALUES]) + 4 * n_muon
     # AdamW's step: the fused kernel needs no temporaries; the foreach version (CUDA's default) makes one
     # fp32 sqrt(v) per parameter at once; the per-tensor loop (CPU and MPS default) about three temporaries
     # of the largest tensor; 8-bit states' compiled per-tensor step one tensor's moments dequantised and
     # its update.
     if settings.optimizer_states == "8bit":
         opt_temp = 16 * max(adamw_sizes)
-    elif settings.fused_optimizer:
+    elif settings.fused_optimizer or settings.optimizer_states == "offload":  # offload: the step is the host's
         opt_temp = 0
     elif settings.device_type.startswith("cuda"):
         opt_temp = 4 * (n_train - n_muon)
@@ -276,7 +291,7 @@ def model_state_bytes(preset: Preset, settings: RunSettings) -> ModelStates:
         opt_temp = 12 * max(c.vocab_size * D, D * c.hidden_dim, D * c.n_heads * c.head_dim)
     if n_muon:  # Newton-Schulz works on one matrix at a time: a few copies of the largest hidden one
         opt_temp = max(opt_temp, 16 * max(D * c.hidden_dim, D * c.n_heads * c.head_dim))
-    return ModelStates(n, n_train, weights, 4 * n_train, optimizer, opt_temp)
+    return ModelStates(n, n_train, weights, 4 * n_train, optimizer, opt_temp, offloaded, offloaded_states)
 
 
 @dataclass(frozen=True)
@@ -306,18 +321,18 @@ def activation_bytes(preset: Preset, settings: RunSettings) -> Activations:
         n_train = lora_params(c, t)
         casts_all = (2 * n_train + (2 * V * D if c.tie_embeddings else 0)) if mixed else 0
         casts_head = 2 * V * D if mixed and c.tie_embeddings else 0
-        layer_full = lora_layer_activation_bytes(c, t, B, prec, settings.attention, dev, settings.packed)
+        layer_full = lora_layer_activation_bytes(c, t, B, prec, settings.attention, dev, settings.masked_attention)
         layer_casts = 2 * (n_train // L) if mixed else 0
     else:
         casts_all = 2 * matmul_params(c) if mixed else 0
         casts_head = 2 * V * D if mixed else 0
-        layer_full = layer_activation_bytes(c, B, prec, settings.attention, dev, settings.packed)
+        layer_full = layer_activation_bytes(c, B, prec, settings.attention, dev, settings.masked_attention)
         layer_casts = 2 * ((matmul_params(c) - V * D) // L) if mixed else 0
     layer_ckpt = 4 * BTD  # the checkpoint keeps only the block's input
     # ids, targets, dropout mask
     emb = 16 * B * T + (BTD * (1 if dev.startswith("cuda") else 4) if c.dropout > 0 else 0)
-    if settings.packed:  # positions and segments (int64) and the bool mask all blocks share
-        emb += 16 * B * T + B * T * T
+    if settings.packed:  # positions and segments (int64) and the bool mask all blocks share (none with flex)
+        emb += 16 * B * T + (B * T * T if settings.masked_attention else 0)
     # final norm input + normalised (kept for the norm weight's gradient: not with LoRA) + lm_head input
     head = 4 * BTD + (0 if lora else 4 * BTD) + (a * BTD if mixed else 4 * BTD)
     total = L * (layer_ckpt if settings.activation_checkpointing else layer_full) + emb + head
@@ -437,12 +452,13 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
         params=states.params, components=comp, peak_phase=phase, phases=phases, peak_allocated=phases[phase],
         fragmentation=fragmentation, framework=framework, total=phases[phase] + fragmentation + framework,
         per_layer={"saved": acts.layer_checkpointed if ckpt else acts.layer_full,
-                   "flash": layer_activation_bytes(c, B, prec, "flash", dev, settings.packed),
-                   "math": layer_activation_bytes(c, B, prec, "math", dev, settings.packed),
+                   "flash": layer_activation_bytes(c, B, prec, "flash", dev, settings.masked_attention),
+                   "math": layer_activation_bytes(c, B, prec, "math", dev, settings.masked_attention),
                    "checkpointed": acts.layer_checkpointed},
         model_states=states.weights + states.gradients + states.optimizer, finetune=t.finetune,
         trainable_params=states.trainable, activations_total=acts.total,
-        checkpoint_bytes=4 * states.trainable + states.optimizer)
+        checkpoint_bytes=4 * states.trainable + states.optimizer + states.offloaded_states,
+        host_offload=states.offloaded)
 
 
 def fits(mem: MemoryEstimate, available: int | None, headroom: float = HEADROOM) -> bool | None:

@@ -56,11 +56,11 @@ class RunSettings:
     micro_batch: int             # sequences per process per micro-batch
     parallel: str                # none | ddp | fsdp
     peak_flops: float | None     # for MFU and the compile rule
-    attention_kernel: str = "auto"    # auto | flash | cudnn | efficient: the CUDA SDPA backend
+    attention_kernel: str = "auto"    # auto | flash | cudnn | efficient: the CUDA SDPA backend; flex (packed rows)
     deterministic: bool = False       # CUDA: deterministic algorithms (hardware.deterministic)
     compile_kernels: str = "default"  # torch.compile's mode (default | reduce-overhead | max-autotune ...)
     nonfinite_check: str = "host"     # host | device: where a non-finite step is caught (nonfinite_check())
-    optimizer_states: str = "fp32"    # fp32 | 8bit: AdamW's moments (hardware.optimizer_states)
+    optimizer_states: str = "fp32"    # fp32 | 8bit | offload: AdamW's moments (hardware.optimizer_states)
     packed: bool = False              # packed conversations: attention takes a block-diagonal mask
     warnings: tuple[str, ...] = ()
 
@@ -71,12 +71,18 @@ class RunSettings:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def masked_attention(self) -> bool:
+        """Packed rows through SDPA with a [B, 1, T, T] mask (flex attention takes a BlockMask instead)."""
+        return self.packed and self.attention_kernel != "flex"
+
     def describe(self) -> str:
         """One line: what a user would want to know before a run starts."""
         parts = [self.device, self.precision, f"compile {self.compile_mode}",
                  "fused loss" if self.loss_chunk_tokens else "plain loss",
                  "fused AdamW" if self.fused_optimizer else
-                 ("AdamW, 8-bit states" if self.optimizer_states == "8bit" else "AdamW")]
+                 {"8bit": "AdamW, 8-bit states", "offload": "AdamW, states on the CPU"}.get(self.optimizer_states,
+                                                                                            "AdamW")]
         if self.activation_checkpointing:
             parts.append("activation checkpointing")
         if self.world_size > 1:
@@ -127,13 +133,22 @@ def attention_kind(device: str, dropout: float) -> str:
     return "math" if dropout > 0 else "flash"
 
 
-def attention_kernel(setting: str, device_type: str, deterministic: bool) -> str:
-    """The CUDA SDPA backend: the preset's, or torch's choice (auto); with hardware.deterministic,
-    auto means the memory-efficient kernel, whose backward can run without atomics."""
+def attention_kernel(setting: str, device_type: str, deterministic: bool, packed: bool = False,
+                     dropout: float = 0.0) -> str:
+    """The CUDA attention kernel: the preset's, or torch's choice (auto); with hardware.deterministic,
+    auto means the memory-efficient kernel, whose backward can run without atomics. Packed conversations
+    without attention dropout: auto means flex attention (a BlockMask skips the blocks across
+    conversations; on an H100 at gpu-8gb's shape 0.67 ms for attention's forward + backward against 1.41 ms
+    for SDPA with the mask, which only the memory-efficient kernel takes: bench/packed_attention.py)."""
     if device_type != "cuda":
         return "auto"
+    if setting == "flex" and dropout > 0:
+        raise SettingsError(f"hardware.attention_kernel = 'flex' has no attention dropout (model.dropout = "
+                            f"{dropout:g}); set model.dropout = 0, or hardware.attention_kernel = auto")
     if deterministic and setting == "auto":
         return "efficient"
+    if setting == "auto" and packed and dropout == 0:
+        return "flex"
     return setting
 
 
@@ -298,11 +313,13 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
     if packed and kind == "cuda" and h.attention_kernel == "flash":
         raise SettingsError("hardware.attention_kernel = 'flash' cannot mask packed conversations (the flash kernel "
                             "takes no mask); use hardware.attention_kernel = auto, or data.packing = false")
-    if h.optimizer_states == "8bit":
+    if h.optimizer_states in ("8bit", "offload"):
         if h.fused_adamw == "true":
-            raise SettingsError("hardware.optimizer_states = '8bit' has its own AdamW step (torchao), not the fused "
-                                "kernel; set hardware.fused_adamw = auto or false")
+            raise SettingsError(f"hardware.optimizer_states = '{h.optimizer_states}' has its own AdamW step "
+                                "(torchao), not the fused kernel; set hardware.fused_adamw = auto or false")
         fused = False
+    if h.optimizer_states == "offload":
+        check_offload(kind, world, precision)
     return RunSettings(
         device=device, precision=precision, autocast=precision if precision in ("bf16", "fp16") else None,
         grad_scaler=precision == "fp16", tf32=bool(h.tf32 and kind == "cuda"),
@@ -312,7 +329,7 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
         compile=want_compile, compile_mode=compile_mode(h.activation_checkpointing, chunk) if want_compile else "off",
         compile_reason=reason, nproc=nproc, nproc_reason=nproc_reason, world_size=world, micro_batch=micro,
         parallel=parallel, peak_flops=peak_value, compile_kernels=h.compile_kernels,
-        attention_kernel=attention_kernel(h.attention_kernel, kind, h.deterministic),
+        attention_kernel=attention_kernel(h.attention_kernel, kind, h.deterministic, packed, m.dropout),
         deterministic=h.deterministic and kind == "cuda",
         nonfinite_check=nonfinite_check(h.nonfinite_check, world=world, fused_optimizer=fused,
                                         optimizer=t.optimizer, grad_scaler=precision == "fp16"),
@@ -320,9 +337,24 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
         warnings=tuple(warnings))
 
 
+def check_offload(kind: str, world: int, precision: str) -> None:
+    """hardware.optimizer_states = offload (torchao's CPUOffloadOptimizer) runs on one CUDA GPU: it copies
+    each gradient to the host as backward makes it and each updated weight back, with no collective, and
+    its step has no GradScaler to unscale the host's copies."""
+    if kind != "cuda":
+        raise SettingsError("hardware.optimizer_states = 'offload' moves AdamW's states off a CUDA GPU; on "
+                            f"{kind} they already live in this memory: use fp32 or 8bit")
+    if world > 1:
+        raise SettingsError("hardware.optimizer_states = 'offload' works with one process only; use hardware.nproc "
+                            "= 1, or hardware.shard = true (FSDP2 splits the states over the GPUs) with fp32 states")
+    if precision == "fp16":
+        raise SettingsError("hardware.optimizer_states = 'offload' does not support fp16 (its GradScaler cannot "
+                            "unscale the host's gradients); use hardware.precision = bf16 or fp32")
+
+
 def check_installed(s: RunSettings) -> None:
     """Refuse, before a run starts, what this Python cannot do (the settings themselves are the same for
     an estimate on a machine one does not have): 8-bit optimizer states need torchao."""
-    if s.optimizer_states == "8bit" and importlib.util.find_spec("torchao") is None:
-        raise SettingsError("hardware.optimizer_states = '8bit' needs torchao, which is not installed: "
-                            "pip install 'workbench[savers]' (or set hardware.optimizer_states = 'fp32')")
+    if s.optimizer_states in ("8bit", "offload") and importlib.util.find_spec("torchao") is None:
+        raise SettingsError(f"hardware.optimizer_states = '{s.optimizer_states}' needs torchao, which is not "
+                            "installed: pip install 'workbench[savers]' (or set hardware.optimizer_states = 'fp32')")

@@ -24,7 +24,7 @@ from workbench.plan.batch import search_batch
 from workbench.plan.estimate import estimate_memory, what_if
 from workbench.plan.settings import PeakFn, RunSettings, resolve_settings
 from workbench.train.lora import apply_lora, cast_frozen
-from workbench.train.model import GPT
+from workbench.train.model import GPT, document_mask
 from workbench.train.optim import build_optimizer
 from workbench.train.runtime import amp_dtype, free_cached, is_oom, synchronize
 
@@ -74,6 +74,8 @@ class Prober:
             torch.cuda.reset_peak_memory_stats(self.device)
         out: dict[str, Any] = {"batch": batch, "ok": False, "oom": False}
         packed = packed_inputs(batch, T, self.device) if self.settings.packed else {}
+        if packed and self.settings.attention_kernel == "flex":
+            packed["segments"] = document_mask(packed["segments"])
         try:
             gen = torch.Generator(device="cpu").manual_seed(batch)
             times = []

@@ -325,7 +325,7 @@ class Trainer:
         b.optimizer.unscale_(b.scaler)
         params = b.model.parameters()
         if t.grad_clip > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+            grad_norm = b.optimizer.clip_grad_norm_(params, t.grad_clip)
         else:
             grad_norm = torch.linalg.vector_norm(torch.stack([q.grad.detach().norm() for q in params
                                                               if q.grad is not None]))
@@ -497,7 +497,7 @@ class Trainer:
         if self.dist.enabled:
             b, r = self.settings.micro_batch, self.dist.rank
             batch = tuple(a if a is None else a[r * b:(r + 1) * b] for a in batch)
-        return runtime.batch_to_device(batch, self.device)
+        return runtime.batch_to_device(batch, self.device, flex=self.settings.attention_kernel == "flex")
 
     # ------------------------------------------------------------------ entry
 

@@ -112,9 +112,9 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None):
+    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0, mask=None):
         """``mask``: [B, 1, T, T] bool, True where a query may attend (packed rows: causal within each
-        conversation); None: causal."""
+        conversation), or the same as flex attention's BlockMask (:func:`document_mask`); None: causal."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.hd)
         k = self.wk(x).view(B, T, self.n_kv, self.hd)
@@ -132,6 +132,10 @@ class Attention(nn.Module):
             cache.v[layer][:, :, p:p + T] = v
             k, v = cache.k[layer][:, :, :p + T], cache.v[layer][:, :, :p + T]
             causal = p == 0  # a one-token step after the prompt sees the whole cache
+        if mask is not None and not isinstance(mask, torch.Tensor):  # a BlockMask: flex attention, GQA inside
+            y = flex_attention()(q, k, v, block_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+            y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd)
+            return self.resid_drop(self.wo(y))
         if self.n_kv != self.n_heads:
             # GQA: each KV head serves n_heads / n_kv query heads.
             rep = self.n_heads // self.n_kv
@@ -141,6 +145,33 @@ class Attention(nn.Module):
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd)
         return self.resid_drop(self.wo(y))
+
+
+_FLEX = None
+
+
+def flex_attention():
+    """torch's flex_attention, compiled once per process (eager, it materialises every score; inside a
+    compiled block the call is traced into that graph)."""
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention as flex
+        _FLEX = torch.compile(flex, dynamic=False)
+    return _FLEX
+
+
+def document_mask(segments: torch.Tensor):
+    """Packed rows' attention as flex attention's BlockMask: causal within each conversation (``segments``
+    [B, T]: which conversation each token belongs to). Blocks of 128 x 128 wholly across conversations are
+    skipped, not computed and masked (hardware.attention_kernel = flex). Made outside compiled code, once
+    a micro-batch, and passed to the model in place of the segments."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    B, T = segments.shape
+
+    def doc_causal(b, h, q, k):
+        return (segments[b, q] == segments[b, k]) & (q >= k)
+
+    return create_block_mask(doc_causal, B, None, T, T, device=segments.device)
 
 
 class SwiGLU(nn.Module):
@@ -223,7 +254,9 @@ class GPT(nn.Module):
         else:
             cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
         mask = None
-        if segments is not None:
+        if segments is not None and not isinstance(segments, torch.Tensor):
+            mask = segments  # flex attention's BlockMask, made from the segments (document_mask)
+        elif segments is not None:
             causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
             mask = (segments[:, None, :, None] == segments[:, None, None, :]) & causal
         x = self.drop(self.tok_emb(idx))

@@ -16,6 +16,16 @@ per 256 values, ~2 bytes a parameter for both instead of 8). Its step is compile
 which :meth:`Optimizers.set_lr` fills in place; its state dict holds torchao's tensor subclass, which
 torchao registers for ``torch.load(weights_only=True)``.
 
+``hardware.optimizer_states = "offload"`` keeps AdamW's moments, and a copy of each weight and gradient, in
+the host's pinned memory and runs AdamW's step on the CPU (torchao's ``CPUOffloadOptimizer``, CUDA only):
+each gradient is copied to the host as backward makes it, each updated weight back before the next
+forward. Its state dict is ``{"offloaded": [...], "on-device": ...}`` (tensors under 4096 values stay on
+the GPU). The host steps its own copy of each weight, taken from the device before the first step and after
+every load (init weights, a resume, a rollback). Gradient clipping scales the device's gradients after the
+copies were taken, so
+:meth:`Optimizers.clip_grad_norm_` hands the clip factor to :class:`OffloadAdamW`, which applies it to the
+host's copies before their step.
+
 Why not ``torch.optim.Muon``: it runs the Newton-Schulz iterations in bfloat16 on every device. On a
 CPU, bf16 matmuls are far slower than fp32 (~28x on the 2-core machine this was built on), and the
 tiny test model trained at 495 tokens/s with it against ~9,000 with AdamW. :class:`Muon` below is the
@@ -126,6 +136,18 @@ class Optimizers:
         for opt in self.parts.values():
             scaler.unscale_(opt)
 
+    def clip_grad_norm_(self, params, max_norm: float) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over ``params`` (the total norm before clipping). With the
+        states offloaded the host's copies of the gradients were taken before the clip: the copies are
+        waited for (the clip must not change a gradient being copied) and the factor handed on."""
+        offloaded = [opt for opt in self.parts.values() if isinstance(opt, OffloadAdamW)]
+        for opt in offloaded:
+            torch.cuda.current_stream().wait_stream(opt.stream)
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        for opt in offloaded:
+            opt.host_grad_scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        return norm
+
     def step(self, scaler: torch.amp.GradScaler) -> None:
         for opt in self.parts.values():
             scaler.step(opt)
@@ -154,6 +176,11 @@ class Optimizers:
 
     def load_state_dict(self, sd: dict) -> None:
         saved_muon = set(sd) == {"adamw", "muon"}
+        saved_offload = "offloaded" in (sd["adamw"] if saved_muon else sd)
+        if saved_offload != isinstance(self.adamw, OffloadAdamW):
+            raise ValueError(f"the checkpoint's AdamW states were {'offloaded' if saved_offload else 'on the device'}"
+                             f", this run {'offloads' if isinstance(self.adamw, OffloadAdamW) else 'does not offload'}"
+                             " them (hardware.optimizer_states): resume with the setting the run was saved with")
         if saved_muon != ("muon" in self.parts):
             raise ValueError(f"the checkpoint was trained with {'Muon and AdamW' if saved_muon else 'AdamW'}, this "
                              f"run uses {'Muon and AdamW' if 'muon' in self.parts else 'AdamW'} "
@@ -166,8 +193,11 @@ class Optimizers:
 
 
 def adamw_class(states: str) -> type[torch.optim.Optimizer]:
-    """torch's AdamW, or torchao's AdamW8bit for ``hardware.optimizer_states = "8bit"`` (imported only then;
-    on a machine without CUDA torchao logs that its CUDA kernels did not load, which says nothing here)."""
+    """torch's AdamW, torchao's AdamW8bit for ``hardware.optimizer_states = "8bit"`` or :class:`OffloadAdamW`
+    for ``offload`` (torchao imported only then; on a machine without CUDA torchao logs that its CUDA kernels
+    did not load, which says nothing here)."""
+    if states == "offload":
+        return offload_class()
     if states != "8bit":
         return torch.optim.AdamW
     import logging
@@ -186,6 +216,69 @@ def adamw_class(states: str) -> type[torch.optim.Optimizer]:
             log.setLevel(level)
     warnings.filterwarnings("ignore", message=r"OptimState8bit does not implement _stable_hash_for_caching")
     return AdamW8bit
+
+
+class OffloadAdamW:
+    """Marker base: :func:`offload_class` builds the real class on torchao's ``CPUOffloadOptimizer`` (imported
+    only where it is used), so ``isinstance`` checks work without torchao."""
+
+    stream: torch.cuda.Stream
+    host_grad_scale: torch.Tensor | None = None
+
+
+_OFFLOAD: type | None = None
+
+
+def offload_class() -> type[torch.optim.Optimizer]:
+    """torchao's ``CPUOffloadOptimizer`` with torch's AdamW on the host (fused on the CPU), whose step first
+    scales the host's gradient copies by the clip factor (:meth:`Optimizers.clip_grad_norm_`)."""
+    global _OFFLOAD
+    if _OFFLOAD is not None:
+        return _OFFLOAD
+    adamw_class("8bit")  # torchao's import, its log notes quietened
+    from torchao.optim import CPUOffloadOptimizer
+
+    class CPUOffloadAdamW(CPUOffloadOptimizer, OffloadAdamW):
+        def __init__(self, params, **kw):
+            kw.pop("fused", None)  # the device kernel's flag: the host step is CPU AdamW's own fused one
+            super().__init__(params, torch.optim.AdamW, offload_gradients=False, **kw)
+            self.host_grad_scale = None
+            self.host_weights_stale = True  # the device's weights may be loaded after this (init, resume)
+
+        def load_state_dict(self, state_dict):
+            super().load_state_dict(state_dict)
+            self.host_weights_stale = True  # a resume or a rollback: the model's weights were just loaded
+
+        @property
+        def param_groups(self):
+            """The inner optimizers' groups as they are now (torchao's list keeps the on-device groups it was
+            built with, which a load_state_dict replaces: the schedule would no longer reach them)."""
+            return [*(self.d_opt.param_groups if self.d_opt else []),
+                    *(g for opt in self.optim_dict.values() for g in opt.param_groups)]
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            scale = None if self.host_grad_scale is None else float(self.host_grad_scale)
+            self.host_grad_scale = None
+            if self.host_weights_stale:  # the host steps its copy of each weight: take the device's first
+                for p_device, p_host in self.param_d2h_map.items():
+                    p_host.copy_(p_device.detach())
+                self.host_weights_stale = False
+            if self.d_opt is not None:  # tensors under minimal_size: their gradients were clipped in place
+                self.d_opt.step()
+            for p_device, copied in self.queue.items():
+                copied.synchronize()
+                p_host = self.param_d2h_map[p_device]
+                if scale is not None and scale < 1.0:
+                    p_host.grad.mul_(scale)
+                self.optim_dict[p_device].step()
+                with torch.cuda.stream(self.stream):
+                    p_device.copy_(p_host, non_blocking=True)
+            self.stream.synchronize()  # the weights are back before the next forward
+            self.queue.clear()
+
+    _OFFLOAD = CPUOffloadAdamW
+    return _OFFLOAD
 
 
 def build_optimizer(model: GPT | torch.nn.Module, t: TrainConfig, fused: bool, states: str = "fp32") -> Optimizers:

@@ -125,7 +125,8 @@ def start_line(run_id: str, p: Any, s: Any, device: Any, world: int, n_params: i
         tuned += f", from {p.init['run']} step {p.init['step']}"
     return (f"run {run_id}: preset {p.name}, {millions(n_params, '.2f')} params{tuned}, device {device}"
             f"{layout}, precision {s.precision}, compile {s.compile_mode}, "
-            + ("8-bit AdamW states, " if s.optimizer_states == "8bit" else "")
+            + {"8bit": "8-bit AdamW states, ", "offload": "AdamW states on the CPU, "}.get(s.optimizer_states, "")
+            + ("flex attention for packed rows, " if s.attention_kernel == "flex" and s.packed else "")
             + f"{tokens_per_step:,} tokens/step, corpus {source}"
             + (" (tokenizer and tokens from cache)" if cached else ""))
 

@@ -40,7 +40,7 @@ def apply_backend_flags(settings: RunSettings) -> None:
     if settings.device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = settings.tf32
         torch.backends.cudnn.allow_tf32 = settings.tf32
-        if (k := settings.attention_kernel) != "auto":  # the one SDPA backend left on (math stays the fallback)
+        if (k := settings.attention_kernel) not in ("auto", "flex"):  # the one SDPA backend left on (math stays)
             torch.backends.cuda.enable_flash_sdp(k == "flash")
             torch.backends.cuda.enable_cudnn_sdp(k == "cudnn")
             torch.backends.cuda.enable_mem_efficient_sdp(k == "efficient")
@@ -94,15 +94,21 @@ def peak_rss_mb() -> float:
 OOM_MARKERS = ("CUDA out of memory", "MPS backend out of memory", "out of memory")
 
 
-def batch_to_device(arrays: tuple[np.ndarray | None, ...], device: torch.device) -> tuple[torch.Tensor | None, ...]:
+def batch_to_device(arrays: tuple[np.ndarray | None, ...], device: torch.device,
+                    flex: bool = False) -> tuple[torch.Tensor | None, ...]:
     """A batch's arrays (token windows, targets; chat's positions and segments, or None) on ``device``
-    (pinned and copied asynchronously to a GPU)."""
+    (pinned and copied asynchronously to a GPU). ``flex`` (hardware.attention_kernel = flex): the segments
+    become flex attention's BlockMask (model.document_mask), made here, outside compiled code."""
     def move(a: np.ndarray | None) -> torch.Tensor | None:
         if a is None:
             return None
         t = torch.from_numpy(a)
         return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
-    return tuple(move(a) for a in arrays)
+    out = tuple(move(a) for a in arrays)
+    if flex and len(out) == 4 and out[3] is not None:
+        from workbench.train.model import document_mask
+        out = (*out[:3], document_mask(out[3]))
+    return out
 
 
 def compile_cache_counts() -> dict[str, int]:
