@@ -13,6 +13,7 @@ from workbench.errors import WorkbenchError
 from workbench.fmt import GiB, duration, human_bytes, millions
 from workbench.machine.detect import Machine, detect
 from workbench.machine.gpus import find_gpu
+from workbench.machine.rates import Calibration
 from workbench.plan import compare, report
 from workbench.plan import estimate as est
 from workbench.plan.finetune import compare_methods, method_overrides
@@ -35,7 +36,8 @@ def register(sub) -> None:
                    help="precision (default: the preset's hardware.precision)")
     p.add_argument("--tokens-per-s", type=float, default=None,
                    help="use this throughput instead of a previous run or the calibration")
-    p.add_argument("--no-calibrate", action="store_true", help="skip the short matmul calibration (no torch)")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="skip the short matmul calibration (no torch): use the best rate measured here before, if any")
     p.add_argument("--usd-per-hour", action="append", default=[], metavar="PRICE|NAME=PRICE",
                    help="machine price in $ per hour, for the cost; with --compare (or --gpu) NAME=PRICE per GPU, "
                         "repeatable, e.g. --usd-per-hour 'H100=2.49' --usd-per-hour 4090=0.69")
@@ -151,6 +153,11 @@ def build_report(args) -> dict[str, Any]:
         history=measured_in(args.runs_dir), peak=peak, watts=args.watts,
         usd_per_hour=bare, usd_per_kwh=args.usd_per_kwh,
         power_limit_w=gpus[0].get("power_limit_w") if gpus else None)
+    if peak is not None:  # the matmul rate measured now, and the best one measured here that the estimate used
+        from workbench.machine.probe import calibration_here
+        cal = calibration_here(r["settings"]["device"], r["settings"]["precision"])
+        if cal is not None:
+            r["calibration"] = cal.to_dict()
     if p.init is not None:  # which fine-tuning method fits this machine
         r["init"], r["source"] = p.init, p.source
         r["methods"] = compare_methods(est.what_if(p, device=args.device if args.device not in (None, "auto") else None,
@@ -249,6 +256,8 @@ def print_report(r: dict[str, Any]) -> None:
     if r["tokens_per_s"]:
         t = r["time"]
         print(f"throughput: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_source']})")
+        if r.get("calibration"):
+            print(f"matmul rate: {Calibration(**r['calibration']).describe()}")
         if t["budget_s"]:
             print(f"time budget: {duration(t['budget_s'])}, ~{t['steps']:,.0f} steps ({millions(t['tokens'], ',.1f')} "
                   f"tokens: train {duration(t['train_s'])} + eval {duration(t['eval_s'])})")
@@ -265,6 +274,9 @@ def print_report(r: dict[str, Any]) -> None:
             parts.append("cost: give --usd-per-hour or --usd-per-kwh")
         if parts:
             print("; ".join(parts))
+    elif m.device.split(":")[0] in ("cpu", r["device_here"]):
+        print("throughput: unknown (no previous run of this preset here, and no matmul rate measured on this "
+              "machine: leave out --no-calibrate, or give --tokens-per-s)")
     else:
         print("throughput: unknown (no previous run of this preset here, and the device is not this machine's; "
               "give --tokens-per-s)")

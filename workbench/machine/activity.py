@@ -238,6 +238,64 @@ def _gpu_sample() -> tuple[list[GpuProcess], list[GpuClocks], str]:
     return procs, gpus, ""
 
 
+def _cpus() -> list[int]:
+    """This process's CPUs (its affinity), or every one where that cannot be asked."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(psutil.cpu_count(logical=True) or 1))
+
+
+class OthersCpu:
+    """``with OthersCpu() as w: ...``, then ``w.share``: the share of this process's CPUs that other
+    processes used while the block ran (0-1), to tell a calibration measured beside a busy neighbour.
+
+    The CPUs' busy time (a hypervisor's steal included: another machine's load) less this run's own
+    CPU time (this process; under torchrun also its launcher and the other ranks, which calibrate at the
+    same moment), over the block's wall time on those CPUs."""
+
+    def __init__(self) -> None:
+        self.cpus = _cpus()
+        self.share = 0.0
+        me = psutil.Process()
+        try:
+            parent = me.parent()
+        except psutil.Error:
+            parent = None
+        self.ours = run_processes(me.pid) if parent is not None and _is_launcher(parent) else {me.pid}
+        self._start: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def _busy(self) -> float:
+        per = psutil.cpu_times(percpu=True)
+        total = 0.0
+        for i in self.cpus:
+            if i < len(per):
+                t = per[i]
+                # guest time is counted in user already; idle and iowait are free time
+                total += sum(v for k, v in t._asdict().items() if k not in ("idle", "iowait", "guest", "guest_nice"))
+        return total
+
+    def _ours(self) -> float:
+        total = 0.0
+        for pid in self.ours:
+            try:
+                t = psutil.Process(pid).cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                continue
+        return total
+
+    def __enter__(self) -> "OthersCpu":
+        self._start = (time.monotonic(), self._busy(), self._ours())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        t0, busy0, ours0 = self._start
+        wall = (time.monotonic() - t0) * len(self.cpus)
+        others = (self._busy() - busy0) - (self._ours() - ours0)
+        self.share = min(1.0, max(0.0, others / wall)) if wall > 0 else 0.0
+
+
 def sample_activity(run_pid: int | None, interval: float = 1.0, exclude: set[int] | None = None) -> Activity:
     """What the machine does over the next ``interval`` seconds, the trainer ``run_pid`` told apart
     from everything else (this process is left out, and ``exclude`` too)."""

@@ -13,6 +13,8 @@ traceback.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import os
 import platform
 import shutil
@@ -22,8 +24,8 @@ from typing import Any
 
 import psutil
 
-from workbench.fs import cache_root, read_json, write_json_atomic
 from workbench.machine.peaks import peak_flops
+from workbench.machine.rates import best_rates
 
 
 def _cpu_model() -> str:
@@ -166,26 +168,24 @@ def have_cxx() -> bool:
     return any(shutil.which(c) for c in ("c++", "g++", "clang++"))
 
 
-CALIBRATION_FILE = "calibration.json"
-
-
-def remember_calibration(device: str, precision: str, flops: float) -> None:
-    """Keep a measured matmul rate (``machine.probe``) for processes that do not load torch: the TUI's
-    and the CLI's time estimates use the last one measured on this machine."""
-    path = cache_root() / CALIBRATION_FILE
+@functools.lru_cache(maxsize=1)
+def torch_version() -> str | None:
+    """The installed torch's version, read from its package metadata (torch is not imported)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        known = read_json(path) or {}
-        known[f"{device.split(':')[0]}:{precision}"] = flops
-        write_json_atomic(path, known)
-    except OSError:
-        pass  # a cache: an unwritable one only costs a later estimate its number
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_identity() -> str:
+    """What a measured matmul rate belongs to: the CPU model, its logical cores and the torch version
+    (its kernels). A cache shared by machines (a home on NFS) keeps each one's rates apart."""
+    return f"{_cpu_model()}; {psutil.cpu_count(logical=True)} logical cores; torch {torch_version() or 'absent'}"
 
 
 def calibration() -> dict[str, float]:
-    """The matmul rates measured on this machine, by "device:precision" (see remember_calibration)."""
-    known = read_json(cache_root() / CALIBRATION_FILE)
-    return {k: float(v) for k, v in known.items() if isinstance(v, (int, float))} if isinstance(known, dict) else {}
+    """This machine's best measured matmul rates, by "device:precision" (``workbench.machine.rates``)."""
+    return best_rates(machine_identity())
 
 
 def detect() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What torch can use on this machine, and a measured matmul rate: the torch side of detection.
+"""What torch can use on this machine, and its measured matmul rate: the torch side of detection.
 
 Imports torch (the TUI never imports this module; it uses ``workbench.machine.detect``).
 """
@@ -12,26 +12,24 @@ from typing import Any
 import torch
 
 from workbench.errors import WorkbenchError
-from workbench.machine.detect import Machine, cpu_has_native_bf16, detect, have_cxx, remember_calibration
+from workbench.machine.activity import OthersCpu
+from workbench.machine.detect import Machine, cpu_has_native_bf16, detect, have_cxx, machine_identity
 from workbench.machine.peaks import PRECISION_ALIASES, peak_flops
+from workbench.machine.rates import Calibration, known_rates, rate_key, remember, settle
 
 # ----------------------------------------------------------------------------- calibration
 
-_MATMUL_CACHE: dict[tuple[str, str], float] = {}
+_CALIBRATIONS: dict[tuple[str, str, int | None], Calibration] = {}
 
 
-def measure_matmul_flops(device: str = "cpu", precision: str = "fp32", seconds: float = 0.3) -> float:
-    """Measured matmul FLOP/s on ``device`` at ``precision``: an honest peak for MFU.
+def _precision(precision: str) -> str:
+    return PRECISION_ALIASES.get(precision.lower(), precision.lower())
 
-    Times square matmuls for about ``seconds`` after a warm-up. Results are
-    cached per process (the CPU one is what `workbench estimate` and MFU on CPU
-    use). fp32 on CUDA means strict FP32; ask for "tf32" to allow TF32.
-    """
-    prec = PRECISION_ALIASES.get(precision.lower(), precision.lower())
-    key = (device, prec)
-    if key in _MATMUL_CACHE:
-        return _MATMUL_CACHE[key]
 
+def time_matmul(device: str = "cpu", precision: str = "fp32", seconds: float = 0.3) -> float:
+    """Matmul FLOP/s on ``device`` at ``precision`` now: the best of short windows over about ``seconds``
+    after a warm-up. fp32 on CUDA means strict FP32; ask for "tf32" to allow TF32."""
+    prec = _precision(precision)
     dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
              "fp16": torch.float16}.get(prec)
     if dtype is None:
@@ -68,10 +66,41 @@ def measure_matmul_flops(device: str = "cpu", precision: str = "fp32", seconds: 
         del c
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
-    flops = best
-    _MATMUL_CACHE[key] = flops
-    remember_calibration(device, prec, flops)
-    return flops
+    return best
+
+
+def calibrate(device: str = "cpu", precision: str = "fp32", seconds: float = 0.3) -> Calibration:
+    """The peak matmul rate for MFU and time estimates on ``device``: measured now (``time_matmul``),
+    noting how busy other processes kept the CPU meanwhile, and settled against the best rate measured
+    on this machine before (``workbench.machine.rates``), which it raises when it beats it. Once per
+    process for a device, precision and CPU thread count."""
+    prec = _precision(precision)
+    threads = torch.get_num_threads() if torch.device(device).type == "cpu" else None
+    key = (device, prec, threads)
+    if key in _CALIBRATIONS:
+        return _CALIBRATIONS[key]
+    with OthersCpu() as load:
+        measured = time_matmul(device, prec, seconds)
+    machine, rkey = machine_identity(), rate_key(device, prec, threads)
+    # A GPU's rate is not the CPU's neighbours' to lower; the best-of cache still guards it against other jobs.
+    cal, entry = settle(device, prec, threads, measured, load.share if threads else 0.0,
+                        known_rates(machine).get(rkey))
+    remember(machine, rkey, entry)
+    _CALIBRATIONS[key] = cal
+    return cal
+
+
+def measure_matmul_flops(device: str = "cpu", precision: str = "fp32", seconds: float = 0.3) -> float:
+    """The peak matmul FLOP/s on ``device`` at ``precision`` (``calibrate``): the honest peak that MFU on a CPU
+    (or a GPU missing from the table) and `workbench estimate` use."""
+    return calibrate(device, precision, seconds).flops
+
+
+def calibration_here(device: str, precision: str) -> Calibration | None:
+    """This process's calibration of ``device`` at ``precision`` with torch's current threads, if it made
+    one (none where the peak came from the GPU table)."""
+    threads = torch.get_num_threads() if torch.device(device).type == "cpu" else None
+    return _CALIBRATIONS.get((device, _precision(precision), threads))
 
 
 def mfu_peak(device: str, precision: str, gpu_name: str | None = None) -> tuple[float, str]:

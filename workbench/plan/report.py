@@ -37,6 +37,7 @@ CPU_WATTS_ASSUMED = 65.0  # a desktop CPU package under load (the seeds' "CPU (i
 # of the preset has been measured here, and on CUDA only for a GPU that is not in the GPU table
 # (one that is gets the MFU of workbench.plan.throughput, as `estimate --gpu` does).
 ASSUMED_EFFICIENCY = {"cpu": 0.5, "cuda": 0.15, "mps": 0.15}
+MEASURED_RATE = "this machine's measured matmul rate"
 
 
 def table_gpu(machine: Machine, settings: RunSettings) -> GpuSpec | None:
@@ -88,23 +89,27 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
     # throughput: given > a previous run here > calibration
     prev = history(p, kind) if history else None
     report["previous_run"] = prev
-    tps, source = None, None
+    # basis: what the number rests on, in a few words (the new-run form's time line)
+    tps, source, basis = None, None, None
     if tokens_per_s:
-        tps, source = tokens_per_s, "given with --tokens-per-s"
+        tps, source, basis = tokens_per_s, "given with --tokens-per-s", "given"
     elif prev:
         tps, source = prev["tokens_per_s"], f"measured: median of {prev['records']} log records of run {prev['run']}"
+        basis = "measured"
     elif is_here and settings.peak_flops and (gpu := table_gpu(machine, settings)):
         mfu = throughput.mfu_for(p, settings, gpu)  # the same MFU as `estimate --gpu` for this GPU
         tps = throughput.tokens_per_s(p, settings, mfu)
-        source = throughput.describe(p, settings, gpu, mfu) if tps else None
+        source, basis = (throughput.describe(p, settings, gpu, mfu), "estimate") if tps else (None, None)
     elif is_here and settings.peak_flops:
         eff = ASSUMED_EFFICIENCY.get(kind, 0.3)
         tps = cost.tokens_per_s_from_flops(p.model, settings.peak_flops, eff)
         g = machine.gpu(device)
-        how = "peak table" if g and peak_flops(g.name, settings.precision) else "measured matmul"
+        # not the table's: the best matmul rate measured here (by this command, a run, or an earlier estimate)
+        how = "peak table" if g and peak_flops(g.name, settings.precision) else MEASURED_RATE
         source = (f"estimate: {settings.peak_flops / 1e12:.3g} TFLOP/s ({how}) x {eff:.0%} assumed efficiency / "
                   f"{flops_per_token(p.model) / 1e6:.4g} MFLOP per token")
-    report["tokens_per_s"], report["tokens_per_s_source"] = tps, source
+        basis = f"estimate from {how}"
+    report["tokens_per_s"], report["tokens_per_s_source"], report["tokens_per_s_basis"] = tps, source, basis
     if tps:
         report["time"] = cost.estimate_time(p, tps)
         watts_src = "given"
@@ -143,11 +148,11 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None) 
                   f"{r['available_what']} (estimate, {HEADROOM:.0%} kept free)")
     if r.get("time") and r["time"]["budget_s"]:
         time = (f"time budget {duration(r['time']['budget_s'])}: ~{r['time']['steps']:,.0f} steps at "
-                f"{r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_source'].split(':')[0]})")
+                f"{r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_basis']})")
     elif r.get("time"):
         steps = preset.train.max_iters
         time = (f"~{duration(r['time']['total_s'])} for {steps:,} steps at {r['tokens_per_s']:,.0f} tokens/s "
-                f"({r['tokens_per_s_source'].split(':')[0]})")
+                f"({r['tokens_per_s_basis']})")
     else:
         time = "time: unknown until this machine's speed is measured (after a first run, or `workbench estimate`)"
     return FitCheck(r["fits"], memory, time, r.get("suggestion", ""))

@@ -60,6 +60,15 @@ def progress_text(d: RunData) -> str:
     return f"step {step:,} / {total:,}  {pct}  {eta}"
 
 
+def mfu_text(mfu: float | None, start: EventRecord | None) -> str:
+    """MFU as the pane shows it; "(uncertain)" when its peak was only ever measured beside other busy
+    processes, so it may read high (the start event's calibration, workbench.machine.rates)."""
+    if mfu is None:
+        return "—"
+    cal = start.get("calibration") if start else None
+    return f"{100 * mfu:.1f}%" + (" (uncertain)" if isinstance(cal, dict) and cal.get("uncertain") else "")
+
+
 def stats_table(d: RunData, wide: bool) -> Table:
     r = d.last_train or TrainRecord.from_dict({})
     labels = (("mem_allocated_mb", "alloc"), ("mem_reserved_mb", "reserved"), ("mem_device_used_mb", "device"),
@@ -73,7 +82,7 @@ def stats_table(d: RunData, wide: bool) -> Table:
     mem = " · ".join(mem_parts) if mem_parts else display.mb(r.mem_mb)
     cells = [
         ("tokens/s", display.si(r.tokens_per_s)),
-        ("MFU", "—" if r.mfu is None else f"{100 * r.mfu:.1f}%"),
+        ("MFU", mfu_text(r.mfu, start)),
         ("loss", display.loss(r.loss)),
         ("val loss", display.loss(d.last_eval.val_loss if d.last_eval else None)),
         ("best val", display.loss(d.best_val())),
