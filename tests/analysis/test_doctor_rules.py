@@ -428,6 +428,47 @@ def test_data_wait_thresholds_are_a_tenth_and_three_tenths_of_a_step(tmp_path, f
     assert (f.severity if f else None) == severity
 
 
+def _eval_time(elapsed: float, share: float) -> dict:
+    """The run's end event with its time totals (what `workbench runs` and the doctor read)."""
+    return {"event": "finish", "step": 100, "elapsed_s": elapsed, "eval_s": share * elapsed, "ckpt_s": 1.0}
+
+
+@pytest.mark.parametrize("share, severity", [(0.10 * 0.9, None), (0.10 * 1.1, "low"),
+                                             (0.25 * 0.9, "low"), (0.25 * 1.1, "medium")])
+def test_eval_share_thresholds_are_a_tenth_and_a_quarter_of_the_wall_clock(tmp_path, share, severity):
+    # EVAL_SHARE = 0.10 (a finding from it); medium from EVAL_SHARE_HIGH = 0.25. TINY evals every 20 of its 100
+    # steps: 6 evals; the interval suggested puts them at ~5 % of the time.
+    d = write_run(tmp_path, "ev", events=[_eval_time(600.0, share)])
+    f = found_codes(d).get("slow.eval_share")
+    assert (f.severity if f else None) == severity
+    if f:
+        per_eval, step_s = share * 600 / 6, (600 - share * 600 - 1) / 100
+        interval = f.set["train.eval_interval"]
+        assert 20 < interval <= 100  # at most max_iters (an eval at the end)
+        assert interval == 100 or per_eval / (per_eval + interval * step_s) <= 0.05
+        assert f"{100 * share:.0f} %" in f.title and f.command.startswith("workbench train")
+
+
+@pytest.mark.parametrize("factor, fires", [(0.9, False), (1.1, True)])
+def test_eval_share_is_judged_after_a_minute(tmp_path, factor, fires):
+    # EVAL_SHARE_MIN_SECONDS = 60 of the run's wall-clock
+    d = write_run(tmp_path, "ev", events=[_eval_time(60.0 * factor, 0.5)])
+    assert ("slow.eval_share" in found_codes(d)) == fires
+
+
+def test_eval_share_suggests_auto_eval_batches_where_they_are_fewer(tmp_path):
+    """An explicit train.eval_iters above what auto would score for the run's val split: auto first, the longer
+    interval as the other change."""
+    from workbench.plan.evals import eval_batches
+    d = write_run(tmp_path, "ev", ["train.eval_iters=300"], events=[_eval_time(600.0, 0.3)],
+                  start={"eval_iters": 300})
+    f = found_codes(d)["slow.eval_share"]
+    p = resolve_preset("cpu-small", [*TINY, "train.eval_iters=0"])
+    auto = eval_batches(p, 50_000)[0]
+    assert auto < 300 and f.set == {"train.eval_iters": 0} and f"auto: {auto} batches" in f.change
+    assert f.also and "train.eval_interval=" in f.also[0]
+
+
 TINY_TOKENS_PER_STEP = 4 * 32  # TINY's batch_size x seq_len
 
 

@@ -60,7 +60,7 @@ TINY_EDITS = {"vocab_size = 8192": "vocab_size = 512", "dim = 256": "dim = 64", 
               "n_heads = 8": "n_heads = 4", "n_kv_heads = 4": "n_kv_heads = 2", "seq_len = 256": "seq_len = 32",
               "batch_size = 8": "batch_size = 4", "max_iters = 2000": "max_iters = 6",
               "warmup_iters = 150": "warmup_iters = 2", "eval_interval = 200": "eval_interval = 3",
-              "eval_iters = 20": "eval_iters = 2", "log_interval = 10": "log_interval = 1",
+              "eval_iters = 0 ": "eval_iters = 2 ", "log_interval = 10": "log_interval = 1",
               "ckpt_interval = 500": "ckpt_interval = 3",
               'corpus = "builtin"': 'corpus = "builtin"\nbuiltin_mb = 0.3\ntokenizer_sample_mb = 0.3',
               'compile = "auto"': 'compile = "false"'}

@@ -1,5 +1,6 @@
 """One run at a glance, for ``workbench runs`` and the Runs pane: state, progress, losses, memory
-measured beside the estimate, checkpoints, disk use, the newest task scores. Read from the run directory (no torch)."""
+measured beside the estimate, the share of its wall-clock spent in evals and checkpoint saves, checkpoints, disk
+use, the newest task scores. Read from the run directory (no torch)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from workbench.analysis.lineage import parent_of
 from workbench.analysis.report_card import latest_headline
+from workbench.analysis.time_spent import latest_time_spent
 from workbench.config import load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.fs import dir_size
@@ -51,6 +53,13 @@ class RunSummary:
     finetune: str | None = None       # full | lora, for a run started from another's weights
     est_mem_mb: float | None = None   # the estimator's figure for what mem_mb measures
     mem_err_pct: float | None = None  # (measured - estimate) / estimate
+    # The run's wall-clock so far and its seconds in evals and checkpoint saves, as of its newest eval record or
+    # its end (analysis.time_spent); the shares are of the wall-clock. None: not recorded (an older trainer).
+    elapsed_s: float | None = None
+    eval_s: float | None = None
+    ckpt_s: float | None = None
+    eval_share: float | None = None
+    ckpt_share: float | None = None
     task_step: int | None = None      # the newest step with task scores, and its headline scores
     tasks: dict[str, dict] = field(default_factory=dict)   # task -> {"metric", "value", "n"}
 
@@ -78,7 +87,11 @@ def summarize_run(run_dir: Path) -> RunSummary:
                    step=st.step, max_iters=st.max_iters, error=st.error, started=st.started,
                    best_val_loss=st.best_val_loss)
     evals: list[float] = []
-    for r in last_records(run_dir / "metrics.jsonl"):
+    tail = last_records(run_dir / "metrics.jsonl")
+    if (ts := latest_time_spent(tail)) is not None:
+        s.elapsed_s, s.eval_s, s.ckpt_s = ts.elapsed_s, ts.eval_s, ts.ckpt_s
+        s.eval_share, s.ckpt_share = ts.eval_share, ts.ckpt_share
+    for r in tail:
         if isinstance(r, TrainRecord):
             s.train_loss, s.tokens_per_s = r.loss, r.tokens_per_s
             if r.peak_mem_mb is not None:

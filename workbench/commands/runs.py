@@ -21,6 +21,11 @@ def _f(x, fmt="{:.4f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def share(x: float | None) -> str:
+    """A share of the wall-clock as a percentage: one decimal below 10 %."""
+    return "-" if x is None else f"{100 * x:.1f}" if x < 0.1 else f"{100 * x:.0f}"
+
+
 def source_label(r) -> str:
     """'SmolLM2-135M' for an import, 'SmolLM2-135M, lora@smol@0' for a run fine-tuned from it."""
     if not r.source and not r.init:
@@ -40,13 +45,14 @@ def run(args) -> int:
         print(f"no runs in {root}; start one with `workbench train`")
         return 0
     head = ["RUN", "STATE", "PRESET", "FROM", "SOURCE", "STEP", "TRAIN", "VAL", "VAL BPB", "BEST VAL", "TOK/S",
-            "MEM MB", "EST MB", "ERR", "CKPTS", "DISK"]
+            "EVAL %", "SAVE %", "MEM MB", "EST MB", "ERR", "CKPTS", "DISK"]
     rows = []
     for r in runs:
         rows.append([r.id, r.state, r.preset, r.parent or "-", source_label(r), f"{r.step}/{r.max_iters}",
                      _f(r.train_loss),
                      _f(r.val_loss), _f(r.val_bpb, "{:.3f}"),
-                     _f(r.best_val_loss), _f(r.tokens_per_s, "{:,.0f}"), _f(r.mem_mb, "{:,.0f}"),
+                     _f(r.best_val_loss), _f(r.tokens_per_s, "{:,.0f}"), share(r.eval_share), share(r.ckpt_share),
+                     _f(r.mem_mb, "{:,.0f}"),
                      _f(r.est_mem_mb, "{:,.0f}"), _f(r.mem_err_pct, "{:+.0f}%"),
                      str(len(r.checkpoints)), human_bytes(r.disk_bytes)])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
@@ -54,6 +60,7 @@ def run(args) -> int:
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
     print("FROM: the run and step a branch started from; SOURCE: the imported model a run's weights came from "
           "(and full or LoRA fine-tuning from which run); "
+          "EVAL % / SAVE %: the share of the run's wall-clock spent in evals / saving checkpoints; "
           "MEM MB: peak measured (process RSS on CPU, peak allocated on GPU); EST MB: `workbench estimate` "
           "for the same preset; ERR: measured vs estimate")
     for r in runs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from workbench.config import budget_seconds
 from workbench.errors import WorkbenchError
+from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
 
 
@@ -14,14 +15,15 @@ def tokens_per_s_from_flops(model_cfg, flops_per_s: float, efficiency: float) ->
 
 def estimate_time(preset, tokens_per_s: float) -> dict[str, float | None]:
     """Seconds to train to max_iters at ``tokens_per_s``, plus the periodic evaluations
-    (eval_iters batches of train and of val every eval_interval, forward only: ~1/3 of a step).
+    (eval_iters batches of train and of val every eval_interval, forward only: ~1/3 of a step; auto's count
+    for a val split that does not limit it, as the data is not known here).
     With train.time_budget the total is the budget and ``steps`` (and tokens) what fits in it."""
     if not tokens_per_s or tokens_per_s <= 0:
         raise WorkbenchError(f"tokens per second must be > 0, got {tokens_per_s!r}")
     t, c = preset.train, preset.model
     train_tokens = t.max_iters * preset.tokens_per_step()
     n_evals = t.max_iters // t.eval_interval + 1
-    eval_tokens = n_evals * 2 * t.eval_iters * t.batch_size * c.seq_len
+    eval_tokens = n_evals * 2 * eval_batches(preset)[0] * t.batch_size * c.seq_len
     train_s = train_tokens / tokens_per_s
     eval_s = eval_tokens / (3.0 * tokens_per_s)
     out = {"tokens": float(train_tokens), "train_s": train_s, "eval_s": eval_s, "total_s": train_s + eval_s,

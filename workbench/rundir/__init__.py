@@ -41,6 +41,7 @@ from workbench.fs import read_json, write_json_atomic
 from workbench.rundir.records import (
     LIVE_STATES,
     STATES,
+    TIME_KEYS,
     TIMELINE_EVENTS,
     EvalRecord,
     EventRecord,
@@ -324,5 +325,5 @@ __all__ = ["best_checkpoint", "ckpt_name", "CKPT_PREFIX", "clean_stale_temporari
            "last_records", "LineTail", "list_checkpoints", "LIVE_STATES", "MetricsTail", "MetricsWriter",
            "new_run_dir", "NullWriter", "parse_record", "pid_alive", "process_start_time", "read_jsonl_tail",
            "read_metrics", "read_status", "Record", "resolve_run", "RunError", "RunLock", "runs_root", "RunStatus",
-           "RunView", "sanitize_run_name", "select_checkpoint", "STATES", "TIMELINE_EVENTS", "TMP_PREFIX",
+           "RunView", "sanitize_run_name", "select_checkpoint", "STATES", "TIME_KEYS", "TIMELINE_EVENTS", "TMP_PREFIX",
            "TaskRecord", "TASKS_FILE", "TOKENIZER_FILES", "TrainRecord", "write_status"]

@@ -3,7 +3,8 @@
 Four kinds, each defined once here (the writer and every reader use these classes):
 
 - :class:`TrainRecord`  every ``train.log_interval`` steps: loss, lr, throughput, memory
-- :class:`EvalRecord`   every ``train.eval_interval`` steps: mean train and val loss on fixed windows
+- :class:`EvalRecord`   every ``train.eval_interval`` steps: mean train and val loss on fixed windows, the
+  eval's seconds and the run's wall-clock so far with its seconds in evals and checkpoint saves
 - :class:`TaskRecord`   ``train.eval_tasks`` scored at a step: one record per task and metric (the
   trainer writes them here; ``workbench eval`` writes the same records to ``tasks.jsonl``)
 - :class:`EventRecord`  start, resume, compile_done, checkpoint, early_stop, nonfinite_skip,
@@ -25,6 +26,9 @@ from typing import Any, ClassVar, Union
 
 # The memory fields a train record carries depend on the device (see the trainer's memory_mb).
 MEMORY_KEYS = ("mem_allocated_mb", "mem_reserved_mb", "mem_device_used_mb", "mem_rss_mb", "mem_peak_rss_mb")
+# Where a run's wall-clock went, as eval records and the run's end event (finish, stopped, early_stopped) carry
+# it: the run's seconds so far, and those spent in evals and in checkpoint saves (whole run, across resumes).
+TIME_KEYS = ("elapsed_s", "eval_s", "ckpt_s")
 
 
 def _num(v: Any) -> float | None:
@@ -98,19 +102,30 @@ class EvalRecord:
     # bits per byte of the same windows: the loss per UTF-8 byte of text, comparable across vocabularies
     train_bpb: float | None = None
     val_bpb: float | None = None
+    seconds: float | None = None       # this eval's wall-clock seconds (the first's includes drawing its batches)
+    # The run's wall-clock so far at the eval's end (a train record's elapsed_s), and how much of it went to
+    # evals (this one included) and to checkpoint saves (TIME_KEYS; the run's end event carries them too).
+    elapsed_s: float | None = None
+    eval_s: float | None = None
+    ckpt_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         bpb = {"train_bpb": self.train_bpb, "val_bpb": self.val_bpb} if self.val_bpb is not None else {}
+        times = {"seconds": self.seconds, **self.time_spent()} if self.seconds is not None else {}
         return {"kind": self.kind, "step": self.step, "train_loss": self.train_loss, "val_loss": self.val_loss,
-                "time": self.time, **bpb, **self.extra}
+                "time": self.time, **bpb, **times, **self.extra}
+
+    def time_spent(self) -> dict[str, float | None]:
+        return {k: getattr(self, k) for k in TIME_KEYS}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalRecord":
-        known = {"kind", "step", "train_loss", "val_loss", "time", "train_bpb", "val_bpb"}
+        known = {"kind", "step", "train_loss", "val_loss", "time", "train_bpb", "val_bpb", "seconds", *TIME_KEYS}
         return cls(step=_int(d.get("step")), train_loss=_num(d.get("train_loss")), val_loss=_num(d.get("val_loss")),
                    time=_num(d.get("time")), train_bpb=_num(d.get("train_bpb")), val_bpb=_num(d.get("val_bpb")),
-                   extra={k: v for k, v in d.items() if k not in known})
+                   seconds=_num(d.get("seconds")), elapsed_s=_num(d.get("elapsed_s")), eval_s=_num(d.get("eval_s")),
+                   ckpt_s=_num(d.get("ckpt_s")), extra={k: v for k, v in d.items() if k not in known})
 
 
 @dataclass
@@ -395,4 +410,4 @@ def first_event(path: Path, event: str | tuple[str, ...], head_bytes: int = 1638
 
 __all__ = ["current_timeline", "EvalRecord", "EventRecord", "first_event", "last_records", "LineTail", "MEMORY_KEYS",
            "MetricsTail", "MetricsWriter", "NullWriter", "parse_record", "read_jsonl_tail", "read_metrics", "Record",
-           "RECORD_KINDS", "TaskRecord", "TIMELINE_EVENTS", "TrainRecord"]
+           "RECORD_KINDS", "TaskRecord", "TIME_KEYS", "TIMELINE_EVENTS", "TrainRecord"]

@@ -19,6 +19,7 @@ iteration starts from.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 import os
@@ -41,7 +42,9 @@ from workbench.errors import WorkbenchError
 from workbench.faults import Faults
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine
-from workbench.machine.probe import measured_peak, this_machine
+from workbench.machine.probe import calibration_here, measured_peak, this_machine
+from workbench.machine.rates import Calibration
+from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
 from workbench.plan.schedule import lr_factor
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
@@ -53,7 +56,7 @@ from workbench.train.build import Built, build
 from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
 from workbench.train.checkpointer import Checkpointer
 from workbench.train.dist import Dist
-from workbench.train.evaluation import evaluate
+from workbench.train.evaluation import EvalBatches, evaluate
 from workbench.train.generate import generate_text
 from workbench.train.reporter import Reporter, Throughput, failure_message, start_line
 from workbench.train.skips import Skips
@@ -109,6 +112,9 @@ class Trainer:
         self.budget: Budget | None = None           # train.time_budget
         self.budget_progress: float | None = None   # the share of it spent, as every rank agreed after a step
         self.last_eval_s: float | None = None       # the last eval's seconds, timed on the budget's clock
+        self.calibration: Calibration | None = None  # the CPU's (or an unlisted GPU's) measured MFU peak
+        self.eval_iters = 0                         # batches of train and of val an eval scores (plan.evals)
+        self.eval_batches: EvalBatches | None = None  # those batches, drawn at the first eval and kept
 
     # ------------------------------------------------------------------ setup
 
@@ -154,6 +160,11 @@ class Trainer:
         s = self.settings = run_settings(p, self.machine, self.dist.world, steps_done, measured_peak)
         for w in s.warnings:
             self.report.log(f"warning: {w}")
+        # MFU's peak and where it comes from: measured beside a busy neighbour, the best rate measured here
+        # before is the hardware's; an uncertain one (never measured quietly) is said so (machine.rates).
+        self.calibration = calibration_here(s.device, s.precision)
+        if self.calibration is not None:
+            self.report.log(f"MFU peak: {self.calibration.describe()}")
         self.device = self.dist.device_for(torch.device(s.device))
         runtime.apply_backend_flags(s)
         self.autocast = runtime.autocast(s)
@@ -186,6 +197,9 @@ class Trainer:
             self.tasks.tasks = []
         self.tokens_per_step = p.tokens_per_step()
         self.flops_per_token = flops_per_token(p.model)
+        self.eval_iters, eval_why = eval_batches(p, split_tokens(self.data)[1])
+        if not p.train.eval_iters:
+            self.report.log(f"eval: {eval_why}")
         pending_rng = self.load_state_dict(ckpt) if ckpt else None
         if ckpt:
             self.elapsed_before = self.state.elapsed_s
@@ -203,8 +217,11 @@ class Trainer:
                           compile_mode=s.compile_mode, loss_chunk_tokens=s.loss_chunk_tokens,
                           tokens_per_step=self.tokens_per_step, corpus=self.data.source,
                           train_tokens=split_tokens(self.data)[0], val_tokens=split_tokens(self.data)[1],
+                          eval_iters=self.eval_iters,
                           **({"chat": chat_facts(self.data, self.sampler, p)} if self.data.format == "chat" else {}),
-                          peak_flops=s.peak_flops, pid=os.getpid(), world_size=self.dist.world, parallel=s.parallel,
+                          peak_flops=s.peak_flops,
+                          **({"calibration": self.calibration.to_dict()} if self.calibration else {}),
+                          pid=os.getpid(), world_size=self.dist.world, parallel=s.parallel,
                           finetune=p.train.finetune, trainable=self.built.trainable,
                           **({"checkpoint": ckpt.meta["name"]} if ckpt else {}),
                           **({"parent": p.parent} if p.parent else {}),
@@ -278,10 +295,10 @@ class Trainer:
             evaluated, saved, early_stop = self.maybe_evaluate()
             if early_stop:
                 return "early_stopped"
-            saved = saved or self.checkpointer.maybe_save(self.state.step, self.state_dict, self.skips.last_loss)
+            saved = saved or self.maybe_save()
             if self.stop_agreed if self.dist.enabled else self.stop_requested:
                 if not saved:
-                    self.checkpointer.maybe_save(self.state.step, self.state_dict, self.skips.last_loss, reason="stop")
+                    self.maybe_save(reason="stop")
                 self.report.event("stop", self.state.step)
                 return "stopped"
             if evaluated or saved or scored:
@@ -369,7 +386,8 @@ class Trainer:
         if self.last_eval_s is not None:
             b.reserve = self.last_eval_s
         elif rate:
-            b.reserve = 2 * t.eval_iters * t.batch_size * self.preset.model.seq_len / (3 * self.tokens_per_step * rate)
+            b.reserve = (2 * self.eval_iters * t.batch_size * self.preset.model.seq_len
+                         / (3 * self.tokens_per_step * rate))
         spent = b.spent(now)
         if self.dist.enabled:
             spent, b.reserve = self.dist.broadcast((spent, b.reserve) if self.dist.is_main else None)
@@ -424,14 +442,24 @@ class Trainer:
             self.report.status(best_val_loss=vl)
         else:
             st.bad_evals += 1
+        t0 = time.time()
         self.write_sample()
-        saved = self.checkpointer.maybe_save(st.step, self.state_dict, self.skips.last_loss, vl,
-                                             reason="best" if improved else None)
+        self.state.eval_s += time.time() - t0  # an eval's sample is part of its cost
+        saved = self.maybe_save(vl, reason="best" if improved else None)
         if t.patience and st.bad_evals >= t.patience:
             self.report.log(f"early stop: val loss has not improved for {t.patience} evals (best {st.best_val:.4f})")
             self.report.event("early_stop", st.step, best_val_loss=st.best_val)
             return True, saved, True
         return True, saved, False
+
+    def maybe_save(self, val_loss: float | None = None, reason: str | None = None) -> bool:
+        """A checkpoint of this step when one is due or ``reason`` is given (Checkpointer.maybe_save); its seconds
+        count in the run's."""
+        before = self.checkpointer.seconds
+        saved = self.checkpointer.maybe_save(self.state.step, self.state_dict, self.skips.last_loss, val_loss,
+                                             reason=reason)
+        self.state.ckpt_s += self.checkpointer.seconds - before
+        return saved
 
     def rollback_or_fail(self) -> None:
         """After train.max_skips non-finite steps in a row: back to the last checkpoint with half the
@@ -454,12 +482,23 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation and samples
 
     def evaluate(self) -> EvalRecord:
+        """The eval record of this step, with its seconds and the run's time totals (the first eval of a process
+        draws the fixed batches every eval scores, and keeps them on the device)."""
         t0 = time.time()
-        ev = evaluate(self.built.model, self.preset, self.data, self.token_bytes, self.dist, self.autocast,
-                      self.device, self.next_batch, self.state.step)
+        if self.eval_batches is None:
+            self.eval_batches = EvalBatches.draw(self.preset, self.data, self.eval_iters, self.token_bytes,
+                                                 self.device, self.next_batch)
+        ev = evaluate(self.built.model, self.eval_batches, self.dist, self.autocast, self.state.step)
+        now = time.time()
         if self.budget is not None and self.budget.t0 is not None:  # timed on the budget's clock (compiled)
-            self.last_eval_s = time.time() - t0
-        return ev
+            self.last_eval_s = now - t0
+        self.state.eval_s += now - t0
+        return dataclasses.replace(ev, seconds=round(now - t0, 3), **self.time_spent())
+
+    def time_spent(self) -> dict[str, float]:
+        """The run's wall-clock so far and its seconds in evals and in checkpoint saves (rundir.TIME_KEYS)."""
+        return {"elapsed_s": round(self.elapsed(), 3), "eval_s": round(self.state.eval_s, 3),
+                "ckpt_s": round(self.state.ckpt_s, 3)}
 
     def maybe_score_tasks(self) -> bool:
         """Score ``train.eval_tasks`` when due (rank 0; see TaskScorer); True when it scored."""
@@ -507,7 +546,7 @@ class Trainer:
         try:
             self.setup()
             state = self.train()
-            self.report.event("finish" if state == "finished" else state, self.state.step)
+            self.report.event("finish" if state == "finished" else state, self.state.step, **self.time_spent())
             self.report.status(state=state, step=self.state.step, compiling=False, finished=time.time(),
                                **self.budget_status(time.time()),
                                ckpt_seconds=round(self.checkpointer.seconds, 3), best_val_loss=self.state.best_val)

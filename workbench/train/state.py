@@ -68,6 +68,8 @@ class TrainerState:
     rollbacks: int = 0
     skipped_total: int = 0            # non-finite steps skipped in the whole run
     elapsed_s: float = 0.0            # training time before this process started
+    eval_s: float = 0.0               # the run's seconds in evals (and their samples) so far
+    ckpt_s: float = 0.0               # ... and in checkpoint saves (a checkpoint holds those before its own)
     budget_spent: float = 0.0         # train.time_budget: seconds of it spent (train.budget)
     decay_step: int | None = None     # train.time_budget with wsd: the step its decay began (kept by retention)
     sampler: dict | None = None       # the data sampler's generator state

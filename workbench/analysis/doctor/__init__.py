@@ -10,7 +10,8 @@ The checks, one module each, every threshold a named constant with the reason fo
 - ``stability``       non-finite steps skipped or rolled back, gradient-norm and loss spikes
 - ``memory``          out of memory, near the device's limit, or far below it (what ``fit`` would choose)
 - ``speed``           slow against the estimate; not on the GPU, other processes, waiting for data,
-                      compile off where it pays, fp32 on a bf16 GPU, a throttled GPU
+                      compile off where it pays, fp32 on a bf16 GPU, a throttled GPU; evals taking a
+                      large share of the run's wall-clock
 - ``generalization``  overfitting: the val/train gap growing while val stops improving
 - ``corpus``          epochs, a vocabulary large for the corpus, a tiny validation split
 - ``chat``            chat data: a tiny trained share, conversations cut at seq_len, rows mostly padding

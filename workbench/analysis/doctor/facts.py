@@ -15,6 +15,7 @@ from typing import Any
 
 from workbench.analysis.doctor.finding import new_run_command, resumable, resume_command, shown_path
 from workbench.analysis.doctor.spikes import SpikeFinder
+from workbench.analysis.time_spent import TimeSpent, time_spent_of
 from workbench.config import Preset, PresetError, load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.machine.activity import HardwareSnapshot
@@ -53,6 +54,7 @@ class RunFacts(RunView):
     peak_reserved_mb: float | None = None     # CUDA: the most the allocator held
     grad_spikes: SpikeFinder = field(default_factory=lambda: SpikeFinder("grad_norm"))
     loss_spikes: SpikeFinder = field(default_factory=lambda: SpikeFinder("loss"))
+    time_spent: TimeSpent | None = None       # the newest time totals: wall-clock, evals, saves
     _tail: MetricsTail | None = None
 
     @property
@@ -96,6 +98,7 @@ class RunFacts(RunView):
         return self
 
     def _add(self, r) -> None:
+        self.time_spent = time_spent_of(r) or self.time_spent
         if isinstance(r, TrainRecord):
             self.train_records += 1
             self.last_train = r

@@ -1,9 +1,11 @@
 """Slow: the run below the speed its estimate expects, and why: not on the GPU, other processes on the
-CPU or GPU, waiting for data, compile off where it would pay, fp32 on a GPU with bf16, a throttled GPU."""
+CPU or GPU, waiting for data, compile off where it would pay, fp32 on a GPU with bf16, a throttled GPU; and a
+large share of its wall-clock spent in evals."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 
 from workbench.analysis.doctor.facts import Context
@@ -11,6 +13,7 @@ from workbench.analysis.doctor.finding import Finding, env_path_hint, num, perce
 from workbench.errors import WorkbenchError
 from workbench.fmt import millions
 from workbench.machine.peaks import peak_flops
+from workbench.plan.evals import eval_batches
 from workbench.plan.report import build_report
 from workbench.plan.settings import resolve_settings
 
@@ -42,6 +45,18 @@ GPU_OTHER_MEMORY = 0.10
 DATA_WAIT_FRACTION = 0.10
 DATA_WAIT_HIGH = 0.30        # ... and a high-severity finding from this share on
 
+# Evals: the share of the run's wall-clock spent in them, their samples included (analysis.time_spent). A tenth
+# is a tenth of the training given up to watch it: worth knowing; a quarter is a clear waste. (cpu-small as
+# shipped, 600 steps on a 2-core CPU: 8.9 % before eval_iters became auto and the eval's loss lost its needless
+# gradient, 5.7 % after; README, Performance.)
+EVAL_SHARE = 0.10
+EVAL_SHARE_HIGH = 0.25
+# ... judged once the run has had this much wall-clock: before, the step-0 eval and the set-up weigh more
+# than they will over the run.
+EVAL_SHARE_MIN_SECONDS = 60.0
+# The eval_interval suggested brings the share to about this.
+EVAL_SHARE_TARGET = 0.05
+
 THERMAL = ("thermal (software)", "thermal (hardware)", "hardware slowdown", "power brake (hardware)")
 
 
@@ -52,6 +67,8 @@ def check(ctx: Context) -> list[Finding]:
             out.append(f)
     if (f := _throughput(ctx, causes=out)) is not None:
         out.insert(0, f)
+    if (f := _eval_share(ctx)) is not None:  # not a cause of slow steps: tokens/s leaves evals out
+        out.append(f)
     return out
 
 
@@ -221,6 +238,46 @@ def _fp32_on_bf16_gpu(ctx: Context) -> Finding | None:
                     f"{g.compute_capability[1]}){peaks}",),
                    set_line(values) + " (bf16 autocast there; weights and optimizer stay fp32)", values,
                    ctx.apply_command(values), step=f.start.step if f.start else None)
+
+
+def nice_ceil(x: float) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, ... at least ``x``: an interval a person would choose."""
+    k = 10 ** max(0, math.floor(math.log10(max(1.0, x))))
+    return next(m * k for m in (1, 2, 5, 10) if m * k >= x)
+
+
+def _eval_share(ctx: Context) -> Finding | None:
+    f, p, ts = ctx.facts, ctx.facts.preset, ctx.facts.time_spent
+    if p is None or ts is None or ts.elapsed_s < EVAL_SHARE_MIN_SECONDS or ts.eval_share < EVAL_SHARE:
+        return None
+    t = p.train
+    recorded = [e.seconds for e in f.evals if e.seconds is not None and e.step > 0]  # the first draws its batches
+    per_eval = statistics.median(recorded) if recorded else ts.eval_s / max(1, len(f.evals))
+    step_s = max(1e-9, ts.elapsed_s - ts.eval_s - ts.ckpt_s) / max(1, ts.step)
+    # the interval at which an eval is EVAL_SHARE_TARGET of the time: per_eval / (per_eval + interval x step_s)
+    interval = min(t.max_iters, nice_ceil(per_eval * (1 - EVAL_SHARE_TARGET) / (EVAL_SHARE_TARGET * step_s)))
+    batches = int(f.start_value("eval_iters") or t.eval_iters or 0)
+    val_tokens = f.start_value("val_tokens")
+    auto = eval_batches(dataclasses.replace(p, train=dataclasses.replace(t, eval_iters=0)),
+                        int(val_tokens) if val_tokens else None)[0]
+    options = []
+    if t.eval_iters and auto < batches:
+        options.append(({"train.eval_iters": 0}, f"auto: {auto} batches of train and of val instead of {batches}, "
+                        f"~{percent(ts.eval_share * auto / batches)} of the time"))
+    if interval > t.eval_interval:
+        options.append(({"train.eval_interval": interval}, f"an eval every {interval:,} steps instead of "
+                         f"{t.eval_interval:,}, ~{percent(EVAL_SHARE_TARGET)} of the time"))
+    if not options:
+        return None
+    (values, why), also = options[0], tuple(f"{set_line(v)} ({w})" for v, w in options[1:])
+    return Finding("slow", "slow.eval_share", "medium" if ts.eval_share >= EVAL_SHARE_HIGH else "low",
+                   f"{percent(ts.eval_share)} of the run's time goes to evals",
+                   (f"{num(ts.eval_s)} s of the run's {num(ts.elapsed_s)} s in evals and their samples, as of step "
+                    f"{ts.step}", f"an eval every {t.eval_interval:,} steps of ~{step_s:.2f} s, each ~{per_eval:.2f} s "
+                    f"({batches or '?'} batches of train and of val)"),
+                   f"{set_line(values)} ({why})", values, ctx.apply_command(values), step=ts.step, also=also,
+                   data={"eval_share": ts.eval_share, "eval_s": ts.eval_s, "elapsed_s": ts.elapsed_s,
+                         "eval_seconds": per_eval, "step_seconds": step_s})
 
 
 def _throughput(ctx: Context, causes: list[Finding]) -> Finding | None:
