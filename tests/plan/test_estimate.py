@@ -301,7 +301,17 @@ H100_MEASURED_MIB = [
     ("~124 M with QK-norm, batch 32 (whole model)", [*G124, "model.qk_norm=true"], 21285),
     ("~124 M with QK-norm, batch 32, eager", [*G124, "model.qk_norm=true", "hardware.compile=false"], 35832),
     ("gpu-8gb with QK-norm and Muon (per block)", ["train.optimizer=muon"], 3045),
+    # 2026-11-25 (bench/savers.py in `bash bench/gpu_check.sh savers`; Muon stacking same-shaped matrices)
+    ("~124 M with QK-norm, 8-bit AdamW states", [*G124, "model.qk_norm=true", "hardware.optimizer_states=8bit"],
+     20576),
+    ("~124 M with QK-norm, AdamW states on the host", [*G124, "model.qk_norm=true",
+                                                        "hardware.optimizer_states=offload"], 20351),
+    ("gpu-8gb with QK-norm and Muon, matrices stacked (per block)", ["train.optimizer=muon"], 3043),
 ]
+# Packed conversations on the H100 (2026-11-25, `bash bench/gpu_check.sh chat`: gpu-8gb, model.dropout=0,
+# vocab 4,096, generated conversations): flex attention (auto), SDPA with the mask, one conversation a row.
+H100_CHAT_MIB = [("flex", [], 3213), ("mask", ["hardware.attention_kernel=efficient"], 3237),
+                 ("unpacked", ["data.packing=false"], 3212)]
 
 
 @pytest.mark.parametrize("what,over,measured_mib", H100_MEASURED_MIB, ids=[m[0] for m in H100_MEASURED_MIB])
@@ -315,3 +325,19 @@ def test_compiled_cuda_runs_are_estimated_within_ten_percent_of_an_h100(what, ov
     from workbench.plan.compare import machine_with
     m = estimate_memory(resolve_preset("gpu-8gb", over), machine=machine_with(find_gpu("H100")))
     assert m.peak_allocated / 2**20 == pytest.approx(measured_mib, rel=0.05), (what, m.peak_allocated / 2**20)
+
+
+def test_packed_chat_runs_are_estimated_within_five_percent_of_an_h100(tmp_path):
+    """The chat rows of H100_CHAT_MIB: flex attention keeps no per-block mask, SDPA an additive one."""
+    from tests.support.chat import conversations, write_jsonl
+    from workbench.config import resolve_preset
+    from workbench.machine.gpus import find_gpu
+    from workbench.plan.compare import machine_with
+    chat = write_jsonl(tmp_path / "chat.jsonl", conversations(20, seed=0))
+    got = {}
+    for what, over, measured_mib in H100_CHAT_MIB:
+        p = resolve_preset("gpu-8gb", ["model.vocab_size=4096", "model.dropout=0.0", f"data.corpus='{chat}'", *over])
+        m = estimate_memory(p, machine=machine_with(find_gpu("H100")))
+        got[what] = m.peak_allocated / 2**20
+        assert got[what] == pytest.approx(measured_mib, rel=0.05), (what, got[what])
+    assert got["flex"] < got["mask"]
