@@ -176,13 +176,15 @@ def pid_alive(pid: int | None, start_time: float | None = None) -> bool:
     return True
 
 
-def write_status(run_dir: Path, **fields: Any) -> RunStatus:
-    """Set ``fields`` (names of :class:`RunStatus`) in status.json and replace it atomically."""
+def write_status(run_dir: Path, now: float | None = None, **fields: Any) -> RunStatus:
+    """Set ``fields`` (names of :class:`RunStatus`) in status.json and replace it atomically; ``updated`` is
+    ``now`` (default: the time; canned test runs give a fixed one, so their files have fixed sizes)."""
     unknown = set(fields) - set(RunStatus.fields())
     if unknown:
         raise TypeError(f"RunStatus has no field {', '.join(sorted(unknown))}")
     path = Path(run_dir) / "status.json"
-    st = dataclasses.replace(RunStatus.from_dict(read_json(path)), **fields, updated=time.time())
+    st = dataclasses.replace(RunStatus.from_dict(read_json(path)), **fields,
+                             updated=time.time() if now is None else now)
     # No fsync: status is rewritten every log interval from the training loop, and an fsync
     # there cost more than a whole step of a small model. The rename keeps it atomic.
     write_json_atomic(path, st.to_dict(), fsync=False)

@@ -391,7 +391,9 @@ class Trainer:
         spent = b.spent(now)
         if self.dist.enabled:
             spent, b.reserve = self.dist.broadcast((spent, b.reserve) if self.dist.is_main else None)
-        self.budget_progress = min(1.0, spent / b.usable)
+        # never back: the reserve changes as evals are timed (a slower first eval, then faster ones), and a
+        # larger usable share must not raise the learning rate again
+        self.budget_progress = max(self.budget_progress or 0.0, min(1.0, spent / b.usable))
         t.max_iters = st.step if spent >= b.usable else b.end_step(st.step, now)
         if t.schedule == "wsd" and st.decay_step is None and self.budget_progress >= 1.0 - t.decay_fraction:
             st.decay_step = self.checkpointer.budget_decay = st.step  # saved here (Checkpointer.due)
