@@ -25,6 +25,7 @@ import random
 
 import torch
 import torch.nn.functional as F
+from attention_kernels import time_call  # bench/: CUDA events around warm calls
 
 
 def segments_for(batch: int, seq: int, lo: int, hi: int, seed: int = 0) -> torch.Tensor:
@@ -37,19 +38,6 @@ def segments_for(batch: int, seq: int, lo: int, hi: int, seed: int = 0) -> torch
             doc += 1
         rows.append(seg[:seq])
     return torch.tensor(rows)
-
-
-def cuda_ms(fn, iters: int = 20, warm: int = 5) -> float:
-    for _ in range(warm):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def main() -> int:
@@ -112,7 +100,7 @@ def main() -> int:
                 t.grad = None
             fn().backward(dy)
         try:
-            ms = cuda_ms(step)
+            ms = time_call(step)
         except Exception as e:  # noqa: BLE001
             print(f"{name:<10} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
             continue
