@@ -157,7 +157,7 @@ def test_stop_no_wait_returns_while_the_trainer_is_still_saving(tmp_path):
 def _cpu_seconds(*args: str) -> tuple[float, subprocess.CompletedProcess]:
     """A CLI command's CPU time (with its compiler subprocesses): a busy machine stretches wall time, not this."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cp = wb(*args, check=True, timeout=600)
+    cp = wb(*args, check=True, timeout=600, fresh=True)  # its CPU time is counted as a child's
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), cp
 
@@ -226,6 +226,24 @@ def test_a_resume_compiles_warm_from_the_runs_inductor_cache(compiled_runs, tmp_
         (cold_cache, warm_cache)
     print(f"compile CPU seconds: cold {cold:.1f}, warm {warm:.1f}; to the first step {to_first_step}; "
           f"caches {warm_cache}")
+
+
+def test_the_runs_inductor_cache_is_used_even_where_dynamo_was_imported_first(tmp_path):
+    """Importing torch._dynamo writes inductor's default cache dir into the environment; a trainer that
+    imported it before workbench.train.build took that for the user's choice and compiled into /tmp (a resume
+    in the full suite compiled cold that way). A directory the user did choose is still kept."""
+    code = ("import os, sys, torch._dynamo; from pathlib import Path; "
+            "from workbench.train.build import use_inductor_cache; use_inductor_cache(Path(sys.argv[1])); "
+            "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    run_cache = tmp_path / "run" / "cache" / "inductor"
+    out = subprocess.run([sys.executable, "-c", code, str(run_cache)], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == str(run_cache)
+    users = tmp_path / "users-cache"
+    out = subprocess.run([sys.executable, "-c", code, str(run_cache)], capture_output=True, text=True, check=True,
+                         env={**env, "TORCHINDUCTOR_CACHE_DIR": str(users)}).stdout.strip()
+    assert out == str(users)
 
 
 def test_compile_auto_pays_only_where_it_pays_back():
