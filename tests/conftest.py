@@ -6,11 +6,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import FACTS, tiny, wb
+# One torch thread per process: two test workers share the two cores (2 threads each was 9 % slower and 20 %
+# more CPU time), and the CLI's fork server (tests/support/zygote.py) may only fork a process with one thread.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+from tests.support.cli import FACTS, tiny, wb  # noqa: E402
 
 # CI: a skip not marked gpu fails (tests/support/strict_skips.py)
 pytest_plugins = ["tests.support.strict_skips"]

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support import zygote
+
 REPO = Path(__file__).resolve().parents[2]
 
 # A tiny model on a small slice of the built-in corpus: a few steps take about a second.
@@ -34,12 +36,15 @@ def tiny(*extra: str) -> list[str]:
 
 
 def wb(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300,
-       check: bool = False) -> subprocess.CompletedProcess:
-    """Run the real `workbench` CLI in a subprocess."""
+       check: bool = False, fresh: bool = False) -> subprocess.CompletedProcess:
+    """Run the real `workbench` CLI in a process of its own: forked from a server that has torch imported
+    (tests/support/zygote.py), or with ``fresh`` a new interpreter (what depends on the interpreter's start)."""
     e = dict(os.environ, PYTHONUNBUFFERED="1")
     e.update(env or {})
-    cp = subprocess.run([sys.executable, "-m", "workbench", *args], cwd=cwd, env=e, capture_output=True,
-                        text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    cp = None if fresh else zygote.run(list(args), str(cwd) if cwd else None, e, timeout)
+    if cp is None:
+        cp = subprocess.run([sys.executable, "-m", "workbench", *args], cwd=cwd, env=e, capture_output=True,
+                            text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     if check and cp.returncode != 0:
         raise AssertionError(f"workbench {' '.join(args)} failed ({cp.returncode}):\n{cp.stdout}\n{cp.stderr}")
     return cp

@@ -1,0 +1,39 @@
+"""The tests' fork server (tests/support/zygote.py) runs the CLI as a fresh interpreter would: its own process,
+the environment, working directory, exit status and output it was given, and a timeout that kills it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests.support import zygote
+from tests.support.cli import tiny, wb
+from workbench import rundir
+
+
+def test_a_forked_command_gets_its_own_environment_directory_and_exit_status(tmp_path):
+    runs = tmp_path / "from-env"
+    cp = zygote.run(["train", "cpu-small", "--name", "r", "--yes", *tiny("train.max_iters=4", "train.eval_interval=4")],
+                    str(tmp_path), dict(os.environ, WORKBENCH_RUNS_DIR=str(runs)), timeout=120)
+    assert cp is not None, "the fork server was not used (a thread started by importing torch?)"
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.splitlines()[-1].endswith("finished at step 4, best val loss " +
+                                               f"{rundir.read_status(runs / 'r').best_val_loss:.4f}")
+    st = rundir.read_status(runs / "r")
+    assert st.pid not in (os.getpid(), zygote._server.proc.pid)  # a process of its own
+    bad = zygote.run(["train", "cpu-small", "--set", "train.lr=-1"], str(tmp_path), dict(os.environ), timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("workbench: error:") and bad.stdout == ""
+    # what the product reads from the environment at import time sees the command's environment
+    cp = zygote.run(["runs"], str(tmp_path), dict(os.environ, WORKBENCH_RUNS_DIR=str(runs)), timeout=60)
+    assert cp.returncode == 0 and cp.stdout.splitlines()[1].split()[0] == "r"
+
+
+def test_a_forked_command_past_its_timeout_is_killed(tmp_path):
+    with pytest.raises(subprocess.TimeoutExpired):
+        wb("train", "cpu-small", "--name", "long", "--runs-dir", str(tmp_path), "--yes",
+           *tiny("train.max_iters=1000000", "train.eval_interval=1000000"), timeout=8)
+    st = rundir.read_status(tmp_path / "long")
+    assert st.pid and not rundir.pid_alive(st.pid)
+    assert wb("--help").returncode == 0  # the server goes on serving
