@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 
@@ -162,3 +163,51 @@ def test_stacked_orthogonalisation_is_each_matrix_on_its_own():
         alone = torch.stack([orthogonalize(m) for m in stack])
         torch.testing.assert_close(together, alone, atol=1e-6, rtol=0)
         assert not torch.allclose(together[0], together[1])  # each its own, not one shared normalisation
+
+
+def _power_law(rows: int, cols: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A matrix with singular values 1/i (the shape of a Muon momentum buffer's spectrum: a few large, a long
+    tail) and its exact orthogonal factor U V^T."""
+    k = min(rows, cols)
+    u, _ = torch.linalg.qr(torch.randn(rows, k, generator=g))
+    v, _ = torch.linalg.qr(torch.randn(cols, k, generator=g))
+    return u @ torch.diag(torch.arange(1, k + 1).float() ** -1.0) @ v.T, u @ v.T
+
+
+def test_newton_schulz_schedules_are_as_near_orthogonal_as_claimed():
+    """train.muon_ns: polar-express is nearer U V^T than jordan for the same five steps; minimax-4 as near as
+    jordan in four; minimax-3 cheapest and farthest (the numbers in train/optim.py's comment)."""
+    from workbench.train.optim import NS_SCHEDULES, orthogonalize
+    g = torch.Generator().manual_seed(0)
+    mats = [_power_law(r, c, g) for r, c in ((128, 128), (256, 96), (96, 192))]
+    err = {name: max(float((orthogonalize(m, schedule=name) - o).norm() / o.norm()) for m, o in mats)
+           for name in NS_SCHEDULES}
+    assert {n: len(c) for n, (c, _pad) in NS_SCHEDULES.items()} == \
+        {"jordan": 5, "polar-express": 5, "minimax-4": 4, "minimax-3": 3}
+    assert err["polar-express"] < 0.6 * err["jordan"], err
+    assert err["minimax-4"] < err["jordan"] < err["minimax-3"], err
+
+
+def test_the_configured_schedule_steps_muon_and_survives_a_resume():
+    """train.muon_ns reaches the optimizer, changes its update, and is the config's after loading a checkpoint
+    saved under another schedule (the groups a checkpoint restores do not carry it)."""
+    p = resolve_preset("cpu-small", ["model.dim=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=1",
+                                     "model.vocab_size=64", "train.optimizer=muon"])
+    weights = {}
+    for schedule in ("jordan", "polar-express"):
+        torch.manual_seed(0)
+        model = GPT(p.model)
+        t = dataclasses.replace(p.train, muon_ns=schedule)
+        opt = build_optimizer(model, t, fused=False)
+        assert opt.parts["muon"].ns_schedule == schedule
+        x = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+        model(x[:, :-1], x[:, 1:])[1].backward()
+        opt.step(torch.amp.GradScaler(enabled=False))
+        weights[schedule] = model.layers[0].attn.wq.weight.detach().clone()
+    assert not torch.equal(weights["jordan"], weights["polar-express"])
+    saved = opt.state_dict()  # polar-express's, with its momentum buffers
+    t = dataclasses.replace(p.train, muon_ns="minimax-3")
+    resumed = build_optimizer(GPT(p.model), t, fused=False)
+    resumed.load_state_dict(saved)
+    assert resumed.parts["muon"].ns_schedule == "minimax-3"
+    assert len(resumed.parts["muon"].state) == len(opt.parts["muon"].state) > 0

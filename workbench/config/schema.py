@@ -97,6 +97,10 @@ class TrainConfig:
                         min_exclusive=True)
     muon_momentum: float = _f(0.95, "Muon's momentum (Nesterov).", min=0.0, max=1.0)
     muon_weight_decay: float = _f(0.0, "Muon's decoupled weight decay on the hidden matrices.", min=0.0, max=1.0)
+    muon_ns: str = _f("jordan", "Muon's Newton-Schulz coefficients: jordan (Keller Jordan's quintic, 5 steps), "
+                                "polar-express (the Polar Express paper's 5 minimax steps: the same cost, nearer "
+                                "orthogonal), minimax-4 or minimax-3 (4 or 3 steps: 4/5 or 3/5 of the cost).",
+                      choices=("jordan", "polar-express", "minimax-4", "minimax-3"))
     schedule: str = _f("cosine", "cosine: linear warmup, then cosine decay to min_lr at lr_decay_iters (default "
                                  "max_iters). wsd: linear warmup, stable at lr, then linear decay to min_lr over the "
                                  "last decay_fraction of max_iters; a run extended with --more continues its stable "

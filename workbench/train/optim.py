@@ -1,9 +1,10 @@
 """The optimizer of a run: AdamW alone, or Muon for the hidden matrices and AdamW for the rest.
 
 ``train.optimizer = "muon"`` follows modded-nanogpt and nanochat: the 2-D weights inside the blocks
-(attention's wq/wk/wv/wo, the MLP's w1/w2/w3) are updated by ``torch.optim.Muon`` (Nesterov momentum,
-then five Newton-Schulz iterations that orthogonalise the update); the token embedding, the output
-head and every 1-D parameter (the norms) by AdamW at ``train.lr``. Each group keeps its peak learning
+(attention's wq/wk/wv/wo, the MLP's w1/w2/w3) are updated by :class:`Muon` (Nesterov momentum, then
+Newton-Schulz iterations that orthogonalise the update: ``train.muon_ns`` names their coefficients,
+``NS_SCHEDULES``); the token embedding, the output head and every 1-D parameter (the norms) by AdamW at
+``train.lr``. Each group keeps its peak learning
 rate in ``base_lr``; the schedule scales them all by the same factor.
 
 A checkpoint of an AdamW-only run holds AdamW's state dict as it always did; one with Muon holds
@@ -51,20 +52,49 @@ def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Keller Jordan's quintic, as torch.optim.Muon uses
 
+# Newton-Schulz schedules: one (a, b, c) per iteration, x <- a x + b (x x^T) x + c (x x^T)^2 x. A matrix is first
+# divided by its Frobenius norm (``pad`` times it), so its singular values lie in (0, 1]; each quintic pushes them
+# towards 1. "jordan": Keller Jordan's fixed quintic, five times (the singular values end in ~[0.7, 1.2]).
+# "polar-express": the five minimax quintics of Amsel et al., "The Polar Express" (arXiv 2505.16932), as published
+# with their 1.01 safety factor: the same cost as "jordan", the update ~2x nearer U V^T on this project's Muon
+# buffers (relative error 0.09 against 0.19). "minimax-4" and "minimax-3": the same greedy minimax construction
+# for four and three steps, computed by ``bench/ns_schedules.py`` for singular values down to 3e-3 and 1e-2 (the
+# range a cpu-small momentum buffer's bulk spans): four steps are as near U V^T as Jordan's five (0.14 against
+# 0.19) for 4/5 of the products; three are not (~0.45).
+_PE = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
+       (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+       (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+       (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+       (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
+NS_SCHEDULES: dict[str, tuple[tuple[tuple[float, float, float], ...], float]] = {
+    "jordan": ((NS_COEFFICIENTS,) * 5, 1.0),
+    "polar-express": (tuple((a / 1.01, b / 1.01 ** 3, c / 1.01 ** 5) for a, b, c in _PE), 1.01),
+    "minimax-4": (((8.383674, -24.765907, 18.357083), (4.043422, -3.011406, 0.569512),
+                   (3.505574, -2.626656, 0.52572), (2.49012, -1.834278, 0.436835)), 1.0),
+    "minimax-3": (((8.093369, -23.620432, 17.446152), (3.636585, -2.721926, 0.536546),
+                   (2.6613, -1.977155, 0.452616)), 1.0),
+}
 
-def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+
+def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7, schedule: str = "jordan") -> torch.Tensor:
     """Newton-Schulz: about U V^T of g = U S V^T (the singular values pushed towards 1). ``g`` is one matrix
     [r, c] or a stack of same-shaped matrices [k, r, c], each orthogonalised on its own (one batched product
-    per iteration instead of k: on an H100, gpu-8gb's 84 matrices took 44.6 ms one at a time, 7.4 ms stacked)."""
-    a, b, c = NS_COEFFICIENTS
+    per iteration instead of k: on an H100, gpu-8gb's 84 matrices took 44.6 ms one at a time, 7.4 ms stacked).
+    ``schedule`` names the coefficients (``NS_SCHEDULES``); ``steps`` applies to "jordan" only (the others are
+    as many steps as they have quintics)."""
+    coefficients, pad = NS_SCHEDULES[schedule]
+    if schedule == "jordan":
+        coefficients = (NS_COEFFICIENTS,) * steps
     x = g.to(torch.bfloat16 if g.device.type in ("cuda", "mps") else torch.float32)
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
-    x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)  # spectral norm at most 1
-    for _ in range(steps):
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) * pad + eps)  # spectral norm at most 1
+    mm_add = torch.addmm if x.dim() == 2 else torch.baddbmm  # beta * input + alpha * (p @ q) in one call
+    for a, b, c in coefficients:
         m = x @ x.mT
-        x = a * x + (b * m + c * m @ m) @ x
+        m = mm_add(m, m, m, beta=b, alpha=c)  # b m + c m^2
+        x = mm_add(x, m, x, beta=a)           # a x + (b m + c m^2) x: cpu-small's 28 matrices 118 -> 90 ms
     return (x.mT if tall else x).to(g.dtype)
 
 
@@ -74,9 +104,12 @@ class Muon(torch.optim.Optimizer):
     on a CPU one at a time (the same numbers, bit for bit; stacked was no faster there)."""
 
     def __init__(self, params, lr: float = 0.02, weight_decay: float = 0.0, momentum: float = 0.95,
-                 nesterov: bool = True, ns_steps: int = 5, eps: float = 1e-7):
+                 nesterov: bool = True, ns_steps: int = 5, eps: float = 1e-7, ns_schedule: str = "jordan"):
+        if ns_schedule not in NS_SCHEDULES:
+            raise ValueError(f"unknown Newton-Schulz schedule {ns_schedule!r}; one of {', '.join(NS_SCHEDULES)}")
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                                       ns_steps=ns_steps, eps=eps))
+        self.ns_schedule = ns_schedule  # not in the groups: a checkpoint's groups replace them, this follows the config
         for g in self.param_groups:
             for p in g["params"]:
                 if p.dim() != 2:
@@ -99,9 +132,10 @@ class Muon(torch.optim.Optimizer):
                 by_shape.setdefault((tuple(p.shape), p.dtype, p.device), []).append((p, update))
             for (_, _, device), pairs in by_shape.items():
                 if device.type == "cpu":  # stacking gains nothing here (cpu-small x0.99, medium x0.83)
-                    ortho = [orthogonalize(u, g["ns_steps"], g["eps"]) for _, u in pairs]
+                    ortho = [orthogonalize(u, g["ns_steps"], g["eps"], self.ns_schedule) for _, u in pairs]
                 else:
-                    ortho = orthogonalize(torch.stack([u for _, u in pairs]), g["ns_steps"], g["eps"])
+                    ortho = orthogonalize(torch.stack([u for _, u in pairs]), g["ns_steps"], g["eps"],
+                                          self.ns_schedule)
                 for (p, _), o in zip(pairs, ortho):
                     p.mul_(1 - g["lr"] * g["weight_decay"])
                     p.add_(o, alpha=-g["lr"] * max(1.0, p.size(0) / p.size(1)) ** 0.5)
@@ -298,5 +332,6 @@ def build_optimizer(model: GPT | torch.nn.Module, t: TrainConfig, fused: bool, s
     other_1d = [p for n, p in named if p.dim() < 2]
     adamw = adamw_cls([{"params": other_2d, "weight_decay": t.weight_decay},
                        {"params": other_1d, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2), **kw)
-    muon = Muon(hidden, lr=t.muon_lr, weight_decay=t.muon_weight_decay, momentum=t.muon_momentum, nesterov=True)
+    muon = Muon(hidden, lr=t.muon_lr, weight_decay=t.muon_weight_decay, momentum=t.muon_momentum, nesterov=True,
+                ns_schedule=t.muon_ns)
     return Optimizers({"adamw": adamw, "muon": muon})
