@@ -2,6 +2,7 @@
 the other's final validation loss.
 
     python bench/time_to_loss.py cpu-small "cpu-small train.optimizer=muon train.schedule=wsd" --steps 600 --repeat 3
+    python bench/time_to_loss.py cpu-small "cpu-small ..." --steps 600 --steps-b 400 --a-from earlier.json
 
 Each setting is a preset name followed by `section.key=value` overrides. The runs alternate (A, B, A,
 B, ...) on the same corpus; the i-th A and B share seed 1337 + i (the same weights at the start and the same
@@ -62,6 +63,12 @@ def main() -> int:
     ap.add_argument("a", help='the baseline: "PRESET key=value ..."')
     ap.add_argument("b", help='the challenger: "PRESET key=value ..."')
     ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps-b", type=int, default=None,
+                    help="B's planned steps (default --steps): a schedule that decays reaches a loss sooner when "
+                         "it is planned to end sooner")
+    ap.add_argument("--a-from", default=None,
+                    help="take A's runs from an earlier --json of this script (same A, same seeds) instead of "
+                         "running them again")
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--eval-iters", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=1)
@@ -69,9 +76,20 @@ def main() -> int:
     args = ap.parse_args()
     runs = Path(tempfile.mkdtemp(prefix="wb-ttl-"))
     results: dict[str, list[dict]] = {"A": [], "B": []}
+    earlier = json.loads(Path(args.a_from).read_text()) if args.a_from else None
+    if earlier and earlier["a"] != args.a:
+        raise SystemExit(f"time_to_loss: {args.a_from} holds A = {earlier['a']!r}, not {args.a!r}")
     for i in range(args.repeat):
         for key, setting in (("A", args.a), ("B", args.b)):
-            r = run_once(setting, args.steps, args.eval_every, args.eval_iters, runs, f"{key}{i}", seed=1337 + i)
+            if key == "A" and earlier:
+                if i >= len(earlier["runs"]["A"]):
+                    raise SystemExit(f"time_to_loss: {args.a_from} has {len(earlier['runs']['A'])} A runs, "
+                                     f"--repeat {args.repeat} needs {args.repeat}")
+                results["A"].append(earlier["runs"]["A"][i])
+                print(f"A{i} {setting}: from {args.a_from}: final val loss {earlier['runs']['A'][i]['final']:.4f}")
+                continue
+            steps = args.steps_b if key == "B" and args.steps_b else args.steps
+            r = run_once(setting, steps, args.eval_every, args.eval_iters, runs, f"{key}{i}", seed=1337 + i)
             results[key].append(r)
             print(f"{key}{i} {setting}: final val loss {r['final']:.4f}, {r['tokens_per_s'] or 0:,.0f} tokens/s",
                   flush=True)
