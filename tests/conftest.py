@@ -38,11 +38,12 @@ def shared_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> Path:
-    """One tiny real run on the built-in corpus, shared by the tests that only read it."""
+    """One tiny real run on the built-in corpus, shared by the tests that only read it. In a fresh interpreter, as
+    a user starts it: its peak RSS is held to the estimate (a forked child's leaves out untouched library pages)."""
     root = tmp_path_factory.mktemp("runs")
     wb("train", "cpu-small", "--name", "tiny", "--runs-dir", str(root),
        *tiny("train.max_iters=60", "train.eval_interval=20", "train.ckpt_interval=20", "model.dropout=0.1",
-             "train.lr=3e-3"), check=True)
+             "train.lr=3e-3"), check=True, fresh=True)
     return root / "tiny"
 
 
