@@ -5,8 +5,8 @@ the other's final validation loss.
     python bench/time_to_loss.py cpu-small "cpu-small ..." --steps 600 --steps-b 400 --a-from earlier.json
 
 Each setting is a preset name followed by `section.key=value` overrides. The runs alternate (A, B, A,
-B, ...) on the same corpus; the i-th A and B share seed 1337 + i (the same weights at the start and the same
-batches), each through `workbench train` in a fresh runs directory
+B, ...) on the same corpus; the i-th A and B share seed 1337 + i (--first-seed moves it) (the same
+weights at the start and the same batches), each through `workbench train` in a fresh runs directory
 (the corpus is prepared once, before the first run). For every eval the script prints (seconds since
 the run's start, val loss, val bits per byte); then, with L = A's median final val loss, the time each
 run needed to reach L (interpolated between evals) and the ratio A / B of the medians: above 1, B
@@ -72,6 +72,7 @@ def main() -> int:
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--eval-iters", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--first-seed", type=int, default=1337, help="the i-th pair's seed is this + i")
     ap.add_argument("--json", default=None, help="also write every run's numbers to this file")
     args = ap.parse_args()
     runs = Path(tempfile.mkdtemp(prefix="wb-ttl-"))
@@ -89,7 +90,8 @@ def main() -> int:
                 print(f"A{i} {setting}: from {args.a_from}: final val loss {earlier['runs']['A'][i]['final']:.4f}")
                 continue
             steps = args.steps_b if key == "B" and args.steps_b else args.steps
-            r = run_once(setting, steps, args.eval_every, args.eval_iters, runs, f"{key}{i}", seed=1337 + i)
+            r = run_once(setting, steps, args.eval_every, args.eval_iters, runs, f"{key}{i}",
+                         seed=args.first_seed + i)
             results[key].append(r)
             print(f"{key}{i} {setting}: final val loss {r['final']:.4f}, {r['tokens_per_s'] or 0:,.0f} tokens/s",
                   flush=True)

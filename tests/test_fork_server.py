@@ -37,3 +37,13 @@ def test_a_forked_command_past_its_timeout_is_killed(tmp_path):
     st = rundir.read_status(tmp_path / "long")
     assert st.pid and not rundir.pid_alive(st.pid)
     assert wb("--help").returncode == 0  # the server goes on serving
+
+
+def test_a_command_while_the_server_is_busy_starts_a_fresh_interpreter():
+    """Another thread's command holds the server: this one does not wait for it (it may be what that one waits
+    on) but starts a fresh interpreter."""
+    assert zygote.run(["--help"], None, dict(os.environ), timeout=60).returncode == 0
+    with zygote._server.lock:
+        assert zygote.run(["--help"], None, dict(os.environ), timeout=60) is None
+        cp = wb("presets", "list")
+    assert cp.returncode == 0 and "cpu-small" in cp.stdout

@@ -119,9 +119,19 @@ class _Server:
             raise RuntimeError("the fork server died")
         return json.loads(line)
 
-    def run(self, argv: list[str], cwd: str, env: dict, timeout: float | None) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], cwd: str, env: dict, timeout: float | None) -> subprocess.CompletedProcess | None:
+        """The command's result; None if the server is busy with another thread's command (the caller then
+        starts a fresh interpreter rather than wait: that command may be waiting on this one)."""
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
+            return self._run(argv, cwd, env, timeout)
+        finally:
+            self.lock.release()
+
+    def _run(self, argv: list[str], cwd: str, env: dict, timeout: float | None) -> subprocess.CompletedProcess:
         import time
-        with self.lock, tempfile.TemporaryDirectory(prefix="wb-fork-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="wb-fork-") as tmp:
             out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
             for p in (out, err):
                 open(p, "w").close()
@@ -157,10 +167,10 @@ def run(argv: list[str], cwd: str | None, env: dict, timeout: float | None) -> s
     try:
         if _server is None or _server.proc.poll() is not None:
             _server = _Server()
-        if not _server.ok:
-            _failed = True
-            return None
-        return _server.run(list(argv), str(cwd or os.getcwd()), dict(env), timeout)
-    except (OSError, RuntimeError, ValueError):
+    except (OSError, ValueError):
+        _failed = True
+    if _failed or not _server.ok:
         _failed = True
         return None
+    # once a command is sent, a failure is the test's to see (running the command again could repeat its effects)
+    return _server.run(list(argv), str(cwd or os.getcwd()), dict(env), timeout)
