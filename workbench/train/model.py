@@ -261,10 +261,17 @@ class GPT(nn.Module):
             mask = (segments[:, None, :, None] == segments[:, None, None, :]) & causal
         x = self.drop(self.tok_emb(idx))
         for i, block in enumerate(self.layers):
-            if self.activation_checkpointing and self.training and cache is None:
-                x = activation_checkpoint(block, x, cos, sin, None, i, mask, use_reentrant=False)
+            if cache is not None:
+                # Generation runs the blocks eagerly: a per-block compile (block.compile()) would compile a graph
+                # for every layer index and cache position and hit dynamo's recompile limit, and in a run with a
+                # time budget spend it (a 60 s budget on an H100 ended at 78 s, its samples recompiling). The
+                # module's call (its hooks: FSDP's gathers) is kept.
+                with torch.compiler.set_stance("force_eager"):
+                    x = block(x, cos, sin, cache, i, mask)
+            elif self.activation_checkpointing and self.training:
+                x = activation_checkpoint(block, x, cos, sin, None, 0, mask, use_reentrant=False)
             else:
-                x = block(x, cos, sin, cache, i, mask)
+                x = block(x, cos, sin, None, 0, mask)  # the layer index is the cache's: 0 keeps one graph
         if cache is not None:
             cache.pos += T
         return self.norm(x)
