@@ -17,6 +17,7 @@ import pytest
 from tests.support.cli import REPO, TINY, wb
 from tests.support.runs import read_jsonl, wait_until
 from workbench import rundir
+from workbench.train.budget import Budget
 
 BUDGET = 8.0
 # how far from the budget a run may end: training stops when what is left is the last eval's time (measured, or
@@ -122,6 +123,18 @@ def test_kill_minus_nine_then_resume_goes_on_against_what_is_left(tmp_path):
     assert len(resume) == 1 and resume[0]["step"] == last["step"]
     finish = next(r for r in recs if r.get("event") == "finish")
     assert finish["time"] - resume[0]["time"] <= (BUDGET - spent) + OVER, (finish["time"] - resume[0]["time"], spent)
+
+
+def test_an_eval_that_would_run_past_the_budget_is_made_the_last_one():
+    """A periodic eval due so near the end that the last eval could not follow it inside the budget ends the run
+    there: on an H100 a 60 s budget's eval at step 500 was followed by the final one at 501 (two evals, two
+    checkpoints, 78 s with the recompiles since fixed)."""
+    b = Budget(60.0, 0.0, 1000)
+    b.reserve = 3.0                                   # the last eval with its sample and checkpoint: training has 57 s
+    assert not b.ends_at(50.0, eval_due=True)         # 50 + 3 < 57: the eval fits and training goes on after it
+    assert b.ends_at(54.0, eval_due=True)             # 54 + 3 >= 57: this eval is the run's last
+    assert not b.ends_at(54.0, eval_due=False)        # no eval due: steps go on until 57 s
+    assert b.ends_at(57.0, eval_due=False)
 
 
 def test_the_estimate_gives_the_steps_that_fit_the_budget():

@@ -42,6 +42,12 @@ class Budget:
         """The share of the budget's training time spent, 0 to 1."""
         return min(1.0, self.spent(now) / self.usable)
 
+    def ends_at(self, spent: float, eval_due: bool) -> bool:
+        """Whether the step just taken, with ``spent`` seconds of the budget gone, is the run's last: the budget is
+        spent, or an eval is due whose time would carry the run past where its last eval must start (that eval is
+        made the last one, not followed by another)."""
+        return spent >= self.usable or (eval_due and spent + self.reserve >= self.usable)
+
     def done(self, now: float) -> bool:
         return self.spent(now) >= self.usable
 

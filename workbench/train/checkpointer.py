@@ -23,6 +23,7 @@ class Checkpointer:
     def __init__(self, run_dir: Path, preset: Preset, report: Reporter, faults: Faults):
         self.run_dir, self.preset, self.report, self.faults = Path(run_dir), preset, report, faults
         self.seconds = 0.0          # time spent saving, in this process
+        self.last_seconds = 0.0     # the last save's (a time budget keeps it for the run's final checkpoint)
         # train.time_budget: the step the wsd decay began, known once the clock gets there (the trainer sets it)
         self.budget_decay: int | None = None
 
@@ -72,5 +73,6 @@ class Checkpointer:
         removed = apply_retention(self.run_dir, p.train.keep_last, p.train.milestone_interval, pinned)
         dt = time.time() - t0
         self.seconds += dt
+        self.last_seconds = dt
         self.report.event("checkpoint", step, name=path.name, reason=reason, seconds=round(dt, 3), removed=removed)
         self.report.log(f"saved checkpoint {path.name} ({reason}, {dt:.2f} s)")

@@ -394,7 +394,7 @@ class Trainer:
         # never back: the reserve changes as evals are timed (a slower first eval, then faster ones), and a
         # larger usable share must not raise the learning rate again
         self.budget_progress = max(self.budget_progress or 0.0, min(1.0, spent / b.usable))
-        t.max_iters = st.step if spent >= b.usable else b.end_step(st.step, now)
+        t.max_iters = st.step if b.ends_at(spent, st.step % t.eval_interval == 0) else b.end_step(st.step, now)
         if t.schedule == "wsd" and st.decay_step is None and self.budget_progress >= 1.0 - t.decay_fraction:
             st.decay_step = self.checkpointer.budget_decay = st.step  # saved here (Checkpointer.due)
 
@@ -433,6 +433,7 @@ class Trainer:
         t, st = self.preset.train, self.state
         if not (st.step % t.eval_interval == 0 or st.step == t.max_iters):
             return False, False, False
+        began = time.time()
         ev = self.evaluate()
         self.report.record(ev)
         tl, vl = ev.train_loss, ev.val_loss
@@ -448,6 +449,9 @@ class Trainer:
         self.write_sample()
         self.state.eval_s += time.time() - t0  # an eval's sample is part of its cost
         saved = self.maybe_save(vl, reason="best" if improved else None)
+        if self.budget is not None and self.budget.t0 is not None:
+            # the budget keeps this for the run's end: the last eval comes with its sample and a checkpoint
+            self.last_eval_s = time.time() - began + (0.0 if saved else self.checkpointer.last_seconds)
         if t.patience and st.bad_evals >= t.patience:
             self.report.log(f"early stop: val loss has not improved for {t.patience} evals (best {st.best_val:.4f})")
             self.report.event("early_stop", st.step, best_val_loss=st.best_val)
@@ -492,8 +496,6 @@ class Trainer:
                                                  self.device, self.next_batch)
         ev = evaluate(self.built.model, self.eval_batches, self.dist, self.autocast, self.state.step)
         now = time.time()
-        if self.budget is not None and self.budget.t0 is not None:  # timed on the budget's clock (compiled)
-            self.last_eval_s = now - t0
         self.state.eval_s += now - t0
         return dataclasses.replace(ev, seconds=round(now - t0, 3), **self.time_spent())
 
