@@ -3,7 +3,7 @@
 # precision auto, bf16 / fp16 + GradScaler / fp32, TF32, the fused loss on CUDA, --nproc 1 and NCCL), then a
 # bf16 + compile run, kill -9 / resume agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter
 # config, estimated vs measured peak memory. Exits non-zero when a GPU test fails.
-# Usage: bash bench/gpu_check.sh [quick|tests|numbers|eval|muon|muon-time|chat|mfu|profile|savers]   (tests: the GPU tests alone; quick: the GPU
+# Usage: bash bench/gpu_check.sh [quick|tests|numbers|eval|muon|muon-time|chat|mfu|profile|savers|recipe|budget]   (tests: the GPU tests alone; quick: the GPU
 # tests, kill -9 / resume and fit's OOM path; numbers: the throughput runs and estimates alone; muon: Muon against AdamW,
 # time a step and the Newton-Schulz share; mfu: the ~124 M config's MFU levers, each one trainer run, and the gpu-8gb
 # defaults; eval: task scores while training on CUDA and `workbench eval` on CUDA and CPU; set WB_LEVERS to choose which)
@@ -90,6 +90,39 @@ if [ "${1:-}" = muon-time ]; then  # time to AdamW + cosine's final val loss: Mu
     W="train.warmup_iters=30 data.builtin_mb=24"
     $PY bench/time_to_loss.py "gpu-8gb $W" "gpu-8gb $W train.optimizer=muon train.schedule=wsd" \
         --steps ${WB_STEPS:-300} --eval-every 50 --eval-iters 8 --repeat ${WB_REPEAT:-1}
+    exit 0
+fi
+if [ "${1:-}" = recipe ]; then  # cpu-small's recipe screened on loss per step (fp32, 3 seeds, 8 runs at once):
+    # a step's loss does not depend on the device's speed, so the CPU's candidates are screened here and the
+    # winners timed on the CPU with bench/time_to_loss.py. WB_SCREEN ('"setting" "setting" ...') replaces the list, WB_SCREEN_ARGS adds
+    # recipe_screen.py's options (--steps 200 --eval-every 20 --eval-iters 4 for medium).
+    M="cpu-small train.optimizer=muon train.schedule=wsd train.lr=3e-3 train.muon_ns=polar-express"
+    W="$M train.warmup_iters=30"
+    S=(cpu-small "$M train.max_iters=500" "$W train.max_iters=500" "$W train.max_iters=450" "$W train.max_iters=400"
+       "$W train.max_iters=350" "$M train.warmup_iters=10 train.max_iters=450" "$W train.max_iters=450 train.muon_lr=0.03"
+       "$W train.max_iters=450 train.muon_lr=0.04" "$W train.max_iters=450 train.decay_fraction=0.4"
+       "$W train.max_iters=400 train.decay_fraction=0.5" "$W train.max_iters=450 train.lr=6e-3"
+       "$W train.max_iters=450 train.muon_ns=minimax-4" "$W train.max_iters=400 train.muon_lr=0.03 train.decay_fraction=0.4"
+       "$M train.warmup_iters=15 train.max_iters=250 train.batch_size=16"
+       "$M train.warmup_iters=15 train.max_iters=225 train.batch_size=16 train.muon_lr=0.03"
+       "cpu-small train.schedule=wsd train.decay_fraction=0.4 train.max_iters=500")
+    [ -n "${WB_SCREEN:-}" ] && eval "S=($WB_SCREEN)"
+    set -- "${S[@]}"
+    $PY bench/recipe_screen.py "$@" --seeds ${WB_SEEDS:-3} --parallel ${WB_PARALLEL:-8} --threads 2 \
+        --set hardware.device=cuda hardware.precision=fp32 hardware.compile=false --json ${OUT:-/tmp}/screen.json ${WB_SCREEN_ARGS:-}
+    exit 0
+fi
+if [ "${1:-}" = budget ]; then  # the time budget on CUDA: where the run ends against its budget (trainer's own clock)
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
+    for b in ${WB_BUDGETS:-90s}; do
+        $PY -m workbench train gpu-8gb --name tb-$b --runs-dir $R --yes --time-budget $b \
+            --set data.builtin_mb=24 2>&1 | grep -E "budget|compile|finished|error" | tail -6
+        $PY -c "import json,sys; s=json.load(open('$R/tb-$b/status.json')); b=s['budget_s']; d=s['budget_spent_s']; \
+print(f'budget {b:.0f} s: spent {d:.1f} s ({(d-b)/b:+.1%}), step {s[\"step\"]}'); \
+ev=[json.loads(l) for l in open('$R/tb-$b/metrics.jsonl')]; \
+print('evals (step, s):', [(r['step'], r['seconds']) for r in ev if r['kind']=='eval']); \
+print('saves (step, s):', [(r['step'], r['seconds']) for r in ev if r.get('event')=='checkpoint'])"
+    done
     exit 0
 fi
 if [ "${1:-}" = muon ]; then  # Muon vs AdamW: ms a step, the Newton-Schulz share (bench/muon_gpu.py), the trainer's tokens/s

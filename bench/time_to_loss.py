@@ -42,7 +42,8 @@ def run_once(setting: str, steps: int, eval_every: int, eval_iters: int, runs: P
     t0 = next(r["time"] for r in recs if r.get("event") == "start")
     evals = [(r["time"] - t0, r["val_loss"], r.get("val_bpb")) for r in recs if r["kind"] == "eval"]
     tps = [r["tokens_per_s"] for r in recs if r["kind"] == "train" and r.get("tokens_per_s")]
-    return {"evals": evals, "final": evals[-1][1], "tokens_per_s": statistics.median(tps) if tps else None}
+    return {"evals": evals, "final": evals[-1][1], "tokens_per_s": statistics.median(tps) if tps else None,
+            "eval_steps": [r["step"] for r in recs if r["kind"] == "eval"]}
 
 
 def time_to(evals: list[tuple[float, float, float]], target: float) -> float | None:
