@@ -10,7 +10,8 @@ weights at the start and the same batches), each through `workbench train` in a 
 (the corpus is prepared once, before the first run). For every eval the script prints (seconds since
 the run's start, val loss, val bits per byte); then, with L = A's median final val loss, the time each
 run needed to reach L (interpolated between evals) and the ratio A / B of the medians: above 1, B
-gets there sooner. A run that never reaches L counts as not reaching it (no ratio).
+gets there sooner. A run that never reaches L counts as not reaching it (no ratio). Then the same paired by
+seed: each A's time to its own final loss over its B's time to that loss, and their median.
 """
 
 from __future__ import annotations
@@ -110,6 +111,18 @@ def main() -> int:
         print(f"  {key}: time to target {shown}; final val loss {finals}")
     if medians["A"] and medians["B"]:
         print(f"  ratio A / B of the median times: {medians['A'] / medians['B']:.2f} (above 1: B is sooner)")
+    # Paired by seed: each B against its own seed's A (the same weights, batches and eval batches), to A's own
+    # final loss; the seeds' spread of final losses (~0.08 on cpu-small) can leave the median target out of a
+    # seed's reach, which the median above counts as never.
+    paired = []
+    for a, b in zip(results["A"], results["B"]):
+        ta, tb = time_to(a["evals"], a["final"]), time_to(b["evals"], a["final"])
+        paired.append(None if tb is None else ta / tb)
+    if paired:
+        shown = ", ".join("never" if r is None else f"{r:.2f}" for r in paired)
+        reached = sorted(r for r in paired if r is not None)
+        med = f"{statistics.median(reached):.2f}" if len(reached) * 2 > len(paired) else "never"
+        print(f"  paired by seed, A's time to its own final loss / B's: {shown}; median {med}")
     if args.json:
         Path(args.json).write_text(json.dumps({"a": args.a, "b": args.b, "target": target, "runs": results}, indent=1))
     return 0
