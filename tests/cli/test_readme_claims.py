@@ -548,9 +548,10 @@ def test_the_shipped_presets_qk_norm_and_learning_rate_defaults():
     assert len(shipped) == 6
     assert {n: resolve_preset(n).model.qk_norm for n in shipped} == {n: True for n in shipped}
     t = resolve_preset("cpu-small").train
-    assert (t.lr, t.warmup_iters, t.beta2) == (2e-3, 150, 0.99)
-    t = resolve_preset("medium").train
-    assert (t.lr, t.beta2) == (6e-4, 0.95)  # medium keeps QK-norm at lr 6e-4 and beta2 0.95
+    assert (t.optimizer, t.schedule, t.decay_fraction, t.muon_ns) == ("muon", "wsd", 0.4, "polar-express")
+    assert (t.lr, t.warmup_iters, t.beta2) == (3e-3, 30, 0.99)
+    m = resolve_preset("medium").train
+    assert (m.optimizer, m.schedule, m.decay_fraction, m.lr, m.beta2) == ("muon", "wsd", 0.4, 9e-4, 0.95)
     assert resolve_preset("cpu-small").hardware.nproc == 1  # "so cpu-small ships with nproc = 1"
     assert resolve_preset("datacenter-80gb").hardware.shard is True  # "(set in datacenter-80gb)"
 

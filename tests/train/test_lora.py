@@ -143,6 +143,9 @@ def test_a_full_fine_tune_starts_from_the_source_weights(imported, ft_corpus, ca
     assert rc == 0, err
     assert "fine-tuning every weight of qwen2-bias step_0000000" in out
     d = imported / "full"
+    # cpu-small's Muon + wsd is for training from scratch: a fine-tune takes AdamW unless asked for Muon
+    # (at muon_lr 0.02 the weights below would move ~10x further than the bound)
+    assert load_preset_file(d / "preset.toml").train.optimizer == "adamw"
     saved = load_model_state(rundir.list_checkpoints(d)[-1]["path"])
     assert "layers.0.attn.wq.bias" in saved and not any(".lora_" in k for k in saved)
     # 3 AdamW steps at lr 1e-3 move each weight by about 3e-3: the source's, not a fresh init (std 0.02)
@@ -153,3 +156,11 @@ def test_a_full_fine_tune_starts_from_the_source_weights(imported, ft_corpus, ca
     # ... and every weight, biases and norms too, moved about that much: a "full" fine-tune that trained nothing,
     # or only some of the weights, fails here
     assert min(moved.values()) > 1e-4, sorted(moved.items(), key=lambda kv: kv[1])[:3]
+
+
+def test_a_full_fine_tune_takes_muon_when_asked(imported, ft_corpus, capsys):
+    rc, _out, err = cli(capsys, "train", "cpu-small", "--init-from", "qwen2-bias", "--corpus", str(ft_corpus),
+                        "--name", "full-muon", "--runs-dir", str(imported), "--set", *FT, "train.max_iters=3",
+                        "train.eval_interval=3", "train.optimizer=muon")
+    assert rc == 0, err
+    assert load_preset_file(imported / "full-muon" / "preset.toml").train.optimizer == "muon"

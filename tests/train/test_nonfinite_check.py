@@ -40,12 +40,13 @@ def _same_weights(a: dict, b: dict) -> bool:
 def test_auto_checks_on_the_device_only_where_the_fused_kernel_does_the_whole_update():
     m = this_machine()
     def check(*over):
-        return resolve_settings(resolve_preset("cpu-small", list(over)), m, world_size=1).nonfinite_check
+        p = resolve_preset("cpu-small", ["train.optimizer=adamw", *over])
+        return resolve_settings(p, m, world_size=1).nonfinite_check
     assert check() == "device"                                              # fused AdamW, one process
     assert check("hardware.fused_adamw=false") == "host"
     assert check("train.optimizer=muon") == "host"
     assert check("hardware.nonfinite_check=host") == "host"
-    p = resolve_preset("cpu-small", ["hardware.nproc=2", "train.batch_size=8"])
+    p = resolve_preset("cpu-small", ["hardware.nproc=2", "train.batch_size=8", "train.optimizer=adamw"])
     assert resolve_settings(p, m, world_size=2).nonfinite_check == "host"  # DDP: the loss is averaged on the host
     with pytest.raises(SettingsError, match="nonfinite_check = 'device' needs one process, fused AdamW"):
         check("hardware.nonfinite_check=device", "train.optimizer=muon")

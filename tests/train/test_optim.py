@@ -57,7 +57,7 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
 
 
 def test_schedules():
-    cos = resolve_preset("cpu-small", ["train.max_iters=1000", "train.warmup_iters=100"])
+    cos = resolve_preset("cpu-small", ["train.max_iters=1000", "train.warmup_iters=100", "train.schedule=cosine"])
     wsd = resolve_preset("cpu-small", ["train.max_iters=1000", "train.warmup_iters=100", "train.schedule=wsd",
                                        "train.decay_fraction=0.2"])
     assert decay_start(wsd) == 800

@@ -59,7 +59,7 @@ def test_a_name_no_line_edit_can_set_is_written_from_the_data():
 TINY_EDITS = {"vocab_size = 8192": "vocab_size = 512", "dim = 256": "dim = 64", "n_layers = 4": "n_layers = 2",
               "n_heads = 8": "n_heads = 4", "n_kv_heads = 4": "n_kv_heads = 2", "seq_len = 256": "seq_len = 32",
               "batch_size = 8": "batch_size = 4", "max_iters = 2000": "max_iters = 6",
-              "warmup_iters = 150": "warmup_iters = 2", "eval_interval = 200": "eval_interval = 3",
+              "warmup_iters = 30 ": "warmup_iters = 2 ", "eval_interval = 200": "eval_interval = 3",
               "eval_iters = 0 ": "eval_iters = 2 ", "log_interval = 10": "log_interval = 1",
               "ckpt_interval = 500": "ckpt_interval = 3",
               'corpus = "builtin"': 'corpus = "builtin"\nbuiltin_mb = 0.3\ntokenizer_sample_mb = 0.3',
@@ -194,6 +194,7 @@ def test_the_estimate_box_gives_the_time_workbench_estimate_gives(tmp_path, monk
             tps = est["tokens_per_s"]
             assert rows["tokens/s"].endswith("(measured, t1)"), rows
             assert rows["time"] == f"{duration(est['time']['total_s'])} (evals included)", (rows, est["time"])
-            assert duration(est["time"]["total_s"]) != duration(est["time"]["train_s"])  # evals make a difference
+            # evals make a difference (in seconds: at this tiny run's pace both can round to the same "3s")
+            assert est["time"]["total_s"] > est["time"]["train_s"] + 0.1, est["time"]
             assert tps > 0
     run(go())

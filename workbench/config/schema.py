@@ -364,7 +364,7 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
         if unknown or not lora_target_list(t.lora_targets):
             bad(f"train.lora_targets = {t.lora_targets!r}: {', '.join(unknown) or 'none given'} is not a projection; "
                 f"choose from {', '.join(LORA_TARGETS)}")
-        if t.optimizer == "muon":
+        if t.optimizer == "muon" and "train.optimizer" in user_set:  # a preset's own Muon: the fine-tune takes AdamW
             bad("train.optimizer = muon does not apply to LoRA adapters (low-rank factors, not whole matrices); "
                 "use train.optimizer = adamw with train.finetune = lora")
     if t.warmup_iters >= t.max_iters:

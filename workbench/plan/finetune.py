@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from workbench.config import Preset, PresetError, load_preset_file, parse_override, preset_from_dict
+from workbench.config import Preset, PresetError, load_preset_file, overridden_keys, parse_override, preset_from_dict
 from workbench.fs import fsync_dir, write_atomic
 from workbench.machine.detect import Machine
 from workbench.plan import estimate as est
@@ -87,7 +87,14 @@ def init_preset(p: Preset, src: InitSource, overrides: list[str]) -> Preset:
     data = dataclasses.replace(p.data, tokenizer=str(tok))
     step = int(src.ckpt["step"])
     what = "LoRA" if p.train.finetune == "lora" else "full"
-    out = dataclasses.replace(p, model=model, data=data, init={"run": src.run, "step": step}, source=source,
+    train = p.train
+    if train.optimizer == "muon" and "train.optimizer" not in overridden_keys(overrides):
+        # cpu-small's and medium's Muon + wsd is a recipe for training from scratch: a fine-tune takes AdamW
+        # (LoRA's adapters are low-rank factors, not whole matrices; a full fine-tune moves pretrained weights,
+        # which Muon's fixed-size updates at muon_lr would overwrite) unless --set train.optimizer=muon says so
+        train = dataclasses.replace(train, optimizer="adamw")
+    out = dataclasses.replace(p, model=model, data=data, train=train, init={"run": src.run, "step": step},
+                              source=source,
                               description=f"{what} fine-tune of {Path(source['model']).name} (run {src.run} step "
                                           f"{step}) with preset {p.name}")
     return preset_from_dict(out.to_dict(), f"{p.name} --init-from {src.run}", name=p.name)  # the rules again
