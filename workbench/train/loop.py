@@ -112,6 +112,7 @@ class Trainer:
         self.budget: Budget | None = None           # train.time_budget
         self.budget_progress: float | None = None   # the share of it spent, as every rank agreed after a step
         self.last_eval_s: float | None = None       # the last eval's seconds, timed on the budget's clock
+        self.first_eval_s: float | None = None      # the step-0 eval's (before the clock: a bound until one is timed)
         self.calibration: Calibration | None = None  # the CPU's (or an unlisted GPU's) measured MFU peak
         self.eval_iters = 0                         # batches of train and of val an eval scores (plan.evals)
         self.eval_batches: EvalBatches | None = None  # those batches, drawn at the first eval and kept
@@ -263,6 +264,7 @@ class Trainer:
         self.report.status(state="running", compiling=self.settings.compile, step=self.state.step)
         if self.state.step == 0 and not self.resume:
             ev = self.evaluate()
+            self.first_eval_s = ev.seconds
             self.report.record(ev)
             self.report.log(f"step 0: train loss {ev.train_loss:.4f}, val loss {ev.val_loss:.4f} "
                             f"({ev.val_bpb:.3f} bits/byte)")
@@ -388,6 +390,9 @@ class Trainer:
         elif rate:
             b.reserve = (2 * self.eval_iters * t.batch_size * self.preset.model.seq_len
                          / (3 * self.tokens_per_step * rate))
+            # the step-0 eval, where there was one, scored the same batches: under load, or with Muon's heavier
+            # step, the pace's guess was 2-4x it (a 40 s budget beside a busy test suite trained 2 steps)
+            b.reserve = min(b.reserve, self.first_eval_s or b.reserve)
         spent = b.spent(now)
         if self.dist.enabled:
             spent, b.reserve = self.dist.broadcast((spent, b.reserve) if self.dist.is_main else None)
