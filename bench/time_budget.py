@@ -2,6 +2,8 @@
 
     python bench/time_budget.py                      # 5 minutes, 1 seed (~20 minutes on a quiet 2-core CPU)
     python bench/time_budget.py --minutes 5,10 --seeds 3 --kill
+    python bench/time_budget.py --minutes 10 --seeds 3 --planned-set train.optimizer=adamw train.schedule=cosine \
+        train.lr=2e-3 train.warmup_iters=150      # the planned runs with the default before 2026-11-27
 
 For each budget T and seed, one run after the other, cpu-small as shipped (cosine schedule, the built-in corpus):
 
@@ -95,10 +97,10 @@ def budget_run(out: Path, name: str, seconds: float, seed: int) -> dict:
     return {"spent": st["budget_spent_s"], "steps": st["step"], "val": val_loss(out / "runs" / name)}
 
 
-def planned_run(out: Path, name: str, seconds: float, seed: int, steps: int) -> dict:
+def planned_run(out: Path, name: str, seconds: float, seed: int, steps: int, extra: list[str]) -> dict:
     run_dir = out / "runs" / name
     proc = cli(out, "train", "cpu-small", "--runs-dir", str(out / "runs"), "--name", name, "--yes", "--set",
-               *COMMON, f"train.seed={seed}", f"train.max_iters={steps}", wait=False)
+               *COMMON, *extra, f"train.seed={seed}", f"train.max_iters={steps}", wait=False)
     while proc.poll() is None:
         t0 = first_step_time(run_dir)
         if t0 is not None and time.time() - t0 >= seconds:
@@ -139,6 +141,9 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=1, help="seeds per budget (medians over them; default 1)")
     ap.add_argument("--kill", action="store_true", help="also kill -9 a budgeted run at half and resume it")
     ap.add_argument("--out", type=Path, default=None, help="runs and cache here (default: a new temp dir)")
+    ap.add_argument("--planned-set", nargs="*", default=[],
+                    help="overrides of the planned run (and its estimate), e.g. the old default: train.optimizer=adamw "
+                         "train.schedule=cosine train.lr=2e-3 train.warmup_iters=150")
     a = ap.parse_args()
     out = (a.out or Path(tempfile.mkdtemp(prefix="wb-budget-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -149,9 +154,9 @@ def main() -> int:
     for minutes in (float(m) for m in a.minutes.split(",")):
         seconds = minutes * 60
         est = json.loads(cli(out, "estimate", "cpu-small", "--runs-dir", str(out / "fresh-runs"), "--json", "--set",
-                             f"train.time_budget={seconds:g}s").stdout)
+                             *a.planned_set, f"train.time_budget={seconds:g}s").stdout)
         from workbench.config import resolve_preset
-        steps = max(resolve_preset("cpu-small").train.warmup_iters + 1, round(est["time"]["steps"]))
+        steps = max(resolve_preset("cpu-small", a.planned_set).train.warmup_iters + 1, round(est["time"]["steps"]))
         print(f"\n{minutes:g} min: the estimate before any run says ~{steps:,} steps "
               f"({est['tokens_per_s']:,.0f} tokens/s, {est['tokens_per_s_source']})", flush=True)
         got = []
@@ -160,7 +165,7 @@ def main() -> int:
             print(f"  seed {seed}: budget: spent {b['spent']:.1f} s of {seconds:.0f} "
                   f"({(b['spent'] - seconds) / seconds:+.1%}), {b['steps']:,} steps, val loss {b['val']:.4f}",
                   flush=True)
-            p = planned_run(out, f"planned-{minutes:g}m-s{seed}", seconds, 1337 + seed, steps)
+            p = planned_run(out, f"planned-{minutes:g}m-s{seed}", seconds, 1337 + seed, steps, a.planned_set)
             print(f"  seed {seed}: planned {p['planned']:,} steps: {p['state']} at step {p['steps']:,}, val loss "
                   f"{p['val']:.4f}", flush=True)
             got.append((b, p))
