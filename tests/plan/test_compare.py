@@ -271,3 +271,16 @@ def test_the_real_command_answers_bad_input_with_one_line():
     assert cp.returncode == 2 and cp.stdout == ""
     assert cp.stderr.strip().splitlines() == [
         "workbench: error: --usd-per-hour 'H100=two': 'two' is not a number of dollars per hour"]
+
+
+def test_the_estimate_names_the_optimizer_whose_states_it_counts():
+    """cpu-small ships Muon + AdamW: the report says so, and its states are Muon's one buffer per hidden matrix
+    plus AdamW's two for the rest, smaller than AdamW's two for everything."""
+    muon = wb("estimate", "cpu-small", "--no-calibrate", check=True).stdout
+    adamw = wb("estimate", "cpu-small", "--no-calibrate", "--set", "train.optimizer=adamw", check=True).stdout
+    assert "Muon + AdamW fused" in muon and "optimizer states (Muon + AdamW)" in muon, muon
+    assert "Muon" not in adamw and "optimizer states (AdamW, 2 x fp32)" in adamw, adamw
+    as_json = [json.loads(wb("estimate", "cpu-small", "--no-calibrate", "--json", *extra, check=True).stdout)
+               for extra in ([], ["--set", "train.optimizer=adamw"])]
+    assert [r["optimizer"] for r in as_json] == ["muon", "adamw"]
+    assert as_json[0]["memory"]["components"]["optimizer"] < as_json[1]["memory"]["components"]["optimizer"]

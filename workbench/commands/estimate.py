@@ -158,6 +158,7 @@ def build_report(args) -> dict[str, Any]:
         cal = calibration_here(r["settings"]["device"], r["settings"]["precision"])
         if cal is not None:
             r["calibration"] = cal.to_dict()
+    r["optimizer"] = p.train.optimizer  # muon: Muon's momentum for the hidden matrices, AdamW's for the rest
     if p.init is not None:  # which fine-tuning method fits this machine
         r["init"], r["source"] = p.init, p.source
         r["methods"] = compare_methods(est.what_if(p, device=args.device if args.device not in (None, "auto") else None,
@@ -185,8 +186,9 @@ def print_report(r: dict[str, Any]) -> None:
           + (", tied" if not pr["lm_head"] else f", lm_head {millions(pr['lm_head'], '.2f')}") + "), "
           f"{r['flops_per_token'] / 1e6:.4g} MFLOP per token (6N + 12·L·H·Q·T)")
     masked = " with packed conversations' mask" if r["settings"].get("packed") else ""
+    muon = "Muon + " if r.get("optimizer") == "muon" and m.finetune != "lora" else ""
     print(f"{m.device}, {m.precision}, attention {m.attention}{masked}, activation checkpointing "
-          f"{'on' if m.activation_checkpointing else 'off'}, AdamW {'fused' if m.fused_adamw else 'unfused'}; "
+          f"{'on' if m.activation_checkpointing else 'off'}, {muon}AdamW {'fused' if m.fused_adamw else 'unfused'}; "
           f"batch {m.batch_size} x seq {m.seq_len} x accum {m.grad_accum} = "
           f"{r['tokens_per_step']:,} tokens/step")
     st = r["settings"]
@@ -202,7 +204,9 @@ def print_report(r: dict[str, Any]) -> None:
         ("weights (frozen + fp32 adapters)" if lora else "weights (fp32)", c["weights"], ""),
         ("gradients (fp32" + (", adapters)" if lora else ")"), c["gradients"],
          "" if c["gradients"] else f"{hb(4 * m.trainable_params)} allocated after this point (grad_accum 1)"),
-        ("optimizer states (AdamW, " + {"8bit": "8-bit", "offload": "offloaded"}.get(m.optimizer_states, "2 x fp32")
+        ("optimizer states (Muon + AdamW" + {"8bit": " 8-bit", "offload": " offloaded"}.get(m.optimizer_states, "")
+         + ")" if muon else "optimizer states (AdamW, "
+         + {"8bit": "8-bit", "offload": "offloaded"}.get(m.optimizer_states, "2 x fp32")
          + (", adapters)" if lora else ")"), c["optimizer"],
          f"+ {hb(m.host_offload)} pinned in host memory (weights, gradients, moments)" if m.host_offload else ""),
         (f"weight casts ({cast or 'none in fp32'})", c["weight_casts"], ""),
