@@ -69,10 +69,11 @@ def val_loss(run_dir: Path, batches: int = 50) -> float:
     from workbench.data.tokens import prepare_data
     from workbench.train.checkpoint import load_run_model
     from workbench.train.dist import Dist
-    from workbench.train.evaluation import evaluate
+    from workbench.train.evaluation import EvalBatches, evaluate
 
     p = load_preset_file(run_dir / "preset.toml")
-    p = dataclasses.replace(p, train=dataclasses.replace(p.train, eval_iters=batches))
+    # every run scored on the same batches, whatever its own seed
+    p = dataclasses.replace(p, train=dataclasses.replace(p.train, eval_iters=batches, seed=1337))
     data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: None)
     model = load_run_model(run_dir, "latest").model
 
@@ -80,9 +81,9 @@ def val_loss(run_dir: Path, batches: int = 50) -> float:
         x, y = (torch.from_numpy(np.asarray(a, dtype=np.int64)) for a in s.next_batch()[:2])
         return x, y, None, None
     token_bytes = torch.from_numpy(data.tokenizer.byte_lengths())
+    evals = EvalBatches.draw(p, data, batches, token_bytes, torch.device("cpu"), batch)
     import contextlib
-    return evaluate(model, p, data, token_bytes, Dist(), contextlib.nullcontext(), torch.device("cpu"), batch,
-                    0).val_loss
+    return evaluate(model, evals, Dist(), contextlib.nullcontext(), 0).val_loss
 
 
 def first_step_time(run_dir: Path) -> float | None:
@@ -90,18 +91,26 @@ def first_step_time(run_dir: Path) -> float | None:
     return recs[0]["time"] if recs else None
 
 
+def finished(run_dir: Path) -> bool:
+    """A run this script finished in the same --out before (a rerun after a crash of the script goes on)."""
+    return (run_dir / "status.json").exists() and json.loads((run_dir / "status.json").read_text())["state"] in (
+        "finished", "stopped")
+
+
 def budget_run(out: Path, name: str, seconds: float, seed: int) -> dict:
-    cli(out, "train", "cpu-small", "--runs-dir", str(out / "runs"), "--name", name, "--yes", "--time-budget",
-        f"{seconds:g}s", "--set", *COMMON, f"train.seed={seed}")
+    if not finished(out / "runs" / name):
+        cli(out, "train", "cpu-small", "--runs-dir", str(out / "runs"), "--name", name, "--yes", "--time-budget",
+            f"{seconds:g}s", "--set", *COMMON, f"train.seed={seed}")
     st = json.loads((out / "runs" / name / "status.json").read_text())
     return {"spent": st["budget_spent_s"], "steps": st["step"], "val": val_loss(out / "runs" / name)}
 
 
 def planned_run(out: Path, name: str, seconds: float, seed: int, steps: int, extra: list[str]) -> dict:
     run_dir = out / "runs" / name
-    proc = cli(out, "train", "cpu-small", "--runs-dir", str(out / "runs"), "--name", name, "--yes", "--set",
-               *COMMON, *extra, f"train.seed={seed}", f"train.max_iters={steps}", wait=False)
-    while proc.poll() is None:
+    proc = None if finished(run_dir) else cli(
+        out, "train", "cpu-small", "--runs-dir", str(out / "runs"), "--name", name, "--yes", "--set", *COMMON,
+        *extra, f"train.seed={seed}", f"train.max_iters={steps}", wait=False)
+    while proc is not None and proc.poll() is None:
         t0 = first_step_time(run_dir)
         if t0 is not None and time.time() - t0 >= seconds:
             cli(out, "stop", name, "--runs-dir", str(out / "runs"), check=False)
