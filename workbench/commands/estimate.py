@@ -186,7 +186,7 @@ def print_report(r: dict[str, Any]) -> None:
           + (", tied" if not pr["lm_head"] else f", lm_head {millions(pr['lm_head'], '.2f')}") + "), "
           f"{r['flops_per_token'] / 1e6:.4g} MFLOP per token (6N + 12·L·H·Q·T)")
     masked = " with packed conversations' mask" if r["settings"].get("packed") else ""
-    muon = "Muon + " if r.get("optimizer") == "muon" and m.finetune != "lora" else ""
+    muon = "Muon + " if r.get("optimizer") == "muon" else ""  # a fine-tune's plan has AdamW (plan/finetune.py)
     print(f"{m.device}, {m.precision}, attention {m.attention}{masked}, activation checkpointing "
           f"{'on' if m.activation_checkpointing else 'off'}, {muon}AdamW {'fused' if m.fused_adamw else 'unfused'}; "
           f"batch {m.batch_size} x seq {m.seq_len} x accum {m.grad_accum} = "
@@ -200,14 +200,14 @@ def print_report(r: dict[str, Any]) -> None:
     if lora:
         print(f"LoRA: {millions(m.trainable_params, '.3g')} adapter parameters trained; the other weights frozen"
               + (f" and kept in {m.precision}" if m.precision != "fp32" else ""))
+    saved_as = {"8bit": "8-bit", "offload": "offloaded"}.get(m.optimizer_states)
+    states = (f"optimizer states (Muon + AdamW{' ' + saved_as if saved_as else ''})" if muon else
+              f"optimizer states (AdamW, {saved_as or '2 x fp32'}{', adapters' if lora else ''})")
     rows = [
         ("weights (frozen + fp32 adapters)" if lora else "weights (fp32)", c["weights"], ""),
         ("gradients (fp32" + (", adapters)" if lora else ")"), c["gradients"],
          "" if c["gradients"] else f"{hb(4 * m.trainable_params)} allocated after this point (grad_accum 1)"),
-        ("optimizer states (Muon + AdamW" + {"8bit": " 8-bit", "offload": " offloaded"}.get(m.optimizer_states, "")
-         + ")" if muon else "optimizer states (AdamW, "
-         + {"8bit": "8-bit", "offload": "offloaded"}.get(m.optimizer_states, "2 x fp32")
-         + (", adapters)" if lora else ")"), c["optimizer"],
+        (states, c["optimizer"],
          f"+ {hb(m.host_offload)} pinned in host memory (weights, gradients, moments)" if m.host_offload else ""),
         (f"weight casts ({cast or 'none in fp32'})", c["weight_casts"], ""),
         ("activations", c["activations"],
