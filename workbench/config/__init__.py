@@ -1,6 +1,7 @@
 """Presets: the [model] / [train] / [data] / [hardware] sections as dataclasses (``schema``: each key's
-documentation, types, limits and the rules between keys; every failure a :class:`PresetError` that
-names the file, the key, the value and what is allowed), TOML text and --set items (``overrides``) and
+documentation, type and limits; ``validate``: a preset from parsed TOML, checked against them and the
+rules between keys, every failure a :class:`PresetError` that names the file, the key, the value and
+what is allowed), TOML text and --set items (``overrides``) and
 the preset files (``files``: found by name, loaded, and the one writer of user presets), and a preset's
 text as the editor holds it (``editing``). Plain data:
 no "auto" is decided here (see ``workbench.plan.settings``). Imports neither torch nor textual."""
@@ -30,12 +31,9 @@ from workbench.config.schema import (
     Preset,
     PresetError,
     TrainConfig,
-    chat_role_map,
     field_doc,
-    lora_projections,
-    lora_target_list,
-    preset_from_dict,
 )
+from workbench.config.validate import chat_role_map, lora_projections, lora_target_list, preset_from_dict
 
 __all__ = ["SECTIONS", "DataConfig", "HardwareConfig", "ModelConfig", "Preset", "PresetError", "TrainConfig",
            "apply_overrides", "budget_seconds", "chat_role_map", "check_preset_name", "field_doc",

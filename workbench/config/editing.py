@@ -10,7 +10,8 @@ import tomli_w
 
 from workbench.config.files import toml_string
 from workbench.config.overrides import parse_toml
-from workbench.config.schema import Preset, PresetError, preset_from_dict
+from workbench.config.schema import Preset, PresetError
+from workbench.config.validate import preset_from_dict
 
 
 def locate_error(text: str, message: str) -> int | None:

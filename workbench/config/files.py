@@ -12,7 +12,8 @@ from typing import Any
 import tomli_w
 
 from workbench.config.overrides import apply_overrides, overridden_keys, parse_toml
-from workbench.config.schema import Preset, PresetError, _did_you_mean, preset_from_dict
+from workbench.config.schema import Preset, PresetError
+from workbench.config.validate import did_you_mean, preset_from_dict
 from workbench.fs import write_atomic
 
 
@@ -80,7 +81,7 @@ def resolve_preset(name_or_path: str, overrides: list[str] | None = None,
     paths = preset_paths()
     if name_or_path not in paths:
         check_preset_name(name_or_path)
-        hint = _did_you_mean(name_or_path, paths)
+        hint = did_you_mean(name_or_path, paths)
         raise PresetError(f"unknown preset {name_or_path!r}{hint}; available: {', '.join(sorted(paths))} "
                           "(`workbench presets list`)")
     return load_preset_file(paths[name_or_path][0], overrides, values)

@@ -7,7 +7,8 @@ import tomllib
 from dataclasses import fields
 from typing import Any
 
-from workbench.config.schema import SECTIONS, PresetError, _did_you_mean
+from workbench.config.schema import SECTIONS, PresetError
+from workbench.config.validate import did_you_mean
 
 
 def parse_toml(text: str, where: str) -> dict[str, Any]:
@@ -27,11 +28,11 @@ def parse_override(item: str) -> tuple[str, str, Any]:
         raise PresetError(f"--set {item!r}: the key must be section.key, e.g. train.lr")
     sec, key = lhs.split(".")
     if sec not in SECTIONS:
-        raise PresetError(f"--set {item!r}: unknown section {sec!r}{_did_you_mean(sec, SECTIONS)}; "
+        raise PresetError(f"--set {item!r}: unknown section {sec!r}{did_you_mean(sec, SECTIONS)}; "
                           f"sections are {', '.join(SECTIONS)}")
     known = {f.name for f in fields(SECTIONS[sec])}
     if key not in known:
-        raise PresetError(f"--set {item!r}: unknown key {sec}.{key}{_did_you_mean(key, known)}")
+        raise PresetError(f"--set {item!r}: unknown key {sec}.{key}{did_you_mean(key, known)}")
     return sec, key, parse_value(rhs)
 
 

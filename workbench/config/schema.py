@@ -1,9 +1,8 @@
 """Presets: the [model] / [train] / [data] / [hardware] sections as dataclasses.
 
 Each field's documentation lives once, here, in its ``doc`` metadata (shown by
-``workbench presets show`` and the TUI). Loading validates types and
-constraints and rejects unknown keys; every failure is a :class:`PresetError`
-whose message names the file, the key, the value and what is allowed.
+``workbench presets show`` and the TUI), with its type, choices and limits.
+Loading and validating a preset from parsed TOML is ``workbench.config.validate``.
 
 This module imports neither torch nor textual.
 """
@@ -11,12 +10,9 @@ This module imports neither torch nor textual.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from workbench.config.duration import DurationError, budget_seconds
 from workbench.errors import WorkbenchError
 
 
@@ -284,204 +280,3 @@ def field_doc(section: str, key: str) -> str:
         if f.name == key:
             return f.metadata["doc"]
     raise KeyError(f"{section}.{key}")
-
-
-# ----------------------------------------------------------------------------- validation
-
-def _type_name(t: Any) -> str:
-    return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-            "str | list[str]": "a string or a list of strings"}[t]
-
-
-def _check_value(where: str, section: str, f: dataclasses.Field, value: Any) -> Any:
-    t = f.type if isinstance(f.type, str) else f.type.__name__
-    key = f"{section}.{f.name}"
-    if t == "bool":
-        if not isinstance(value, bool):
-            raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
-    elif t == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
-    elif t == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
-        value = float(value)
-    elif t == "str":
-        if isinstance(value, bool) and f.metadata["choices"] and str(value).lower() in f.metadata["choices"]:
-            value = str(value).lower()  # compile = true is natural TOML
-        if not isinstance(value, str):
-            raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
-    elif t == "str | list[str]":
-        if isinstance(value, list) and len(value) == 1:
-            value = value[0]
-        ok = isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value))
-        if not ok:
-            raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
-    m = f.metadata
-    if m["choices"] and value not in m["choices"]:
-        raise PresetError(f"{where}: {key} = {value!r} is not one of {', '.join(m['choices'])}")
-    if m["min"] is not None:
-        lo = m["min"]
-        if (value <= lo) if m["min_exclusive"] else (value < lo):
-            rel = ">" if m["min_exclusive"] else ">="
-            raise PresetError(f"{where}: {key} = {value!r} must be {rel} {lo:g}")
-    if m["max"] is not None and value > m["max"]:
-        raise PresetError(f"{where}: {key} = {value!r} must be <= {m['max']:g}")
-    return value
-
-
-_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-
-
-def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozenset()) -> None:
-    """Rules between keys. Where a pair conflicts, the message suggests a value for the key the user did
-    not set just now (with --set), since that is the one they did not mean to change."""
-    m, t, h = p.model, p.train, p.hardware
-
-    def bad(msg: str) -> None:
-        raise PresetError(f"{where}: {msg}")
-
-    def fix(chosen: str, other: str, value) -> str:
-        """'; set train.warmup_iters = 5 (--set train.warmup_iters=5)' for the key to change."""
-        key = other if chosen in user_set and other not in user_set else chosen if other in user_set else other
-        v = value[key] if isinstance(value, dict) else value
-        return f"; set {key} = {v} (--set {key}={v})"
-
-    if m.dim % m.n_heads and not m.head_size:
-        bad(f"model.dim = {m.dim} must be divisible by model.n_heads = {m.n_heads} "
-            f"(e.g. n_heads = {_nearest_divisor(m.dim, m.n_heads)})")
-    if m.n_heads % m.n_kv_heads:
-        bad(f"model.n_heads = {m.n_heads} must be divisible by model.n_kv_heads = {m.n_kv_heads} "
-            f"(e.g. n_kv_heads = {_nearest_divisor(m.n_heads, m.n_kv_heads)})")
-    if m.head_dim % 2:
-        what = "model.head_size" if m.head_size else "head dim = model.dim / model.n_heads"
-        bad(f"{what} = {m.head_dim} must be even for RoPE")
-    if t.finetune == "lora":
-        if t.lora_rank > m.dim:
-            bad(f"train.lora_rank = {t.lora_rank} must be at most model.dim = {m.dim} (a low-rank adapter; "
-                "8-64 is usual)")
-        unknown = [x for x in lora_target_list(t.lora_targets) if x not in LORA_TARGETS]
-        if unknown or not lora_target_list(t.lora_targets):
-            bad(f"train.lora_targets = {t.lora_targets!r}: {', '.join(unknown) or 'none given'} is not a projection; "
-                f"choose from {', '.join(LORA_TARGETS)}")
-        if t.optimizer == "muon" and "train.optimizer" in user_set:  # a preset's own Muon: the fine-tune takes AdamW
-            bad("train.optimizer = muon does not apply to LoRA adapters (low-rank factors, not whole matrices); "
-                "use train.optimizer = adamw with train.finetune = lora")
-    if t.warmup_iters >= t.max_iters:
-        bad(f"train.warmup_iters = {t.warmup_iters} must be < train.max_iters = {t.max_iters}"
-            + fix("train.max_iters", "train.warmup_iters", {"train.warmup_iters": max(0, t.max_iters // 10),
-                                                            "train.max_iters": t.warmup_iters * 2 or 1}))
-    if t.min_lr > t.lr:
-        bad(f"train.min_lr = {t.min_lr:g} must be <= train.lr = {t.lr:g}"
-            + fix("train.lr", "train.min_lr", {"train.min_lr": f"{t.lr / 10:g}", "train.lr": f"{t.min_lr:g}"}))
-    if t.lr_decay_iters and t.lr_decay_iters <= t.warmup_iters:
-        bad(f"train.lr_decay_iters = {t.lr_decay_iters} must be > train.warmup_iters = {t.warmup_iters} "
-            "(or 0 for max_iters)"
-            + fix("train.lr_decay_iters", "train.warmup_iters", {"train.warmup_iters": t.lr_decay_iters // 10,
-                                                                 "train.lr_decay_iters": 0}))
-    try:
-        chat_role_map(p.data.chat_roles)
-    except PresetError as e:
-        bad(str(e))
-    try:
-        budget_seconds(t.time_budget)
-    except DurationError as e:
-        bad(str(e))
-    if "train.loss_on" in user_set and p.data.format == "text":
-        bad(f"train.loss_on = {t.loss_on} applies to chat data, but data.format = text; set data.format = chat "
-            "(or auto) for conversations")
-    if m.vocab_size > 2**31:
-        bad(f"model.vocab_size = {m.vocab_size} is too large")
-    if not _DEVICE_RE.match(h.device):
-        bad(f"hardware.device = {h.device!r} must be auto, cpu, cuda, cuda:N or mps")
-
-
-# LoRA target names: workbench's projection names, Hugging Face's, and the two groups.
-LORA_TARGETS: dict[str, tuple[str, ...]] = {
-    "attention": ("wq", "wk", "wv", "wo"), "mlp": ("w1", "w2", "w3"),
-    **{n: (n,) for n in ("wq", "wk", "wv", "wo", "w1", "w2", "w3")},
-    "q_proj": ("wq",), "k_proj": ("wk",), "v_proj": ("wv",), "o_proj": ("wo",),
-    "gate_proj": ("w1",), "up_proj": ("w3",), "down_proj": ("w2",),
-}
-
-
-def chat_role_map(roles: str | list[str]) -> dict[str, str]:
-    """data.chat_roles as {name: role}; a PresetError for an entry that is not name=role of a known role."""
-    out = {}
-    for item in lora_target_list(roles):
-        name, eq, role = item.partition("=")
-        if not eq or not name or role not in ("system", "user", "assistant"):
-            raise PresetError(f"data.chat_roles entry {item!r} must be name=role, the role one of system, user, "
-                              "assistant (e.g. 'bot=assistant')")
-        out[name] = role
-    return out
-
-
-def lora_target_list(targets: str | list[str]) -> list[str]:
-    """train.lora_targets as a list of the names given (a comma- or space-separated string, or a list)."""
-    items = targets if isinstance(targets, list) else [targets]
-    return [x for item in items for x in item.replace(",", " ").split()]
-
-
-def lora_projections(targets: str | list[str]) -> tuple[str, ...]:
-    """The workbench projections (wq, ..., w3) that train.lora_targets names, in a fixed order."""
-    want = {p for x in lora_target_list(targets) for p in LORA_TARGETS.get(x, ())}
-    return tuple(p for p in LORA_TARGETS["attention"] + LORA_TARGETS["mlp"] if p in want)
-
-
-def _nearest_divisor(n: int, near: int) -> int:
-    divs = [d for d in range(1, n + 1) if n % d == 0]
-    return min(divs, key=lambda d: (abs(d - near), d))
-
-
-def preset_from_dict(data: dict[str, Any], where: str = "preset", name: str | None = None,
-                     user_set: frozenset[str] = frozenset()) -> Preset:
-    """Build and validate a Preset from parsed TOML. Unknown keys are errors. ``user_set``: the keys
-    given with --set just now (conflict messages then suggest changing the other key of a pair)."""
-    kwargs: dict[str, Any] = {}
-    top_known = set(SECTIONS) | {"name", "description", "parent", "init", "source"}
-    for key, value in data.items():
-        if key not in top_known:
-            hint = _did_you_mean(key, top_known)
-            raise PresetError(f"{where}: unknown key {key!r}{hint}; allowed top-level keys: "
-                              f"{', '.join(sorted(top_known))}")
-        if key in ("name", "description"):
-            if not isinstance(value, str):
-                raise PresetError(f"{where}: {key} = {value!r} must be a string")
-            kwargs[key] = value
-        if key in ("parent", "init"):
-            ok = (isinstance(value, dict) and set(value) == {"run", "step"} and isinstance(value["run"], str)
-                  and isinstance(value["step"], int) and not isinstance(value["step"], bool) and value["step"] >= 0)
-            if not ok:
-                raise PresetError(f"{where}: [{key}] must hold run (a run id) and step (a step number), "
-                                  f"got {value!r}")
-            kwargs[key] = dict(value)
-        if key == "source":
-            ok = isinstance(value, dict) and isinstance(value.get("model"), str) and all(
-                isinstance(v, (str, int, float, bool)) for v in value.values())
-            if not ok:
-                raise PresetError(f"{where}: [source] must hold model (where the weights came from) and plain "
-                                  f"values, got {value!r}")
-            kwargs[key] = dict(value)
-    for sec, cls in SECTIONS.items():
-        raw = data.get(sec, {})
-        if not isinstance(raw, dict):
-            raise PresetError(f"{where}: [{sec}] must be a table, got {raw!r}")
-        known = {f.name: f for f in fields(cls)}
-        vals = {}
-        for key, value in raw.items():
-            if key not in known:
-                hint = _did_you_mean(key, known)
-                raise PresetError(f"{where}: unknown key {sec}.{key}{hint}; see `workbench presets show` for the keys")
-            vals[key] = _check_value(where, sec, known[key], value)
-        kwargs[sec] = cls(**vals)
-    if name is not None:
-        kwargs["name"] = name
-    p = Preset(**kwargs)
-    _check_constraints(p, where, user_set)
-    return p
-
-
-def _did_you_mean(key: str, options) -> str:
-    close = difflib.get_close_matches(key, list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
