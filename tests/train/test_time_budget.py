@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -143,10 +144,36 @@ def test_the_estimate_gives_the_steps_that_fit_the_budget():
                            "train.time_budget=45m", check=True).stdout)
     t, b = plain["time"], budget["time"]
     assert b["total_s"] == b["budget_s"] == 2700 and t["budget_s"] is None
-    per_step = t["total_s"] / t["steps"]                                  # a step and its share of the evals
-    assert b["steps"] == pytest.approx(2700 / per_step, rel=1e-9)
+    step_s = t["train_s"] / t["steps"]
+    assert b["one_eval_s"] == t["one_eval_s"] > 0
+    # the steps and the evals fill the budget: the step-0 eval, one every eval_interval steps and the last
+    assert b["steps"] * step_s + b["eval_s"] == pytest.approx(2700, rel=1e-9)
+    assert b["eval_s"] == pytest.approx(b["one_eval_s"] * (2 + b["steps"] / 200), rel=1e-9)   # cpu-small: every 200
+    assert b["tokens"] == pytest.approx(b["steps"] * 2048, rel=1e-9) and budget["budget_warning"] == ""
     text = wb("estimate", "cpu-small", "--tokens-per-s", "5000", "--set", "train.time_budget=45m", check=True).stdout
-    assert f"time budget: 45m 00s, ~{b['steps']:,.0f} steps (" in text
+    assert f"time budget: 45m 00s, ~{b['steps']:,.0f} steps (" in text and "warning" not in text
+
+
+def test_a_budget_that_is_mostly_evals_is_told_what_to_change():
+    """40 s of cpu-small at 5,000 tokens/s: the step-0 and last evals alone take half of it (on a busy laptop such a
+    run trained 2 steps). The estimate (and with it the new-run form and `train`) says so with a --set that fixes
+    it, and with that --set the warning goes."""
+    short = ["--tokens-per-s", "5000", "--set", "train.time_budget=40s"]
+    text = wb("estimate", "cpu-small", *short, check=True).stdout
+    warning = next(x for x in text.splitlines() if x.startswith("warning: "))
+    assert re.fullmatch(r"warning: evals would take ~\d+% of the budget: give more time, or fewer eval batches "
+                        r"\(--set train.eval_iters=\d+\)", warning), warning
+    fix = re.search(r"--set (train.eval_iters=\d+)", warning)[1]
+    fixed = json.loads(wb("estimate", "cpu-small", *short, fix, "--json", check=True).stdout)
+    assert fixed["budget_warning"] == "" and fixed["time"]["eval_s"] < 0.25 * 40
+    tiny = json.loads(wb("estimate", "cpu-small", "--tokens-per-s", "5000", "--json", "--set",
+                         "train.time_budget=5s", check=True).stdout)
+    assert tiny["time"]["steps"] == 0 and tiny["budget_warning"].startswith(
+        "the budget is spent on the first and last evals before a step trains")
+    warm = json.loads(wb("estimate", "medium", "--tokens-per-s", "5000", "--json", "--set",
+                         "train.time_budget=10m", "train.eval_iters=2", check=True).stdout)
+    assert re.fullmatch(r"~[\d,]+ steps leave little after the 200-step warmup: give more time, or a shorter warmup "
+                        r"\(--set train.warmup_iters=\d+\)", warm["budget_warning"]), warm["budget_warning"]
 
 
 @pytest.mark.parametrize("value, why", [("soon", "is not a duration; write it like 45m, 2h, 1h30m or 90s"),

@@ -71,6 +71,14 @@ def test_the_form_takes_a_time_budget(runs_dir, monkeypatch):
                              Machine.from_info(app.machine_info)).time
             assert want.startswith("time budget 45m 00s: ~")
             await wait_for(pilot, lambda: want in text_of(est), what=lambda: f"the budget's estimate {text_of(est)!r}")
+            # a budget that is mostly evals says so, with the change that fixes it
+            app.screen.query_one("#nr-budget", Input).value = "3s"
+            short = fit_check(resolve_preset("gpu-8gb", ["train.time_budget=3s"]),
+                              Machine.from_info(app.machine_info)).time
+            assert "give more time, or fewer eval batches (--set train.eval_iters=" in short, short
+            await wait_for(pilot, lambda: short in text_of(est), what=lambda: f"the warning {text_of(est)!r}")
+            app.screen.query_one("#nr-budget", Input).value = "45m"
+            await wait_for(pilot, lambda: want in text_of(est), what="the 45m estimate again")
             await pilot.press("ctrl+s")
             await wait_for(pilot, lambda: len(started) == 1, what="the start")
             assert started[0].sets() == ["train.time_budget=45m"]

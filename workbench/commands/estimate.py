@@ -265,6 +265,8 @@ def print_report(r: dict[str, Any]) -> None:
         if t["budget_s"]:
             print(f"time budget: {duration(t['budget_s'])}, ~{t['steps']:,.0f} steps ({millions(t['tokens'], ',.1f')} "
                   f"tokens: train {duration(t['train_s'])} + eval {duration(t['eval_s'])})")
+            if r["budget_warning"]:
+                print(f"warning: {r['budget_warning']}")
         else:
             print(f"time to max_iters: {duration(t['total_s'])} ({millions(t['tokens'], ',.1f')} tokens: "
                   f"train {duration(t['train_s'])} + eval {duration(t['eval_s'])})")

@@ -27,13 +27,41 @@ def estimate_time(preset, tokens_per_s: float) -> dict[str, float | None]:
     train_s = train_tokens / tokens_per_s
     eval_s = eval_tokens / (3.0 * tokens_per_s)
     out = {"tokens": float(train_tokens), "train_s": train_s, "eval_s": eval_s, "total_s": train_s + eval_s,
-           "steps": float(t.max_iters), "budget_s": None}
+           "steps": float(t.max_iters), "budget_s": None, "one_eval_s": eval_s / n_evals}
     budget = budget_seconds(t.time_budget)
-    if budget is not None:  # the budget is the time; the steps are what fits in it at this rate, evals included
-        share = budget / out["total_s"]
-        out.update(tokens=train_tokens * share, train_s=train_s * share, eval_s=eval_s * share, total_s=budget,
-                   steps=t.max_iters * share, budget_s=budget)
+    if budget is not None:
+        # The budget is the time; the steps are what fits in it at this rate. A budgeted run evaluates at step 0,
+        # every eval_interval steps and once more at its end, whatever the budget: a short one is mostly evals.
+        step_s, one_eval_s = train_s / t.max_iters, eval_s / n_evals
+        steps = max(0.0, (budget - 2 * one_eval_s) / (step_s + one_eval_s / t.eval_interval))
+        out.update(tokens=steps * preset.tokens_per_step(), train_s=steps * step_s, eval_s=budget - steps * step_s,
+                   total_s=budget, steps=steps, budget_s=budget)
     return out
+
+
+# A budget whose evals would take more than this share of it gets a warning (the form, `train`, `estimate`).
+BUDGET_EVAL_SHARE_WARN = 0.25
+
+
+def budget_warning(preset, time: dict[str, float | None]) -> str:
+    """What is wrong with a time budget for this run at the estimated speed (``time``: :func:`estimate_time`'s),
+    in one line with the fix, or "" (no budget, or one that trains)."""
+    budget, t = time.get("budget_s"), preset.train
+    if not budget:
+        return ""
+    steps, share = time["steps"] or 0.0, (time["eval_s"] or 0.0) / budget
+    # eval batches for which the step-0 and last evals take ~5 % of the budget
+    fewer = max(1, int(eval_batches(preset)[0] * 0.025 * budget / (time["one_eval_s"] or budget)))
+    if steps < 1:
+        return ("the budget is spent on the first and last evals before a step trains: give more time, or fewer "
+                f"eval batches (--set train.eval_iters={fewer})")
+    if share > BUDGET_EVAL_SHARE_WARN:
+        return (f"evals would take ~{share:.0%} of the budget: give more time, or fewer eval batches "
+                f"(--set train.eval_iters={fewer})")
+    if steps < 2 * t.warmup_iters:
+        return (f"~{steps:,.0f} steps leave little after the {t.warmup_iters}-step warmup: give more time, or a "
+                f"shorter warmup (--set train.warmup_iters={max(1, int(steps) // 10)})")
+    return ""
 
 
 def estimate_cost(seconds: float, watts: float | None = None, usd_per_hour: float | None = None,

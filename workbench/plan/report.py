@@ -112,6 +112,7 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
     report["tokens_per_s"], report["tokens_per_s_source"], report["tokens_per_s_basis"] = tps, source, basis
     if tps:
         report["time"] = cost.estimate_time(p, tps)
+        report["budget_warning"] = cost.budget_warning(p, report["time"])
         watts_src = "given"
         if watts is None:
             if kind == "cuda" and power_limit_w:
@@ -149,6 +150,8 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None) 
     if r.get("time") and r["time"]["budget_s"]:
         time = (f"time budget {duration(r['time']['budget_s'])}: ~{r['time']['steps']:,.0f} steps at "
                 f"{r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_basis']})")
+        if r["budget_warning"]:
+            time += f"; {r['budget_warning']}"
     elif r.get("time"):
         steps = preset.train.max_iters
         time = (f"~{duration(r['time']['total_s'])} for {steps:,} steps at {r['tokens_per_s']:,.0f} tokens/s "
