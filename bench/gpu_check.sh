@@ -3,7 +3,7 @@
 # precision auto, bf16 / fp16 + GradScaler / fp32, TF32, the fused loss on CUDA, --nproc 1 and NCCL), then a
 # bf16 + compile run, kill -9 / resume agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter
 # config, estimated vs measured peak memory. Exits non-zero when a GPU test fails.
-# Usage: bash bench/gpu_check.sh [quick|tests|numbers|eval|muon|muon-time|chat|mfu|profile|savers|recipe|budget]   (tests: the GPU tests alone; quick: the GPU
+# Usage: bash bench/gpu_check.sh [quick|tests|numbers|eval|muon|muon-time|medium-time|chat|mfu|profile|savers|recipe|budget]   (tests: the GPU tests alone; quick: the GPU
 # tests, kill -9 / resume and fit's OOM path; numbers: the throughput runs and estimates alone; muon: Muon against AdamW,
 # time a step and the Newton-Schulz share; mfu: the ~124 M config's MFU levers, each one trainer run, and the gpu-8gb
 # defaults; eval: task scores while training on CUDA and `workbench eval` on CUDA and CPU; set WB_LEVERS to choose which)
@@ -90,6 +90,13 @@ if [ "${1:-}" = muon-time ]; then  # time to AdamW + cosine's final val loss: Mu
     W="train.warmup_iters=30 data.builtin_mb=24"
     $PY bench/time_to_loss.py "gpu-8gb $W" "gpu-8gb $W train.optimizer=muon train.schedule=wsd" \
         --steps ${WB_STEPS:-300} --eval-every 50 --eval-iters 8 --repeat ${WB_REPEAT:-1}
+    exit 0
+fi
+if [ "${1:-}" = medium-time ]; then  # medium's old default (AdamW + cosine) against its new one (Muon + wsd), 200 steps,
+    # WB_REPEAT seeds, one run after the other; eager (compile off), so the compile's seconds do not count in either
+    $PY bench/time_to_loss.py "medium train.optimizer=adamw train.schedule=cosine train.lr=6e-4 train.warmup_iters=40
+        hardware.device=cuda hardware.compile=false" "medium train.warmup_iters=20 hardware.device=cuda hardware.compile=false" \
+        --steps 200 --eval-every 20 --eval-iters 4 --repeat ${WB_REPEAT:-3} --json ${OUT:-/tmp}/medium_time.json
     exit 0
 fi
 if [ "${1:-}" = recipe ]; then  # cpu-small's recipe screened on loss per step (fp32, 3 seeds, 8 runs at once):

@@ -2,6 +2,7 @@
 
     python bench/time_budget.py                      # 5 minutes, 1 seed (~20 minutes on a quiet 2-core CPU)
     python bench/time_budget.py --minutes 5,10 --seeds 3 --kill
+    python bench/time_budget.py --minutes 5 --seeds 3 --kill --budget-only   # where the budgeted runs end, alone
     python bench/time_budget.py --minutes 10 --seeds 3 --planned-set train.optimizer=adamw train.schedule=cosine \
         train.lr=2e-3 train.warmup_iters=150      # the planned runs with the default before 2026-11-27
 
@@ -150,6 +151,8 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=1, help="seeds per budget (medians over them; default 1)")
     ap.add_argument("--kill", action="store_true", help="also kill -9 a budgeted run at half and resume it")
     ap.add_argument("--out", type=Path, default=None, help="runs and cache here (default: a new temp dir)")
+    ap.add_argument("--budget-only", action="store_true",
+                    help="only the budgeted runs (and --kill): where they end, without the planned runs to compare")
     ap.add_argument("--planned-set", nargs="*", default=[],
                     help="overrides of the planned run (and its estimate), e.g. the old default: train.optimizer=adamw "
                          "train.schedule=cosine train.lr=2e-3 train.warmup_iters=150")
@@ -174,6 +177,9 @@ def main() -> int:
             print(f"  seed {seed}: budget: spent {b['spent']:.1f} s of {seconds:.0f} "
                   f"({(b['spent'] - seconds) / seconds:+.1%}), {b['steps']:,} steps, val loss {b['val']:.4f}",
                   flush=True)
+            if a.budget_only:
+                got.append((b, None))
+                continue
             p = planned_run(out, f"planned-{minutes:g}m-s{seed}", seconds, 1337 + seed, steps, a.planned_set)
             print(f"  seed {seed}: planned {p['planned']:,} steps: {p['state']} at step {p['steps']:,}, val loss "
                   f"{p['val']:.4f}", flush=True)
@@ -187,11 +193,14 @@ def main() -> int:
     print("\n| budget | seeds | budget: spent (over) | steps | val loss | planned steps (estimate) | planned: "
           "stopped at | val loss | budget - planned |\n|---|---|---|---|---|---|---|---|---|")
     for minutes, steps, got in rows:
-        bv, pv = statistics.median(b["val"] for b, _ in got), statistics.median(p["val"] for _, p in got)
+        bv = statistics.median(b["val"] for b, _ in got)
         spent = statistics.median(b["spent"] for b, _ in got)
+        planned = "- | - | - |"
+        if not a.budget_only:
+            pv = statistics.median(p["val"] for _, p in got)
+            planned = f"{statistics.median(p['steps'] for _, p in got):,.0f} | {pv:.4f} | {bv - pv:+.4f} |"
         print(f"| {minutes:g} min | {len(got)} | {spent:.1f} s ({(spent - minutes * 60) / (minutes * 60):+.1%}) | "
-              f"{statistics.median(b['steps'] for b, _ in got):,.0f} | {bv:.4f} | {steps:,} | "
-              f"{statistics.median(p['steps'] for _, p in got):,.0f} | {pv:.4f} | {bv - pv:+.4f} |")
+              f"{statistics.median(b['steps'] for b, _ in got):,.0f} | {bv:.4f} | {steps:,} | {planned}")
     print("commands:")
     for c in COMMANDS:
         print("  " + c)

@@ -95,6 +95,8 @@ def main() -> int:
             r = run_once(setting, steps, args.eval_every, args.eval_iters, runs, f"{key}{i}",
                          seed=args.first_seed + i)
             results[key].append(r)
+            if args.json:  # after every run, so a long bench stopped half-way keeps what it measured
+                Path(args.json).write_text(json.dumps({"a": args.a, "b": args.b, "runs": results}, indent=1))
             print(f"{key}{i} {setting}: final val loss {r['final']:.4f}, {r['tokens_per_s'] or 0:,.0f} tokens/s",
                   flush=True)
             print("   " + "  ".join(f"({t:.0f}s {loss:.3f} {bpb:.3f})" if bpb is not None else f"({t:.0f}s {loss:.3f})"
