@@ -138,6 +138,20 @@ def test_an_eval_that_would_run_past_the_budget_is_made_the_last_one():
     assert b.ends_at(57.0, eval_due=False)
 
 
+def test_the_reserve_is_the_last_eval_timed_or_the_estimate_bounded_by_the_step_0_eval():
+    b = Budget(60.0, 0.0, 1000)
+    b.update_reserve(None, None, 5.0)
+    assert b.reserve == 0.0                           # no pace yet: nothing to go on
+    b.update_reserve(None, 12.0, 3.0)
+    assert b.reserve == 3.0                           # the pace's guess (under load) capped by the step-0 eval
+    b.update_reserve(None, 2.0, 3.0)
+    assert b.reserve == 2.0
+    b.update_reserve(None, 4.0, None)
+    assert b.reserve == 4.0                           # a resumed run has no step-0 eval
+    b.update_reserve(7.0, 2.0, 3.0)
+    assert b.reserve == 7.0                           # an eval timed on the clock is what counts
+
+
 def test_the_estimate_gives_the_steps_that_fit_the_budget():
     plain = json.loads(wb("estimate", "cpu-small", "--tokens-per-s", "5000", "--json", check=True).stdout)
     budget = json.loads(wb("estimate", "cpu-small", "--tokens-per-s", "5000", "--json", "--set",

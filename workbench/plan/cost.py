@@ -13,6 +13,13 @@ def tokens_per_s_from_flops(model_cfg, flops_per_s: float, efficiency: float) ->
     return flops_per_s * efficiency / flops_per_token(model_cfg)
 
 
+def eval_seconds(preset, eval_iters: int, tokens_per_s: float) -> float:
+    """One eval's seconds at ``tokens_per_s`` (training's rate): ``eval_iters`` batches of train and of val,
+    forward only, ~1/3 of a training step's work a token. The estimate's, and the time budget's reserve until
+    an eval is timed."""
+    return 2 * eval_iters * preset.train.batch_size * preset.model.seq_len / (3.0 * tokens_per_s)
+
+
 def estimate_time(preset, tokens_per_s: float) -> dict[str, float | None]:
     """Seconds to train to max_iters at ``tokens_per_s``, plus the periodic evaluations
     (eval_iters batches of train and of val every eval_interval, forward only: ~1/3 of a step; auto's count
@@ -20,19 +27,19 @@ def estimate_time(preset, tokens_per_s: float) -> dict[str, float | None]:
     With train.time_budget the total is the budget and ``steps`` (and tokens) what fits in it."""
     if not tokens_per_s or tokens_per_s <= 0:
         raise WorkbenchError(f"tokens per second must be > 0, got {tokens_per_s!r}")
-    t, c = preset.train, preset.model
+    t = preset.train
     train_tokens = t.max_iters * preset.tokens_per_step()
     n_evals = t.max_iters // t.eval_interval + 1
-    eval_tokens = n_evals * 2 * eval_batches(preset)[0] * t.batch_size * c.seq_len
+    one_eval_s = eval_seconds(preset, eval_batches(preset)[0], tokens_per_s)
     train_s = train_tokens / tokens_per_s
-    eval_s = eval_tokens / (3.0 * tokens_per_s)
+    eval_s = n_evals * one_eval_s
     out = {"tokens": float(train_tokens), "train_s": train_s, "eval_s": eval_s, "total_s": train_s + eval_s,
-           "steps": float(t.max_iters), "budget_s": None, "one_eval_s": eval_s / n_evals}
+           "steps": float(t.max_iters), "budget_s": None, "one_eval_s": one_eval_s}
     budget = budget_seconds(t.time_budget)
     if budget is not None:
         # The budget is the time; the steps are what fits in it at this rate. A budgeted run evaluates at step 0,
         # every eval_interval steps and once more at its end, whatever the budget: a short one is mostly evals.
-        step_s, one_eval_s = train_s / t.max_iters, eval_s / n_evals
+        step_s = train_s / t.max_iters
         steps = max(0.0, (budget - 2 * one_eval_s) / (step_s + one_eval_s / t.eval_interval))
         out.update(tokens=steps * preset.tokens_per_step(), train_s=steps * step_s, eval_s=budget - steps * step_s,
                    total_s=budget, steps=steps, budget_s=budget)

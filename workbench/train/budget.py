@@ -42,6 +42,16 @@ class Budget:
         """The share of the budget's training time spent, 0 to 1."""
         return min(1.0, self.spent(now) / self.usable)
 
+    def update_reserve(self, timed: float | None, estimated: float | None, first_eval: float | None) -> None:
+        """What to keep for the last eval: the last eval timed on this clock (its sample and checkpoint included);
+        until there is one, the estimate from the pace, at most the step-0 eval's seconds (it scored the same
+        batches: under load, or with Muon's heavier step, the pace's guess was 2-4x it, and a 40 s budget beside
+        a busy test suite trained 2 steps)."""
+        if timed is not None:
+            self.reserve = timed
+        elif estimated is not None:
+            self.reserve = min(estimated, first_eval or estimated)
+
     def ends_at(self, spent: float, eval_due: bool) -> bool:
         """Whether the step just taken, with ``spent`` seconds of the budget gone, is the run's last: the budget is
         spent, or an eval is due whose time would carry the run past where its last eval must start (that eval is

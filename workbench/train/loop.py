@@ -44,6 +44,7 @@ from workbench.fs import write_atomic
 from workbench.machine.detect import Machine
 from workbench.machine.probe import calibration_here, measured_peak, this_machine
 from workbench.machine.rates import Calibration
+from workbench.plan.cost import eval_seconds
 from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
 from workbench.plan.schedule import lr_factor
@@ -383,16 +384,9 @@ class Trainer:
         t, st, b, now = self.preset.train, self.state, self.budget, time.time()
         if not self.settings.compile or self.compile_reported:  # the clock starts once the compile is done
             b.start(now, st.step)
-        # kept for the last eval: one timed on this clock, or the estimate's share (a forward is ~1/3 of a step)
         rate = b.pace(st.step, now)
-        if self.last_eval_s is not None:
-            b.reserve = self.last_eval_s
-        elif rate:
-            b.reserve = (2 * self.eval_iters * t.batch_size * self.preset.model.seq_len
-                         / (3 * self.tokens_per_step * rate))
-            # the step-0 eval, where there was one, scored the same batches: under load, or with Muon's heavier
-            # step, the pace's guess was 2-4x it (a 40 s budget beside a busy test suite trained 2 steps)
-            b.reserve = min(b.reserve, self.first_eval_s or b.reserve)
+        b.update_reserve(self.last_eval_s, eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate)
+                         if rate else None, self.first_eval_s)
         spent = b.spent(now)
         if self.dist.enabled:
             spent, b.reserve = self.dist.broadcast((spent, b.reserve) if self.dist.is_main else None)
