@@ -68,6 +68,20 @@ def test_a_budgeted_run_ends_at_its_budget_and_its_decay_follows_the_clock(budge
     assert f"finished at step {st.step}" in (d / "train.log").read_text()
 
 
+def test_the_doctor_counts_the_steps_the_budget_ran_not_the_presets_first_guess(budget_run):
+    """A budgeted run's max_iters in its preset is only the first guess (cpu-small's 2,000); the doctor's passes over
+    the data (and its other step counts) follow where the trainer said the run ends. Seen in the TUI: a 90 s run of
+    ~170 steps was told it would read its corpus 2.5 times, counting 2,000 steps."""
+    st = rundir.read_status(budget_run / "b")
+    out = json.loads(wb("doctor", "b", "--runs-dir", str(budget_run), "--json").stdout)
+    assert out["max_iters"] == st.max_iters == st.step != 2000
+    for f in out["findings"]:
+        if f["code"] == "data.epochs":
+            assert f["data"]["planned_tokens"] == st.step * 4 * 32                   # TINY: batch 4 x seq 32
+            assert f["evidence"][0].startswith(f"{st.step:,} steps x 128 tokens")
+            assert not any("train.max_iters" in a for a in f["also"])            # a budget's steps follow the clock
+
+
 @pytest.mark.parametrize("schedule", ["wsd", "cosine"])
 def test_the_schedule_follows_the_share_of_the_budget_spent(schedule):
     from workbench.config import resolve_preset

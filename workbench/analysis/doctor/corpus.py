@@ -45,7 +45,7 @@ def check(ctx: Context) -> list[Finding]:
         return []
     out = []
     corpus = str(f.start_value("corpus") or "")
-    planned = p.train.max_iters * p.tokens_per_step()
+    planned = f.max_iters * p.tokens_per_step()
     epochs = planned / train_tokens
     if epochs > EPOCHS_NOTE:
         bpt = bytes_per_token(ctx)
@@ -59,11 +59,11 @@ def check(ctx: Context) -> list[Finding]:
         also = []
         if epochs > EPOCHS_WARN:
             steps = int(EPOCHS_WARN * train_tokens / p.tokens_per_step())
-            if p.train.warmup_iters < steps:
+            if p.train.warmup_iters < steps and not p.train.time_budget:  # a budget's steps follow the clock
                 also.append(f"or fewer steps: --set train.max_iters={steps} ({EPOCHS_WARN:g} passes)")
         out.append(Finding("data", "data.epochs", "medium" if epochs > EPOCHS_WARN else "low",
                            f"the run will read its training text {epochs:.1f} times",
-                           (f"{p.train.max_iters:,} steps x {p.tokens_per_step():,} tokens = {num(planned)} tokens "
+                           (f"{f.max_iters:,} steps x {p.tokens_per_step():,} tokens = {num(planned)} tokens "
                             f"from a training split of {num(train_tokens)} tokens ({corpus or 'the corpus'})",),
                            change, values, ctx.apply_command(values) if values else "", also=tuple(also),
                            data={"epochs": epochs, "planned_tokens": planned, "train_tokens": train_tokens}))

@@ -63,7 +63,11 @@ class RunFacts(RunView):
 
     @property
     def max_iters(self) -> int:
-        return self.preset.train.max_iters if self.preset is not None else self.status.max_iters
+        """The step the run ends at: the preset's max_iters or, with a time budget, the step the trainer expects it
+        to end at (status.json, re-estimated as it goes; the preset's max_iters is only its first guess)."""
+        if self.preset is None or (self.preset.train.time_budget and self.status.max_iters):
+            return self.status.max_iters
+        return self.preset.train.max_iters
 
     @property
     def device(self) -> str | None:

@@ -204,7 +204,7 @@ def _compile_off(ctx: Context) -> Finding | None:
         return None
     # the run's device, with compile left to auto (the same rule that decides it for a new run)
     auto = dataclasses.replace(p, hardware=dataclasses.replace(p.hardware, compile="auto", device=f.device))
-    steps_left = max(0, p.train.max_iters - f.step) if f.live else p.train.max_iters
+    steps_left = max(0, f.max_iters - f.step) if f.live else f.max_iters
     try:
         s = resolve_settings(auto, ctx.machine, world_size=int(f.start_value("world_size") or 1),
                              steps_left=steps_left, peak=f.start_value("peak_flops"))
@@ -255,7 +255,7 @@ def _eval_share(ctx: Context) -> Finding | None:
     per_eval = statistics.median(recorded) if recorded else ts.eval_s / max(1, len(f.evals))
     step_s = max(1e-9, ts.elapsed_s - ts.eval_s - ts.ckpt_s) / max(1, ts.step)
     # the interval at which an eval is EVAL_SHARE_TARGET of the time: per_eval / (per_eval + interval x step_s)
-    interval = min(t.max_iters, nice_ceil(per_eval * (1 - EVAL_SHARE_TARGET) / (EVAL_SHARE_TARGET * step_s)))
+    interval = min(f.max_iters, nice_ceil(per_eval * (1 - EVAL_SHARE_TARGET) / (EVAL_SHARE_TARGET * step_s)))
     batches = int(f.start_value("eval_iters") or t.eval_iters or 0)
     val_tokens = f.start_value("val_tokens")
     auto = eval_batches(dataclasses.replace(p, train=dataclasses.replace(t, eval_iters=0)),

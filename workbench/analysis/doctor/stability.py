@@ -30,7 +30,7 @@ def _lr_change(ctx: Context, first_step: int, extra: dict | None = None) -> dict
         values["train.grad_clip"] = 1.0
     w = p.train.warmup_iters
     if first_step <= EARLY_WARMUPS * max(w, 1):
-        longer = min(max(2 * w, MIN_WARMUP), max(1, p.train.max_iters // 10))
+        longer = min(max(2 * w, MIN_WARMUP), max(1, f.max_iters // 10))
         if longer > w:
             values["train.warmup_iters"] = longer
     if f.start_value("precision") == "fp16":
