@@ -63,6 +63,9 @@ class Tmux:
         cmd = shlex.join([sys.executable, "-m", "workbench", "--runs-dir", str(runs_dir)])
         self._tmux("new-session", "-d", "-s", self.name, "-x", "160", "-y", "48", cmd)
 
+    def server_pid(self) -> int:
+        return int(self._tmux("display-message", "-p", "-t", self.name, "#{pid}").stdout)
+
     def alive(self) -> bool:
         return self._tmux("has-session", "-t", self.name, check=False).returncode == 0
 
@@ -169,8 +172,12 @@ def test_start_quit_reopen_stop_resume_in_tmux(tmp_path, tmux_env):
         tm.wait_screen(r"\bloss\s+\d+\.\d{4}", 60)
         assert run_dir.is_dir()
         # 2. quit: the trainer keeps running
+        server = tm.server_pid()
         tm.keys("q")
         wait_until(lambda: not tm.alive(), 15, "the TUI to exit")
+        # tmux's server exits after its last session; a new-session that reaches it while it is going
+        # fails with "server exited unexpectedly" (CI, once): reopen on a server of its own
+        wait_until(lambda: not pid_alive(server), 15, "tmux's server to exit")
         st = read_status(run_dir)
         assert st.state == "running" and pid_alive(st.pid, st.pid_start), st
         # 3. reopen: the same run, live
