@@ -144,7 +144,7 @@ def test_an_eval_that_would_run_past_the_budget_is_made_the_last_one():
     """A periodic eval due so near the end that the last eval could not follow it inside the budget ends the run
     there: on an H100 a 60 s budget's eval at step 500 was followed by the final one at 501 (two evals, two
     checkpoints, 78 s with the recompiles since fixed)."""
-    b = Budget(60.0, 0.0, 1000)
+    b = Budget(60.0, 0.0, 1000, now=0.0)
     b.reserve = 3.0                                   # the last eval with its sample and checkpoint: training has 57 s
     assert not b.ends_at(50.0, eval_due=True)         # 50 + 3 < 57: the eval fits and training goes on after it
     assert b.ends_at(54.0, eval_due=True)             # 54 + 3 >= 57: this eval is the run's last
@@ -153,7 +153,7 @@ def test_an_eval_that_would_run_past_the_budget_is_made_the_last_one():
 
 
 def test_the_reserve_is_the_last_eval_timed_or_the_estimate_bounded_by_the_step_0_eval():
-    b = Budget(60.0, 0.0, 1000)
+    b = Budget(60.0, 0.0, 1000, now=0.0)
     b.update_reserve(None, None, 5.0)
     assert b.reserve == 0.0                           # no pace yet: nothing to go on
     b.update_reserve(None, 12.0, 3.0)
@@ -164,6 +164,33 @@ def test_the_reserve_is_the_last_eval_timed_or_the_estimate_bounded_by_the_step_
     assert b.reserve == 4.0                           # a resumed run has no step-0 eval
     b.update_reserve(7.0, 2.0, 3.0)
     assert b.reserve == 7.0                           # an eval timed on the clock is what counts
+
+
+def test_the_clock_waits_for_the_compile_every_rank_takes_rank_0s_and_the_share_spent_never_goes_back():
+    b = Budget(100.0, 0.0, 1000, now=0.0)
+
+    def ten(rate: float) -> float:                    # an eval at this pace: 10 s
+        return 10.0
+
+    # compiling: no clock, nothing spent, the end shown is the preset's max_iters
+    assert b.after_step(1, 30.0, clock_runs=False, eval_due=False, eval_estimate=ten) == 1000
+    assert b.t0 is None and b.agreed == 0.0
+    assert b.after_step(2, 31.0, clock_runs=True, eval_due=False, eval_estimate=ten) == 1000  # the clock starts
+    assert b.t0 == 31.0
+    # 10 steps in 10 s: the reserve is the estimate (no step-0 eval: a resumed run), 80 s of training left
+    assert b.after_step(12, 41.0, clock_runs=True, eval_due=False, eval_estimate=ten) == 12 + 80
+    assert b.reserve == 10.0 and b.agreed == pytest.approx(10 / 90)
+    # another rank's clock says less: it takes rank 0's spent and reserve, and so its learning rate
+    b.after_step(13, 42.0, clock_runs=True, eval_due=False, eval_estimate=ten, agree=lambda mine: (45.0, 5.0))
+    assert b.reserve == 5.0 and b.agreed == pytest.approx(45 / 95)
+    b.last_eval = 20.0                                # an eval timed on the clock: the reserve
+    b.after_step(40, 60.0 + 31.0, clock_runs=True, eval_due=False, eval_estimate=ten)
+    assert b.reserve == 20.0 and b.agreed == pytest.approx(60 / 80)
+    b.last_eval = 2.0                                 # a faster one: more usable time, but the schedule never goes back
+    b.after_step(41, 61.0 + 31.0, clock_runs=True, eval_due=False, eval_estimate=ten)
+    assert b.agreed == pytest.approx(60 / 80)
+    assert b.after_step(80, 98.0 + 31.0, clock_runs=True, eval_due=False, eval_estimate=ten) == 80  # spent: the last
+    assert b.status(80, 98.0 + 31.0) == {"max_iters": 80, "budget_s": 100.0, "budget_spent_s": 98.0}
 
 
 def test_the_estimate_gives_the_steps_that_fit_the_budget():

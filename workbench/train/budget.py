@@ -9,15 +9,20 @@ the step the budget will end at is re-estimated from this process's pace, for th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class Budget:
-    def __init__(self, seconds: float, spent_before: float, first_guess: int):
+    def __init__(self, seconds: float, spent_before: float, first_guess: int, now: float):
         self.seconds = seconds
         self.spent_before = spent_before   # what the run had spent before this process (its checkpoint's)
         self.t0: float | None = None       # this process's clock start: the end of its first step
         self.step0 = 0
         self.first_guess = first_guess     # the end step shown until this process has a pace (train.max_iters)
         self.reserve = 0.0                 # kept for the eval after the last step
+        self.first_eval: float | None = None  # the step-0 eval's seconds (before the clock: a bound until timed)
+        self.last_eval: float | None = None   # the last eval's on this clock, its sample and checkpoint included
+        self.agreed = self.progress(now)      # the share spent, as every rank agreed after a step (the schedule)
 
     @property
     def usable(self) -> float:
@@ -51,6 +56,29 @@ class Budget:
             self.reserve = timed
         elif estimated is not None:
             self.reserve = min(estimated, first_eval or estimated)
+
+    def after_step(self, step: int, now: float, *, clock_runs: bool, eval_due: bool,
+                   eval_estimate: Callable[[float], float],
+                   agree: Callable[[tuple[float, float]], tuple[float, float]] | None = None) -> int:
+        """After a step: start the clock (``clock_runs``: once any compile is done), the reserve, the share of the
+        budget spent (``agreed``, the next step's schedule) and the step the run ends at, returned (``step``: this
+        one is its last). ``eval_estimate(tokens/s)`` is an eval's seconds at that pace; ``agree`` hands rank 0's
+        (spent, reserve) to every rank, so all use the same learning rate and end at the same step."""
+        if clock_runs:
+            self.start(now, step)
+        rate = self.pace(step, now)
+        self.update_reserve(self.last_eval, eval_estimate(rate) if rate else None, self.first_eval)
+        spent = self.spent(now)
+        if agree is not None:
+            spent, self.reserve = agree((spent, self.reserve))
+        # never back: the reserve changes as evals are timed (a slower first eval, then faster ones), and a
+        # larger usable share must not raise the learning rate again
+        self.agreed = max(self.agreed, min(1.0, spent / self.usable))
+        return step if self.ends_at(spent, eval_due) else self.end_step(step, now)
+
+    def status(self, max_iters: int, now: float) -> dict:
+        """status.json's view: the step it should end at (max_iters), its seconds and those spent."""
+        return {"max_iters": max_iters, "budget_s": self.seconds, "budget_spent_s": round(self.spent(now), 1)}
 
     def ends_at(self, spent: float, eval_due: bool) -> bool:
         """Whether the step just taken, with ``spent`` seconds of the budget gone, is the run's last: the budget is

@@ -111,9 +111,6 @@ class Trainer:
         self.stop_agreed = False                    # ... by some rank (every rank stops at the same step)
         self.clean_exit = False
         self.budget: Budget | None = None           # train.time_budget
-        self.budget_progress: float | None = None   # the share of it spent, as every rank agreed after a step
-        self.last_eval_s: float | None = None       # the last eval's seconds, timed on the budget's clock
-        self.first_eval_s: float | None = None      # the step-0 eval's (before the clock: a bound until one is timed)
         self.calibration: Calibration | None = None  # the CPU's (or an unlisted GPU's) measured MFU peak
         self.eval_iters = 0                         # batches of train and of val an eval scores (plan.evals)
         self.eval_batches: EvalBatches | None = None  # those batches, drawn at the first eval and kept
@@ -206,8 +203,7 @@ class Trainer:
         if ckpt:
             self.elapsed_before = self.state.elapsed_s
         if (seconds := budget_seconds(p.train.time_budget)) is not None:
-            self.budget = Budget(seconds, self.state.budget_spent, p.train.max_iters)
-            self.budget_progress = self.budget.progress(time.time())
+            self.budget = Budget(seconds, self.state.budget_spent, p.train.max_iters, time.time())
             self.checkpointer.budget_decay = self.state.decay_step
             if self.budget.done(time.time()):
                 p.train.max_iters = self.state.step  # spent already: nothing left to train
@@ -265,7 +261,8 @@ class Trainer:
         self.report.status(state="running", compiling=self.settings.compile, step=self.state.step)
         if self.state.step == 0 and not self.resume:
             ev = self.evaluate()
-            self.first_eval_s = ev.seconds
+            if self.budget is not None:
+                self.budget.first_eval = ev.seconds
             self.report.record(ev)
             self.report.log(f"step 0: train loss {ev.train_loss:.4f}, val loss {ev.val_loss:.4f} "
                             f"({ev.val_bpb:.3f} bits/byte)")
@@ -313,7 +310,7 @@ class Trainer:
         ``self.skips``); with the device check the GPU decides whether to apply the update, and the
         result is read a step later (or by ``self.skips.settle``), so the CPU never waits for the GPU here."""
         t, b, st = self.preset.train, self.built, self.state
-        factor = lr_factor(st.step, self.preset, self.budget_progress) * st.lr_scale
+        factor = lr_factor(st.step, self.preset, self.budget.agreed if self.budget else None) * st.lr_scale
         b.optimizer.set_lr(factor)  # every group at the same share of its own peak
         lr = self.preset.train.lr * factor
         poison = self.faults.poison_step(st.step + 1)
@@ -378,23 +375,15 @@ class Trainer:
             self.skips.record(st.step, lr, loss_val, gn, finite)
 
     def budget_tick(self) -> None:
-        """After a step of a budgeted run: the share of the budget spent (the next step's schedule), the step it
-        ends at (train.max_iters, now if it is spent) and, with wsd, where the decay began. Every rank takes rank
-        0's clock, so all use the same learning rate and end at the same step."""
-        t, st, b, now = self.preset.train, self.state, self.budget, time.time()
-        if not self.settings.compile or self.compile_reported:  # the clock starts once the compile is done
-            b.start(now, st.step)
-        rate = b.pace(st.step, now)
-        b.update_reserve(self.last_eval_s, eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate)
-                         if rate else None, self.first_eval_s)
-        spent = b.spent(now)
-        if self.dist.enabled:
-            spent, b.reserve = self.dist.broadcast((spent, b.reserve) if self.dist.is_main else None)
-        # never back: the reserve changes as evals are timed (a slower first eval, then faster ones), and a
-        # larger usable share must not raise the learning rate again
-        self.budget_progress = max(self.budget_progress or 0.0, min(1.0, spent / b.usable))
-        t.max_iters = st.step if b.ends_at(spent, st.step % t.eval_interval == 0) else b.end_step(st.step, now)
-        if t.schedule == "wsd" and st.decay_step is None and self.budget_progress >= 1.0 - t.decay_fraction:
+        """After a step of a budgeted run: the step it ends at (train.max_iters) and, with wsd, where the decay
+        began (the budget says how much of it is spent, on rank 0's clock for every rank)."""
+        t, st, b = self.preset.train, self.state, self.budget
+        t.max_iters = b.after_step(
+            st.step, time.time(), clock_runs=not self.settings.compile or self.compile_reported,
+            eval_due=st.step % t.eval_interval == 0,
+            eval_estimate=lambda rate: eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate),
+            agree=self.dist.broadcast)
+        if t.schedule == "wsd" and st.decay_step is None and b.agreed >= 1.0 - t.decay_fraction:
             st.decay_step = self.checkpointer.budget_decay = st.step  # saved here (Checkpointer.due)
 
     def settle_due(self, step: int) -> bool:
@@ -420,11 +409,7 @@ class Trainer:
         self.throughput.after_log(now)
 
     def budget_status(self, now: float) -> dict:
-        """status.json's view of the budget: the step it should end at (max_iters), its seconds and those spent."""
-        if self.budget is None:
-            return {}
-        return {"max_iters": self.preset.train.max_iters, "budget_s": self.budget.seconds,
-                "budget_spent_s": round(self.budget.spent(now), 1)}
+        return self.budget.status(self.preset.train.max_iters, now) if self.budget is not None else {}
 
     def maybe_evaluate(self) -> tuple[bool, bool, bool]:
         """At an eval step: the losses, the best so far, a sample, a checkpoint if it is the best or
@@ -450,7 +435,7 @@ class Trainer:
         saved = self.maybe_save(vl, reason="best" if improved else None)
         if self.budget is not None and self.budget.t0 is not None:
             # the budget keeps this for the run's end: the last eval comes with its sample and a checkpoint
-            self.last_eval_s = time.time() - began + (0.0 if saved else self.checkpointer.last_seconds)
+            self.budget.last_eval = time.time() - began + (0.0 if saved else self.checkpointer.last_seconds)
         if t.patience and st.bad_evals >= t.patience:
             self.report.log(f"early stop: val loss has not improved for {t.patience} evals (best {st.best_val:.4f})")
             self.report.event("early_stop", st.step, best_val_loss=st.best_val)
