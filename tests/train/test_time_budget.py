@@ -18,6 +18,9 @@ import pytest
 from tests.support.cli import REPO, TINY, wb
 from tests.support.runs import read_jsonl, wait_until
 from workbench import rundir
+from workbench.config import load_preset_file
+from workbench.plan.cost import budget_steps, tokens_per_s_from_flops
+from workbench.plan.report import ASSUMED_EFFICIENCY
 from workbench.train.budget import Budget
 
 BUDGET = 8.0
@@ -138,6 +141,24 @@ def test_kill_minus_nine_then_resume_goes_on_against_what_is_left(tmp_path):
     assert len(resume) == 1 and resume[0]["step"] == last["step"]
     finish = next(r for r in recs if r.get("event") == "finish")
     assert finish["time"] - resume[0]["time"] <= (BUDGET - spent) + OVER, (finish["time"] - resume[0]["time"], spent)
+
+
+def test_until_it_has_timed_a_step_a_budgeted_run_shows_the_steps_the_estimate_fits_not_max_iters(tmp_path):
+    """status.json's max_iters is what the progress bar and the doctor read: a 90 s budget of cpu-small showed
+    "step 0 / 2,000" through its step-0 eval, and the doctor said the run would read its text 2.5 times."""
+    wb("train", "cpu-small", "--runs-dir", str(tmp_path), "--name", "k", "--time-budget", "90s",
+       "--set", *SETS, "train.max_iters=100000", env={"WORKBENCH_TEST_KILL_AT_STEP": "1"})
+    d = tmp_path / "k"
+    st = rundir.read_status(d)
+    assert st.step == 1, st                           # killed after its first step: no pace yet
+    start = next(r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "start")
+    p = load_preset_file(d / "preset.toml")
+    # the new-run form's estimate: this machine's peak at the assumed efficiency, its evals counted
+    tps = tokens_per_s_from_flops(p.model, start["peak_flops"], ASSUMED_EFFICIENCY["cpu"])
+    want = round(budget_steps(p, tps, 90.0, start["eval_iters"]))
+    assert st.max_iters == start["budget_steps"] == want, (st.max_iters, start["budget_steps"], want)
+    assert 10 < want < 100_000
+    assert f"time budget 1m 30s: ~{want:,} steps by the estimate" in (d / "train.log").read_text()
 
 
 def test_an_eval_that_would_run_past_the_budget_is_made_the_last_one():

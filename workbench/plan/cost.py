@@ -40,10 +40,21 @@ def estimate_time(preset, tokens_per_s: float) -> dict[str, float | None]:
         # The budget is the time; the steps are what fits in it at this rate. A budgeted run evaluates at step 0,
         # every eval_interval steps and once more at its end, whatever the budget: a short one is mostly evals.
         step_s = train_s / t.max_iters
-        steps = max(0.0, (budget - 2 * one_eval_s) / (step_s + one_eval_s / t.eval_interval))
+        steps = budget_steps(preset, tokens_per_s, budget)
         out.update(tokens=steps * preset.tokens_per_step(), train_s=steps * step_s, eval_s=budget - steps * step_s,
                    total_s=budget, steps=steps, budget_s=budget)
     return out
+
+
+def budget_steps(preset, tokens_per_s: float, seconds: float, eval_iters: int | None = None) -> float:
+    """The steps that fit in ``seconds`` of a time budget at ``tokens_per_s``: a budgeted run evaluates at its start,
+    every eval_interval steps and once more at its end, whatever the budget (the estimate's count, and the trainer's
+    guess at its end step until it has timed its own steps). ``eval_iters``: the batches an eval scores, when the
+    val split is known (auto's count for one that does not limit it otherwise)."""
+    t = preset.train
+    one_eval_s = eval_seconds(preset, eval_iters or eval_batches(preset)[0], tokens_per_s)
+    step_s = preset.tokens_per_step() / tokens_per_s
+    return max(0.0, (seconds - 2 * one_eval_s) / (step_s + one_eval_s / t.eval_interval))
 
 
 # A budget whose evals would take more than this share of it gets a warning (the form, `train`, `estimate`).
