@@ -48,7 +48,10 @@ class Checkpointer:
                    val_loss: float | None = None, reason: str | None = None) -> bool:
         """Save after ``step`` when ``reason`` is given (best, stop) or a save is due; True when it saved.
         Every rank calls it: ``state_dict`` is collective and returns the state on rank 0 alone."""
-        reason = reason or self.due(step)
+        due = self.due(step)
+        if reason and due == "decay start":  # where an extension goes on from: said even when it is also the best
+            reason = f"{reason}, {due}"
+        reason = reason or due
         if reason is None:
             return False
         state = state_dict()
