@@ -75,7 +75,7 @@ class TrainConfig:
     batch_size: int = _f(8, "Micro-batch size in sequences, over all processes together (each of N "
                             "data-parallel processes takes batch_size / N).", min=1)
     grad_accum: int = _f(1, "Micro-batches per optimizer step; tokens/step = batch_size x grad_accum x seq_len.", min=1)
-    max_iters: int = _f(2000, "Optimizer steps to train for (with time_budget: the first guess of how many fit).",
+    max_iters: int = _f(2000, "Optimizer steps to train for (with time_budget: the end shown until estimated).",
                         min=1)
     time_budget: str = _f("", "Train for this long instead of max_iters (e.g. 45m, 2h, 1h30m, 90s), on the "
                               "trainer's own clock (evals counted; set-up and the first step's compile not): the "

@@ -21,17 +21,20 @@ def lr_factor(step: int, p: Preset, progress: float | None = None) -> float:
     """The learning rate at ``step`` as a share of its peak: the same for every parameter group (AdamW's
     train.lr, Muon's train.muon_lr), ending at min_lr / lr. ``progress``: with train.time_budget, the share
     of the budget spent (0-1); after warmup the schedule follows it instead of the step (wsd: stable until
-    1 - decay_fraction of the budget, then linear to min_lr at its end; cosine: over the whole budget)."""
+    1 - decay_fraction of the budget, then linear to min_lr at its end; cosine: over the whole budget). A warmup
+    the budget cuts short yields to that decay (the lower of the two), so a budgeted run always ends at min_lr:
+    a 2-minute cpu-small budget beside a busy CPU trained 29 steps of its 30-step warmup and ended at its peak."""
     t = p.train
     floor = t.min_lr / t.lr
-    if step < t.warmup_iters:
-        return (step + 1) / (t.warmup_iters + 1)
+    ramp = (step + 1) / (t.warmup_iters + 1) if step < t.warmup_iters else 1.0
     if progress is not None:
         progress = min(1.0, max(0.0, progress))
         if t.schedule == "wsd":
             frac = max(0.0, (progress - (1.0 - t.decay_fraction)) / t.decay_fraction)
-            return 1.0 - frac * (1.0 - floor)
-        return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - floor)
+            return min(ramp, 1.0 - frac * (1.0 - floor))
+        return min(ramp, floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - floor))
+    if ramp < 1.0:
+        return ramp
     if t.schedule == "wsd":
         start = decay_start(p)
         if step < start:
