@@ -47,6 +47,29 @@ def table_gpu(machine: Machine, settings: RunSettings) -> GpuSpec | None:
     return spec if spec and settings.peak_flops == spec.peak_flops(settings.precision) else None
 
 
+def hardware_speed(p: Preset, settings: RunSettings, machine: Machine, device: str
+                   ) -> tuple[float | None, str | None, str | None]:
+    """(tokens/s, where it comes from, its basis in a few words) for ``p`` trained with ``settings`` on this
+    machine's ``device``, from the hardware alone: a GPU of the table at the MFU `estimate --gpu` expects for it
+    (workbench.plan.throughput: small models reach a small share), else the peak (measured here, or the table's)
+    at an assumed efficiency. The estimate's when no run of the preset has measured it, and a budgeted run's
+    guess at its end step until it has timed its own steps."""
+    if not settings.peak_flops:
+        return None, None, None
+    if gpu := table_gpu(machine, settings):
+        mfu = throughput.mfu_for(p, settings, gpu)  # the same MFU as `estimate --gpu` for this GPU
+        tps = throughput.tokens_per_s(p, settings, mfu)
+        return (tps, throughput.describe(p, settings, gpu, mfu), "estimate") if tps else (None, None, None)
+    eff = ASSUMED_EFFICIENCY.get(settings.device_type, 0.3)
+    tps = cost.tokens_per_s_from_flops(p.model, settings.peak_flops, eff)
+    g = machine.gpu(device)
+    # not the table's: the best matmul rate measured here (by this command, a run, or an earlier estimate)
+    how = "peak table" if g and peak_flops(g.name, settings.precision) else MEASURED_RATE
+    source = (f"estimate: {settings.peak_flops / 1e12:.3g} TFLOP/s ({how}) x {eff:.0%} assumed efficiency / "
+              f"{flops_per_token(p.model) / 1e6:.4g} MFLOP per token")
+    return tps, source, f"estimate from {how}"
+
+
 def build_report(preset: Preset, machine: Machine, *, device: str | None = None, precision: str | None = None,
                  tokens_per_s: float | None = None, history: History | None = None,
                  peak: Callable[[str, str], float | None] | None = None, watts: float | None = None,
@@ -96,19 +119,8 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
     elif prev:
         tps, source = prev["tokens_per_s"], f"measured: median of {prev['records']} log records of run {prev['run']}"
         basis = "measured"
-    elif is_here and settings.peak_flops and (gpu := table_gpu(machine, settings)):
-        mfu = throughput.mfu_for(p, settings, gpu)  # the same MFU as `estimate --gpu` for this GPU
-        tps = throughput.tokens_per_s(p, settings, mfu)
-        source, basis = (throughput.describe(p, settings, gpu, mfu), "estimate") if tps else (None, None)
-    elif is_here and settings.peak_flops:
-        eff = ASSUMED_EFFICIENCY.get(kind, 0.3)
-        tps = cost.tokens_per_s_from_flops(p.model, settings.peak_flops, eff)
-        g = machine.gpu(device)
-        # not the table's: the best matmul rate measured here (by this command, a run, or an earlier estimate)
-        how = "peak table" if g and peak_flops(g.name, settings.precision) else MEASURED_RATE
-        source = (f"estimate: {settings.peak_flops / 1e12:.3g} TFLOP/s ({how}) x {eff:.0%} assumed efficiency / "
-                  f"{flops_per_token(p.model) / 1e6:.4g} MFLOP per token")
-        basis = f"estimate from {how}"
+    elif is_here:
+        tps, source, basis = hardware_speed(p, settings, machine, device)
     report["tokens_per_s"], report["tokens_per_s_source"], report["tokens_per_s_basis"] = tps, source, basis
     if tps:
         report["time"] = cost.estimate_time(p, tps)

@@ -45,10 +45,10 @@ from workbench.fs import write_atomic
 from workbench.machine.detect import Machine
 from workbench.machine.probe import calibration_here, measured_peak, this_machine
 from workbench.machine.rates import Calibration
-from workbench.plan.cost import budget_steps, eval_seconds, tokens_per_s_from_flops
+from workbench.plan.cost import budget_steps, eval_seconds
 from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
-from workbench.plan.report import ASSUMED_EFFICIENCY
+from workbench.plan.report import hardware_speed
 from workbench.plan.schedule import lr_factor
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.rundir import EvalRecord, TrainRecord
@@ -245,11 +245,11 @@ class Trainer:
 
     def budget_guess(self, seconds: float) -> int:
         """The step a budgeted run will end at, before it has timed a step: what fits in the budget left at the
-        tokens/s the new-run form estimated from this machine's peak (plan.report), or max_iters without one."""
-        p, peak = self.preset, self.settings.peak_flops
-        if not peak:
+        tokens/s the new-run form estimates from this machine's hardware (plan.report), or max_iters without one."""
+        p = self.preset
+        tps = hardware_speed(p, self.settings, self.machine, self.settings.device)[0]
+        if not tps:
             return p.train.max_iters
-        tps = tokens_per_s_from_flops(p.model, peak, ASSUMED_EFFICIENCY.get(self.settings.device_type, 0.3))
         left = seconds - self.state.budget_spent
         return self.state.step + max(1, round(budget_steps(p, tps, left, self.eval_iters)))
 
