@@ -16,6 +16,7 @@ from workbench.fmt import duration, human_bytes
 from workbench.machine.detect import Machine
 from workbench.machine.gpus import GpuSpec, spec_for_device
 from workbench.machine.peaks import peak_flops
+from workbench.machine.rates import BUSY_SHARE
 from workbench.plan import cost, throughput
 from workbench.plan import estimate as est
 from workbench.plan.estimate import HEADROOM
@@ -119,6 +120,10 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
     elif prev:
         tps, source = prev["tokens_per_s"], f"measured: median of {prev['records']} log records of run {prev['run']}"
         basis = "measured"
+        if (prev.get("others_busy") or 0.0) >= BUSY_SHARE:  # no quiet run of it here: say the number is low
+            source += (f", which started with other processes using {prev['others_busy']:.0%} of the CPU (this "
+                       "machine alone is likely faster)")
+            basis = "measured beside other processes"
     elif is_here:
         tps, source, basis = hardware_speed(p, settings, machine, device)
     report["tokens_per_s"], report["tokens_per_s_source"], report["tokens_per_s_basis"] = tps, source, basis
