@@ -11,6 +11,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from workbench.config import Preset
+from workbench.fmt import duration
+from workbench.machine.detect import Machine
+from workbench.plan.cost import budget_steps
+from workbench.plan.report import hardware_speed
+from workbench.plan.settings import RunSettings
+
+
+def first_guess(p: Preset, settings: RunSettings, machine: Machine, seconds: float, spent: float, step: int,
+                eval_iters: int) -> int:
+    """The step a budgeted run will end at, before it has timed a step: what fits in the ``seconds - spent`` left
+    at the tokens/s the new-run form estimates from this machine's hardware (plan.report), or max_iters without
+    one. Not the preset's max_iters alone: a 90 s budget showed "step 0 / 2,000" through its step-0 eval, and
+    the doctor counted 2,000 steps."""
+    tps = hardware_speed(p, settings, machine, settings.device)[0]
+    if not tps:
+        return p.train.max_iters
+    return step + max(1, round(budget_steps(p, tps, seconds - spent, eval_iters)))
+
 
 class Budget:
     def __init__(self, seconds: float, spent_before: float, first_guess: int, now: float):
@@ -75,6 +94,15 @@ class Budget:
         # larger usable share must not raise the learning rate again
         self.agreed = max(self.agreed, min(1.0, spent / self.usable))
         return step if self.ends_at(spent, eval_due) else self.end_step(step, now)
+
+    def describe(self, step: int, now: float) -> str:
+        """The budget at the start of a process, for train.log."""
+        if self.done(now):
+            return (f"time budget {duration(self.seconds)}: spent already, nothing left to train (resume --more N "
+                    "trains N steps more)")
+        left = f"{duration(self.seconds - self.spent_before)} left, " if self.spent_before else ""
+        return (f"time budget {duration(self.seconds)}: {left}~{self.first_guess - step:,} steps by the estimate; "
+                "the end is re-estimated from the run's own pace, and the schedule follows the clock")
 
     def status(self, max_iters: int, now: float) -> dict:
         """status.json's view: the step it should end at (max_iters), its seconds and those spent."""

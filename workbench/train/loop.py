@@ -40,21 +40,19 @@ from workbench.data.tokenizer import tokenizer_file
 from workbench.data.tokens import TokenData, prepare_data
 from workbench.errors import WorkbenchError
 from workbench.faults import Faults
-from workbench.fmt import duration
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine
 from workbench.machine.probe import calibration_here, measured_peak, this_machine
 from workbench.machine.rates import Calibration
-from workbench.plan.cost import budget_steps, eval_seconds
+from workbench.plan.cost import eval_seconds
 from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
-from workbench.plan.report import hardware_speed
 from workbench.plan.schedule import lr_factor
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.rundir import EvalRecord, TrainRecord
 from workbench.train import runtime, stateful
 from workbench.train.batches import Sampler, chat_facts, chat_line, new_sampler, split_tokens, trained_targets
-from workbench.train.budget import Budget
+from workbench.train.budget import Budget, first_guess
 from workbench.train.build import Built, build
 from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
 from workbench.train.checkpointer import Checkpointer
@@ -205,10 +203,9 @@ class Trainer:
         if ckpt:
             self.elapsed_before = self.state.elapsed_s
         if (seconds := budget_seconds(p.train.time_budget)) is not None:
-            self.budget = Budget(seconds, self.state.budget_spent, self.budget_guess(seconds), time.time())
-            # the step it ends at, as estimated until its steps are timed: not the preset's max_iters (a 90 s
-            # budget showed "step 0 / 2,000", and the doctor counted 2,000 steps, through the step-0 eval)
-            self.report.status(max_iters=self.budget.first_guess)
+            guess = first_guess(p, s, self.machine, seconds, self.state.budget_spent, self.state.step, self.eval_iters)
+            self.budget = Budget(seconds, self.state.budget_spent, guess, time.time())
+            self.report.status(max_iters=guess)  # the end as estimated, until its steps are timed
             self.checkpointer.budget_decay = self.state.decay_step
             if self.budget.done(time.time()):
                 p.train.max_iters = self.state.step  # spent already: nothing left to train
@@ -216,12 +213,7 @@ class Trainer:
         self.report.log(start_line(rd.name, p, s, self.device, self.dist.world, n_params, self.built.trainable,
                                    self.tokens_per_step, self.data.source, self.data.cached))
         if self.budget is not None:
-            b, left = self.budget, self.budget.seconds - self.budget.spent_before
-            self.report.log(f"time budget {duration(b.seconds)}: " + (
-                "spent already, nothing left to train (resume --more N trains N steps more)" if b.done(time.time())
-                else (f"{duration(left)} left, " if b.spent_before else "")
-                + f"~{b.first_guess - self.state.step:,} steps by the estimate; the end is re-estimated from the "
-                "run's own pace, and the schedule follows the clock"))
+            self.report.log(self.budget.describe(self.state.step, time.time()))
         self.report.event("resume" if self.resume else "start", self.state.step, params=n_params,
                           device=str(self.device), precision=s.precision, compile=s.compile,
                           compile_mode=s.compile_mode, loss_chunk_tokens=s.loss_chunk_tokens,
@@ -242,16 +234,6 @@ class Trainer:
             self.report.preset_changes(self.state.step, stateful.preset_changes(self.state, p))
         if pending_rng:
             pending_rng()  # last: building the model above drew random numbers
-
-    def budget_guess(self, seconds: float) -> int:
-        """The step a budgeted run will end at, before it has timed a step: what fits in the budget left at the
-        tokens/s the new-run form estimates from this machine's hardware (plan.report), or max_iters without one."""
-        p = self.preset
-        tps = hardware_speed(p, self.settings, self.machine, self.settings.device)[0]
-        if not tps:
-            return p.train.max_iters
-        left = seconds - self.state.budget_spent
-        return self.state.step + max(1, round(budget_steps(p, tps, left, self.eval_iters)))
 
     # ------------------------------------------------------------------ its state, as a pair
 
