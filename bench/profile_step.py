@@ -81,8 +81,43 @@ def bf16_rope() -> None:
     model_mod.apply_rope = apply_rope
 
 
+def rope_before_transpose() -> None:
+    """QK-norm and RoPE on q and k as the projections lay them out ([B, T, heads, hd], each row contiguous),
+    then the transpose to [B, heads, T, hd] as a view for attention (nanoGPT's layout): the fused norm + RoPE
+    kernel reads and writes contiguous rows instead of writing a transposed copy. The same arithmetic."""
+    def attn_forward(self, x, cos, sin, cache=None, layer=0, mask=None):
+        if cache is not None or (mask is not None and not isinstance(mask, torch.Tensor)):
+            return orig_attn(self, x, cos, sin, cache, layer, mask)
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.hd)
+        k = self.wk(x).view(B, T, self.n_kv, self.hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        # cos / sin: [T, hd/2] (or [B, 1, T, hd/2] for packed rows) -> broadcast over the heads of [B, T, H, hd/2]
+        c, s = (cos.unsqueeze(-2), sin.unsqueeze(-2)) if cos.dim() == 2 else (cos.transpose(1, 2), sin.transpose(1, 2))
+        q, k = model_mod.apply_rope(q, c, s).transpose(1, 2), model_mod.apply_rope(k, c, s).transpose(1, 2)
+        v = self.wv(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        if self.n_kv != self.n_heads:
+            rep = self.n_heads // self.n_kv
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.resid_drop(self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd)))
+
+    orig_attn = model_mod.Attention.forward
+    model_mod.Attention.forward = attn_forward
+
+
+def rms_norm_op() -> None:
+    """RMSNorm through torch's own F.rms_norm (fp32 inside, as ours) instead of the hand-written ops."""
+    def forward(self, x):
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x) * self.weight
+    model_mod.RMSNorm.forward = forward
+
+
 VARIANTS = {"fused-proj": [fused_projections], "bf16-rope": [bf16_rope],
-            "both": [fused_projections, bf16_rope]}
+            "both": [fused_projections, bf16_rope], "rope-before-transpose": [rope_before_transpose],
+            "rms-norm-op": [rms_norm_op], "rope-before-transpose+rms-norm-op": [rope_before_transpose, rms_norm_op]}
 
 
 def measure(preset: str, overrides: list[str], steps: int, profile: bool, tag: str) -> float:
@@ -167,12 +202,14 @@ def main() -> int:
     a = ap.parse_args()
     base = measure(a.preset, a.overrides, a.steps, not a.no_profile, "as it is")
     for name in a.variant:
-        saved = (model_mod.Attention.forward, model_mod.SwiGLU.forward, model_mod.apply_rope)
+        saved = (model_mod.Attention.forward, model_mod.SwiGLU.forward, model_mod.apply_rope,
+                 model_mod.RMSNorm.forward)
         for change in VARIANTS[name]:
             change()
         tps = measure(a.preset, a.overrides, a.steps, False, name)
         print(f"  {name}: x{tps / base:.3f} tokens/s against the model as it is")
-        model_mod.Attention.forward, model_mod.SwiGLU.forward, model_mod.apply_rope = saved
+        (model_mod.Attention.forward, model_mod.SwiGLU.forward, model_mod.apply_rope,
+         model_mod.RMSNorm.forward) = saved
     return 0
 
 

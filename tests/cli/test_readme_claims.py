@@ -68,7 +68,7 @@ def _eval_at(run_dir: Path, step: int) -> dict:
 # corpus does not exist, and it is read only after the fit check: a run let through fails on it, with nothing
 # trained (a run refused never gets there).
 BIG = ["train.batch_size=65536", "hardware.compile=false"]
-ESTIMATE = re.compile(r"estimate: does not fit: ~[\d.]+ TiB of [\d.]+ GiB available RAM \(estimate, 10% kept free\); "
+ESTIMATE = re.compile(r"estimate: does not fit: ~[\d.]+ [GT]iB of [\d.]+ GiB available RAM \(estimate, 10% kept free\); "
                       r"try --set train\.batch_size=(\d+) train\.grad_accum=(\d+) \(same tokens per step\); "
                       r"`workbench fit` writes it; .+")  # then the time: measured, estimated, or unknown yet
 REFUSED = re.compile(r"workbench: error: cpu-small does not fit this machine's memory by the estimate \(--set "
@@ -438,9 +438,12 @@ def test_fit_init_from_fits_the_source_runs_model(src, tmp_path):
     plan = plan_new_run(NewRun("cpu-small", tuple(over), init_from="src"), src.root).preset
     assert (plan.model.dim, plan.model.n_layers, plan.model.vocab_size, plan.model.seq_len) == (64, 2, 512, 256)
     machine = this_machine()
+    # activation checkpointing as auto decides it at the preset's own batch (nothing fits there: on), kept for
+    # every trial and written into the fitted preset, so the run trains as it was fitted
+    ckpt = resolve_settings(what_if(plan, device="cpu"), machine, world_size=1).activation_checkpointing
 
     def estimate(preset, b: int) -> str:
-        p = what_if(preset, device="cpu", batch_size=b)
+        p = what_if(preset, device="cpu", batch_size=b, activation_checkpointing=ckpt)
         return human_bytes(estimate_memory(p, settings=resolve_settings(p, machine, world_size=1)).total)
 
     assert trials == {b: estimate(plan, b) for b in trials}
@@ -455,6 +458,7 @@ def test_fit_init_from_fits_the_source_runs_model(src, tmp_path):
     # a preset to train with --init-from src again: the model comes from src then, so it is not recorded here
     assert "init" not in written and "source" not in written
     assert written["model"]["dim"] == 256
+    assert ckpt is True and written["hardware"]["activation_checkpointing"] == "true"
 
 
 # ----------------------------------------------------------------------------- 11. symbolic links, sorted globs

@@ -13,7 +13,7 @@ import torch
 from tests.support.cli import wb
 from tests.support.hf import FT, cli
 from tests.support.saved import saved_bytes
-from workbench.config import ModelConfig, Preset, TrainConfig, load_preset_file
+from workbench.config import HardwareConfig, ModelConfig, Preset, TrainConfig, load_preset_file
 from workbench.machine.detect import Machine
 from workbench.plan.activations import layer_activation_bytes, lora_layer_activation_bytes
 from workbench.plan.estimate import estimate_memory
@@ -62,9 +62,11 @@ def test_lora_parameters_and_memory_by_component():
 
 def test_methods_recommend_what_fits():
     """With memory for full fine-tuning it is recommended; with less, LoRA; with less still, LoRA with
-    activation checkpointing; with less than that, nothing (computed from the estimate, not tabulated)."""
+    activation checkpointing; with less than that, nothing (computed from the estimate, not tabulated). Full
+    fine-tuning is the preset's own checkpointing: off here (under auto it would turn on where needed)."""
     p = Preset(model=dataclasses.replace(CFG, n_layers=8, dim=512, n_heads=8, n_kv_heads=4, vocab_size=32000,
-                                         seq_len=1024), train=TrainConfig(batch_size=16))
+                                         seq_len=1024), train=TrainConfig(batch_size=16),
+               hardware=HardwareConfig(activation_checkpointing="false"))
 
     def machine(ram: int) -> Machine:
         return dataclasses.replace(Machine.assumed("cpu"), ram_available=ram, ram_total=ram)

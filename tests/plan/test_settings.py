@@ -21,6 +21,16 @@ M4 = Machine(mps=True, physical_cores=12, ram_total=48 * GiB, ram_available=40 *
 LAPTOP = Machine(physical_cores=2, ram_total=24 * GiB, ram_available=20 * GiB, cpu_native_bf16=False)
 
 
+def card(gib: float, free_gib: float | None = None, name: str = "NVIDIA GPU") -> Machine:
+    """A machine with one CUDA GPU of ``gib`` GiB (``free_gib`` of it free: another process holds the rest)."""
+    free = int((gib if free_gib is None else free_gib) * GiB)
+    return Machine(gpus=(Gpu(0, name, int(gib * GiB), free, (8, 9)),), physical_cores=8, ram_total=64 * GiB,
+                   ram_available=48 * GiB)
+
+
+CARD_8GB, CARD_24GB, CARD_80GB, CARD_141GB = card(8), card(24), card(80), card(141)
+
+
 def peak(device: str, precision: str) -> float | None:
     """A measured peak, as the trainer and `estimate` would calibrate it (CPU: 200 GFLOP/s)."""
     return 2e11 if device == "cpu" else None
@@ -54,10 +64,13 @@ def test_trainer_estimate_and_fit_agree(machine, expected):
 
 
 def test_they_agree_where_the_rules_turn():
-    # gpu-8gb's 24 x 1024 x 32768 logits pass 1 GiB: the fused loss on CUDA, compiled per block under checkpointing
-    got = consumers("gpu-8gb", A100)
+    # gpu-8gb on an 8 GB card needs the fused loss and checkpointing (compiled per block); on an 80 GB one neither
+    got = consumers("gpu-8gb", CARD_8GB)
     assert got["trainer"] == got["estimate"] == got["fit"]
     assert got["trainer"]["loss_chunk_tokens"] == 2048 and got["trainer"]["compile_mode"] == "per block"
+    got = consumers("gpu-8gb", A100)
+    assert got["trainer"] == got["estimate"] == got["fit"]
+    assert got["trainer"]["loss_chunk_tokens"] == 0 and got["trainer"]["compile_mode"] == "whole model"
     # a 200-step cpu-small run is too short for a compile to pay back; its 2000 steps are not
     short = consumers("cpu-small", LAPTOP, "train.max_iters=200")
     assert short["trainer"] == short["estimate"] == short["fit"] and short["trainer"]["compile"] is False
@@ -91,3 +104,89 @@ def test_kernel_choices_reach_the_settings_and_determinism_picks_the_attention_k
     assert s(A100, "hardware.deterministic=true", "hardware.attention_kernel=flash").attention_kernel == "flash"
     cpu = s(LAPTOP, "hardware.deterministic=true", "hardware.attention_kernel=cudnn")
     assert (cpu.deterministic, cpu.attention_kernel) == (False, "auto")
+
+
+# The GPU issue's dims (nanoGPT's GPT-2 small shape, workbench's MLP sized to match its matrix parameters)
+ISSUE_DIMS = ["model.dim=768", "model.n_layers=12", "model.n_heads=12", "model.n_kv_heads=12", "model.seq_len=1024",
+              "model.vocab_size=32768", "model.ffn_hidden=2048", "train.batch_size=32", "train.grad_accum=1"]
+
+
+def savers(machine: Machine, preset: str, *over: str) -> tuple[bool, bool]:
+    """(fused loss, activation checkpointing) that auto picks for ``preset`` on ``machine``."""
+    s = resolve_settings(resolve_preset(preset, list(over)), machine, world_size=1, peak=peak)
+    return bool(s.loss_chunk_tokens), s.activation_checkpointing
+
+
+@pytest.mark.parametrize("machine,preset,over,want", [
+    # the issue's measurement: ~22 GiB with the plain loss, so on 80 and 141 GB cards the plain (compiled) loss
+    (CARD_141GB, "gpu-24gb", ISSUE_DIMS, (False, False)),
+    (CARD_80GB, "gpu-24gb", ISSUE_DIMS, (False, False)),
+    # a 24 GB card: the plain loss's 32 x 1024 x 32k logits do not fit beside the rest; chunked they do
+    (CARD_24GB, "gpu-24gb", ISSUE_DIMS, (True, False)),
+    (CARD_8GB, "gpu-24gb", ISSUE_DIMS, (True, True)),
+    # gpu-8gb's own shape: both savers on its 8 GB card, neither where there is room
+    (CARD_8GB, "gpu-8gb", [], (True, True)),
+    (CARD_24GB, "gpu-8gb", [], (False, False)),
+    (CARD_141GB, "gpu-8gb", [], (False, False)),
+    # gpu-24gb's own shape (8 x 2048, 311 M): a 24 GB card needs checkpointing but not the fused loss
+    (CARD_24GB, "gpu-24gb", [], (False, True)),
+    (CARD_80GB, "gpu-24gb", [], (False, False)),
+], ids=["141gb-issue", "80gb-issue", "24gb-issue", "8gb-issue", "8gb-gpu-8gb", "24gb-gpu-8gb", "141gb-gpu-8gb",
+        "24gb-gpu-24gb", "80gb-gpu-24gb"])
+def test_auto_memory_savers_are_the_fastest_pair_that_fits(machine, preset, over, want):
+    assert savers(machine, preset, *over) == want
+
+
+def test_auto_memory_savers_flip_where_the_estimate_crosses_the_free_memory():
+    """The batch and the vocabulary at which each choice flips on a 24 GB card, checked against the estimate
+    itself (fastest pair whose total is within 90 % of free memory), and the free memory (not the total) is
+    what counts: a card that another process half fills needs the savers sooner."""
+    from workbench.plan.estimate import estimate_memory
+    from workbench.plan.settings import SAVER_ORDER, with_savers
+
+    def flips(vary: str, values: list[int], machine: Machine = CARD_24GB) -> list[tuple[bool, bool]]:
+        out = []
+        for v in values:
+            p = resolve_preset("gpu-24gb", [*ISSUE_DIMS, f"{vary}={v}"])
+            got = resolve_settings(p, machine, world_size=1, peak=peak)
+            # the rule restated: the first pair of SAVER_ORDER whose estimate fits 90 % of the free memory
+            free = machine.gpus[0].free_memory
+            first = next((fc for fc in SAVER_ORDER if estimate_memory(p, settings=with_savers(
+                got, *fc, got.loss_chunk_tokens or 2048, "")).total <= 0.9 * free), SAVER_ORDER[-1])
+            assert (bool(got.loss_chunk_tokens), got.activation_checkpointing) == first, (vary, v)
+            out.append(first)
+        return out
+
+    by_batch = flips("train.batch_size", [4, 8, 16, 24, 32, 64, 128])
+    assert by_batch[0] == (False, False) and by_batch[-1] == (True, True)
+    assert len(set(by_batch)) >= 3, by_batch  # plain -> fused loss -> both as the batch grows
+    by_vocab = flips("model.vocab_size", [4096, 16384, 32768, 65536, 131072])
+    assert by_vocab[0] == (False, False) and by_vocab[-1][0] is True, by_vocab
+    # the same 24 GB card with 12 GB taken by another process
+    assert savers(card(24, 12), "gpu-24gb", *ISSUE_DIMS) != savers(CARD_24GB, "gpu-24gb", *ISSUE_DIMS)
+
+
+def test_explicit_memory_savers_are_kept_and_the_reason_says_why():
+    s = resolve_settings(resolve_preset("gpu-8gb", ["hardware.chunked_loss=true",
+                                                    "hardware.activation_checkpointing=false"]), CARD_141GB, peak=peak)
+    assert (s.loss_chunk_tokens, s.activation_checkpointing, s.compile_mode) == (2048, False, "all but the loss")
+    assert s.savers_reason.startswith("as set")
+    # one fixed, the other auto: only the auto one is chosen
+    s = resolve_settings(resolve_preset("gpu-8gb", ["hardware.chunked_loss=false"]), CARD_8GB, peak=peak)
+    assert (s.loss_chunk_tokens, s.activation_checkpointing) == (0, True)
+    s = resolve_settings(resolve_preset("gpu-8gb", []), CARD_141GB, peak=peak)
+    assert s.savers_reason.startswith("auto: the plain loss without checkpointing fits: estimate ")
+    assert "free VRAM, 10% kept spare" in s.savers_reason
+    s = resolve_settings(resolve_preset("gpu-8gb", []), CARD_8GB, peak=peak)
+    assert "the fused loss and checkpointing fit" in s.savers_reason and "faster choices do not fit" in s.savers_reason
+    # nothing fits: the most memory-saving pair, said so
+    s = resolve_settings(resolve_preset("gpu-24gb", ["train.batch_size=64", "train.grad_accum=1"]), card(8), peak=peak)
+    assert (bool(s.loss_chunk_tokens), s.activation_checkpointing) == (True, True)
+    assert s.savers_reason.startswith("auto: nothing fits")
+    # a CPU: the fused loss first (faster there), checkpointing only when RAM is short
+    s = resolve_settings(resolve_preset("cpu-small", []), LAPTOP, peak=peak)
+    assert (s.loss_chunk_tokens, s.activation_checkpointing) == (512, False)
+    # memory unknown (an estimate for a CUDA GPU of no name): the preset's expected_memory_gb stands in
+    s = resolve_settings(resolve_preset("gpu-8gb", []), Machine.assumed("cuda"), peak=peak)
+    assert (s.loss_chunk_tokens, s.activation_checkpointing) == (2048, True)
+    assert "hardware.expected_memory_gb" in s.savers_reason

@@ -193,7 +193,8 @@ def print_report(r: dict[str, Any]) -> None:
           f"{r['tokens_per_step']:,} tokens/step")
     st = r["settings"]
     loss = f"fused, {st['loss_chunk_tokens']} tokens a chunk" if st["loss_chunk_tokens"] else "plain"
-    print(f"loss {loss}; compile {st['compile_mode']} ({st['compile_reason']})")
+    print(f"loss {loss}, activation checkpointing {'on' if st['activation_checkpointing'] else 'off'} "
+          f"({st['savers_reason']}); compile {st['compile_mode']} ({st['compile_reason']})")
     c = m.components
     cast = "bf16/fp16" if m.precision != "fp32" else ""
     lora = m.finetune == "lora"

@@ -74,6 +74,9 @@ def run(args) -> int:
             f"(`workbench estimate {src.name} --device {s.device_type}` shows where the memory goes)")
     batch, accum, note = plan_accumulation(seqs, r.best)
     new = fitted_preset(src, batch, accum, out_name, None if args.device == "auto" else s.device, note)
+    if src.hardware.activation_checkpointing == "auto":  # as probed: auto's choice at the preset's own batch
+        new = dataclasses.replace(new, hardware=dataclasses.replace(
+            new.hardware, activation_checkpointing="true" if s.activation_checkpointing else "false"))
     if source is not None:  # a preset to train with --init-from again: the source's model comes with that
         new = dataclasses.replace(new, model=source.model, init=None, source=None,
                                   data=dataclasses.replace(new.data, tokenizer=source.data.tokenizer))

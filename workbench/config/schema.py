@@ -191,7 +191,10 @@ class HardwareConfig:
                       "minutes or more eager, so the compile pays back), true or false.",
                       choices=("auto", "true", "false"))
     tf32: bool = _f(True, "Allow TF32 matmuls on Ampere or newer.")
-    activation_checkpointing: bool = _f(False, "Recompute block activations in backward to save memory.")
+    activation_checkpointing: str = _f("auto", "Recompute block activations in backward to save memory: auto (on only "
+                                       "when the memory estimate says the step does not fit the device's free "
+                                       "memory without it, keeping 10 % spare), true or false.",
+                                       choices=("auto", "true", "false"))
     optimizer_states: str = _f("fp32", "AdamW's two moments per parameter: fp32 (8 bytes a parameter) or 8bit "
                                "(torchao's AdamW8bit: block-wise quantised, ~2 bytes a parameter; tensors under "
                                "4096 values keep fp32), or offload (fp32 moments in the host's memory and AdamW's "
@@ -199,8 +202,9 @@ class HardwareConfig:
                                "process, bf16 or fp32). Muon's momentum stays fp32 on the device. 8bit and offload "
                                "need torchao: pip install 'workbench[savers]'.", choices=("fp32", "8bit", "offload"))
     chunked_loss: str = _f("auto", "Fused loss: logits, softmax and their gradients a chunk of tokens at a time, so "
-                           "the full logits never exist: auto (on CPU always, it is faster there; on GPUs when "
-                           "the fp32 logits would exceed 1 GiB), true or false.", choices=("auto", "true", "false"))
+                           "the full logits never exist: auto (on CPU always, it is faster there; on GPUs only when "
+                           "the memory estimate says the plain loss does not fit the device's free memory, keeping "
+                           "10 % spare), true or false.", choices=("auto", "true", "false"))
     fused_adamw: str = _f("auto", "Fused AdamW kernel: auto (on for CUDA and CPU), true or false.",
                           choices=("auto", "true", "false"))
     compile_kernels: str = _f("default", "torch.compile's mode: default; reduce-overhead (CUDA graphs: fewer kernel "

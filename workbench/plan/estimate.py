@@ -89,7 +89,7 @@ def what_if(preset: Preset, *, precision: str | None = None, device: str | None 
     if device:
         hw["device"] = device
     if activation_checkpointing is not None:
-        hw["activation_checkpointing"] = activation_checkpointing
+        hw["activation_checkpointing"] = "true" if activation_checkpointing else "false"
     if batch_size:
         tr["batch_size"] = batch_size
     return dataclasses.replace(preset, hardware=dataclasses.replace(preset.hardware, **hw),

@@ -132,8 +132,11 @@ METHODS = (("full", "full fine-tuning", {"finetune": "full"}, False),
 def method_preset(p: Preset, finetune: str, activation_checkpointing: bool) -> Preset:
     t = dataclasses.replace(p.train, finetune=finetune,
                             optimizer="adamw" if finetune == "lora" else p.train.optimizer)
-    h = dataclasses.replace(p.hardware, activation_checkpointing=activation_checkpointing
-                            or (finetune == "full" and p.hardware.activation_checkpointing))
+    # full: the preset's own choice (auto turns checkpointing on where the estimate needs it); LoRA alone
+    # and LoRA + checkpointing: as the method says
+    ac = "true" if activation_checkpointing else (p.hardware.activation_checkpointing if finetune == "full"
+                                                   else "false")
+    h = dataclasses.replace(p.hardware, activation_checkpointing=ac)
     return dataclasses.replace(p, train=t, hardware=h)
 
 

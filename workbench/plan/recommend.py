@@ -59,11 +59,11 @@ SAVER_SPEED = {
 }
 # Cheapest in speed first. LoRA only for a fine-tune (a preset with [init]) that trains every weight.
 SAVERS = ({}, {"hardware.optimizer_states": "8bit"}, {"hardware.optimizer_states": "offload"},
-          {"hardware.activation_checkpointing": True},
-          {"hardware.activation_checkpointing": True, "hardware.optimizer_states": "8bit"},
-          {"hardware.activation_checkpointing": True, "hardware.optimizer_states": "offload"})
+          {"hardware.activation_checkpointing": "true"},
+          {"hardware.activation_checkpointing": "true", "hardware.optimizer_states": "8bit"},
+          {"hardware.activation_checkpointing": "true", "hardware.optimizer_states": "offload"})
 CUDA_ONLY = {("hardware.optimizer_states", "offload")}
-LORA_SAVERS = ({"train.finetune": "lora"}, {"train.finetune": "lora", "hardware.activation_checkpointing": True})
+LORA_SAVERS = ({"train.finetune": "lora"}, {"train.finetune": "lora", "hardware.activation_checkpointing": "true"})
 
 
 def saver_changes(preset: Preset, savers: dict[str, Any]) -> dict[str, Any]:

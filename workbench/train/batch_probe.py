@@ -143,7 +143,10 @@ def find_batch(preset: Preset, settings: RunSettings, machine: Machine, margin: 
     result = FitResult(settings=settings, best=0, how="")
 
     def settings_at(b: int) -> RunSettings:
-        return resolve_settings(what_if(preset, batch_size=b), machine, world_size=1)
+        # activation checkpointing as the preset's own batch has it (the probe's model is built once with it,
+        # and `fit` writes it into the fitted preset); the loss is auto's choice at each batch, as in training
+        at_b = what_if(preset, batch_size=b, activation_checkpointing=settings.activation_checkpointing)
+        return resolve_settings(at_b, machine, world_size=1)
 
     if settings.device_type == "cpu":
         avail, what = machine.memory("cpu")

@@ -59,7 +59,7 @@ from workbench.train.checkpointer import Checkpointer
 from workbench.train.dist import Dist
 from workbench.train.evaluation import EvalBatches, evaluate
 from workbench.train.generate import generate_text
-from workbench.train.reporter import Reporter, Throughput, failure_message, start_line
+from workbench.train.reporter import Reporter, Throughput, failure_message, savers_line, start_line
 from workbench.train.skips import Skips
 from workbench.train.state import TrainerState
 from workbench.train.task_eval import TaskScorer
@@ -212,11 +212,13 @@ class Trainer:
         n_params = self.built.model.num_params()
         self.report.log(start_line(rd.name, p, s, self.device, self.dist.world, n_params, self.built.trainable,
                                    self.tokens_per_step, self.data.source, self.data.cached))
+        self.report.log(savers_line(s))
         if self.budget is not None:
             self.report.log(self.budget.describe(self.state.step, time.time()))
         self.report.event("resume" if self.resume else "start", self.state.step, params=n_params,
                           device=str(self.device), precision=s.precision, compile=s.compile,
                           compile_mode=s.compile_mode, loss_chunk_tokens=s.loss_chunk_tokens,
+                          activation_checkpointing=s.activation_checkpointing, savers_reason=s.savers_reason,
                           tokens_per_step=self.tokens_per_step, corpus=self.data.source,
                           train_tokens=split_tokens(self.data)[0], val_tokens=split_tokens(self.data)[1],
                           eval_iters=self.eval_iters,

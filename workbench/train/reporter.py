@@ -131,6 +131,13 @@ def start_line(run_id: str, p: Any, s: Any, device: Any, world: int, n_params: i
             + (" (tokenizer and tokens from cache)" if cached else ""))
 
 
+def savers_line(s: Any) -> str:
+    """The log's line on the memory savers: the loss and activation checkpointing, and why (auto's rule)."""
+    loss = f"fused loss ({s.loss_chunk_tokens} tokens a chunk)" if s.loss_chunk_tokens else "plain loss"
+    ckpt = "activation checkpointing" if s.activation_checkpointing else "no activation checkpointing"
+    return f"memory: {loss}, {ckpt}" + (f" ({s.savers_reason})" if s.savers_reason else "")
+
+
 # ----------------------------------------------------------------------------- the one line a failed run ends with
 
 def oom_message(p: Preset, settings: RunSettings, device: str) -> str:

@@ -53,7 +53,7 @@ def smaller_batch(ctx: Context) -> dict:
     if b >= 2:
         bs, acc, _ = plan_accumulation(b * a, b // 2)
         return {"train.batch_size": bs, "train.grad_accum": acc}
-    if not p.hardware.activation_checkpointing:
+    if not ctx.facts.start_value("activation_checkpointing", p.hardware.activation_checkpointing == "true"):
         return {"hardware.activation_checkpointing": True}
     return {"model.seq_len": max(16, p.model.seq_len // 2)}
 
