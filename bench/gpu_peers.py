@@ -161,6 +161,10 @@ class Contender:
     estimate_bytes: int | None = None
     info: dict = field(default_factory=dict)
 
+    @property
+    def compiled(self) -> bool:
+        return bool(self.info.get("compile")) or self.info.get("compile_mode", "off") != "off"
+
 
 def load_nanogpt(path: Path):
     """nanoGPT's model.py from its checkout (imported from the file, under a name of its own)."""
@@ -596,16 +600,17 @@ def main() -> int:
         else:
             c = build_workbench(next(s for s in specs if s.name == name), shared, machine, cache)
         print(f"-- {name}: {c.settings}; {c.matrix_params:,} matrix params", flush=True)
+        warm = f"warm-up ({args.warmup} steps{', the compile among them' if c.compiled else ''})"
         row = (train_to_loss(c, d, dev, args, train_tokens, val) if ttl_mode else throughput(c, d, dev, args, peak))
         c = None
         rows.append(row)
         out["contenders"] = rows
         if ttl_mode:
             print(f"   {name}: final val loss {row['final_val_loss']:.4f} at {row['train_s']:.1f} s of training "
-                  f"({row['tokens_per_s']:,.0f} tokens/s); warm-up (compile) {row['warmup_s']:.1f} s, not counted",
+                  f"({row['tokens_per_s']:,.0f} tokens/s); {warm} {row['warmup_s']:.1f} s, not counted",
                   flush=True)
         else:
-            print(f"   {name}: warm-up ({args.warmup} steps, compile) {row['warmup_s']:.1f} s; "
+            print(f"   {name}: {warm} {row['warmup_s']:.1f} s; "
                   f"{row['ms_per_step']:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s", flush=True)
         save()
 
