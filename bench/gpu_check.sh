@@ -3,10 +3,11 @@
 # precision auto, bf16 / fp16 + GradScaler / fp32, TF32, the fused loss on CUDA, --nproc 1 and NCCL), then a
 # bf16 + compile run, kill -9 / resume agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter
 # config, estimated vs measured peak memory. Exits non-zero when a GPU test fails.
-# Usage: bash bench/gpu_check.sh [quick|tests|numbers|eval|muon|muon-time|medium-time|chat|mfu|profile|savers|recipe|budget]   (tests: the GPU tests alone; quick: the GPU
+# Usage: bash bench/gpu_check.sh [quick|tests|numbers|eval|muon|muon-time|medium-time|chat|mfu|profile|savers|recipe|budget|peers|peers-time]   (tests: the GPU tests alone; quick: the GPU
 # tests, kill -9 / resume and fit's OOM path; numbers: the throughput runs and estimates alone; muon: Muon against AdamW,
 # time a step and the Newton-Schulz share; mfu: the ~124 M config's MFU levers, each one trainer run, and the gpu-8gb
-# defaults; eval: task scores while training on CUDA and `workbench eval` on CUDA and CPU; set WB_LEVERS to choose which)
+# defaults; eval: task scores while training on CUDA and `workbench eval` on CUDA and CPU; set WB_LEVERS to choose which;
+# peers / peers-time: workbench against nanoGPT, tokens/s or time to its loss, bench/gpu_peers.py)
 set -u
 cd "$(dirname "$0")/.."
 export WORKBENCH_CACHE_DIR=${WORKBENCH_CACHE_DIR:-/tmp/wbcache} PYTHONUNBUFFERED=1
@@ -19,6 +20,27 @@ $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_na
 G124="model.qk_norm=false model.vocab_size=32768 model.dim=768 model.n_layers=12 model.n_heads=12 model.n_kv_heads=12 model.ffn_hidden=2560
       model.seq_len=1024 model.dropout=0.0 train.batch_size=32 hardware.activation_checkpointing=false
       hardware.chunked_loss=false data.builtin_mb=24"
+if [ "${1:-}" = peers ] || [ "${1:-}" = peers-time ]; then
+    # workbench against nanoGPT's model.py at issue 48's size (dim 768, 12 layers, 12 heads, seq 1024, vocab 32768,
+    # batch 32, workbench ffn_hidden 2048: the same 110.1 M matrix params), one contender after the other in one
+    # process (bench/gpu_peers.py). The nanoGPT checkout is brought in for the bench (WB_NANOGPT, never committed).
+    # peers: tokens/s, MFU, peak memory and the estimate's error; nanoGPT, then gpu-24gb at that size as shipped,
+    # with the plain loss, and also without QK-norm. Each compiles in its 5 warm-up steps (~40-60 s), then 20 timed
+    # steps: ~4-5 minutes in all. peers-time: nanoGPT's train.py recipe against gpu-24gb's on the same built-in
+    # corpus tokens, 200 steps, an eval every 25: ~4-6 minutes (the tokenizer ~10 s, each compile, 200 steps each).
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor} PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    NANO=${WB_NANOGPT:-peers/nanoGPT}
+    if [ "$1" = peers ]; then
+        $PY bench/gpu_peers.py --nanogpt "$NANO" --warmup 5 --steps ${WB_STEPS:-20} --wb shipped=gpu-24gb \
+            --wb "plain-loss=gpu-24gb hardware.chunked_loss=false" \
+            --wb "no-qknorm=gpu-24gb hardware.chunked_loss=false model.qk_norm=false" \
+            --json ${OUT:-/tmp}/peers.json ${WB_PEERS_ARGS:-}
+    else
+        $PY bench/gpu_peers.py --nanogpt "$NANO" --time-to-loss --warmup 5 --steps ${WB_STEPS:-200} --eval-every 25 \
+            --wb shipped=gpu-24gb --json ${OUT:-/tmp}/peers_time.json ${WB_PEERS_ARGS:-}
+    fi
+    exit $?
+fi
 if [ "${1:-}" = eval ]; then  # task scoring on CUDA: while training (bf16 autocast, per-block compile) and `workbench eval`
     E="model.dim=256 model.n_layers=4 model.seq_len=256 model.vocab_size=4096 train.batch_size=16 train.warmup_iters=20
        train.max_iters=200 train.ckpt_interval=100 train.eval_interval=100 train.log_interval=50 data.builtin_mb=6

@@ -14,6 +14,7 @@ import argparse
 import collections
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -120,6 +121,35 @@ VARIANTS = {"fused-proj": [fused_projections], "bf16-rope": [bf16_rope],
             "rms-norm-op": [rms_norm_op], "rope-before-transpose+rms-norm-op": [rope_before_transpose, rms_norm_op]}
 
 
+def profile_table(step: Callable[[], None], steps: int, dev: torch.device, dt: float) -> None:
+    """torch.profiler over ``steps`` calls of ``step`` (warm already; ``dt``: its wall seconds a step, measured
+    before): GPU time (CPU time off CUDA) by kind of kernel (:func:`kind_of`), then the top kernels.
+    bench/gpu_peers.py's --profile calls it too."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof_ctx
+    acts = [ProfilerActivity.CUDA] if dev.type == "cuda" else [ProfilerActivity.CPU]
+    with prof_ctx(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        synchronize(dev)
+    by_kind: dict[str, float] = collections.Counter()
+    rows = []
+    for e in prof.key_averages():
+        us = (getattr(e, "self_device_time_total", 0) if dev.type == "cuda" else e.self_cpu_time_total) or 0
+        if us <= 0:
+            continue
+        by_kind[kind_of(e.key)] += us
+        rows.append((us, e.count, e.key))
+    total = sum(by_kind.values())
+    print(f"  GPU busy {total / steps / 1e3:.1f} ms/step of {dt * 1e3:.1f} ms wall "
+          f"({total / steps / 1e3 / (dt * 1e3):.0%})")
+    for k, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:42s} {us / steps / 1e3:7.2f} ms/step  {us / total:5.1%}")
+    print("  top kernels (ms/step, calls/step):")
+    for us, n, key in sorted(rows, reverse=True)[:22]:
+        print(f"    {us / steps / 1e3:7.2f}  {n // steps:4d}  {key[:110]}")
+
+
 def measure(preset: str, overrides: list[str], steps: int, profile: bool, tag: str) -> float:
     p = resolve_preset(preset, overrides)
     s = resolve_settings(p, this_machine(), world_size=1, peak=measured_peak)
@@ -162,29 +192,7 @@ def measure(preset: str, overrides: list[str], steps: int, profile: bool, tag: s
     print(f"[{tag}] {s.describe()}: first 3 steps (compile) {warm:.1f} s; {dt * 1e3:.1f} ms/step, "
           f"{tps:,.0f} tokens/s, MFU {mfu:.1%}, peak allocated {peak:,.0f} MiB", flush=True)
     if profile:
-        from torch.profiler import ProfilerActivity
-        from torch.profiler import profile as prof_ctx
-        acts = [ProfilerActivity.CUDA] if dev.type == "cuda" else [ProfilerActivity.CPU]
-        with prof_ctx(activities=acts) as prof:
-            for _ in range(steps):
-                step()
-            synchronize(dev)
-        by_kind: dict[str, float] = collections.Counter()
-        rows = []
-        for e in prof.key_averages():
-            us = (getattr(e, "self_device_time_total", 0) if dev.type == "cuda" else e.self_cpu_time_total) or 0
-            if us <= 0:
-                continue
-            by_kind[kind_of(e.key)] += us
-            rows.append((us, e.count, e.key))
-        total = sum(by_kind.values())
-        print(f"  GPU busy {total / steps / 1e3:.1f} ms/step of {dt * 1e3:.1f} ms wall "
-              f"({total / steps / 1e3 / (dt * 1e3):.0%})")
-        for k, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
-            print(f"  {k:42s} {us / steps / 1e3:7.2f} ms/step  {us / total:5.1%}")
-        print("  top kernels (ms/step, calls/step):")
-        for us, n, key in sorted(rows, reverse=True)[:22]:
-            print(f"    {us / steps / 1e3:7.2f}  {n // steps:4d}  {key[:110]}")
+        profile_table(step, steps, dev, dt)
     b = None  # free the model before the next one is built
     if dev.type == "cuda":
         torch.cuda.empty_cache()
