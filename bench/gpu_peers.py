@@ -24,9 +24,15 @@ Each --wb NAME="PRESET k=v ..." (default ``shipped=gpu-24gb``) is a workbench pr
 Trainer.train_step steps it (the learning rate set, the clip, the non-finite check on the device or the host). The
 same size applies to all (--dim --layers --heads --seq --vocab --batch, the issue's by default): to workbench as
 model.* / train.batch_size overrides with n_kv_heads = heads, grad_accum 1, dropout 0, and ffn_hidden = 8/3 x dim, so
-its SwiGLU's three matrices hold as many weights as nanoGPT's 4x MLP (both matrix-parameter counts are printed), and
-hardware.activation_checkpointing=false (nanoGPT recomputes nothing; a contender may set it back). Then --set (every
-workbench contender), then the contender's own overrides, last wins.
+its SwiGLU's three matrices hold as many weights as nanoGPT's 4x MLP (both matrix-parameter counts are printed); the
+memory savers (the fused loss, activation checkpointing) are the preset's, auto unless set. Then --set (every
+workbench contender), then the contender's own overrides, last wins. A contender's ``variant=NAME`` (one of
+bench/profile_step.py's VARIANTS, e.g. rope-before-transpose) changes workbench's model code for that contender alone;
+``native`` keeps the preset's own size and batch (gpu-8gb as shipped, say) instead of the shared one.
+
+Compiles in parallel (a GPU): ``--only NAME`` runs one contender; with ``--barrier DIR --barrier-count N`` the N
+processes started side by side compile and warm up at once (the host's cores), then wait for each other and take the
+timed steps one at a time (a lock in DIR), so no timed step shares the GPU; ``--merge FILE...`` prints their table.
 
 --time-to-loss: nanoGPT's own train.py recipe for GPT-2 small (AdamW lr 6e-4, betas 0.9/0.95, weight decay 0.1, linear
 warmup of --warmup-iters then cosine to min_lr 6e-5 at --steps, grad clip 1, its GPT init, its loop) against each
@@ -119,7 +125,14 @@ class Dims:
         return [f"model.dim={self.dim}", f"model.n_layers={self.layers}", f"model.n_heads={self.heads}",
                 f"model.n_kv_heads={self.heads}", f"model.seq_len={self.seq}", f"model.vocab_size={self.vocab}",
                 f"model.ffn_hidden={self.ffn_hidden}", "model.dropout=0.0", f"train.batch_size={self.batch}",
-                "train.grad_accum=1", "hardware.activation_checkpointing=false"]
+                "train.grad_accum=1"]
+
+
+def native_dims(p) -> Dims:
+    """A preset's own size and micro-batch as Dims (a ``native`` contender)."""
+    m = p.model
+    return Dims(dim=m.dim, layers=m.n_layers, heads=m.n_heads, seq=m.seq_len, vocab=m.vocab_size,
+                batch=p.train.batch_size, ffn_hidden=m.hidden_dim)
 
 
 ISSUE_DIMS = dict(dim=768, layers=12, heads=12, seq=1024, vocab=32768, batch=32)   # issue 48's measurement
@@ -132,20 +145,76 @@ class WbSpec:
     name: str
     preset: str
     overrides: list[str]
+    variants: list[str] = field(default_factory=list)
+    native: bool = False   # the preset's own size and batch, not the shared one (no like-for-like nanoGPT ratio)
 
 
 def parse_wb(spec: str) -> WbSpec:
-    """``NAME=PRESET k=v ...`` (or ``PRESET k=v ...``: the preset's name is the contender's)."""
+    """``NAME=PRESET k=v ... [variant=NAME]`` (or ``PRESET k=v ...``: the preset's name is the contender's)."""
     words = shlex.split(spec)
     if not words:
         raise SystemExit("gpu_peers: an empty --wb")
+    variants = [w.split("=", 1)[1] for w in words[1:] if w.startswith("variant=")]
+    known = bench_module("profile_step").VARIANTS
+    for v in variants:
+        if v not in known:
+            raise SystemExit(f"gpu_peers: --wb {spec!r}: no variant {v!r}; known: {', '.join(sorted(known))}")
+    native = "native" in words[1:]
+    words = [w for w in words if not w.startswith("variant=") and w != "native"]
     head, overrides = words[0], words[1:]
     name, eq, preset = head.partition("=")
     if not eq or "." in name:
         name = preset = head
     if not name or not preset or name == "nanogpt":
         raise SystemExit(f"gpu_peers: --wb {spec!r}: give NAME=PRESET [k=v ...] (NAME not 'nanogpt')")
-    return WbSpec(name, preset, overrides)
+    return WbSpec(name, preset, overrides, variants, native)
+
+
+@contextlib.contextmanager
+def model_variants(names: list[str]):
+    """bench/profile_step.py's model changes applied while a contender is built and run, then undone."""
+    from workbench.train import model as model_mod
+    ps = bench_module("profile_step")
+    saved = (model_mod.Attention.forward, model_mod.SwiGLU.forward, model_mod.apply_rope, model_mod.RMSNorm.forward)
+    try:
+        for n in names:
+            for change in ps.VARIANTS[n]:
+                change()
+        yield
+    finally:
+        (model_mod.Attention.forward, model_mod.SwiGLU.forward, model_mod.apply_rope,
+         model_mod.RMSNorm.forward) = saved
+
+
+class Barrier:
+    """Processes started side by side (--only, --barrier): each compiles and warms up at once, then waits until all
+    are ready and takes the timed steps under a lock, one process at a time."""
+
+    def __init__(self, directory: str | None, count: int, name: str):
+        self.dir, self.count, self.name, self.lock = (Path(directory) if directory else None), count, name, None
+
+    def ready_then_lock(self, timeout: float = 900.0) -> None:
+        if self.dir is None:
+            return
+        import fcntl
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / f"{self.name}.ready").touch()
+        t0 = time.time()
+        while len(list(self.dir.glob("*.ready"))) < self.count:
+            if time.time() - t0 > timeout:
+                print(f"gpu_peers: {self.name}: the others were not ready in {timeout:.0f} s; timing anyway",
+                      flush=True)
+                break
+            time.sleep(0.5)
+        self.lock = open(self.dir / "lock", "w")
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        if self.lock is not None:
+            import fcntl
+            fcntl.flock(self.lock, fcntl.LOCK_UN)
+            self.lock.close()
+            self.lock = None
 
 
 @dataclass
@@ -357,7 +426,8 @@ def fmt(v, spec: str, none: str = "n/a") -> str:
     return none if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def throughput(c: Contender, d: Dims, dev: torch.device, args, peak: float | None) -> dict:
+def throughput(c: Contender, d: Dims, dev: torch.device, args, peak: float | None,
+               barrier: Barrier | None = None) -> dict:
     fetch = random_batches(d, dev, seed=0)
     batch = fetch()
     t0 = time.perf_counter()
@@ -366,6 +436,8 @@ def throughput(c: Contender, d: Dims, dev: torch.device, args, peak: float | Non
     synchronize(dev)
     warm = time.perf_counter() - t0
     warm_peak = peak_memory(dev)
+    if barrier is not None:
+        barrier.ready_then_lock()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -391,6 +463,8 @@ def throughput(c: Contender, d: Dims, dev: torch.device, args, peak: float | Non
             state["it"] += 1
         print(f"-- profile of {c.name} ({args.steps} steps)", flush=True)
         bench_module("profile_step").profile_table(one, args.steps, dev, dt)
+    if barrier is not None:
+        barrier.release()
     return row
 
 
@@ -478,9 +552,40 @@ def train_to_loss(c: Contender, d: Dims, dev: torch.device, args, train_tokens: 
 
 # ----------------------------------------------------------------------------- main
 
+def merge(files: list[str], json_out: str | None) -> int:
+    """The table of several --only runs' JSON files (nanoGPT's row first: the ratios are to it)."""
+    import json
+    parts = [json.loads(Path(f).read_text()) for f in files]
+    rows = [r for p in parts for r in p["contenders"]]
+    if not rows:
+        raise SystemExit("gpu_peers: --merge: no contender finished")
+    rows.sort(key=lambda r: r["kind"] != "nanogpt")
+    base = rows[0]["tokens_per_s"] if rows[0]["kind"] == "nanogpt" else None
+    for r in rows:
+        r["vs_nanogpt"] = r["tokens_per_s"] / base if base else None
+    out = {k: v for k, v in parts[0].items() if k != "contenders"} | {"contenders": rows, "merged": files}
+    print(f"{out['device']}, torch {out['torch']} (CUDA {out['cuda']}); dims {out['dims']}")
+    print_table(rows, base)
+    print(f"MFU = (6 x matrix params + 12 x layers x dim x seq) x tokens/s / {fmt(out['peak_flops'], '.4g')} FLOP/s "
+          f"({out['peak_source']}); peak MiB: torch.cuda.max_memory_allocated since the contender was built")
+    if json_out:
+        write_json_atomic(json_out, out)
+    return 0
+
+
 def main() -> int:
+    if "--merge" in sys.argv:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--merge", nargs="+", required=True)
+        ap.add_argument("--json", default=None)
+        a = ap.parse_args()
+        return merge(a.merge, a.json)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nanogpt", required=True, type=Path, help="a checkout of karpathy/nanoGPT (its model.py)")
+    ap.add_argument("--only", default=None, metavar="NAME", help="run this contender alone (nanogpt or a --wb name)")
+    ap.add_argument("--barrier", default=None, metavar="DIR",
+                    help="with --only: wait in DIR for --barrier-count processes to warm up, then time one at a time")
+    ap.add_argument("--barrier-count", type=int, default=1)
     ap.add_argument("--wb", action="append", default=[], metavar='NAME="PRESET k=v ..."',
                     help="a workbench contender (repeatable; default shipped=gpu-24gb)")
     ap.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="k=v",
@@ -540,6 +645,11 @@ def main() -> int:
         raise SystemExit(f"gpu_peers: contender names must differ: {', '.join(names)}")
     if args.profile and (args.profile not in names or ttl_mode):
         raise SystemExit(f"gpu_peers: --profile takes one of {', '.join(names)} (throughput mode)")
+    if args.only:
+        if args.only not in names:
+            raise SystemExit(f"gpu_peers: --only takes one of {', '.join(names)}")
+        names = [args.only]
+    barrier = Barrier(args.barrier, args.barrier_count, args.only or "all") if args.barrier and not ttl_mode else None
 
     shared = d.wb_overrides() + (SMOKE_WB if smoke else []) + args.overrides
     if ttl_mode:
@@ -597,11 +707,23 @@ def main() -> int:
         if name == "nanogpt":
             get_lr = nanogpt_schedule(args.steps if ttl_mode else args.warmup + args.steps, args.warmup_iters or 0)
             c = build_nanogpt(nano, d, dev, smoke, get_lr)
+            variants: list[str] = []
+            dc = d
         else:
-            c = build_workbench(next(s for s in specs if s.name == name), shared, machine, cache)
-        print(f"-- {name}: {c.settings}; {c.matrix_params:,} matrix params", flush=True)
-        warm = f"warm-up ({args.warmup} steps{', the compile among them' if c.compiled else ''})"
-        row = (train_to_loss(c, d, dev, args, train_tokens, val) if ttl_mode else throughput(c, d, dev, args, peak))
+            spec = next(s for s in specs if s.name == name)
+            variants = spec.variants
+            own = (SMOKE_WB if smoke else []) + args.overrides if spec.native else shared
+            dc = native_dims(resolve_preset(spec.preset, [*own, *spec.overrides])) if spec.native else d
+        with model_variants(variants):
+            if name != "nanogpt":
+                c = build_workbench(spec, own, machine, cache)
+            print(f"-- {name}: {c.settings}{''.join(' + ' + v for v in variants)}; {c.matrix_params:,} matrix params",
+                  flush=True)
+            warm = f"warm-up ({args.warmup} steps{', the compile among them' if c.compiled else ''})"
+            row = (train_to_loss(c, dc, dev, args, train_tokens, val) if ttl_mode else
+                   throughput(c, dc, dev, args, peak, barrier))
+        row["variants"] = variants
+        row["dims"] = asdict(dc)
         c = None
         rows.append(row)
         out["contenders"] = rows
@@ -615,6 +737,10 @@ def main() -> int:
         save()
 
     nano_row = rows[0]
+    if nano_row["kind"] != "nanogpt":  # --only a workbench contender: its row alone (--merge makes the table)
+        out["done"] = True
+        save()
+        return 0
     counts = ", ".join(f"{r['name']} {r['matrix_params']:,}" for r in rows)
     same = len({r["matrix_params"] for r in rows}) == 1
     print(f"\nmatrix params (nanoGPT: its Linear weights; workbench: plan.flops.matmul_params): {counts}"

@@ -68,7 +68,8 @@ def _eval_at(run_dir: Path, step: int) -> dict:
 # corpus does not exist, and it is read only after the fit check: a run let through fails on it, with nothing
 # trained (a run refused never gets there).
 BIG = ["train.batch_size=65536", "hardware.compile=false"]
-ESTIMATE = re.compile(r"estimate: does not fit: ~[\d.]+ [GT]iB of [\d.]+ GiB available RAM \(estimate, 10% kept free\); "
+ESTIMATE = re.compile(r"estimate: does not fit: ~[\d.]+ [GT]iB of [\d.]+ GiB available RAM "
+                      r"\(estimate, 10% kept free\); "
                       r"try --set train\.batch_size=(\d+) train\.grad_accum=(\d+) \(same tokens per step\); "
                       r"`workbench fit` writes it; .+")  # then the time: measured, estimated, or unknown yet
 REFUSED = re.compile(r"workbench: error: cpu-small does not fit this machine's memory by the estimate \(--set "
