@@ -40,6 +40,7 @@ if [ "${1:-}" = peers ] || [ "${1:-}" = peers-time ]; then
            "no-qknorm=gpu-24gb model.qk_norm=false"
            "rbt=gpu-24gb variant=rope-before-transpose" "rbt-rms=gpu-24gb variant=rope-before-transpose+rms-norm-op"
            "g8=gpu-8gb native" "g8-before=gpu-8gb native hardware.activation_checkpointing=true hardware.chunked_loss=true")
+        [ -n "${WB_CONTENDERS:-}" ] && eval "W=($WB_CONTENDERS)"   # nanogpt first, then NAME=PRESET ... strings
         WAVES=${WB_WAVES:-"0,1,2,3 4,5,6,7"}
         B=/tmp/wb-peers-bar; rm -rf $B; mkdir -p $B
         ARGS=(); for w in "${W[@]:1}"; do ARGS+=(--wb "$w"); done
@@ -222,9 +223,12 @@ T="model.dim=64 model.n_layers=2 model.n_heads=4 model.n_kv_heads=2 model.seq_le
    data.tokenizer_sample_mb=0.3 train.max_iters=30 train.lr_decay_iters=30 train.ckpt_interval=10
    train.eval_interval=10 model.dropout=0.1 hardware.device=cuda"
 # Per-block compile (activation checkpointing on), as gpu-8gb trains.
-T="$T hardware.compile=true hardware.activation_checkpointing=true hardware.deterministic=true"
+T="$T hardware.compile=true hardware.activation_checkpointing=true hardware.deterministic=true ${WB_RESUME_SET:-}"
 echo "== tiny CUDA run (auto precision, per-block compile, deterministic), straight vs killed (kill -9) at 15 + resumed"
+echo "   overrides: $T"
 $PY -m workbench train cpu-small --name straight --runs-dir $R --set $T 2>&1 | grep -E "run straight|compile|finished|error" | cut -c1-220
+# a second straight run: the same steps twice in a row, to tell a resume's difference from a run's own
+$PY -m workbench train cpu-small --name again --runs-dir $R --set $T >/dev/null 2>&1
 WORKBENCH_TEST_KILL_AT_STEP=15 $PY -m workbench train cpu-small --name killed --runs-dir $R --set $T >/dev/null 2>&1
 $PY -m workbench resume killed --runs-dir $R 2>&1 | grep -E "resumed|finished|error"
 $PY - <<'PYEOF'
@@ -236,9 +240,13 @@ def losses(p):
         if r["kind"] == "train": out[r["step"]] = r["loss"]
     return out
 a, b = losses("/tmp/wbruns/straight/metrics.jsonl"), losses("/tmp/wbruns/killed/metrics.jsonl")
-diff = max(abs(a[s] - b[s]) for s in a)
-same = sum(a[s] == b[s] for s in a)
-print(f"CUDA resume: {same}/{len(a)} steps bitwise equal, max |loss diff| = {diff:.3g}")
+c = losses("/tmp/wbruns/again/metrics.jsonl")
+for what, other in (("resume", b), ("the same run again", c)):
+    diff = max(abs(a[s] - other[s]) for s in a)
+    same = sum(a[s] == other[s] for s in a)
+    first = min((s for s in a if a[s] != other[s]), default=None)
+    print(f"CUDA {what}: {same}/{len(a)} steps bitwise equal, first different step {first}, "
+          f"max |loss diff| = {diff:.3g}")
 ev = [json.loads(l) for l in open("/tmp/wbruns/straight/metrics.jsonl") if '"compile_done"' in l]
 print("compile_done event:", ev[:1])
 PYEOF

@@ -109,6 +109,31 @@ def rope_before_transpose() -> None:
     model_mod.Attention.forward = attn_forward
 
 
+def rope_after_transpose() -> None:
+    """The model before 2026-11-27: q and k transposed to [B, heads, T, hd] first, then RoPE (its output a new
+    tensor in that layout)."""
+    def attn_forward(self, x, cos, sin, cache=None, layer=0, mask=None):
+        if cache is not None or (mask is not None and not isinstance(mask, torch.Tensor)):
+            return orig_attn(self, x, cos, sin, cache, layer, mask)
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.hd)
+        k = self.wk(x).view(B, T, self.n_kv, self.hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = self.wv(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q, k = model_mod.apply_rope(q, cos, sin), model_mod.apply_rope(k, cos, sin)
+        if self.n_kv != self.n_heads:
+            rep = self.n_heads // self.n_kv
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.resid_drop(self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd)))
+
+    orig_attn = model_mod.Attention.forward
+    model_mod.Attention.forward = attn_forward
+
+
 def rms_norm_op() -> None:
     """RMSNorm through torch's own F.rms_norm (fp32 inside, as ours) instead of the hand-written ops."""
     def forward(self, x):
@@ -118,6 +143,7 @@ def rms_norm_op() -> None:
 
 VARIANTS = {"fused-proj": [fused_projections], "bf16-rope": [bf16_rope],
             "both": [fused_projections, bf16_rope], "rope-before-transpose": [rope_before_transpose],
+            "rope-after-transpose": [rope_after_transpose],
             "rms-norm-op": [rms_norm_op], "rope-before-transpose+rms-norm-op": [rope_before_transpose, rms_norm_op]}
 
 

@@ -120,9 +120,13 @@ class Attention(nn.Module):
         k = self.wk(x).view(B, T, self.n_kv, self.hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        # QK-norm and RoPE in the projections' layout [B, T, heads, hd], then [B, heads, T, hd] as a view for
+        # attention: the fused norm + RoPE kernel reads and writes whole rows (on an H200, +5.7 % tokens/s at
+        # ~110 M with QK-norm against rotating after the transpose; README, GPU numbers). cos / sin come as
+        # [T, hd/2], or [B, 1, T, hd/2] for packed rows: both broadcast over the heads once moved.
+        c, s = (cos.unsqueeze(-2), sin.unsqueeze(-2)) if cos.dim() == 2 else (cos.transpose(1, 2), sin.transpose(1, 2))
+        q, k = apply_rope(q, c, s).transpose(1, 2), apply_rope(k, c, s).transpose(1, 2)
         v = self.wv(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         causal = True
         if cache is not None:
             p = cache.pos
