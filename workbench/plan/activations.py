@@ -19,7 +19,7 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
     keeps its own compute-dtype copy of its input (autocast caches casts of
     weights, not of activations, so wq, wk and wv each cast the norm output);
     SDPA keeps q, the (GQA-expanded) k and v, its output and the fp32
-    log-sum-exp (flash) or the T x T weights (math); SwiGLU keeps w1/w3
+    log-sum-exp (flash; wo's input is a view of that output) or the T x T weights (math); SwiGLU keeps w1/w3
     outputs, silu(w1) and the product; dropout keeps a mask (1 byte on CUDA,
     the tensor's dtype elsewhere). RoPE and the GQA repeat keep nothing large.
     QK-norm (``model.qk_norm``) normalises the projections' outputs, so each of
@@ -36,7 +36,9 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
     norms = 2 * (4 * BTD + 4 * BTD)          # each RMSNorm: its fp32 input + the normalised tensor
     # (wq, wk, wv) + (w1, w3) casts, or the shared fp32 norm output
     linear_inputs = (3 + 2) * a * BTD if mixed else 2 * 4 * BTD
-    wo_input = a * BTD
+    # flash: attention's output is laid out as q is, [B, T, heads, hd] (q and k are rotated before the transpose),
+    # so wo's input is a view of the output SDPA keeps, kept once; math: a copy of its own
+    wo_input = 0 if attention == "flash" else a * BTD
     if attention == "flash":
         attn = 4 * a * BTD + 4 * B * H * T   # q, k, v, out + fp32 logsumexp
     else:
@@ -58,11 +60,14 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
 def qk_norm_bytes(c, batch_size: int, a: int, compiled: bool) -> int:
     """What QK-norm saves in one block: eager, each of its RMSNorms keeps an fp32 copy of q (or k) and the
     normalised tensor (``4 + a`` bytes a value, ``a`` the compute dtype's); compiled on CUDA (one graph, no
-    checkpointing), inductor keeps the projections' outputs in the compute dtype alone and recomputes the
-    norms (``a`` bytes a value: measured on an H100, README GPU numbers)."""
+    checkpointing), inductor recomputes the norms and RoPE and keeps about half of q and k in the compute
+    dtype (``a / 2`` bytes a value): measured on an H200 with the norm and RoPE in the projections' layout
+    (2026-11-27: 614 MiB over no QK-norm at ~110 M, batch 32; the earlier order, rotating after the transpose,
+    kept q and k whole, 1,188 MiB; README GPU numbers)."""
     if not c.qk_norm:
         return 0
-    return (a if compiled else 4 + a) * batch_size * c.seq_len * c.head_dim * (c.n_heads + c.n_kv_heads)
+    per_value = a / 2 if compiled else 4 + a
+    return int(per_value * batch_size * c.seq_len * c.head_dim * (c.n_heads + c.n_kv_heads))
 
 
 def lora_layer_activation_bytes(model_cfg, train_cfg, batch_size: int, precision: str, attention: str,
@@ -81,11 +86,13 @@ def lora_layer_activation_bytes(model_cfg, train_cfg, batch_size: int, precision
     saved = layer_activation_bytes(c, B, precision, attention, device, masked) - 2 * 4 * B * T * D
     targets = set(lora_projections(t.lora_targets))
     shapes = projection_shapes(c)
+    # wo's input is attention's output with flash, which attention keeps anyway: nothing of its own to drop
+    own_input = ("wq", "wk", "wv", "w1", "w3") + (() if attention == "flash" else ("wo",))
     if mixed:  # each projection keeps its own cast of its input
-        saved -= sum(a * B * T * shapes[n][0] for n in ("wq", "wk", "wv", "wo", "w1", "w3") if n not in targets)
+        saved -= sum(a * B * T * shapes[n][0] for n in own_input if n not in targets)
     else:      # the shared norm outputs, when nothing reading them has an adapter
         saved -= 4 * B * T * D * ((not targets & {"wq", "wk", "wv"}) + (not targets & {"w1", "w3"}))
-        saved -= 0 if "wo" in targets else a * B * T * shapes["wo"][0]
+        saved -= 0 if "wo" in targets or "wo" not in own_input else a * B * T * shapes["wo"][0]
     if "w2" not in targets:
         saved -= a * B * T * F
     mask = 1 if device.startswith("cuda") else 4
