@@ -40,6 +40,8 @@ GPU_8GB = ModelConfig(vocab_size=32768, dim=768, n_layers=12, n_heads=12, n_kv_h
 # estimates start from the first measurement of a compile mode).
 GPT_124M_QK = replace(GPT_124M, qk_norm=True)
 GPU_8GB_QK = replace(GPU_8GB, qk_norm=True)
+# The GPU issue's size (nanoGPT's GPT-2 small matrices: ffn 2048), gpu-24gb's recipe; measured on an H200 (2026-11-27)
+GPT_110M_QK = replace(GPT_124M_QK, ffn_hidden=2048)
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class Measurement:
 
 
 H100_README = "README, GPU numbers (H100 80GB, torch 2.11; bench/gpu_check.sh mfu)"
+H200_PEERS = "README, GPU numbers (H200, torch 2.11 + CUDA 13.0, 2026-11-27; bench/gpu_check.sh peers)"
 H100_QK = "README, GPU numbers (H100 80GB, torch 2.11 + CUDA 13.0, 2026-11-24; bench/gpu_check.sh numbers)"
 MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement("H100 SXM 80GB", "~124 M config with QK-norm, whole-model compile", GPT_124M_QK, 32, "whole model",
@@ -82,6 +85,14 @@ MEASUREMENTS: tuple[Measurement, ...] = (
                 "all but the loss", "bf16", 379_067, H100_README),
     Measurement("H100 SXM 80GB", "gpu-8gb without activation checkpointing, plain loss, whole-model compile",
                 GPU_8GB, 24, "whole model", "bf16", 457_189, H100_README),
+    Measurement("H200 141GB", "~110 M (nanoGPT's size) with QK-norm, plain loss, whole-model compile", GPT_110M_QK, 32,
+                "whole model", "bf16", 521_274, H200_PEERS),
+    Measurement("H200 141GB", "~110 M (nanoGPT's size) with QK-norm, fused loss, compile all but the loss",
+                GPT_110M_QK, 32, "all but the loss", "bf16", 407_807, H200_PEERS),
+    Measurement("H200 141GB", "gpu-8gb, no checkpointing, plain loss, whole-model compile (auto there)", GPU_8GB_QK,
+                24, "whole model", "bf16", 467_353, H200_PEERS),
+    Measurement("H200 141GB", "gpu-8gb, activation checkpointing, fused loss, compile per block", GPU_8GB_QK, 24,
+                "per block", "bf16", 293_166, H200_PEERS),
 )
 
 
@@ -110,11 +121,12 @@ def mfu_for(preset: Preset, settings: RunSettings, gpu: GpuSpec, given: float | 
     if not same_mode:
         return Mfu(0.0, "none", f"no measurement of compile mode {mode!r}")
     model = preset.model
-    for m in same_mode:
-        if m.model == model and m.batch_size == settings.micro_batch and settings.device_type == "cuda":
-            if m.gpu == gpu.name:
-                return Mfu(_reference(m), "measured", f"measured on this GPU: {m.what} ({m.source})")
-            return Mfu(_reference(m), "measured elsewhere", f"measured on the {m.gpu}: {m.what} ({m.source})")
+    alike = [m for m in same_mode if m.model == model and m.batch_size == settings.micro_batch
+             and settings.device_type == "cuda"]
+    for m in sorted(alike, key=lambda m: m.gpu != gpu.name):  # this GPU's own measurement first
+        if m.gpu == gpu.name:
+            return Mfu(_reference(m), "measured", f"measured on this GPU: {m.what} ({m.source})")
+        return Mfu(_reference(m), "measured elsewhere", f"measured on the {m.gpu}: {m.what} ({m.source})")
     m = same_mode[0]
     n = count_params(model)
     value = min(MFU_CAP, _reference(m) * (n / m.params) ** SIZE_EXPONENT)
