@@ -22,7 +22,7 @@ from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import TINY, wb
 from tests.support.runs import losses
 from workbench import rundir
-from workbench.config import DataConfig, ModelConfig
+from workbench.config import DataConfig, ModelConfig, preset_to_toml, resolve_preset
 from workbench.data.chat import ChatEncoder
 from workbench.data.chat_data import IGNORE, LAST, PROMPT, TRAINED, ChatSampler, pack
 from workbench.data.chat_templates import CHATML_END, CHATML_START, run_template
@@ -31,6 +31,7 @@ from workbench.data.tokens import prepare_data
 from workbench.train.chat_reply import reply
 from workbench.train.checkpoint import load_run_model
 from workbench.train.generate import generate
+from workbench.train.loop import Trainer
 from workbench.train.model import GPT, fused_cross_entropy
 
 SEQ = 64
@@ -161,6 +162,53 @@ def test_a_packed_row_gives_each_conversation_its_logits_alone():
                 # of every position changes nothing but rounding; the batches' positions are checked above)
                 assert not torch.allclose(no_mask[at:at + len(c)], alone, atol=1e-3)
             at += len(c)
+
+
+def test_the_trainers_packed_step_trains_each_conversation_as_if_alone(chat_file, tmp_path):
+    """The trainer's own step (train/loop.py) on packed rows, two micro-batches: its loss and every gradient equal
+    those of the same conversations run one a row, each alone with its own positions, the loss the mean over the
+    step's trained targets (fp32, 1e-5). The model's masking is tested above; this is what reaches it in training:
+    a step that left the segments out (conversations attending to each other) trained on cross-talk."""
+    run_dir = tmp_path / "packed"
+    run_dir.mkdir()
+    p = resolve_preset("cpu-small", [*CHAT, "model.seq_len=192", "train.batch_size=4", "train.grad_accum=2",
+                                     "model.dropout=0.0"], {"data": {"corpus": str(chat_file)}})
+    (run_dir / "preset.toml").write_text(preset_to_toml(p))
+    trainer = Trainer(run_dir, echo=False)
+    try:
+        trainer.setup()
+        assert trainer.sampler.packed and trainer.settings.precision == "fp32"
+        model = trainer.built.model
+        before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        at = trainer.sampler.state()
+        batches = [trainer.sampler.next_batch() for _ in range(2)]   # what the step will draw
+        trainer.sampler.set_state(at)
+        grads: dict[str, torch.Tensor] = {}
+        for name, q in model.named_parameters():
+            q.register_post_accumulate_grad_hook(lambda q, n=name: grads.__setitem__(n, q.grad.detach().clone()))
+        trainer.train_step()
+        trainer.skips.settle()  # the loss read back (a step late with the non-finite check on the device)
+        step_loss = trainer.skips.result.loss
+    finally:
+        trainer.lock.release()
+        trainer.report.close()
+    # several conversations share a row in these batches (else packing proves nothing)
+    assert max(len(set(seg[seg >= 0].tolist())) for _, _, _, seg in batches) >= 3
+    ref = GPT(p.model)
+    ref.load_state_dict(before)
+    trained = sum(int((y != IGNORE).sum()) for _, y, _, _ in batches)
+    loss = torch.zeros(())
+    for x, y, _, seg in batches:
+        for b in range(len(x)):
+            for k in sorted(set(seg[b][seg[b] >= 0].tolist())):
+                cols = seg[b] == k
+                xc, yc = (torch.from_numpy(a[b][cols])[None] for a in (x, y))
+                loss = loss + ref(xc, yc, loss_tokens=float(trained))[1]  # positions 0.. by default: alone
+    loss.backward()
+    assert step_loss == pytest.approx(loss.item(), abs=1e-5)
+    assert set(grads) == {n for n, _ in ref.named_parameters()}
+    for name, q in ref.named_parameters():
+        torch.testing.assert_close(grads[name], q.grad, atol=1e-5, rtol=0, msg=name)
 
 
 def test_fused_loss_skips_ignored_targets_as_the_plain_loss_does():
