@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from tests.support.cli import wb
 from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task
 from workbench.data.documents import Stats, builtin_documents, builtin_pieces
 from workbench.data.listing import builtin_source
@@ -87,6 +88,16 @@ def test_builtin_tasks_are_fixed_and_sized():
         assert all(it.choices.count(it.choices[it.gold]) == 1 for it in a.items)
         golds = [it.gold for it in a.items]
         assert min(golds.count(g) for g in range(4)) > 60  # the right answer is not always in one place
+
+
+def test_each_built_in_task_reports_the_metric_the_readme_gives_and_eval_lists_them():
+    """stdlib-next-line by per-character likelihood (its lines differ in length), docs-cloze by the summed one."""
+    assert {n: builtin_task(n).metric for n in BUILTIN_TASKS} == {"stdlib-next-line": "acc_norm", "docs-cloze": "acc"}
+    cp = wb("eval", "--list-tasks", check=True)
+    assert cp.stdout.splitlines() == [
+        "stdlib-next-line   400 items, acc_norm: the next line of held-out standard-library code, of 4",
+        "docs-cloze         400 items, acc: the next word of held-out Python documentation, of 4",
+        "builtin            all of the above"]
 
 
 def test_no_built_in_corpus_holds_a_held_out_document():
