@@ -105,6 +105,18 @@ def test_held_out_text_in_bits_per_byte(run, tmp_path):
     assert recs["bpb"]["task"] == "text:notes.txt" and recs["bpb"]["value"] == x["bpb"]
 
 
+def test_a_hellaswag_file_scored_on_ctx_as_given_says_so(run, tmp_path):
+    """Records without HellaSwag's activity_label, ctx_a and ctx_b cannot be preprocessed as lm-eval does: the
+    output says they are scored as given (tests/interop/test_lm_eval_tasks.py: with them, lm-eval's strings)."""
+    f = _jsonl(tmp_path / "hs.jsonl", [{"ctx": "The sky is", "endings": ["blue.", "loud."], "label": 0}])
+    cp = wb("eval", "r", "--runs-dir", str(run.parent), "--task", str(f), "--no-save", check=True)
+    assert ("note: hs: its records have no activity_label, ctx_a and ctx_b: ctx and the endings are scored as given, "
+            "not as lm-evaluation-harness's hellaswag task preprocesses them") in cp.stderr.splitlines()
+    js = json.loads(wb("eval", "r", "--runs-dir", str(run.parent), "--task", str(f), "--no-save", "--json",
+                       check=True).stdout)
+    assert js["checkpoints"][0]["tasks"][0]["shape"] == "HellaSwag (ctx as given)"
+
+
 def _no_byte_fallback(ws: Path, run: Path) -> None:
     import sentencepiece as spm
     text = ws / "ascii.txt"

@@ -37,7 +37,7 @@ SHAPES = {
     "plain": ([{"query": c, "choices": ch, "gold": g} for c, ch, g in ITEMS], "multiple choice", "acc"),
     "context_label": ([{"context": c, "choices": ch, "label": str(g)} for c, ch, g in ITEMS], "multiple choice", "acc"),
     "hellaswag": ([{"ctx": c, "endings": ch, "label": g, "activity_label": "x"} for c, ch, g in ITEMS],
-                  "HellaSwag", "acc_norm"),
+                  "HellaSwag (ctx as given)", "acc_norm"),
 }
 
 
