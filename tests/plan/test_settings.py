@@ -91,3 +91,16 @@ def test_kernel_choices_reach_the_settings_and_determinism_picks_the_attention_k
     assert s(A100, "hardware.deterministic=true", "hardware.attention_kernel=flash").attention_kernel == "flash"
     cpu = s(LAPTOP, "hardware.deterministic=true", "hardware.attention_kernel=cudnn")
     assert (cpu.deterministic, cpu.attention_kernel) == (False, "auto")
+
+
+def test_compile_auto_on_a_cpu_follows_the_budget_not_max_iters():
+    """README: `hardware.compile = auto` decides from the budget (a budgeted run takes its budget, whatever
+    max_iters says; the budget's clock starts after the compile: tests/train/test_time_budget.py)."""
+    def settings(*sets: str):
+        return resolve_settings(resolve_preset("cpu-small", list(sets)), LAPTOP, world_size=1, peak=peak)
+
+    long = settings("train.time_budget=20m", "train.max_iters=40")
+    assert long.compile and long.compile_reason == "auto: ~20 min eager, >= 10 min, where a compile pays back"
+    short = settings("train.time_budget=5m", "train.max_iters=10000000")
+    assert not short.compile and short.compile_reason == "auto: ~5 min eager, < 10 min, where a compile pays back"
+    assert settings("train.max_iters=10000000").compile and not settings("train.max_iters=40").compile
