@@ -17,6 +17,10 @@ def test_needs_a_missing_package():
 @pytest.mark.gpu
 def test_needs_a_gpu():
     pytest.skip("needs a CUDA GPU")
+
+@pytest.mark.xfail(strict=True, reason="a known bug")
+def test_a_known_bug():
+    assert False
 '''
 
 
@@ -34,10 +38,10 @@ def _pytest(tmp_path, strict: bool) -> subprocess.CompletedProcess:
 def test_a_skip_without_a_gpu_mark_fails_in_ci(tmp_path):
     cp = _pytest(tmp_path, strict=True)
     assert cp.returncode == 1, cp.stdout
-    assert "1 failed, 1 skipped" in cp.stdout and "only tests marked gpu may skip" in cp.stdout
+    assert "1 failed, 1 skipped, 1 xfailed" in cp.stdout and "only tests marked gpu may skip" in cp.stdout
     assert "no_such_package_here" in cp.stdout
 
 
 def test_outside_ci_skips_are_skips(tmp_path):
     cp = _pytest(tmp_path, strict=False)
-    assert cp.returncode == 0 and "2 skipped" in cp.stdout, cp.stdout
+    assert cp.returncode == 0 and "2 skipped, 1 xfailed" in cp.stdout, cp.stdout

@@ -5,6 +5,7 @@ exit 2, and nothing written into the run."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from tests.support.cli import FACTS, wb
 from tests.support.runs import read_jsonl, tree
+from workbench.data.tokenizer import load_tokenizer
 
 
 @pytest.fixture
@@ -36,6 +38,8 @@ def test_every_checkpoint_scored_as_json_kept_and_shown(run):
     assert [c["step"] for c in out["checkpoints"]] == [20, 40, 60]
     for c in out["checkpoints"]:
         assert [t["task"] for t in c["tasks"]] == ["stdlib-next-line", "docs-cloze"]
+        # each built-in task's headline metric, as the README gives it
+        assert [t["chosen"] for t in c["tasks"]] == ["acc_norm", "acc"]
         for t in c["tasks"]:
             assert t["n"] == 12 and t["kind"] == "mc" and t["chance"] == 0.25 and t["metric"] == "centered"
             assert t["centered"] == pytest.approx((t[t["chosen"]] - 0.25) / 0.75) and t["score"] == t["centered"]
@@ -91,8 +95,26 @@ def test_held_out_text_in_bits_per_byte(run, tmp_path):
     cp = wb("eval", "r", "--runs-dir", str(run.parent), "--corpus", str(text), "--limit", "4", "--json", check=True)
     x = json.loads(cp.stdout)["checkpoints"][0]["text"]
     assert x["tokens"] == 4 * 32 and 0 < x["bpb"] < x["loss"]
+    # the loss in bits over the UTF-8 bytes of the 128 tokens scored (windows of 33 overlapping by one: the text's
+    # first 129 tokens, less the first)
+    tok = load_tokenizer(run)
+    ids = tok.encode(text.read_text())[:129]
+    nbytes = len(tok.decode(ids).encode()) - len(tok.decode(ids[:1]).encode())
+    assert x["bpb"] == pytest.approx(x["loss"] * x["tokens"] / math.log(2) / nbytes, rel=1e-9)
     recs = {r["metric"]: r for r in read_jsonl(run / "tasks.jsonl")}
     assert recs["bpb"]["task"] == "text:notes.txt" and recs["bpb"]["value"] == x["bpb"]
+
+
+def test_a_hellaswag_file_scored_on_ctx_as_given_says_so(run, tmp_path):
+    """Records without HellaSwag's activity_label, ctx_a and ctx_b cannot be preprocessed as lm-eval does: the
+    output says they are scored as given (tests/interop/test_lm_eval_tasks.py: with them, lm-eval's strings)."""
+    f = _jsonl(tmp_path / "hs.jsonl", [{"ctx": "The sky is", "endings": ["blue.", "loud."], "label": 0}])
+    cp = wb("eval", "r", "--runs-dir", str(run.parent), "--task", str(f), "--no-save", check=True)
+    assert ("note: hs: its records have no activity_label, ctx_a and ctx_b: ctx and the endings are scored as given, "
+            "not as lm-evaluation-harness's hellaswag task preprocesses them") in cp.stderr.splitlines()
+    js = json.loads(wb("eval", "r", "--runs-dir", str(run.parent), "--task", str(f), "--no-save", "--json",
+                       check=True).stdout)
+    assert js["checkpoints"][0]["tasks"][0]["shape"] == "HellaSwag (ctx as given)"
 
 
 def _no_byte_fallback(ws: Path, run: Path) -> None:

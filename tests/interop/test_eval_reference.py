@@ -144,8 +144,8 @@ def test_greedy_answers_equal_transformers_generate(facts_run, tmp_path):
     assert sc.values == {"exact": 4 / 12, "contains": 8 / 12}
 
 
-def test_text_loss_equals_transformers(exported, ours):
-    _, hf_model, _ = exported
+def test_text_loss_and_bits_per_byte_equal_transformers(exported, ours):
+    _, hf_model, hf_tok = exported
     model, tok = ours
     docs = [it.context for it in cloze_task().items[:6]]
     bpb, loss, n = text_bpb(model, tok, docs, torch.device("cpu"), max_windows=5, batch_size=2)
@@ -164,7 +164,14 @@ def test_text_loss_equals_transformers(exported, ours):
         count += len(window) - 1
     assert n == count == 5 * L
     assert loss == pytest.approx(nats / count, abs=1e-5)
-    assert 0 < bpb < loss  # more than one byte a token
+    # bits per byte: transformers' nats in bits, over the UTF-8 bytes of the text the scored tokens stand for (their
+    # text by transformers' tokenizer: what the first 5 L + 1 tokens decode to, less what the first one does)
+    text = hf_tok.decode(ids[:5 * L + 1], skip_special_tokens=True)
+    first = hf_tok.decode(ids[:1], skip_special_tokens=True)
+    assert text.startswith(first) and text in "".join(docs)
+    nbytes = len(text.encode("utf-8")) - len(first.encode("utf-8"))
+    assert nbytes > count  # more than one byte a token
+    assert bpb == pytest.approx(nats / math.log(2) / nbytes, rel=1e-5), (bpb, nats / math.log(2) / nbytes)
 
 
 # ----------------------------------------------------------------------------- lm-evaluation-harness

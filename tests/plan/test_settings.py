@@ -191,3 +191,16 @@ def test_explicit_memory_savers_are_kept_and_the_reason_says_why():
     s = resolve_settings(resolve_preset("gpu-8gb", []), Machine.assumed("cuda"), peak=peak)
     assert (s.loss_chunk_tokens, s.activation_checkpointing) == (2048, True)
     assert "hardware.expected_memory_gb" in s.savers_reason
+
+
+def test_compile_auto_on_a_cpu_follows_the_budget_not_max_iters():
+    """README: `hardware.compile = auto` decides from the budget (a budgeted run takes its budget, whatever
+    max_iters says; the budget's clock starts after the compile: tests/train/test_time_budget.py)."""
+    def settings(*sets: str):
+        return resolve_settings(resolve_preset("cpu-small", list(sets)), LAPTOP, world_size=1, peak=peak)
+
+    long = settings("train.time_budget=20m", "train.max_iters=40")
+    assert long.compile and long.compile_reason == "auto: ~20 min eager, >= 10 min, where a compile pays back"
+    short = settings("train.time_budget=5m", "train.max_iters=10000000")
+    assert not short.compile and short.compile_reason == "auto: ~5 min eager, < 10 min, where a compile pays back"
+    assert settings("train.max_iters=10000000").compile and not settings("train.max_iters=40").compile

@@ -42,3 +42,24 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     path = Path(path)
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return path
+
+
+# A task whose answer only the earlier turns (or the system message) hold: a model that learned it answers the
+# second question with the word of the first turn, so what a chat front end passed to it can be read off its reply.
+MEMORY_WORDS = ("apple", "river", "stone", "cloud", "tiger", "lamp", "maple", "ocean")
+REMEMBER, RECALL, WHAT_WORD = "Remember {}.", "What did I ask you to remember?", "What is the word?"
+
+
+def memory_conversations(copies: int = 40, seed: int = 0) -> list[dict]:
+    """Two conversations a word, ``copies`` times each, shuffled: "Remember apple." / "OK." / "What did I ask you to
+    remember?" / "apple"; and a system message "The word is apple." / "What is the word?" / "apple"."""
+    one = []
+    for w in MEMORY_WORDS:
+        one.append({"messages": [{"role": "user", "content": REMEMBER.format(w)},
+                                 {"role": "assistant", "content": "OK."},
+                                 {"role": "user", "content": RECALL}, {"role": "assistant", "content": w}]})
+        one.append({"messages": [{"role": "system", "content": f"The word is {w}."},
+                                 {"role": "user", "content": WHAT_WORD}, {"role": "assistant", "content": w}]})
+    out = one * copies
+    random.Random(seed).shuffle(out)
+    return out

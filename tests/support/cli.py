@@ -39,15 +39,17 @@ def tiny(*extra: str) -> list[str]:
 
 
 def wb(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300,
-       check: bool = False, fresh: bool = False) -> subprocess.CompletedProcess:
+       check: bool = False, fresh: bool = False, input: str | None = None) -> subprocess.CompletedProcess:
     """Run the real `workbench` CLI in a process of its own: forked from a server that has torch imported
-    (tests/support/zygote.py), or with ``fresh`` a new interpreter (what depends on the interpreter's start)."""
+    (tests/support/zygote.py), or with ``fresh`` a new interpreter (what depends on the interpreter's start).
+    ``input``: what it reads on standard input (else nothing: /dev/null)."""
     e = dict(os.environ, PYTHONUNBUFFERED="1")
     e.update(env or {})
-    cp = None if fresh else zygote.run(list(args), str(cwd) if cwd else None, e, timeout)
+    cp = None if fresh else zygote.run(list(args), str(cwd) if cwd else None, e, timeout, input)
     if cp is None:
         cp = subprocess.run([sys.executable, "-m", "workbench", *args], cwd=cwd, env=e, capture_output=True,
-                            text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                            text=True, timeout=timeout, input=input,
+                            stdin=subprocess.DEVNULL if input is None else None)
     if check and cp.returncode != 0:
         raise AssertionError(f"workbench {' '.join(args)} failed ({cp.returncode}):\n{cp.stdout}\n{cp.stderr}")
     return cp

@@ -5,13 +5,13 @@ interpreter: ~2.2 s to import torch, and ~2.3 s more for ``torch._dynamo``, whic
 on first use (their methods are wrapped in ``torch._disable_dynamo``). A tiny 4-step run took 5 s, 0.4 s of
 it the run itself; the suite starts several hundred.
 
-Here one server process per test worker imports torch and ``torch._dynamo`` once, then for each command forks
-a child that runs ``python -m workbench ARGS`` as the interpreter would (``runpy``, ``sys.argv``, the
-command's environment, working directory, stdin from /dev/null, stdout and stderr to files), and reports its
-pid and exit status. The child is a process of its own: it imports workbench afresh (so settings read from the
-environment at import time see the command's environment), its crashes, signals and exit codes are its own,
-and what it starts (a detached trainer, torchrun) is started as the product starts it. What it shares with
-a fresh interpreter's run is everything but the already-imported third-party modules.
+Here one server process per test worker imports torch and ``torch._dynamo`` once, then for each command forks a
+child that runs ``python -m workbench ARGS`` as the interpreter would (``runpy``, ``sys.argv``, the command's
+environment, working directory, stdin from /dev/null or from a file of the input given, stdout and stderr to
+files), and reports its pid and exit status. The child is a process of its own: it imports workbench afresh (so
+settings read from the environment at import time see the command's environment), its crashes, signals and exit
+codes are its own, and what it starts (a detached trainer, torchrun) is started as the product starts it. What
+it shares with a fresh interpreter's run is everything but the already-imported third-party modules.
 
 Not for what depends on the interpreter's own start: which modules a command imports (the import-hygiene
 tests start their own interpreters), getrusage of children (``wb(..., fresh=True)``). Set
@@ -49,7 +49,7 @@ for line in control_in:
         try:
             os.chdir(req["cwd"])
             os.environ.clear(); os.environ.update(req["env"])
-            fd = os.open(os.devnull, os.O_RDONLY); os.dup2(fd, 0); os.close(fd)
+            fd = os.open(req.get("stdin") or os.devnull, os.O_RDONLY); os.dup2(fd, 0); os.close(fd)
             for n, path in ((1, req["out"]), (2, req["err"])):
                 fd = os.open(path, os.O_WRONLY | os.O_TRUNC); os.dup2(fd, n); os.close(fd)
             unbuffered = bool(req["env"].get("PYTHONUNBUFFERED"))
@@ -119,23 +119,31 @@ class _Server:
             raise RuntimeError("the fork server died")
         return json.loads(line)
 
-    def run(self, argv: list[str], cwd: str, env: dict, timeout: float | None) -> subprocess.CompletedProcess | None:
+    def run(self, argv: list[str], cwd: str, env: dict, timeout: float | None,
+            input: str | None = None) -> subprocess.CompletedProcess | None:
         """The command's result; None if the server is busy with another thread's command (the caller then
         starts a fresh interpreter rather than wait: that command may be waiting on this one)."""
         if not self.lock.acquire(blocking=False):
             return None
         try:
-            return self._run(argv, cwd, env, timeout)
+            return self._run(argv, cwd, env, timeout, input)
         finally:
             self.lock.release()
 
-    def _run(self, argv: list[str], cwd: str, env: dict, timeout: float | None) -> subprocess.CompletedProcess:
+    def _run(self, argv: list[str], cwd: str, env: dict, timeout: float | None,
+             input: str | None) -> subprocess.CompletedProcess:
         import time
         with tempfile.TemporaryDirectory(prefix="wb-fork-") as tmp:
             out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
             for p in (out, err):
                 open(p, "w").close()
-            self.proc.stdin.write(json.dumps({"argv": argv, "cwd": cwd, "env": env, "out": out, "err": err}) + "\n")
+            stdin = None
+            if input is not None:
+                stdin = os.path.join(tmp, "in")
+                with open(stdin, "w", encoding="utf-8") as f:
+                    f.write(input)
+            self.proc.stdin.write(json.dumps({"argv": argv, "cwd": cwd, "env": env, "out": out, "err": err,
+                                              "stdin": stdin}) + "\n")
             self.proc.stdin.flush()
             pid = self._reply(None)["pid"]
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -158,9 +166,10 @@ _server: _Server | None = None
 _failed = False
 
 
-def run(argv: list[str], cwd: str | None, env: dict, timeout: float | None) -> subprocess.CompletedProcess | None:
-    """``python -m workbench ARGV`` in a forked child; None where the fork server cannot be used (the caller
-    then starts a fresh interpreter)."""
+def run(argv: list[str], cwd: str | None, env: dict, timeout: float | None,
+        input: str | None = None) -> subprocess.CompletedProcess | None:
+    """``python -m workbench ARGV`` in a forked child (``input``: its standard input); None where the fork server
+    cannot be used (the caller then starts a fresh interpreter)."""
     global _server, _failed
     if _failed or os.environ.get("WORKBENCH_TEST_FORK", "1") == "0":
         return None
@@ -173,4 +182,4 @@ def run(argv: list[str], cwd: str | None, env: dict, timeout: float | None) -> s
         _failed = True
         return None
     # once a command is sent, a failure is the test's to see (running the command again could repeat its effects)
-    return _server.run(list(argv), str(cwd or os.getcwd()), dict(env), timeout)
+    return _server.run(list(argv), str(cwd or os.getcwd()), dict(env), timeout, input)

@@ -7,6 +7,7 @@ kill -9 is bitwise, bad input is one line."""
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import signal
 import subprocess
@@ -20,9 +21,9 @@ import torch
 
 from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import TINY, wb
-from tests.support.runs import losses
+from tests.support.runs import losses, read_jsonl
 from workbench import rundir
-from workbench.config import DataConfig, ModelConfig
+from workbench.config import DataConfig, ModelConfig, TrainConfig, preset_to_toml, resolve_preset
 from workbench.data.chat import ChatEncoder
 from workbench.data.chat_data import IGNORE, LAST, PROMPT, TRAINED, ChatSampler, pack
 from workbench.data.chat_templates import CHATML_END, CHATML_START, run_template
@@ -31,6 +32,7 @@ from workbench.data.tokens import prepare_data
 from workbench.train.chat_reply import reply
 from workbench.train.checkpoint import load_run_model
 from workbench.train.generate import generate
+from workbench.train.loop import Trainer
 from workbench.train.model import GPT, fused_cross_entropy
 
 SEQ = 64
@@ -163,6 +165,53 @@ def test_a_packed_row_gives_each_conversation_its_logits_alone():
             at += len(c)
 
 
+def test_the_trainers_packed_step_trains_each_conversation_as_if_alone(chat_file, tmp_path):
+    """The trainer's own step (train/loop.py) on packed rows, two micro-batches: its loss and every gradient equal
+    those of the same conversations run one a row, each alone with its own positions, the loss the mean over the
+    step's trained targets (fp32, 1e-5). The model's masking is tested above; this is what reaches it in training:
+    a step that left the segments out (conversations attending to each other) trained on cross-talk."""
+    run_dir = tmp_path / "packed"
+    run_dir.mkdir()
+    p = resolve_preset("cpu-small", [*CHAT, "model.seq_len=192", "train.batch_size=4", "train.grad_accum=2",
+                                     "model.dropout=0.0"], {"data": {"corpus": str(chat_file)}})
+    (run_dir / "preset.toml").write_text(preset_to_toml(p))
+    trainer = Trainer(run_dir, echo=False)
+    try:
+        trainer.setup()
+        assert trainer.sampler.packed and trainer.settings.precision == "fp32"
+        model = trainer.built.model
+        before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        at = trainer.sampler.state()
+        batches = [trainer.sampler.next_batch() for _ in range(2)]   # what the step will draw
+        trainer.sampler.set_state(at)
+        grads: dict[str, torch.Tensor] = {}
+        for name, q in model.named_parameters():
+            q.register_post_accumulate_grad_hook(lambda q, n=name: grads.__setitem__(n, q.grad.detach().clone()))
+        trainer.train_step()
+        trainer.skips.settle()  # the loss read back (a step late with the non-finite check on the device)
+        step_loss = trainer.skips.result.loss
+    finally:
+        trainer.lock.release()
+        trainer.report.close()
+    # several conversations share a row in these batches (else packing proves nothing)
+    assert max(len(set(seg[seg >= 0].tolist())) for _, _, _, seg in batches) >= 3
+    ref = GPT(p.model)
+    ref.load_state_dict(before)
+    trained = sum(int((y != IGNORE).sum()) for _, y, _, _ in batches)
+    loss = torch.zeros(())
+    for x, y, _, seg in batches:
+        for b in range(len(x)):
+            for k in sorted(set(seg[b][seg[b] >= 0].tolist())):
+                cols = seg[b] == k
+                xc, yc = (torch.from_numpy(a[b][cols])[None] for a in (x, y))
+                loss = loss + ref(xc, yc, loss_tokens=float(trained))[1]  # positions 0.. by default: alone
+    loss.backward()
+    assert step_loss == pytest.approx(loss.item(), abs=1e-5)
+    assert set(grads) == {n for n, _ in ref.named_parameters()}
+    for name, q in ref.named_parameters():
+        torch.testing.assert_close(grads[name], q.grad, atol=1e-5, rtol=0, msg=name)
+
+
 def test_fused_loss_skips_ignored_targets_as_the_plain_loss_does():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(40, 16, generator=g, requires_grad=True)
@@ -221,6 +270,61 @@ def test_text_data_with_loss_on_is_one_line(tmp_path):
     assert cp.returncode == 2
     assert "train.loss_on = all applies to chat data, but data.format = text" in cp.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_one_conversation_a_row_in_a_real_run(chat_file, chat_data, tmp_path):
+    """data.packing = false (README): a run trains one conversation a row, padded, and its start says so."""
+    _run(tmp_path, chat_file, "rows", "data.packing=false", "train.max_iters=4", "train.eval_interval=4",
+         "train.ckpt_interval=4")
+    d = tmp_path / "rows"
+    assert rundir.read_status(d).state == "finished" and sorted(losses(d)) == [1, 2, 3, 4]
+    facts = next(r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "start")["chat"]
+    one, packed = pack(chat_data.lengths("train"), SEQ, packing=False), pack(chat_data.lengths("train"), SEQ)
+    assert facts["packing"] is False and facts["conversations"] == one.rows == 380
+    assert facts["row_fill"] == pytest.approx(one.efficiency, abs=1e-4) and one.efficiency < packed.efficiency
+    assert "one a row into 380 rows of 64" in (d / "train.log").read_text()
+
+
+def test_a_chat_task_is_scored_while_training_at_each_checkpoint_interval_by_default(chat_file, tmp_path):
+    """train.eval_tasks with a chat task file (README): scored through the run's template at step 0, at each
+    checkpoint interval (train.task_eval_every = 0, the default) and at the end; the last score is the one
+    `workbench eval` gives the final checkpoint."""
+    assert TrainConfig().task_eval_every == 0
+    task = write_jsonl(tmp_path / "held.jsonl", conversations(6, seed=99))
+    _run(tmp_path, chat_file, "tasks", "train.max_iters=10", "train.ckpt_interval=4", "train.eval_interval=10",
+         f"train.eval_tasks=['{task}']")
+    recs = [r for r in read_jsonl(tmp_path / "tasks" / "metrics.jsonl") if r["kind"] == "task"]
+    assert sorted({r["step"] for r in recs}) == [0, 4, 8, 10]
+    assert {(r["task"], r["metric"], r["n"]) for r in recs} == {("held", "exact", 6), ("held", "contains", 6)}
+    out = json.loads(wb("eval", "tasks", "--runs-dir", str(tmp_path), "--task", str(task), "--json", "--no-save",
+                        check=True).stdout)["checkpoints"][0]
+    assert out["step"] == 10
+    last = {r["metric"]: r["value"] for r in recs if r["step"] == 10}
+    assert last == {"exact": out["tasks"][0]["exact"], "contains": out["tasks"][0]["contains"]}
+
+
+def test_an_xz_sharegpt_file_with_its_own_role_names_reads_as_the_openai_one(chat_file, tmp_path):
+    """README: chat JSONL may be .xz-compressed, and data.chat_roles = "bot=assistant,human2=user" (the string form)
+    adds role names: such a file renders and trains the same conversations as the plain OpenAI-style file."""
+    recs = [json.loads(line) for line in chat_file.read_text().splitlines()[:60]]
+    names = {"system": "system", "user": "human2", "assistant": "bot"}
+    with lzma.open(tmp_path / "share.jsonl.xz", "wt", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps({"conversations": [{"from": names[m["role"]], "value": m["content"]}
+                                                  for m in r["messages"]]}) + "\n")
+    plain = write_jsonl(tmp_path / "plain.jsonl", recs)
+    sets = ["--set", *CHAT[1:]]
+    roles = 'data.chat_roles="bot=assistant,human2=user"'
+    xz = json.loads(wb("data", "prepare", str(tmp_path / "share.jsonl.xz"), "--json", *sets, roles, check=True).stdout)
+    ref = json.loads(wb("data", "prepare", str(plain), "--json", *sets, check=True).stdout)
+    assert xz["format"] == ref["format"] == "chat" and xz["conversations"] == ref["conversations"] == 60
+    for key in ("tokens", "trained_tokens", "truncated", "row_fill"):
+        assert xz[key] == ref[key], key
+    shown = [json.loads(wb("data", "inspect", str(f), "-n", "3", "--json", *sets, *extra, check=True).stdout)["shown"]
+             for f, extra in ((tmp_path / "share.jsonl.xz", [roles]), (plain, []))]
+    assert shown[0] == shown[1]
+    cp = wb("data", "prepare", str(tmp_path / "share.jsonl.xz"), *sets)   # without the role names: one line
+    assert cp.returncode == 2 and "share.jsonl.xz, line 1" in cp.stderr and "data.chat_roles" in cp.stderr
 
 
 # ----------------------------------------------------------------------------- the CLI around it

@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 
+from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import tiny, wb
 from tests.support.runs import evals, losses, read_jsonl, wait_running
 from workbench import rundir
@@ -39,6 +40,26 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     start = next(r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "start")
     assert start["world_size"] == 2 and start["tokens_per_step"] == 4 * 32
     assert rundir.read_status(d).state == "finished"
+
+
+def test_a_chat_run_on_two_processes_follows_one_process(tmp_path):
+    """README: a chat step's loss is the mean over the trained tokens of the whole step, every micro-batch and rank:
+    each rank's rows hold different numbers of trained tokens (ragged masks), and two processes still give one
+    process's losses and evals (2 micro-batches of 4 rows, 2 a rank)."""
+    f = write_jsonl(tmp_path / "chat.jsonl", conversations(300, seed=4))
+    root = str(tmp_path)
+    sets = tiny(*COMMON, "train.batch_size=4", "train.grad_accum=2", "model.seq_len=64", "model.vocab_size=400")
+    wb("train", "cpu-small", "--name", "one", "--runs-dir", root, "--corpus", str(f), *sets, check=True)
+    wb("train", "cpu-small", "--name", "two", "--runs-dir", root, "--corpus", str(f), "--nproc", "2", *sets,
+       check=True)
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == list(range(1, 9))
+    for s in one:
+        assert two[s] == pytest.approx(one[s], rel=1e-5, abs=1e-6), s
+    for s, v in evals(tmp_path / "one").items():
+        assert evals(tmp_path / "two")[s] == pytest.approx(v, rel=1e-5)
+    start = next(r for r in read_jsonl(tmp_path / "two" / "metrics.jsonl") if r.get("event") == "start")
+    assert start["world_size"] == 2 and start["chat"]["packing"] is True
 
 
 def test_stop_and_resume_under_ddp_is_exact(tmp_path):

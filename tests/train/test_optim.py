@@ -22,21 +22,27 @@ from workbench.train.optim import Muon, build_optimizer, is_hidden_matrix
 MUON = ("train.optimizer=muon", "train.schedule=wsd", "train.decay_fraction=0.25")
 
 
-def test_muon_is_torchs_update_in_full_precision():
+@pytest.mark.parametrize("momentum", [0.95, 0.8])
+def test_muon_is_torchs_update_in_full_precision(momentum):
     """The same step as torch.optim.Muon (which orthogonalises in bf16) to bf16's precision, on a tall and a
-    wide matrix, with weight decay and Nesterov momentum, over several steps."""
+    wide matrix, with weight decay and Nesterov momentum, over several steps, at the default momentum and another.
+    The momentum buffer is torch's exactly, scaled: torch keeps an average (mu b + (1 - mu) g), we keep the sum
+    (mu b + g), and Newton-Schulz normalises the scale away. (This test asked for 0.95 alone, at an atol of 2e-3,
+    five times the bf16 gap of 4e-4: a momentum fixed at 0.95 passed it.)"""
     torch.manual_seed(0)
     for shape in ((96, 64), (64, 160)):
         ours_p = torch.nn.Parameter(torch.randn(shape))
         ref_p = torch.nn.Parameter(ours_p.detach().clone())
-        ours = Muon([ours_p], lr=0.02, weight_decay=0.1, momentum=0.95)
-        ref = torch.optim.Muon([ref_p], lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True)
+        ours = Muon([ours_p], lr=0.02, weight_decay=0.1, momentum=momentum)
+        ref = torch.optim.Muon([ref_p], lr=0.02, weight_decay=0.1, momentum=momentum, nesterov=True)
         for _ in range(4):
             g = torch.randn(shape)
             ours_p.grad, ref_p.grad = g.clone(), g.clone()
             ours.step()
             ref.step()
-        assert torch.allclose(ours_p.detach(), ref_p.detach(), atol=2e-3), (ours_p - ref_p).abs().max()
+            torch.testing.assert_close(ours.state[ours_p]["momentum_buffer"] * (1 - momentum),
+                                       ref.state[ref_p]["momentum_buffer"], atol=1e-6, rtol=0)
+        torch.testing.assert_close(ours_p.detach(), ref_p.detach(), atol=6e-4, rtol=0)
     with pytest.raises(ValueError, match="matrices only"):
         Muon([torch.nn.Parameter(torch.zeros(4))])
 

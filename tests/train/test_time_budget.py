@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import REPO, TINY, wb
-from tests.support.runs import read_jsonl, wait_until
+from tests.support.runs import read_jsonl, records_since_last_start, wait_until
 from workbench import rundir
 from workbench.config import load_preset_file
 from workbench.plan.cost import budget_steps, tokens_per_s_from_flops
 from workbench.plan.report import ASSUMED_EFFICIENCY
+from workbench.plan.run_plan import ResumeRequest, plan_resume
+from workbench.plan.schedule import extension_note, lr_at
 from workbench.train.budget import Budget
 
 BUDGET = 8.0
@@ -54,14 +56,23 @@ def test_a_budgeted_run_ends_at_its_budget_and_its_decay_follows_the_clock(budge
     assert len(decay) == 1
     start = decay[0]["step"]
 
+    def state(ckpt: dict) -> dict:
+        return json.loads((Path(ckpt["path"]) / "trainer_state.json").read_text())
+
     def spent(ckpt: dict) -> float:
-        return json.loads((Path(ckpt["path"]) / "trainer_state.json").read_text())["budget_spent"]
+        return state(ckpt)["budget_spent"]
     # the decay began at the first step after 1 - decay_fraction of the budget's training time was spent, by the
-    # clock (the training time: the budget less what the last eval takes, a fraction of a second here; before an
-    # eval is timed on this clock that is estimated from the pace, so up to twice the eval's time is allowed)
-    last_eval = [r for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "eval"][-1]["seconds"]
-    assert 0.7 * (BUDGET - 2 * last_eval) - 0.1 <= spent(decay[0]) <= 0.7 * BUDGET + 0.5, (spent(decay[0]),
-                                                                                         last_eval)
+    # clock. The training time is the budget less what the trainer kept back for the last eval, as its decay-start
+    # checkpoint recorded it (that reserve was the step-0 eval's time until an eval was timed on the clock: an eval's
+    # seconds at the end, used here before, left it out and passed by 20-50 ms under load)
+    assert spent(decay[0]) >= 0.7 * (BUDGET - state(decay[0])["budget_reserve"]) - 1e-3, state(decay[0])
+    # ... and not a step later: two steps before, less than 0.7 of the budget was spent, and the clock ran on from
+    # that step's log line to the decay-start checkpoint
+    recs = read_jsonl(d / "metrics.jsonl")
+    two_before = next(r for r in recs if r["kind"] == "train" and r["step"] == start - 2)
+    saved = next(r for r in recs if r.get("event") == "checkpoint" and r["step"] == start)
+    assert spent(decay[0]) <= 0.7 * BUDGET + (saved["time"] - two_before["time"]) + 1e-3, (
+        spent(decay[0]), saved["time"] - two_before["time"])
     assert abs(spent(ckpts[-1]) - BUDGET) <= OVER
     lrs = {r["step"]: r["lr"] for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "train"}
     stable = [lr for s, lr in lrs.items() if 10 <= s <= start]
@@ -118,11 +129,39 @@ def test_more_steps_after_a_budget_are_counted_in_steps(budget_run):
     assert after.state == "finished" and after.step == st.step + 20, (after.step, st.step)
     assert 'time_budget = ""' in (branch / "preset.toml").read_text()
     assert rundir.read_status(budget_run / "b").step == st.step                # the budgeted run, as it was
+    # it went on from the decay-start checkpoint, its learning rate the branch's wsd schedule in steps at every step
+    # (the stable phase until the new decay, then min_lr at the end)
+    recs = records_since_last_start(branch)
+    assert recs[0]["event"] == "resume" and recs[0]["step"] == decay
+    lrs = {r["step"]: r["lr"] for r in recs if r["kind"] == "train"}
+    assert sorted(lrs) == list(range(decay + 1, st.step + 21))
+    p = load_preset_file(branch / "preset.toml")
+    assert p.train.max_iters == st.step + 20 and p.train.schedule == "wsd"
+    for step, lr in lrs.items():
+        assert lr == pytest.approx(lr_at(step - 1, p), rel=1e-9), step
+    assert lrs[st.step + 20] == pytest.approx(1e-5)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 45 (one owner for a run's horizon): the Runs pane's '+ more steps' "
+                   "note (plan.schedule.extension_note) takes a budgeted wsd run's decay start from preset.toml's "
+                   "max_iters, a first guess, not from the step the budget recorded, which resume --more goes on from")
+def test_the_more_steps_note_names_the_step_resume_more_goes_on_from(budget_run):
+    """The "+" dialog's line for a finished budgeted wsd run says where `resume --more` will go on from."""
+    st = rundir.read_status(budget_run / "b")
+    decay = next(c["step"] for c in rundir.list_checkpoints(budget_run / "b") if "decay start" in c["reason"])
+    plan = plan_resume(ResumeRequest("b", more=20), budget_run)
+    assert plan.ckpt["step"] == decay
+    note = extension_note(load_preset_file(budget_run / "b" / "preset.toml"), st.step, 20)
+    assert f"it goes on from step {decay:,}, where the decay began" in note, note
 
 
 def test_kill_minus_nine_then_resume_goes_on_against_what_is_left(tmp_path):
+    """Killed at half its budget and resumed: the resumed process trains for what its checkpoint had left (not a new
+    budget), and the learning rate goes on from where the schedule was (cosine over the budget: not back at its
+    peak). A resume that started the clock at 0 ended 46 % over budget at the peak learning rate, within the 4 s
+    this test allowed before."""
     root = tmp_path / "runs"
-    sets = [*SETS, "train.ckpt_interval=50"]
+    sets = [*SETS, "train.schedule=cosine", "train.ckpt_interval=20"]
     proc = subprocess.Popen([sys.executable, "-m", "workbench", "train", "cpu-small", "--runs-dir", str(root),
                              "--name", "k", "--time-budget", f"{BUDGET:g}s", "--set", *sets], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
@@ -138,15 +177,26 @@ def test_kill_minus_nine_then_resume_goes_on_against_what_is_left(tmp_path):
     last = rundir.list_checkpoints(d)[-1]
     spent = json.loads((Path(last["path"]) / "trainer_state.json").read_text())["budget_spent"]
     assert 0 < spent < BUDGET
+    lr_before = {r["step"]: r["lr"] for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "train"}[last["step"]]
     wb("resume", "k", "--runs-dir", str(root), check=True)
     st = rundir.read_status(d)
     assert st.state == "finished" and abs(st.budget_spent_s - BUDGET) <= OVER, st.budget_spent_s
-    # the resumed trainer, from its resume event (set up) to its finish, trained for what was left, not a whole budget
     recs = read_jsonl(d / "metrics.jsonl")
-    resume = [r for r in recs if r.get("event") == "resume"]
-    assert len(resume) == 1 and resume[0]["step"] == last["step"]
+    resume = [i for i, r in enumerate(recs) if r.get("event") == "resume"]
+    assert len(resume) == 1 and recs[resume[0]]["step"] == last["step"]
+    began = recs[resume[0]]
+    first = next(r for r in recs[resume[0]:] if r["kind"] == "train")      # the resumed process's first step
     finish = next(r for r in recs if r.get("event") == "finish")
-    assert finish["time"] - resume[0]["time"] <= (BUDGET - spent) + OVER, (finish["time"] - resume[0]["time"], spent)
+    assert first["step"] == last["step"] + 1
+    # the time it ran: what was left, plus its start-up (set-up and the first step, after which its clock starts;
+    # measured) and what its own clock says it ran over the budget (status.json, to its 0.1 s)
+    startup, over = first["time"] - began["time"], max(0.0, st.budget_spent_s - BUDGET)
+    ran = finish["time"] - began["time"]
+    assert ran <= (BUDGET - spent) + startup + over + 0.1, (ran, BUDGET - spent, startup, over)
+    # the learning rate goes on from where the killed process had it (cosine: the share of the budget spent)
+    peak = 1e-3
+    assert lr_before < 0.9 * peak
+    assert first["lr"] == pytest.approx(lr_before, rel=0.1), (first["lr"], lr_before)
 
 
 def test_until_it_has_timed_a_step_a_budgeted_run_shows_the_steps_the_estimate_fits_not_max_iters(tmp_path):

@@ -96,6 +96,9 @@ def run(args) -> int:
     if len(set(names)) < len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise TaskError(f"two tasks are named {dup!r}; give one a name in its sidecar (name = \"...\")")
+    for t in tasks:
+        if t.note:
+            print(f"note: {t.name}: {t.note}", file=sys.stderr)
     template = None
     if any(t.shape == "chat" for t in tasks):
         from workbench.data.chat_templates import ChatTemplateError, run_template

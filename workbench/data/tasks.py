@@ -4,7 +4,9 @@ A task is a built-in name (:mod:`workbench.data.builtin_tasks`) or a JSONL file 
 or ``.xz``), one record a line, its shape detected from the first record's fields:
 
 - multiple choice, ``{"query"|"context"|"question": str, "choices": [str, ...], "gold"|"label"|"answer": i}``
-- HellaSwag's ``{"ctx", "endings", "label"}``
+- HellaSwag's ``{"ctx", "endings", "label"}``: with its real fields (``activity_label``, ``ctx_a``, ``ctx_b``)
+  preprocessed as lm-evaluation-harness's ``hellaswag`` task does (the activity label before the context, ``ctx_b``
+  capitalised, WikiHow's ``[title]``/``[step]`` markers taken out); without them, ``ctx`` and the endings as given
 - ARC's ``{"question", "choices": {"text": [...], "label": [...]}, "answerKey"}``, asked as lm-evaluation-
   harness asks it: ``"Question: {question}\\nAnswer:"``, each choice after a space
 - exact match, ``{"prompt": str, "answer": str | [str, ...]}`` (greedy decoding to a stop sequence)
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -68,6 +71,7 @@ class Task:
     max_new_tokens: int = 32           # gen
     shape: str = ""                    # how the records were read (for messages)
     description: str = ""
+    note: str = ""                     # how its scores differ from the reference's (said when it is scored)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -95,7 +99,8 @@ OPTIONS: dict[str, type] = {"name": str, "kind": str, "metric": str, "delimiter"
                             "max_new_tokens": int, "context_field": str, "choices_field": str, "gold_field": str,
                             "prompt_field": str, "answer_field": str}
 SHAPES = ('{"query"|"context"|"question", "choices": [...], "gold"|"label"|"answer": i}',
-          'HellaSwag {"ctx", "endings", "label"}', 'ARC {"question", "choices": {"text", "label"}, "answerKey"}',
+          'HellaSwag {"ctx", "endings", "label"} (or its "activity_label", "ctx_a", "ctx_b")',
+          'ARC {"question", "choices": {"text", "label"}, "answerKey"}',
           '{"prompt", "answer"}', 'chat {"messages": [..., assistant answer]}')
 
 
@@ -189,6 +194,7 @@ class _Shape:
     choices: str = ""
     gold: str = ""
     arc: bool = False
+    hellaswag: bool = False            # the real HellaSwag fields: lm-eval's preprocessing
 
     def item(self, rec: dict, n: int, where: str):
         def need(key: str, kinds: tuple[type, ...], what: str):
@@ -220,16 +226,16 @@ class _Shape:
                 raise TaskError(f"{where}, line {n}: answerKey {key!r} is not one of the labels "
                                 f"{', '.join(map(str, labels))}")
             context, choices, gold = f"Question: {q}\nAnswer:", texts, [str(x) for x in labels].index(str(key))
+        elif self.hellaswag:
+            label, a, b = (need(k, (str,), "a string") for k in ("activity_label", "ctx_a", "ctx_b"))
+            endings = need("endings", (list,), "a list of strings")
+            context = hellaswag_preprocess(label + ": " + a + " " + b.capitalize())
+            choices = [hellaswag_preprocess(e) if isinstance(e, str) else e for e in endings]
+            gold = self._gold(need(self.gold, (int, str), "the index of the right choice"), choices, n, where)
         else:
             context = need(self.context, (str,), "a string")
             choices = need(self.choices, (list,), "a list of strings")
-            g = need(self.gold, (int, str), "the index of the right choice")
-            if isinstance(g, str):
-                if not g.strip().isdigit():
-                    raise TaskError(f"{where}, line {n}: {self.gold!r} is {g!r}; it must be the index of the right "
-                                    f"choice (0 to {len(choices) - 1})")
-                g = int(g)
-            gold = g
+            gold = self._gold(need(self.gold, (int, str), "the index of the right choice"), choices, n, where)
         if len(choices) < 2 or not all(isinstance(c, str) for c in choices):
             raise TaskError(f"{where}, line {n}: a record needs at least two choices, each a string")
         if not 0 <= gold < len(choices):
@@ -239,6 +245,27 @@ class _Shape:
             raise TaskError(f"{where}, line {n}: all {len(choices)} choices are the same text, so no answer can be "
                             "told apart; fix or drop the record")
         return ChoiceItem(context, tuple(choices), gold, n)
+
+    def _gold(self, g: int | str, choices: list, n: int, where: str) -> int:
+        if isinstance(g, str):
+            if not g.strip().isdigit():
+                raise TaskError(f"{where}, line {n}: {self.gold!r} is {g!r}; it must be the index of the right "
+                                f"choice (0 to {len(choices) - 1})")
+            g = int(g)
+        return g
+
+
+def hellaswag_preprocess(text: str) -> str:
+    """lm-evaluation-harness's ``preprocess`` for HellaSwag (lm_eval/tasks/hellaswag/utils.py, 0.4.x): WikiHow's
+    bracketed markers out, `` [title]`` as the end of a sentence."""
+    text = text.strip()
+    text = text.replace(" [title]", ". ")
+    text = re.sub("\\[.*?\\]", "", text)
+    text = text.replace("  ", " ")
+    return text
+
+
+HELLASWAG_FIELDS = {"activity_label", "ctx_a", "ctx_b"}
 
 
 def _first(rec: dict, names: tuple[str, ...]) -> str | None:
@@ -257,8 +284,10 @@ def detect_shape(rec: dict, opts: dict[str, Any], path: Path) -> _Shape:
         context = mapped.get("context_field") or _first(rec, ("query", "context", "question", "ctx")) or "query"
         return _Shape("mapped", "mc", context, mapped.get("choices_field", "choices"),
                       mapped.get("gold_field") or _first(rec, ("gold", "label", "answer")) or "gold")
-    if {"ctx", "endings", "label"} <= rec.keys():
-        return _Shape("HellaSwag", "mc", "ctx", "endings", "label")
+    if {"ctx", "endings", "label"} <= rec.keys() or {"endings", "label"} | HELLASWAG_FIELDS <= rec.keys():
+        real = HELLASWAG_FIELDS <= rec.keys()
+        return _Shape("HellaSwag" if real else "HellaSwag (ctx as given)", "mc", "ctx", "endings", "label",
+                      hellaswag=real)
     if {"question", "answerKey"} <= rec.keys() and isinstance(rec.get("choices"), dict):
         return _Shape("ARC", "mc", arc=True)
     ctx, gold = _first(rec, ("query", "context", "question")), _first(rec, ("gold", "label", "answer"))
@@ -315,10 +344,13 @@ def read_task_file(path: Path, opts: dict[str, Any] | None = None, limit: int | 
     if shape is None:
         raise TaskError(f"{where} has no records; a task needs at least one JSON object a line")
     kind = shape.kind
-    metric = opts.get("metric", "acc_norm" if shape.name == "HellaSwag" else "acc")
+    metric = opts.get("metric", "acc_norm" if shape.name.startswith("HellaSwag") else "acc")
+    note = ("its records have no activity_label, ctx_a and ctx_b: ctx and the endings are scored as given, not as "
+            "lm-evaluation-harness's hellaswag task preprocesses them" if shape.name == "HellaSwag (ctx as given)"
+            else "")
     return Task(name=opts.get("name") or sidecar_path(path).stem, kind=kind, source=str(path), items=tuple(items),
                 metric=metric, delimiter=opts.get("delimiter", " "), until=tuple(opts.get("until", ["\n"])),
-                max_new_tokens=opts.get("max_new_tokens", 32), shape=shape.name)
+                max_new_tokens=opts.get("max_new_tokens", 32), shape=shape.name, note=note)
 
 
 def load_task(spec: str, opts: dict[str, Any] | None = None, limit: int | None = None) -> Task:
@@ -356,4 +388,4 @@ def absolute_task_spec(spec: str) -> str:
 
 
 __all__ = ["ChoiceItem", "GenItem", "OPTIONS", "Task", "TaskError", "absolute_task_spec", "expand_task_specs",
-           "load_task", "read_task_file", "sidecar_path", "task_options"]
+           "hellaswag_preprocess", "load_task", "read_task_file", "sidecar_path", "task_options"]

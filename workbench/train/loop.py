@@ -243,6 +243,7 @@ class Trainer:
         """What a checkpoint holds (on rank 0; collective), for the checkpointer to write."""
         if self.budget is not None:
             self.state.budget_spent = round(self.budget.spent(time.time()), 3)
+            self.state.budget_reserve = round(self.budget.reserve, 3)
         return stateful.state_dict(self.built, self.sampler, self.state, self.preset, self.dist,
                                    self.settings.parallel == "fsdp", self.elapsed())
 
