@@ -79,7 +79,7 @@ from workbench.machine.peaks import peak_flops
 from workbench.machine.probe import measured_peak, this_machine
 from workbench.plan.estimate import estimate_memory
 from workbench.plan.flops import matmul_params
-from workbench.plan.schedule import lr_factor
+from workbench.plan.horizon import Horizon
 from workbench.plan.settings import resolve_settings
 from workbench.train.build import build
 from workbench.train.dist import Dist
@@ -327,9 +327,10 @@ def build_workbench(spec: WbSpec, overrides: list[str], machine, cache: Path) ->
     b = build(p, s, dev, Dist(), cache)
     amp = autocast(s)
     t = p.train
+    horizon = Horizon.of(p)  # the trainer's schedule (the bench has no time budget)
 
     def step(batch, it, fetch):
-        b.optimizer.set_lr(lr_factor(it, p))
+        b.optimizer.set_lr(horizon.lr_factor(it))
         loss_sum = torch.zeros((), device=dev)
         x, y = batch
         with amp:

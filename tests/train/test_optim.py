@@ -15,7 +15,7 @@ from tests.support.runs import losses, read_jsonl
 from workbench import rundir
 from workbench.config import DataConfig, resolve_preset
 from workbench.data.tokens import WindowSampler, prepare_data
-from workbench.plan.schedule import decay_start, lr_at, lr_factor
+from workbench.plan.horizon import Horizon
 from workbench.train.model import GPT
 from workbench.train.optim import Muon, build_optimizer, is_hidden_matrix
 
@@ -60,19 +60,6 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     assert {g["base_lr"] for g in opt.parts["adamw"].param_groups} == {p.train.lr}
     opt.set_lr(0.5)
     assert {g["lr"] for g in opt.param_groups} == {p.train.muon_lr / 2, p.train.lr / 2}
-
-
-def test_schedules():
-    cos = resolve_preset("cpu-small", ["train.max_iters=1000", "train.warmup_iters=100", "train.schedule=cosine"])
-    wsd = resolve_preset("cpu-small", ["train.max_iters=1000", "train.warmup_iters=100", "train.schedule=wsd",
-                                       "train.decay_fraction=0.2"])
-    assert decay_start(wsd) == 800
-    t = wsd.train
-    assert lr_at(99, wsd) == pytest.approx(t.lr * 100 / 101) and lr_at(100, wsd) == lr_at(799, wsd) == t.lr
-    assert lr_at(899, wsd) == pytest.approx(t.lr - (t.lr - t.min_lr) * 100 / 200)
-    assert lr_at(999, wsd) == pytest.approx(t.min_lr)
-    assert all(lr_factor(s, wsd) >= lr_factor(s + 1, wsd) for s in range(100, 999))
-    assert lr_at(550, cos) == pytest.approx(cos.train.min_lr + 0.5 * (cos.train.lr - cos.train.min_lr))
 
 
 EXACT = tiny("train.max_iters=16", "train.ckpt_interval=5", "train.eval_interval=8", "model.dropout=0.1",
@@ -125,16 +112,16 @@ def test_extending_a_decayed_wsd_run_goes_on_from_its_decay_start_without_a_jump
     # decay start could not be found by its reason; CI, once)
     assert {c["step"]: c["reason"] for c in rundir.list_checkpoints(tmp_path / "w")}[start] == "best, decay start"
     cp = wb("resume", "w", "--runs-dir", root, "--more", "30", check=True)
-    assert "wsd schedule: going on from step 45, where the decay began" in cp.stdout
+    assert "wsd: it goes on from step 45, where the decay began" in cp.stdout
     child = losses(tmp_path / "w-from-45")
     assert sorted(child) == list(range(46, 91))
     # No jump: step 46's loss is that of step 45's weights on step 46's batch, in the parent as in the branch,
     # so it is the parent's to the bit (the learning rate only acts after it).
     assert child[46] == parent[46], (child[46], parent[46])
     # The stable phase goes on at the parent's stable learning rate, exactly, until the longer run's decay begins
-    # (a logged step s trained at lr_factor(s - 1)); the new decay ends at the parent's final learning rate.
+    # (a logged step s trained at the horizon's lr_factor(s - 1)); the new decay ends at the parent's final lr.
     lr_parent, lr_child = learning_rates(tmp_path / "w"), learning_rates(tmp_path / "w-from-45")
-    new_start = decay_start(resolve_preset(str(tmp_path / "w-from-45" / "preset.toml")))
+    new_start = Horizon.of(resolve_preset(str(tmp_path / "w-from-45" / "preset.toml"))).decay_start
     assert new_start == 68 and lr_parent[45] == max(lr_parent.values())  # 90 - round(0.25 x 90); the peak
     assert [lr_child[s] for s in range(46, new_start + 1)] == [lr_parent[45]] * (new_start - 45)
     assert lr_child[new_start + 1] < lr_parent[45] and lr_child[90] == lr_parent[60]

@@ -6,7 +6,6 @@ in steps; the estimate gives the steps that fit; a bad duration is one line."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import signal
@@ -21,9 +20,9 @@ from tests.support.runs import read_jsonl, records_since_last_start, wait_until
 from workbench import rundir
 from workbench.config import load_preset_file
 from workbench.plan.cost import budget_steps, tokens_per_s_from_flops
+from workbench.plan.horizon import Horizon, extension
 from workbench.plan.report import ASSUMED_EFFICIENCY
 from workbench.plan.run_plan import ResumeRequest, plan_resume
-from workbench.plan.schedule import extension_note, lr_at
 from workbench.train.budget import Budget
 
 BUDGET = 8.0
@@ -97,30 +96,10 @@ def test_the_doctor_counts_the_steps_the_budget_ran_not_the_presets_first_guess(
             assert not any("train.max_iters" in a for a in f["also"])            # a budget's steps follow the clock
 
 
-@pytest.mark.parametrize("schedule", ["wsd", "cosine"])
-def test_the_schedule_follows_the_share_of_the_budget_spent(schedule):
-    from workbench.config import resolve_preset
-    from workbench.plan.schedule import lr_factor
-    p = resolve_preset("cpu-small", [f"train.schedule={schedule}", "train.decay_fraction=0.25", "train.lr=1e-3",
-                                     "train.min_lr=1e-4", "train.warmup_iters=10"])
-    floor = 0.1
-    assert lr_factor(3, p, 0.5) == 4 / 11                                # warmup is counted in steps
-    # a warmup the budget cuts short (a slow or busy machine) yields to the decay: the run still ends at min_lr
-    assert lr_factor(3, p, 1.0) == pytest.approx(floor)
-    decaying = (1 - 0.5 * (1 - floor) if schedule == "wsd"
-                else floor + 0.5 * (1 + math.cos(math.pi * 0.875)) * (1 - floor))   # ~0.55 and ~0.17
-    assert lr_factor(8, p, 0.875) == pytest.approx(decaying) and decaying < 9 / 11
-    want = ({0.0: 1.0, 0.5: 1.0, 0.75: 1.0, 0.875: 1 - 0.5 * (1 - floor), 1.0: floor, 1.2: floor}
-            if schedule == "wsd" else {0.0: 1.0, 0.5: floor + 0.5 * (1 - floor), 1.0: floor, 1.2: floor})
-    for progress, factor in want.items():
-        assert lr_factor(5000, p, progress) == pytest.approx(factor, abs=1e-12), progress
-    assert lr_factor(5000, p) == pytest.approx(floor) != lr_factor(5000, p, 0.5)  # no budget: steps decide
-
-
 def test_more_steps_after_a_budget_are_counted_in_steps(budget_run):
     st = rundir.read_status(budget_run / "b")
     cp = wb("resume", "b", "--runs-dir", str(budget_run), "--more", "20", check=True)
-    assert "train.time_budget = 8s is spent: the 20 more steps are counted in steps" in cp.stdout + cp.stderr
+    assert "train.time_budget = 8s is spent, so the 20 more steps are counted in steps" in cp.stdout + cp.stderr
     # wsd: a new run goes on from where the decay began (the decayed one kept), its stable phase longer and a new
     # decay ending 20 steps after where the budget ended
     decay = next(c["step"] for c in rundir.list_checkpoints(budget_run / "b") if "decay start" in c["reason"])
@@ -137,22 +116,30 @@ def test_more_steps_after_a_budget_are_counted_in_steps(budget_run):
     assert sorted(lrs) == list(range(decay + 1, st.step + 21))
     p = load_preset_file(branch / "preset.toml")
     assert p.train.max_iters == st.step + 20 and p.train.schedule == "wsd"
+    h = Horizon.of(p)
     for step, lr in lrs.items():
-        assert lr == pytest.approx(lr_at(step - 1, p), rel=1e-9), step
+        assert lr == pytest.approx(h.lr_at(step - 1), rel=1e-9), step
     assert lrs[st.step + 20] == pytest.approx(1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 45 (one owner for a run's horizon): the Runs pane's '+ more steps' "
-                   "note (plan.schedule.extension_note) takes a budgeted wsd run's decay start from preset.toml's "
-                   "max_iters, a first guess, not from the step the budget recorded, which resume --more goes on from")
 def test_the_more_steps_note_names_the_step_resume_more_goes_on_from(budget_run):
-    """The "+" dialog's line for a finished budgeted wsd run says where `resume --more` will go on from."""
+    """The "+" dialog's line for a finished budgeted wsd run is the note `resume --more` gives, and says where it
+    goes on from: the decay start its budget recorded (the old note took it from preset.toml's max_iters, a first
+    guess, and named another step and a decayed learning rate)."""
+    from workbench.plan.run_plan import checkpoint_state
+    from workbench.tui.screens.more_steps import MoreStepsScreen
     st = rundir.read_status(budget_run / "b")
     decay = next(c["step"] for c in rundir.list_checkpoints(budget_run / "b") if "decay start" in c["reason"])
     plan = plan_resume(ResumeRequest("b", more=20), budget_run)
     assert plan.ckpt["step"] == decay
-    note = extension_note(load_preset_file(budget_run / "b" / "preset.toml"), st.step, 20)
-    assert f"it goes on from step {decay:,}, where the decay began" in note, note
+    latest = rundir.list_checkpoints(budget_run / "b")[-1]
+    assert latest["step"] == st.step
+    ext = extension(load_preset_file(budget_run / "b" / "preset.toml"), checkpoint_state(latest), st.step, 20)
+    assert ext.note in plan.notes and ext.from_step == decay and ext.end_step == st.step + 20
+    assert ext.note.startswith(f"wsd: it goes on from step {decay:,}, where the decay began"), ext.note
+    # the dialog itself (no app needed: its text is computed from the checkpoint the Runs pane hands it)
+    shown = MoreStepsScreen("b", load_preset_file(budget_run / "b" / "preset.toml"), latest).parse("20")
+    assert shown == (20, f"to step {st.step + 20:,}; {ext.note}; a new run goes on from its checkpoint there.")
 
 
 def test_kill_minus_nine_then_resume_goes_on_against_what_is_left(tmp_path):

@@ -2,7 +2,11 @@
 
 - ``settings``   every ``auto`` of a preset resolved once, on a given machine, into frozen RunSettings
 - ``flops``      parameter counts and FLOPs per token
+- ``activations`` what one block saves for backward (QK-norm, LoRA, packed rows)
 - ``estimate``   training memory by component (a frozen MemoryEstimate)
+- ``horizon``    where a run ends, a wsd decay's start and the learning rate at each step; ``resume --more``'s note
+- ``evals``      how many eval batches auto takes
+- ``finetune``   ``--init-from``: the fine-tune's preset, its link to the source weights, which method fits
 - ``cost``       run time, energy and cost
 - ``run_plan``   what will run: a new run's preset and a resume's, with every refusal
 - ``batch``      the micro-batch search and gradient-accumulation plan ``fit`` uses

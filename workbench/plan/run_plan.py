@@ -26,8 +26,8 @@ from workbench.config import (
 from workbench.data.tasks import absolute_task_spec, expand_task_specs, load_task
 from workbench.fs import read_json
 from workbench.plan.finetune import InitSource, init_preset, parse_init_from
+from workbench.plan.horizon import extension
 from workbench.plan.recommend import recommend_preset
-from workbench.plan.schedule import decay_start
 
 
 @dataclass(frozen=True)
@@ -137,11 +137,9 @@ def _latest_at_or_before(run_dir: Path, step: int, default: dict) -> dict:
     return next((c for c in reversed(rundir.list_checkpoints(run_dir)) if c["step"] <= step), default)
 
 
-def _budget_decay_step(ckpt: dict, default: int) -> int:
-    """Where a budgeted wsd run's decay began, as its checkpoint's trainer state recorded it (``default``: not
-    yet)."""
-    state = read_json(Path(ckpt["path"]) / "trainer_state.json") or {}
-    return int(state["decay_step"]) if state.get("decay_step") is not None else default
+def checkpoint_state(ckpt: dict) -> dict:
+    """A checkpoint's trainer state (``trainer_state.json``: where a budgeted run's horizon is kept), or {}."""
+    return read_json(Path(ckpt["path"]) / "trainer_state.json") or {}
 
 
 def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
@@ -159,16 +157,16 @@ def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
     notes: list[str] = []
     more_from = int(ckpt["step"])
     budgeted = bool(old.train.time_budget)
-    # a budgeted run's decay began where its clock said (its trainer state records the step), not at a step of the
-    # preset
-    start = _budget_decay_step(ckpt, more_from) if budgeted else decay_start(old)
-    if req.more and old.train.schedule == "wsd" and more_from > start:
-        # the stable phase continues, and a new decay ends the longer run (its first decay stays, in this run)
-        ckpt = _latest_at_or_before(run_dir, start, ckpt)
-        notes.append(f"wsd schedule: going on from step {ckpt['step']}, where the decay began, so the stable phase "
-                     f"continues and a new decay ends the run at step {more_from + req.more}")
-        if ckpt["step"] != start:
-            notes.append(f"note: no checkpoint at step {start}, where the decay began; going on from {ckpt['name']}")
+    ext = extension(old, checkpoint_state(ckpt), more_from, req.more) if req.more and req.more > 0 else None
+    if ext is not None:
+        notes.append(ext.note)  # the same line the TUI's "+ more steps" dialog shows (plan.horizon.extension)
+        if ext.from_step != more_from:
+            # wsd past its decay: the stable phase continues from the decay start, and a new decay ends the
+            # longer run (its first decay stays, in this run)
+            ckpt = _latest_at_or_before(run_dir, ext.from_step, ckpt)
+            if ckpt["step"] != ext.from_step:
+                notes.append(f"note: no checkpoint at step {ext.from_step}, where the decay began; going on from "
+                             f"{ckpt['name']}")
     branching = not rundir.is_latest_checkpoint(run_dir, ckpt)
     if not branching and rundir.RunLock(run_dir).held_by_other():
         raise being_trained(run_dir)
@@ -186,11 +184,9 @@ def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
             raise rundir.RunError(f"--more {req.more}: give the number of steps to add, at least 1")
         if "train.max_iters" in overridden_keys(overrides):
             raise rundir.RunError("give --more N or --set train.max_iters=M, not both")
-        overrides.append(f"train.max_iters={more_from + req.more}")
-        if budgeted:  # more steps, not more time: the extension is counted in steps
+        overrides.append(f"train.max_iters={ext.end_step}")
+        if budgeted:  # more steps, not more time: the extension is counted in steps (the note says so)
             overrides.append("train.time_budget=")
-            notes.append(f"train.time_budget = {old.train.time_budget} is spent: the {req.more:,} more steps are "
-                         "counted in steps (train.time_budget cleared)")
     data = apply_overrides(parse_toml(path.read_text(encoding="utf-8"), str(path)), overrides)
     p = preset_from_dict(data, str(path), name=data.get("name"), user_set=overridden_keys(overrides))
     diffs = model_differences(data.get("model", {}), ckpt.get("model") or {})

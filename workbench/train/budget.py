@@ -4,8 +4,9 @@ The clock of a process starts when its first steps are done (set-up, the step-0 
 out) and counts everything after it, evals and checkpoints included; training stops early enough for the last
 eval to end at the budget (``reserve``: that eval's time, as measured or estimated). A resumed run goes on from
 the budget its checkpoint had spent (the time between that checkpoint and a crash is spent again). The schedule
-follows the share of the budget spent (``plan.schedule.lr_factor``'s ``progress``), so it needs no step count;
-the step the budget will end at is re-estimated from this process's pace, for the progress bar and the log."""
+follows the share of the budget spent (the trainer hands it to its ``plan.horizon.Horizon``), so it needs no step
+count; the step the budget will end at is re-estimated from this process's pace and handed over the same way.
+This module keeps the clock alone; where the run ends and its learning rate are the horizon's."""
 
 from __future__ import annotations
 

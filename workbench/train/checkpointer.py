@@ -14,31 +14,28 @@ from typing import Any, Callable
 from workbench import rundir
 from workbench.config import Preset
 from workbench.faults import Faults
-from workbench.plan.schedule import decay_start
+from workbench.plan.horizon import Horizon
 from workbench.train.checkpoint import CheckpointError, apply_retention, save_checkpoint
 from workbench.train.reporter import Reporter
 
 
 class Checkpointer:
-    def __init__(self, run_dir: Path, preset: Preset, report: Reporter, faults: Faults):
+    def __init__(self, run_dir: Path, preset: Preset, report: Reporter, faults: Faults,
+                 horizon: Callable[[], Horizon]):
         self.run_dir, self.preset, self.report, self.faults = Path(run_dir), preset, report, faults
+        self.horizon = horizon      # the run's horizon as the trainer has it now (its end, a wsd decay start)
         self.seconds = 0.0          # time spent saving, in this process
         self.last_seconds = 0.0     # the last save's (a time budget keeps it for the run's final checkpoint)
-        # train.time_budget: the step the wsd decay began, known once the clock gets there (the trainer sets it)
-        self.budget_decay: int | None = None
 
     def decay_step(self) -> int | None:
         """A wsd schedule's decay start (where an extension goes on from), if there is one yet."""
-        t = self.preset.train
-        if t.schedule != "wsd":
-            return None
-        return self.budget_decay if t.time_budget else decay_start(self.preset)
+        return self.horizon().decay_start
 
     def due(self, step: int) -> str | None:
         """Why a checkpoint is due after ``step`` (its interval or the run's end; a wsd schedule's decay start,
         where an extension goes on from), or None."""
         t = self.preset.train
-        if step % t.ckpt_interval == 0 or step == t.max_iters:
+        if step % t.ckpt_interval == 0 or self.horizon().is_end(step):
             return "interval"
         if step == self.decay_step():
             return "decay start"

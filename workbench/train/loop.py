@@ -47,7 +47,7 @@ from workbench.machine.rates import Calibration
 from workbench.plan.cost import eval_seconds
 from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
-from workbench.plan.schedule import lr_factor
+from workbench.plan.horizon import Horizon
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.rundir import EvalRecord, TrainRecord
 from workbench.train import runtime, stateful
@@ -111,6 +111,7 @@ class Trainer:
         self.stop_agreed = False                    # ... by some rank (every rank stops at the same step)
         self.clean_exit = False
         self.budget: Budget | None = None           # train.time_budget
+        self.horizon: Horizon | None = None         # where the run ends and its learning rate (plan.horizon)
         self.calibration: Calibration | None = None  # the CPU's (or an unlisted GPU's) measured MFU peak
         self.eval_iters = 0                         # batches of train and of val an eval scores (plan.evals)
         self.eval_batches: EvalBatches | None = None  # those batches, drawn at the first eval and kept
@@ -188,8 +189,8 @@ class Trainer:
             init = self.dist.broadcast(load_init_weights(rd) if main else None)
         self.built = build(p, s, self.device, self.dist, rd / "cache" / "inductor", init)
         del init
-        self.checkpointer = Checkpointer(rd, p, self.report, self.faults)
-        self.tasks = TaskScorer(p.train, self.checkpointer.due)
+        self.checkpointer = Checkpointer(rd, p, self.report, self.faults, lambda: self.horizon)
+        self.tasks = TaskScorer(p.train, self.checkpointer.due, lambda step: self.horizon.is_end(step))
         if self.tasks.tasks and s.parallel == "fsdp":
             self.report.log("warning: train.eval_tasks are not scored in a sharded (FSDP) run; score its "
                             "checkpoints with `workbench eval`")
@@ -202,13 +203,15 @@ class Trainer:
         pending_rng = self.load_state_dict(ckpt) if ckpt else None
         if ckpt:
             self.elapsed_before = self.state.elapsed_s
+        guess = None
         if (seconds := budget_seconds(p.train.time_budget)) is not None:
             guess = first_guess(p, s, self.machine, seconds, self.state.budget_spent, self.state.step, self.eval_iters)
             self.budget = Budget(seconds, self.state.budget_spent, guess, time.time())
-            self.report.status(max_iters=guess)  # the end as estimated, until its steps are timed
-            self.checkpointer.budget_decay = self.state.decay_step
+        self.horizon = Horizon.from_state(p, ckpt.trainer_state if ckpt else None, guess)
+        if self.budget is not None:
             if self.budget.done(time.time()):
-                p.train.max_iters = self.state.step  # spent already: nothing left to train
+                self.horizon = self.horizon.ended_at(self.state.step)  # spent already: nothing left to train
+            self.report.status(max_iters=self.horizon.end_step)  # the end as estimated, until its steps are timed
         n_params = self.built.model.num_params()
         self.report.log(start_line(rd.name, p, s, self.device, self.dist.world, n_params, self.built.trainable,
                                    self.tokens_per_step, self.data.source, self.data.cached))
@@ -245,7 +248,7 @@ class Trainer:
             self.state.budget_spent = round(self.budget.spent(time.time()), 3)
             self.state.budget_reserve = round(self.budget.reserve, 3)
         return stateful.state_dict(self.built, self.sampler, self.state, self.preset, self.dist,
-                                   self.settings.parallel == "fsdp", self.elapsed())
+                                   self.settings.parallel == "fsdp", self.elapsed(), self.horizon.to_state())
 
     def load_state_dict(self, ck: Checkpoint) -> Callable[[], None]:
         """Continue from ``ck``; returns the RNGs' restore, to call once nothing else draws random numbers."""
@@ -277,7 +280,7 @@ class Trainer:
                             f"({ev.val_bpb:.3f} bits/byte)")
             self.maybe_score_tasks()
         self.throughput.reset()
-        while self.state.step < t.max_iters:
+        while not self.horizon.is_end(self.state.step):
             self.train_step()
             if self.budget is not None:
                 self.budget_tick()
@@ -295,7 +298,7 @@ class Trainer:
                 self.report.event("compile_done", self.state.step, seconds=round(now - self.started, 1),
                                   cache=runtime.compile_cache_counts())
                 self.report.status(compiling=False)
-            if self.state.step % t.log_interval == 0 or self.state.step == t.max_iters:
+            if self.state.step % t.log_interval == 0 or self.horizon.is_end(self.state.step):
                 r = self.skips.result  # this step's: settled above
                 self.log_step(r.lr, r.loss if r.finite else None, r.grad_norm, now)
             self.faults.after_step(self.state.step)
@@ -319,7 +322,7 @@ class Trainer:
         ``self.skips``); with the device check the GPU decides whether to apply the update, and the
         result is read a step later (or by ``self.skips.settle``), so the CPU never waits for the GPU here."""
         t, b, st = self.preset.train, self.built, self.state
-        factor = lr_factor(st.step, self.preset, self.budget.agreed if self.budget else None) * st.lr_scale
+        factor = self.horizon.lr_factor(st.step) * st.lr_scale
         b.optimizer.set_lr(factor)  # every group at the same share of its own peak
         lr = self.preset.train.lr * factor
         poison = self.faults.poison_step(st.step + 1)
@@ -384,24 +387,24 @@ class Trainer:
             self.skips.record(st.step, lr, loss_val, gn, finite)
 
     def budget_tick(self) -> None:
-        """After a step of a budgeted run: the step it ends at (train.max_iters) and, with wsd, where the decay
-        began (the budget says how much of it is spent, on rank 0's clock for every rank)."""
+        """After a step of a budgeted run: the budget's clock says how much of it is spent (on rank 0's clock for
+        every rank) and the step it now ends at; the horizon takes both (the next step's learning rate, and with
+        wsd where the decay began, which the checkpointer saves)."""
         t, st, b = self.preset.train, self.state, self.budget
-        t.max_iters = b.after_step(
+        end = b.after_step(
             st.step, time.time(), clock_runs=not self.settings.compile or self.compile_reported,
             eval_due=st.step % t.eval_interval == 0,
             eval_estimate=lambda rate: eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate),
             agree=self.dist.broadcast)
-        if t.schedule == "wsd" and st.decay_step is None and b.agreed >= 1.0 - t.decay_fraction:
-            st.decay_step = self.checkpointer.budget_decay = st.step  # saved here (Checkpointer.due)
+        self.horizon = self.horizon.after_step(st.step, end, b.agreed)
 
     def settle_due(self, step: int) -> bool:
         t = self.preset.train
-        return (step % t.log_interval == 0 or step >= t.max_iters or step % t.eval_interval == 0
+        return (step % t.log_interval == 0 or self.horizon.is_end(step) or step % t.eval_interval == 0
                 or self.checkpointer.due(step) is not None or self.stop_requested)
 
     def log_step(self, lr: float, loss: float | None, gn: float, now: float) -> None:
-        st, max_iters = self.state, self.preset.train.max_iters
+        st, max_iters = self.state, self.horizon.end_step
         tps = self.throughput.rate(now)
         mem, detail = runtime.memory_mb(self.device)
         # peak is one process's (one GPU, or the CPU share it measured); tps is global.
@@ -418,13 +421,13 @@ class Trainer:
         self.throughput.after_log(now)
 
     def budget_status(self, now: float) -> dict:
-        return self.budget.status(self.preset.train.max_iters, now) if self.budget is not None else {}
+        return self.budget.status(self.horizon.end_step, now) if self.budget is not None else {}
 
     def maybe_evaluate(self) -> tuple[bool, bool, bool]:
         """At an eval step: the losses, the best so far, a sample, a checkpoint if it is the best or
         due, early stopping. Returns (evaluated, saved, early stop)."""
         t, st = self.preset.train, self.state
-        if not (st.step % t.eval_interval == 0 or st.step == t.max_iters):
+        if not (st.step % t.eval_interval == 0 or self.horizon.is_end(st.step)):
             return False, False, False
         began = time.time()
         ev = self.evaluate()

@@ -48,7 +48,8 @@ class Skips:
             st.skipped_total += 1
             self.consecutive += 1
             self.report.event("nonfinite_skip", step, loss=loss if math.isfinite(loss) else None,
-                              grad_norm=grad_norm if math.isfinite(grad_norm) else None, consecutive=self.consecutive)
+                              grad_norm=grad_norm if math.isfinite(grad_norm) else None, consecutive=self.consecutive,
+                              lr=lr)
             self.report.log(f"step {step}: non-finite loss or gradient norm, update skipped "
                             f"({self.consecutive} in a row, {st.skipped_total} in all)")
             # kept even when a later finite step is read before the loop looks (device check)

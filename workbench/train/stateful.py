@@ -31,8 +31,9 @@ def model_checkpoint_state(model: torch.nn.Module, p: Preset) -> dict:
 
 
 def state_dict(built: Built, sampler: WindowSampler, st: TrainerState, p: Preset, dist: Dist, sharded: bool,
-               elapsed_s: float) -> dict[str, Any] | None:
-    """{"model", "state" (optimizer, scaler, RNGs), "trainer_state", "meta"} on rank 0, None elsewhere.
+               elapsed_s: float, horizon: dict[str, Any]) -> dict[str, Any] | None:
+    """{"model", "state" (optimizer, scaler, RNGs), "trainer_state", "meta"} on rank 0, None elsewhere
+    (``horizon``: the run's horizon's state, kept in the trainer state: ``Horizon.from_state`` reads it back).
     Collective: every rank's RNG state is gathered, and FSDP's shards onto rank 0's CPU."""
     rank_rng = dist.gather(torch_rng())
     if sharded:
@@ -50,7 +51,8 @@ def state_dict(built: Built, sampler: WindowSampler, st: TrainerState, p: Preset
     meta = {"tokens_seen": st.tokens_seen, "elapsed_s": round(elapsed_s, 2), "preset": p.name,
             "best_val_loss": st.best_val, "model": vars(p.model), "world_size": dist.world,
             "finetune": p.train.finetune}
-    return {"model": model_sd, "state": state, "trainer_state": dict(st.to_dict(), elapsed_s=elapsed_s), "meta": meta}
+    return {"model": model_sd, "state": state, "trainer_state": dict(st.to_dict(), elapsed_s=elapsed_s, **horizon),
+            "meta": meta}
 
 
 def load_state_dict(ck: Checkpoint, built: Built, sampler: WindowSampler, st: TrainerState, p: Preset, dist: Dist,

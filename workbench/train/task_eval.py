@@ -261,13 +261,13 @@ class TaskScorer:
     """``train.eval_tasks`` while training: when they are due (step 0, every ``train.task_eval_every`` steps or,
     with 0, each checkpoint interval, and the end) and their scores as task records with one log line."""
 
-    def __init__(self, t: TrainConfig, checkpoint_due: Callable[[int], str | None]):
-        self.t, self.checkpoint_due = t, checkpoint_due
+    def __init__(self, t: TrainConfig, checkpoint_due: Callable[[int], str | None], is_end: Callable[[int], bool]):
+        self.t, self.checkpoint_due, self.is_end = t, checkpoint_due, is_end
         self.tasks = load_eval_tasks(t)
 
     def due(self, step: int) -> bool:
         t = self.t
-        return bool(self.tasks) and (step == 0 or step == t.max_iters or (
+        return bool(self.tasks) and (step == 0 or self.is_end(step) or (
             step % t.task_eval_every == 0 if t.task_eval_every else self.checkpoint_due(step) is not None))
 
     def score(self, step: int, model: GPT, tok, device: torch.device, autocast: contextlib.AbstractContextManager,

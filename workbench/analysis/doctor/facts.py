@@ -111,8 +111,8 @@ class RunFacts(RunView):
                 self.peak_mem_mb = max(self.peak_mem_mb or 0.0, m)
             if (m := r.memory.get("mem_reserved_mb")) is not None:
                 self.peak_reserved_mb = max(self.peak_reserved_mb or 0.0, m)
-            self.grad_spikes.add(r.step, r.grad_norm)
-            self.loss_spikes.add(r.step, r.loss)
+            self.grad_spikes.add(r.step, r.grad_norm, r.lr)
+            self.loss_spikes.add(r.step, r.loss, r.lr)
         elif isinstance(r, EvalRecord):
             if r.val_loss is not None and r.train_loss is not None:
                 self.evals.append(r)

@@ -33,6 +33,7 @@ class Spike:
     step: int
     value: float
     median: float         # of the values just before it
+    lr: float | None = None  # the learning rate the trainer logged with it
 
     @property
     def ratio(self) -> float:
@@ -57,14 +58,14 @@ class SpikeFinder:
             return max(GRAD_SPIKE_FACTOR * median, median + MAD_SIGMAS * mad)
         return max(median * (1 + LOSS_SPIKE_FRACTION), median + MAD_SIGMAS * mad)
 
-    def add(self, step: int, value: float | None) -> None:
+    def add(self, step: int, value: float | None, lr: float | None = None) -> None:
         if value is None:
             return  # not finite: the non-finite guard reports it (an event of its own)
         if len(self.window) >= SPIKE_MIN_POINTS and step > self.after_step:
             median = statistics.median(self.window)
             mad = statistics.median(abs(v - median) for v in self.window)
             if value > self._bar(median, mad):
-                self.spikes.append(Spike(step, value, median))
+                self.spikes.append(Spike(step, value, median, lr))
                 return  # kept out of the window: a spike must not raise the bar for the next one
         self.window.append(value)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from workbench.analysis.doctor.facts import Context
 from workbench.analysis.doctor.finding import Finding, set_line
 from workbench.analysis.doctor.spikes import GRAD_SPIKE_FACTOR, LOSS_SPIKE_FRACTION, SPIKE_WINDOW, Spike
-from workbench.plan.schedule import lr_at
 
 # A learning-rate cut of this factor: what the trainer's own rollback does (train.loop.ROLLBACK_LR_FACTOR).
 LR_CUT = 0.5
@@ -63,8 +62,8 @@ def check(ctx: Context) -> list[Finding]:
             "unstable", "unstable.loss_spikes", "medium" if len(loss) >= SPIKES_MEDIUM else "low",
             f"the training loss jumped {_n(len(loss), 'time')} well above its recent trend",
             (f"steps (loss vs the median of up to {SPIKE_WINDOW} records before): {_steps(loss)}",
-             f"a jump is {LOSS_SPIKE_FRACTION:.0%} or more above that median; learning rate "
-             f"{lr_at(loss[0].step, f.preset):.3g} at step {loss[0].step}"),
+             f"a jump is {LOSS_SPIKE_FRACTION:.0%} or more above that median"
+             + (f"; learning rate {loss[0].lr:.3g} at step {loss[0].step} (as logged)" if loss[0].lr else "")),
             set_line(values), values, ctx.apply_command(values), step=loss[0].step,
             also=("bad data can do it too: `workbench data inspect CORPUS` shows the documents as the trainer "
                   "reads them",),
@@ -95,10 +94,11 @@ def _nonfinite(ctx: Context) -> Finding | None:
     values = _lr_change(ctx, first)
     steps = ", ".join(str(e.step) for e in skips[:SHOWN]) + (f", and {len(skips) - SHOWN} more"
                                                              if len(skips) > SHOWN else "")
+    lr = skips[0].get("lr") if skips else None  # as the trainer logged it (none in a run older than the field)
     evidence = [f"{_n(len(skips), 'step')} with a non-finite loss or gradient norm, update skipped"
                 + (f": {'steps' if len(skips) > 1 else 'step'} {steps}" if skips else ""),
-                f"learning rate {lr_at(first, f.preset):.3g} at step {first} (peak {f.preset.train.lr:.3g}, "
-                f"warmup {f.preset.train.warmup_iters} steps)"]
+                (f"learning rate {lr:.3g} at step {first}, as logged " if lr is not None else "")
+                + f"(peak {f.preset.train.lr:.3g}, warmup {f.preset.train.warmup_iters} steps)"]
     for r in rollbacks:
         evidence.append(f"rolled back from step {r.get('from_step')} to {r.get('to')}, learning rate "
                         f"x{float(r.get('lr_scale') or 1):g}")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from workbench.config import Preset
-from workbench.plan.schedule import extension_note
+from workbench.plan.horizon import extension
+from workbench.plan.run_plan import checkpoint_state
 from workbench.tui.screens.dialogs import InputScreen
 
 
@@ -15,10 +16,12 @@ class MoreStepsScreen(InputScreen):
     ok_label = "Continue"
     live = True
 
-    def __init__(self, run_id: str, preset: Preset, from_step: int):
+    def __init__(self, run_id: str, preset: Preset, ckpt: dict):
+        from_step = int(ckpt["step"])
         super().__init__(f"Continue [b]{run_id}[/b] from step {from_step:,} for how many more steps?",
-                         str(max(1, preset.train.max_iters // 2)), wide=True)
-        self.preset, self.from_step = preset, from_step
+                         str(max(1, from_step // 2)), wide=True)
+        # the checkpoint's trainer state: a budgeted run's horizon (where its decay began) is kept there
+        self.preset, self.from_step, self.state = preset, from_step, checkpoint_state(ckpt)
 
     def parse(self, text: str) -> tuple[int | None, str]:
         try:
@@ -27,5 +30,7 @@ class MoreStepsScreen(InputScreen):
             n = 0
         if n < 1:
             return None, "give a whole number of steps, at least 1"
-        return n, (f"to step {self.from_step + n:,}; {extension_note(self.preset, self.from_step, n)}. "
-                   "Recorded in the run's events as a change of train.max_iters.")
+        ext = extension(self.preset, self.state, self.from_step, n)  # what resume --more n does and says
+        where = ("a new run goes on from its checkpoint there" if ext.from_step != self.from_step else
+                 "recorded in the run's events as a change of train.max_iters")
+        return n, f"to step {ext.end_step:,}; {ext.note}; {where}."

@@ -324,7 +324,7 @@ class RunsPane(Vertical, Pane):
             if n:
                 self.post_message(ResumeRun(rid, "latest", more=n))
 
-        self.app.push_screen(MoreStepsScreen(rid, preset, int(s.checkpoints[-1]["step"])), answer)
+        self.app.push_screen(MoreStepsScreen(rid, preset, s.checkpoints[-1]), answer)
 
     def action_sample(self) -> None:
         if (rid := self._selected_run()):
