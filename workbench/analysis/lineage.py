@@ -21,7 +21,7 @@ from pathlib import Path
 
 from workbench.config import PresetError, parse_toml, preset_from_dict, preset_to_toml
 from workbench.fs import atomic_dir, write_atomic
-from workbench.rundir import INIT_DIR, TOKENIZER_FILES, RunError, ckpt_name, new_run_dir
+from workbench.rundir import INIT_DIR, RunError, ckpt_name, copy_tokenizer, new_run_dir
 
 
 def branch_name(run_dir: Path, step: int) -> str:
@@ -56,9 +56,7 @@ def branch(run_dir: Path, ckpt: dict, root: Path, name: str | None = None,
     try:
         (child / "checkpoints").mkdir()
         _link_tree(Path(ckpt["path"]), child / "checkpoints" / ckpt_name(int(ckpt["step"])))
-        for name in TOKENIZER_FILES:
-            if (run_dir / name).exists():
-                write_atomic(child / name, (run_dir / name).read_bytes())
+        copy_tokenizer(run_dir, child)
         if (run_dir / INIT_DIR).is_dir():
             _link_tree(run_dir / INIT_DIR, child / INIT_DIR)
         write_atomic(child / "preset.toml", preset_to_toml(preset))

@@ -11,7 +11,7 @@ from workbench.commands import launch
 from workbench.commands.common import TerminalProgress, add_corpus_option, add_init_from_option, add_set_option
 from workbench.config import preset_to_toml
 from workbench.data.chat_data import corpus_is_chat
-from workbench.data.tokens import open_data_corpus, prepare_data
+from workbench.data.tokens import check_chat_template, open_data_corpus, prepare_data
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
 from workbench.plan.finetune import link_init
@@ -70,7 +70,9 @@ def run(args) -> int:
     # first records are checked here.
     corpus = open_data_corpus(p.data)
     if args.detach:
-        if not corpus_is_chat(p.data, corpus):  # (a chat file's first record was read to tell)
+        if corpus_is_chat(p.data, corpus):  # (its first record was read to tell): the template it renders through
+            check_chat_template(p.data, p.model.vocab_size, p.train.loss_on)
+        else:
             corpus.check_first_records()
     else:
         progress = TerminalProgress()

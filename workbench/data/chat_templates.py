@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Iterable
 
 from workbench.errors import WorkbenchError
+from workbench.rundir import CHAT_TEMPLATE_FILE
+from workbench.rundir import TEMPLATES_DIR as ADDITIONAL_TEMPLATES_DIR
 
 # workbench's own template, for a model trained from scratch with workbench's tokenizer: ChatML, no default
 # system prompt, no BOS. The tokenizer must reserve CHATML_PIECES (each one id, never produced by text).
@@ -41,8 +43,6 @@ CHATML_TEMPLATE = (
     "{{- '<|im_start|>assistant\\n' }}\n"
     "{%- endif %}\n"
 )
-CHAT_TEMPLATE_FILE = "chat_template.jinja"   # where transformers 5 saves a model's template
-ADDITIONAL_TEMPLATES_DIR = "additional_chat_templates"   # ... and its other named ones (NAME.jinja)
 PROCESSOR_TEMPLATE_FILE = "chat_template.json"          # older processors' {"chat_template": ...}
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # The named special tokens apply_chat_template passes to a template (transformers' SPECIAL_TOKENS_ATTRIBUTES).
