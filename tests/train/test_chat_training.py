@@ -223,6 +223,25 @@ def test_text_data_with_loss_on_is_one_line(tmp_path):
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+@pytest.mark.parametrize("detach", [False, True])
+def test_loss_on_for_a_corpus_read_as_text_is_one_line(tmp_path, detach):
+    """data.format = auto took the file as text (its records are not conversations): the loss on the answers
+    asked for would fall on every token, so the start is refused, naming what a conversation record looks like."""
+    import inspect
+    import textwrap
+    paragraphs = [p for m in (json.decoder, textwrap, inspect) for p in inspect.getsource(m).split("\n\n") if p]
+    path = write_jsonl(tmp_path / "notes.jsonl", [{"text": p} for p in paragraphs])
+    cp = wb("train", "cpu-small", "--corpus", str(path), "--runs-dir", str(tmp_path / "runs"),
+            *(["--detach"] if detach else []), "--set", *CHAT, "train.max_iters=4", "train.loss_on=assistant")
+    assert cp.returncode == 2, (cp.stdout, cp.stderr)
+    [line] = cp.stderr.strip().splitlines()
+    assert line == (f"workbench: error: train.loss_on = assistant applies to chat data, but {path} was read as "
+                    "text (data.format = auto: its first record is not a conversation); give records of "
+                    "messages, conversations, instruction/output or prompt/completion, or leave train.loss_on "
+                    "out to train every token of the text")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
 # ----------------------------------------------------------------------------- the CLI around it
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from workbench import rundir
 from workbench.analysis.history import measured_in
 from workbench.commands import launch
 from workbench.commands.common import TerminalProgress, add_corpus_option, add_init_from_option, add_set_option
-from workbench.config import preset_to_toml
-from workbench.data.chat_data import corpus_is_chat
+from workbench.config import overridden_keys, preset_to_toml
+from workbench.data.chat_data import check_loss_on, corpus_is_chat
 from workbench.data.tokens import check_chat_template, open_data_corpus, prepare_data
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
@@ -69,6 +69,7 @@ def run(args) -> int:
     # prepares them itself (its status and the TUI show the progress), so only the listing and the
     # first records are checked here.
     corpus = open_data_corpus(p.data)
+    check_loss_on(p.data, corpus, p.train.loss_on if "train.loss_on" in overridden_keys(overrides) else None)
     if args.detach:
         if corpus_is_chat(p.data, corpus):  # (its first record was read to tell): the template it renders through
             check_chat_template(p.data, p.model.vocab_size, p.train.loss_on)

@@ -101,6 +101,17 @@ def packed_rows(cfg: DataConfig) -> bool:
     return _PACKED[key]
 
 
+def check_loss_on(cfg: DataConfig, corpus: Corpus, asked: str | None) -> None:
+    """``train.loss_on``, when the user asked for a value (``asked``), needs conversations: a corpus that
+    data.format = auto reads as text would train every token without a word, so it is refused (data.format =
+    text is refused with the preset)."""
+    if asked is not None and cfg.format == "auto" and not corpus_is_chat(cfg, corpus):
+        raise DataError(f"train.loss_on = {asked} applies to chat data, but {corpus.description} was read as text "
+                        "(data.format = auto: its first record is not a conversation); give records of messages, "
+                        "conversations, instruction/output or prompt/completion, or leave train.loss_on out to "
+                        "train every token of the text")
+
+
 def chat_options(cfg: DataConfig) -> ChatOptions:
     return ChatOptions(cfg.messages_field, chat_role_map(cfg.chat_roles), cfg.skip_bad_records)
 
