@@ -242,6 +242,20 @@ def test_loss_on_for_a_corpus_read_as_text_is_one_line(tmp_path, detach):
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+def test_every_conversation_dropped_as_overlong_is_one_line(chat_file, tmp_path):
+    """data.overlong = "drop" with a model.seq_len no conversation fits: bad input, refused before a run directory
+    exists (exit 2), with the seq_len that would keep some. (Detached, the trainer encodes the conversations: the
+    run fails at its start with the same line, which the TUI shows.)"""
+    cp = wb("train", "cpu-small", "--corpus", str(chat_file), "--runs-dir", str(tmp_path / "runs"), "--set", *CHAT,
+            "model.seq_len=8", "data.overlong=drop", "train.max_iters=4")
+    assert cp.returncode == 2, (cp.stdout, cp.stderr)
+    [line] = cp.stderr.strip().splitlines()
+    assert line == ('workbench: error: every train conversation (380) is longer than model.seq_len = 8 and '
+                    'data.overlong = "drop" dropped them all; raise model.seq_len (the shortest needs 29) or set '
+                    'data.overlong = "truncate"')
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
 # ----------------------------------------------------------------------------- the CLI around it
 
 @pytest.fixture(scope="module")

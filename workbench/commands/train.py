@@ -78,10 +78,13 @@ def run(args) -> int:
     else:
         progress = TerminalProgress()
         try:
-            prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True),
-                         progress=progress, loss_on=p.train.loss_on)  # --init-from: with the source's tokenizer
+            data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True),
+                                progress=progress, loss_on=p.train.loss_on)  # --init-from: the source's tokenizer
         finally:
             progress.close()
+        if data.format == "chat":  # conversations that fill no row (all dropped as overlong) are bad input too
+            for part in ("train", "val"):
+                data.rows(part, p.model.seq_len, p.data.packing, p.data.overlong)
     run_dir = rundir.new_run_dir(root, p.name, args.name)
     try:
         if src is not None:  # the weights it starts from, before preset.toml makes it a run
