@@ -31,8 +31,9 @@ def register(sub) -> None:
     add_init_from_option(p)
     add_set_option(p)
     p.add_argument("--time-budget", metavar="DURATION", default=None,
-                   help="train for this long (45m, 2h, 1h30m) instead of max_iters: the schedule follows the clock "
-                        "and the run ends at the budget with a checkpoint (train.time_budget)")
+                   help="train for this long (45m, 2h, 1h30m, 90s; a bare number is minutes) instead of "
+                        "max_iters: the schedule follows the clock and the run ends at the budget with a checkpoint "
+                        "(train.time_budget)")
     p.add_argument("--detach", action="store_true", help="start in the background and print the run id")
     p.add_argument("--yes", action="store_true",
                    help="start even when the estimate says the run will not fit this machine's memory")
