@@ -185,3 +185,30 @@ def test_a_run_that_gains_its_template_opens_in_chat_mode(young_chat_run, seen_b
             await pilot.pause()
             assert pane.chat_mode
     run(go())
+
+
+def test_escape_leaves_the_message_box_so_digits_switch_tabs(young_chat_run):
+    """In the message box digits are text (a message may hold numbers); escape leaves it (the footer says so),
+    and then 1-6 switch tabs again."""
+    root, template, text = young_chat_run
+    template.write_bytes(text)
+
+    async def go():
+        app = make_app(root)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: app.summaries, what="the run list")
+            await pilot.press("5")
+            pane = app.query_one("#sample-pane")
+            await wait_for(pilot, lambda: pane.chat_mode, what="chat mode")
+            box = app.query_one("#smp-message", Input)
+            box.focus()
+            await pilot.press("1", "2")
+            assert box.value == "12" and app.query_one("#tabs").active == "sample"
+            keys = {b.binding.key: b.binding.description for b in app.active_bindings.values() if b.enabled}
+            assert keys.get("escape") == "Leave the box", keys
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not box.has_focus
+            await pilot.press("1")
+            await wait_for(pilot, lambda: app.query_one("#tabs").active == "hardware", what="the Hardware tab")
+    run(go())

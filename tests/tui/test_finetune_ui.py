@@ -69,6 +69,19 @@ def test_the_runs_detail_names_the_source_model(runs_dir):
     run(go())
 
 
+def test_the_runs_footer_offers_fine_tune(runs_dir):
+    """t (fine-tune from the run) is in the Runs pane's footer, beside the pane's other keys, in 80 columns."""
+    async def go():
+        app = make_app(runs_dir, initial_tab="runs")
+        async with app.run_test(size=(80, 24)) as pilot:
+            table = app.query_one("#runs-table", DataTable)
+            await wait_for(pilot, lambda: table.row_count == 3)
+            shown = {b.binding.key: b.binding.description for b in app.active_bindings.values()
+                     if b.enabled and b.binding.show}
+            assert shown.get("t") == "Tune", shown  # (that all of them fit 80 columns: the snapshot test)
+    run(go())
+
+
 def test_fine_tune_a_checkpoint_from_the_runs_pane(runs_dir, monkeypatch):
     """t on a run opens the new-run form starting from its latest checkpoint; the form checks the request as
     `train --init-from` would (the model is the source's) and starts it with LoRA."""

@@ -91,6 +91,8 @@ class SamplePane(Vertical, Pane):
         Binding("ctrl+k", "cancel", "Stop sampling", show=False),
         Binding("ctrl+r", "reset_chat", "Reset chat"),
         Binding("ctrl+t", "toggle_chat", "Chat / text"),
+        # in a box, digits are text (a message may hold numbers); escape leaves it, and 1-6 switch tabs again
+        Binding("escape", "leave_box", "Leave the box"),
     ]
 
     def __init__(self, runs_dir: Path, **kw):
@@ -144,7 +146,13 @@ class SamplePane(Vertical, Pane):
             return self.chat_run
         if action == "reset_chat":
             return self.chat_mode
+        if action == "leave_box":
+            return isinstance(self.app.focused, Input)
         return True
+
+    def action_leave_box(self) -> None:
+        """Leave the text box for the run choice, where the app's keys (1-6, q) work again."""
+        self.focus_main()
 
     def on_unmount(self) -> None:
         self.action_cancel()
