@@ -83,8 +83,10 @@ def test_the_runs_footer_offers_fine_tune(runs_dir):
 
 
 def test_fine_tune_a_checkpoint_from_the_runs_pane(runs_dir, monkeypatch):
-    """t on a run opens the new-run form starting from its latest checkpoint; the form checks the request as
-    `train --init-from` would (the model is the source's) and starts it with LoRA."""
+    """t on a run opens the new-run form starting from its latest checkpoint, with the method `estimate
+    --init-from` recommends (full, where it fits: it adapts every weight); the form checks the request as
+    `train --init-from` would (the model is the source's) and starts it with LoRA once the user chooses LoRA (the
+    recommendation does not undo a choice)."""
     add_imported_run(runs_dir)
     requests: list[RunRequest] = []
     monkeypatch.setattr(launcher, "start_run", lambda root, req, timeout=120: requests.append(req) or "tuned")
@@ -99,7 +101,12 @@ def test_fine_tune_a_checkpoint_from_the_runs_pane(runs_dir, monkeypatch):
             await wait_for(pilot, lambda: app.screen.__class__.__name__ == "NewRunScreen", what="the form")
             screen = app.screen
             assert screen.query_one("#nr-init", Input).value == "smol:0"
-            assert screen.query_one("#nr-finetune", Select).value == "lora"
+            await wait_for(pilot, lambda: "recommended" in text_of(screen.query_one("#nr-estimate")),
+                           what="the method recommended")
+            assert screen.query_one("#nr-finetune", Select).value == "full"
+            assert "method: train.finetune=full recommended: full fine-tuning fits: it adapts every weight" \
+                in text_of(screen.query_one("#nr-estimate"))
+            screen.query_one("#nr-finetune", Select).value = "lora"
             screen.query_one("#nr-preset", Select).value = "cpu-small"
             screen.query_one("#nr-overrides", Input).value = "model.n_layers=3"  # disagrees with the source
             await pilot.press("ctrl+s")
@@ -107,6 +114,8 @@ def test_fine_tune_a_checkpoint_from_the_runs_pane(runs_dir, monkeypatch):
                            in text_of(screen.query_one("#nr-error")), what="the refusal")
             screen.query_one("#nr-overrides", Input).value = "train.max_iters=500"
             await wait_for(pilot, lambda: "fits" in text_of(screen.query_one("#nr-estimate")), what="the estimate")
+            await pilot.pause(0.5)  # (the estimate again after the last edit: the choice stands)
+            assert screen.query_one("#nr-finetune", Select).value == "lora"
             await pilot.press("ctrl+s")
             await wait_for(pilot, lambda: requests, what="the start")
             req = requests[0]

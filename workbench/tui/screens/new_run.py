@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 from rich.text import Text
-from textual import work
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -20,6 +20,7 @@ from workbench.config import (
 )
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
+from workbench.plan.finetune import compare_methods, method_overrides
 from workbench.plan.report import fit_check
 from workbench.plan.run_plan import plan_new_run
 from workbench.rundir import runs_root, sanitize_run_name
@@ -75,6 +76,16 @@ def preview_text(out: dict) -> Text:
     return t
 
 
+def recommended_method(req: RunRequest, machine_info: dict | None, runs_dir: Path | None) -> tuple[str | None, str]:
+    """The fine-tuning method `workbench estimate --init-from` recommends for ``req`` (full, lora, lora+ac: the
+    first that fits) and why; (None, why) when none fits or the request cannot be estimated."""
+    try:
+        mt = compare_methods(request_preset(req, runs_dir), Machine.from_info(machine_info or detect()))
+    except (WorkbenchError, OSError):
+        return None, ""
+    return mt["recommended"], mt["why"]
+
+
 def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | None) -> tuple[bool | None, str]:
     """(fits, what to show) for the run ``req`` describes on this machine: memory and time, by estimate."""
     try:
@@ -103,6 +114,7 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
         self.runs_dir = runs_dir
         self.fits: bool | None = None
         self._timer = None
+        self.method_chosen = False  # the user chose full or LoRA: the recommendation no longer sets it
 
     def compose(self) -> ComposeResult:
         names = sorted(preset_paths())
@@ -145,9 +157,29 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
     def show_estimate(self) -> None:
         if not self.is_attached or not self.query("#nr-estimate"):  # dismissed meanwhile
             return
+        advice = self._recommend_method()
         self.fits, text = estimate_text(self.request(), self.machine_info, self.runs_dir)
         style = {True: "green", False: "bold red"}.get(self.fits, "dim")
-        self.query_one("#nr-estimate", Static).update(Text(text, style=style))
+        self.query_one("#nr-estimate", Static).update(Text(text + advice, style=style))
+
+    def _recommend_method(self) -> str:
+        """A fine-tune: the method `estimate --init-from` recommends chosen (until the user chooses one), and a
+        line saying which and why."""
+        req = self.request()
+        if not req.init_from:
+            return ""
+        rec, why = recommended_method(req, self.machine_info, self.runs_dir)
+        if rec is None:
+            return f"\nmethod: {why}" if why else ""
+        if not self.method_chosen:
+            with self.prevent(Select.Changed):
+                self.query_one("#nr-finetune", Select).value = "full" if rec == "full" else "lora"
+        extra = " (with --set hardware.activation_checkpointing=true)" if rec == "lora+ac" else ""
+        return f"\nmethod: {' '.join(method_overrides(rec))} recommended{extra}: {why}"
+
+    @on(Select.Changed, "#nr-finetune")
+    def _method_chosen(self) -> None:
+        self.method_chosen = True
 
     def _estimate_soon(self) -> None:
         if self._timer is not None:
