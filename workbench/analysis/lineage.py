@@ -16,6 +16,7 @@ Readers follow a run's ancestors to draw it as one line (``lineage``). Torch-fre
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -25,7 +26,16 @@ from workbench.rundir import INIT_DIR, RunError, ckpt_name, copy_tokenizer, new_
 
 
 def branch_name(run_dir: Path, step: int) -> str:
-    return f"{Path(run_dir).name}-from-{step}"
+    """``<run>-from-<step>``. A branch of a branch named so keeps the first run's name (``p-from-40`` at 55 is
+    ``p-from-55``, at 40 again ``p-from-40-2`` once that exists), never ``p-from-40-from-40``: its [parent]
+    records where it came from. A branch the user named keeps that name."""
+    name = Path(run_dir).name
+    if parent_of(run_dir) is not None and (m := _BRANCH_NAME.fullmatch(name)):
+        name = m.group(1)
+    return f"{name}-from-{step}"
+
+
+_BRANCH_NAME = re.compile(r"(.+?)-from-\d+(?:-\d+)?")
 
 
 def _link_tree(src: Path, dst: Path) -> None:
