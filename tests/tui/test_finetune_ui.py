@@ -82,6 +82,25 @@ def test_the_runs_footer_offers_fine_tune(runs_dir):
     run(go())
 
 
+def test_the_runs_table_is_newest_first_imported_runs_and_branches_too(runs_dir):
+    """Newest first by when each run was made: an imported model (no start time: it never trained) and its LoRA run,
+    made after the canned runs, come first, not last."""
+    import os
+    add_imported_run(runs_dir)
+    now = 1_700_000_000.0 + 10_000   # after the canned runs' starts (T0 + 0..200)
+    os.utime(runs_dir / "smol" / "preset.toml", (now, now))
+    os.utime(runs_dir / "tuned" / "preset.toml", (now + 60, now + 60))
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="runs")
+        async with app.run_test(size=(160, 48)) as pilot:
+            table = app.query_one("#runs-table", DataTable)
+            await wait_for(pilot, lambda: table.row_count == 5)
+            order = [str(table.coordinate_to_cell_key((i, 0)).row_key.value) for i in range(table.row_count)]
+            assert order == ["tuned", "smol", "gamma", "beta", "alpha"], order
+    run(go())
+
+
 def test_fine_tune_a_checkpoint_from_the_runs_pane(runs_dir, monkeypatch):
     """t on a run opens the new-run form starting from its latest checkpoint, with the method `estimate
     --init-from` recommends (full, where it fits: it adapts every weight); the form checks the request as

@@ -168,8 +168,8 @@ class WorkbenchApp(App[int]):
                 runs.append(summarize_run(p))
             except Exception:
                 continue
-        # newest first: started time, else the directory name
-        runs.sort(key=lambda s: (s.started or 0, s.id), reverse=True)
+        # newest first: when each was made (an imported model and a branch too, which have no start time)
+        runs.sort(key=lambda s: (s.created, s.id), reverse=True)
         self.post_message(RunsListed(runs))
 
     def on_runs_listed(self, msg: RunsListed) -> None:
