@@ -336,6 +336,23 @@ def test_data_inspect_chat_marks_the_trained_tokens(chat_file, chat_run):
     assert allj["trained_fraction"] == 1.0 and allj["shown"][0]["trained_spans"][0][0] > 0
 
 
+def test_data_inspect_of_a_small_chat_file_without_a_tokenizer_shows_it_by_characters(tmp_path):
+    """30 conversations are too few to fit the preset's 8,192-piece tokenizer: inspect still shows each one through
+    the template with the trained characters marked (the mask comes from the rendering), and says how to see the
+    tokens (--init-from, or a vocabulary the file can fit)."""
+    path = write_jsonl(tmp_path / "small.jsonl", conversations(30, seed=1))
+    cp = wb("data", "inspect", str(path), "-n", "2", env={"WORKBENCH_CACHE_DIR": str(tmp_path / "cache")})
+    assert cp.returncode == 0, cp.stderr
+    first = conversations(30, seed=1)[0]["messages"]
+    user = next(m["content"] for m in first if m["role"] == "user")
+    assert f"<|im_start|>user\n{user}<|im_end|>" in cp.stdout
+    assert f"<|im_start|>assistant\n[[{first[-1]['content']}<|im_end|>]]" in cp.stdout
+    assert "--- conversation 2 " in cp.stdout and "--- conversation 3 " not in cp.stdout
+    note = next(ln for ln in cp.stdout.splitlines() if "too small" in ln)
+    assert "--init-from RUN" in note and "--set model.vocab_size=625" in note, note
+    assert not (tmp_path / "runs").exists()
+
+
 def test_data_commands_init_from_use_that_runs_tokenizer_as_train_does(chat_file, text_run, tmp_path):
     """`data prepare|inspect --init-from RUN` prepare what `train --init-from RUN` will train on: the run's
     tokenizer (the run plan's data.tokenizer), not a new one; with --vocab-size it is one line."""
