@@ -351,6 +351,12 @@ def test_data_inspect_of_a_small_chat_file_without_a_tokenizer_shows_it_by_chara
     note = next(ln for ln in cp.stdout.splitlines() if "too small" in ln)
     assert "--init-from RUN" in note and "--set model.vocab_size=625" in note, note
     assert not (tmp_path / "runs").exists()
+    # the new-run form's ctrl+d shows the same (data inspect --json)
+    from workbench.tui.screens.new_run import preview_text
+    out = json.loads(wb("data", "inspect", str(path), "-n", "1", "--json",
+                        env={"WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}, check=True).stdout)
+    shown = preview_text(out).plain
+    assert "shown by characters" in shown and f"{first[-1]['content']}<|im_end|>" in shown
 
 
 def test_data_commands_init_from_use_that_runs_tokenizer_as_train_does(chat_file, text_run, tmp_path):

@@ -55,7 +55,9 @@ def preview_text(out: dict) -> Text:
     """``data inspect --json`` as the form shows it: a conversation's trained text in bold green, a
     document's first lines."""
     t = Text()
-    if out.get("format") == "chat":
+    if out.get("format") == "chat" and out.get("tokenizer", "") is None:  # shown by characters: no tokenizer fits
+        t.append(f"template {out['template']}; loss on {out['loss_on']} (bold green); {out['note']}", style="dim")
+    elif out.get("format") == "chat":
         over = out["truncated"] + out["dropped"]
         t.append(f"{out['conversations']:,} conversations; template {out['template']}; loss on {out['loss_on']}: "
                  f"{out['trained_fraction']:.1%} of tokens (bold green); rows {out['row_fill']:.0%} filled"
