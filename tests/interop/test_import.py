@@ -262,3 +262,17 @@ def test_an_imported_template_goes_out_with_export(template, tmp_path, hf_models
     theirs = transformers.AutoTokenizer.from_pretrained(d)
     exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert exported.apply_chat_template(CHAT, tokenize=False) == theirs.apply_chat_template(CHAT, tokenize=False)
+
+
+def test_a_named_template_whose_name_is_a_path_is_left_out_and_said(tmp_path, hf_models, hf_tokenizer_dir, capsys):
+    """A template is data: a name like ../x never becomes a path outside the run."""
+    d = build_chat_model(tmp_path / "m", hf_models["llama-gqa-tied"], hf_tokenizer_dir, "config")
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": CHAT_TEMPLATE},
+                               {"name": "../../escaped", "template": TOOL_TEMPLATE}]
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    rc, out, err = cli(capsys, "import", str(d), "--name", "m", "--runs-dir", str(tmp_path / "runs"))
+    assert rc == 0, err
+    assert "left out the chat template named '../../escaped': its name cannot be a file name" in out
+    assert not list(tmp_path.rglob("escaped*")) and not (tmp_path / "runs" / "m" / "additional_chat_templates").exists()
+    assert (tmp_path / "runs" / "m" / "chat_template.jinja").read_text(encoding="utf-8") == CHAT_TEMPLATE

@@ -221,14 +221,17 @@ def read_tokenizer(model_dir: Path, hf: dict, vocab_size: int) -> HFTokenizer:
 _TEMPLATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
-def read_templates(model_dir: Path) -> ModelTemplates:
+def read_templates(model_dir: Path, log=print) -> ModelTemplates:
     """The model's chat templates in whichever form it holds them (chat_template.jinja, tokenizer_config.json's
     chat_template as a string or named templates, chat_template.json); a named one whose name is not a plain
-    file name is left out."""
+    file name is left out, and said so."""
     try:
         found = model_templates(model_dir)
     except ChatTemplateError as e:
         raise ImportModelError(str(e)) from None
+    for name, _t in found.others:
+        if not _TEMPLATE_NAME.fullmatch(name):
+            log(f"left out the chat template named {name!r}: its name cannot be a file name")
     return ModelTemplates(found.default, found.source,
                           tuple((n, t) for n, t in found.others if _TEMPLATE_NAME.fullmatch(n)))
 
@@ -256,7 +259,7 @@ class Imported:
     templates: ModelTemplates
 
 
-def plan_import(model_dir: Path, seq_len: int | None = None
+def plan_import(model_dir: Path, seq_len: int | None = None, log=print
                 ) -> tuple[Preset, WeightFiles, HFTokenizer, ModelTemplates]:
     """Everything checked, nothing written: the run's preset, its weight files, its tokenizer and chat
     templates."""
@@ -278,13 +281,13 @@ def plan_import(model_dir: Path, seq_len: int | None = None
     w = weight_files(d)
     check_tensors(w, preset.model)
     tok = read_tokenizer(d, hf, preset.model.vocab_size)
-    return preset, w, tok, read_templates(d)
+    return preset, w, tok, read_templates(d, log)
 
 
 def import_model(model_dir: Path, root: Path, name: str | None = None, seq_len: int | None = None,
                  log=print) -> Imported:
     t0 = time.time()
-    preset, w, tok, templates = plan_import(model_dir, seq_len)
+    preset, w, tok, templates = plan_import(model_dir, seq_len, log)
     run_dir = rundir.new_run_dir(root, preset.name, name)
     preset.data.tokenizer = str(run_dir / tok.FILE)
     try:
