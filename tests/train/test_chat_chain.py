@@ -54,6 +54,15 @@ def test_a_chain_of_chat_fine_tunes_keeps_the_template(hf_chat_model, chats, tmp
         assert run_template(root / run).text == CHATML_TEMPLATE, run
     chat = wb("chat", "sft4", "--runs-dir", str(root), "--message", "Sort: 3 1 2", "--max-new-tokens", "4")
     assert chat.returncode == 0, chat.stderr
+    # the imported base is scored on a chat task through its own template: the fine-tune's card has a Δ from it
+    task = write_jsonl(tmp_path / "held-out.jsonl", conversations(5, seed=99))
+    for run in ("base", "sft1"):
+        cp = wb("eval", run, "--task", str(task), "--runs-dir", str(root), "--json")
+        assert cp.returncode == 0, cp.stderr
+    card = wb("eval", "sft1", "--task", str(task), "--runs-dir", str(root), check=True).stdout
+    head = card.index("Δ source base@0")
+    row = next(ln for ln in card[head:].splitlines() if ln.strip().startswith("held-out"))  # the card's row
+    assert not row.rstrip().endswith("—"), card
 
 
 @pytest.mark.parametrize("detach", [False, True])
