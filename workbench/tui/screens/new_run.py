@@ -16,8 +16,11 @@ from textual.widgets import Button, Input, Label, Select, Static
 from workbench.analysis.history import measured_in
 from workbench.config import (
     Preset,
+    overridden_keys,
     preset_paths,
 )
+from workbench.data.chat_data import check_loss_on
+from workbench.data.tokens import open_data_corpus
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
 from workbench.plan.finetune import compare_methods, method_overrides
@@ -37,11 +40,15 @@ def request_preset(req: RunRequest, runs_dir: Path | None = None) -> Preset:
 
 
 def check_request(req: RunRequest, runs_dir: Path | None = None) -> str | None:
-    """What is wrong with ``req`` (preset, overrides, run name, the checkpoint to start from), or None."""
+    """What is wrong with ``req`` (preset, overrides, run name, the checkpoint to start from, the corpus as
+    `workbench train` lists it before a run exists), or None: shown in the form, which stays open."""
     try:
-        request_preset(req, runs_dir)
+        p = request_preset(req, runs_dir)
         if req.name:
             sanitize_run_name(req.name)
+        corpus = open_data_corpus(p.data)
+        asked = "train.loss_on" in overridden_keys(list(req.new_run().overrides))
+        check_loss_on(p.data, corpus, p.train.loss_on if asked else None)
     except (WorkbenchError, OSError) as e:
         return str(e)
     return None
