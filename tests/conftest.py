@@ -153,3 +153,12 @@ def lora_run(imported, ft_corpus) -> LoraRun:
     assert rc == 0
     run_dir = imported / "lora"
     return LoraRun(imported, run_dir, kept["sd"], (run_dir / "train.log").read_text())
+
+
+@pytest.fixture(scope="session")
+def hf_chat_model(tmp_path_factory, hf_models, hf_tokenizer_dir) -> Path:
+    """A tiny Llama with a ChatML template, saved by transformers 5's save_pretrained (chat_template.jinja), as an
+    instruct model is downloaded."""
+    from tests.support.hf import build_chat_model
+    return build_chat_model(tmp_path_factory.mktemp("hf-chat") / "tiny-chat", hf_models["llama-gqa-tied"],
+                            hf_tokenizer_dir)

@@ -107,3 +107,19 @@ def test_a_crash_after_the_last_checkpoint_leaves_one_timeline_to_readers(tmp_pa
     csv = wb("metrics", "k", "--csv", "--runs-dir", str(root), check=True).stdout.splitlines()
     steps = [int(line.split(",")[1]) for line in csv[1:] if line.startswith("train,")]
     assert steps == list(range(1, 41))
+
+
+def test_a_branch_of_a_branch_keeps_the_first_runs_name(tmp_path):
+    """p at 40 is p-from-40; that branch at its step 40 again is p-from-40-2, at 40 of p's lineage, never
+    p-from-40-from-40 (its [parent] says where it came from); a branch named by the user keeps its name."""
+    from workbench.analysis.lineage import branch
+    parent = _finished_run(tmp_path)
+    at40 = rundir.select_checkpoint(parent, "40")
+    first = branch(parent, at40, tmp_path)
+    assert first.name == "p-from-40"
+    again = branch(first, rundir.select_checkpoint(first, "40"), tmp_path)
+    assert again.name == "p-from-40-2"
+    third = branch(again, rundir.select_checkpoint(again, "40"), tmp_path)
+    assert third.name == "p-from-40-3" and lineage(tmp_path, "p-from-40-3")[0] == ("p", 40)
+    mine = branch(parent, at40, tmp_path, name="mine")
+    assert branch(mine, rundir.select_checkpoint(mine, "40"), tmp_path).name == "mine-from-40"

@@ -450,10 +450,30 @@ def test_eval_share_thresholds_are_a_tenth_and_a_quarter_of_the_wall_clock(tmp_p
 
 
 @pytest.mark.parametrize("factor, fires", [(0.9, False), (1.1, True)])
-def test_eval_share_is_judged_after_a_minute(tmp_path, factor, fires):
-    # EVAL_SHARE_MIN_SECONDS = 60 of the run's wall-clock
-    d = write_run(tmp_path, "ev", events=[_eval_time(60.0 * factor, 0.5)])
+def test_eval_share_of_a_live_run_is_judged_after_a_minute(tmp_path, factor, fires):
+    # EVAL_SHARE_MIN_SECONDS = 60 of the run's wall-clock, while it runs (its step-0 eval weighs more than it will)
+    d = write_run(tmp_path, "ev", state="running", events=[_eval_time(60.0 * factor, 0.5)])
     assert ("slow.eval_share" in found_codes(d)) == fires
+
+
+def test_a_finished_run_is_judged_whatever_its_length(tmp_path):
+    """A run that ended in under a minute with half its time in evals: that was its whole time."""
+    d = write_run(tmp_path, "ev", events=[_eval_time(30.0, 0.5)])
+    assert "slow.eval_share" in found_codes(d)
+
+
+def test_evals_that_are_most_of_a_short_budgeted_run_are_a_finding(tmp_path):
+    """A 60 s budget that took 118 s beside a busy CPU, 59 % of it in its step-0 and last evals (issue 43): it ran
+    fewer steps than one eval interval and its eval batches were auto, so neither a longer interval nor auto helps;
+    fewer eval batches do, and a longer budget spreads the two evals over more training."""
+    d = write_run(tmp_path, "b", ["train.eval_interval=200", "train.time_budget=60s"], steps=30,
+                  evals=[(0, 6.0, 6.05), (30, 4.0, 4.05)], start={"eval_iters": 8},
+                  events=[{"event": "finish", "step": 30, "elapsed_s": 118.0, "eval_s": 0.59 * 118.0, "ckpt_s": 1.0}])
+    f = found_codes(d).get("slow.eval_share")
+    assert f is not None, "no finding"
+    assert f.severity == "medium" and f.title == "59 % of the run's time goes to evals"
+    assert f.set == {"train.eval_iters": 1} and "1 batch of train and of val instead of 8" in f.change
+    assert any("longer" in a and "time_budget" in a for a in f.also), f.also
 
 
 def test_eval_share_suggests_auto_eval_batches_where_they_are_fewer(tmp_path):

@@ -71,7 +71,7 @@ CASES = {
                             "--set 'train.lrr=1e-3': unknown key train.lrr (did you mean 'lr'?)"),
     "missing_corpus": Case(["train", "cpu-small", "--corpus", "nope.txt", *T],
                            "nope.txt' does not exist; give a text file, a directory of text files, "
-                           "or --corpus builtin"),
+                           "or builtin (the built-in corpus)"),
     "empty_corpus": Case(["train", "cpu-small", "--corpus", "empty.txt", *T],
                          "empty.txt' is empty", _write("empty.txt", "")),
     "binary_corpus": Case(["train", "cpu-small", "--corpus", "bins", *T],

@@ -167,3 +167,14 @@ def test_a_missing_task_file_or_run_says_so(run, tmp_path):
     assert cp.returncode == 2 and f"task {tmp_path / 'nope.jsonl'} does not exist" in cp.stderr
     cp = wb("eval", "r", "--runs-dir", str(run.parent))
     assert cp.returncode == 2 and "give --task" in cp.stderr
+
+
+def test_eval_help_describes_the_task_file_formats():
+    """`eval --help` is where a user looks for what a task file holds: each shape the reader detects, the sidecar,
+    and the chat records; kept line for line as written (not re-wrapped into one paragraph)."""
+    out = wb("eval", "--help", check=True).stdout
+    for shape in ('{"query"|"context"|"question", "choices": [...], "gold"|"label"|"answer": i}',
+                  '{"ctx", "endings", "label"}', '"answerKey"', '{"prompt", "answer"}',
+                  '{"messages": [..., {"role": "assistant", "content": ANSWER}]}', "qa.jsonl -> qa.toml"):
+        assert shape in out, shape
+    assert "\ntask files (JSONL, plain, .gz, .zst or .xz; one record a line; the shape from the first):\n" in out

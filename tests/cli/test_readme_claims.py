@@ -104,7 +104,8 @@ def _gate(cp: subprocess.CompletedProcess, refused: bool, root: Path) -> None:
         assert REFUSED.fullmatch(cp.stderr.strip()), cp.stderr
     else:  # let through: the next step, the corpus, is what stops it
         assert cp.stderr.strip() == (f"workbench: error: corpus '{root / 'missing.txt'}' does not exist; give a "
-                                     "text file, a directory of text files, or --corpus builtin"), cp.stderr
+                                     "text file, a directory of text files, or builtin (the built-in corpus)"), \
+            cp.stderr
     assert not (root / "big").exists()
 
 

@@ -12,10 +12,22 @@ import pytest
 import torch
 
 from tests.support.cli import wb
-from tests.support.hf import KINDS, VOCAB, build_hf_model, cli, transformers
+from tests.support.hf import (
+    CHAT_TEMPLATE,
+    KINDS,
+    TEMPLATE_FORMS,
+    TOOL_TEMPLATE,
+    VOCAB,
+    build_chat_model,
+    build_hf_model,
+    chat_tokenizer,
+    cli,
+    transformers,
+)
 from tests.support.runs import tree
 from workbench import rundir
 from workbench.config import load_preset_file
+from workbench.data.chat_templates import ChatTemplateError, run_template
 from workbench.data.tokenizer import HFTokenizer, load_tokenizer
 from workbench.train.checkpoint import load_run_model
 
@@ -200,3 +212,67 @@ def test_untied_checkpoint_with_unexpected_tensors_is_refused(tmp_path, hf_token
     save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
     rc, _out, err = cli(capsys, "import", str(d), "--runs-dir", str(tmp_path / "runs"))
     assert rc == 2 and "this architecture does not have: model.layers.0.self_attn.o_proj.bias" in err
+
+
+# ----------------------------------------------------------------------------- the chat template
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Italy?"}]
+
+
+@pytest.mark.parametrize("form", TEMPLATE_FORMS)
+def test_import_carries_the_chat_template_in_every_form(form, tmp_path, hf_models, hf_tokenizer_dir, capsys):
+    """transformers 5 saves a template only to chat_template.jinja; older files hold it in tokenizer_config.json
+    (a string, or named templates) or chat_template.json. The run has it as chat_template.jinja, the other named
+    templates beside it, and renders a conversation as transformers does."""
+    d = build_chat_model(tmp_path / form, hf_models["llama-gqa-tied"], hf_tokenizer_dir, form)
+    rc, out, err = cli(capsys, "import", str(d), "--name", "m", "--runs-dir", str(tmp_path / "runs"))
+    assert rc == 0, err
+    run = tmp_path / "runs" / "m"
+    assert (run / "chat_template.jinja").read_text(encoding="utf-8") == CHAT_TEMPLATE
+    named = form.endswith("-named")
+    assert sorted(p.name for p in (run / "additional_chat_templates").glob("*")) == (["tool_use.jinja"] if named
+                                                                                     else [])
+    if named:
+        assert (run / "additional_chat_templates" / "tool_use.jinja").read_text(encoding="utf-8") == TOOL_TEMPLATE
+    assert "chat template: chat_template.jinja" in out
+    ref = chat_tokenizer(hf_tokenizer_dir)
+    for prompt in (True, False):
+        want = ref.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=prompt)
+        assert run_template(run).render(CHAT, add_generation_prompt=prompt) == want
+    assert want.startswith("<|endoftext|><|im_start|>system")  # the tokenizer's BOS reached the template
+
+
+def test_import_of_a_model_without_a_template_has_none(imported):
+    assert not (imported / "llama-gqa-tied" / "chat_template.jinja").exists()
+    with pytest.raises(ChatTemplateError, match="has no chat_template.jinja"):
+        run_template(imported / "llama-gqa-tied")
+
+
+@pytest.mark.parametrize("template", ["chatml", "unmaskable"])
+def test_an_imported_template_goes_out_with_export(template, tmp_path, hf_models, hf_tokenizer_dir, capsys):
+    """Import then export --format hf: transformers renders the exported model's conversations as the original's.
+    A template workbench could not train through (its generation prompt adds nothing) travels as it came."""
+    d = build_chat_model(tmp_path / "m", hf_models["llama-gqa-tied"], hf_tokenizer_dir)
+    if template == "unmaskable":
+        (d / "chat_template.jinja").write_text(TOOL_TEMPLATE, encoding="utf-8")
+    assert cli(capsys, "import", str(d), "--name", "m", "--runs-dir", str(tmp_path / "runs"))[0] == 0
+    rc, _out, err = cli(capsys, "export", "m", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"))
+    assert rc == 0, err
+    theirs = transformers.AutoTokenizer.from_pretrained(d)
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert exported.apply_chat_template(CHAT, tokenize=False) == theirs.apply_chat_template(CHAT, tokenize=False)
+
+
+def test_a_named_template_whose_name_is_a_path_is_left_out_and_said(tmp_path, hf_models, hf_tokenizer_dir, capsys):
+    """A template is data: a name like ../x never becomes a path outside the run."""
+    d = build_chat_model(tmp_path / "m", hf_models["llama-gqa-tied"], hf_tokenizer_dir, "config")
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": CHAT_TEMPLATE},
+                               {"name": "../../escaped", "template": TOOL_TEMPLATE}]
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    rc, out, err = cli(capsys, "import", str(d), "--name", "m", "--runs-dir", str(tmp_path / "runs"))
+    assert rc == 0, err
+    assert "left out the chat template named '../../escaped': its name cannot be a file name" in out
+    assert not list(tmp_path.rglob("escaped*")) and not (tmp_path / "runs" / "m" / "additional_chat_templates").exists()
+    assert (tmp_path / "runs" / "m" / "chat_template.jinja").read_text(encoding="utf-8") == CHAT_TEMPLATE

@@ -70,3 +70,46 @@ def build_hf_model(out: Path, kind: str, tokenizer_dir: Path, seed: int = 0) -> 
     model.save_pretrained(out)
     transformers.AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
     return out
+
+
+# A ChatML template as instruct models ship it, with the tokenizer's BOS first (so it is told apart from
+# workbench's built-in ChatML, and the tokenizer's named tokens are seen to reach it).
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TOOL_TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}<|im_end|>{% endfor %}"
+# The forms a model directory carries its chat template in: transformers 5's save_pretrained (chat_template.jinja,
+# named ones in additional_chat_templates/), its save_jinja_files=False (tokenizer_config.json: a string, or a list
+# of {name, template}), and older processors' chat_template.json.
+TEMPLATE_FORMS = ("jinja", "jinja-named", "config", "config-named", "processor")
+
+
+def chat_tokenizer(tokenizer_dir: Path, template: str | dict | None = CHAT_TEMPLATE):
+    """The test tokenizer with ChatML's end-of-turn token added as a special token (401 ids) and ``template``."""
+    from tokenizers import AddedToken
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok.add_tokens([AddedToken("<|im_end|>", special=True, normalized=False)], special_tokens=True)
+    tok.chat_template = template
+    return tok
+
+
+def build_chat_model(out: Path, model_dir: Path, tokenizer_dir: Path, form: str = "jinja") -> Path:
+    """``model_dir``'s weights with the chat tokenizer, its template saved in ``form`` (TEMPLATE_FORMS)."""
+    import shutil
+    shutil.copytree(model_dir, out)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        (out / f).unlink(missing_ok=True)
+    named = {"default": CHAT_TEMPLATE, "tool_use": TOOL_TEMPLATE}
+    if form == "jinja":
+        chat_tokenizer(tokenizer_dir).save_pretrained(out)
+    elif form == "jinja-named":
+        chat_tokenizer(tokenizer_dir, named).save_pretrained(out)
+    elif form == "config":
+        chat_tokenizer(tokenizer_dir).save_pretrained(out, save_jinja_files=False)
+    elif form == "config-named":
+        chat_tokenizer(tokenizer_dir, named).save_pretrained(out, save_jinja_files=False)
+    elif form == "processor":
+        chat_tokenizer(tokenizer_dir, None).save_pretrained(out)
+        (out / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}), encoding="utf-8")
+    else:
+        raise ValueError(form)
+    return out

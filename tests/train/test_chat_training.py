@@ -327,6 +327,39 @@ def test_an_xz_sharegpt_file_with_its_own_role_names_reads_as_the_openai_one(cha
     assert cp.returncode == 2 and "share.jsonl.xz, line 1" in cp.stderr and "data.chat_roles" in cp.stderr
 
 
+@pytest.mark.parametrize("detach", [False, True])
+def test_loss_on_for_a_corpus_read_as_text_is_one_line(tmp_path, detach):
+    """data.format = auto took the file as text (its records are not conversations): the loss on the answers
+    asked for would fall on every token, so the start is refused, naming what a conversation record looks like."""
+    import inspect
+    import textwrap
+    paragraphs = [p for m in (json.decoder, textwrap, inspect) for p in inspect.getsource(m).split("\n\n") if p]
+    path = write_jsonl(tmp_path / "notes.jsonl", [{"text": p} for p in paragraphs])
+    cp = wb("train", "cpu-small", "--corpus", str(path), "--runs-dir", str(tmp_path / "runs"),
+            *(["--detach"] if detach else []), "--set", *CHAT, "train.max_iters=4", "train.loss_on=assistant")
+    assert cp.returncode == 2, (cp.stdout, cp.stderr)
+    [line] = cp.stderr.strip().splitlines()
+    assert line == (f"workbench: error: train.loss_on = assistant applies to chat data, but {path} was read as "
+                    "text (data.format = auto: its first record is not a conversation); give records of "
+                    "messages, conversations, instruction/output or prompt/completion, or leave train.loss_on "
+                    "out to train every token of the text")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_every_conversation_dropped_as_overlong_is_one_line(chat_file, tmp_path):
+    """data.overlong = "drop" with a model.seq_len no conversation fits: bad input, refused before a run directory
+    exists (exit 2), with the seq_len that would keep some. (Detached, the trainer encodes the conversations: the
+    run fails at its start with the same line, which the TUI shows.)"""
+    cp = wb("train", "cpu-small", "--corpus", str(chat_file), "--runs-dir", str(tmp_path / "runs"), "--set", *CHAT,
+            "model.seq_len=8", "data.overlong=drop", "train.max_iters=4")
+    assert cp.returncode == 2, (cp.stdout, cp.stderr)
+    [line] = cp.stderr.strip().splitlines()
+    assert line == ('workbench: error: every train conversation (380) is longer than model.seq_len = 8 and '
+                    'data.overlong = "drop" dropped them all; raise model.seq_len (the shortest needs 29) or set '
+                    'data.overlong = "truncate"')
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
 # ----------------------------------------------------------------------------- the CLI around it
 
 @pytest.fixture(scope="module")
@@ -405,6 +438,29 @@ def test_data_inspect_chat_marks_the_trained_tokens(chat_file, chat_run):
     allj = json.loads(wb("data", "inspect", str(chat_file), "-n", "1", "--json", "--set", *CHAT[1:],
                          "train.loss_on=all", check=True).stdout)
     assert allj["trained_fraction"] == 1.0 and allj["shown"][0]["trained_spans"][0][0] > 0
+
+
+def test_data_inspect_of_a_small_chat_file_without_a_tokenizer_shows_it_by_characters(tmp_path):
+    """30 conversations are too few to fit the preset's 8,192-piece tokenizer: inspect still shows each one through
+    the template with the trained characters marked (the mask comes from the rendering), and says how to see the
+    tokens (--init-from, or a vocabulary the file can fit)."""
+    path = write_jsonl(tmp_path / "small.jsonl", conversations(30, seed=1))
+    cp = wb("data", "inspect", str(path), "-n", "2", env={"WORKBENCH_CACHE_DIR": str(tmp_path / "cache")})
+    assert cp.returncode == 0, cp.stderr
+    first = conversations(30, seed=1)[0]["messages"]
+    user = next(m["content"] for m in first if m["role"] == "user")
+    assert f"<|im_start|>user\n{user}<|im_end|>" in cp.stdout
+    assert f"<|im_start|>assistant\n[[{first[-1]['content']}<|im_end|>]]" in cp.stdout
+    assert "--- conversation 2 " in cp.stdout and "--- conversation 3 " not in cp.stdout
+    note = next(ln for ln in cp.stdout.splitlines() if "too small" in ln)
+    assert "--init-from RUN" in note and "--set model.vocab_size=625" in note, note
+    assert not (tmp_path / "runs").exists()
+    # the new-run form's ctrl+d shows the same (data inspect --json)
+    from workbench.tui.screens.new_run import preview_text
+    out = json.loads(wb("data", "inspect", str(path), "-n", "1", "--json",
+                        env={"WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}, check=True).stdout)
+    shown = preview_text(out).plain
+    assert "shown by characters" in shown and f"{first[-1]['content']}<|im_end|>" in shown
 
 
 def test_data_commands_init_from_use_that_runs_tokenizer_as_train_does(chat_file, text_run, tmp_path):

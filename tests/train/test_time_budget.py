@@ -303,3 +303,19 @@ def test_a_bad_budget_is_one_line(tmp_path, value, why):
     assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [
         f"workbench: error: {REPO / 'presets' / 'cpu-small.toml'}: train.time_budget = {value!r} {why}"]
     assert list(tmp_path.iterdir()) == []                               # nothing written
+
+
+def test_a_bare_number_is_minutes_wherever_it_is_typed(tmp_path):
+    """`--time-budget 45` (the number reaches the preset as a TOML number), --set train.time_budget=45 and
+    time_budget = 45 in a preset file: 45 minutes, as "45" always was."""
+    est = json.loads(wb("estimate", "cpu-small", "--tokens-per-s", "5000", "--json", "--set", "train.time_budget=45",
+                        check=True).stdout)
+    assert est["time"]["budget_s"] == 2700
+    preset = tmp_path / "mine.toml"
+    preset.write_text((REPO / "presets" / "cpu-small.toml").read_text().replace("[train]", "[train]\ntime_budget = 45"))
+    est = json.loads(wb("estimate", str(preset), "--tokens-per-s", "5000", "--json", check=True).stdout)
+    assert est["time"]["budget_s"] == 2700
+    cp = wb("train", "cpu-small", "--runs-dir", str(tmp_path / "runs"), "--name", "n", "--time-budget", "0.05",
+            "--set", *TINY, "train.eval_interval=1000")
+    assert cp.returncode == 0, cp.stderr
+    assert "time budget 3s:" in (tmp_path / "runs" / "n" / "train.log").read_text()

@@ -135,3 +135,80 @@ def test_a_text_run_keeps_text_sampling(runs_dir):
             await pilot.press("ctrl+t")  # no chat mode to switch to
             assert not pane.chat_mode
     run(go())
+
+
+@pytest.fixture(scope="module")
+def young_chat_run(tmp_path_factory):
+    """A finished tiny chat run (4 steps), copied into a runs directory without its chat_template.jinja: the run
+    as the pane first lists it, before the trainer's start has written the template."""
+    import shutil
+    trained = tmp_path_factory.mktemp("chat-trained")
+    corpus = write_jsonl(trained / "chat.jsonl", conversations(100, seed=2))
+    wb("train", "cpu-small", "--corpus", str(corpus), "--runs-dir", str(trained), "--name", "sft", "--set", *TINY,
+       "model.seq_len=64", "model.vocab_size=400", "train.max_iters=4", "train.eval_interval=4",
+       "train.ckpt_interval=4", check=True)
+    root = tmp_path_factory.mktemp("chat-young")
+    shutil.copytree(trained / "sft", root / "sft")
+    template = root / "sft" / "chat_template.jinja"
+    return root, template, template.read_bytes()
+
+
+@pytest.mark.parametrize("seen_by", ["tab", "listing"])
+def test_a_run_that_gains_its_template_opens_in_chat_mode(young_chat_run, seen_by):
+    """The pane chose the run when it started (its template not written yet); once the run has it, showing the
+    Sample tab again, or the next listing of the runs while the tab is shown, opens chat mode, and ctrl+t
+    switches to text and back."""
+    root, template, text = young_chat_run
+    template.unlink(missing_ok=True)
+
+    async def go():
+        app = make_app(root)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: app.summaries, what="the run list")
+            await pilot.press("5")
+            pane = app.query_one("#sample-pane")
+            await wait_for(pilot, lambda: pane.run_id == "sft", what="run sft chosen")
+            assert not pane.chat_mode and shown(app, "#smp-prompt")
+            template.write_bytes(text)          # the trainer's start writes it
+            if seen_by == "tab":
+                await pilot.press("1")
+                await pilot.press("5")
+            else:
+                app.action_refresh_runs()
+            await wait_for(pilot, lambda: pane.chat_mode, what="chat mode")
+            assert pane.chat_run
+            assert shown(app, "#smp-message") and not shown(app, "#smp-prompt")
+            await pilot.press("ctrl+t")
+            await pilot.pause()
+            assert not pane.chat_mode and shown(app, "#smp-prompt")
+            await pilot.press("ctrl+t")
+            await pilot.pause()
+            assert pane.chat_mode
+    run(go())
+
+
+def test_escape_leaves_the_message_box_so_digits_switch_tabs(young_chat_run):
+    """In the message box digits are text (a message may hold numbers); escape leaves it (the footer says so),
+    and then 1-6 switch tabs again."""
+    root, template, text = young_chat_run
+    template.write_bytes(text)
+
+    async def go():
+        app = make_app(root)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: app.summaries, what="the run list")
+            await pilot.press("5")
+            pane = app.query_one("#sample-pane")
+            await wait_for(pilot, lambda: pane.chat_mode, what="chat mode")
+            box = app.query_one("#smp-message", Input)
+            box.focus()
+            await pilot.press("1", "2")
+            assert box.value == "12" and app.query_one("#tabs").active == "sample"
+            keys = {b.binding.key: b.binding.description for b in app.active_bindings.values() if b.enabled}
+            assert keys.get("escape") == "Leave the box", keys
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not box.has_focus
+            await pilot.press("1")
+            await wait_for(pilot, lambda: app.query_one("#tabs").active == "hardware", what="the Hardware tab")
+    run(go())

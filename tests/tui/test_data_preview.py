@@ -60,20 +60,28 @@ def test_the_form_previews_what_the_loss_is_on(runs_dir, tmp_path):
             await wait_for(pilot, lambda: shown(preview, "loss on all: 100.0% of tokens"), timeout=120,
                            what=lambda: f"the loss-on-all preview ({text_of(preview)!r})")
             assert "loss on all: 100.0% of tokens" in text_of(preview), text_of(preview)
-            # a text corpus: its first documents, nothing marked
+            # a text corpus with train.loss_on set: refused in the form, as `workbench train` refuses it
             form.query_one("#nr-corpus", Input).value = "builtin"
+            await pilot.pause()
+            await pilot.press("ctrl+d")
+            await wait_for(pilot, lambda: "applies to chat data, but builtin ("
+                           in text_of(form.query_one("#nr-error")), what="the refusal")
+            # a text corpus: its first documents, nothing marked
+            form.query_one("#nr-overrides", Input).value = sets
             await pilot.pause()
             await pilot.press("ctrl+d")
             await wait_for(pilot, lambda: shown(preview, "--- document 2 ---"), timeout=120,
                            what=lambda: f"the text preview ({text_of(preview)!r})")
             assert "--- document 2 ---" in text_of(preview), text_of(preview)
             assert not [s for s, style in styled_runs(preview) if style == "bold green"]
-            # a bad corpus: one line, in the preview
+            # a missing corpus: one line in the form (checked before any preview or start; the form stays open)
             form.query_one("#nr-corpus", Input).value = str(tmp_path / "missing.jsonl")
             await pilot.pause()
             await pilot.press("ctrl+d")
-            await wait_for(pilot, lambda: text_of(preview).startswith("preview: "), timeout=60, what="the error")
-            want = (f"preview: corpus '{tmp_path / 'missing.jsonl'}' does not exist; "
-                    "give a text file, a directory of text files, or --corpus builtin")
-            assert text_of(preview) == want, text_of(preview)
+            want = (f"corpus '{tmp_path / 'missing.jsonl'}' does not exist; "
+                    "give a text file, a directory of text files, or builtin (the built-in corpus)")
+            await wait_for(pilot, lambda: text_of(form.query_one("#nr-error")) == want, timeout=60, what="the error")
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert app.screen is form and text_of(form.query_one("#nr-error")) == want
     run(go())

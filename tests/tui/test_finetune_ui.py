@@ -69,9 +69,43 @@ def test_the_runs_detail_names_the_source_model(runs_dir):
     run(go())
 
 
+def test_the_runs_footer_offers_fine_tune(runs_dir):
+    """t (fine-tune from the run) is in the Runs pane's footer, beside the pane's other keys, in 80 columns."""
+    async def go():
+        app = make_app(runs_dir, initial_tab="runs")
+        async with app.run_test(size=(80, 24)) as pilot:
+            table = app.query_one("#runs-table", DataTable)
+            await wait_for(pilot, lambda: table.row_count == 3)
+            shown = {b.binding.key: b.binding.description for b in app.active_bindings.values()
+                     if b.enabled and b.binding.show}
+            assert shown.get("t") == "Tune", shown  # (that all of them fit 80 columns: the snapshot test)
+    run(go())
+
+
+def test_the_runs_table_is_newest_first_imported_runs_and_branches_too(runs_dir):
+    """Newest first by when each run was made: an imported model (no start time: it never trained) and its LoRA run,
+    made after the canned runs, come first, not last."""
+    import os
+    add_imported_run(runs_dir)
+    now = 1_700_000_000.0 + 10_000   # after the canned runs' starts (T0 + 0..200)
+    os.utime(runs_dir / "smol" / "preset.toml", (now, now))
+    os.utime(runs_dir / "tuned" / "preset.toml", (now + 60, now + 60))
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="runs")
+        async with app.run_test(size=(160, 48)) as pilot:
+            table = app.query_one("#runs-table", DataTable)
+            await wait_for(pilot, lambda: table.row_count == 5)
+            order = [str(table.coordinate_to_cell_key((i, 0)).row_key.value) for i in range(table.row_count)]
+            assert order == ["tuned", "smol", "gamma", "beta", "alpha"], order
+    run(go())
+
+
 def test_fine_tune_a_checkpoint_from_the_runs_pane(runs_dir, monkeypatch):
-    """t on a run opens the new-run form starting from its latest checkpoint; the form checks the request as
-    `train --init-from` would (the model is the source's) and starts it with LoRA."""
+    """t on a run opens the new-run form starting from its latest checkpoint, with the method `estimate
+    --init-from` recommends (full, where it fits: it adapts every weight); the form checks the request as
+    `train --init-from` would (the model is the source's) and starts it with LoRA once the user chooses LoRA (the
+    recommendation does not undo a choice)."""
     add_imported_run(runs_dir)
     requests: list[RunRequest] = []
     monkeypatch.setattr(launcher, "start_run", lambda root, req, timeout=120: requests.append(req) or "tuned")
@@ -86,7 +120,12 @@ def test_fine_tune_a_checkpoint_from_the_runs_pane(runs_dir, monkeypatch):
             await wait_for(pilot, lambda: app.screen.__class__.__name__ == "NewRunScreen", what="the form")
             screen = app.screen
             assert screen.query_one("#nr-init", Input).value == "smol:0"
-            assert screen.query_one("#nr-finetune", Select).value == "lora"
+            await wait_for(pilot, lambda: "recommended" in text_of(screen.query_one("#nr-estimate")),
+                           what="the method recommended")
+            assert screen.query_one("#nr-finetune", Select).value == "full"
+            assert "method: train.finetune=full recommended: full fine-tuning fits: it adapts every weight" \
+                in text_of(screen.query_one("#nr-estimate"))
+            screen.query_one("#nr-finetune", Select).value = "lora"
             screen.query_one("#nr-preset", Select).value = "cpu-small"
             screen.query_one("#nr-overrides", Input).value = "model.n_layers=3"  # disagrees with the source
             await pilot.press("ctrl+s")
@@ -94,6 +133,8 @@ def test_fine_tune_a_checkpoint_from_the_runs_pane(runs_dir, monkeypatch):
                            in text_of(screen.query_one("#nr-error")), what="the refusal")
             screen.query_one("#nr-overrides", Input).value = "train.max_iters=500"
             await wait_for(pilot, lambda: "fits" in text_of(screen.query_one("#nr-estimate")), what="the estimate")
+            await pilot.pause(0.5)  # (the estimate again after the last edit: the choice stands)
+            assert screen.query_one("#nr-finetune", Select).value == "lora"
             await pilot.press("ctrl+s")
             await wait_for(pilot, lambda: requests, what="the start")
             req = requests[0]

@@ -21,12 +21,19 @@ def _no_user_presets(tmp_path, monkeypatch):
 @pytest.mark.parametrize("corpus", [
     "C:\\corpora\\python docs.txt",          # a Windows path: backslashes
     'C:\\corpora\\it\'s "mine".txt',         # both kinds of quote too (Python's repr is not TOML here)
-    "/data/a\tb.txt",                        # a control character
+    "{tmp}/a\tb.txt",                        # a control character, in an absolute path
     "builtin",
 ])
-def test_the_corpus_is_checked_as_the_exact_path_given(corpus):
+def test_the_corpus_is_checked_as_the_exact_path_given(corpus, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    corpus = corpus.format(tmp=tmp_path)
+    if corpus != "builtin":  # the form lists the corpus as `workbench train` does: it must exist
+        Path(corpus).absolute().write_text("some text\n" * 100)
     req = RunRequest("cpu-small", corpus=corpus, overrides=["train.max_iters=500"])
     assert check_request(req) is None
+    if corpus != "builtin":  # gone: the form says so (and stays open), as `workbench train` would
+        Path(corpus).absolute().unlink()
+        assert "does not exist" in check_request(req)
     p = request_preset(req)
     # the exact path (quotes, backslashes, control characters kept), made absolute as `workbench train` makes it
     assert p.data.corpus == (corpus if corpus == "builtin" else str(Path(corpus).absolute()))
@@ -58,6 +65,12 @@ CASES = {
     "conflicting_keys": (dict(overrides=["train.max_iters=10"]), ["--set", "train.max_iters=10"], True),
     "relative_corpus": (dict(corpus="corpus.txt", overrides=[*tiny("train.max_iters=3")[1:]]),
                         ["--corpus", "corpus.txt", *tiny("train.max_iters=3")], False),
+    "missing_corpus": (dict(corpus="missing.txt", overrides=[*tiny("train.max_iters=3")[1:]]),
+                       ["--corpus", "missing.txt", *tiny("train.max_iters=3")], True),
+    "loss_on_for_a_text_corpus": (dict(corpus="corpus.txt", overrides=[*tiny("train.max_iters=3")[1:],
+                                                                       "train.loss_on=assistant"]),
+                                  ["--corpus", "corpus.txt", *tiny("train.max_iters=3", "train.loss_on=assistant")],
+                                  True),
     "init_from_with_a_model_override": (dict(init_from="tiny", overrides=["model.dim=128"]),
                                         ["--init-from", "tiny", "--set", "model.dim=128"], True),
     "init_from_with_a_free_model_key": (

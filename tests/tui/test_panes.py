@@ -522,3 +522,24 @@ def test_checkpoint_events_say_why_not_the_step_twice():
          "removed": ["step_0003800", "step_0004000"]}
     assert event_line(e).plain == "   4600 checkpoint best, pruned 2"
     assert event_line(dict(e, removed=[], reason="interval")).plain == "   4600 checkpoint interval"
+
+
+def test_the_palette_offers_stop_only_for_a_running_run(live_runs_dir):
+    """Stop for the run followed while it trains (delta); never for a finished one (alpha), whose resume the
+    palette offers instead."""
+    from workbench.tui.palette import workbench_commands
+
+    async def go():
+        app = make_app(live_runs_dir, initial_tab="train")
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: len(app.summaries) == 4, what="the run list")
+            app.monitor("delta", switch=False)
+            await wait_for(pilot, lambda: app.run_data["delta"].state == "running", what="delta read")
+            names = [c[0] for c in workbench_commands(app)]
+            assert "Stop run delta" in names and "Resume delta from latest" not in names
+            app.monitor("alpha", switch=False)
+            await wait_for(pilot, lambda: app.run_data["alpha"].state == "finished", what="alpha read")
+            names = [c[0] for c in workbench_commands(app)]
+            assert not [n for n in names if n.startswith("Stop run")], names
+            assert names.count("Resume alpha from latest") == 1 and "Resume run alpha from latest" not in names
+    run(go())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 import tomllib
 
+import pytest
+
 from workbench.config.editing import with_name
 
 PRESET = '''# my small preset
@@ -197,4 +199,98 @@ def test_the_estimate_box_gives_the_time_workbench_estimate_gives(tmp_path, monk
             # evals make a difference (in seconds: at this tiny run's pace both can round to the same "3s")
             assert est["time"]["total_s"] > est["time"]["train_s"] + 0.1, est["time"]
             assert tps > 0
+    run(go())
+
+
+def _make_invalid(app):
+    from textual.widgets import TextArea
+    editor = app.query_one("#preset-editor", TextArea)
+    editor.text = editor.text.replace("dim = 256", "dim = 100")  # not divisible by n_heads = 8
+
+
+def test_an_invalid_draft_shows_no_other_presets_estimate(runs_dir):
+    """cpu-small's draft has an error; apple-m4pro shown, then cpu-small again: the estimate box says the draft
+    has no estimate, never apple-m4pro's 74.4 M parameters beside cpu-small's editor."""
+    from tests.support.tui import make_app, run, text_of, wait_for
+    from workbench.config import resolve_preset
+    from workbench.plan.flops import count_params
+    from workbench.tui import display
+    apple = display.si(count_params(resolve_preset("apple-m4pro").model))
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="presets")
+        async with app.run_test(size=(140, 44)) as pilot:
+            pane = app.query_one("#presets-pane")
+            await wait_for(pilot, lambda: pane.current is not None)
+            pane.load("cpu-small")
+            _make_invalid(app)
+            await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).startswith("✗"), what="invalid")
+            box = app.query_one("#preset-estimate")
+            pane.load("apple-m4pro")
+            await wait_for(pilot, lambda: apple in text_of(box), what="apple-m4pro's estimate")
+            pane.load("cpu-small")
+            await pilot.pause()
+            assert text_of(app.query_one("#preset-status")).startswith("✗")
+            assert apple not in text_of(box), text_of(box)
+            assert "no estimate" in text_of(box), text_of(box)
+    run(go())
+
+
+def test_ctrl_t_with_an_unsaved_draft_says_so_and_opens_no_form(runs_dir):
+    """ctrl+t trains a saved preset: with an invalid draft it asks for a fix (or ctrl+r), with a valid unsaved one
+    for ctrl+s, and opens the form only once the editor is what is on disk."""
+    from textual.widgets import TextArea
+
+    from tests.support.tui import make_app, notified, run, text_of, wait_for
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="presets")
+        async with app.run_test(size=(140, 44)) as pilot:
+            pane = app.query_one("#presets-pane")
+            await wait_for(pilot, lambda: pane.current is not None)
+            pane.load("cpu-small")
+            _make_invalid(app)
+            await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).startswith("✗"), what="invalid")
+            await pilot.press("ctrl+t")
+            await wait_for(pilot, lambda: notified(
+                app, "cpu-small has an error (see below the editor): fix it, or revert it with ctrl+r, to train "
+                     "with it."), what="the refusal")
+            assert app.screen.__class__.__name__ != "NewRunScreen"
+            editor = app.query_one("#preset-editor", TextArea)
+            editor.text = editor.text.replace("dim = 100", "dim = 256").replace("max_iters = 2000", "max_iters = 1000")
+            await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).strip() == "✓ valid",
+                           what=lambda: text_of(app.query_one("#preset-status")))
+            await pilot.press("ctrl+t")
+            await wait_for(pilot, lambda: notified(
+                app, "cpu-small has unsaved changes: save them with ctrl+s to train with them, or revert them "
+                     "with ctrl+r."), what="the unsaved note")
+            assert app.screen.__class__.__name__ != "NewRunScreen"
+            await pilot.press("ctrl+r")
+            await pilot.press("ctrl+t")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "NewRunScreen", what="the form")
+    run(go())
+
+
+@pytest.mark.parametrize("answer, quits", [("n", False), ("y", True)])
+def test_quitting_with_an_unsaved_draft_asks(runs_dir, answer, quits):
+    """An invalid draft (or any unsaved one) would be lost on quit: the app asks first; n keeps it open."""
+    from tests.support.tui import make_app, run, text_of, wait_for
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="presets")
+        async with app.run_test(size=(140, 44)) as pilot:
+            pane = app.query_one("#presets-pane")
+            await wait_for(pilot, lambda: pane.current is not None)
+            pane.load("cpu-small")
+            _make_invalid(app)
+            await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).startswith("✗"), what="invalid")
+            pane.load("medium")   # the draft is kept while another preset is shown
+            app.query_one("#preset-list").focus()
+            await pilot.press("q")
+            await wait_for(pilot, lambda: app.screen.query("#confirm-question"), what="the question")
+            question = text_of(app.screen.query_one("#confirm-question"))
+            assert "cpu-small (it has an error)" in question and "unsaved" in question, question
+            await pilot.press(answer)
+            await pilot.pause()
+            assert app.is_running != quits
     run(go())

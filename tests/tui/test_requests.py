@@ -72,7 +72,7 @@ def test_a_running_run_is_not_resumed_again(live_runs_dir, monkeypatch):
     run(go())
 
 
-def test_new_run_form_starts_the_run_it_describes(runs_dir, monkeypatch):
+def test_new_run_form_starts_the_run_it_describes(runs_dir, monkeypatch, tmp_path):
     requests = []
 
     def fake_start(root, req, timeout=120):
@@ -81,6 +81,8 @@ def test_new_run_form_starts_the_run_it_describes(runs_dir, monkeypatch):
 
     monkeypatch.setattr(launcher, "start_run", fake_start)
     corpus = 'C:\\corpora\\it\'s "mine".txt'
+    monkeypatch.chdir(tmp_path)  # the form lists the corpus (a file of this name, backslashes and quotes kept)
+    (tmp_path / corpus).write_text("some text\n" * 100)
 
     async def go():
         app = make_app(runs_dir)

@@ -16,16 +16,26 @@ Readers follow a run's ancestors to draw it as one line (``lineage``). Torch-fre
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
 from workbench.config import PresetError, parse_toml, preset_from_dict, preset_to_toml
 from workbench.fs import atomic_dir, write_atomic
-from workbench.rundir import INIT_DIR, TOKENIZER_FILES, RunError, ckpt_name, new_run_dir
+from workbench.rundir import INIT_DIR, RunError, ckpt_name, copy_tokenizer, new_run_dir
 
 
 def branch_name(run_dir: Path, step: int) -> str:
-    return f"{Path(run_dir).name}-from-{step}"
+    """``<run>-from-<step>``. A branch of a branch named so keeps the first run's name (``p-from-40`` at 55 is
+    ``p-from-55``, at 40 again ``p-from-40-2`` once that exists), never ``p-from-40-from-40``: its [parent]
+    records where it came from. A branch the user named keeps that name."""
+    name = Path(run_dir).name
+    if parent_of(run_dir) is not None and (m := _BRANCH_NAME.fullmatch(name)):
+        name = m.group(1)
+    return f"{name}-from-{step}"
+
+
+_BRANCH_NAME = re.compile(r"(.+?)-from-\d+(?:-\d+)?")
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -56,9 +66,7 @@ def branch(run_dir: Path, ckpt: dict, root: Path, name: str | None = None,
     try:
         (child / "checkpoints").mkdir()
         _link_tree(Path(ckpt["path"]), child / "checkpoints" / ckpt_name(int(ckpt["step"])))
-        for name in TOKENIZER_FILES:
-            if (run_dir / name).exists():
-                write_atomic(child / name, (run_dir / name).read_bytes())
+        copy_tokenizer(run_dir, child)
         if (run_dir / INIT_DIR).is_dir():
             _link_tree(run_dir / INIT_DIR, child / INIT_DIR)
         write_atomic(child / "preset.toml", preset_to_toml(preset))

@@ -45,6 +45,7 @@ class RunSummary:
     disk_bytes: int = 0
     error: str | None = None
     started: float | None = None
+    created: float = 0.0              # when the run was made: its start, a branch's resume, else its preset.toml's
     device: str | None = None
     parent: str | None = None         # "run@step" for a run branched from another run's checkpoint
     source: str | None = None         # the model its weights first came from (`workbench import`): its directory
@@ -75,6 +76,14 @@ def estimate_for_run(run_dir: Path, device: str, precision: str) -> float | None
     return (m.total if device == "cpu" else m.peak_allocated) / 2**20
 
 
+def _mtime(path: Path) -> float:
+    """When ``path`` was written (a run's preset.toml: when the run was made; an imported model never starts)."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def summarize_run(run_dir: Path) -> RunSummary:
     run_dir = Path(run_dir)
     st = read_status(run_dir)
@@ -85,7 +94,7 @@ def summarize_run(run_dir: Path) -> RunSummary:
     preset = data.get("name", "?")
     s = RunSummary(id=run_dir.name, path=str(run_dir), state=st.state, preset=preset,
                    step=st.step, max_iters=st.max_iters, error=st.error, started=st.started,
-                   best_val_loss=st.best_val_loss)
+                   best_val_loss=st.best_val_loss, created=st.started or st.resumed or _mtime(run_dir / "preset.toml"))
     evals: list[float] = []
     tail = last_records(run_dir / "metrics.jsonl")
     if (ts := latest_time_spent(tail)) is not None:

@@ -4,12 +4,16 @@ fraction, truncated and dropped conversations, how full the packed rows are). No
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 
 from workbench.config import Preset
-from workbench.data.chat_data import ChatData, conversation_pieces, pack, trained_count
-from workbench.data.tokens import prepare_data
+from workbench.data.chat import ChatReader
+from workbench.data.chat_data import ChatData, chat_options, conversation_pieces, pack, template_for, trained_count
+from workbench.data.chat_templates import trained_spans
+from workbench.data.tokenizer import CorpusTooSmall
+from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.fmt import duration
 
 GREEN, RESET = "\x1b[1;32m", "\x1b[0m"
@@ -66,10 +70,49 @@ def chat_prepared(data: ChatData, p: Preset, seconds: float, as_json: bool) -> i
     return 0
 
 
+def inspect_by_characters(p: Preset, n: int, as_json: bool, small: CorpusTooSmall) -> int:
+    """No tokenizer to count tokens with (none given, and the file too small to fit the preset's vocabulary): the
+    first ``n`` conversations through the template with the trained characters marked (the mask comes from the
+    rendering, not from the tokens), and how to see the tokens."""
+    template = template_for(p.data, None, None)
+    convs = list(itertools.islice(ChatReader(chat_options(p.data)).conversations(open_data_corpus(p.data).sources),
+                                  n))
+    shown = []
+    for conv in convs:
+        text, marks = trained_spans(template, conv.as_dicts(), p.train.loss_on)
+        runs, at = [], 0
+        for a, b in marks:
+            runs += [(text[at:a], False), (text[a:b], True)]
+            at = b
+        shown.append([r for r in runs + [(text[at:], False)] if r[0]])
+    note = (f"{str(small).split(';')[0]} of a new tokenizer, so the conversations are shown by characters: "
+            f"--init-from RUN shows them in that run's tokens (a model's own template), --set "
+            f"model.vocab_size={small.supported} in a tokenizer this file can fit")
+    if as_json:
+        print(json.dumps({"format": "chat", "tokenizer": None, "note": note, "template": template.source,
+                          "loss_on": p.train.loss_on, "shown": [
+                              {"index": c, "text": "".join(t for t, _ in runs), "trained_spans": spans(runs)}
+                              for c, runs in enumerate(shown)]}, indent=1))
+        return 0
+    colour = sys.stdout.isatty()
+    key = f"{GREEN}trained{RESET}" if colour else f"{OPEN}trained{CLOSE}"
+    print(f"{p.data.corpus}: template {template.source}; loss on {p.train.loss_on}; {key} = in the loss")
+    print(f"note: {note}")
+    for c, runs in enumerate(shown):
+        print(f"\n--- conversation {c + 1} ({sum(len(t) for t, _ in runs):,} characters) ---")
+        print(marked(runs, colour))
+    return 0
+
+
 def inspect_chat(p: Preset, n: int, as_json: bool) -> int:
     """`workbench data inspect --chat`: the first ``n`` conversations as the trainer sees them."""
-    data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, file=sys.stderr),
-                        loss_on=p.train.loss_on)
+    try:
+        data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, file=sys.stderr),
+                            loss_on=p.train.loss_on)
+    except CorpusTooSmall as e:
+        if p.data.tokenizer:
+            raise
+        return inspect_by_characters(p, n, as_json, e)
     shown = [(c, conversation_pieces(data, c, p.train.loss_on)) for c in range(min(n, data.documents))]
     lengths = data.lengths("train").tolist() + data.lengths("val").tolist()
     if as_json:

@@ -7,6 +7,7 @@ the run's ``tasks.jsonl`` only when every checkpoint was scored, so a bad input 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -24,8 +25,27 @@ from workbench.fmt import duration
 JSON_VERSION = 1
 
 
+TASK_FORMATS = """\
+task files (JSONL, plain, .gz, .zst or .xz; one record a line; the shape from the first):
+  multiple choice  {"query"|"context"|"question", "choices": [...], "gold"|"label"|"answer": i}
+                   HellaSwag's {"ctx", "endings", "label"}; ARC's {"question",
+                   "choices": {"text", "label"}, "answerKey"}; each choice scored by its
+                   log-likelihood after the context (acc, acc_norm; centered on chance)
+  exact match      {"prompt", "answer"} (answer: a string or a list): greedy to a newline
+                   (until) or max_new_tokens
+  chat             {"messages": [..., {"role": "assistant", "content": ANSWER}]}, or
+                   {"messages": [... ending with the user's], "answer"}: the reply through the
+                   run's chat template
+  other fields     a TOML sidecar beside the file (qa.jsonl -> qa.toml) or --set, e.g.
+                   --set context_field=q choices_field=opts gold_field=idx
+"""
+
+
 def register(sub) -> None:
-    p = sub.add_parser("eval", help="score a run's checkpoints on tasks and on held-out text")
+    p = sub.add_parser("eval", help="score a run's checkpoints on tasks and on held-out text",
+                       description="Score a run's checkpoints on tasks (multiple choice, exact match, chat) and on "
+                                   "held-out text (bits per byte); the scores go to the run's tasks.jsonl.",
+                       epilog=TASK_FORMATS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", help="run id or run directory")
     p.add_argument("--checkpoint", default="latest", help="latest (default), best, a step number, or all")
     p.add_argument("--task", dest="tasks", action="extend", nargs="+", default=[], metavar="TASK",

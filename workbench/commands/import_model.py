@@ -41,6 +41,14 @@ def run(args) -> int:
           + (", " + ", ".join(extras) if extras else "") + f") in {r.seconds:.1f} s")
     eos = tok.tk.id_to_token(tok.eod_id)
     print(f"tokenizer: {tok.vocab_size:,} ids (tokenizer.json), end of document {eos!r} (id {tok.eod_id})")
+    t = r.templates
+    others = f"; {len(t.others)} other named: {', '.join(n for n, _t in t.others)} (additional_chat_templates/)" \
+        if t.others else ""
+    if t.default is not None:
+        print(f"chat template: chat_template.jinja (from the model's {t.source}){others}")
+    else:
+        print("chat template: none (a chat fine-tune takes data.chat_template = \"chatml\" or a .jinja file)"
+              + others)
     rid = r.run_dir.name
     print(f"run {rid} in {r.run_dir}")
     print(f"next: `workbench estimate cpu-small --init-from {rid}` (which of full / LoRA fits), then "

@@ -9,9 +9,9 @@ from workbench import rundir
 from workbench.analysis.history import measured_in
 from workbench.commands import launch
 from workbench.commands.common import TerminalProgress, add_corpus_option, add_init_from_option, add_set_option
-from workbench.config import preset_to_toml
-from workbench.data.chat_data import corpus_is_chat
-from workbench.data.tokens import open_data_corpus, prepare_data
+from workbench.config import overridden_keys, preset_to_toml
+from workbench.data.chat_data import check_loss_on, corpus_is_chat
+from workbench.data.tokens import check_chat_template, open_data_corpus, prepare_data
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
 from workbench.plan.finetune import link_init
@@ -31,8 +31,9 @@ def register(sub) -> None:
     add_init_from_option(p)
     add_set_option(p)
     p.add_argument("--time-budget", metavar="DURATION", default=None,
-                   help="train for this long (45m, 2h, 1h30m) instead of max_iters: the schedule follows the clock "
-                        "and the run ends at the budget with a checkpoint (train.time_budget)")
+                   help="train for this long (45m, 2h, 1h30m, 90s; a bare number is minutes) instead of "
+                        "max_iters: the schedule follows the clock and the run ends at the budget with a checkpoint "
+                        "(train.time_budget)")
     p.add_argument("--detach", action="store_true", help="start in the background and print the run id")
     p.add_argument("--yes", action="store_true",
                    help="start even when the estimate says the run will not fit this machine's memory")
@@ -69,16 +70,22 @@ def run(args) -> int:
     # prepares them itself (its status and the TUI show the progress), so only the listing and the
     # first records are checked here.
     corpus = open_data_corpus(p.data)
+    check_loss_on(p.data, corpus, p.train.loss_on if "train.loss_on" in overridden_keys(overrides) else None)
     if args.detach:
-        if not corpus_is_chat(p.data, corpus):  # (a chat file's first record was read to tell)
+        if corpus_is_chat(p.data, corpus):  # (its first record was read to tell): the template it renders through
+            check_chat_template(p.data, p.model.vocab_size, p.train.loss_on)
+        else:
             corpus.check_first_records()
     else:
         progress = TerminalProgress()
         try:
-            prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True),
-                         progress=progress, loss_on=p.train.loss_on)  # --init-from: with the source's tokenizer
+            data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True),
+                                progress=progress, loss_on=p.train.loss_on)  # --init-from: the source's tokenizer
         finally:
             progress.close()
+        if data.format == "chat":  # conversations that fill no row (all dropped as overlong) are bad input too
+            for part in ("train", "val"):
+                data.rows(part, p.model.seq_len, p.data.packing, p.data.overlong)
     run_dir = rundir.new_run_dir(root, p.name, args.name)
     try:
         if src is not None:  # the weights it starts from, before preset.toml makes it a run

@@ -77,7 +77,8 @@ class TrainConfig:
     grad_accum: int = _f(1, "Micro-batches per optimizer step; tokens/step = batch_size x grad_accum x seq_len.", min=1)
     max_iters: int = _f(2000, "Optimizer steps to train for (with time_budget: the end shown until estimated).",
                         min=1)
-    time_budget: str = _f("", "Train for this long instead of max_iters (e.g. 45m, 2h, 1h30m, 90s), on the "
+    time_budget: str = _f("", "Train for this long instead of max_iters (e.g. 45m, 2h, 1h30m, 90s; a bare number "
+                              "is minutes), on the "
                               "trainer's own clock (evals counted; set-up and the first step's compile not): the "
                               "learning-rate schedule follows the clock (wsd decays over the last decay_fraction of "
                               "the budget) and the run ends at the budget with a checkpoint. \"\" = max_iters.")

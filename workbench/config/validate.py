@@ -40,6 +40,8 @@ def _check_value(where: str, section: str, f: dataclasses.Field, value: Any) -> 
     elif t == "str":
         if isinstance(value, bool) and f.metadata["choices"] and str(value).lower() in f.metadata["choices"]:
             value = str(value).lower()  # compile = true is natural TOML
+        if key == "train.time_budget" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = f"{value:g}"  # --time-budget 45 and time_budget = 45 reach here as numbers: minutes, as "45"
         if not isinstance(value, str):
             raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
     elif t == "str | list[str]":

@@ -101,6 +101,17 @@ def packed_rows(cfg: DataConfig) -> bool:
     return _PACKED[key]
 
 
+def check_loss_on(cfg: DataConfig, corpus: Corpus, asked: str | None) -> None:
+    """``train.loss_on``, when the user asked for a value (``asked``), needs conversations: a corpus that
+    data.format = auto reads as text would train every token without a word, so it is refused (data.format =
+    text is refused with the preset)."""
+    if asked is not None and cfg.format == "auto" and not corpus_is_chat(cfg, corpus):
+        raise DataError(f"train.loss_on = {asked} applies to chat data, but {corpus.description} was read as text "
+                        "(data.format = auto: its first record is not a conversation); give records of messages, "
+                        "conversations, instruction/output or prompt/completion, or leave train.loss_on out to "
+                        "train every token of the text")
+
+
 def chat_options(cfg: DataConfig) -> ChatOptions:
     return ChatOptions(cfg.messages_field, chat_role_map(cfg.chat_roles), cfg.skip_bad_records)
 
@@ -216,6 +227,18 @@ class ChatData:
             p.items = p.items + self.n_train
         return p
 
+    def rows(self, part: str, seq_len: int, packing: bool, overlong: str) -> Packing:
+        """:meth:`packing`, refused in one line when it holds no row (data.overlong = "drop" dropped every
+        conversation of ``part``): the check a start makes before its run directory exists, and the sampler's."""
+        p = self.packing(part, seq_len, packing, overlong)
+        if p.rows == 0:
+            need = self.lengths(part).astype(np.int64) - 1
+            shortest = int(need[need > 0].min()) if (need > 0).any() else 1
+            raise DataError(f"every {part} conversation ({len(need):,}) is longer than model.seq_len = {seq_len} and "
+                            f"data.overlong = \"drop\" dropped them all; raise model.seq_len (the shortest needs "
+                            f"{shortest}) or set data.overlong = \"truncate\"")
+        return p
+
 
 def load_chat(prep: ChatPrepared, val_fraction: float) -> ChatData:
     idx = prep.index
@@ -277,10 +300,7 @@ class ChatSampler:
                  packing: bool = True, overlong: str = "truncate"):
         self.data, self.seq_len, self.batch_size, self.seed = data, seq_len, batch_size, seed
         self.packed = packing
-        self.rows = data.packing(part, seq_len, packing, overlong)
-        if self.rows.rows == 0:
-            raise DataError(f"no {part} conversation fits model.seq_len = {seq_len} (data.overlong = \"drop\" "
-                            "dropped them all); raise seq_len or set data.overlong = \"truncate\"")
+        self.rows = data.rows(part, seq_len, packing, overlong)
         self.trains = trained_labels(loss_on)
         self.epoch, self.pos = 0, 0
         self._order = self._shuffle()

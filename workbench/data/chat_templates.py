@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Iterable
 
 from workbench.errors import WorkbenchError
+from workbench.rundir import CHAT_TEMPLATE_FILE
+from workbench.rundir import TEMPLATES_DIR as ADDITIONAL_TEMPLATES_DIR
 
 # workbench's own template, for a model trained from scratch with workbench's tokenizer: ChatML, no default
 # system prompt, no BOS. The tokenizer must reserve CHATML_PIECES (each one id, never produced by text).
@@ -41,7 +43,7 @@ CHATML_TEMPLATE = (
     "{{- '<|im_start|>assistant\\n' }}\n"
     "{%- endif %}\n"
 )
-CHAT_TEMPLATE_FILE = "chat_template.jinja"   # where transformers 5 saves a model's template
+PROCESSOR_TEMPLATE_FILE = "chat_template.json"          # older processors' {"chat_template": ...}
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # The named special tokens apply_chat_template passes to a template (transformers' SPECIAL_TOKENS_ATTRIBUTES).
 TOKEN_VARIABLES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -165,31 +167,77 @@ def _config(model_dir: Path) -> dict:
     return config if isinstance(config, dict) else {}
 
 
+def _named(value, where: str) -> dict[str, str]:
+    """A ``chat_template`` value as {name: template}: a string is the default; a list is transformers' named
+    templates (``[{"name", "template"}]``)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        return {"default": value} if value else {}
+    if isinstance(value, list):
+        named = {}
+        for x in value:
+            if not (isinstance(x, dict) and isinstance(x.get("name"), str) and isinstance(x.get("template"), str)):
+                raise ChatTemplateError(f"{where}: chat_template holds {str(x)[:60]!r}, not a "
+                                        "{\"name\": ..., \"template\": ...} pair")
+            named[x["name"]] = x["template"]
+        return named
+    raise ChatTemplateError(f"{where}: chat_template is {type(value).__name__}, not a string")
+
+
 def _from_config(config: dict, where: str) -> str | None:
     """tokenizer_config.json's chat_template: a string, or a list of named ones (the one named "default")."""
-    t = config.get("chat_template")
-    if isinstance(t, list):
-        named = {x.get("name"): x.get("template") for x in t if isinstance(x, dict)}
-        t = named.get("default")
-        if t is None:
-            raise ChatTemplateError(f"{where} has named chat templates ({', '.join(map(str, named))}) but none "
-                                    "named 'default'; give one as a .jinja file with data.chat_template = PATH")
-    if t is not None and not isinstance(t, str):
-        raise ChatTemplateError(f"{where}: chat_template is {type(t).__name__}, not a string")
-    return t or None
+    named = _named(config.get("chat_template"), where)
+    if named and "default" not in named:
+        raise ChatTemplateError(f"{where} has named chat templates ({', '.join(map(str, named))}) but none "
+                                "named 'default'; give one as a .jinja file with data.chat_template = PATH")
+    return named.get("default")
+
+
+@dataclass(frozen=True)
+class ModelTemplates:
+    """Every chat template a model directory holds, in whichever form it was saved."""
+    default: str | None                  # the one apply_chat_template uses (None: there is none)
+    source: str                          # the file it came from (a name in the directory)
+    others: tuple[tuple[str, str], ...]  # (name, template) of the other named ones (tool use, RAG, ...)
+
+
+def model_templates(model_dir: Path) -> ModelTemplates:
+    """A model directory's chat templates, as transformers reads them: ``chat_template.jinja`` (transformers 5)
+    and named ones in ``additional_chat_templates/NAME.jinja``, else ``tokenizer_config.json``'s
+    ``chat_template`` (a string, or a list of named templates whose ``default`` is the one), else an older
+    processor's ``chat_template.json``. A name found in several forms takes the first of that order."""
+    model_dir = Path(model_dir)
+    found: dict[str, tuple[str, str]] = {}   # name -> (template, where), the lowest precedence first
+    legacy = model_dir / PROCESSOR_TEMPLATE_FILE
+    if legacy.is_file():
+        for name, text in _named(_json_file(legacy).get("chat_template"), str(legacy)).items():
+            found[name] = (text, PROCESSOR_TEMPLATE_FILE)
+    for name, text in _named(_config(model_dir).get("chat_template"), str(model_dir / TOKENIZER_CONFIG)).items():
+        found[name] = (text, TOKENIZER_CONFIG)
+    extra = model_dir / ADDITIONAL_TEMPLATES_DIR
+    if extra.is_dir():
+        for f in sorted(extra.glob("*.jinja")):
+            found[f.name[:-len(".jinja")]] = (_read_text(f), f"{ADDITIONAL_TEMPLATES_DIR}/{f.name}")
+    if (model_dir / CHAT_TEMPLATE_FILE).is_file():
+        found["default"] = (_read_text(model_dir / CHAT_TEMPLATE_FILE), CHAT_TEMPLATE_FILE)
+    default, source = found.pop("default", (None, ""))
+    return ModelTemplates(default or None, source, tuple(sorted((n, t) for n, (t, _w) in found.items())))
 
 
 def model_template(model_dir: Path) -> ChatTemplate | None:
-    """A model directory's own template: chat_template.jinja (transformers 5), else tokenizer_config.json's
-    chat_template; rendered with that file's special tokens. None if it has neither."""
+    """A model directory's own template (:func:`model_templates`' default), rendered with its
+    tokenizer_config.json's special tokens. None if it has none."""
     model_dir = Path(model_dir)
-    config = _config(model_dir)
-    variables = tuple(token_variables(config).items())
-    jinja_file = model_dir / CHAT_TEMPLATE_FILE
-    if jinja_file.is_file():
-        return ChatTemplate(_read_text(jinja_file), str(jinja_file), variables)
-    text = _from_config(config, str(model_dir / TOKENIZER_CONFIG))
-    return ChatTemplate(text, f"{model_dir / TOKENIZER_CONFIG} (chat_template)", variables) if text else None
+    found = model_templates(model_dir)
+    if found.default is None:
+        if found.others:
+            raise ChatTemplateError(f"{model_dir} has named chat templates ({', '.join(n for n, _t in found.others)})"
+                                    " but none named 'default'; give one as a .jinja file with "
+                                    "data.chat_template = PATH")
+        return None
+    source = str(model_dir / found.source) + (" (chat_template)" if found.source.endswith(".json") else "")
+    return ChatTemplate(found.default, source, tuple(token_variables(_config(model_dir)).items()))
 
 
 def run_template(run_dir: Path) -> ChatTemplate:
@@ -318,7 +366,7 @@ def end_of_turn(template: ChatTemplate, special_tokens: Iterable[str], loss_on: 
     return found
 
 
-__all__ = ["CHATML_END", "CHATML_PIECES", "CHATML_START", "CHATML_TEMPLATE", "ChatTemplate", "ChatTemplateError",
-           "LOSS_ON", "chatml_template", "compile_template", "end_of_turn", "load_chat_template", "model_template",
-           "run_template",
-           "token_variables", "trained_spans"]
+__all__ = ["ADDITIONAL_TEMPLATES_DIR", "CHATML_END", "CHATML_PIECES", "CHATML_START", "CHATML_TEMPLATE",
+           "CHAT_TEMPLATE_FILE", "ChatTemplate", "ChatTemplateError", "LOSS_ON", "ModelTemplates",
+           "PROCESSOR_TEMPLATE_FILE", "chatml_template", "compile_template", "end_of_turn", "load_chat_template",
+           "model_template", "model_templates", "run_template", "token_variables", "trained_spans"]

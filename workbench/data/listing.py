@@ -107,7 +107,7 @@ def expand(spec: str) -> list[Source]:
     path = Path(spec).expanduser()
     if not path.exists() and not path.is_symlink():
         raise CorpusError(f"corpus {spec!r} does not exist; give a text file, a directory of text files, "
-                          "or --corpus builtin")
+                          "or builtin (the built-in corpus)")
     return expand_path(path, path.is_dir())
 
 

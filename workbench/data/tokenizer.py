@@ -66,6 +66,14 @@ class TokenizerError(WorkbenchError):
     pass
 
 
+class CorpusTooSmall(TokenizerError):
+    """The corpus cannot fit a tokenizer of the vocabulary asked for; ``supported``: the most it can."""
+
+    def __init__(self, message: str, supported: int):
+        super().__init__(message)
+        self.supported = supported
+
+
 # Encoding workers are forked; the tokenizers library's own thread pool does not survive a fork.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -343,8 +351,8 @@ def train_tokenizer(text: str | list[str], vocab_size: int, sample_mb: float = 8
         m = re.search(r"value <= (\d+)", msg)
         if m:
             ok = int(m.group(1))
-            raise TokenizerError(f"the corpus is too small for model.vocab_size = {vocab_size}: it supports at "
-                                 f"most {m.group(1)}; use --set model.vocab_size={ok} or a larger corpus") from None
+            raise CorpusTooSmall(f"the corpus is too small for model.vocab_size = {vocab_size}: it supports at "
+                                 f"most {m.group(1)}; use --set model.vocab_size={ok} or a larger corpus", ok) from None
         m = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", msg)
         if m:
             need = int(m.group(2)) + 1

@@ -12,7 +12,8 @@ from typing import Callable
 import numpy as np
 
 from workbench.config import DataConfig
-from workbench.data.chat_data import ChatData, corpus_is_chat, load_chat
+from workbench.data.chat import ChatEncoder
+from workbench.data.chat_data import ChatData, corpus_is_chat, load_chat, template_for
 from workbench.data.chat_prepare import prepare_chat
 from workbench.data.chat_templates import ChatTemplateError
 from workbench.data.documents import Corpus, open_corpus
@@ -156,6 +157,18 @@ def tokenizer_dir(cfg: DataConfig, own: Path | None = None) -> Path | None:
         return None
     path = Path(cfg.tokenizer).expanduser()
     return path if path.is_dir() else path.parent
+
+
+def check_chat_template(cfg: DataConfig, vocab_size: int, loss_on: str = "assistant") -> None:
+    """The template a chat corpus will be rendered through can be found and masked with the tokenizer given: the
+    check a detached start makes before its run directory exists (the trainer encodes the conversations)."""
+    given = given_tokenizer(cfg, vocab_size)
+    try:
+        template = template_for(cfg, given, tokenizer_dir(cfg))
+        if given is not None:
+            ChatEncoder(template, given, loss_on)  # finds the end-of-turn token, or says why it cannot
+    except ChatTemplateError as e:
+        raise DataError(str(e)) from None
 
 
 def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[str], None] = print,

@@ -79,7 +79,7 @@ def write_hf(dest: Path, sd: dict, cfg, tokenizer: AnyTokenizer | None, max_posi
     tokenizer_config.json and its end-of-turn id is the end of generation (generation_config.json)."""
     hf_tok = tokenizer if isinstance(tokenizer, HFTokenizer) else None
     eos = hf_tok.eod_id if hf_tok else None
-    if chat is not None:
+    if chat is not None and chat.end_id is not None:
         eos = chat.end_id if eos is None or eos == chat.end_id else [chat.end_id, eos]
     try:
         config = hf_config(cfg, bos_id=hf_tok.bos_id if hf_tok else None, eos_id=eos, max_positions=max_positions)
@@ -99,7 +99,7 @@ def write_hf(dest: Path, sd: dict, cfg, tokenizer: AnyTokenizer | None, max_posi
         _write_json(dest / "tokenizer.json", tokenizer_json(tokenizer.proto))
         for name, obj in tokenizer_files(cfg.seq_len).items():
             if chat is not None and name == "tokenizer_config.json":
-                obj = {**obj, "eos_token": chat.end_piece, "chat_template": chat.template}
+                obj = {**obj, "eos_token": chat.end_piece or obj.get("eos_token"), "chat_template": chat.template}
             _write_json(dest / name, obj)
     elif hf_tok:
         hf_tok.save(dest)  # the imported model's own files
@@ -195,12 +195,17 @@ def export_run(run_dir: Path, out: Path, fmt: str = "hf", checkpoint: str | int 
 
 
 def chat_export(run_dir: Path, tokenizer: AnyTokenizer) -> ChatExport | None:
-    """A chat-tuned run's template and end-of-turn token (None for a run trained on text)."""
+    """A run's chat template (chat-tuned, or an imported model's own) and its end-of-turn token (None for a run
+    with no template). An imported template workbench cannot mask travels as it came, with no end-of-turn
+    token (a chat-tuned run's can always be masked: it was checked before training)."""
     if not (Path(run_dir) / CHAT_TEMPLATE_FILE).is_file():
         return None
     try:
         template = model_template(run_dir)
-        end = end_of_turn(template, special_pieces(tokenizer))
     except ChatTemplateError as e:
         raise ExportError(str(e)) from None
+    try:
+        end = end_of_turn(template, special_pieces(tokenizer))
+    except ChatTemplateError:
+        return ChatExport(template.text, None, None)
     return ChatExport(template.text, end, special_pieces(tokenizer)[end])

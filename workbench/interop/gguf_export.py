@@ -203,10 +203,11 @@ def check_gguf(sd: dict, cfg, tokenizer: AnyTokenizer | None, gguf_type: str) ->
 @dataclass(frozen=True)
 class ChatExport:
     """What a chat-tuned model's export carries so that other runtimes chat as it was trained: its template
-    and the token that ends an assistant turn (where generation stops)."""
+    and the token that ends an assistant turn (where generation stops). An imported model's template that
+    workbench cannot mask (its turns end with no one special token) travels without an end-of-turn token."""
     template: str
-    end_piece: str
-    end_id: int
+    end_piece: str | None
+    end_id: int | None
 
 
 def write_gguf(path: Path, sd: dict, cfg, tokenizer: AnyTokenizer, gguf_type: str, metadata: dict,
@@ -243,8 +244,9 @@ def write_gguf(path: Path, sd: dict, cfg, tokenizer: AnyTokenizer, gguf_type: st
     if tf.get("merges"):
         w.add_token_merges(tf["merges"])
     if chat is not None:  # llama.cpp stops at the end-of-turn token and applies the template
-        tf = {**tf, "eos": chat.end_id}
-        w.add_eot_token_id(chat.end_id)
+        if chat.end_id is not None:
+            tf = {**tf, "eos": chat.end_id}
+            w.add_eot_token_id(chat.end_id)
         w.add_chat_template(chat.template)
     for key, add in (("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id), ("unk", w.add_unk_token_id)):
         if tf.get(key) is not None:

@@ -7,13 +7,16 @@ JSON (one that asks for custom code, ``auto_map``, is refused), weights come fro
 
 Everything is checked before anything is written (architecture, every tensor's name and shape, shards,
 the tokenizer against the embedding); then the run is made: ``preset.toml`` (the mapped [model], a
-[source] table saying where it came from), the tokenizer files, a step-0 checkpoint with the weights in
-fp32, ``status.json`` state ``imported``. An error on the way removes the run directory again.
+[source] table saying where it came from), the tokenizer files, the chat templates (whichever form the
+model holds them in: ``chat_template.jinja``, named ones in ``additional_chat_templates/``), a step-0
+checkpoint with the weights in fp32, ``status.json`` state ``imported``. An error on the way removes the run
+directory again.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -24,6 +27,13 @@ from safetensors import safe_open
 
 from workbench import rundir
 from workbench.config import Preset, preset_from_dict, preset_to_toml
+from workbench.data.chat_templates import (
+    ADDITIONAL_TEMPLATES_DIR,
+    CHAT_TEMPLATE_FILE,
+    ChatTemplateError,
+    ModelTemplates,
+    model_templates,
+)
 from workbench.data.tokenizer import HFTokenizer, TokenizerError
 from workbench.errors import WorkbenchError
 from workbench.fs import write_atomic
@@ -207,6 +217,36 @@ def read_tokenizer(model_dir: Path, hf: dict, vocab_size: int) -> HFTokenizer:
     return tok
 
 
+# A named template's file name in additional_chat_templates/ (as transformers saves them; never a path).
+_TEMPLATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def read_templates(model_dir: Path, log=print) -> ModelTemplates:
+    """The model's chat templates in whichever form it holds them (chat_template.jinja, tokenizer_config.json's
+    chat_template as a string or named templates, chat_template.json); a named one whose name is not a plain
+    file name is left out, and said so."""
+    try:
+        found = model_templates(model_dir)
+    except ChatTemplateError as e:
+        raise ImportModelError(str(e)) from None
+    for name, _t in found.others:
+        if not _TEMPLATE_NAME.fullmatch(name):
+            log(f"left out the chat template named {name!r}: its name cannot be a file name")
+    return ModelTemplates(found.default, found.source,
+                          tuple((n, t) for n, t in found.others if _TEMPLATE_NAME.fullmatch(n)))
+
+
+def save_templates(run_dir: Path, found: ModelTemplates) -> None:
+    """The default template as the run's chat_template.jinja (what chat, eval, export and a chat fine-tune read
+    as the model's own), the others as additional_chat_templates/NAME.jinja (transformers 5's layout)."""
+    if found.default is not None:
+        write_atomic(run_dir / CHAT_TEMPLATE_FILE, found.default.encode("utf-8"))
+    if found.others:
+        (run_dir / ADDITIONAL_TEMPLATES_DIR).mkdir()
+        for name, text in found.others:
+            write_atomic(run_dir / ADDITIONAL_TEMPLATES_DIR / f"{name}.jinja", text.encode("utf-8"))
+
+
 # ----------------------------------------------------------------------------- the run
 
 @dataclass
@@ -216,10 +256,13 @@ class Imported:
     params: int
     tokenizer: HFTokenizer
     seconds: float
+    templates: ModelTemplates
 
 
-def plan_import(model_dir: Path, seq_len: int | None = None) -> tuple[Preset, WeightFiles, HFTokenizer]:
-    """Everything checked, nothing written: the run's preset, its weight files, its tokenizer."""
+def plan_import(model_dir: Path, seq_len: int | None = None, log=print
+                ) -> tuple[Preset, WeightFiles, HFTokenizer, ModelTemplates]:
+    """Everything checked, nothing written: the run's preset, its weight files, its tokenizer and chat
+    templates."""
     d = Path(model_dir).expanduser().resolve()
     hf = read_config(d)
     try:
@@ -238,19 +281,20 @@ def plan_import(model_dir: Path, seq_len: int | None = None) -> tuple[Preset, We
     w = weight_files(d)
     check_tensors(w, preset.model)
     tok = read_tokenizer(d, hf, preset.model.vocab_size)
-    return preset, w, tok
+    return preset, w, tok, read_templates(d, log)
 
 
 def import_model(model_dir: Path, root: Path, name: str | None = None, seq_len: int | None = None,
                  log=print) -> Imported:
     t0 = time.time()
-    preset, w, tok = plan_import(model_dir, seq_len)
+    preset, w, tok, templates = plan_import(model_dir, seq_len, log)
     run_dir = rundir.new_run_dir(root, preset.name, name)
     preset.data.tokenizer = str(run_dir / tok.FILE)
     try:
         log(f"reading {len(w.files)} weight file(s) ({w.kind}) ...")
         sd = read_weights(w, preset.model)
         tok.save(run_dir)
+        save_templates(run_dir, templates)
         meta = {"train_loss": None, "val_loss": None, "tokens_seen": 0, "elapsed_s": 0.0, "reason": "import",
                 "preset": preset.name, "best_val_loss": None, "model": vars(preset.model), "world_size": 1,
                 "finetune": "full", "source": preset.source["model"]}
@@ -267,4 +311,4 @@ def import_model(model_dir: Path, root: Path, name: str | None = None, seq_len: 
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    return Imported(run_dir, preset, sum(t.numel() for t in sd.values()), tok, time.time() - t0)
+    return Imported(run_dir, preset, sum(t.numel() for t in sd.values()), tok, time.time() - t0, templates)

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import Preset, PresetError, load_preset_file, overridden_keys, parse_override, preset_from_dict
-from workbench.fs import fsync_dir, write_atomic
+from workbench.fs import fsync_dir
 from workbench.machine.detect import Machine
 from workbench.plan import estimate as est
-from workbench.rundir import INIT_DIR, TOKENIZER_FILES, RunError, resolve_run, select_checkpoint
+from workbench.rundir import INIT_DIR, RunError, copy_tokenizer, resolve_run, select_checkpoint
 
 # Model keys a run started from a checkpoint may change: the weights mean the same with any value.
 FREE_MODEL_KEYS = ("seq_len", "dropout")
@@ -102,7 +102,7 @@ def init_preset(p: Preset, src: InitSource, overrides: list[str]) -> Preset:
 
 def link_init(run_dir: Path, src: InitSource) -> None:
     """``run_dir``'s init/model.pt (a hard link to the source checkpoint's weights, or a copy where links
-    are not possible) and its copy of the source's tokenizer files. A LoRA source's weights must be
+    are not possible) and its copy of the source's tokenizer files and chat template. A LoRA source's weights must be
     merged first (the caller writes init/model.pt then; see ``workbench.train.checkpoint``)."""
     init = Path(run_dir) / INIT_DIR
     init.mkdir(exist_ok=True)
@@ -114,12 +114,6 @@ def link_init(run_dir: Path, src: InitSource) -> None:
             shutil.copy2(Path(src.ckpt["path"]) / "model.pt", target)
         fsync_dir(init)
     copy_tokenizer(src.run_dir, run_dir)
-
-
-def copy_tokenizer(src_dir: Path, dst_dir: Path) -> None:
-    for name in TOKENIZER_FILES:
-        if (Path(src_dir) / name).is_file():
-            write_atomic(Path(dst_dir) / name, (Path(src_dir) / name).read_bytes())
 
 
 # ----------------------------------------------------------------------------- which method fits

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 import psutil
 
 from workbench.errors import WorkbenchError
-from workbench.fs import read_json, write_json_atomic
+from workbench.fs import read_json, write_atomic, write_json_atomic
 from workbench.rundir.records import (
     LIVE_STATES,
     STATES,
@@ -66,12 +66,28 @@ CKPT_PREFIX = "step_"
 TMP_PREFIX = ".tmp_"
 INIT_DIR = "init"   # the weights a run started from (init/model.pt)
 TASKS_FILE = "tasks.jsonl"   # task scores written by `workbench eval` (typed task records)
-# The files a run's tokenizer may consist of (sentencepiece; or a Hugging Face tokenizer.json and its config).
-TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json")
+# The files a run's tokenizer may consist of (sentencepiece; or a Hugging Face tokenizer.json and its config), and
+# the chat template it renders conversations through (the model's own, or the one the run trained with), with
+# other named templates in TEMPLATES_DIR: what a run started from this one (a fine-tune, a branch) must have.
+CHAT_TEMPLATE_FILE = "chat_template.jinja"    # transformers 5's name for a model's template
+TEMPLATES_DIR = "additional_chat_templates"    # ... and the directory of its other named ones (NAME.jinja)
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json", CHAT_TEMPLATE_FILE)
 
 
 class RunError(WorkbenchError):
     pass
+
+
+def copy_tokenizer(src_dir: Path, dst_dir: Path) -> None:
+    """``src_dir``'s tokenizer files and chat templates (TOKENIZER_FILES, TEMPLATES_DIR) into ``dst_dir``."""
+    src_dir, dst_dir = Path(src_dir), Path(dst_dir)
+    for name in TOKENIZER_FILES:
+        if (src_dir / name).is_file():
+            write_atomic(dst_dir / name, (src_dir / name).read_bytes())
+    if (src_dir / TEMPLATES_DIR).is_dir():
+        (dst_dir / TEMPLATES_DIR).mkdir(exist_ok=True)
+        for f in sorted((src_dir / TEMPLATES_DIR).glob("*.jinja")):
+            write_atomic(dst_dir / TEMPLATES_DIR / f.name, f.read_bytes())
 
 
 # ----------------------------------------------------------------------------- locations
@@ -322,10 +338,11 @@ def clean_stale_temporaries(run_dir: Path) -> list[str]:
     return removed
 
 
-__all__ = ["best_checkpoint", "ckpt_name", "CKPT_PREFIX", "clean_stale_temporaries", "current_timeline",
+__all__ = ["CHAT_TEMPLATE_FILE", "best_checkpoint", "ckpt_name", "CKPT_PREFIX", "clean_stale_temporaries",
+           "copy_tokenizer", "current_timeline",
            "EvalRecord", "EventRecord", "first_event", "INIT_DIR", "is_latest_checkpoint", "iter_run_dirs",
            "last_records", "LineTail", "list_checkpoints", "LIVE_STATES", "MetricsTail", "MetricsWriter",
            "new_run_dir", "NullWriter", "parse_record", "pid_alive", "process_start_time", "read_jsonl_tail",
            "read_metrics", "read_status", "Record", "resolve_run", "RunError", "RunLock", "runs_root", "RunStatus",
            "RunView", "sanitize_run_name", "select_checkpoint", "STATES", "TIME_KEYS", "TIMELINE_EVENTS", "TMP_PREFIX",
-           "TaskRecord", "TASKS_FILE", "TOKENIZER_FILES", "TrainRecord", "write_status"]
+           "TaskRecord", "TASKS_FILE", "TEMPLATES_DIR", "TOKENIZER_FILES", "TrainRecord", "write_status"]

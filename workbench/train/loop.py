@@ -178,7 +178,9 @@ class Trainer:
         # ranks see exactly the data of one process, and one sampler state resumes them all.
         self.sampler = new_sampler(self.data, "train", p, p.train.seed)
         if self.data.format == "chat":
-            if main and not (rd / CHAT_TEMPLATE_FILE).exists():  # the template chat and export apply
+            # the template chat, export and the next fine-tune apply: the one this run trains with (it replaces the
+            # source's copy when data.chat_template chose another); a resume keeps the one its start wrote
+            if main and not (self.resume and (rd / CHAT_TEMPLATE_FILE).exists()):
                 write_atomic(rd / CHAT_TEMPLATE_FILE, self.data.template.text.encode())
             self.report.log(chat_line(self.data, self.sampler, p))
         self.token_bytes = torch.from_numpy(self.data.tokenizer.byte_lengths()).to(self.device)

@@ -30,6 +30,7 @@ from workbench.tui.launcher import RunRequest
 from workbench.tui.messages import ResumeRun, RunsListed, RunStarted, RunUpdated, StartRun, StopRun
 from workbench.tui.palette import WorkbenchCommands
 from workbench.tui.rundata import RunData
+from workbench.tui.screens.dialogs import ConfirmScreen
 from workbench.tui.screens.new_run import NewRunScreen
 from workbench.tui.watcher import RunWatcher
 from workbench.tui.widgets.curves import CurvesPane
@@ -167,8 +168,8 @@ class WorkbenchApp(App[int]):
                 runs.append(summarize_run(p))
             except Exception:
                 continue
-        # newest first: started time, else the directory name
-        runs.sort(key=lambda s: (s.started or 0, s.id), reverse=True)
+        # newest first: when each was made (an imported model and a branch too, which have no start time)
+        runs.sort(key=lambda s: (s.created, s.id), reverse=True)
         self.post_message(RunsListed(runs))
 
     def on_runs_listed(self, msg: RunsListed) -> None:
@@ -272,6 +273,17 @@ class WorkbenchApp(App[int]):
     @on(RunsPane.FineTuneRequested)
     def _fine_tune_requested(self, msg: RunsPane.FineTuneRequested) -> None:
         self.action_new_run(init_from=msg.init_from)
+
+    async def action_quit(self) -> None:
+        """Quit; unsaved preset edits (valid or not) would be lost, so the user is asked first."""
+        drafts = [] if self._panes_gone() else self.query_one(PresetsPane).unsaved()
+        if not drafts:
+            self.exit()
+            return
+        which = ", ".join(drafts)
+        self.push_screen(ConfirmScreen(f"Quit and lose the unsaved changes to {which}? (n, then ctrl+s in Presets "
+                                       "saves a valid one)", "Quit"),
+                         lambda yes: self.exit() if yes else None)
 
     def action_new_run(self, preset: str | None = None, overrides: str = "", init_from: str = "") -> None:
         preset = preset or (self.recommended[0] if self.recommended else None)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from workbench.rundir import LIVE_STATES
 from workbench.tui.messages import ResumeRun
 from workbench.tui.screens.import_model import ImportModelScreen
 from workbench.tui.widgets.curves import CurvesPane
@@ -45,10 +46,9 @@ def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
         partial(app.push_screen, ImportModelScreen(app.runs_dir))
     yield f"Train recommended preset ({rec})", "start a run with the preset picked for this machine", \
         app.action_train_recommended
-    if app.monitored:
+    followed = app.run_data.get(app.monitored) if app.monitored else None
+    if followed is not None and followed.state in LIVE_STATES:  # (an ended run is resumed below, with the others)
         yield f"Stop run {app.monitored}", "SIGTERM the trainer; it saves a checkpoint and exits", monitor.action_stop
-        yield f"Resume run {app.monitored} from latest", "restart training from its last checkpoint", \
-            partial(app.post_message, ResumeRun(app.monitored, "latest"))
     for s in app.summaries:
         yield f"Monitor {s.id}", f"{s.state}, step {s.step}", partial(app.monitor, s.id)
         yield f"Loss curves: add {s.id}", "overlay this run's loss", partial(app.open_curves, s.id)

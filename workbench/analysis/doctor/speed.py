@@ -16,6 +16,7 @@ from workbench.machine.peaks import peak_flops
 from workbench.plan.evals import eval_batches
 from workbench.plan.report import build_report
 from workbench.plan.settings import resolve_settings
+from workbench.rundir import LIVE_STATES
 
 # Throughput is compared with the estimate from SPEED_MIN_RECORDS log records on (the median of the
 # last SPEED_WINDOW): fewer are warm-up and noise.
@@ -51,8 +52,8 @@ DATA_WAIT_HIGH = 0.30        # ... and a high-severity finding from this share o
 # gradient, 5.7 % after; README, Performance.)
 EVAL_SHARE = 0.10
 EVAL_SHARE_HIGH = 0.25
-# ... judged once the run has had this much wall-clock: before, the step-0 eval and the set-up weigh more
-# than they will over the run.
+# ... judged, while the run is live, once it has had this much wall-clock: before, the step-0 eval and the set-up
+# weigh more than they will over the run. A run that has ended is judged whatever its length: that was its time.
 EVAL_SHARE_MIN_SECONDS = 60.0
 # The eval_interval suggested brings the share to about this.
 EVAL_SHARE_TARGET = 0.05
@@ -248,7 +249,8 @@ def nice_ceil(x: float) -> int:
 
 def _eval_share(ctx: Context) -> Finding | None:
     f, p, ts = ctx.facts, ctx.facts.preset, ctx.facts.time_spent
-    if p is None or ts is None or ts.elapsed_s < EVAL_SHARE_MIN_SECONDS or ts.eval_share < EVAL_SHARE:
+    young = f.state in LIVE_STATES and ts is not None and ts.elapsed_s < EVAL_SHARE_MIN_SECONDS
+    if p is None or ts is None or young or ts.eval_share < EVAL_SHARE:
         return None
     t = p.train
     recorded = [e.seconds for e in f.evals if e.seconds is not None and e.step > 0]  # the first draws its batches
@@ -267,15 +269,31 @@ def _eval_share(ctx: Context) -> Finding | None:
     if interval > t.eval_interval:
         options.append(({"train.eval_interval": interval}, f"an eval every {interval:,} steps instead of "
                          f"{t.eval_interval:,}, ~{percent(EVAL_SHARE_TARGET)} of the time"))
+    if not options and batches > 1:
+        # the evals that weigh are ones no interval removes (the step-0 and the last, in a run shorter than an
+        # interval): fewer batches each, at the price of a noisier val loss. An eval's time is its batches'.
+        rest = ts.elapsed_s - ts.eval_s
+        fewer = max(1, math.floor(batches * EVAL_SHARE_TARGET / (1 - EVAL_SHARE_TARGET) * rest / ts.eval_s))
+        if fewer < batches:
+            new_eval = ts.eval_s * fewer / batches
+            options.append(({"train.eval_iters": fewer}, f"{fewer} batch{'' if fewer == 1 else 'es'} of train and of "
+                             f"val instead of {batches}, ~{percent(new_eval / (rest + new_eval))} of the time; the val "
+                             "loss is noisier"))
+    longer = ("a longer time budget (train.time_budget): the first and last evals take the same time however long "
+              "the run" if t.time_budget else "more steps (train.max_iters): the first and last evals take the same "
+              "time however long the run")
     if not options:
-        return None
-    (values, why), also = options[0], tuple(f"{set_line(v)} ({w})" for v, w in options[1:])
+        options.append(({}, longer))
+    elif len(f.evals) <= 2:
+        options.append(({}, longer))
+    (values, why), also = options[0], tuple(f"{set_line(v)} ({w})" if v else w for v, w in options[1:])
     return Finding("slow", "slow.eval_share", "medium" if ts.eval_share >= EVAL_SHARE_HIGH else "low",
                    f"{percent(ts.eval_share)} of the run's time goes to evals",
                    (f"{num(ts.eval_s)} s of the run's {num(ts.elapsed_s)} s in evals and their samples, as of step "
                     f"{ts.step}", f"an eval every {t.eval_interval:,} steps of ~{step_s:.2f} s, each ~{per_eval:.2f} s "
                     f"({batches or '?'} batches of train and of val)"),
-                   f"{set_line(values)} ({why})", values, ctx.apply_command(values), step=ts.step, also=also,
+                   f"{set_line(values)} ({why})" if values else why, values,
+                   ctx.apply_command(values) if values else "", step=ts.step, also=also,
                    data={"eval_share": ts.eval_share, "eval_s": ts.eval_s, "elapsed_s": ts.elapsed_s,
                          "eval_seconds": per_eval, "step_seconds": step_s})
 

@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 from rich.text import Text
-from textual import work
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -16,10 +16,14 @@ from textual.widgets import Button, Input, Label, Select, Static
 from workbench.analysis.history import measured_in
 from workbench.config import (
     Preset,
+    overridden_keys,
     preset_paths,
 )
+from workbench.data.chat_data import check_loss_on
+from workbench.data.tokens import open_data_corpus
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
+from workbench.plan.finetune import compare_methods, method_overrides
 from workbench.plan.report import fit_check
 from workbench.plan.run_plan import plan_new_run
 from workbench.rundir import runs_root, sanitize_run_name
@@ -36,11 +40,15 @@ def request_preset(req: RunRequest, runs_dir: Path | None = None) -> Preset:
 
 
 def check_request(req: RunRequest, runs_dir: Path | None = None) -> str | None:
-    """What is wrong with ``req`` (preset, overrides, run name, the checkpoint to start from), or None."""
+    """What is wrong with ``req`` (preset, overrides, run name, the checkpoint to start from, the corpus as
+    `workbench train` lists it before a run exists), or None: shown in the form, which stays open."""
     try:
-        request_preset(req, runs_dir)
+        p = request_preset(req, runs_dir)
         if req.name:
             sanitize_run_name(req.name)
+        corpus = open_data_corpus(p.data)
+        asked = "train.loss_on" in overridden_keys(list(req.new_run().overrides))
+        check_loss_on(p.data, corpus, p.train.loss_on if asked else None)
     except (WorkbenchError, OSError) as e:
         return str(e)
     return None
@@ -54,7 +62,9 @@ def preview_text(out: dict) -> Text:
     """``data inspect --json`` as the form shows it: a conversation's trained text in bold green, a
     document's first lines."""
     t = Text()
-    if out.get("format") == "chat":
+    if out.get("format") == "chat" and out.get("tokenizer", "") is None:  # shown by characters: no tokenizer fits
+        t.append(f"template {out['template']}; loss on {out['loss_on']} (bold green); {out['note']}", style="dim")
+    elif out.get("format") == "chat":
         over = out["truncated"] + out["dropped"]
         t.append(f"{out['conversations']:,} conversations; template {out['template']}; loss on {out['loss_on']}: "
                  f"{out['trained_fraction']:.1%} of tokens (bold green); rows {out['row_fill']:.0%} filled"
@@ -73,6 +83,16 @@ def preview_text(out: dict) -> Text:
         if len(lines) > PREVIEW_LINES or doc.get("cut"):
             t.append(" […]", style="dim")
     return t
+
+
+def recommended_method(req: RunRequest, machine_info: dict | None, runs_dir: Path | None) -> tuple[str | None, str]:
+    """The fine-tuning method `workbench estimate --init-from` recommends for ``req`` (full, lora, lora+ac: the
+    first that fits) and why; (None, why) when none fits or the request cannot be estimated."""
+    try:
+        mt = compare_methods(request_preset(req, runs_dir), Machine.from_info(machine_info or detect()))
+    except (WorkbenchError, OSError):
+        return None, ""
+    return mt["recommended"], mt["why"]
 
 
 def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | None) -> tuple[bool | None, str]:
@@ -103,6 +123,7 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
         self.runs_dir = runs_dir
         self.fits: bool | None = None
         self._timer = None
+        self.method_chosen = False  # the user chose full or LoRA: the recommendation no longer sets it
 
     def compose(self) -> ComposeResult:
         names = sorted(preset_paths())
@@ -145,9 +166,29 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
     def show_estimate(self) -> None:
         if not self.is_attached or not self.query("#nr-estimate"):  # dismissed meanwhile
             return
+        advice = self._recommend_method()
         self.fits, text = estimate_text(self.request(), self.machine_info, self.runs_dir)
         style = {True: "green", False: "bold red"}.get(self.fits, "dim")
-        self.query_one("#nr-estimate", Static).update(Text(text, style=style))
+        self.query_one("#nr-estimate", Static).update(Text(text + advice, style=style))
+
+    def _recommend_method(self) -> str:
+        """A fine-tune: the method `estimate --init-from` recommends chosen (until the user chooses one), and a
+        line saying which and why."""
+        req = self.request()
+        if not req.init_from:
+            return ""
+        rec, why = recommended_method(req, self.machine_info, self.runs_dir)
+        if rec is None:
+            return f"\nmethod: {why}" if why else ""
+        if not self.method_chosen:
+            with self.prevent(Select.Changed):
+                self.query_one("#nr-finetune", Select).value = "full" if rec == "full" else "lora"
+        extra = " (with --set hardware.activation_checkpointing=true)" if rec == "lora+ac" else ""
+        return f"\nmethod: {' '.join(method_overrides(rec))} recommended{extra}: {why}"
+
+    @on(Select.Changed, "#nr-finetune")
+    def _method_chosen(self) -> None:
+        self.method_chosen = True
 
     def _estimate_soon(self) -> None:
         if self._timer is not None:

@@ -216,9 +216,11 @@ class PresetsPane(Horizontal, Pane):
         status = self.query_one("#preset-status", Static)
         status.set_class(bool(err), "error")
         status.update(Text(f"✗ {err}", style="bold red") if err else Text("✓ valid", style="green"))
+        box = self.query_one("#preset-estimate", Static)
         if self.valid is not None:
-            self.query_one("#preset-estimate", Static).update(
-                estimate_table(self.valid, self.app.machine_info, self.history))
+            box.update(estimate_table(self.valid, self.app.machine_info, self.history))
+        else:  # never the last valid preset's numbers beside this one's editor
+            box.update(Text(f"no estimate: {self.current}'s text has an error (see below the editor)", style="yellow"))
         if self.showing_gpus:
             self.compare_gpus()
 
@@ -297,7 +299,39 @@ class PresetsPane(Horizontal, Pane):
         self.reload(select=name)
 
     def action_train(self) -> None:
-        self.post_message(self.TrainRequested(self.current))
+        """Train with the preset shown, as saved: an error or unsaved changes in the editor are said first (the
+        form would start the file on disk, not what the editor shows)."""
+        name = self.current
+        if name:
+            self.check()
+            if self.valid is None:
+                self.notify(f"{name} has an error (see below the editor): fix it, or revert it with ctrl+r, to train "
+                            "with it.", severity="error")
+                return
+            if self._differs_from_disk(name, self.editor_text()):
+                self.notify(f"{name} has unsaved changes: save them with ctrl+s to train with them, or revert them "
+                            "with ctrl+r.", severity="warning")
+                return
+        self.post_message(self.TrainRequested(name))
+
+    def _differs_from_disk(self, name: str, text: str) -> bool:
+        try:
+            return text != self.paths[name][0].read_text(encoding="utf-8")
+        except (OSError, KeyError):
+            return True
+
+    def unsaved(self) -> list[str]:
+        """The presets with changes not saved (quitting would lose them), each named as a question would name it:
+        ``cpu-small (it has an error)`` where its text does not validate."""
+        drafts = dict(self.buffers)
+        if self.current and self.current in self.paths:
+            text = self.editor_text()
+            if self._differs_from_disk(self.current, text):
+                drafts[self.current] = text
+            else:
+                drafts.pop(self.current, None)
+        return [name + ("" if validate_preset_text(text, name)[0] is not None else " (it has an error)")
+                for name, text in sorted(drafts.items())]
 
     # ------------------------------------------------------------------ other GPUs
 

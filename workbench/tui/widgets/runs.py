@@ -74,7 +74,7 @@ class RunsPane(Vertical, Pane):
         Binding("c", "resume('chosen')", "From ckpt"),
         Binding("plus", "more", "More"),
         Binding("s", "sample", "Sample"),
-        Binding("t", "fine_tune", "Fine-tune", show=False),  # (in the palette too) the footer fits 80 columns
+        Binding("t", "fine_tune", "Tune"),  # fine-tune from the run (a new-run form): short, to fit 80 columns
         Binding("l", "curves", "Curves"),
         Binding("d", "delete", "Delete"),
         Binding("f", "refresh", "Refresh", show=False),

@@ -4,9 +4,10 @@ and the samples the trainer wrote at eval time.
 The pane runs the samplers itself: one ``workbench sample`` subprocess per column, each read by a
 thread worker that streams its text into the column as it comes.
 
-A run trained on conversations (it has ``chat_template.jinja``) opens in chat mode: a system prompt, a
-message, and each column a transcript of its own conversation with its checkpoint; every message goes to
-both, and each reply is one ``workbench chat --conversation -`` given that column's conversation so far."""
+A run with a chat template (``chat_template.jinja``: chat-tuned, or an imported model's own) opens in chat
+mode: a system prompt, a message, and each column a transcript of its own conversation with its checkpoint;
+every message goes to both, and each reply is one ``workbench chat --conversation -`` given that column's
+conversation so far."""
 
 from __future__ import annotations
 
@@ -90,13 +91,15 @@ class SamplePane(Vertical, Pane):
         Binding("ctrl+k", "cancel", "Stop sampling", show=False),
         Binding("ctrl+r", "reset_chat", "Reset chat"),
         Binding("ctrl+t", "toggle_chat", "Chat / text"),
+        # in a box, digits are text (a message may hold numbers); escape leaves it, and 1-6 switch tabs again
+        Binding("escape", "leave_box", "Leave the box"),
     ]
 
     def __init__(self, runs_dir: Path, **kw):
         super().__init__(**kw)
         self.runs_dir = runs_dir
         self._samplers: list[launcher.SampleProcess] = []  # running now, to kill on cancel
-        self.chat_run = False   # the run shown was trained on conversations
+        self.chat_run = False   # the run shown has a chat template (chat-tuned, or an imported model's)
         self.chat_mode = False  # the pane chats (else samples text)
         self._shown: tuple = ()  # (run, checkpoint A, checkpoint B) the conversation is with
         self._chat: dict[str, list[dict]] = {}  # each column's conversation: user and assistant messages
@@ -143,7 +146,13 @@ class SamplePane(Vertical, Pane):
             return self.chat_run
         if action == "reset_chat":
             return self.chat_mode
+        if action == "leave_box":
+            return isinstance(self.app.focused, Input)
         return True
+
+    def action_leave_box(self) -> None:
+        """Leave the text box for the run choice, where the app's keys (1-6, q) work again."""
+        self.focus_main()
 
     def on_unmount(self) -> None:
         self.action_cancel()
@@ -161,6 +170,8 @@ class SamplePane(Vertical, Pane):
             sel.set_options([(r, r) for r in run_ids])
             if keep in run_ids:
                 sel.value = keep
+        if self.run_id is not None and not self.chat_run:  # its template may have been written since
+            self._conversation_with(self.run_id)
 
     def choose(self, run_id: str, checkpoint: str | None = None) -> None:
         """Sample from ``run_id`` (one of the runs set), from ``checkpoint`` in column A if given."""
@@ -339,16 +350,18 @@ class SamplePane(Vertical, Pane):
 
     def _conversation_with(self, run: str | None) -> None:
         """A conversation is with a run's checkpoints: choosing another run or checkpoint starts a new one, and a
-        run trained on conversations opens in chat mode (any other in text mode)."""
+        run with a chat template opens in chat mode (any other in text mode). Whether it has one is read each time
+        the run is shown: a run chosen as it started has none until its trainer's start writes it."""
         shown = (run, str(self.query_one("#smp-ckpt-a", Select).value),
                  str(self.query_one("#smp-ckpt-b", Select).value))
-        if shown == self._shown:
+        chat_run = run is not None and (self.runs_dir / run / CHAT_TEMPLATE_FILE).is_file()
+        if shown == self._shown and chat_run == self.chat_run:
             return
         new_run = not self._shown or shown[0] != self._shown[0]
         self._shown = shown
-        if new_run:
-            self.chat_run = run is not None and (self.runs_dir / run / CHAT_TEMPLATE_FILE).is_file()
-            self._set_mode(self.chat_run)
+        if new_run or chat_run != self.chat_run:
+            self.chat_run = chat_run
+            self._set_mode(chat_run)
         elif self.chat_mode:
             self.action_reset_chat()
 
