@@ -319,3 +319,35 @@ def test_a_bare_number_is_minutes_wherever_it_is_typed(tmp_path):
             "--set", *TINY, "train.eval_interval=1000")
     assert cp.returncode == 0, cp.stderr
     assert "time budget 3s:" in (tmp_path / "runs" / "n" / "train.log").read_text()
+
+
+def test_a_budgeted_run_never_writes_its_preset_and_every_reader_agrees_on_its_end(tmp_path):
+    """The trainer steps its horizon; the preset it loaded is never written (it carried a budget's end step by
+    setting train.max_iters, twice). At every logged step, status.json's end step, the doctor's (RunFacts) and
+    the Runs pane's (summarize_run) are the horizon's, and the run ends there."""
+    from workbench.analysis.doctor.facts import read_run
+    from workbench.analysis.summary import summarize_run
+    from workbench.config import preset_to_toml, resolve_preset
+    from workbench.train.loop import Trainer
+    run_dir = tmp_path / "h"
+    run_dir.mkdir()
+    p = resolve_preset("cpu-small", [*SETS, "train.time_budget=4s", "train.max_iters=100000"])
+    (run_dir / "preset.toml").write_text(preset_to_toml(p))
+    trainer = Trainer(run_dir, echo=False)
+    seen: list[tuple[int, int, int, int, int]] = []
+    log_step = trainer.log_step
+
+    def checked(*a, **kw):
+        log_step(*a, **kw)
+        seen.append((trainer.state.step, trainer.horizon.end_step, rundir.read_status(run_dir).max_iters,
+                     read_run(run_dir).max_iters, summarize_run(run_dir).max_iters))
+    trainer.log_step = checked
+    assert trainer.run() == 0
+    loaded = trainer.preset.to_dict()
+    assert loaded == load_preset_file(run_dir / "preset.toml").to_dict() and loaded["train"]["max_iters"] == 100000
+    assert len(seen) >= 5
+    for step, end, status_end, doctor_end, runs_end in seen:
+        assert end == status_end == doctor_end == runs_end, (step, end, status_end, doctor_end, runs_end)
+    last = seen[-1]
+    assert last[0] == last[1] == rundir.read_status(run_dir).step          # it ended where the horizon said
+    assert trainer.horizon.end_step < 100000                                 # the budget's end, not max_iters

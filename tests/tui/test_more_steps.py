@@ -29,8 +29,8 @@ def note(more: int, lr: float = 6e-4, min_lr: float = 6e-5, warmup: int = 2) -> 
     before, after = cosine_lr(399, lr, min_lr, warmup, 400), cosine_lr(400, lr, min_lr, warmup, new_max)
     end = cosine_lr(new_max - 1, lr, min_lr, warmup, new_max)
     return (f"to step {new_max:,}; cosine schedule: its decay is stretched to end at step {new_max:,}, so the "
-            f"learning rate goes from {before:.2e} at step 400 up to {after:.2e}, then decays to {end:.2e}. "
-            "Recorded in the run's events as a change of train.max_iters.")
+            f"learning rate goes from {before:.2e} at step 400 up to {after:.2e}, then decays to {end:.2e}; "
+            "recorded in the run's events as a change of train.max_iters.")
 
 
 def test_plus_asks_how_many_steps_explains_the_schedule_and_resumes_with_more(runs_dir, monkeypatch):

@@ -21,7 +21,7 @@ def test_new_run_form_shows_fit_and_time_and_asks_when_it_does_not_fit(runs_dir,
             await wait_for(pilot, lambda: "fits:" in text_of(app.screen.query_one("#nr-estimate")), what="the estimate")
             est = app.screen.query_one("#nr-estimate")
             text = text_of(est)
-            assert "fits: ~4.02 GiB of 7.00 GiB NVIDIA GeForce RTX 4060 free VRAM" in text, text
+            assert "fits: ~3.98 GiB of 7.00 GiB NVIDIA GeForce RTX 4060 free VRAM" in text, text
             assert "for 10,000 steps at" in text and "tokens/s (estimate)" in text, text
             # another preset: gpu-24gb needs ~8.6 GiB
             app.screen.query_one("#nr-preset", Select).value = "gpu-24gb"

@@ -294,3 +294,31 @@ def test_quitting_with_an_unsaved_draft_asks(runs_dir, answer, quits):
             await pilot.pause()
             assert app.is_running != quits
     run(go())
+
+
+def test_a_budgeted_presets_total_tokens_are_what_its_budget_fits():
+    """The estimate box's "total tokens" line for a preset with train.time_budget is the budget's estimate (the
+    steps `workbench estimate` fits in it, x tokens a step), not max_iters' (only a first guess there); without a
+    budget, max_iters'."""
+    from rich.console import Console
+
+    from workbench.config import resolve_preset
+    from workbench.machine.detect import Gpu, Machine
+    from workbench.plan.cost import estimate_time
+    from workbench.plan.report import build_report
+    from workbench.tui.display import si
+    from workbench.tui.widgets.presets import estimate_table, total_tokens
+    h100 = Machine(gpus=(Gpu(0, "NVIDIA H100 80GB HBM3", 80 * 2**30, 79 * 2**30, (9, 0)),), physical_cores=16)
+    p = resolve_preset("gpu-8gb", ["train.time_budget=10m"])
+    r = build_report(p, h100)
+    steps = estimate_time(p, r["tokens_per_s"])["steps"]
+    assert 0 < steps and int(steps) != p.train.max_iters
+    want = f"{si(p.tokens_per_step() * int(steps))} (estimate: ~{int(steps):,} steps in 10m)"
+    assert total_tokens(p, r) == want
+    console = Console(width=200, record=True)
+    console.print(estimate_table(p, {"nvidia": [{"index": 0, "name": "NVIDIA H100 80GB HBM3",
+                                                 "vram_total": 80 * 2**30, "vram_free": 79 * 2**30,
+                                                 "compute_capability": "9.0"}]}))
+    assert f"total tokens {want}" in " ".join(console.export_text().split())
+    plain = resolve_preset("gpu-8gb", [])
+    assert total_tokens(plain, build_report(plain, h100)) == si(plain.tokens_per_step() * plain.train.max_iters)

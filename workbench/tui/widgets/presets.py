@@ -55,14 +55,14 @@ def estimate_table(p: Preset, machine_info: dict | None = None, history: History
     t.add_column()
     t.add_row("params", f"{display.si(count_params(p.model))} (estimate)")
     t.add_row("tokens/step", f"{p.tokens_per_step():,}")
-    t.add_row("total tokens", display.si(p.tokens_per_step() * p.train.max_iters))
     try:
         machine = Machine.from_info(machine_info or detect())
-        t.add_row("memory", f"{display.human_bytes(estimate_memory(p, machine=machine).total)} (estimate)")
+        memory = f"{display.human_bytes(estimate_memory(p, machine=machine).total)} (estimate)"
         r = build_report(p, machine, history=history)
     except WorkbenchError as e:  # e.g. a device this machine does not have
-        t.add_row("memory", str(e))
-        r = {}
+        memory, r = str(e), {}
+    t.add_row("total tokens", total_tokens(p, r))
+    t.add_row("memory", memory)
     if p.hardware.expected_memory_gb:
         t.add_row("sized for", f"{p.hardware.expected_memory_gb:g} GB")
     if r.get("tokens_per_s"):
@@ -72,6 +72,18 @@ def estimate_table(p: Preset, machine_info: dict | None = None, history: History
         t.add_row("time", f"{display.duration(r['time']['total_s'])} (evals included)")
     t.add_row("other GPUs", "ctrl+g")
     return t
+
+
+def total_tokens(p: Preset, report: dict) -> str:
+    """The tokens a run of ``p`` trains on: its steps' (max_iters), or with a time budget the steps the estimate
+    fits in it (``report``: build_report's, whose time the box shows too) — max_iters is then only a first
+    guess, which this line showed."""
+    if not p.train.time_budget:
+        return display.si(p.tokens_per_step() * p.train.max_iters)
+    steps = (report.get("time") or {}).get("steps")
+    if not steps:
+        return f"what {p.train.time_budget} trains (speed not known here)"
+    return f"{display.si(p.tokens_per_step() * int(steps))} (estimate: ~{int(steps):,} steps in {p.train.time_budget})"
 
 
 def gpu_table(result: dict) -> Group:
