@@ -164,8 +164,9 @@ class Runner:
             if st.live:
                 if st.pid and st.pid != item.pid:
                     item = self.store.update(item.id, pid=st.pid)
-                    if recovering:
-                        self.say(f"adopted {item.name}: its trainer (pid {st.pid}) is still running")
+                if recovering:
+                    self.say(f"adopted {item.name}: its trainer (pid {st.pid}) is still running")
+                    recovering = False
                 if pruner is not None and not stop_asked and pruner.should_prune(run_dir, st):
                     self.say(f"pruning {item.name}: {pruner.reason}")
                     try:
