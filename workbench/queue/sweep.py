@@ -105,7 +105,11 @@ def _ask(study, spec: SweepSpec, root: Path, machine: Machine, info: dict) -> Ma
     """One trial drawn by the sampler, admitted or refused (Optuna told it failed)."""
     optuna = _optuna()
     trial = study.ask(_distributions(spec.params))
-    item, why = _admit(root, spec, dict(trial.params), machine, info)
+    try:
+        item, why = _admit(root, spec, dict(trial.params), machine, info)
+    except WorkbenchError:  # a drawn value the preset refuses: Optuna is told, so the trial is not left running
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        raise
     if why:
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
         return Made(dict(trial.params), None, trial.number, why)
@@ -173,12 +177,12 @@ def create_sweep(root: Path, spec: SweepSpec, machine: Machine, info: dict) -> l
     study = open_study(root, spec, create=True)
     try:
         made = plan_trials(root, spec, machine, info, study)
-        if not any(m.item for m in made) and spec.method != "tpe":
-            raise QueueError(f"no trial of sweep {spec.name} fits this machine by the estimate (first: "
-                             f"{made[0].note}); nothing was queued")
         if spec.method == "tpe":  # refused draws are tried again, as many times as the sweep has trials
             while not any(m.item for m in made) and len(made) < spec.trials:
                 made.append(_ask(study, spec, root, machine, info))
+        if not any(m.item for m in made):
+            raise QueueError(f"no trial of sweep {spec.name} fits this machine by the estimate (first: "
+                             f"{made[0].note}); nothing was queued")
         return store.add_sweep(spec.name, spec.to_dict(), [(m.params, m.item, m.optuna, m.note) for m in made])
     except BaseException:
         optuna.delete_study(study_name=spec.name, storage=storage_url(root))
