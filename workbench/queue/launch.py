@@ -6,10 +6,12 @@ process of its own in its own session: the runner's death does not stop it."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from workbench import rundir
 from workbench.errors import WorkbenchError
 from workbench.queue.store import Item
 
@@ -70,5 +72,13 @@ class CliLauncher:
         self._run(cli_argv(self.root, "resume", name, "--detach"))
 
     def stop(self, name: str) -> None:
-        """The normal stop path (SIGTERM: the trainer saves a checkpoint and exits ``stopped``)."""
-        self._run(cli_argv(self.root, "stop", name, "--no-wait"))
+        """The normal stop path, as `workbench stop` takes it: SIGTERM to the trainer, which finishes its step,
+        saves a checkpoint and exits ``stopped``. Sent from here rather than through the CLI: a pruned trial's
+        budget may be seconds, and the stop must not wait for an interpreter to start."""
+        st = rundir.read_status(self.root / name)
+        if not st.live or not st.pid:
+            raise LaunchFailed(f"{name} is not running (state: {st.state})")
+        try:
+            os.kill(st.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            raise LaunchFailed(f"{name}: its trainer (pid {st.pid}) is gone") from None

@@ -178,6 +178,8 @@ class Runner:
                 continue
             if st.state in ("finished", "early_stopped"):
                 note = f"early stopped at step {st.step:,}" if st.state == "early_stopped" else None
+                if stop_asked:  # the pruner's stop came as the run was ending: what it reached stands
+                    note = f"reached its end before the pruner's stop ({pruner.reason})"
                 self.end(item, "finished", note)
             elif st.state == "stopped":
                 self.end(item, "pruned" if stop_asked else "stopped",
