@@ -47,6 +47,9 @@ def test_import_contracts_hold():
     ("train/loop.py", "import workbench.interop.export", "Layers"),               # the engine importing interop
     ("interop/export.py", "import textual.app", "interop never import textual"),
     ("tui/display.py", "import workbench.interop.hf_layout", "TUI never imports torch"),
+    ("queue/runner.py", "import torch", "no torch, no textual"),                  # the queue's runner stays light
+    ("queue/launch.py", "import workbench.commands.launch", "Layers"),            # trials start through the CLI
+    ("queue/store.py", "import workbench.train.loop", "Layers"),                  # the queue beside the engine
 ])
 def test_a_violation_breaks_a_contract(tmp_path, module, line, contract):
     """A deliberate wrong-way import in a copy of the package makes lint-imports fail, naming the contract."""

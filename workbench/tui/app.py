@@ -37,6 +37,7 @@ from workbench.tui.widgets.curves import CurvesPane
 from workbench.tui.widgets.hardware import HardwarePane
 from workbench.tui.widgets.monitor import MonitorPane
 from workbench.tui.widgets.presets import PresetsPane
+from workbench.tui.widgets.queue import QueuePane
 from workbench.tui.widgets.runs import RunsPane
 from workbench.tui.widgets.sample import SamplePane
 from workbench.tui.widgets.tabs import PaneTabs
@@ -47,7 +48,7 @@ class WorkbenchApp(App[int]):
     TITLE = "workbench"
     COMMANDS = App.COMMANDS | {WorkbenchCommands}
     TAB_LABELS = {"hardware": "Hardware", "presets": "Presets", "train": "Train",
-                  "curves": "Loss curves", "sample": "Sample", "runs": "Runs"}
+                  "curves": "Loss curves", "sample": "Sample", "runs": "Runs", "queue": "Queue"}
     BINDINGS = [
         Binding("1", "show_tab('hardware')", "Hardware", show=False),
         Binding("2", "show_tab('presets')", "Presets", show=False),
@@ -55,6 +56,7 @@ class WorkbenchApp(App[int]):
         Binding("4", "show_tab('curves')", "Curves", show=False),
         Binding("5", "show_tab('sample')", "Sample", show=False),
         Binding("6", "show_tab('runs')", "Runs", show=False),
+        Binding("7", "show_tab('queue')", "Queue", show=False),
         Binding("n", "new_run", "New run"),
         Binding("q", "quit", "Quit"),
     ]
@@ -98,6 +100,8 @@ class WorkbenchApp(App[int]):
                 yield SamplePane(self.runs_dir, id="sample-pane")
             with TabPane("6 Runs", id="runs"):
                 yield RunsPane(id="runs-pane")
+            with TabPane("7 Queue", id="queue"):
+                yield QueuePane(self.runs_dir, max(0.5, self.watch_interval), id="queue-pane")
         yield Footer()
 
     def _has_runs(self) -> bool:
@@ -341,6 +345,31 @@ class WorkbenchApp(App[int]):
         shutil.rmtree(path)
         self.notify(f"Deleted {msg.what}.")
         self._list_runs()
+
+    # The queue: the pane reads queue.db itself; every change is a `workbench queue` command, so the TUI never
+    # writes the database and a runner it starts lives on when it quits.
+
+    @on(QueuePane.AddRequested)
+    def _queue_add_requested(self, msg: QueuePane.AddRequested) -> None:
+        preset = self.query_one(PresetsPane).current or (self.recommended[0] if self.recommended else None)
+        if not preset:
+            self.notify("Choose a preset in the Presets pane (2) first.", severity="warning")
+            return
+        self._queue_command(("add", preset), f"Queued a {preset} run.")
+
+    @on(QueuePane.CommandRequested)
+    def _queue_command_requested(self, msg: QueuePane.CommandRequested) -> None:
+        self._queue_command(msg.args, msg.done)
+
+    @work(thread=True, group="queue", exit_on_error=False)
+    def _queue_command(self, args: tuple[str, ...], done: str) -> None:
+        if self._cli(f"queue {args[0]}", launcher.queue_command, self.runs_dir, *args) is not None:
+            self.notify(done)
+            self.call_from_thread(self._reread_queue)
+
+    def _reread_queue(self) -> None:
+        if not self._panes_gone():
+            self.query_one(QueuePane).refresh_queue()
 
     def _cli(self, what: str, call: Callable[..., str], *args) -> str | None:
         """Run a launcher call (in a worker's thread): its output, or None once the user is told why

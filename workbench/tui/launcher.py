@@ -120,6 +120,11 @@ def stop_run(runs_dir: Path, run_id: str, timeout: float = 30) -> str:
     return _last_line(_run(cli_argv(runs_dir, "stop", run_id, "--no-wait"), timeout))
 
 
+def queue_command(runs_dir: Path, *args: str, timeout: float = 120) -> str:
+    """``workbench queue ARGS...`` (add, pause, resume, rm, move, run --detach); its last line of output."""
+    return _last_line(_run(cli_argv(runs_dir, "queue", *args), timeout))
+
+
 def _last_line(out: str) -> str:
     lines = [ln.strip() for ln in out.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else ""

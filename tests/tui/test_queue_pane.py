@@ -1,0 +1,106 @@
+"""The Queue pane on a real queue database: runs in their states (finished, failed with its reason, queued in
+order, interrupted), a sweep with its best trial; its keys run the real `workbench queue` commands (pause, move,
+remove, add the preset chosen in Presets) and the pane shows the result."""
+
+from __future__ import annotations
+
+import time
+
+from textual.widgets import DataTable
+
+from tests.support.tui import make_app, run, text_of, wait_for
+from workbench.queue.store import NewItem, QueueStore
+
+TINY = ("model.dim=64", "model.n_layers=2")
+
+
+def make_queue(root):
+    store = QueueStore(root)
+    now = time.time()
+    done = store.add(NewItem("cpu-small", TINY, name="early"))
+    store.update(done.id, state="finished", metric=3.9876, started=now - 60, ended=now - 30)
+    bad = store.add(NewItem("cpu-small", TINY, name="broken"))
+    store.update(bad.id, state="failed", started=now - 30, ended=now - 20,
+                 note="out of memory at step 3; doctor: the run ran out of memory (--set train.batch_size=2)")
+    gone = store.add(NewItem("cpu-small", TINY, name="delta"))   # running, but no runner and no trainer
+    store.update(gone.id, state="running", started=now - 10)
+    store.add(NewItem("cpu-small", TINY, time_budget="60s", name="q1"))
+    store.add(NewItem("cpu-small", TINY, name="q2"))
+    store.add_sweep("sw", {"name": "sw", "preset": "cpu-small", "method": "grid",
+                           "params": [{"key": "train.lr", "values": [0.001, 0.01]}], "trials": 2,
+                           "metric": "val_loss", "goal": "minimize"},
+                    [({"train.lr": 0.001}, NewItem("cpu-small", TINY + ("train.lr=0.001",)), None, None),
+                     ({"train.lr": 0.01}, None, None, "does not fit this machine's memory by the estimate")])
+    t1 = store.find("sw-t0001")
+    store.update(t1.id, state="finished", metric=3.5, started=now - 5, ended=now - 1)
+    store.close()
+
+
+def cells(app, table: str) -> list[list[str]]:
+    t = app.query_one(table, DataTable)
+    return [[str(c) for c in t.get_row_at(i)] for i in range(t.row_count)]
+
+
+def test_queue_pane_shows_the_queue_and_its_keys_change_it(runs_dir):
+    make_queue(runs_dir)
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="queue")
+        async with app.run_test(size=(140, 40)) as pilot:
+            await wait_for(pilot, lambda: app.query_one("#queue-table", DataTable).row_count == 6, what="the queue")
+            rows = {r[1]: r for r in cells(app, "#queue-table")}
+            assert rows["early"][2] == "finished" and rows["early"][4] == "3.9876"
+            assert rows["broken"][2] == "failed"
+            assert rows["delta"][2] == "interrupted"
+            assert (rows["q1"][0], rows["q1"][2], rows["q2"][0]) == ("1", "queued", "2")
+            assert "budget 60s" in rows["q1"][5]
+            assert "2 queued" in text_of(app.query_one("#queue-status")) and "no runner" in \
+                text_of(app.query_one("#queue-status"))
+            sweeps = cells(app, "#sweeps-table")
+            assert sweeps == [["sw", "grid", "2/2", "sw-t0001", "val_loss 3.5000", "train.lr=0.001"]]
+
+            t = app.query_one("#queue-table", DataTable)
+            t.move_cursor(row=t.get_row_index("broken"))
+            detail = app.query_one("#queue-detail")
+            await wait_for(pilot, lambda: "doctor: the run ran out of memory" in text_of(detail),
+                           what="the failed run's reason")
+
+            await pilot.press("p")   # `workbench queue pause`
+            await wait_for(pilot, lambda: "paused" in text_of(app.query_one("#queue-status")), timeout=30,
+                           what="the queue paused")
+            store = QueueStore(runs_dir)
+            assert store.paused()
+
+            t.move_cursor(row=t.get_row_index("q2"))
+            await pilot.press("shift+up")   # `workbench queue move q2 1`
+            await wait_for(pilot, lambda: {r[1]: r[0] for r in cells(app, "#queue-table")}.get("q2") == "1",
+                           timeout=30, what="q2 moved up")
+            assert [i.name for i in store.items(("queued",))] == ["q2", "q1"]
+
+            t.move_cursor(row=t.get_row_index("q1"))
+            await pilot.press("d")
+            await pilot.pause()
+            await pilot.press("y")          # `workbench queue rm q1`
+            await wait_for(pilot, lambda: "q1" not in {r[1] for r in cells(app, "#queue-table")}, timeout=30,
+                           what="q1 removed")
+            assert store.find("q1") is None
+
+            app.query_one("#presets-pane").load("cpu-small")
+            await pilot.press("a")          # `workbench queue add cpu-small`
+            await wait_for(pilot, lambda: any(r[1].startswith("cpu-small-") for r in cells(app, "#queue-table")),
+                           timeout=60, what="a cpu-small run queued")
+            assert [i.preset for i in store.items(("queued",))] == ["cpu-small", "cpu-small"]
+            store.close()
+
+    run(go())
+
+
+def test_queue_pane_without_a_queue_says_how_to_start_one(runs_dir):
+    async def go():
+        app = make_app(runs_dir, initial_tab="queue")
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: "a: queue the preset chosen in Presets" in
+                           text_of(app.query_one("#queue-status")), what="the empty queue's line")
+            assert not (runs_dir / "queue.db").exists()   # reading never creates the database
+            await pilot.press("7")
+    run(go())

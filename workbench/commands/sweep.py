@@ -1,0 +1,179 @@
+"""`workbench sweep`: make a sweep (a spec file, or a preset with --set-grid) whose trials are queued runs,
+and show its results. The sweep is ``workbench.queue.sweep``; this parses and prints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from workbench.commands.common import add_corpus_option, add_set_option
+from workbench.machine.detect import Machine, detect
+from workbench.queue.outcome import parse_metric
+from workbench.queue.runner import runner_pid
+from workbench.queue.spec import METHODS, PRUNERS, SpecError, build_spec, load_spec, parse_set_grid, point_sets
+from workbench.queue.store import QueueError, QueueStore, trial_name
+from workbench.queue.sweep import best, create_sweep, load, print_commands, results
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="search settings: trials queued as runs, ranked by what they reach",
+                       description="`sweep SPEC.toml`, or `sweep PRESET --set-grid train.lr=1e-3,3e-3 "
+                                   "train.warmup_iters=10,50 --time-budget 60s`: every trial is estimated, then "
+                                   "queued as its own run (NAME-t0001, ...) for `workbench queue run`. "
+                                   "`sweep show NAME` (or `sweep NAME --status`) ranks the trials; `sweep ls` lists "
+                                   "the sweeps.")
+    p.add_argument("target", metavar="SPEC.toml|PRESET|show|ls",
+                   help="a spec file, a preset (with --set-grid), `show NAME`, `ls`, or a sweep's name with --status")
+    p.add_argument("sweep", nargs="?", default=None, metavar="NAME", help="the sweep, after `show`")
+    p.add_argument("--set-grid", nargs="+", action="extend", default=[], metavar="SECTION.KEY=V1,V2",
+                   help="a searched key and its values (several may follow one --set-grid)")
+    add_set_option(p)
+    add_corpus_option(p, " (default: the preset's)")
+    p.add_argument("--time-budget", metavar="DURATION", default=None,
+                   help="each trial trains this long (60s, 5m): trials compare by what they reach in the same time")
+    p.add_argument("--name", default=None, help="the sweep's name (default: the spec file's, or <preset>-sweep)")
+    p.add_argument("--method", choices=METHODS, default=None, help="grid (default), random or tpe (Optuna)")
+    p.add_argument("--trials", type=int, default=None, help="random and tpe: how many trials")
+    p.add_argument("--metric", default=None, help="val_loss (default), val_bpb, or task:NAME[:METRIC]")
+    p.add_argument("--pruner", choices=PRUNERS, default=None,
+                   help="median: stop a trial whose eval is worse than the median of earlier ones at the same "
+                        "share of the budget")
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed (random, tpe)")
+    p.add_argument("--print-commands", action="store_true",
+                   help="queue nothing: print one `workbench train` line per trial (for Slurm, GNU parallel, ...)")
+    p.add_argument("--status", action="store_true", help="with a sweep's name: its results (as `sweep show`)")
+    p.add_argument("--json", action="store_true", help="show: the results as JSON")
+    p.add_argument("--tsv", action="store_true", help="show: one tab-separated line per trial")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    root = args.runs_dir
+    if args.target == "ls":
+        return show_list(root)
+    if args.target == "show" or args.status:
+        name = args.sweep if args.target == "show" else args.target
+        if not name:
+            raise QueueError("name the sweep: `workbench sweep show NAME` (`workbench sweep ls` lists them)")
+        return show(root, name, args.json, args.tsv)
+    if args.sweep:
+        raise QueueError(f"unexpected {args.sweep!r} after {args.target}; --set-grid KEY=V1,V2 names what to search")
+    spec = _spec(args)
+    info = detect()
+    machine = Machine.from_info(info)
+    if args.print_commands:
+        for line in print_commands(root, spec, machine, info):
+            print(line)
+        return 0
+    trials = create_sweep(root, spec, machine, info)
+    queued = [t for t in trials if t.item is not None]
+    size = " x ".join(str(len(p.values)) for p in spec.params) if spec.method == "grid" else str(spec.trials)
+    print(f"sweep {spec.name}: {spec.method}, {size} trial(s) of {spec.preset}"
+          + (f", {spec.time_budget} each" if spec.time_budget else "")
+          + f", ranked by {spec.metric.name} ({spec.metric.goal})"
+          + (f", {spec.pruner} pruner" if spec.pruner != "none" else ""))
+    for t in trials:
+        what = "queued" if t.item is not None else f"refused: {t.note}"
+        print(f"  {trial_name(spec.name, t.number)}  {' '.join(point_sets(t.params))}  {what}")
+    more = " (tpe: each next trial is drawn when one ends)" if spec.method == "tpe" else ""
+    runner = "" if runner_pid(root) else "; `workbench queue run` runs them"
+    print(f"{len(queued)} trial(s) queued{more}{runner}; `workbench sweep show {spec.name}` ranks them")
+    return 0
+
+
+def _spec(args):
+    target = args.target
+    if target.endswith(".toml") or Path(target).is_file():
+        if args.set_grid:
+            raise SpecError("give the searched keys in the spec's [parameters], or use a preset with --set-grid, "
+                            "not both")
+        spec = load_spec(Path(target), args.name)
+        over = {}
+        if args.time_budget:
+            over["time_budget"] = args.time_budget
+        if args.overrides or args.corpus or over or args.method or args.trials or args.metric or args.pruner:
+            d = spec.to_dict()
+            return build_spec(name=spec.name, preset=spec.preset, method=args.method or spec.method,
+                              params=list(spec.params), trials=args.trials or (None if (args.method or spec.method)
+                                                                                == "grid" else spec.trials),
+                              time_budget=over.get("time_budget", spec.time_budget),
+                              sets=spec.sets + tuple(args.overrides), corpus=tuple(args.corpus or d["corpus"]),
+                              metric=parse_metric(args.metric) if args.metric else spec.metric,
+                              pruner=args.pruner or spec.pruner, prune_startup=spec.prune_startup,
+                              prune_shares=spec.prune_shares, seed=args.seed or spec.seed)
+        return spec
+    if not args.set_grid:
+        raise SpecError(f"{target!r} is not a spec file; to sweep preset {target}, name what to search: "
+                        f"--set-grid train.lr=1e-3,3e-3,1e-2")
+    return build_spec(name=args.name or f"{Path(target).stem}-sweep", preset=target, method=args.method or "grid",
+                      params=parse_set_grid(args.set_grid), trials=args.trials, time_budget=args.time_budget,
+                      sets=tuple(args.overrides), corpus=tuple(args.corpus or ()),
+                      metric=parse_metric(args.metric) if args.metric else None, pruner=args.pruner or "none",
+                      seed=args.seed)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
+    store = QueueStore.open_existing(root, readonly=True)
+    if store is None:
+        raise QueueError(f"no sweep {name!r} in {root}: nothing was ever queued there")
+    spec = load(store, name)
+    rows = results(store, name)
+    top = best(rows)
+    keys = [p.key for p in spec.params]
+    if as_json:
+        print(json.dumps({"sweep": spec.to_dict(), "trials": [r.to_dict() for r in rows],
+                          "best": top.to_dict() if top else None}, indent=1))
+        return 0
+    if as_tsv:
+        print("\t".join(["run", *keys, spec.metric.name, "rank", "state", "seconds", "note"]))
+        for r in rows:
+            print("\t".join([r.name, *(_fmt(r.params.get(k, "")) for k in keys),
+                             "" if r.metric is None else f"{r.metric:.6f}", str(r.rank or ""), r.state,
+                             "" if r.seconds is None else f"{r.seconds:.1f}", r.note.replace("\t", " ")]))
+        return 0
+    print(f"sweep {name}: {spec.method} over {', '.join(p.describe() for p in spec.params)}; {spec.preset}"
+          + (f", {spec.time_budget} a trial" if spec.time_budget else "")
+          + f"; ranked by {spec.metric.name} ({spec.metric.goal})"
+          + (f"; {spec.pruner} pruner" if spec.pruner != "none" else ""))
+    head = ["trial", *keys, "state", spec.metric.name, "rank", "seconds"]
+    table = [[r.name, *(_fmt(r.params.get(k, "")) for k in keys), r.state,
+              "" if r.metric is None else f"{r.metric:.4f}", str(r.rank or ""),
+              "" if r.seconds is None else f"{r.seconds:.0f}"] for r in rows]
+    widths = [max(len(h), *(len(t[k]) for t in table)) if table else len(h) for k, h in enumerate(head)]
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
+    for r, t in zip(rows, table):
+        print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
+        if r.note and r.state in ("refused", "failed", "pruned"):
+            print(f"    {r.note}")
+    counts = {s: sum(r.state == s for r in rows) for s in dict.fromkeys(r.state for r in rows)}
+    secs = sum(r.seconds or 0 for r in rows)
+    print(", ".join(f"{n} {s}" for s, n in counts.items()) + f"; {secs:,.0f} trial-seconds")
+    if top:
+        print(f"best: {top.name} ({' '.join(point_sets(top.params))}): {spec.metric.name} {top.metric:.4f}")
+    else:
+        print("best: none yet (no trial has finished with the metric)")
+    return 0
+
+
+def show_list(root: Path) -> int:
+    store = QueueStore.open_existing(root, readonly=True)
+    names = store.sweep_names() if store else []
+    if not names:
+        print(f"no sweeps in {root}; `workbench sweep PRESET --set-grid KEY=V1,V2` makes one")
+        return 0
+    for name in names:
+        rows = results(store, name)
+        spec = load(store, name)
+        top = best(rows)
+        done = sum(r.state in ("finished", "failed", "stopped", "pruned", "refused") for r in rows)
+        line = f"{name}  {spec.method}  {done}/{len(rows)} ended"
+        if top:
+            line += f"  best {top.name} {spec.metric.name} {top.metric:.4f} ({' '.join(point_sets(top.params))})"
+        print(line)
+    return 0

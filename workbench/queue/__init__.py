@@ -1,0 +1,18 @@
+"""The run queue and sweeps: many runs, one machine, nobody watching. Torch-free.
+
+- ``store``   the queue's state: a SQLite database in the runs directory (``queue.db``: WAL, every change one
+  transaction), its items (runs to start, in order, with their state and outcome), the pause flag, sweeps and
+  their trials. Run names are reserved here, against the queue and the run directories alike.
+- ``runner``  ``workbench queue run``: one runner a machine (a lock), which starts the queued runs one after
+  the other, each its own trainer through the CLI (``workbench train --detach``, as the TUI starts runs),
+  watches it through its run directory, records how it ended, and on a restart adopts a trainer still alive or
+  resumes one that died (``workbench resume``) from its last checkpoint.
+- ``outcome`` what a run reached (the metric a sweep ranks by), and the one line a failed run is listed with
+  (the run doctor's top finding).
+- ``sweep``, ``spec``  sweeps: a spec (TOML, or ``--set-grid``), trials made and estimated before anything is
+  queued, the search and the pruner from Optuna (its own SQLite storage beside the queue's), the results table.
+
+What lives where (see README, "Queues and sweeps"): the queue and the sweeps survive the TUI quitting, the
+runner's kill -9 and a reboot, because nothing is held in a process that matters: the database, the run
+directories and Optuna's storage are the state.
+"""

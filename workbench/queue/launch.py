@@ -1,0 +1,84 @@
+"""Starting, resuming and stopping a queued run's trainer: through the CLI, as the TUI does
+(``python -m workbench train ... --detach``), so a queued run starts exactly as ``train --detach`` starts one
+(the same plan, estimate, corpus checks and launcher) and the runner never imports torch. Each trainer is a
+process of its own in its own session: the runner's death does not stop it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from workbench import rundir
+from workbench.errors import WorkbenchError
+from workbench.queue.store import Item
+
+# `train --detach` plans the run and checks the corpus's first records; the trainer prepares the corpus itself
+LAUNCH_TIMEOUT_S = 300.0
+
+
+class LaunchFailed(WorkbenchError):
+    pass
+
+
+def cli_argv(root: Path, command: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "workbench", command, *args, "--runs-dir", str(root)]
+
+
+def train_args(item: Item) -> list[str]:
+    """``workbench train``'s arguments for ``item`` (without --detach and --runs-dir)."""
+    args = [item.preset, "--name", item.name]
+    if item.corpus:
+        args += ["--corpus", *item.corpus]
+    if item.init_from:
+        args += ["--init-from", item.init_from]
+    if item.time_budget:
+        args += ["--time-budget", item.time_budget]
+    if item.sets:
+        args += ["--set", *item.sets]
+    if item.force:
+        args.append("--yes")
+    return args
+
+
+class CliLauncher:
+    """The runner's hands: each call runs one CLI command and returns, or raises LaunchFailed with its
+    one-line error."""
+
+    def __init__(self, root: Path, env: dict[str, str] | None = None):
+        self.root = Path(root)
+        self.env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+
+    def _run(self, argv: list[str]) -> str:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL, env=self.env)
+        except subprocess.TimeoutExpired:
+            raise LaunchFailed(f"`workbench {argv[3]}` did not return within {LAUNCH_TIMEOUT_S:.0f} s") from None
+        except OSError as e:
+            raise LaunchFailed(f"could not run {argv[0]}: {e.strerror}") from None
+        if proc.returncode != 0:
+            lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+            msg = lines[-1] if lines else f"`workbench {argv[3]}` exited with status {proc.returncode}"
+            raise LaunchFailed(msg.removeprefix("workbench: ").removeprefix("error: "))
+        return proc.stdout
+
+    def start(self, item: Item) -> None:
+        self._run(cli_argv(self.root, "train", *train_args(item), "--detach"))
+
+    def resume(self, name: str) -> None:
+        self._run(cli_argv(self.root, "resume", name, "--detach"))
+
+    def stop(self, name: str) -> None:
+        """The normal stop path, as `workbench stop` takes it: SIGTERM to the trainer, which finishes its step,
+        saves a checkpoint and exits ``stopped``. Sent from here rather than through the CLI: a pruned trial's
+        budget may be seconds, and the stop must not wait for an interpreter to start."""
+        st = rundir.read_status(self.root / name)
+        if not st.live or not st.pid:
+            raise LaunchFailed(f"{name} is not running (state: {st.state})")
+        try:
+            os.kill(st.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            raise LaunchFailed(f"{name}: its trainer (pid {st.pid}) is gone") from None

@@ -1,0 +1,94 @@
+"""What a queued run reached, read from its run directory: the metric a sweep ranks trials by, the
+evals along the way (for the pruner), and the one line a failed run is listed with (its error, and the run
+doctor's most important finding)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.analysis.doctor import diagnose_run
+from workbench.analysis.report_card import HEADLINE, LOWER_IS_BETTER, task_scores
+from workbench.errors import WorkbenchError
+from workbench.machine.activity import HardwareSnapshot
+from workbench.rundir import EvalRecord, RunStatus, current_timeline, read_metrics
+
+# A metric is one of these, or task:NAME[:METRIC] (a task score from the run's report card).
+EVAL_METRICS = ("val_loss", "val_bpb")
+
+
+class MetricError(WorkbenchError):
+    pass
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a sweep ranks its trials by."""
+    name: str                  # val_loss | val_bpb | task:NAME[:METRIC]
+    goal: str                  # minimize | maximize
+
+    @property
+    def task(self) -> tuple[str, str | None] | None:
+        """(task, metric or None for its headline) for a task score; None for an eval metric."""
+        if not self.name.startswith("task:"):
+            return None
+        _, task, *rest = self.name.split(":")
+        return task, (rest[0] if rest else None)
+
+    def better(self, a: float, b: float) -> bool:
+        return a < b if self.goal == "minimize" else a > b
+
+
+def parse_metric(name: str, goal: str | None = None) -> Metric:
+    """A metric from a spec or ``--metric``: one line saying what is allowed when it is not."""
+    name = (name or "val_loss").strip()
+    if name not in EVAL_METRICS and not (name.startswith("task:") and len(name.split(":")) in (2, 3)
+                                          and all(name.split(":")[1:])):
+        raise MetricError(f"metric {name!r} is not one the trials record; use val_loss, val_bpb, or task:NAME "
+                          "(a task in train.eval_tasks, e.g. task:docs-cloze) or task:NAME:METRIC")
+    if goal is None:
+        lower = name in EVAL_METRICS or name.split(":")[-1] in LOWER_IS_BETTER
+        goal = "minimize" if lower else "maximize"
+    if goal not in ("minimize", "maximize"):
+        raise MetricError(f"metric goal {goal!r} is not minimize or maximize")
+    return Metric(name, goal)
+
+
+def eval_curve(run_dir: Path, metric: str = "val_loss") -> list[tuple[int, float]]:
+    """(step, value) of every eval of the run's current timeline that has ``metric``."""
+    out = []
+    for r in current_timeline(read_metrics(Path(run_dir) / "metrics.jsonl")):
+        if isinstance(r, EvalRecord) and (v := getattr(r, metric)) is not None:
+            out.append((r.step, float(v)))
+    return out
+
+
+def final_metric(run_dir: Path, metric: Metric) -> float | None:
+    """What the run reached: its last eval's value (a budgeted run's last eval is at its end), or its newest
+    score on the metric's task. None: the run recorded none."""
+    run_dir = Path(run_dir)
+    if (task := metric.task) is None:
+        curve = eval_curve(run_dir, metric.name)
+        return curve[-1][1] if curve else None
+    name, which = task
+    scores = task_scores(run_dir)
+    for step in sorted(scores, reverse=True):
+        at = scores[step]
+        keys = [which] if which else list(HEADLINE) + sorted({m for t, m in at if t == name})
+        for m in keys:
+            if (name, m) in at:
+                return float(at[(name, m)].value)
+    return None
+
+
+def failure_line(run_dir: Path, status: RunStatus, info: dict | None = None) -> str:
+    """One line for a failed run: what it said, and the run doctor's most important finding with its change."""
+    error = (status.error or f"the run ended {status.state}").splitlines()[0].strip()
+    try:
+        findings = diagnose_run(Path(run_dir), HardwareSnapshot(info=info or {}))
+    except (OSError, ValueError, WorkbenchError):
+        findings = []
+    if findings:
+        f = findings[0]
+        return f"{error}; doctor: {f.title} ({f.change})"
+    return error

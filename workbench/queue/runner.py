@@ -1,0 +1,254 @@
+"""``workbench queue run``: start the queued runs one after the other, each its own detached trainer, and
+record how each ended; one runner per runs directory (``queue.lock``, an flock the OS drops when the runner
+dies, however it dies).
+
+Nothing that matters lives in the runner: the queue is in ``queue.db`` and each run in its directory. So a
+runner started after another died (kill -9, a reboot) first looks at the item the last one left ``running``:
+
+- its trainer is alive (only the runner died): it is adopted and watched to its end;
+- its trainer ended while no runner watched: its end is recorded;
+- its trainer died too (a reboot, a crash): it is resumed from its last complete checkpoint through
+  ``workbench resume`` (bitwise, as a resume is), or started again when it died before its first checkpoint
+  (the directory it left is kept beside it as ``NAME-try1``, a crashed run). A run whose trainer died
+  ``MAX_LAUNCHES`` times is failed, so one that cannot run does not hold the queue forever.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from workbench import rundir
+from workbench.errors import WorkbenchError
+from workbench.machine.detect import detect
+from workbench.queue.launch import CliLauncher, LaunchFailed
+from workbench.queue.outcome import Metric, failure_line, final_metric
+from workbench.queue.store import Item, QueueError, QueueStore
+
+LOCK_FILE = "queue.lock"
+MAX_LAUNCHES = 3          # starts and resumes of one run before it is failed
+POLL_S = 0.5              # how often a running trainer's status is read
+ADOPT_GRACE_S = 3.0       # a run the last runner was launching: how long its directory may take to appear
+VAL_LOSS = Metric("val_loss", "minimize")
+
+
+class RunnerBusy(QueueError):
+    pass
+
+
+class RunnerLock:
+    """One runner per runs directory: an flock on ``queue.lock`` holding the runner's pid."""
+
+    def __init__(self, root: Path):
+        self.path = Path(root) / LOCK_FILE
+        self.fd: int | None = None
+
+    def acquire(self) -> "RunnerLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode().strip() or "?"
+            os.close(fd)
+            raise RunnerBusy(f"a queue runner (pid {holder}) is already running on {self.path.parent}: one runner "
+                             "at a time; it starts what you queue, so nothing more is needed") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> "RunnerLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def runner_pid(root: Path) -> int | None:
+    """The pid of the runner working on ``root``'s queue, None when there is none (checked without taking
+    the lock from it)."""
+    path = Path(root) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except BlockingIOError:
+        text = os.read(fd, 64).decode().strip()
+        return int(text) if text.isdigit() else -1
+    finally:
+        os.close(fd)
+
+
+class Runner:
+    """Runs the queue of ``root`` until nothing is left to start (``follow``: waits for more)."""
+
+    def __init__(self, root: Path, log: Callable[[str], None] = print, follow: bool = False,
+                 launcher: CliLauncher | None = None, poll: float = POLL_S):
+        self.root = Path(root)
+        self.log = log
+        self.follow = follow
+        self.poll = poll
+        self.launcher = launcher or CliLauncher(self.root)
+        self.store = QueueStore(self.root)
+        self.info = detect()
+        self.ran = 0
+
+    def say(self, msg: str) -> None:
+        self.log(f"{time.strftime('%H:%M:%S')} {msg}")
+
+    def run(self) -> int:
+        with RunnerLock(self.root):
+            self.say(f"queue runner {os.getpid()} on {self.root}")
+            for item in self.store.items(("running",)):
+                self.say(f"{item.name} was running when the last runner stopped: looking at it")
+                self.watch(item, recovering=True)
+            self._sweeps_catch_up()
+            while True:
+                item = self.store.claim_next()
+                if item is None:
+                    if self.follow:
+                        time.sleep(max(self.poll, 1.0))
+                        continue
+                    break
+                self.launch(item)
+            queued = len(self.store.items(("queued",)))
+            why = "the queue is paused" if queued and self.store.paused() else "nothing left to start"
+            self.say(f"{why}: {self.ran} run(s) ended here, {queued} queued")
+        return 0
+
+    # ------------------------------------------------------------------ one item
+
+    def run_dir(self, item: Item) -> Path:
+        return self.root / item.name
+
+    def launch(self, item: Item, how: str = "starting") -> None:
+        """Start ``item``'s trainer (a fresh start) and watch it to its end."""
+        item = self.store.update(item.id, launches=item.launches + 1)
+        self.say(f"{how} {item.name} ({item.preset}{', ' + ' '.join(item.sets) if item.sets else ''})")
+        try:
+            self.launcher.start(item)
+        except LaunchFailed as e:
+            self.end(item, "failed", str(e))
+            return
+        self.watch(item)
+
+    def watch(self, item: Item, recovering: bool = False) -> None:
+        """Follow ``item``'s trainer through its run directory until it ends, then record the end."""
+        run_dir = self.run_dir(item)
+        pruner = self._pruner(item)
+        stop_asked = False
+        deadline = time.monotonic() + ADOPT_GRACE_S
+        while True:
+            if not (run_dir / "preset.toml").is_file():
+                if recovering and time.monotonic() < deadline:  # the last runner's `train` may still be at work
+                    time.sleep(self.poll)
+                    continue
+                self.revive(item, "its run was never created")
+                return
+            st = rundir.read_status(run_dir)
+            if st.live:
+                if st.pid and st.pid != item.pid:
+                    item = self.store.update(item.id, pid=st.pid)
+                if recovering:
+                    self.say(f"adopted {item.name}: its trainer (pid {st.pid}) is still running")
+                    recovering = False
+                if pruner is not None and not stop_asked and pruner.should_prune(run_dir, st):
+                    self.say(f"pruning {item.name}: {pruner.reason}")
+                    try:
+                        self.launcher.stop(item.name)
+                        stop_asked = True
+                    except LaunchFailed as e:
+                        self.say(f"could not stop {item.name}: {e}")
+                time.sleep(self.poll)
+                continue
+            if st.state in ("finished", "early_stopped"):
+                note = f"early stopped at step {st.step:,}" if st.state == "early_stopped" else None
+                if stop_asked:  # the pruner's stop came as the run was ending: what it reached stands
+                    note = f"reached its end before the pruner's stop ({pruner.reason})"
+                self.end(item, "finished", note)
+            elif st.state == "stopped":
+                self.end(item, "pruned" if stop_asked else "stopped",
+                         pruner.reason if stop_asked and pruner else f"stopped at step {st.step:,}")
+            elif st.state == "failed":
+                self.end(item, "failed", failure_line(run_dir, st, self.info))
+            else:  # crashed: the trainer died without saying why (kill -9, a reboot, the OOM killer)
+                self.revive(item, st.error or "its trainer died")
+            return
+
+    def revive(self, item: Item, why: str) -> None:
+        """The trainer of a running item is gone: resume it from its last checkpoint, or start it again."""
+        run_dir = self.run_dir(item)
+        if item.launches >= MAX_LAUNCHES:
+            self.end(item, "failed", f"its trainer died {item.launches} times (last: {why}); see "
+                                     f"{run_dir / 'train.log'}, then `workbench resume {item.name}`")
+            return
+        has_run = (run_dir / "preset.toml").is_file()
+        ckpts = rundir.list_checkpoints(run_dir) if has_run else []
+        if ckpts:
+            item = self.store.update(item.id, launches=item.launches + 1)
+            self.say(f"resuming {item.name} from {ckpts[-1]['name']} ({why})")
+            try:
+                self.launcher.resume(item.name)
+            except LaunchFailed as e:
+                self.end(item, "failed", f"could not resume: {e}")
+                return
+            self.watch(item)
+            return
+        if run_dir.exists():  # died before its first checkpoint: kept, as a crashed run, beside the new start
+            aside = next(self.root / f"{item.name}-try{k}" for k in range(1, 1000)
+                         if not (self.root / f"{item.name}-try{k}").exists())
+            os.rename(run_dir, aside)
+            self.say(f"{item.name} died before its first checkpoint ({why}): kept as {aside.name}, starting again")
+        self.launch(item, how="starting again")
+
+    def end(self, item: Item, state: str, note: str | None) -> None:
+        run_dir = self.run_dir(item)
+        metric = None
+        if (run_dir / "preset.toml").is_file():
+            try:
+                metric = final_metric(run_dir, self._metric(item))
+            except (OSError, ValueError, WorkbenchError):
+                metric = None
+        item = self.store.update(item.id, state=state, note=note, ended=time.time(), metric=metric)
+        self.ran += 1
+        shown = f", {self._metric(item).name} {metric:.4f}" if metric is not None else ""
+        self.say(f"{item.name} {state}{shown}" + (f": {note}" if note else ""))
+        if item.sweep:
+            from workbench.queue import sweep  # Optuna is imported only for sweeps
+            sweep.trial_ended(self.store, item, self.info, self.say)
+
+    # ------------------------------------------------------------------ sweeps
+
+    def _metric(self, item: Item) -> Metric:
+        if not item.sweep:
+            return VAL_LOSS
+        from workbench.queue import sweep
+        return sweep.sweep_metric(self.store, item.sweep)
+
+    def _pruner(self, item: Item):
+        if not item.sweep:
+            return None
+        from workbench.queue import sweep
+        return sweep.pruner_for(self.store, item)
+
+    def _sweeps_catch_up(self) -> None:
+        """Results a killed runner had not yet given to Optuna, and trials it had not yet asked for."""
+        if self.store.sweep_names():
+            from workbench.queue import sweep
+            for name in self.store.sweep_names():
+                sweep.catch_up(self.store, name, self.info, self.say)

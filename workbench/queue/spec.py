@@ -1,0 +1,324 @@
+"""A sweep's spec: a TOML file, or the quick form on the command line (``sweep PRESET --set-grid
+train.lr=1e-3,3e-3 ...``); both become one checked :class:`SweepSpec`. The shape follows W&B sweeps' (method,
+metric, parameters, early termination), with workbench's own keys (preset, set, corpus, time budget)::
+
+    preset = "cpu-small"
+    method = "grid"                 # grid | random | tpe
+    trials = 12                     # random and tpe (grid: every point of the grid)
+    time_budget = "60s"             # each trial's: trials compare by what they reach in the same time
+    set = ["train.eval_interval=50"]
+    metric = "val_loss"             # val_loss | val_bpb | task:NAME[:METRIC]; or { name = ..., goal = ... }
+    pruner = "median"               # or { type = "median", startup = 2, shares = [0.25, 0.5, 0.75] }
+
+    [parameters]
+    "train.lr" = [1e-3, 3e-3, 1e-2]                   # values
+    "train.warmup_iters" = { min = 0, max = 100 }     # a range (random, tpe): integers when both ends are
+    "train.muon_lr" = { min = 0.005, max = 0.05, log = true }
+
+Every bad key or value is one line naming it (a key that does not exist with its closest name).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.config import PresetError, parse_override
+from workbench.config.duration import budget_seconds
+from workbench.errors import WorkbenchError
+from workbench.queue.outcome import Metric, parse_metric
+from workbench.rundir import sanitize_run_name
+
+METHODS = ("grid", "random", "tpe")
+PRUNERS = ("none", "median")
+TOP_KEYS = ("name", "preset", "method", "trials", "time_budget", "seed", "set", "corpus", "metric", "pruner",
+            "parameters")
+DEFAULT_SHARES = (0.25, 0.5, 0.75)   # the pruner compares trials at these shares of their budget
+DEFAULT_STARTUP = 2                   # trials that run to their end before the pruner stops any
+
+
+class SpecError(WorkbenchError):
+    pass
+
+
+Value = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class Param:
+    key: str                               # section.key
+    values: tuple[Value, ...] = ()         # the values to try (a grid's axis, or a categorical choice)
+    low: float | None = None               # or a range (random, tpe)
+    high: float | None = None
+    log: bool = False
+    integer: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.values:
+            return {"key": self.key, "values": list(self.values)}
+        return {"key": self.key, "low": self.low, "high": self.high, "log": self.log, "integer": self.integer}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Param":
+        return cls(d["key"], tuple(d.get("values", ())), d.get("low"), d.get("high"), d.get("log", False),
+                   d.get("integer", False))
+
+    def describe(self) -> str:
+        if self.values:
+            return f"{self.key} in {', '.join(toml_literal(v) for v in self.values)}"
+        return f"{self.key} in [{self.low:g}, {self.high:g}]{' (log)' if self.log else ''}"
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    preset: str
+    method: str
+    params: tuple[Param, ...]
+    trials: int                            # how many trials (grid: the grid's size)
+    time_budget: str | None = None
+    sets: tuple[str, ...] = ()
+    corpus: tuple[str, ...] = ()
+    metric: Metric = field(default_factory=lambda: Metric("val_loss", "minimize"))
+    pruner: str = "none"
+    prune_startup: int = DEFAULT_STARTUP
+    prune_shares: tuple[float, ...] = DEFAULT_SHARES
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "preset": self.preset, "method": self.method,
+                "params": [p.to_dict() for p in self.params], "trials": self.trials, "time_budget": self.time_budget,
+                "sets": list(self.sets), "corpus": list(self.corpus), "metric": self.metric.name,
+                "goal": self.metric.goal, "pruner": self.pruner, "prune_startup": self.prune_startup,
+                "prune_shares": list(self.prune_shares), "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SweepSpec":
+        return cls(d["name"], d["preset"], d["method"], tuple(Param.from_dict(p) for p in d["params"]), d["trials"],
+                   d.get("time_budget"), tuple(d.get("sets", ())), tuple(d.get("corpus", ())),
+                   Metric(d["metric"], d["goal"]), d.get("pruner", "none"), d.get("prune_startup", DEFAULT_STARTUP),
+                   tuple(d.get("prune_shares", DEFAULT_SHARES)), d.get("seed", 0))
+
+    def grid(self) -> list[dict[str, Value]]:
+        """Every point of a grid, the first key slowest (the order the trials are numbered in)."""
+        points: list[dict[str, Value]] = [{}]
+        for p in self.params:
+            points = [{**pt, p.key: v} for pt in points for v in p.values]
+        return points
+
+
+def toml_literal(v: Value) -> str:
+    """A value as --set takes it (TOML), exactly: a float keeps every digit."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        text = repr(v)
+        return text if re.search(r"[.eE]|inf|nan", text) else text + ".0"
+    if isinstance(v, int):
+        return str(v)
+    return json.dumps(v)
+
+
+def point_sets(point: dict[str, Value]) -> tuple[str, ...]:
+    """A trial's --set values."""
+    return tuple(f"{k}={toml_literal(v)}" for k, v in point.items())
+
+
+def _check_key(key: str, value: Value) -> None:
+    try:
+        parse_override(f"{key}={toml_literal(value)}")
+    except PresetError as e:
+        why = str(e).split(": ", 1)[-1]
+        raise SpecError(f"sweep parameter {key!r}: {why}") from None
+
+
+def parse_value(key: str, text: str) -> Value:
+    """One value of ``--set-grid KEY=V1,V2``, read as TOML (a bare word is a string), as --set reads it."""
+    if not text.strip():
+        raise SpecError(f"--set-grid {key}: an empty value; give values separated by commas, e.g. {key}=1e-3,3e-3")
+    try:
+        return parse_override(f"{key}={text.strip()}")[2]
+    except PresetError as e:
+        raise SpecError(f"--set-grid {key}: {str(e).split(': ', 1)[-1]}") from None
+
+
+def parse_set_grid(items: list[str]) -> list[Param]:
+    """``train.lr=1e-3,3e-3,1e-2`` ... -> grid parameters."""
+    params = []
+    for item in items:
+        if "=" not in item:
+            raise SpecError(f"--set-grid {item!r}: expected section.key=v1,v2,..., e.g. train.lr=1e-3,3e-3,1e-2")
+        key, rhs = item.split("=", 1)
+        key = key.strip()
+        values = tuple(parse_value(key, v) for v in rhs.split(","))
+        params.append(_values_param(key, values, "--set-grid"))
+    return params
+
+
+def _values_param(key: str, values: tuple, where: str) -> Param:
+    if not values:
+        raise SpecError(f"{where} {key}: no values to try; give at least one")
+    for v in values:
+        if not isinstance(v, (bool, int, float, str)):
+            raise SpecError(f"{where} {key}: {v!r} is not a single value (a number, true/false or a string)")
+        _check_key(key, v)
+    if len(set(map(toml_literal, values))) != len(values):
+        raise SpecError(f"{where} {key}: a value is given twice ({', '.join(map(toml_literal, values))})")
+    return Param(key, tuple(values))
+
+
+def _range_param(key: str, d: dict, method: str) -> Param:
+    unknown = set(d) - {"min", "max", "log", "values"}
+    if unknown:
+        raise SpecError(f"parameters.{key!r}: unknown field {sorted(unknown)[0]!r}; a range is "
+                        "{ min = ..., max = ..., log = true|false }")
+    if "values" in d:
+        return _values_param(key, tuple(d["values"]), "parameters")
+    if method == "grid":
+        raise SpecError(f"parameters.{key!r}: a grid takes values (\"{key}\" = [a, b, c]), not a range; use "
+                        "method = \"random\" or \"tpe\" for a range")
+    lo, hi = d.get("min"), d.get("max")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (lo, hi)):
+        raise SpecError(f"parameters.{key!r}: a range needs numbers min and max, e.g. {{ min = 1e-4, max = 1e-2 }}")
+    if not lo < hi:
+        raise SpecError(f"parameters.{key!r}: min {lo} is not below max {hi}")
+    log = d.get("log", False)
+    if not isinstance(log, bool) or (log and lo <= 0):
+        raise SpecError(f"parameters.{key!r}: log = true needs a range above 0 (and log is true or false)")
+    integer = isinstance(lo, int) and isinstance(hi, int)
+    for v in (lo, hi):
+        _check_key(key, v)
+    return Param(key, (), float(lo) if not integer else lo, float(hi) if not integer else hi, log, integer)
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise SpecError(f"{where} must be a string or a list of strings")
+
+
+def build_spec(*, name: str, preset: str, method: str = "grid", params: list[Param], trials: int | None = None,
+               time_budget: str | None = None, sets: tuple[str, ...] = (), corpus: tuple[str, ...] = (),
+               metric: Metric | None = None, pruner: str = "none", prune_startup: int = DEFAULT_STARTUP,
+               prune_shares: tuple[float, ...] = DEFAULT_SHARES, seed: int = 0) -> SweepSpec:
+    """The checked spec (a SpecError naming the first problem)."""
+    try:
+        name = sanitize_run_name(name)
+    except WorkbenchError as e:
+        raise SpecError(f"sweep name: {e}") from None
+    if method not in METHODS:
+        raise SpecError(f"method {method!r} is not one of {', '.join(METHODS)}{_dym(method, METHODS)}")
+    if not params:
+        raise SpecError("nothing to search: give parameters (--set-grid train.lr=1e-3,3e-3, or [parameters] "
+                        "in the spec)")
+    keys = [p.key for p in params]
+    if len(set(keys)) != len(keys):
+        raise SpecError(f"parameter {next(k for k in keys if keys.count(k) > 1)!r} is given twice")
+    fixed = {s.split("=", 1)[0].strip() for s in sets}
+    if (both := fixed & set(keys)):
+        raise SpecError(f"{sorted(both)[0]} is both searched and set; drop it from --set (or from set)")
+    if "train.time_budget" in keys or "train.time_budget" in fixed:
+        raise SpecError("give the trials' time budget with --time-budget (time_budget in the spec), not as a "
+                        "searched or --set key: every trial gets the same")
+    if time_budget is not None:
+        try:
+            budget_seconds(time_budget)
+        except WorkbenchError as e:
+            raise SpecError(f"time budget: {e}") from None
+    size = math.prod(len(p.values) for p in params) if method == "grid" else None
+    if method == "grid":
+        if trials is not None and trials != size:
+            raise SpecError(f"a grid of {size} points runs {size} trials; drop trials = {trials} (or use "
+                            "method = \"random\" to run some of them)")
+        trials = size
+    elif trials is None or trials < 1:
+        raise SpecError(f"method {method} needs the number of trials (trials = 12, or --trials 12)")
+    if trials > 10_000:
+        raise SpecError(f"{trials:,} trials is more than a queue should hold; search fewer points")
+    metric = metric or Metric("val_loss", "minimize")
+    if pruner not in PRUNERS:
+        raise SpecError(f"pruner {pruner!r} is not one of {', '.join(PRUNERS)}{_dym(pruner, PRUNERS)}")
+    if pruner != "none":
+        if metric.task is not None:
+            raise SpecError(f"the pruner compares evals along the way; metric {metric.name} is scored at the end "
+                            "only: use val_loss or val_bpb with a pruner")
+        if not prune_shares or not all(0 < s < 1 for s in prune_shares):
+            raise SpecError("pruner shares must be between 0 and 1, e.g. [0.25, 0.5, 0.75]")
+        if prune_startup < 1:
+            raise SpecError("pruner startup must be at least 1 trial")
+    return SweepSpec(name, preset, method, tuple(params), trials, time_budget, tuple(sets), tuple(corpus), metric,
+                     pruner, prune_startup, tuple(sorted(prune_shares)), seed)
+
+
+def _dym(word: str, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def load_spec(path: Path, name: str | None = None) -> SweepSpec:
+    """A spec file, checked; ``name`` (``--name``) over the file's."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise SpecError(f"cannot read the sweep spec {path}: {e.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise SpecError(f"{path}: not valid TOML: {e}") from None
+    for k in data:
+        if k not in TOP_KEYS:
+            raise SpecError(f"{path}: unknown key {k!r}{_dym(k, TOP_KEYS)}; a spec has {', '.join(TOP_KEYS)}")
+    if not isinstance(data.get("preset"), str):
+        raise SpecError(f"{path}: preset = \"NAME\" is missing (the preset every trial starts from)")
+    method = data.get("method", "grid")
+    if not isinstance(method, str):
+        raise SpecError(f"{path}: method must be one of {', '.join(METHODS)}")
+    raw = data.get("parameters", {})
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: [parameters] must be a table of \"section.key\" = [values] or {{ min, max }}")
+    params = []
+    for key, v in raw.items():
+        if isinstance(v, dict) and "." not in key and v:  # train.lr = [...] unquoted: TOML made a table of it
+            raise SpecError(f"{path}: parameters: quote the dotted key, \"{key}.{next(iter(v))}\" = [...]")
+        if isinstance(v, list):
+            params.append(_values_param(key, tuple(v), "parameters"))
+        elif isinstance(v, dict):
+            params.append(_range_param(key, v, method))
+        else:
+            params.append(_values_param(key, (v,), "parameters"))
+    metric = data.get("metric", "val_loss")
+    if isinstance(metric, dict):
+        extra = set(metric) - {"name", "goal"}
+        if extra:
+            raise SpecError(f"{path}: metric has unknown field {sorted(extra)[0]!r}; it takes name and goal")
+        metric = parse_metric(metric.get("name", "val_loss"), metric.get("goal"))
+    elif isinstance(metric, str):
+        metric = parse_metric(metric)
+    else:
+        raise SpecError(f"{path}: metric must be a name (val_loss) or {{ name = ..., goal = ... }}")
+    pruner = data.get("pruner", "none")
+    startup, shares = DEFAULT_STARTUP, DEFAULT_SHARES
+    if isinstance(pruner, dict):
+        extra = set(pruner) - {"type", "startup", "shares"}
+        if extra:
+            raise SpecError(f"{path}: pruner has unknown field {sorted(extra)[0]!r}; it takes type, startup, shares")
+        startup, shares = pruner.get("startup", startup), tuple(pruner.get("shares", shares))
+        pruner = pruner.get("type", "median")
+    trials = data.get("trials")
+    if trials is not None and (not isinstance(trials, int) or isinstance(trials, bool)):
+        raise SpecError(f"{path}: trials must be a whole number")
+    budget = data.get("time_budget")
+    if budget is not None and not isinstance(budget, (str, int, float)):
+        raise SpecError(f"{path}: time_budget must be a duration like \"60s\" or \"5m\"")
+    return build_spec(name=name or data.get("name") or path.stem, preset=data["preset"], method=method,
+                      params=params, trials=trials, time_budget=None if budget is None else str(budget),
+                      sets=_strings(data.get("set", []), f"{path}: set"),
+                      corpus=_strings(data.get("corpus", []), f"{path}: corpus"), metric=metric,
+                      pruner=str(pruner), prune_startup=startup, prune_shares=shares, seed=int(data.get("seed", 0)))

@@ -1,0 +1,392 @@
+"""The queue's state: ``runs/queue.db``, a SQLite database (WAL; every change one ``BEGIN IMMEDIATE``
+transaction), shared by the runner, the ``queue``/``sweep`` commands and the TUI (which opens it read-only).
+
+An item is a run to start: what ``workbench train`` would be given (preset, ``--set``, corpus, time budget,
+``--init-from``), its name (reserved when it is added: no run directory and no other item has it), its place
+in the line, and its state: ``queued`` → ``running`` → ``finished`` | ``failed`` | ``stopped`` | ``pruned``
+(a sweep's trial stopped early by the pruner). A sweep is its spec and its trials, each trial a queued item
+(or refused before it was queued, with the reason).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from workbench.errors import WorkbenchError
+from workbench.rundir import sanitize_run_name
+
+DB_FILE = "queue.db"
+STATES = ("queued", "running", "finished", "failed", "stopped", "pruned")
+ENDED = ("finished", "failed", "stopped", "pruned")
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS items (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    name        TEXT NOT NULL UNIQUE,      -- the run's name: its directory under the runs directory
+    position    INTEGER NOT NULL,          -- the order queued items start in
+    state       TEXT NOT NULL,
+    preset      TEXT NOT NULL,             -- a preset name, or an absolute path to a .toml
+    sets        TEXT NOT NULL DEFAULT '[]',   -- JSON: the --set values
+    corpus      TEXT NOT NULL DEFAULT '[]',   -- JSON: --corpus (absolute paths, globs, builtin)
+    time_budget TEXT,
+    init_from   TEXT,
+    force       INTEGER NOT NULL DEFAULT 0,   -- start even when the estimate says it does not fit (--yes)
+    sweep       TEXT,
+    trial       INTEGER,
+    added       REAL NOT NULL,
+    started     REAL,
+    ended       REAL,
+    pid         INTEGER,                   -- its trainer, once started
+    launches    INTEGER NOT NULL DEFAULT 0,   -- starts and resumes by a runner
+    note        TEXT,                      -- how it ended: the doctor's line for a failed run, the launcher's error
+    metric      REAL                       -- a sweep trial's metric, read from the run when it ended
+);
+CREATE TABLE IF NOT EXISTS flags (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sweeps (
+    name     TEXT PRIMARY KEY,
+    spec     TEXT NOT NULL,                -- JSON: the checked spec
+    created  REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS trials (
+    sweep    TEXT NOT NULL,
+    number   INTEGER NOT NULL,             -- 1, 2, ...: the run is <sweep>-t0001, ...
+    params   TEXT NOT NULL,                -- JSON: key -> value searched
+    item     INTEGER,                      -- its queue item (NULL: refused before it was queued)
+    optuna   INTEGER,                      -- Optuna's trial number
+    note     TEXT,                         -- why it was refused
+    told     INTEGER NOT NULL DEFAULT 0,   -- its result has been given to Optuna
+    PRIMARY KEY (sweep, number)
+);
+"""
+
+
+class QueueError(WorkbenchError):
+    pass
+
+
+@dataclass(frozen=True)
+class NewItem:
+    """A run to add: ``workbench train``'s arguments."""
+    preset: str
+    sets: tuple[str, ...] = ()
+    corpus: tuple[str, ...] = ()
+    time_budget: str | None = None
+    init_from: str | None = None
+    force: bool = False
+    name: str | None = None           # None: <preset>-<date>-<time>, made unique
+    sweep: str | None = None
+    trial: int | None = None
+
+
+@dataclass(frozen=True)
+class Item:
+    id: int
+    name: str
+    position: int
+    state: str
+    preset: str
+    sets: tuple[str, ...]
+    corpus: tuple[str, ...]
+    time_budget: str | None
+    init_from: str | None
+    force: bool
+    sweep: str | None
+    trial: int | None
+    added: float
+    started: float | None
+    ended: float | None
+    pid: int | None
+    launches: int
+    note: str | None
+    metric: float | None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> "Item":
+        d = dict(row)
+        d["sets"], d["corpus"] = tuple(json.loads(d["sets"])), tuple(json.loads(d["corpus"]))
+        d["force"] = bool(d["force"])
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["sets"], d["corpus"] = list(self.sets), list(self.corpus)
+        return d
+
+
+@dataclass(frozen=True)
+class Trial:
+    sweep: str
+    number: int
+    params: dict[str, Any]
+    item: int | None
+    optuna: int | None
+    note: str | None
+    told: bool
+
+
+def trial_name(sweep: str, number: int) -> str:
+    return f"{sweep}-t{number:04d}"
+
+
+class QueueStore:
+    """The queue database of the runs directory ``root``. ``readonly``: open an existing database without
+    writing anything (the TUI); a missing one is an empty queue."""
+
+    def __init__(self, root: Path, readonly: bool = False):
+        self.root = Path(root)
+        self.path = self.root / DB_FILE
+        self.readonly = readonly
+        if readonly:
+            # mode=ro: this process never writes; WAL readers still see the last committed state
+            self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0,
+                                        isolation_level=None, check_same_thread=False)
+        else:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                self.conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute("PRAGMA synchronous=FULL")
+                with self._tx():
+                    for stmt in SCHEMA.split(";"):
+                        if stmt.strip():
+                            self.conn.execute(stmt)
+                    self.conn.execute("INSERT OR IGNORE INTO flags VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            except sqlite3.DatabaseError as e:
+                raise QueueError(f"cannot open the queue database {self.path}: {e}; move it aside to start an "
+                                 "empty queue") from None
+            except OSError as e:
+                raise QueueError(f"cannot create the queue database in {self.root}: {e.strerror}; choose another "
+                                 "runs directory with --runs-dir") from None
+        self.conn.row_factory = sqlite3.Row
+
+    @classmethod
+    def open_existing(cls, root: Path, readonly: bool = True) -> "QueueStore | None":
+        """The queue of ``root`` if it has one (None: nothing was ever queued there)."""
+        if not (Path(root) / DB_FILE).is_file():
+            return None
+        try:
+            return cls(root, readonly=readonly)
+        except sqlite3.Error:
+            return None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken at once (BEGIN IMMEDIATE), so a read-then-write cannot race another
+        process; rolled back on any error, so nothing is half-written."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # ------------------------------------------------------------------ reading
+
+    def items(self, states: tuple[str, ...] | None = None) -> list[Item]:
+        """Every item: those that have started, oldest first, then the queued ones in the order they will start."""
+        try:
+            rows = self.conn.execute(
+                "SELECT * FROM items ORDER BY CASE state WHEN 'queued' THEN 1 ELSE 0 END, "
+                "CASE state WHEN 'queued' THEN position ELSE COALESCE(started, added) END, id").fetchall()
+        except sqlite3.OperationalError:  # read-only: a database created but not yet given its tables
+            return []
+        out = [Item.from_row(r) for r in rows]
+        return [i for i in out if states is None or i.state in states]
+
+    def find(self, name: str) -> Item | None:
+        row = self.conn.execute("SELECT * FROM items WHERE name = ?", (name,)).fetchone()
+        return Item.from_row(row) if row else None
+
+    def by_id(self, item_id: int) -> Item:
+        return Item.from_row(self.conn.execute("SELECT * FROM items WHERE id = ?", (item_id,)).fetchone())
+
+    def get(self, name: str) -> Item:
+        """The item named ``name``, or one line naming the closest one."""
+        item = self.find(name)
+        if item is None:
+            names = [r[0] for r in self.conn.execute("SELECT name FROM items")]
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise QueueError(f"no run {name!r} in the queue{hint}; `workbench queue ls` lists them")
+        return item
+
+    def paused(self) -> bool:
+        try:
+            row = self.conn.execute("SELECT value FROM flags WHERE key = 'paused'").fetchone()
+        except sqlite3.OperationalError:
+            return False
+        return bool(row and row[0] == "1")
+
+    # ------------------------------------------------------------------ changing
+
+    def _name_taken(self, name: str) -> str | None:
+        if self.conn.execute("SELECT 1 FROM items WHERE name = ?", (name,)).fetchone():
+            return "the queue has a run of that name"
+        if (self.root / name).exists():
+            return f"a run directory {self.root / name} exists"
+        return None
+
+    def _unique_name(self, base: str) -> str:
+        for i in range(1, 10_000):
+            name = base if i == 1 else f"{base}-{i}"
+            if self._name_taken(name) is None:
+                return name
+        raise QueueError(f"no free run name like {base!r}; give one with --name")
+
+    def add(self, new: NewItem, *, conn_held: bool = False) -> Item:
+        """Queue ``new`` at the end of the line (its name reserved now)."""
+        if conn_held:
+            return self._add(new)
+        with self._tx():
+            return self._add(new)
+
+    def _add(self, new: NewItem) -> Item:
+        if new.name:
+            name = sanitize_run_name(new.name)
+            if (why := self._name_taken(name)):
+                raise QueueError(f"run name {name!r} is taken ({why}); choose another --name")
+        else:
+            stem = Path(new.preset).stem if new.preset.endswith(".toml") else new.preset
+            name = self._unique_name(sanitize_run_name(f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        pos = self.conn.execute("SELECT COALESCE(MAX(position), 0) + 1 FROM items").fetchone()[0]
+        cur = self.conn.execute(
+            "INSERT INTO items (name, position, state, preset, sets, corpus, time_budget, init_from, force, sweep, "
+            "trial, added) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (name, pos, new.preset, json.dumps(list(new.sets)), json.dumps(list(new.corpus)), new.time_budget,
+             new.init_from, int(new.force), new.sweep, new.trial, time.time()))
+        return self.by_id(cur.lastrowid)
+
+    def remove(self, name: str) -> Item:
+        """Take a queued or ended item out of the queue (its run directory, if any, is left as it is)."""
+        with self._tx():
+            item = self.get(name)
+            if item.state == "running":
+                raise QueueError(f"{name} is running; stop it first with `workbench stop {name}` (the queue then "
+                                 "goes on), then remove it")
+            if item.sweep:
+                self.conn.execute("UPDATE trials SET item = NULL, note = 'removed from the queue' WHERE item = ?",
+                                  (item.id,))
+            self.conn.execute("DELETE FROM items WHERE id = ?", (item.id,))
+        return item
+
+    def move(self, name: str, position: int) -> int:
+        """Put queued item ``name`` at ``position`` (1: next to start) among the queued items; returns where it is."""
+        with self._tx():
+            item = self.get(name)
+            if item.state != "queued":
+                raise QueueError(f"{name} is {item.state}, not queued: only queued runs can be moved")
+            queued = [i.id for i in self.items(("queued",))]
+            if position < 1:
+                raise QueueError(f"position {position} is not a place in the queue; give 1 (next) to {len(queued)}")
+            queued.remove(item.id)
+            at = min(position, len(queued) + 1)
+            queued.insert(at - 1, item.id)
+            # after every started item, in the new order (positions only order the queued ones)
+            top = self.conn.execute("SELECT COALESCE(MAX(position), 0) FROM items WHERE state != 'queued'"
+                                    ).fetchone()[0]
+            for k, iid in enumerate(queued):
+                self.conn.execute("UPDATE items SET position = ? WHERE id = ?", (top + 1 + k, iid))
+        return at
+
+    def set_paused(self, paused: bool) -> None:
+        with self._tx():
+            self.conn.execute("INSERT OR REPLACE INTO flags VALUES ('paused', ?)", ("1" if paused else "0",))
+
+    def claim_next(self) -> Item | None:
+        """The next queued item, marked running (None when the queue is paused or has nothing queued)."""
+        with self._tx():
+            if self.paused():
+                return None
+            row = self.conn.execute("SELECT id FROM items WHERE state = 'queued' ORDER BY position, id LIMIT 1"
+                                    ).fetchone()
+            if row is None:
+                return None
+            self.conn.execute("UPDATE items SET state = 'running', started = ?, pid = NULL, note = NULL "
+                              "WHERE id = ?", (time.time(), row[0]))
+        return self.by_id(row[0])
+
+    def update(self, item_id: int, **fields: Any) -> Item:
+        unknown = set(fields) - {f.name for f in dataclasses.fields(Item)}
+        if unknown or "id" in fields:
+            raise TypeError(f"cannot set {sorted(unknown | ({'id'} & set(fields)))}")
+        if "state" in fields and fields["state"] not in STATES:
+            raise ValueError(f"state {fields['state']!r}")
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        with self._tx():
+            self.conn.execute(f"UPDATE items SET {cols} WHERE id = ?", (*fields.values(), item_id))
+        return self.by_id(item_id)
+
+    # ------------------------------------------------------------------ sweeps
+
+    def sweep_names(self) -> list[str]:
+        try:
+            return [r[0] for r in self.conn.execute("SELECT name FROM sweeps ORDER BY created")]
+        except sqlite3.OperationalError:
+            return []
+
+    def sweep_spec(self, name: str) -> dict | None:
+        row = self.conn.execute("SELECT spec FROM sweeps WHERE name = ?", (name,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def name_in_use(self, name: str) -> str | None:
+        """Why ``name`` cannot name a new sweep (None: it can)."""
+        if self.sweep_spec(name) is not None:
+            return f"a sweep named {name!r} exists (`workbench sweep show {name}`)"
+        row = self.conn.execute("SELECT name FROM items WHERE name LIKE ? ESCAPE '\\' LIMIT 1",
+                                (name.replace("_", "\\_").replace("%", "\\%") + "-t%",)).fetchone()
+        if row:
+            return f"the queue has a run {row[0]!r}"
+        if any(self.root.glob(f"{name}-t[0-9][0-9][0-9][0-9]")):
+            return f"run directories {name}-t0001... exist in {self.root}"
+        return None
+
+    def add_sweep(self, name: str, spec: dict, trials: list[tuple[dict, NewItem | None, int | None, str | None]]
+                  ) -> list[Trial]:
+        """The sweep and its first trials, in one transaction: (params, the run to queue or None when refused,
+        Optuna's trial number, why refused)."""
+        with self._tx():
+            if (why := self.name_in_use(name)):
+                raise QueueError(f"sweep name {name!r} is taken: {why}; choose another --name")
+            self.conn.execute("INSERT INTO sweeps VALUES (?, ?, ?)", (name, json.dumps(spec), time.time()))
+            for params, new, optuna_no, note in trials:
+                self._add_trial(name, params, new, optuna_no, note)
+        return self.trials(name)
+
+    def add_trial(self, sweep: str, params: dict, new: NewItem | None, optuna_no: int | None,
+                  note: str | None) -> Trial:
+        with self._tx():
+            return self._add_trial(sweep, params, new, optuna_no, note)
+
+    def _add_trial(self, sweep: str, params: dict, new: NewItem | None, optuna_no: int | None,
+                   note: str | None) -> Trial:
+        number = self.conn.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM trials WHERE sweep = ?",
+                                   (sweep,)).fetchone()[0]
+        item_id = None
+        if new is not None:
+            new = dataclasses.replace(new, name=trial_name(sweep, number), sweep=sweep, trial=number)
+            item_id = self._add(new).id
+        self.conn.execute("INSERT INTO trials VALUES (?, ?, ?, ?, ?, ?, ?)",
+                          (sweep, number, json.dumps(params), item_id, optuna_no, note, 0))
+        return Trial(sweep, number, params, item_id, optuna_no, note, False)
+
+    def trials(self, sweep: str) -> list[Trial]:
+        rows = self.conn.execute("SELECT * FROM trials WHERE sweep = ? ORDER BY number", (sweep,)).fetchall()
+        return [Trial(r["sweep"], r["number"], json.loads(r["params"]), r["item"], r["optuna"], r["note"],
+                      bool(r["told"])) for r in rows]
+
+    def mark_told(self, sweep: str, number: int) -> None:
+        with self._tx():
+            self.conn.execute("UPDATE trials SET told = 1 WHERE sweep = ? AND number = ?", (sweep, number))

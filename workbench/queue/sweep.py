@@ -1,0 +1,359 @@
+"""Sweeps: trials made from a spec, each estimated and queued as a run of its own, searched and pruned by
+Optuna (its study in ``runs/optuna.db``, its own SQLite storage, one study a sweep), ranked by what they reached.
+
+- grid: every point is queued at once, in order (``NAME-t0001``...); each is also an Optuna trial (enqueued with
+  its values), so the pruner sees every trial's curve.
+- random: the trials are drawn at once by Optuna's RandomSampler (seeded) and queued.
+- tpe: one trial at a time (TPE learns from the results): the next is asked when the last one ends, by the
+  runner; the sampler is seeded with the spec's seed plus the trials already made, so a restarted runner does
+  not draw the same points again.
+
+A trial that will not fit this machine by the memory estimate is refused before it is queued (its reason in the
+table; Optuna is told it failed). The results reach Optuna when a trial ends; a runner killed before that tells
+them when it starts again (``catch_up``), so a sweep resumes after any kill: the state is in the two databases.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.errors import WorkbenchError
+from workbench.machine.detect import Machine
+from workbench.queue.admit import admit
+from workbench.queue.outcome import Metric, eval_curve, final_metric
+from workbench.queue.spec import Param, SweepSpec, point_sets
+from workbench.queue.store import ENDED, Item, NewItem, QueueError, QueueStore, Trial, trial_name
+from workbench.rundir import RunStatus
+
+OPTUNA_FILE = "optuna.db"
+
+
+def _optuna():
+    import optuna  # imported here: the queue's other commands (and the TUI) never need it
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna
+
+
+def storage_url(root: Path) -> str:
+    return f"sqlite:///{Path(root).resolve() / OPTUNA_FILE}"
+
+
+def _sampler(spec: SweepSpec, made: int):
+    optuna = _optuna()
+    if spec.method == "tpe":
+        return optuna.samplers.TPESampler(seed=spec.seed + made, n_startup_trials=min(10, max(2, spec.trials // 3)))
+    return optuna.samplers.RandomSampler(seed=spec.seed + made)
+
+
+def _pruner(spec: SweepSpec):
+    optuna = _optuna()
+    if spec.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=spec.prune_startup, n_warmup_steps=0)
+    return optuna.pruners.NopPruner()
+
+
+def open_study(root: Path, spec: SweepSpec, made: int = 0, create: bool = False):
+    optuna = _optuna()
+    return optuna.create_study(storage=storage_url(root), study_name=spec.name, direction=spec.metric.goal,
+                               sampler=_sampler(spec, made), pruner=_pruner(spec), load_if_exists=not create)
+
+
+def _distributions(params: tuple[Param, ...]) -> dict[str, Any]:
+    d = _optuna().distributions
+    out = {}
+    for p in params:
+        if p.values:
+            out[p.key] = d.CategoricalDistribution(list(p.values))
+        elif p.integer:
+            out[p.key] = d.IntDistribution(int(p.low), int(p.high), log=p.log)
+        else:
+            out[p.key] = d.FloatDistribution(float(p.low), float(p.high), log=p.log)
+    return out
+
+
+def _new_item(spec: SweepSpec, point: dict[str, Any]) -> NewItem:
+    return NewItem(spec.preset, spec.sets + point_sets(point), spec.corpus, spec.time_budget, sweep=spec.name)
+
+
+@dataclass(frozen=True)
+class Made:
+    params: dict[str, Any]
+    item: NewItem | None       # None: refused
+    optuna: int | None
+    note: str | None
+
+
+def _admit(root: Path, spec: SweepSpec, point: dict[str, Any], machine: Machine, info: dict
+           ) -> tuple[NewItem, str | None]:
+    """The trial's run, and why it is refused (None: it may be queued). Bad values are a WorkbenchError naming the
+    trial's settings."""
+    try:
+        adm = admit(root, _new_item(spec, point), machine, info)
+    except WorkbenchError as e:
+        shown = " ".join(point_sets(point))
+        raise type(e)(f"trial {shown}: {e}") from None
+    return adm.item, adm.refused
+
+
+def _ask(study, spec: SweepSpec, root: Path, machine: Machine, info: dict) -> Made:
+    """One trial drawn by the sampler, admitted or refused (Optuna told it failed)."""
+    optuna = _optuna()
+    trial = study.ask(_distributions(spec.params))
+    try:
+        item, why = _admit(root, spec, dict(trial.params), machine, info)
+    except WorkbenchError:  # a drawn value the preset refuses: Optuna is told, so the trial is not left running
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        raise
+    if why:
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        return Made(dict(trial.params), None, trial.number, why)
+    return Made(dict(trial.params), item, trial.number, None)
+
+
+def plan_trials(root: Path, spec: SweepSpec, machine: Machine, info: dict, study=None) -> list[Made]:
+    """The trials to make now: every grid point, every random draw, or TPE's first."""
+    if spec.method == "grid":
+        made = []
+        for point in spec.grid():
+            item, why = _admit(root, spec, point, machine, info)
+            number = None
+            if study is not None and not why:
+                study.enqueue_trial(point)
+                number = study.ask(_distributions(spec.params)).number
+            made.append(Made(point, None if why else item, number, why))
+        return made
+    count = spec.trials if spec.method == "random" else 1
+    return [_ask(study, spec, root, machine, info) for _ in range(count)] if study is not None else []
+
+
+def print_commands(root: Path, spec: SweepSpec, machine: Machine, info: dict) -> list[str]:
+    """One `workbench train` line per trial (grid: every point; random: the seeded draws), for another scheduler."""
+    if spec.method == "tpe":
+        raise QueueError("a TPE sweep learns from each result before it draws the next trial: its trials cannot be "
+                         "written out ahead; use method = \"random\" or \"grid\" with --print-commands")
+    if spec.method == "grid":
+        points = spec.grid()
+    else:
+        sampler = _sampler(spec, 0)
+        optuna = _optuna()
+        study = optuna.create_study(sampler=sampler, direction=spec.metric.goal)  # in memory: nothing is kept
+        points = [dict(study.ask(_distributions(spec.params)).params) for _ in range(spec.trials)]
+    lines = []
+    for k, point in enumerate(points, 1):
+        item, why = _admit(root, spec, point, machine, info)
+        if why:
+            lines.append(f"# {trial_name(spec.name, k)} refused: {why}")
+            continue
+        from workbench.queue.launch import train_args
+        fake = Item(0, trial_name(spec.name, k), 0, "queued", item.preset, item.sets, item.corpus, item.time_budget,
+                    None, False, spec.name, k, 0.0, None, None, None, 0, None, None)
+        lines.append(" ".join(["workbench", "train", *(_quote(a) for a in train_args(fake)), "--runs-dir",
+                               _quote(str(root))]))
+    return lines
+
+
+def _quote(arg: str) -> str:
+    import shlex
+    return shlex.quote(arg)
+
+
+def create_sweep(root: Path, spec: SweepSpec, machine: Machine, info: dict) -> list[Trial]:
+    """Make the sweep: its trials estimated, the ones that fit queued, all in one transaction of the queue's
+    database (Optuna's study made first; removed again if the queue refuses the sweep)."""
+    store = QueueStore(root)
+    if (why := store.name_in_use(spec.name)):
+        raise QueueError(f"sweep name {spec.name!r} is taken: {why}; choose another --name")
+    optuna = _optuna()
+    try:  # a study left by a sweep that was never queued (killed between the two databases)
+        optuna.delete_study(study_name=spec.name, storage=storage_url(root))
+    except KeyError:
+        pass
+    study = open_study(root, spec, create=True)
+    try:
+        made = plan_trials(root, spec, machine, info, study)
+        if spec.method == "tpe":  # refused draws are tried again, as many times as the sweep has trials
+            while not any(m.item for m in made) and len(made) < spec.trials:
+                made.append(_ask(study, spec, root, machine, info))
+        if not any(m.item for m in made):
+            raise QueueError(f"no trial of sweep {spec.name} fits this machine by the estimate (first: "
+                             f"{made[0].note}); nothing was queued")
+        return store.add_sweep(spec.name, spec.to_dict(), [(m.params, m.item, m.optuna, m.note) for m in made])
+    except BaseException:
+        optuna.delete_study(study_name=spec.name, storage=storage_url(root))
+        raise
+
+
+def load(store: QueueStore, name: str) -> SweepSpec:
+    d = store.sweep_spec(name)
+    if d is None:
+        import difflib
+        close = difflib.get_close_matches(name, store.sweep_names(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise QueueError(f"no sweep {name!r} in {store.root}{hint}; `workbench sweep ls` lists them")
+    return SweepSpec.from_dict(d)
+
+
+def sweep_metric(store: QueueStore, name: str) -> Metric:
+    return load(store, name).metric
+
+
+# ----------------------------------------------------------------------------- as trials end
+
+def _tell(store: QueueStore, study, trial: Trial, item: Item) -> None:
+    optuna = _optuna()
+    if trial.optuna is not None:
+        if item.state == "finished" and item.metric is not None:
+            study.tell(trial.optuna, item.metric, skip_if_finished=True)
+        else:
+            state = optuna.trial.TrialState.PRUNED if item.state == "pruned" else optuna.trial.TrialState.FAIL
+            study.tell(trial.optuna, state=state, skip_if_finished=True)
+    store.mark_told(trial.sweep, trial.number)
+
+
+def catch_up(store: QueueStore, name: str, info: dict, say: Callable[[str], None]) -> None:
+    """Give Optuna every ended trial's result it has not had, then make the next trial if one is due (tpe)."""
+    spec = load(store, name)
+    trials = store.trials(name)
+    items = {i.id: i for i in store.items()}
+    study = None
+    for t in trials:
+        it = items.get(t.item) if t.item is not None else None
+        if not t.told and it is not None and it.state in ENDED:
+            study = study or open_study(store.root, spec, made=len(trials))
+            _tell(store, study, t, it)
+    if spec.method != "tpe" or len(trials) >= spec.trials:
+        return
+    if any(items.get(t.item) and items[t.item].state in ("queued", "running") for t in trials if t.item):
+        return
+    study = open_study(store.root, spec, made=len(trials))
+    machine = Machine.from_info(info)
+    for _ in range(spec.trials - len(trials)):
+        try:
+            m = _ask(study, spec, store.root, machine, info)
+        except WorkbenchError as e:  # a drawn value the preset refuses: that trial fails, the next is drawn
+            say(f"sweep {name}: a drawn trial was refused: {e}")
+            continue
+        t = store.add_trial(name, m.params, m.item, m.optuna, m.note)
+        if m.item is not None:
+            say(f"sweep {name}: queued {trial_name(name, t.number)} ({' '.join(point_sets(m.params))})")
+            return
+        say(f"sweep {name}: {trial_name(name, t.number)} refused: {m.note}")
+
+
+def trial_ended(store: QueueStore, item: Item, info: dict, say: Callable[[str], None]) -> None:
+    catch_up(store, item.sweep, info, say)
+    rows = results(store, item.sweep)
+    if all(r.state in ENDED + ("refused", "removed") for r in rows):
+        best = next((r for r in rows if r.rank == 1), None)
+        say(f"sweep {item.sweep} done: " + (f"best {best.name} ({' '.join(point_sets(best.params))}), "
+                                             f"{best.metric:.4f}" if best else "no trial recorded the metric"))
+
+
+# ----------------------------------------------------------------------------- the pruner
+
+class Pruning:
+    """Reports a running trial's eval metric to Optuna at fixed shares of its budget (or of its steps) and
+    asks the pruner whether to stop it. Resumable: what was reported is in Optuna's storage."""
+
+    def __init__(self, root: Path, spec: SweepSpec, optuna_number: int, made: int):
+        optuna = _optuna()
+        self.spec = spec
+        self.study = open_study(root, spec, made=made)
+        frozen = self.study.trials[optuna_number]
+        self.trial = optuna.trial.Trial(self.study, frozen._trial_id)  # the ask-and-tell trial, reopened
+        self.reported = {s for s in spec.prune_shares if round(s * 100) in frozen.intermediate_values}
+        self.reason = ""
+
+    def share(self, st: RunStatus) -> float | None:
+        if st.budget_s and st.budget_spent_s is not None:
+            return st.budget_spent_s / st.budget_s
+        return st.step / st.max_iters if st.max_iters else None
+
+    def should_prune(self, run_dir: Path, st: RunStatus) -> bool:
+        share = self.share(st)
+        due = [s for s in self.spec.prune_shares if share is not None and s <= share and s not in self.reported]
+        if not due:
+            return False
+        curve = eval_curve(run_dir, self.spec.metric.name)
+        if not curve:
+            return False
+        step, value = curve[-1]
+        for s in due:
+            self.trial.report(value, round(s * 100))
+            self.reported.add(s)
+        if self.trial.should_prune():
+            self.reason = (f"{self.spec.metric.name} {value:.4f} (step {step:,}) at {due[-1]:.0%} of its budget is "
+                           f"worse than the median of the trials before it there")
+            return True
+        return False
+
+
+def pruner_for(store: QueueStore, item: Item) -> Pruning | None:
+    spec = load(store, item.sweep)
+    if spec.pruner == "none":
+        return None
+    trial = next((t for t in store.trials(item.sweep) if t.item == item.id), None)
+    if trial is None or trial.optuna is None:
+        return None
+    return Pruning(store.root, spec, trial.optuna, len(store.trials(item.sweep)))
+
+
+# ----------------------------------------------------------------------------- results
+
+@dataclass(frozen=True)
+class Result:
+    number: int
+    name: str
+    params: dict[str, Any]
+    state: str                 # the run's queue state, or refused / removed
+    metric: float | None       # what it reached (a running trial: so far)
+    rank: int | None           # 1 = best, among finished trials with the metric
+    seconds: float | None      # wall-clock from start to end (or so far)
+    note: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trial": self.number, "run": self.name, "params": self.params, "state": self.state,
+                "metric": self.metric, "rank": self.rank, "seconds": self.seconds, "note": self.note}
+
+
+def results(store: QueueStore, name: str, now: float | None = None) -> list[Result]:
+    """Every trial of the sweep, in trial order, ranked by the spec's metric."""
+    import time
+    spec = load(store, name)
+    items = {i.id: i for i in store.items()}
+    out = []
+    for t in store.trials(name):
+        it = items.get(t.item) if t.item is not None else None
+        if it is None:
+            state = "refused" if t.note and t.item is None and "removed" not in t.note else "removed"
+            out.append(Result(t.number, trial_name(name, t.number), t.params, state, None, None, None, t.note or ""))
+            continue
+        metric = it.metric
+        if metric is None and it.state == "running" and (store.root / it.name / "preset.toml").is_file():
+            metric = final_metric(store.root / it.name, spec.metric)
+        secs = ((it.ended or now or time.time()) - it.started) if it.started else None
+        out.append(Result(t.number, it.name, t.params, it.state, metric, None, secs, it.note or ""))
+    done = [r for r in out if r.state == "finished" and r.metric is not None]
+    done.sort(key=lambda r: r.metric if spec.metric.goal == "minimize" else -r.metric)
+    ranks = {r.number: k for k, r in enumerate(done, 1)}
+    return [Result(r.number, r.name, r.params, r.state, r.metric, ranks.get(r.number), r.seconds, r.note)
+            for r in out]
+
+
+def best(rows: list[Result]) -> Result | None:
+    return next((r for r in rows if r.rank == 1), None)
+
+
+def sweep_states(store: QueueStore) -> list[tuple[str, SweepSpec, list[Result]]]:
+    """Every sweep of the queue, with its results (the TUI's and `sweep ls`'s view)."""
+    out = []
+    for name in store.sweep_names():
+        spec = load(store, name)
+        out.append((name, spec, results(store, name)))
+    return out
