@@ -174,62 +174,47 @@ class EventRecord:
 
 @dataclass(frozen=True)
 class StartRecord:
-    """What a trainer process starts with, said once: the data of its ``start`` event (or ``resume``, from a
-    checkpoint). The trainer writes one (:meth:`event`); a reader may type an event it read (:meth:`of`)."""
-    params: int
-    device: str
-    precision: str
-    compile: bool
-    compile_mode: str
-    loss_chunk_tokens: int
-    activation_checkpointing: bool
-    savers_reason: str
-    tokens_per_step: int
-    corpus: str
-    train_tokens: int
-    val_tokens: int
-    eval_iters: int
-    peak_flops: float | None
-    pid: int
-    world_size: int
-    parallel: str
-    finetune: str
-    trainable: int
-    budget_s: float | None = None      # train.time_budget, and the steps it was first estimated to fit
+    """The ``start`` event of a trainer process (``resume``: from a checkpoint), typed: what it runs, where and
+    how, once. ``data``: the data's own facts by kind (``{"chat": {...}}``); the optional fields (budget_s to
+    init) are left out of the event without a value. A reader of an older trainer's event gets the defaults."""
+    params: int = 0
+    device: str = ""
+    precision: str = ""
+    compile: bool = False
+    compile_mode: str = ""
+    loss_chunk_tokens: int = 0
+    activation_checkpointing: bool = False
+    savers_reason: str = ""
+    tokens_per_step: int = 0
+    corpus: str = ""
+    train_tokens: int = 0
+    val_tokens: int = 0
+    eval_iters: int = 0
+    peak_flops: float | None = None
+    pid: int = 0
+    world_size: int = 1
+    parallel: str = "none"
+    finetune: str = "full"
+    trainable: int = 0
+    budget_s: float | None = None
     budget_steps: int | None = None
     calibration: dict[str, Any] | None = None   # the measured MFU peak (machine.rates)
-    checkpoint: str | None = None      # a resume: the checkpoint it goes on from
-    parent: dict[str, Any] | None = None   # a branch: the run and checkpoint it came from (the preset's parent)
-    init: dict[str, Any] | None = None     # a fine-tune: the weights it starts from (the preset's init)
-    data: dict[str, Any] = field(default_factory=dict)  # the data's own facts, by kind (``{"chat": {...}}``)
+    checkpoint: str | None = None               # the checkpoint a resume goes on from
+    parent: dict[str, Any] | None = None        # the preset's parent (a branch) and init (a fine-tune's weights)
+    init: dict[str, Any] | None = None
+    data: dict[str, Any] = field(default_factory=dict)
 
     def event(self, resume: bool, step: int, time: float) -> EventRecord:
-        """The event record that says it (the optional fields only with a value)."""
-        optional = ("budget_s", "budget_steps", "calibration", "checkpoint", "parent", "init")
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "data"}
-        d = {k: v for k, v in d.items() if v is not None or k not in optional}
-        return EventRecord(event="resume" if resume else "start", step=step, time=time, data={**d, **self.data})
+        optional = list(d)[list(d).index("budget_s"):]
+        return EventRecord("resume" if resume else "start", step, time,
+                           {**{k: v for k, v in d.items() if v is not None or k not in optional}, **self.data})
 
     @classmethod
     def of(cls, e: EventRecord) -> "StartRecord":
-        """The start record an event read back holds (missing numbers 0, missing words empty)."""
         known = set(cls.__dataclass_fields__) - {"data"}
-        g = e.data.get
-        return cls(params=_int(g("params")), device=str(g("device") or ""), precision=str(g("precision") or ""),
-                   compile=g("compile") is True, compile_mode=str(g("compile_mode") or ""),
-                   loss_chunk_tokens=_int(g("loss_chunk_tokens")),
-                   activation_checkpointing=g("activation_checkpointing") is True,
-                   savers_reason=str(g("savers_reason") or ""), tokens_per_step=_int(g("tokens_per_step")),
-                   corpus=str(g("corpus") or ""), train_tokens=_int(g("train_tokens")),
-                   val_tokens=_int(g("val_tokens")), eval_iters=_int(g("eval_iters")), peak_flops=_num(g("peak_flops")),
-                   pid=_int(g("pid")), world_size=_int(g("world_size"), 1), parallel=str(g("parallel") or "none"),
-                   finetune=str(g("finetune") or "full"), trainable=_int(g("trainable")),
-                   budget_s=_num(g("budget_s")), budget_steps=_opt_int(g("budget_steps")),
-                   calibration=g("calibration") if isinstance(g("calibration"), dict) else None,
-                   checkpoint=g("checkpoint") if isinstance(g("checkpoint"), str) else None,
-                   parent=g("parent") if isinstance(g("parent"), dict) else None,
-                   init=g("init") if isinstance(g("init"), dict) else None,
-                   data={k: v for k, v in e.data.items() if k not in known})
+        return cls(**{k: v for k, v in e.data.items() if k in known}, data={k: v for k, v in e.data.items()
+                                                                          if k not in known})
 
 
 Record = Union[TrainRecord, EvalRecord, TaskRecord, EventRecord]
