@@ -33,6 +33,7 @@ from workbench import rundir
 from workbench.data.train_data import Batch, Sampler, step_targets
 from workbench.errors import WorkbenchError
 from workbench.plan.cost import eval_seconds
+from workbench.plan.sampling import TEXT
 from workbench.rundir import EvalRecord, TrainRecord
 from workbench.train import runtime
 from workbench.train.batches import batch_loss, on_device
@@ -323,8 +324,9 @@ class Trainer(TrainerParts):
         # Sharded, each forward is a collective: every rank generates (the same number of forwards), rank 0 writes.
         if not t.sample_prompt or not (self.dist.is_main or self.settings.parallel == "fsdp"):
             return
-        text = generate_text(self.built.model, self.data.tokenizer, t.sample_prompt, t.sample_tokens,
-                             temperature=0.8, top_k=50, seed=self.state.step,
+        # the one set of sampling defaults (plan.sampling), seeded by the step: each eval's sample is its own
+        how = TEXT.replace(seed=self.state.step).generate_args()
+        text = generate_text(self.built.model, self.data.tokenizer, t.sample_prompt, t.sample_tokens, **how,
                              autocast_dtype=runtime.amp_dtype(self.settings))
         self.built.model.train()
         if self.dist.is_main:
