@@ -105,17 +105,14 @@ def score(run_dir: Path, step: str | int, held: list[dict]) -> dict[str, float]:
 def trained_per_step(run_dir: Path, steps: int) -> list[int]:
     """The trained targets of each of the run's ``steps`` steps: its train sampler replayed from its preset."""
     from workbench.config import load_preset_file
-    from workbench.data.chat_data import IGNORE
     from workbench.data.tokens import prepare_data
-    from workbench.train.batches import new_sampler
 
     p = load_preset_file(run_dir / "preset.toml")
     data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: None, loss_on=p.train.loss_on)
-    sampler = new_sampler(data, "train", p, p.train.seed)
+    sampler = data.sampler("train", p, p.train.seed)
     out = []
     for _ in range(steps):
-        batches = [sampler.next_batch() for _ in range(p.train.grad_accum)]
-        out.append(sum(int(np.count_nonzero(b[1] != IGNORE)) for b in batches))
+        out.append(sum(sampler.next_batch().trained() for _ in range(p.train.grad_accum)))
     return out
 
 

@@ -65,12 +65,11 @@ def time_evals(run: Path, rounds: int, batches: int) -> None:
 
     import torch
 
-    from workbench.data.chat_data import IGNORE
     from workbench.data.tokens import prepare_data
+    from workbench.data.train_data import IGNORE
     from workbench.plan.evals import eval_batches
     from workbench.rundir import EventRecord
     from workbench.train import runtime
-    from workbench.train.batches import new_sampler, split_tokens
     from workbench.train.checkpoint import load_run_model
     from workbench.train.dist import Dist
     from workbench.train.evaluation import EvalBatches, evaluate
@@ -87,7 +86,7 @@ def time_evals(run: Path, rounds: int, batches: int) -> None:
     dist, null = Dist(), contextlib.nullcontext()
 
     def to_dev(s):
-        return runtime.batch_to_device(tuple(s.next_batch()) + (None,) * 2, dev)[:4]
+        return runtime.batch_to_device(s.next_batch(), dev)
 
     @torch.no_grad()
     def before() -> float:
@@ -96,10 +95,11 @@ def time_evals(run: Path, rounds: int, batches: int) -> None:
         model.eval()
         out = []
         for part in ("train", "val"):
-            s = new_sampler(data, part, p, seed=p.train.seed + 1)
+            s = data.sampler(part, p, seed=p.train.seed + 1)
             nats, count, nbytes = (torch.zeros(()) for _ in range(3))
             for _ in range(batches):
-                x, y, pos, seg = to_dev(s)
+                b = to_dev(s)
+                x, y, pos, seg = b.inputs, b.targets, b.positions, b.segments
                 trained = y != IGNORE
                 h = model.hidden(x, None, pos, seg)
                 n = h.shape[0] * h.shape[1]
@@ -121,17 +121,17 @@ def time_evals(run: Path, rounds: int, batches: int) -> None:
         for part in ("train", "val"):
             ep = cached.parts[part]
             nats = torch.zeros(())
-            for x, y, pos, seg in ep.batches:
-                h = model.hidden(x, None, pos, seg)
+            for b in ep.batches:
+                h = model.hidden(b.inputs, None, b.positions, b.segments)
                 n = h.shape[0] * h.shape[1]
-                nats += FusedLinearCrossEntropy.apply(h.reshape(n, -1), model.output_weight(), y.reshape(-1),
+                nats += FusedLinearCrossEntropy.apply(h.reshape(n, -1), model.output_weight(), b.targets.reshape(-1),
                                                       chunk, 1.0).float()
             out.append(nats.item() / max(1.0, ep.count.item()))
         model.train()
         return out[1]
 
     auto_p = dataclasses.replace(p, train=dataclasses.replace(p.train, eval_iters=0))
-    n_auto, why = eval_batches(auto_p, split_tokens(data)[1])
+    n_auto, why = eval_batches(auto_p, data.split_tokens()[1])
     auto = EvalBatches.draw(p, data, n_auto, token_bytes, dev, to_dev)
     ways = {"before": before, "cached": cached_old_loss,
             "after": lambda: evaluate(model, cached, dist, null, 0).val_loss,

@@ -74,6 +74,7 @@ import torch
 from workbench.config import resolve_preset
 from workbench.config.schema import DataConfig
 from workbench.data.tokens import WindowSampler, prepare_data
+from workbench.data.train_data import Batch
 from workbench.fs import write_json_atomic
 from workbench.machine.peaks import peak_flops
 from workbench.machine.probe import measured_peak, this_machine
@@ -401,7 +402,8 @@ def restore_backend_defaults(defaults: dict) -> None:
 def to_device(xy: tuple[np.ndarray, np.ndarray], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """x and y as nanoGPT's get_batch makes them (contiguous: its loss views the targets) and as the trainer moves
     them (pinned, copied asynchronously to a GPU)."""
-    return batch_to_device(tuple(np.ascontiguousarray(a) for a in xy), dev)[:2]
+    b = batch_to_device(Batch(*(np.ascontiguousarray(a) for a in xy)), dev)
+    return b.inputs, b.targets
 
 
 def random_batches(d: Dims, dev: torch.device, seed: int) -> Callable[[], tuple]:
@@ -416,7 +418,7 @@ def random_batches(d: Dims, dev: torch.device, seed: int) -> Callable[[], tuple]
 
 def window_batches(tokens: np.ndarray, d: Dims, dev: torch.device, seed: int) -> Callable[[], tuple]:
     sampler = WindowSampler(tokens, d.seq, d.batch, seed)
-    return lambda: to_device(sampler.next_batch(), dev)
+    return lambda: to_device(((b := sampler.next_batch()).inputs, b.targets), dev)
 
 
 def peak_memory(dev: torch.device) -> float | None:

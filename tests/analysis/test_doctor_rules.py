@@ -610,7 +610,7 @@ def test_nonfinite_steps_in_fp16_suggest_bf16_or_fp32_where_the_gpu_has_no_bf16(
 # ----------------------------------------------------------------------------- chat data
 
 def chat_start(**kw) -> dict:
-    """A start event's ``chat`` (workbench.train.batches.chat_facts) with nothing to find, and ``kw``."""
+    """A start event's ``chat`` (workbench.data.chat_data.ChatData.start_facts) with nothing to find, and ``kw``."""
     return {"chat": {"conversations": 1000, "trained_fraction": 0.3, "loss_on": "assistant", "truncated": 0,
                      "dropped": 0, "row_fill": 0.9, "packing": True, "p95_tokens": 20, **kw}}
 

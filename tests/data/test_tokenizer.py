@@ -70,9 +70,10 @@ def test_sampler_state_round_trip():
     expected = [a.next_batch() for _ in range(3)]
     b = WindowSampler(tokens, 16, 4, seed=999)
     b.set_state(st)
-    for (x1, y1), (x2, y2) in zip(expected, (b.next_batch() for _ in range(3))):
-        assert (x1 == x2).all() and (y1 == y2).all()
-        assert (y1[:, :-1] == x1[:, 1:]).all()
+    for one, two in zip(expected, (b.next_batch() for _ in range(3))):
+        assert (one.inputs == two.inputs).all() and (one.targets == two.targets).all()
+        assert (one.targets[:, :-1] == one.inputs[:, 1:]).all()
+        assert one.positions is None and one.segments is None and not one.masked  # text: every target trained
 
 
 def test_corpus_errors(tmp_path):

@@ -10,7 +10,7 @@ from workbench.machine.detect import Gpu, Machine
 from workbench.plan import report
 from workbench.plan.settings import SettingsError, resolve_settings
 from workbench.train.batch_probe import fit_target
-from workbench.train.loop import run_settings
+from workbench.train.start import run_settings
 
 GiB = 2**30
 A100 = Machine(gpus=(Gpu(0, "NVIDIA A100-SXM4-80GB", 80 * GiB, 78 * GiB, (8, 0)),), physical_cores=16,

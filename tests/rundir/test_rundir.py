@@ -40,3 +40,21 @@ def test_no_status_file_yet_is_a_start_that_never_happened_and_unknown_is_not_li
     assert read_status(tmp_path).state == "crashed"      # "starting" with no process
     assert RunStatus().state == "?" and not RunStatus().live
     assert RunStatus.from_dict({"state": 3, "step": "x", "pid": -1}) == RunStatus()
+
+
+def test_a_start_record_says_itself_as_an_event_and_reads_back():
+    """The trainer's start (or resume) event is a typed record: written as an event, read back the same; the
+    optional fields only with a value, the data's own facts by kind beside the rest."""
+    from workbench.rundir.records import EventRecord, StartRecord, parse_record
+    rec = StartRecord(params=1000, device="cpu", precision="fp32", compile=False, compile_mode="off",
+                      loss_chunk_tokens=0, activation_checkpointing=False, savers_reason="", tokens_per_step=128,
+                      corpus="builtin", train_tokens=900, val_tokens=100, eval_iters=2, peak_flops=None, pid=7,
+                      world_size=1, parallel="none", finetune="full", trainable=1000, budget_s=60.0,
+                      budget_steps=40, data={"chat": {"conversations": 3}})
+    ev = rec.event(resume=False, step=0, time=1.0)
+    line = json.loads(json.dumps(ev.to_dict()))
+    assert line["event"] == "start" and line["chat"] == {"conversations": 3} and line["peak_flops"] is None
+    assert "checkpoint" not in line and "calibration" not in line and line["budget_steps"] == 40
+    back = parse_record(line)
+    assert isinstance(back, EventRecord) and StartRecord.of(back) == rec
+    assert rec.event(resume=True, step=5, time=2.0).event == "resume"

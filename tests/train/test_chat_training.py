@@ -92,7 +92,9 @@ def test_batches_carry_exactly_the_trained_targets(chat_data, loss_on):
     seen = 0
     for _ in range(6):
         rows = s._order[s.pos:s.pos + 8].tolist()
-        x, y, pos, seg = s.next_batch()
+        batch = s.next_batch()
+        assert batch.masked
+        x, y, pos, seg = batch.inputs, batch.targets, batch.positions, batch.segments
         for b, r in enumerate(rows):
             at = 0
             for k, c in enumerate(s.rows.items[s.rows.starts[r]:s.rows.starts[r + 1]].tolist()):
@@ -194,12 +196,12 @@ def test_the_trainers_packed_step_trains_each_conversation_as_if_alone(chat_file
         trainer.lock.release()
         trainer.report.close()
     # several conversations share a row in these batches (else packing proves nothing)
-    assert max(len(set(seg[seg >= 0].tolist())) for _, _, _, seg in batches) >= 3
+    assert max(len(set(b.segments[b.segments >= 0].tolist())) for b in batches) >= 3
     ref = GPT(p.model)
     ref.load_state_dict(before)
-    trained = sum(int((y != IGNORE).sum()) for _, y, _, _ in batches)
+    trained = sum(int((b.targets != IGNORE).sum()) for b in batches)
     loss = torch.zeros(())
-    for x, y, _, seg in batches:
+    for x, y, seg in ((b.inputs, b.targets, b.segments) for b in batches):
         for b in range(len(x)):
             for k in sorted(set(seg[b][seg[b] >= 0].tolist())):
                 cols = seg[b] == k

@@ -15,11 +15,11 @@ import torch
 from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import tiny, wb
 from tests.support.runs import read_jsonl
-from workbench.data.chat_data import IGNORE
 from workbench.data.tokens import prepare_data
+from workbench.data.train_data import IGNORE
 from workbench.plan.evals import eval_batches
+from workbench.rundir.records import EventRecord, StartRecord
 from workbench.train import runtime
-from workbench.train.batches import new_sampler, split_tokens
 from workbench.train.checkpoint import load_run_model
 from workbench.train.dist import Dist
 from workbench.train.evaluation import EvalBatches, evaluate
@@ -45,8 +45,8 @@ def _setup(run: Path, step: int):
     return p, data, torch.from_numpy(data.tokenizer.byte_lengths()), lm.model
 
 
-def _draw(sampler) -> tuple:
-    return runtime.batch_to_device(tuple(sampler.next_batch()) + (None, None), CPU)[:4]
+def _draw(sampler):
+    return runtime.batch_to_device(sampler.next_batch(), CPU)
 
 
 @torch.no_grad()
@@ -57,10 +57,11 @@ def drawn_anew(model, p, data, token_bytes, n: int) -> tuple[float, float, float
     model.eval()
     loss, bpb = [], []
     for part in ("train", "val"):
-        s = new_sampler(data, part, p, seed=p.train.seed + 1)
+        s = data.sampler(part, p, seed=p.train.seed + 1)
         nats, count, nbytes = (torch.zeros(()) for _ in range(3))
         for _ in range(n):
-            x, y, pos, seg = _draw(s)
+            b = _draw(s)
+            x, y, pos, seg = b.inputs, b.targets, b.positions, b.segments
             trained = y != IGNORE
             if model.loss_chunk_tokens:
                 h = model.hidden(x, None, pos, seg)
@@ -110,9 +111,13 @@ def test_auto_eval_batches_on_a_small_val_split_of_chat(tmp_path):
     run = runs / "c"
     p, data, token_bytes, model = _setup(run, 6)
     assert data.format == "chat" and p.train.eval_iters == 0
-    val_tokens = split_tokens(data)[1]
+    val_tokens = data.split_tokens()[1]
     n, why = eval_batches(p, val_tokens)
     assert _start(run)["eval_iters"] == n and _start(run)["val_tokens"] == val_tokens
+    # the start event is a typed record: read back, it says the same again (the chat facts beside the rest)
+    start = StartRecord.of(EventRecord.from_dict(_start(run)))
+    assert start.data["chat"]["conversations"] == data.n_train and start.val_tokens == val_tokens
+    assert start.event(False, 0, _start(run)["time"]).to_dict() == _start(run)
     assert n < eval_batches(p)[0]                                   # the split limits it ...
     assert n <= math.ceil(val_tokens // p.model.seq_len / p.train.batch_size)  # ... to at most its windows
     assert f"eval: {why}" in (run / "train.log").read_text()

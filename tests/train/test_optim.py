@@ -141,7 +141,7 @@ def test_bits_per_byte_counts_the_bytes_the_tokens_stand_for(tmp_path, trained_r
     ev = [r for r in read_jsonl(trained_run / "metrics.jsonl") if r["kind"] == "eval"][-1]
     p = resolve_preset(str(trained_run / "preset.toml"))
     s = WindowSampler(data.val, p.model.seq_len, p.train.batch_size, seed=p.train.seed + 1)
-    nbytes = sum(int(lengths[s.next_batch()[1]].sum()) for _ in range(p.train.eval_iters))
+    nbytes = sum(int(lengths[s.next_batch().targets].sum()) for _ in range(p.train.eval_iters))
     n_tokens = p.train.eval_iters * p.train.batch_size * p.model.seq_len
     assert ev["val_bpb"] == pytest.approx(ev["val_loss"] * n_tokens / math.log(2) / nbytes, rel=1e-5)
     assert np.isfinite(ev["train_bpb"])

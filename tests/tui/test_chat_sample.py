@@ -81,7 +81,7 @@ def test_chat_mode_answers_as_the_cli_does_and_resets(chat_runs, tmp_path, monke
             async def send(text: str) -> None:
                 app.query_one("#smp-message", Input).value = text
                 await pilot.press("enter")
-                await wait_for(pilot, lambda: not pane._replying, timeout=120,
+                await wait_for(pilot, lambda: not pane.chat.replying, timeout=120,
                                what=lambda: f"both replies: {out_a.text.plain!r} {out_b.text.plain!r}")
 
             await send(first)
@@ -99,14 +99,14 @@ def test_chat_mode_answers_as_the_cli_does_and_resets(chat_runs, tmp_path, monke
                            {"role": "user", "content": second}]
                 want = cli_reply(chat_runs, ck, stdin=json.dumps({"messages": history}))
                 assert f"you> {second}\nmodel> {want}  [" in out.text.plain, (out.text.plain, want)
-                assert pane._chat[f"#smp-out-{'a' if ck == '120' else 'b'}"] == [
+                assert pane.chat.conversations[f"#smp-out-{'a' if ck == '120' else 'b'}"] == [
                     *history, {"role": "assistant", "content": want}]
 
             # ctrl+r: a new conversation (the transcripts cleared, nothing remembered)
             await pilot.press("ctrl+r")
             await pilot.pause()
             assert "you>" not in out_a.text.plain and "you>" not in out_b.text.plain
-            assert "Type a message" in out_a.text.plain and pane._chat == {}
+            assert "Type a message" in out_a.text.plain and pane.chat.conversations == {}
             # and the next message starts from nothing: the CLI's answer to it alone
             await send(first)
             assert f"you> {first}\nmodel> {want_a1}  [" in out_a.text.plain

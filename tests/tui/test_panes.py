@@ -259,7 +259,8 @@ def test_sample_pane_streams_two_checkpoints_side_by_side(runs_dir, monkeypatch)
             assert out_b.text.plain.startswith("import <200> hello world")
             assert {c[1] for c in calls} == {"400", "200"}
             assert "alpha @ latest (step 400)" in str(out_a.border_title)
-            assert calls[0][3][0:1] == (200,) and calls[0][3][1] == 0.5  # max tokens, temperature
+            sampling = calls[0][3][0]  # the settings the sampler is given: the boxes' (the CLI's defaults but one)
+            assert (sampling.max_new_tokens, sampling.temperature, sampling.top_p) == (200, 0.5, 0.95)
             # bad settings are refused with a message, not sent to the sampler
             app.query_one("#smp-top_k", Input).value = "many"
             app.action_generate()

@@ -97,3 +97,37 @@ def test_sample_pane_streams_real_text_from_two_checkpoints(real_runs, tmp_path,
             trainer = text_of(app.query_one("#smp-trainer-text"))
             assert "step 10" in trainer and "step 20" in trainer and "import" in trainer
     run(go())
+
+
+def test_the_pane_and_the_cli_sample_a_checkpoint_alike_by_default(real_runs, tmp_path, monkeypatch):
+    """One set of sampling defaults (plan.sampling): `workbench sample` given only the checkpoint and the prompt,
+    and the Sample pane with its boxes as they open, give the same tokens (the pane had top-p 0.95 and seed 1337,
+    the CLI neither: the same checkpoint sampled two ways)."""
+    from workbench.plan.sampling import TEXT
+    monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
+    prompt_text = "def "
+    cli = wb("sample", "t", "--runs-dir", str(real_runs), "--checkpoint", "20", f"--prompt={prompt_text}",
+             check=True).stdout
+
+    async def go():
+        app = make_app(real_runs)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: app.summaries, what="the run list")
+            await pilot.press("5")
+            await wait_for(pilot, lambda: app.query_one("#smp-run", Select).value == "t", what="run t chosen")
+            boxes = {k: app.query_one(f"#smp-{k}", Input).value
+                     for k in ("temperature", "top_k", "top_p", "max_new_tokens", "seed")}
+            assert boxes == {"temperature": f"{TEXT.temperature:g}", "top_k": str(TEXT.top_k),
+                             "top_p": f"{TEXT.top_p:g}", "max_new_tokens": str(TEXT.max_new_tokens),
+                             "seed": str(TEXT.seed)}
+            app.query_one("#smp-ckpt-a", Select).value = "20"
+            assert app.query_one("#smp-prompt", Input).value == prompt_text  # the box's own default prompt
+            app.query_one("#smp-prompt", Input).focus()
+            await pilot.press("enter")
+            out = app.query_one("#smp-out-a")
+            await wait_for(pilot, lambda: "s]" in out.text.plain.splitlines()[-1] or "failed" in out.text.plain,
+                           timeout=120, what=lambda: f"the sampler to finish: {out.text.plain!r}")
+            shown = out.text.plain.rsplit("\n[", 1)[0].rstrip("\n")
+            assert "failed" not in out.text.plain and len(shown) > len(prompt_text) + 20, out.text.plain
+            assert shown == cli.rstrip("\n")
+    run(go())

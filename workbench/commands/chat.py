@@ -11,6 +11,8 @@ import sys
 import time
 
 from workbench import rundir
+from workbench.commands.common import add_sampling_options, sampling_of
+from workbench.plan.sampling import CHAT
 
 
 def register(sub) -> None:
@@ -22,10 +24,7 @@ def register(sub) -> None:
     p.add_argument("--conversation", default=None, metavar="FILE",
                    help="a conversation so far, as JSON ({\"messages\": [...]} or the list; - reads stdin), "
                         "ending with a user message: print the next reply and exit (the TUI's chat uses this)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=50, help="0 = off")
-    p.add_argument("--seed", type=int, default=None)
+    add_sampling_options(p, CHAT)
     p.add_argument("--json", action="store_true", help="with --message: the reply, its token ids and whether it "
                                                        "ended with the end-of-turn token, as JSON")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, mps or auto")
@@ -55,10 +54,7 @@ def read_conversation(path: str) -> list[dict]:
 def run(args) -> int:
     run_dir = rundir.resolve_run(args.runs_dir, args.run)
     ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
-    if args.max_new_tokens < 1:
-        raise rundir.RunError("--max-new-tokens must be at least 1")
-    if args.temperature < 0:
-        raise rundir.RunError("--temperature must be >= 0 (0 = greedy)")
+    sampling = sampling_of(args)
     if args.json and args.message is None and args.conversation is None:
         raise rundir.RunError("--json needs --message or --conversation (one reply)")
     given = read_conversation(args.conversation) if args.conversation is not None else None
@@ -83,8 +79,7 @@ def run(args) -> int:
     if device == "cpu" and model.num_params() < 50e6:
         torch.set_num_threads(1)  # one token at a time: one thread is faster (see `workbench sample`)
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    kw = dict(max_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
-              seed=args.seed)
+    kw = dict(max_tokens=sampling.max_new_tokens, **sampling.generate_args())
 
     def emit(piece: str) -> None:
         sys.stdout.write(piece)

@@ -12,6 +12,7 @@ from workbench.config import Preset
 from workbench.data.chat import ChatReader
 from workbench.data.chat_data import ChatData, chat_options, conversation_pieces, pack, template_for, trained_count
 from workbench.data.chat_templates import trained_spans
+from workbench.data.documents import Corpus
 from workbench.data.tokenizer import CorpusTooSmall
 from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.fmt import duration
@@ -51,8 +52,8 @@ def counts(data: ChatData, p: Preset) -> dict:
             "warnings": idx.get("warnings", [])}
 
 
-def chat_prepared(data: ChatData, p: Preset, seconds: float, as_json: bool) -> int:
-    """`workbench data prepare` of a chat corpus: its counts."""
+def chat_prepared(data: ChatData, p: Preset, seconds: float, corpus: Corpus, as_json: bool) -> int:
+    """`workbench data prepare` of a chat corpus: its counts (from its index: ``corpus`` is not read again)."""
     out = counts(data, p)
     if as_json:
         print(json.dumps({**out, "seconds": round(seconds, 3), "source": data.source}, indent=1))

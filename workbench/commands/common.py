@@ -7,6 +7,7 @@ import sys
 from typing import IO
 
 from workbench.fmt import duration, human_bytes
+from workbench.plan.sampling import Sampling
 
 
 def add_set_option(p: argparse.ArgumentParser) -> None:
@@ -19,6 +20,22 @@ def add_init_from_option(p: argparse.ArgumentParser) -> None:
                    help="start from this run's checkpoint (latest, best or a step; default latest), e.g. a model "
                         "brought in by `workbench import`: its [model] (but seq_len and dropout) and tokenizer, "
                         "with train.finetune = full (every weight) or lora (adapters)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser, defaults: Sampling) -> None:
+    """The sampling settings as options, their defaults the one definition's (plan.sampling)."""
+    d = defaults
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=f"default {d.max_new_tokens}")
+    p.add_argument("--temperature", type=float, default=d.temperature, help=f"0 = greedy (default {d.temperature:g})")
+    p.add_argument("--top-k", type=int, default=d.top_k, help=f"0 = off (default {d.top_k})")
+    p.add_argument("--top-p", type=float, default=d.top_p, help=f"nucleus sampling mass, 1 = off (default {d.top_p:g})")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"the same seed, the same tokens (default {d.seed})")
+
+
+def sampling_of(args: argparse.Namespace) -> Sampling:
+    """The settings the options give, checked (a bad one is one line naming its option)."""
+    return Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                    max_new_tokens=args.max_new_tokens).check()
 
 
 def add_corpus_option(p: argparse.ArgumentParser, help_suffix: str = "") -> None:

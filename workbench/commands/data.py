@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Callable
 
 from workbench.commands.chat_preview import chat_prepared, inspect_chat
 from workbench.commands.common import TerminalProgress, add_set_option
-from workbench.config import resolve_preset
+from workbench.config import Preset, resolve_preset
 from workbench.data.chat_data import corpus_is_chat
-from workbench.data.tokens import open_data_corpus, prepare_data
+from workbench.data.documents import Corpus
+from workbench.data.tokens import TokenData, open_data_corpus, prepare_data
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
 from workbench.plan.run_plan import NewRun, corpus_values, plan_new_run
@@ -77,8 +79,11 @@ def cmd_prepare(args) -> int:
     finally:
         progress.close()
     seconds = time.time() - t0
-    if data.format == "chat":
-        return chat_prepared(data, p, seconds, args.json)
+    return PREPARED[data.format](data, p, seconds, corpus, args.json)
+
+
+def text_prepared(data: TokenData, p: Preset, seconds: float, corpus: Corpus, as_json: bool) -> int:
+    """`workbench data prepare` of a text corpus: its documents, tokens and speed."""
     idx = data.index or {}
     enc = (idx.get("seconds") or {}).get("encode") or seconds
     out = {"documents": idx.get("documents", 0), "tokens": int(len(data.tokens)), "bytes": corpus.total_bytes,
@@ -91,7 +96,7 @@ def cmd_prepare(args) -> int:
            "train_tokens": int(data.n_train), "val_tokens": int(len(data.tokens) - data.n_train),
            "cache_dir": str(data.tokenizer_path.parent), "workers": idx.get("workers"),
            "warnings": idx.get("warnings", [])}
-    if args.json:
+    if as_json:
         print(json.dumps(out, indent=1))
         return 0
     how = ("from the cache (nothing read)" if data.cached else
@@ -102,6 +107,10 @@ def cmd_prepare(args) -> int:
     print(f"train {out['train_tokens']:,} tokens, val {out['val_tokens']:,} (the last documents, "
           f"~{p.data.val_fraction:.0%} of the tokens); cached in {out['cache_dir']}")
     return 0
+
+
+# What `data prepare` prints of each kind of data (its data.format): (data, preset, seconds, corpus, --json).
+PREPARED: dict[str, Callable[..., int]] = {"text": text_prepared, "chat": chat_prepared}
 
 
 def cmd_inspect(args) -> int:

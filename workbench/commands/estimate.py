@@ -172,9 +172,20 @@ def _pct(measured: float, estimated: float) -> str:
 
 
 def print_report(r: dict[str, Any]) -> None:
-    hb = human_bytes
-    m = r["memory"]
-    pr = r["params"]
+    """`workbench estimate`'s report: the model and setup, the memory at the peak and whether it fits, the
+    fine-tuning methods, an earlier run's measurement beside the estimate, and the time, energy and cost."""
+    print_setup(r)
+    print_memory(r)
+    print_fit(r)
+    if r.get("methods"):
+        print_methods(r)
+    print_measured(r)
+    print_time(r)
+
+
+def print_setup(r: dict[str, Any]) -> None:
+    """The GPU it is estimated for, the model's size and FLOPs, and how it runs (settings, batch, savers)."""
+    m, pr = r["memory"], r["params"]
     if r.get("gpu"):
         g = r["gpu"]
         tf = f"{g['bf16']:g} TFLOPS bf16" if g["bf16"] else f"{g['fp16']:g} TFLOPS fp16, no bf16"
@@ -195,6 +206,12 @@ def print_report(r: dict[str, Any]) -> None:
     loss = f"fused, {st['loss_chunk_tokens']} tokens a chunk" if st["loss_chunk_tokens"] else "plain"
     print(f"loss {loss}, activation checkpointing {'on' if st['activation_checkpointing'] else 'off'} "
           f"({st['savers_reason']}); compile {st['compile_mode']} ({st['compile_reason']})")
+
+
+def print_memory(r: dict[str, Any]) -> None:
+    """The memory at the step's peak, part by part, and per layer by attention kernel."""
+    hb, m = human_bytes, r["memory"]
+    muon = r.get("optimizer") == "muon"
     c = m.components
     cast = "bf16/fp16" if m.precision != "fp32" else ""
     lora = m.finetune == "lora"
@@ -230,6 +247,11 @@ def print_report(r: dict[str, Any]) -> None:
     pl = m.per_layer
     print(f"  per layer: {hb(pl['flash'])} with SDPA flash / memory-efficient attention, {hb(pl['math'])} with "
           f"eager (math) attention, {hb(pl['checkpointed'])} with activation checkpointing")
+
+
+def print_fit(r: dict[str, Any]) -> None:
+    """Whether it fits the memory here, and what would make it fit."""
+    hb, m = human_bytes, r["memory"]
     if r["available"]:
         verdict = {True: "fits", False: "does NOT fit", None: "?"}[r["fits"]]
         print(f"fit: {verdict}: {hb(m.total)} of {hb(r['available'])} {r['available_what']} "
@@ -242,8 +264,11 @@ def print_report(r: dict[str, Any]) -> None:
             print(f"  to fit: {r['suggestion']}")
     else:
         print(f"fit: no {m.device} device here ({r['device_here']}); the numbers above are for {m.device}")
-    if r.get("methods"):
-        print_methods(r)
+
+
+def print_measured(r: dict[str, Any]) -> None:
+    """An earlier run of the preset here: its measured memory beside the estimate."""
+    hb, m = human_bytes, r["memory"]
     prev = r.get("previous_run")
     if prev and (prev.get("mem_mb") or prev.get("mem_reserved_mb")):
         meas = prev["mem_mb"] * 2**20 if prev.get("mem_mb") else None
@@ -258,6 +283,11 @@ def print_report(r: dict[str, Any]) -> None:
         elif meas:
             print(f"run {prev['run']}: measured memory {hb(meas)} (process RSS at log time; "
                   f"estimated peak {hb(m.total)}, {_pct(meas, m.total)})")
+
+
+def print_time(r: dict[str, Any]) -> None:
+    """Throughput, the time to the end (or a time budget's steps), energy and cost; or why they are unknown."""
+    m = r["memory"]
     if r["tokens_per_s"]:
         t = r["time"]
         print(f"throughput: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_source']})")

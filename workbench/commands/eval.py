@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from workbench import rundir
 from workbench.analysis.report_card import card_lines, report_card
@@ -21,6 +21,9 @@ from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task
 from workbench.data.documents import open_corpus
 from workbench.data.tasks import Task, TaskError, expand_task_specs, load_task, task_options
 from workbench.fmt import duration
+
+if TYPE_CHECKING:
+    from workbench.data.chat_templates import ChatTemplate
 
 JSON_VERSION = 1
 
@@ -98,18 +101,9 @@ def documents(corpus) -> Iterator[str]:
         yield "".join(parts)
 
 
-def run(args) -> int:
-    if args.list_tasks:
-        return list_tasks()
-    if not args.run:
-        raise rundir.RunError("name the run to score: workbench eval RUN --task builtin (`workbench runs` lists them)")
-    if not args.tasks and not args.corpus:
-        raise TaskError("give --task (a JSONL file or a built-in task: builtin, " + ", ".join(BUILTIN_TASKS)
-                        + ") or --corpus PATH")
-    if args.limit is not None and args.limit < 1:
-        raise TaskError("--limit must be at least 1")
-    run_dir = rundir.resolve_run(args.runs_dir, args.run)
-    ckpts = checkpoints(run_dir, args.checkpoint)
+def load_tasks(args, run_dir: Path) -> tuple[list[Task], ChatTemplate | None]:
+    """The tasks --task names (their notes on stderr; two of one name refused), and the run's chat template when
+    one of them is a chat task (None otherwise)."""
     opts = task_options(args.options)
     tasks = [load_task(s, opts if s not in BUILTIN_TASKS else None, args.limit) for s in expand_task_specs(args.tasks)]
     names = [t.name for t in tasks]
@@ -126,6 +120,22 @@ def run(args) -> int:
             template = run_template(run_dir)
         except ChatTemplateError as e:
             raise TaskError(f"{next(t.name for t in tasks if t.shape == 'chat')} is a chat task, but {e}") from None
+    return tasks, template
+
+
+def run(args) -> int:
+    if args.list_tasks:
+        return list_tasks()
+    if not args.run:
+        raise rundir.RunError("name the run to score: workbench eval RUN --task builtin (`workbench runs` lists them)")
+    if not args.tasks and not args.corpus:
+        raise TaskError("give --task (a JSONL file or a built-in task: builtin, " + ", ".join(BUILTIN_TASKS)
+                        + ") or --corpus PATH")
+    if args.limit is not None and args.limit < 1:
+        raise TaskError("--limit must be at least 1")
+    run_dir = rundir.resolve_run(args.runs_dir, args.run)
+    ckpts = checkpoints(run_dir, args.checkpoint)
+    tasks, template = load_tasks(args, run_dir)
     corpus = open_corpus(list(args.corpus)) if args.corpus else None
 
     import torch  # noqa: I001 - torch loads only once the inputs are known to be good

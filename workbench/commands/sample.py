@@ -6,6 +6,8 @@ import sys
 import time
 
 from workbench import rundir
+from workbench.commands.common import add_sampling_options, sampling_of
+from workbench.plan.sampling import TEXT
 
 
 def register(sub) -> None:
@@ -13,11 +15,7 @@ def register(sub) -> None:
     p.add_argument("run", help="run id or run directory")
     p.add_argument("--checkpoint", default="latest", help="latest (default), best, or a step number")
     p.add_argument("--prompt", default="", help="text to continue (cropped from the left to the context)")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=50, help="0 = off")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, e.g. 0.9")
-    p.add_argument("--seed", type=int, default=None)
+    add_sampling_options(p, TEXT)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, mps or auto")
     p.set_defaults(func=run)
 
@@ -26,12 +24,7 @@ def run(args) -> int:
     root = args.runs_dir
     run_dir = rundir.resolve_run(root, args.run)
     ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
-    if args.max_new_tokens < 1:
-        raise rundir.RunError("--max-new-tokens must be at least 1")
-    if args.temperature < 0:
-        raise rundir.RunError("--temperature must be >= 0 (0 = greedy)")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise rundir.RunError("--top-p must be in (0, 1]")
+    sampling = sampling_of(args)
     t0 = time.time()
     import torch  # noqa: I001 - torch loads only once the arguments are known to be good
 
@@ -63,7 +56,6 @@ def run(args) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    generate_text(model, tok, args.prompt, args.max_new_tokens, on_text=emit, temperature=args.temperature,
-                  top_k=args.top_k or None, top_p=args.top_p, seed=args.seed)
+    generate_text(model, tok, args.prompt, sampling.max_new_tokens, on_text=emit, **sampling.generate_args())
     sys.stdout.write("\n")
     return 0

@@ -83,9 +83,7 @@ def run(args) -> int:
                                 progress=progress, loss_on=p.train.loss_on)  # --init-from: the source's tokenizer
         finally:
             progress.close()
-        if data.format == "chat":  # conversations that fill no row (all dropped as overlong) are bad input too
-            for part in ("train", "val"):
-                data.rows(part, p.model.seq_len, p.data.packing, p.data.overlong)
+        data.check(p)  # e.g. conversations that fill no row (all dropped as overlong) are bad input too
     run_dir = rundir.new_run_dir(root, p.name, args.name)
     try:
         if src is not None:  # the weights it starts from, before preset.toml makes it a run

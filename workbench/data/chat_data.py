@@ -30,11 +30,11 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workbench.config import DataConfig, chat_role_map
+from workbench.config import DataConfig, Preset, chat_role_map
 from workbench.data.chat import ChatOptions, sniff_format, special_pieces
 from workbench.data.chat_templates import (
     CHATML_PIECES,
@@ -46,13 +46,13 @@ from workbench.data.chat_templates import (
 from workbench.data.documents import Corpus
 from workbench.data.prepare import DataError
 from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, load_tokenizer
+from workbench.data.train_data import IGNORE, Batch
 from workbench.errors import WorkbenchError
 from workbench.fs import cache_root, read_json, write_json_atomic
 
 if TYPE_CHECKING:
     from workbench.data.chat_prepare import ChatPrepared
 
-IGNORE = -100              # a target the loss skips (torch's cross_entropy ignore_index)
 PROMPT, TRAINED, LAST = 0, 1, 2
 
 
@@ -200,7 +200,9 @@ def pack(lengths: np.ndarray, seq_len: int, packing: bool = True, overlong: str 
 
 @dataclass
 class ChatData:
-    """A prepared chat corpus, memory-mapped, its conversations split into train and val (the last ones)."""
+    """A prepared chat corpus (a :class:`~workbench.data.train_data.TrainData`), memory-mapped, its
+    conversations split into train and val (the last ones); drawn as rows of whole conversations with the
+    targets ``train.loss_on`` does not train masked."""
     tokenizer: AnyTokenizer
     tokens: np.ndarray
     labels: np.ndarray
@@ -238,6 +240,40 @@ class ChatData:
                             f"data.overlong = \"drop\" dropped them all; raise model.seq_len (the shortest needs "
                             f"{shortest}) or set data.overlong = \"truncate\"")
         return p
+
+    # ------------------------------------------------------------------ as TrainData
+
+    def sampler(self, part: str, p: Preset, seed: int) -> ChatSampler:
+        return ChatSampler(self, part, p.model.seq_len, p.train.batch_size, seed, p.train.loss_on, p.data.packing,
+                           p.data.overlong)
+
+    def split_tokens(self) -> tuple[int, int]:
+        return int(self.lengths("train").sum()), int(self.lengths("val").sum())
+
+    def check(self, p: Preset) -> None:
+        """Conversations that fill no row (all dropped as overlong) are bad input too."""
+        for part in ("train", "val"):
+            self.rows(part, p.model.seq_len, p.data.packing, p.data.overlong)
+
+    def start_lines(self, sampler: ChatSampler, p: Preset) -> list[str]:
+        """Conversations, what is trained, how rows are filled."""
+        idx, rows = self.index, sampler.rows
+        trained = trained_count(idx, p.train.loss_on)
+        over = (f", {rows.truncated:,} truncated to model.seq_len" if rows.truncated else "") + \
+            (f", {rows.dropped:,} longer than model.seq_len dropped" if rows.dropped else "")
+        how = "packed" if p.data.packing else "one a row"
+        return [f"chat: {self.documents:,} conversations ({self.n_train:,} train), template {self.template.source}; "
+                f"loss on {p.train.loss_on} ({trained / max(1, idx['tokens']):.0%} of tokens); {how} into "
+                f"{rows.rows:,} rows of {p.model.seq_len}, {rows.efficiency:.0%} filled{over}"]
+
+    def start_facts(self, sampler: ChatSampler, p: Preset) -> dict[str, Any]:
+        """What the run doctor needs to judge a chat corpus (the start event's ``chat``)."""
+        idx, rows, lengths = self.index, sampler.rows, self.lengths("train")
+        return {"chat": {"conversations": int(len(lengths)),
+                         "trained_fraction": round(trained_count(idx, p.train.loss_on) / max(1, idx["tokens"]), 4),
+                         "loss_on": p.train.loss_on, "truncated": rows.truncated, "dropped": rows.dropped,
+                         "row_fill": round(rows.efficiency, 4), "packing": p.data.packing,
+                         "p95_tokens": int(np.percentile(lengths, 95)) if len(lengths) else 0}}
 
 
 def load_chat(prep: ChatPrepared, val_fraction: float) -> ChatData:
@@ -291,8 +327,9 @@ def conversation_pieces(data: ChatData, c: int, loss_on: str) -> list[tuple[str,
 
 
 class ChatSampler:
-    """Batches of packed rows: (x, y, positions, segments), each [batch, seq_len]. Rows are drawn in a
-    shuffled order, a new one each epoch (from the seed and the epoch number), so the state is two integers.
+    """Batches of packed rows (inputs, masked targets, positions, segments; each [batch, seq_len]). Rows are
+    drawn in a shuffled order, a new one each epoch (from the seed and the epoch number), so the state is two
+    integers.
 
     ``segments`` is None without packing (one conversation a row: plain causal attention suffices)."""
 
@@ -319,7 +356,7 @@ class ChatSampler:
             self.pos += len(take)
         return out
 
-    def next_batch(self) -> tuple[np.ndarray, ...]:
+    def next_batch(self) -> Batch[np.ndarray]:
         T, d, p = self.seq_len, self.data, self.rows
         B = self.batch_size
         x = np.zeros((B, T), dtype=np.int64)
@@ -338,7 +375,7 @@ class ChatSampler:
                 pos[b, at:at + n] = np.arange(n)
                 seg[b, at:at + n] = k
                 at += n
-        return (x, y, pos, seg) if self.packed else (x, y, pos, None)
+        return Batch(x, y, pos, seg if self.packed else None, masked=True)
 
     def state(self) -> dict:
         return {"kind": "chat", "epoch": self.epoch, "pos": self.pos}

@@ -1,5 +1,7 @@
 """Token data for training: the prepared corpus memory-mapped, split by documents, and a resumable
-window sampler. Preparation itself (tokenizer, parallel encoding, the cache) is ``prepare``."""
+window sampler (the text kind of :class:`~workbench.data.train_data.TrainData`); and :func:`prepare_data`, which
+gives a preset's corpus as the kind it is, text or conversations. Preparation itself (tokenizer, parallel
+encoding, the cache) is ``prepare``."""
 
 from __future__ import annotations
 
@@ -7,18 +9,19 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from workbench.config import DataConfig
+from workbench.config import DataConfig, Preset
 from workbench.data.chat import ChatEncoder
-from workbench.data.chat_data import ChatData, corpus_is_chat, load_chat, template_for
+from workbench.data.chat_data import corpus_is_chat, load_chat, template_for
 from workbench.data.chat_prepare import prepare_chat
 from workbench.data.chat_templates import ChatTemplateError
 from workbench.data.documents import Corpus, open_corpus
 from workbench.data.prepare import SHARD_CHARS, DataError, Prepared, Progress, prepare
 from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file
+from workbench.data.train_data import Batch, Sampler, TrainData
 from workbench.faults import NO_FAULTS, Faults
 
 __all__ = ["DataError", "TokenData", "WindowSampler", "load_tokens", "open_data_corpus", "prepare_data",
@@ -27,6 +30,8 @@ __all__ = ["DataError", "TokenData", "WindowSampler", "load_tokens", "open_data_
 
 @dataclass
 class TokenData:
+    """A prepared text corpus (a :class:`TrainData`): one token stream, documents joined by the end-of-document
+    token, split at a document boundary; drawn as random windows, every target trained."""
     tokenizer: AnyTokenizer
     tokens: np.ndarray          # memmap of the whole corpus
     n_train: int                # tokens [0, n_train) train, [n_train, len) val
@@ -44,6 +49,25 @@ class TokenData:
     @property
     def val(self) -> np.ndarray:
         return self.tokens[self.n_train:]
+
+    @property
+    def template(self) -> None:
+        return None  # text is trained as it is, through no chat template
+
+    def sampler(self, part: str, p: Preset, seed: int) -> WindowSampler:
+        return WindowSampler(self.train if part == "train" else self.val, p.model.seq_len, p.train.batch_size, seed)
+
+    def split_tokens(self) -> tuple[int, int]:
+        return int(self.n_train), int(len(self.tokens) - self.n_train)
+
+    def check(self, p: Preset) -> None:
+        pass  # a corpus too short for one window of each part was refused as it was loaded
+
+    def start_lines(self, sampler: Sampler, p: Preset) -> list[str]:
+        return []
+
+    def start_facts(self, sampler: Sampler, p: Preset) -> dict[str, Any]:
+        return {}
 
 
 def split_point(tokens: np.ndarray, eod: int | None, val_fraction: float, seq_len: int,
@@ -174,7 +198,7 @@ def check_chat_template(cfg: DataConfig, vocab_size: int, loss_on: str = "assist
 def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[str], None] = print,
                  progress: Progress | None = None, workers: int | None = None, shard_chars: int = SHARD_CHARS,
                  faults: Faults = NO_FAULTS, run_dir: Path | None = None, loss_on: str = "assistant"
-                 ) -> TokenData | ChatData:
+                 ) -> TrainData:
     """The tokenizer and tokens of a preset's corpus, ready to train on (prepared now unless cached): a
     :class:`TokenData` of documents, or a :class:`~workbench.data.chat_data.ChatData` of conversations
     (data.format). ``run_dir``: the run's own copy of a given tokenizer (data.tokenizer) comes first."""
@@ -206,10 +230,10 @@ class WindowSampler:
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.high = len(tokens) - seq_len - 1
 
-    def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
+    def next_batch(self) -> Batch[np.ndarray]:
         ix = self.rng.integers(0, self.high + 1, size=self.batch_size)
         win = np.stack([np.asarray(self.tokens[i:i + self.seq_len + 1], dtype=np.int64) for i in ix])
-        return win[:, :-1], win[:, 1:]
+        return Batch(win[:, :-1], win[:, 1:])
 
     def state(self) -> dict:
         s = self.rng.bit_generator.state

@@ -42,6 +42,7 @@ from workbench.errors import WorkbenchError
 from workbench.fs import atomic_dir
 from workbench.interop.gguf_export import ChatExport, check_gguf, write_gguf
 from workbench.interop.hf_layout import LayoutError, hf_config, hf_state_dict, rope_permute
+from workbench.plan.sampling import TEXT
 from workbench.train.checkpoint import load_run_model
 
 FORMATS = ("hf", "safetensors", "gguf")
@@ -86,8 +87,8 @@ def write_hf(dest: Path, sd: dict, cfg, tokenizer: AnyTokenizer | None, max_posi
     except LayoutError as e:
         raise ExportError(str(e)) from None
     _write_json(dest / "config.json", config)
-    # workbench sample's defaults; no max_length (it would clash with a caller's max_new_tokens).
-    gen = {"do_sample": True, "temperature": 0.8, "top_k": 50}
+    # every front's sampling defaults (plan.sampling); no max_length (it would clash with a caller's max_new_tokens)
+    gen = {"do_sample": True, "temperature": TEXT.temperature, "top_k": TEXT.top_k, "top_p": TEXT.top_p}
     if hf_tok:
         gen.update(bos_token_id=hf_tok.bos_id)
     if eos is not None:

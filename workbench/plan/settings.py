@@ -324,6 +324,28 @@ def process_layout(p: Preset, machine: Machine) -> tuple[int, str]:
     return n, (what if n > 1 else "one process")
 
 
+def parallel_kind(p: Preset, world: int, precision: str) -> str:
+    """none (one process), ddp (replicated) or fsdp (hardware.shard: sharded), with what sharding refuses."""
+    h, t = p.hardware, p.train
+    parallel = "none" if world == 1 else ("fsdp" if h.shard else "ddp")
+    if parallel == "fsdp" and t.optimizer == "muon":
+        raise SettingsError("train.optimizer = muon does not work with hardware.shard = true (Muon orthogonalises "
+                            "each whole matrix; FSDP2 splits them over the processes); set hardware.shard = false "
+                            "(DDP) or train.optimizer = adamw")
+    if parallel == "fsdp" and t.finetune == "lora":
+        raise SettingsError("train.finetune = lora does not work with hardware.shard = true (the frozen weights and "
+                            "the adapters differ in dtype and gradients); set hardware.shard = false: DDP copies "
+                            "the small adapters' states to each process")
+    if parallel == "fsdp" and h.optimizer_states == "8bit":
+        raise SettingsError("hardware.optimizer_states = '8bit' does not work with hardware.shard = true yet (the "
+                            "sharded 8-bit states do not gather into a loadable checkpoint); set hardware.shard = "
+                            "false (DDP) or hardware.optimizer_states = 'fp32'")
+    if parallel == "fsdp" and precision == "fp16":
+        raise SettingsError("hardware.shard = true does not support fp16 (its GradScaler would decide to skip a "
+                            "step on each rank's shard alone); use hardware.precision = bf16 or fp32")
+    return parallel
+
+
 # ----------------------------------------------------------------------------- all of them at once
 
 def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = None, steps_left: int | None = None,
@@ -346,22 +368,7 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
     if t.batch_size % world:
         raise SettingsError(f"train.batch_size = {t.batch_size} does not split over {world} processes; "
                             f"use a batch size that is a multiple of {world}")
-    parallel = "none" if world == 1 else ("fsdp" if h.shard else "ddp")
-    if parallel == "fsdp" and p.train.optimizer == "muon":
-        raise SettingsError("train.optimizer = muon does not work with hardware.shard = true (Muon orthogonalises "
-                            "each whole matrix; FSDP2 splits them over the processes); set hardware.shard = false "
-                            "(DDP) or train.optimizer = adamw")
-    if parallel == "fsdp" and t.finetune == "lora":
-        raise SettingsError("train.finetune = lora does not work with hardware.shard = true (the frozen weights and "
-                            "the adapters differ in dtype and gradients); set hardware.shard = false: DDP copies "
-                            "the small adapters' states to each process")
-    if parallel == "fsdp" and h.optimizer_states == "8bit":
-        raise SettingsError("hardware.optimizer_states = '8bit' does not work with hardware.shard = true yet (the "
-                            "sharded 8-bit states do not gather into a loadable checkpoint); set hardware.shard = "
-                            "false (DDP) or hardware.optimizer_states = 'fp32'")
-    if parallel == "fsdp" and precision == "fp16":
-        raise SettingsError("hardware.shard = true does not support fp16 (its GradScaler would decide to skip a "
-                            "step on each rank's shard alone); use hardware.precision = bf16 or fp32")
+    parallel = parallel_kind(p, world, precision)
     micro = t.batch_size // world
     peak_value = peak(device, precision) if callable(peak) else peak
     if peak_value is None:

@@ -8,7 +8,8 @@ Four kinds, each defined once here (the writer and every reader use these classe
 - :class:`TaskRecord`   ``train.eval_tasks`` scored at a step: one record per task and metric (the
   trainer writes them here; ``workbench eval`` writes the same records to ``tasks.jsonl``)
 - :class:`EventRecord`  start, resume, compile_done, checkpoint, early_stop, nonfinite_skip,
-  rollback, preset_changed, stop, error, finish (each with its own fields in ``data``)
+  rollback, preset_changed, stop, error, finish (each with its own fields in ``data``; a start's or a
+  resume's are a :class:`StartRecord`)
 
 Keys a reader does not know are kept in ``extra`` (and written back by ``to_dict``), so a
 newer trainer's records survive an older reader. The file is append-only and read by byte
@@ -169,6 +170,51 @@ class EventRecord:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
+
+
+@dataclass(frozen=True)
+class StartRecord:
+    """The ``start`` event of a trainer process (``resume``: from a checkpoint), typed: what it runs, where and
+    how, once. ``data``: the data's own facts by kind (``{"chat": {...}}``); the optional fields (budget_s to
+    init) are left out of the event without a value. A reader of an older trainer's event gets the defaults."""
+    params: int = 0
+    device: str = ""
+    precision: str = ""
+    compile: bool = False
+    compile_mode: str = ""
+    loss_chunk_tokens: int = 0
+    activation_checkpointing: bool = False
+    savers_reason: str = ""
+    tokens_per_step: int = 0
+    corpus: str = ""
+    train_tokens: int = 0
+    val_tokens: int = 0
+    eval_iters: int = 0
+    peak_flops: float | None = None
+    pid: int = 0
+    world_size: int = 1
+    parallel: str = "none"
+    finetune: str = "full"
+    trainable: int = 0
+    budget_s: float | None = None
+    budget_steps: int | None = None
+    calibration: dict[str, Any] | None = None   # the measured MFU peak (machine.rates)
+    checkpoint: str | None = None               # the checkpoint a resume goes on from
+    parent: dict[str, Any] | None = None        # the preset's parent (a branch) and init (a fine-tune's weights)
+    init: dict[str, Any] | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def event(self, resume: bool, step: int, time: float) -> EventRecord:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "data"}
+        optional = list(d)[list(d).index("budget_s"):]
+        return EventRecord("resume" if resume else "start", step, time,
+                           {**{k: v for k, v in d.items() if v is not None or k not in optional}, **self.data})
+
+    @classmethod
+    def of(cls, e: EventRecord) -> "StartRecord":
+        known = set(cls.__dataclass_fields__) - {"data"}
+        return cls(**{k: v for k, v in e.data.items() if k in known}, data={k: v for k, v in e.data.items()
+                                                                          if k not in known})
 
 
 Record = Union[TrainRecord, EvalRecord, TaskRecord, EventRecord]
@@ -410,4 +456,4 @@ def first_event(path: Path, event: str | tuple[str, ...], head_bytes: int = 1638
 
 __all__ = ["current_timeline", "EvalRecord", "EventRecord", "first_event", "last_records", "LineTail", "MEMORY_KEYS",
            "MetricsTail", "MetricsWriter", "NullWriter", "parse_record", "read_jsonl_tail", "read_metrics", "Record",
-           "RECORD_KINDS", "TaskRecord", "TIME_KEYS", "TIMELINE_EVENTS", "TrainRecord"]
+           "RECORD_KINDS", "StartRecord", "TaskRecord", "TIME_KEYS", "TIMELINE_EVENTS", "TrainRecord"]

@@ -12,6 +12,7 @@ import torch
 from workbench.data.chat import ChatEncoder
 from workbench.data.chat_templates import ChatTemplate, run_template
 from workbench.data.tokenizer import AnyTokenizer
+from workbench.plan.sampling import CHAT
 from workbench.train.generate import generate, stream_text
 from workbench.train.model import GPT
 
@@ -24,10 +25,12 @@ class Reply:
 
 
 @torch.no_grad()
-def reply(model: GPT, tok: AnyTokenizer, template: ChatTemplate, messages: list[dict], max_tokens: int = 256,
-          temperature: float = 0.0, top_k: int | None = 50, seed: int | None = None,
-          on_text: Callable[[str], None] | None = None, autocast_dtype: torch.dtype | None = None) -> Reply:
-    """The assistant's next message after ``messages`` (greedy at temperature 0), streamed to ``on_text``."""
+def reply(model: GPT, tok: AnyTokenizer, template: ChatTemplate, messages: list[dict],
+          max_tokens: int = CHAT.max_new_tokens, temperature: float = CHAT.temperature, top_k: int | None = CHAT.top_k,
+          top_p: float | None = CHAT.top_p, seed: int | None = CHAT.seed, on_text: Callable[[str], None] | None = None,
+          autocast_dtype: torch.dtype | None = None) -> Reply:
+    """The assistant's next message after ``messages`` (greedy at temperature 0: chat's default, plan.sampling),
+    streamed to ``on_text``."""
     enc = ChatEncoder(template, tok)
     prompt = enc.prompt_ids(messages)
     stops = {enc.end_id, *([tok.eod_id] if tok.eod_id is not None else [])}
@@ -35,7 +38,7 @@ def reply(model: GPT, tok: AnyTokenizer, template: ChatTemplate, messages: list[
 
     def until_end():
         nonlocal stopped
-        for t in generate(model, prompt, max_tokens, temperature=temperature, top_k=top_k, seed=seed,
+        for t in generate(model, prompt, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                           autocast_dtype=autocast_dtype):
             if t in stops:
                 stopped = True

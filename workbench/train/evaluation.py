@@ -16,10 +16,9 @@ from typing import Callable
 import torch
 
 from workbench.config import Preset
-from workbench.data.chat_data import IGNORE, ChatData
-from workbench.data.tokens import TokenData
+from workbench.data.train_data import IGNORE, Batch, Sampler, TrainData
 from workbench.rundir import EvalRecord
-from workbench.train.batches import Sampler, new_sampler
+from workbench.train.batches import batch_loss
 from workbench.train.dist import Dist
 
 PARTS = ("train", "val")
@@ -27,9 +26,9 @@ PARTS = ("train", "val")
 
 @dataclass
 class EvalPart:
-    """One split's eval batches on the device: this rank's (x, y, positions, segments) of each, and the
-    trained targets and the UTF-8 bytes they stand for, summed (float32, in the order the loop summed them)."""
-    batches: list[tuple[torch.Tensor | None, ...]]
+    """One split's eval batches on the device: this rank's part of each, and the trained targets and the UTF-8
+    bytes they stand for, summed (float32, in the order the loop summed them)."""
+    batches: list[Batch[torch.Tensor]]
     count: torch.Tensor
     nbytes: torch.Tensor
 
@@ -41,20 +40,20 @@ class EvalBatches:
     parts: dict[str, EvalPart]
 
     @classmethod
-    def draw(cls, p: Preset, data: TokenData | ChatData, n: int, token_bytes: torch.Tensor, device: torch.device,
-             batch: Callable[[Sampler], tuple[torch.Tensor | None, ...]]) -> "EvalBatches":
+    def draw(cls, p: Preset, data: TrainData, n: int, token_bytes: torch.Tensor, device: torch.device,
+             batch: Callable[[Sampler], Batch[torch.Tensor]]) -> "EvalBatches":
         """``n`` batches of each split from a sampler seeded ``train.seed + 1``; ``batch(sampler)``: this rank's
-        (x, y, positions, segments) of the sampler's next global batch, on the device."""
+        part of the sampler's next global batch, on the device."""
         parts = {}
         for part in PARTS:
-            s = new_sampler(data, part, p, seed=p.train.seed + 1)
+            s = data.sampler(part, p, seed=p.train.seed + 1)
             count, nbytes = (torch.zeros((), device=device) for _ in range(2))
             batches = []
             for _ in range(n):
-                x, y, pos, seg = b = batch(s)
-                trained = y != IGNORE
+                b = batch(s)
+                trained = b.targets != IGNORE
                 count += trained.sum()
-                nbytes += token_bytes[y.clamp_min(0)][trained].sum()
+                nbytes += token_bytes[b.targets.clamp_min(0)][trained].sum()
                 batches.append(b)
             parts[part] = EvalPart(batches, count, nbytes)
         return cls(n, parts)
@@ -71,9 +70,9 @@ def evaluate(model: torch.nn.Module, evals: EvalBatches, dist: Dist, autocast: c
     for part in PARTS:
         ep = evals.parts[part]
         nats = torch.zeros((), device=ep.count.device)
-        for x, y, pos, seg in ep.batches:
+        for b in ep.batches:
             with autocast:
-                nats += model(x, y, positions=pos, segments=seg, loss_tokens=1.0)[1].float()
+                nats += batch_loss(model, b, loss_tokens=1.0).float()
         vec = dist.sum_(torch.stack([nats, ep.count.float(), ep.nbytes.float()]))
         loss.append(vec[0].item() / max(1.0, vec[1].item()))
         bpb.append(vec[0].item() / math.log(2) / max(1.0, vec[2].item()))

@@ -11,6 +11,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from workbench.plan.sampling import TEXT
 from workbench.train.model import GPT
 
 
@@ -36,10 +37,10 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, top
 
 
 @torch.no_grad()
-def generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.8,
-             top_k: int | None = 50, top_p: float | None = None, seed: int | None = None,
+def generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, temperature: float = TEXT.temperature,
+             top_k: int | None = TEXT.top_k, top_p: float | None = TEXT.top_p, seed: int | None = TEXT.seed,
              use_cache: bool = True, autocast_dtype: torch.dtype | None = None) -> Iterator[int]:
-    """Yield new token ids one at a time."""
+    """Yield new token ids one at a time (the settings' defaults: plan.sampling's, every front's)."""
     model.eval()
     device = next(model.parameters()).device
     ctx = model.cfg.seq_len

@@ -3,7 +3,9 @@
 ``python -m workbench.train RUN_DIR [--resume [--checkpoint SEL]]`` runs it on a run directory
 whose ``preset.toml`` the launcher wrote. Everything it reports goes into the run directory
 (see :mod:`workbench.rundir`). What it runs on is decided before it starts, in one place
-(:func:`workbench.plan.settings.resolve_settings`); what it builds is in ``build``.
+(:func:`workbench.plan.settings.resolve_settings`); what it builds is in ``build``; the trainer's parts and
+their setup are in ``start`` (:class:`~workbench.train.start.TrainerParts`), what it does with a batch of any
+kind of data in ``batches``.
 
 One iteration (the order matters for exact resume):
     lr for this step -> grad_accum micro-batches forward/backward -> unscale + clip ->
@@ -22,47 +24,23 @@ import contextlib
 import dataclasses
 import gc
 import math
-import os
-import random
 import signal
 import time
-from pathlib import Path
-from typing import Callable
 
-import numpy as np
 import torch
 
 from workbench import rundir
-from workbench.config import Preset, budget_seconds, load_preset_file
-from workbench.data.chat_data import ChatData
-from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
-from workbench.data.tokenizer import tokenizer_file
-from workbench.data.tokens import TokenData, prepare_data
+from workbench.data.train_data import Batch, Sampler, step_targets
 from workbench.errors import WorkbenchError
-from workbench.faults import Faults
-from workbench.fs import write_atomic
-from workbench.machine.detect import Machine
-from workbench.machine.probe import calibration_here, measured_peak, this_machine
-from workbench.machine.rates import Calibration
 from workbench.plan.cost import eval_seconds
-from workbench.plan.evals import eval_batches
-from workbench.plan.flops import flops_per_token
-from workbench.plan.horizon import Horizon
-from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
+from workbench.plan.sampling import TEXT
 from workbench.rundir import EvalRecord, TrainRecord
-from workbench.train import runtime, stateful
-from workbench.train.batches import Sampler, chat_facts, chat_line, new_sampler, split_tokens, trained_targets
-from workbench.train.budget import Budget, first_guess
-from workbench.train.build import Built, build
-from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
-from workbench.train.checkpointer import Checkpointer
-from workbench.train.dist import Dist
+from workbench.train import runtime
+from workbench.train.batches import batch_loss, on_device
 from workbench.train.evaluation import EvalBatches, evaluate
 from workbench.train.generate import generate_text
-from workbench.train.reporter import Reporter, Throughput, failure_message, savers_line, start_line
-from workbench.train.skips import Skips
-from workbench.train.state import TrainerState
-from workbench.train.task_eval import TaskScorer
+from workbench.train.reporter import failure_message
+from workbench.train.start import TrainerParts
 
 
 class TrainError(WorkbenchError):
@@ -73,50 +51,10 @@ ROLLBACK_LR_FACTOR = 0.5
 MAX_ROLLBACKS = 2
 
 
-def run_settings(p: Preset, machine: Machine, world_size: int, steps_done: int, peak: PeakFn) -> RunSettings:
-    """What this trainer runs with: the preset's settings on this machine for the steps still to go
-    (the compile rule weighs the rest of the run), with the peak FLOP/s measured here."""
-    return resolve_settings(p, machine, world_size=world_size, steps_left=p.train.max_iters - steps_done, peak=peak)
+class Trainer(TrainerParts):
+    """The loop over a run's steps (its parts and their setup: ``TrainerParts``)."""
 
-
-class Trainer:
-    def __init__(self, run_dir: Path, resume: bool = False, checkpoint: str | None = None, echo: bool = True,
-                 machine: Machine | None = None):
-        self.run_dir = Path(run_dir)
-        self.resume, self.ckpt_selector = resume, checkpoint
-        self.machine = machine                      # None: this machine as torch sees it
-        self.dist = Dist()
-        self.report = Reporter(self.run_dir, self.dist.is_main, echo)
-        self.faults = Faults.from_env()             # test hooks, read once
-        self.lock: rundir.RunLock | None = None
-        self.preset: Preset | None = None
-        self.settings: RunSettings | None = None
-        self.device = torch.device("cpu")
-        self.autocast: contextlib.AbstractContextManager = contextlib.nullcontext()
-        self.data: TokenData | ChatData | None = None
-        self.sampler: Sampler | None = None
-        self.built: Built | None = None
-        self.checkpointer: Checkpointer | None = None
-        self.state = TrainerState()                 # everything a checkpoint restores, besides tensors
-        self.elapsed_before = 0.0                   # training time of the run before this process
-        self.throughput = Throughput()
-        self.tokens_per_step = 0
-        self.flops_per_token = 0.0
-        self.token_bytes = torch.zeros(0, dtype=torch.int64)  # UTF-8 bytes per token id, for bits per byte
-        self.started = 0.0                          # this process's start (wall clock)
-        self.skips: Skips | None = None             # losses read back, steps skipped (setup)
-        self.data_s = 0.0                           # this step's time drawing batches and moving them
-        self.compile_reported = False
-        self.stop_requested = False                 # SIGTERM or Ctrl-C seen by this process
-        self.stop_agreed = False                    # ... by some rank (every rank stops at the same step)
-        self.clean_exit = False
-        self.budget: Budget | None = None           # train.time_budget
-        self.horizon: Horizon | None = None         # where the run ends and its learning rate (plan.horizon)
-        self.calibration: Calibration | None = None  # the CPU's (or an unlisted GPU's) measured MFU peak
-        self.eval_iters = 0                         # batches of train and of val an eval scores (plan.evals)
-        self.eval_batches: EvalBatches | None = None  # those batches, drawn at the first eval and kept
-
-    # ------------------------------------------------------------------ setup
+    # ------------------------------------------------------------------ signals
 
     def _on_signal(self, signum, _frame) -> None:
         if self.stop_requested and signum == signal.SIGINT:
@@ -124,148 +62,6 @@ class Trainer:
         self.stop_requested = True
         self.report.log(f"received {signal.Signals(signum).name}: finishing this step, saving a checkpoint, "
                         "then stopping")
-
-    def setup(self) -> None:
-        rd, main = self.run_dir, self.dist.is_main
-        p = self.preset = load_preset_file(rd / "preset.toml")
-        self.skips = Skips(self.state, self.report, p.train.max_skips)
-        removed = []
-        if main:  # rank 0 alone owns the run directory
-            self.lock = rundir.RunLock(rd).acquire()
-            self.report.open()
-            removed = rundir.clean_stale_temporaries(rd)
-        self.started = time.time()
-        # A resume keeps the run's original start time and records when it resumed.
-        when = {"resumed": self.started} if self.resume else {"started": self.started}
-        self.report.status(state="starting", pid=os.getpid(), pid_start=rundir.process_start_time(os.getpid()),
-                           max_iters=p.train.max_iters, error=None, compiling=False, world_size=self.dist.world,
-                           **when)
-        if removed:
-            self.report.log(f"removed incomplete checkpoint temporaries: {', '.join(removed)}")
-        if p.hardware.num_threads:
-            torch.set_num_threads(p.hardware.num_threads)
-        # The data first (a no-op when it is cached): a detached run prepares its corpus here, with its
-        # progress in status.json. Every rank asks; one prepares, the others wait for it (a file lock).
-        self.data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=self.report.log,
-                                 progress=lambda pr: self.report.status(preparing=pr.to_dict()), faults=self.faults,
-                                 run_dir=rd, loss_on=p.train.loss_on)
-        self.report.status(preparing=None)
-        if self.machine is None:
-            self.machine = this_machine()
-        # The process group first (its backend follows the device), so rank 0 can hand the others the
-        # checkpoint; the settings then know how many steps are left (the compile rule needs it).
-        self.dist.init(torch.device(resolve_device(p.hardware.device, self.machine)))
-        ckpt = self._read_checkpoint(self.ckpt_selector) if self.resume else None
-        steps_done = ckpt.trainer_state["step"] if ckpt else 0
-        s = self.settings = run_settings(p, self.machine, self.dist.world, steps_done, measured_peak)
-        for w in s.warnings:
-            self.report.log(f"warning: {w}")
-        # MFU's peak and where it comes from: measured beside a busy neighbour, the best rate measured here
-        # before is the hardware's; an uncertain one (never measured quietly) is said so (machine.rates).
-        self.calibration = calibration_here(s.device, s.precision)
-        if self.calibration is not None:
-            self.report.log(f"MFU peak: {self.calibration.describe()}")
-        self.device = self.dist.device_for(torch.device(s.device))
-        runtime.apply_backend_flags(s)
-        self.autocast = runtime.autocast(s)
-
-        torch.manual_seed(p.train.seed + self.dist.rank)  # distinct dropout per rank; DDP syncs the weights
-        random.seed(p.train.seed)
-        np.random.seed(p.train.seed % 2**32)
-        if main and tokenizer_file(rd) is None:
-            self.data.tokenizer.save(rd)
-        # One generator draws the global batch on every rank; each rank trains on its own slice. So N
-        # ranks see exactly the data of one process, and one sampler state resumes them all.
-        self.sampler = new_sampler(self.data, "train", p, p.train.seed)
-        if self.data.format == "chat":
-            # the template chat, export and the next fine-tune apply: the one this run trains with (it replaces the
-            # source's copy when data.chat_template chose another); a resume keeps the one its start wrote
-            if main and not (self.resume and (rd / CHAT_TEMPLATE_FILE).exists()):
-                write_atomic(rd / CHAT_TEMPLATE_FILE, self.data.template.text.encode())
-            self.report.log(chat_line(self.data, self.sampler, p))
-        self.token_bytes = torch.from_numpy(self.data.tokenizer.byte_lengths()).to(self.device)
-        # The weights a fine-tuning run starts from (init/model.pt): at its start, and on every start of a
-        # LoRA run (its checkpoints hold only the adapters). Rank 0 reads them and hands them on.
-        init = None
-        if p.init is not None and (p.train.finetune == "lora" or ckpt is None):
-            init = self.dist.broadcast(load_init_weights(rd) if main else None)
-        self.built = build(p, s, self.device, self.dist, rd / "cache" / "inductor", init)
-        del init
-        self.checkpointer = Checkpointer(rd, p, self.report, self.faults, lambda: self.horizon)
-        self.tasks = TaskScorer(p.train, self.checkpointer.due, lambda step: self.horizon.is_end(step))
-        if self.tasks.tasks and s.parallel == "fsdp":
-            self.report.log("warning: train.eval_tasks are not scored in a sharded (FSDP) run; score its "
-                            "checkpoints with `workbench eval`")
-            self.tasks.tasks = []
-        self.tokens_per_step = p.tokens_per_step()
-        self.flops_per_token = flops_per_token(p.model)
-        self.eval_iters, eval_why = eval_batches(p, split_tokens(self.data)[1])
-        if not p.train.eval_iters:
-            self.report.log(f"eval: {eval_why}")
-        pending_rng = self.load_state_dict(ckpt) if ckpt else None
-        if ckpt:
-            self.elapsed_before = self.state.elapsed_s
-        guess = None
-        if (seconds := budget_seconds(p.train.time_budget)) is not None:
-            guess = first_guess(p, s, self.machine, seconds, self.state.budget_spent, self.state.step, self.eval_iters)
-            self.budget = Budget(seconds, self.state.budget_spent, guess, time.time())
-        self.horizon = Horizon.from_state(p, ckpt.trainer_state if ckpt else None, guess)
-        if self.budget is not None:
-            if self.budget.done(time.time()):
-                self.horizon = self.horizon.ended_at(self.state.step)  # spent already: nothing left to train
-            self.report.status(max_iters=self.horizon.end_step)  # the end as estimated, until its steps are timed
-        n_params = self.built.model.num_params()
-        self.report.log(start_line(rd.name, p, s, self.device, self.dist.world, n_params, self.built.trainable,
-                                   self.tokens_per_step, self.data.source, self.data.cached))
-        self.report.log(savers_line(s))
-        if self.budget is not None:
-            self.report.log(self.budget.describe(self.state.step, time.time()))
-        self.report.event("resume" if self.resume else "start", self.state.step, params=n_params,
-                          device=str(self.device), precision=s.precision, compile=s.compile,
-                          compile_mode=s.compile_mode, loss_chunk_tokens=s.loss_chunk_tokens,
-                          activation_checkpointing=s.activation_checkpointing, savers_reason=s.savers_reason,
-                          tokens_per_step=self.tokens_per_step, corpus=self.data.source,
-                          train_tokens=split_tokens(self.data)[0], val_tokens=split_tokens(self.data)[1],
-                          eval_iters=self.eval_iters,
-                          **({"budget_s": self.budget.seconds, "budget_steps": self.budget.first_guess}
-                             if self.budget else {}),
-                          **({"chat": chat_facts(self.data, self.sampler, p)} if self.data.format == "chat" else {}),
-                          peak_flops=s.peak_flops,
-                          **({"calibration": self.calibration.to_dict()} if self.calibration else {}),
-                          pid=os.getpid(), world_size=self.dist.world, parallel=s.parallel,
-                          finetune=p.train.finetune, trainable=self.built.trainable,
-                          **({"checkpoint": ckpt.meta["name"]} if ckpt else {}),
-                          **({"parent": p.parent} if p.parent else {}),
-                          **({"init": p.init} if p.init else {}))
-        if ckpt:  # safe changes since the checkpoint (schedule length, intervals), after the resume event
-            self.report.preset_changes(self.state.step, stateful.preset_changes(self.state, p))
-        if pending_rng:
-            pending_rng()  # last: building the model above drew random numbers
-
-    # ------------------------------------------------------------------ its state, as a pair
-
-    def state_dict(self) -> dict | None:
-        """What a checkpoint holds (on rank 0; collective), for the checkpointer to write."""
-        if self.budget is not None:
-            self.state.budget_spent = round(self.budget.spent(time.time()), 3)
-            self.state.budget_reserve = round(self.budget.reserve, 3)
-        return stateful.state_dict(self.built, self.sampler, self.state, self.preset, self.dist,
-                                   self.settings.parallel == "fsdp", self.elapsed(), self.horizon.to_state())
-
-    def load_state_dict(self, ck: Checkpoint) -> Callable[[], None]:
-        """Continue from ``ck``; returns the RNGs' restore, to call once nothing else draws random numbers."""
-        restore_rng = stateful.load_state_dict(ck, self.built, self.sampler, self.state, self.preset, self.dist,
-                                               self.settings.parallel == "fsdp")
-        self.report.log(f"resumed from checkpoint {ck.meta['name']} (step {self.state.step})")
-        return restore_rng
-
-    def elapsed(self) -> float:
-        """Training time of the run so far, this process's included."""
-        return self.elapsed_before + (time.time() - self.started)
-
-    def _read_checkpoint(self, selector: str | None) -> Checkpoint:
-        """Rank 0 reads the checkpoint and hands it to the others (other nodes may not see the files)."""
-        return self.dist.broadcast(read_checkpoint(self.run_dir, selector) if self.dist.is_main else None)
 
     # ------------------------------------------------------------------ the loop
 
@@ -323,21 +119,58 @@ class Trainer:
         """One optimizer step. With the host check its result is known when this returns (in
         ``self.skips``); with the device check the GPU decides whether to apply the update, and the
         result is read a step later (or by ``self.skips.settle``), so the CPU never waits for the GPU here."""
-        t, b, st = self.preset.train, self.built, self.state
+        b, st = self.built, self.state
         factor = self.horizon.lr_factor(st.step) * st.lr_scale
         b.optimizer.set_lr(factor)  # every group at the same share of its own peak
         lr = self.preset.train.lr * factor
-        poison = self.faults.poison_step(st.step + 1)
+        loss_sum = self.forward_backward(poison=self.faults.poison_step(st.step + 1))
+        b.optimizer.unscale_(b.scaler)
+        params = b.model.parameters()
+        if self.preset.train.grad_clip > 0:
+            grad_norm = b.optimizer.clip_grad_norm_(params, self.preset.train.grad_clip)
+        else:
+            grad_norm = torch.linalg.vector_norm(torch.stack([q.grad.detach().norm() for q in params
+                                                              if q.grad is not None]))
+        if self.settings.nonfinite_check == "device":
+            bad = ~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))
+            b.optimizer.step_unless(bad)  # the kernel skips a non-finite update, step count included
+            b.optimizer.zero_grad(set_to_none=True)
+            self.count_step()
+            self.skips.queue(st.step, lr, loss_sum, grad_norm, bad)
+            return
+        # The host check: one sync per step, to know before the update. Under DDP the same sync averages the
+        # loss over ranks and agrees on a stop request.
+        if self.dist.enabled:
+            vec = self.dist.sum_(torch.stack([loss_sum.float(), torch.tensor(float(self.stop_requested),
+                                                                             device=self.device)]))
+            loss_val = vec[0].item() / self.dist.world
+            self.stop_agreed = bool(vec[1].item() > 0)
+        else:
+            loss_val = loss_sum.item()
+        gn = float(grad_norm)
+        finite = math.isfinite(loss_val) and (math.isfinite(gn) or self.settings.grad_scaler)
+        if finite:
+            b.optimizer.step(b.scaler)
+        if finite or self.settings.grad_scaler:
+            b.scaler.update()
+        b.optimizer.zero_grad(set_to_none=True)
+        self.count_step()
+        self.skips.record(st.step, lr, loss_val, gn, finite)
+
+    def forward_backward(self, poison: bool = False) -> torch.Tensor:
+        """The step's ``train.grad_accum`` micro-batches forward and backward; their loss, summed (``poison``: a
+        test's non-finite loss)."""
+        t, b = self.preset.train, self.built
         loss_sum = torch.zeros((), device=self.device)
         t_data = time.perf_counter()
         batches = [self.sampler.next_batch() for _ in range(t.grad_accum)]
-        # chat: the loss is the mean over the trained targets of the whole step (every micro-batch and rank:
-        # all ranks draw the global batch), so each token weighs the same however ragged the masks are
-        per_step = trained_targets(batches, self.dist.world)
+        # masked targets (chat): the loss is the mean over the trained targets of the whole step (every micro-batch
+        # and rank: all ranks draw the global batch), so each token weighs the same however ragged the masks are
+        per_step = step_targets(batches, self.dist.world)
         self.data_s += time.perf_counter() - t_data
         for micro in range(t.grad_accum):
             t_data = time.perf_counter()
-            x, y, pos, seg = self.to_device(batches[micro])
+            mb = self.to_device(batches[micro])
             self.data_s += time.perf_counter() - t_data
             last = micro == t.grad_accum - 1
             # DDP all-reduces gradients once, on the last micro-batch; FSDP2 likewise reduce-scatters only then.
@@ -346,47 +179,18 @@ class Trainer:
             no_sync = self.settings.parallel == "ddp" and not last
             with b.train_forward.no_sync() if no_sync else contextlib.nullcontext():
                 with self.autocast:  # drop the logits now: they would live through backward
-                    loss = b.train_forward(x, y, positions=pos, segments=seg, loss_tokens=per_step)[1]
+                    loss = batch_loss(b.train_forward, mb, per_step)
                 if poison:
                     loss = loss * float("nan")
                 if per_step is None:
                     loss = loss / t.grad_accum
                 b.scaler.scale(loss).backward()
             loss_sum += loss.detach()
-        b.optimizer.unscale_(b.scaler)
-        params = b.model.parameters()
-        if t.grad_clip > 0:
-            grad_norm = b.optimizer.clip_grad_norm_(params, t.grad_clip)
-        else:
-            grad_norm = torch.linalg.vector_norm(torch.stack([q.grad.detach().norm() for q in params
-                                                              if q.grad is not None]))
-        device_check = self.settings.nonfinite_check == "device"
-        if device_check:
-            bad = ~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))
-            b.optimizer.step_unless(bad)  # the kernel skips a non-finite update, step count included
-        else:
-            # The host check: one sync per step, to know before the update. Under DDP the same sync
-            # averages the loss over ranks and agrees on a stop request.
-            if self.dist.enabled:
-                vec = self.dist.sum_(torch.stack([loss_sum.float(), torch.tensor(float(self.stop_requested),
-                                                                                 device=self.device)]))
-                loss_val = vec[0].item() / self.dist.world
-                self.stop_agreed = bool(vec[1].item() > 0)
-            else:
-                loss_val = loss_sum.item()
-            gn = float(grad_norm)
-            finite = math.isfinite(loss_val) and (math.isfinite(gn) or self.settings.grad_scaler)
-            if finite:
-                b.optimizer.step(b.scaler)
-            if finite or self.settings.grad_scaler:
-                b.scaler.update()
-        b.optimizer.zero_grad(set_to_none=True)
-        st.step += 1
-        st.tokens_seen += self.tokens_per_step
-        if device_check:
-            self.skips.queue(st.step, lr, loss_sum, grad_norm, bad)
-        else:
-            self.skips.record(st.step, lr, loss_val, gn, finite)
+        return loss_sum
+
+    def count_step(self) -> None:
+        self.state.step += 1
+        self.state.tokens_seen += self.tokens_per_step
 
     def budget_tick(self) -> None:
         """After a step of a budgeted run: the budget's clock says how much of it is spent (on rank 0's clock for
@@ -509,7 +313,7 @@ class Trainer:
         if self.dist.is_main:
             records, line = self.tasks.score(self.state.step, self.built.model, self.data.tokenizer, self.device,
                                              self.autocast, runtime.amp_dtype(self.settings),
-                                             getattr(self.data, "template", None))
+                                             self.data.template)
             for rec in records:
                 self.report.record(rec)
             self.report.log(line)
@@ -520,25 +324,22 @@ class Trainer:
         # Sharded, each forward is a collective: every rank generates (the same number of forwards), rank 0 writes.
         if not t.sample_prompt or not (self.dist.is_main or self.settings.parallel == "fsdp"):
             return
-        text = generate_text(self.built.model, self.data.tokenizer, t.sample_prompt, t.sample_tokens,
-                             temperature=0.8, top_k=50, seed=self.state.step,
+        # the one set of sampling defaults (plan.sampling), seeded by the step: each eval's sample is its own
+        how = TEXT.replace(seed=self.state.step).generate_args()
+        text = generate_text(self.built.model, self.data.tokenizer, t.sample_prompt, t.sample_tokens, **how,
                              autocast_dtype=runtime.amp_dtype(self.settings))
         self.built.model.train()
         if self.dist.is_main:
             self.report.sample(self.state.step, t.sample_prompt, text)
 
-    def next_batch(self, sampler: Sampler) -> tuple[torch.Tensor | None, ...]:
-        """This rank's part of ``sampler``'s next global batch (all of it in a single process), on the device:
-        (x, y, positions, segments), the last two None for text."""
+    def next_batch(self, sampler: Sampler) -> Batch[torch.Tensor]:
+        """This rank's part of ``sampler``'s next global batch (all of it in a single process), on the device."""
         return self.to_device(sampler.next_batch())
 
-    def to_device(self, batch: tuple) -> tuple[torch.Tensor | None, ...]:
-        """This rank's part of a global batch, on the device, as (x, y, positions, segments)."""
-        batch = tuple(batch) + (None,) * (4 - len(batch))
-        if self.dist.enabled:
-            b, r = self.settings.micro_batch, self.dist.rank
-            batch = tuple(a if a is None else a[r * b:(r + 1) * b] for a in batch)
-        return runtime.batch_to_device(batch, self.device, flex=self.settings.attention_kernel == "flex")
+    def to_device(self, batch: Batch) -> Batch[torch.Tensor]:
+        """This rank's part of a global batch, on the device."""
+        rows = self.settings.micro_batch if self.dist.enabled else None
+        return on_device(batch, self.device, self.dist.rank, rows, flex=self.settings.attention_kernel == "flex")
 
     # ------------------------------------------------------------------ entry
 

@@ -36,8 +36,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from workbench.config import ModelConfig
-
-IGNORE = -100   # a target left out of the loss (chat: prompt tokens; F.cross_entropy's ignore_index)
+from workbench.data.train_data import IGNORE  # a target left out of the loss (F.cross_entropy's ignore_index)
 
 
 class RMSNorm(nn.Module):

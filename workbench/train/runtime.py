@@ -4,6 +4,7 @@ flags, memory readings, out-of-memory errors. The settings decide; this module o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import resource
 import sys
@@ -12,7 +13,9 @@ import numpy as np
 import psutil
 import torch
 
+from workbench.data.train_data import Batch
 from workbench.plan.settings import RunSettings
+from workbench.train.model import document_mask
 
 # The one map from a precision name to the autocast dtype.
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -94,20 +97,16 @@ def peak_rss_mb() -> float:
 OOM_MARKERS = ("CUDA out of memory", "MPS backend out of memory", "out of memory")
 
 
-def batch_to_device(arrays: tuple[np.ndarray | None, ...], device: torch.device,
-                    flex: bool = False) -> tuple[torch.Tensor | None, ...]:
-    """A batch's arrays (token windows, targets; chat's positions and segments, or None) on ``device``
-    (pinned and copied asynchronously to a GPU). ``flex`` (hardware.attention_kernel = flex): the segments
-    become flex attention's BlockMask (model.document_mask), made here, outside compiled code."""
-    def move(a: np.ndarray | None) -> torch.Tensor | None:
-        if a is None:
-            return None
+def batch_to_device(batch: Batch[np.ndarray], device: torch.device, flex: bool = False) -> Batch[torch.Tensor]:
+    """A batch's arrays on ``device`` (pinned and copied asynchronously to a GPU). ``flex``
+    (hardware.attention_kernel = flex): its segments become flex attention's BlockMask (model.document_mask),
+    made here, outside compiled code."""
+    def move(a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(a)
         return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
-    out = tuple(move(a) for a in arrays)
-    if flex and len(out) == 4 and out[3] is not None:
-        from workbench.train.model import document_mask
-        out = (*out[:3], document_mask(out[3]))
+    out = batch.map(move)
+    if flex and out.segments is not None:
+        out = dataclasses.replace(out, segments=document_mask(out.segments))
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Iterator
 
 from workbench.errors import WorkbenchError
 from workbench.plan.run_plan import NewRun
+from workbench.plan.sampling import Sampling
 
 
 class LaunchError(WorkbenchError):
@@ -130,20 +131,22 @@ def _last_line(out: str) -> str:
     return lines[-1] if lines else ""
 
 
-def sample_argv(runs_dir: Path, run_id: str, checkpoint: str, prompt: str, max_new_tokens: int,
-                temperature: float, top_k: int, top_p: float, seed: int) -> list[str]:
+def sample_argv(runs_dir: Path, run_id: str, checkpoint: str, prompt: str, sampling: Sampling) -> list[str]:
+    """``workbench sample`` with every setting given (the pane's, which are the CLI's defaults until changed)."""
     # --prompt=TEXT, so that a prompt starting with "-" is not taken for an option
     return cli_argv(runs_dir, "sample", run_id, "--checkpoint", checkpoint, f"--prompt={prompt}",
-                    "--max-new-tokens", str(max_new_tokens), "--temperature", str(temperature),
-                    "--top-k", str(top_k), "--top-p", str(top_p), "--seed", str(seed))
+                    *sampling_args(sampling))
 
 
-def chat_argv(runs_dir: Path, run_id: str, checkpoint: str, system: str, max_new_tokens: int,
-              temperature: float) -> list[str]:
+def chat_argv(runs_dir: Path, run_id: str, checkpoint: str, system: str, sampling: Sampling) -> list[str]:
     """``workbench chat`` answering the conversation it reads on stdin (the reply streamed, then a newline)."""
     return cli_argv(runs_dir, "chat", run_id, "--checkpoint", checkpoint, "--conversation", "-",
-                    *([f"--system={system}"] if system else []), "--max-new-tokens", str(max_new_tokens),
-                    "--temperature", str(temperature))
+                    *([f"--system={system}"] if system else []), *sampling_args(sampling))
+
+
+def sampling_args(s: Sampling) -> list[str]:
+    return ["--max-new-tokens", str(s.max_new_tokens), "--temperature", str(s.temperature), "--top-k", str(s.top_k),
+            "--top-p", str(s.top_p), "--seed", str(s.seed)]
 
 
 class PromptEcho:
