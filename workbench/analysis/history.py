@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from workbench.config import Preset, PresetError, parse_toml
 from workbench.machine.rates import BUSY_SHARE
-from workbench.rundir import EventRecord, TrainRecord, iter_run_dirs, last_records
+from workbench.rundir import METRICS_FILE, PRESET_FILE, EventRecord, TrainRecord, iter_run_dirs, last_records
 
 TAIL_BYTES = 4 << 20  # the end of a long run's metrics is enough for a median
 
@@ -24,7 +24,7 @@ def previous_run(preset: Preset, runs_root: Path, device: str) -> dict[str, Any]
     want_model = preset.to_dict()["model"]
     best, best_quiet = None, None
     for d in iter_run_dirs(runs_root):
-        pt, mt = d / "preset.toml", d / "metrics.jsonl"
+        pt, mt = d / PRESET_FILE, d / METRICS_FILE
         if not mt.is_file():
             continue
         try:

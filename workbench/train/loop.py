@@ -127,7 +127,7 @@ class Trainer:
 
     def setup(self) -> None:
         rd, main = self.run_dir, self.dist.is_main
-        p = self.preset = load_preset_file(rd / "preset.toml")
+        p = self.preset = load_preset_file(rd / rundir.PRESET_FILE)
         self.skips = Skips(self.state, self.report, p.train.max_skips)
         removed = []
         if main:  # rank 0 alone owns the run directory
