@@ -30,10 +30,11 @@ from workbench.config import DataConfig, chat_role_map
 from workbench.data.chat import BadRecord, ChatEncoder, ChatReader, Conversation
 from workbench.data.chat_data import LAST, chat_options, template_for
 from workbench.data.chat_templates import ChatTemplate, ChatTemplateError
-from workbench.data.documents import FIX_RECORDS, Corpus, Stats, warnings_of
+from workbench.data.documents import Corpus, warnings_of
 from workbench.data.encode import _init_worker as _init_encode_worker
 from workbench.data.encode import join_files
 from workbench.data.prepare import DataError, Prepared, _locked, workers_available
+from workbench.data.records import FIX_RECORDS, Stats
 from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
 from workbench.faults import NO_FAULTS, Faults
 from workbench.fmt import duration, human_bytes

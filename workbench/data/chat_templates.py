@@ -26,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
+from workbench.data.records import parse_json
 from workbench.errors import WorkbenchError
 from workbench.rundir import CHAT_TEMPLATE_FILE
 from workbench.rundir import TEMPLATES_DIR as ADDITIONAL_TEMPLATES_DIR
@@ -161,9 +162,10 @@ def _config(model_dir: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ChatTemplateError(f"{path} cannot be read as JSON ({e}); fix or remove it") from None
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ChatTemplateError(f"{path} cannot be read ({e.strerror}); fix or remove it") from None
+    config = parse_json(raw, str(path), ChatTemplateError, "fix or remove it")
     return config if isinstance(config, dict) else {}
 
 
@@ -289,10 +291,7 @@ def load_chat_template(spec: str, model_dir: Path | None = None) -> ChatTemplate
 
 
 def _json_file(path: Path) -> dict:
-    try:
-        obj = json.loads(_read_text(path))
-    except ValueError as e:
-        raise ChatTemplateError(f"{path} is not valid JSON ({e})") from None
+    obj = parse_json(_read_text(path), str(path), ChatTemplateError)
     return obj if isinstance(obj, dict) else {}
 
 

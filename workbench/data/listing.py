@@ -1,6 +1,7 @@
 """The files a ``data.corpus`` entry names: listed and stat'ed (nothing read: a cached start reads no corpus
 bytes), each a :class:`Source` of a kind (text, JSONL, parquet, builtin) and a compression, and opened as
-a stream of decompressed bytes. Reading documents out of them is :mod:`workbench.data.documents`."""
+a stream of decompressed bytes. Reading records out of them is :mod:`workbench.data.records`, documents
+:mod:`workbench.data.documents`."""
 
 from __future__ import annotations
 
@@ -161,11 +162,9 @@ class _ZstdReader:
 
 
 def open_bytes(src: Source) -> tuple[IO[bytes], IO[bytes]]:
-    """(the decompressed stream, the raw file) of a source."""
-    try:
-        raw = open(src.path, "rb")
-    except OSError as e:
-        raise CorpusError(f"cannot read corpus file {src.path}: {e.strerror}") from None
+    """(the decompressed stream, the raw file) of a source; OSError if it cannot be opened (what that means
+    to a user is worded by its reader, :class:`workbench.data.records.RecordReader`)."""
+    raw = open(src.path, "rb")
     if src.compression == "gz":
         return gzip.GzipFile(fileobj=raw), raw
     if src.compression == "xz":
@@ -174,8 +173,3 @@ def open_bytes(src: Source) -> tuple[IO[bytes], IO[bytes]]:
         return _ZstdReader(raw), raw  # type: ignore[return-value]
     return raw, raw
 
-
-def corrupt(src: Source, e: BaseException) -> CorpusError:
-    detail = str(e).strip() or type(e).__name__
-    return CorpusError(f"corpus file {src.path} is truncated or corrupt ({src.compression or 'read'}: {detail}); "
-                       "download or compress it again")

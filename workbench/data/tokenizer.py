@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.data.chat_templates import CHATML_PIECES
+from workbench.data.records import parse_json
 from workbench.errors import WorkbenchError
 from workbench.fs import write_atomic
 
@@ -176,14 +177,11 @@ class HFTokenizer:
         self.json_bytes, self.config_bytes = tokenizer_json, config_json
         try:
             self.tk = RustTokenizer.from_str(tokenizer_json.decode("utf-8"))
-            self.raw = json.loads(tokenizer_json)
+            self.raw = parse_json(tokenizer_json, self.FILE, TokenizerError)
         except Exception as e:  # noqa: BLE001 - the library raises its own exception types
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             raise TokenizerError(f"tokenizer.json cannot be read by the tokenizers library: {first}") from None
-        try:
-            self.config = json.loads(config_json) if config_json else {}
-        except ValueError:
-            raise TokenizerError("tokenizer_config.json is not valid JSON") from None
+        self.config = parse_json(config_json, self.CONFIG, TokenizerError) if config_json else {}
         if not isinstance(self.config, dict):
             raise TokenizerError("tokenizer_config.json is not a JSON object")
         self.vocab = self.tk.get_vocab(with_added_tokens=True)
