@@ -323,13 +323,3 @@ class Machine:
                 return None, "unified memory (unknown)"
             return int(min(self.ram_available, self.ram_total * 2 / 3)), "unified memory usable by MPS (~2/3 of RAM)"
         return self.ram_available, "available RAM"
-
-
-def best_device(info: dict[str, Any]) -> str:
-    """cuda > mps > cpu, from a ``detect()`` result (NVML GPUs count as cuda when torch was not asked)."""
-    return Machine.from_info(info).best_device()
-
-
-def device_memory(info: dict[str, Any], device: str) -> tuple[int | None, str]:
-    """(bytes usable for training on ``device``, what that number is), from a ``detect()`` result."""
-    return Machine.from_info(info).memory(device)

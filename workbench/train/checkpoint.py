@@ -313,7 +313,3 @@ def load_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer 
     if optimizer is not None and optimizer_sd is not None:
         set_optimizer_state_dict(model, optimizer, optimizer_state_by_name(model, optimizer, optimizer_sd),
                                  options=opts)
-
-
-def has_nonfinite(sd: dict) -> bool:
-    return any(t.is_floating_point() and not torch.isfinite(t).all() for t in sd.values())
