@@ -66,6 +66,29 @@ def test_ruff_passes():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
 
 
+def _mypy(cwd: Path) -> subprocess.CompletedProcess:
+    """mypy as pyproject.toml configures it ([tool.mypy]: the torch-free packages), on the tree in ``cwd``."""
+    return subprocess.run([_tool("mypy"), "--cache-dir", str(cwd / ".mypy_cache")], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_types_check_in_the_torch_free_packages():
+    """config, rundir, plan, data and analysis (and what they import) type-check clean."""
+    r = _mypy(ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_a_type_error_breaks_the_type_check(tmp_path):
+    """A deliberate type error in a copy of the package makes mypy fail, naming the line."""
+    shutil.copytree(ROOT / "workbench", tmp_path / "workbench", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / "workbench" / "rundir" / "names.py"
+    n = len(target.read_text().splitlines()) + 1
+    target.write_text(target.read_text() + 'LOCK_TIMEOUT: int = "10 s"  # deliberate error\n')
+    r = _mypy(tmp_path)
+    assert r.returncode != 0 and f"workbench/rundir/names.py:{n}: error: Incompatible types" in r.stdout, r.stdout
+
+
 def test_tests_share_helpers_only_through_tests_support():
     """No test module imports from another test module or a conftest: what tests share is in tests/support."""
     import ast

@@ -81,7 +81,10 @@ def latest_headline(run_dir: Path, tail_bytes: int = 65536) -> tuple[int, dict[s
     step = max(r.step for r in recs)
     at: dict[tuple[str, str], TaskRecord] = {}
     for r in recs:
-        if r.step == step and (old := at.get((r.task, r.metric))) is None or r.step == step and r.n >= old.n:
+        if r.step != step:
+            continue
+        old = at.get((r.task, r.metric))
+        if old is None or r.n >= old.n:
             at[(r.task, r.metric)] = r
     return step, headline(at)
 

@@ -309,7 +309,7 @@ class ChatSampler:
         return np.random.Generator(np.random.PCG64([self.seed, self.epoch])).permutation(self.rows.rows)
 
     def next_rows(self) -> list[int]:
-        out = []
+        out: list[int] = []
         while len(out) < self.batch_size:
             if self.pos == len(self._order):
                 self.epoch, self.pos = self.epoch + 1, 0
@@ -319,7 +319,7 @@ class ChatSampler:
             self.pos += len(take)
         return out
 
-    def next_batch(self) -> tuple[np.ndarray, ...]:
+    def next_batch(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         T, d, p = self.seq_len, self.data, self.rows
         B = self.batch_size
         x = np.zeros((B, T), dtype=np.int64)

@@ -28,9 +28,9 @@ import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import Callable, Iterator
 
-from workbench.data.listing import SNIFF_BYTES, CorpusError, Source, builtin_source, expand
+from workbench.data.listing import SNIFF_BYTES, ByteStream, CorpusError, Source, builtin_source, expand
 from workbench.data.records import RecordReader, Stats, json_type
 
 HELD_OUT_TOPICS_PERCENT = 12   # of the documentation topics, held out for the built-in eval tasks
@@ -57,7 +57,7 @@ def split_document(text: str, stats: Stats) -> Iterator[Piece]:
     yield text[pos:], True
 
 
-def text_pieces(src: Source, stream: IO[bytes], stats: Stats) -> Iterator[Piece]:
+def text_pieces(src: Source, stream: ByteStream, stats: Stats) -> Iterator[Piece]:
     """A text file as one document, decoded incrementally (bad UTF-8 replaced and counted)."""
     head = stream.read(SNIFF_BYTES)
     if b"\x00" in head:
@@ -68,7 +68,8 @@ def text_pieces(src: Source, stream: IO[bytes], stats: Stats) -> Iterator[Piece]
                           "give a UTF-8 text file")
     bad = [0]
 
-    def count(e: UnicodeDecodeError):
+    def count(e: UnicodeError) -> tuple[str, int]:
+        assert isinstance(e, UnicodeDecodeError)  # registered for this decoder only
         bad[0] += e.end - e.start
         return "\ufffd", e.end
 

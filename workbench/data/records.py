@@ -17,9 +17,9 @@ import gzip
 import json
 import lzma
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Generator, Iterator, TypeVar
+from typing import Any, Callable, Generator, Iterator, TypeVar
 
-from workbench.data.listing import CorpusError, Source, open_bytes
+from workbench.data.listing import ByteStream, CorpusError, Source, open_bytes
 from workbench.errors import WorkbenchError
 
 FIX_RECORDS = "fix it, or set data.skip_bad_records = true to skip bad records"
@@ -69,7 +69,7 @@ def json_type(v: Any) -> str:
             type(None): "null"}.get(type(v), type(v).__name__)
 
 
-def byte_lines(stream: IO[bytes], block: int = 1 << 20) -> Iterator[bytes]:
+def byte_lines(stream: ByteStream, block: int = 1 << 20) -> Iterator[bytes]:
     """The lines of a byte stream (without their newlines), read a block at a time."""
     rest = b""
     while True:
@@ -136,7 +136,7 @@ class RecordReader:
 
     # ------------------------------------------------------------------------- streams of bytes
 
-    def stream(self, src: Source, read: Callable[[IO[bytes]], Iterator[T]]) -> Generator[T, None, None]:
+    def stream(self, src: Source, read: Callable[[ByteStream], Iterator[T]]) -> Generator[T, None, None]:
         """What ``read`` makes of ``src``'s decompressed bytes, with an unreadable file, a truncated or corrupt
         stream each one line, and the bytes it read counted."""
         try:
@@ -179,7 +179,7 @@ class RecordReader:
             records.close()
         return item[1] if item else None
 
-    def _lines(self, src: Source, stream: IO[bytes]) -> Iterator[tuple[Where, Record]]:
+    def _lines(self, src: Source, stream: ByteStream) -> Iterator[tuple[Where, Record]]:
         array = (f"{self.label} {src.path} is one JSON array, not JSON lines (one object a line); convert it, e.g. "
                  f"`jq -c '.[]' {src.path} > x.jsonl`")
         for lineno, line in enumerate(byte_lines(stream), 1):

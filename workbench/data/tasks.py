@@ -181,8 +181,8 @@ class _Shape:
     arc: bool = False
     hellaswag: bool = False            # the real HellaSwag fields: lm-eval's preprocessing
 
-    def item(self, rec: dict, n: int, where: str):
-        def need(key: str, kinds: tuple[type, ...], what: str):
+    def item(self, rec: dict, n: int, where: str) -> ChoiceItem | GenItem:
+        def need(key: str, kinds: tuple[type, ...], what: str) -> Any:
             if key not in rec:
                 raise TaskError(f"{where}, line {n}: no {key!r} field (this file's records are {self.name}; "
                                 f"the record has {', '.join(map(repr, rec)) or 'no fields'})")
@@ -290,10 +290,9 @@ def detect_shape(rec: dict, opts: dict[str, Any], path: Path) -> _Shape:
 def _chat_item(rec: dict, n: int, where: str) -> GenItem:
     """{"messages": [..., {"role": "assistant", "content": answer}]}, or {"messages": [... user], "answer"}."""
     msgs = rec.get("messages")
-    ok = isinstance(msgs, list) and msgs and all(
-        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
-        for m in msgs)
-    if not ok:
+    if not (isinstance(msgs, list) and msgs and all(
+            isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+            and isinstance(m.get("content"), str) for m in msgs)):
         raise TaskError(f"{where}, line {n}: 'messages' must be a list of {{\"role\": system|user|assistant, "
                         "\"content\": text}")
     if "answer" in rec:

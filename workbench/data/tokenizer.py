@@ -34,6 +34,7 @@ import os
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,7 @@ from workbench.errors import WorkbenchError
 from workbench.fs import write_atomic
 
 EOD_PIECE = "<|endoftext|>"
-TRAINER_OPTIONS = dict(
+TRAINER_OPTIONS: dict[str, Any] = dict(
     model_type="bpe",
     normalization_rule_name="identity",
     remove_extra_whitespaces=False,
@@ -143,7 +144,7 @@ EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<|im_end|>", "<|eot_id
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def _token_content(tok) -> str | None:
+def _token_content(tok: Any) -> str | None:
     """A special token of tokenizer_config.json: a string or {"content": ...}."""
     if isinstance(tok, dict):
         tok = tok.get("content")

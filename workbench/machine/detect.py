@@ -20,7 +20,7 @@ import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
@@ -117,7 +117,7 @@ def detect_nvidia() -> tuple[list[dict[str, Any]], str]:
         return [], f"no NVIDIA GPU information (NVML: {_s(e)})"
     gpus: list[dict[str, Any]] = []
     try:
-        def opt(fn, *a):
+        def opt(fn: Callable[..., Any], *a: Any) -> Any:
             try:
                 return fn(*a)
             except pynvml.NVMLError:

@@ -23,7 +23,7 @@ from workbench.plan.flops import (
     param_breakdown,
     param_tensors,
 )
-from workbench.plan.settings import RunSettings, resolve_settings
+from workbench.plan.settings import PeakFn, RunSettings, resolve_settings
 
 # ----------------------------------------------------------------------------- memory
 
@@ -82,7 +82,8 @@ def adamw_state_bytes(sizes: list[int], states: str = "fp32") -> int:
 def what_if(preset: Preset, *, precision: str | None = None, device: str | None = None,
             batch_size: int | None = None, activation_checkpointing: bool | None = None) -> Preset:
     """The preset with these values in place of its own (the estimate of another setup)."""
-    hw, tr = {}, {}
+    hw: dict[str, Any] = {}
+    tr: dict[str, Any] = {}
     if precision:
         hw["precision"] = precision
     if device:
@@ -95,7 +96,8 @@ def what_if(preset: Preset, *, precision: str | None = None, device: str | None 
                                train=dataclasses.replace(preset.train, **tr))
 
 
-def estimate_settings(preset: Preset, machine: Machine | None = None, peak=None) -> RunSettings:
+def estimate_settings(preset: Preset, machine: Machine | None = None, peak: PeakFn | float | None = None
+                      ) -> RunSettings:
     """The settings of one process of the preset's run: on ``machine`` (default: this one, detected
     without torch), or, when the preset names a device that machine lacks, on a machine that has it
     (an estimate for the GPU one is about to rent)."""
@@ -316,7 +318,7 @@ def peak_phase(states: ModelStates, acts: Activations, logits: Logits, settings:
                          "workspace": workspace} | kv for name, kv in parts.items()}
     phases = {name: sum(comp.values()) for name, comp in components.items()}
     assert phases["end of forward"] == static + acts.casts_all + acts.total + logits.forward + workspace
-    phase = max(phases, key=phases.get)
+    phase = max(phases, key=lambda name: phases[name])
     return phase, phases, components[phase]
 
 

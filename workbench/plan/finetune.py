@@ -143,7 +143,7 @@ def compare_methods(p: Preset, machine: Machine) -> dict[str, Any]:
     fits, and the recommendation (the first that fits, in that order)."""
     device = machine.best_device() if p.hardware.device == "auto" else p.hardware.device
     avail, what = machine.memory(device) if machine.has(device) else (None, "")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key, label, train_kw, ac in METHODS:
         q = method_preset(p, train_kw["finetune"], ac)
         try:

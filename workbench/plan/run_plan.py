@@ -184,6 +184,7 @@ def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
             raise rundir.RunError(f"--more {req.more}: give the number of steps to add, at least 1")
         if "train.max_iters" in overridden_keys(overrides):
             raise rundir.RunError("give --more N or --set train.max_iters=M, not both")
+        assert ext is not None  # made above for a positive --more
         overrides.append(f"train.max_iters={ext.end_step}")
         if budgeted:  # more steps, not more time: the extension is counted in steps (the note says so)
             overrides.append("train.time_budget=")

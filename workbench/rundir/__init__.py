@@ -138,7 +138,7 @@ def iter_run_dirs(root: Path) -> Iterator[Path]:
 
 def list_checkpoints(run_dir: Path) -> list[dict]:
     """Complete checkpoints (those with their sidecar, CKPT_META), oldest first, from the sidecars."""
-    out = []
+    out: list[dict] = []
     cdir = Path(run_dir) / CHECKPOINTS_DIR
     if not cdir.is_dir():
         return out

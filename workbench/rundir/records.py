@@ -276,14 +276,16 @@ def current_timeline(records: list[Record]) -> list[Record]:
             out = kept
         out.append(r)
     return out
-RECORD_KINDS: dict[str, type] = {c.kind: c for c in (TrainRecord, EvalRecord, TaskRecord, EventRecord)}
+RecordClass = Union[type[TrainRecord], type[EvalRecord], type[TaskRecord], type[EventRecord]]
+RECORD_KINDS: dict[str, RecordClass] = {c.kind: c for c in (TrainRecord, EvalRecord, TaskRecord, EventRecord)}
 
 
 def parse_record(d: Any) -> Record | None:
     """The typed record of one parsed JSON line; None for a line of another or no kind."""
     if not isinstance(d, dict):
         return None
-    cls = RECORD_KINDS.get(d.get("kind"))  # type: ignore[arg-type]
+    kind = d.get("kind")
+    cls = RECORD_KINDS.get(kind) if isinstance(kind, str) else None
     return cls.from_dict(d) if cls else None
 
 

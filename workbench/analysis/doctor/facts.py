@@ -27,6 +27,7 @@ from workbench.rundir import (
     EvalRecord,
     EventRecord,
     MetricsTail,
+    Record,
     RunStatus,
     RunView,
     TrainRecord,
@@ -103,7 +104,7 @@ class RunFacts(RunView):
                 self._add(r)
         return self
 
-    def _add(self, r) -> None:
+    def _add(self, r: Record) -> None:
         self.time_spent = time_spent_of(r) or self.time_spent
         if isinstance(r, TrainRecord):
             self.train_records += 1
