@@ -69,6 +69,29 @@ def test_ruff_passes():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
 
 
+def _mypy(cwd: Path) -> subprocess.CompletedProcess:
+    """mypy as pyproject.toml configures it ([tool.mypy]: the torch-free packages), on the tree in ``cwd``."""
+    return subprocess.run([_tool("mypy"), "--cache-dir", str(cwd / ".mypy_cache")], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_types_check_in_the_torch_free_packages():
+    """config, rundir, plan, data and analysis (and what they import) type-check clean."""
+    r = _mypy(ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_a_type_error_breaks_the_type_check(tmp_path):
+    """A deliberate type error in a copy of the package makes mypy fail, naming the line."""
+    shutil.copytree(ROOT / "workbench", tmp_path / "workbench", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / "workbench" / "rundir" / "names.py"
+    n = len(target.read_text().splitlines()) + 1
+    target.write_text(target.read_text() + 'LOCK_TIMEOUT: int = "10 s"  # deliberate error\n')
+    r = _mypy(tmp_path)
+    assert r.returncode != 0 and f"workbench/rundir/names.py:{n}: error: Incompatible types" in r.stdout, r.stdout
+
+
 def test_tests_share_helpers_only_through_tests_support():
     """No test module imports from another test module or a conftest: what tests share is in tests/support."""
     import ast
@@ -82,3 +105,41 @@ def test_tests_share_helpers_only_through_tests_support():
                 if mod.startswith(".") or (mod.startswith("tests") and not mod.startswith("tests.support")):
                     wrong.append(f"{f.relative_to(ROOT)}: from {mod} import ...")
     assert wrong == []
+
+
+def _modules(pkg: Path) -> list[str]:
+    """A package's modules and subpackages, by name."""
+    return sorted([p.stem for p in pkg.glob("*.py") if p.name != "__init__.py"]
+                  + [d.name for d in pkg.iterdir() if (d / "__init__.py").is_file()])
+
+
+def test_each_package_docstring_names_every_module_of_the_package():
+    """A package's ``__init__`` is its map: a newcomer finds every module there, as ``name`` (or ``name.py``,
+    ``name/``), with what it owns."""
+    import ast
+    import re
+    missing = []
+    for init in sorted((ROOT / "workbench").rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        missing += [f"{init.parent.relative_to(ROOT)}: {m}" for m in _modules(init.parent)
+                    if not re.search(rf"``{re.escape(m)}(\.py|/)?``", doc)]
+    assert missing == []
+
+
+def test_the_readme_module_table_names_every_module():
+    """README's Architecture table names each module: by its path (`data/records.py`), or by its name in the row
+    of its package (`config/` ... (`duration.py`))."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Architecture"):]
+    section = section[:section.index("\n## ", 5)]
+    rows = ["|".join(cells) for cells in (ln.split("|") for ln in section.splitlines() if ln.startswith("| "))
+            if len(cells) > 3]
+    missing = []
+    for f in sorted((ROOT / "workbench").rglob("*.py")):
+        rel = f.relative_to(ROOT / "workbench")
+        if f.name == "__init__.py" or f"`{rel.as_posix()}`" in section:
+            continue
+        pkg = f"`{rel.parent.as_posix()}/`" if rel.parent.parts else f"`{f.name}`"
+        if not any(pkg in row.split("|")[2] and (f"`{f.name}`" in row or f"`{f.stem}`" in row) for row in rows):
+            missing.append(rel.as_posix())
+    assert missing == []

@@ -1,3 +1,19 @@
-"""workbench: train small GPT-style language models on your own machine."""
+"""workbench: train small GPT-style language models on your own machine.
+
+The layers, lowest first (each imports only those below it; README's Architecture table says more):
+
+- ``errors``, ``fs``, ``fmt``, ``faults``   the one exception, atomic files, formats, test fault injection
+- ``config``     presets: the sections as documented dataclasses, TOML and ``--set``
+- ``rundir``     the run-directory contract: file names, the one writer, status, records, checkpoint listing
+- ``machine``    what this machine has; the GPU table
+- ``data``       corpora, conversations and eval tasks, read, tokenized and prepared (no torch)
+- ``plan``       every ``auto`` resolved, what will run, estimates, a run's horizon (no torch)
+- ``analysis``   past runs: summaries, lineage, report cards, the run doctor (no torch)
+- ``queue``      the run queue and sweeps: many runs one after the other, Optuna's search (no torch)
+- ``train``      the engine (torch)
+- ``interop``    Hugging Face import and export, GGUF
+- ``commands``, ``cli``, ``__main__``   the command line
+- ``tui``        the terminal UI (Textual; never torch)
+"""
 
 __version__ = "0.1.0"

@@ -96,7 +96,7 @@ def read_json(path: str | os.PathLike) -> Any:
         return None
 
 
-def dir_size(path: str | os.PathLike) -> int:
+def dir_size(path: str | os.PathLike[str]) -> int:
     """Bytes of every file under ``path`` (links not followed)."""
     total = 0
     for root, _dirs, files in os.walk(path):

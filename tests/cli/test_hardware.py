@@ -101,8 +101,8 @@ def test_two_gpus_with_mocked_nvml(monkeypatch):
     assert g0["peak_bf16_tflops"] == pytest.approx(165.2) and g1["peak_bf16_tflops"] == pytest.approx(312)
     assert info["nvidia_note"] == "2 NVIDIA GPU(s)"
     json.dumps(info)
-    assert hardware.best_device(info) == "cuda"
-    assert hardware.device_memory(info, "cuda:1")[0] == 78 * 2**30
+    assert hardware.Machine.from_info(info).best_device() == "cuda"
+    assert hardware.Machine.from_info(info).memory("cuda:1")[0] == 78 * 2**30
 
 
 @pytest.mark.parametrize("name,precision,tflops", [

@@ -70,7 +70,7 @@ def test_memory_components_hand_computed_fp32_cpu():
     layer = 16 * BTD + 8 * BTD + 16 * BTD + 4 * B * H * T + 16 * B * T * F
     assert layer_activation_bytes(p.model, B, "fp32", "flash", "cpu") == layer
     acts = 2 * layer + 16 * B * T + 12 * BTD  # + ids/targets + final norm and lm_head input
-    held = 0  # the loop drops the logits right after the forward (estimate.LOGITS_HELD is False)
+    held = 0  # the loop drops the logits right after the forward: none are held into the optimizer step
     # start of backward: + log-softmax output, its gradient and the gradient of its input
     assert m.phases["start of backward"] == 4 * n + 8 * n + acts + held + 12 * B * T * V
     # optimizer step (per-tensor AdamW on CPU: ~3 temporaries of the largest tensor, the embedding)

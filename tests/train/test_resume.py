@@ -16,7 +16,7 @@ from tests.support.cli import tiny, wb
 from tests.support.runs import losses, read_jsonl, wait_until
 from workbench import rundir
 from workbench.fs import read_json
-from workbench.train.checkpoint import has_nonfinite, load_model_state, load_training_state
+from workbench.train.checkpoint import load_model_state, load_training_state
 
 N = 16
 # dropout > 0 so that the torch RNG state matters; checkpoints every 5 steps; a fixed
@@ -24,6 +24,11 @@ N = 16
 EXACT = tiny(f"train.max_iters={N}", "train.lr_decay_iters=16", "train.ckpt_interval=5",
              "train.eval_interval=8", "model.dropout=0.1", "train.sample_prompt='def '",
              "train.sample_tokens=8", "train.patience=0")
+
+
+def has_nonfinite(sd: dict) -> bool:
+    """A saved state dict holds a NaN or an infinity (a checkpoint must never)."""
+    return any(t.is_floating_point() and not torch.isfinite(t).all() for t in sd.values())
 
 
 @pytest.fixture(scope="module")

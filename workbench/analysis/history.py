@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from workbench.config import Preset, PresetError, parse_toml
 from workbench.machine.rates import BUSY_SHARE
-from workbench.rundir import EventRecord, TrainRecord, iter_run_dirs, last_records
+from workbench.rundir import METRICS_FILE, PRESET_FILE, EventRecord, TrainRecord, iter_run_dirs, last_records
 
 TAIL_BYTES = 4 << 20  # the end of a long run's metrics is enough for a median
 
@@ -22,9 +22,10 @@ def previous_run(preset: Preset, runs_root: Path, device: str) -> dict[str, Any]
     the CPU (its calibration says how much: ``others_busy``) measured them too, so a quiet one is preferred
     however old: a 30 s budget was told "~0 steps" from a run that had trained beside a test suite."""
     want_model = preset.to_dict()["model"]
-    best, best_quiet = None, None
+    best: dict[str, Any] | None = None
+    best_quiet: dict[str, Any] | None = None
     for d in iter_run_dirs(runs_root):
-        pt, mt = d / "preset.toml", d / "metrics.jsonl"
+        pt, mt = d / PRESET_FILE, d / METRICS_FILE
         if not mt.is_file():
             continue
         try:
@@ -49,9 +50,10 @@ def previous_run(preset: Preset, runs_root: Path, device: str) -> dict[str, Any]
         if not tps or (run_device and run_device.split(":")[0] != device.split(":")[0]):
             continue
         mtime = mt.stat().st_mtime
-        found = {"run": d.name, "mtime": mtime, "tokens_per_s": statistics.median(tps[1:] or tps),
-                 "records": len(tps), "device": run_device, "others_busy": busy,
-                 "mem_mb": max(mem) if mem else None, "mem_reserved_mb": max(reserved) if reserved else None}
+        found: dict[str, Any] = {
+            "run": d.name, "mtime": mtime, "tokens_per_s": statistics.median(tps[1:] or tps), "records": len(tps),
+            "device": run_device, "others_busy": busy, "mem_mb": max(mem) if mem else None,
+            "mem_reserved_mb": max(reserved) if reserved else None}
         if best is None or mtime > best["mtime"]:
             best = found
         if not (busy or 0.0) >= BUSY_SHARE and (best_quiet is None or mtime > best_quiet["mtime"]):

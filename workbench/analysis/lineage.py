@@ -15,14 +15,21 @@ Readers follow a run's ancestors to draw it as one line (``lineage``). Torch-fre
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from pathlib import Path
 
 from workbench.config import PresetError, parse_toml, preset_from_dict, preset_to_toml
-from workbench.fs import atomic_dir, write_atomic
-from workbench.rundir import INIT_DIR, RunError, ckpt_name, copy_tokenizer, new_run_dir
+from workbench.rundir import (
+    CHECKPOINTS_DIR,
+    INIT_DIR,
+    PRESET_FILE,
+    RunError,
+    ckpt_name,
+    copy_tokenizer,
+    create_run,
+    link_tree,
+    write_preset,
+)
 
 
 def branch_name(run_dir: Path, step: int) -> str:
@@ -38,41 +45,25 @@ def branch_name(run_dir: Path, step: int) -> str:
 _BRANCH_NAME = re.compile(r"(.+?)-from-\d+(?:-\d+)?")
 
 
-def _link_tree(src: Path, dst: Path) -> None:
-    """``dst`` holds the files of ``src``: hard links where the filesystem allows, copies elsewhere.
-    Checkpoint files are never changed in place (only written whole and renamed, or deleted), so a
-    hard link is as safe as a copy and costs no space."""
-    with atomic_dir(dst) as tmp:
-        for f in sorted(src.iterdir()):
-            try:
-                os.link(f, tmp / f.name)
-            except OSError:
-                shutil.copy2(f, tmp / f.name)
-
-
 def branch(run_dir: Path, ckpt: dict, root: Path, name: str | None = None,
            overrides_applied: dict | None = None) -> Path:
     """A new run that continues ``run_dir``'s checkpoint ``ckpt``; ``overrides_applied``: the preset data
     the new run starts with (default: the parent's). Nothing in ``run_dir`` changes."""
     run_dir = Path(run_dir)
-    data = overrides_applied or parse_toml((run_dir / "preset.toml").read_text(encoding="utf-8"),
-                                           str(run_dir / "preset.toml"))
+    preset_file = run_dir / PRESET_FILE
+    data = overrides_applied or parse_toml(preset_file.read_text(encoding="utf-8"), str(preset_file))
     data = dict(data, parent={"run": run_dir.name, "step": int(ckpt["step"])})
     try:
-        preset = preset_from_dict(data, str(run_dir / "preset.toml"), name=data.get("name"))
+        preset = preset_from_dict(data, str(preset_file), name=data.get("name"))
     except PresetError as e:
         raise RunError(str(e)) from None
-    child = new_run_dir(root, preset.name, name or _free_name(root, branch_name(run_dir, ckpt["step"])))
-    try:
-        (child / "checkpoints").mkdir()
-        _link_tree(Path(ckpt["path"]), child / "checkpoints" / ckpt_name(int(ckpt["step"])))
+    with create_run(root, preset.name, name or _free_name(root, branch_name(run_dir, ckpt["step"]))) as child:
+        (child / CHECKPOINTS_DIR).mkdir()
+        link_tree(Path(ckpt["path"]), child / CHECKPOINTS_DIR / ckpt_name(int(ckpt["step"])))
         copy_tokenizer(run_dir, child)
         if (run_dir / INIT_DIR).is_dir():
-            _link_tree(run_dir / INIT_DIR, child / INIT_DIR)
-        write_atomic(child / "preset.toml", preset_to_toml(preset))
-    except BaseException:
-        shutil.rmtree(child, ignore_errors=True)
-        raise
+            link_tree(run_dir / INIT_DIR, child / INIT_DIR)
+        write_preset(child, preset_to_toml(preset))
     return child
 
 
@@ -87,7 +78,7 @@ def _free_name(root: Path, base: str) -> str:
 def parent_of(run_dir: Path) -> tuple[str, int] | None:
     """(parent run id, branch step) from the run's preset.toml, or None."""
     try:
-        data = parse_toml((Path(run_dir) / "preset.toml").read_text(encoding="utf-8"), str(run_dir))
+        data = parse_toml((Path(run_dir) / PRESET_FILE).read_text(encoding="utf-8"), str(run_dir))
     except (OSError, PresetError):
         return None
     p = data.get("parent")

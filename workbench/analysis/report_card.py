@@ -20,7 +20,15 @@ from pathlib import Path
 
 from workbench.analysis.lineage import parent_of
 from workbench.config import PresetError, parse_toml
-from workbench.rundir import TASKS_FILE, TaskRecord, current_timeline, last_records, read_metrics
+from workbench.rundir import (
+    METRICS_FILE,
+    PRESET_FILE,
+    TASKS_FILE,
+    TaskRecord,
+    current_timeline,
+    last_records,
+    read_metrics,
+)
 
 # A task's headline metric: the first of these it has.
 HEADLINE = ("centered", "exact", "bpb")
@@ -31,7 +39,7 @@ Scores = dict[int, dict[tuple[str, str], TaskRecord]]   # step -> (task, metric)
 
 def _task_records(run_dir: Path) -> list[TaskRecord]:
     run_dir = Path(run_dir)
-    recs = [r for r in current_timeline(read_metrics(run_dir / "metrics.jsonl")) if isinstance(r, TaskRecord)]
+    recs = [r for r in current_timeline(read_metrics(run_dir / METRICS_FILE)) if isinstance(r, TaskRecord)]
     return recs + [r for r in read_metrics(run_dir / TASKS_FILE) if isinstance(r, TaskRecord)]
 
 
@@ -65,7 +73,7 @@ def latest_headline(run_dir: Path, tail_bytes: int = 65536) -> tuple[int, dict[s
     """The newest scored step and its headline scores, from the end of metrics.jsonl and from tasks.jsonl
     (``workbench runs``, cheap for a long run)."""
     run_dir = Path(run_dir)
-    recs = [r for r in current_timeline(last_records(run_dir / "metrics.jsonl", tail_bytes))
+    recs = [r for r in current_timeline(last_records(run_dir / METRICS_FILE, tail_bytes))
             if isinstance(r, TaskRecord)]
     recs += [r for r in read_metrics(run_dir / TASKS_FILE) if isinstance(r, TaskRecord)]
     if not recs:
@@ -73,7 +81,10 @@ def latest_headline(run_dir: Path, tail_bytes: int = 65536) -> tuple[int, dict[s
     step = max(r.step for r in recs)
     at: dict[tuple[str, str], TaskRecord] = {}
     for r in recs:
-        if r.step == step and (old := at.get((r.task, r.metric))) is None or r.step == step and r.n >= old.n:
+        if r.step != step:
+            continue
+        old = at.get((r.task, r.metric))
+        if old is None or r.n >= old.n:
             at[(r.task, r.metric)] = r
     return step, headline(at)
 
@@ -116,7 +127,7 @@ def _origin(run_dir: Path) -> tuple[str, str, int] | None:
     if p:
         return "parent", p[0], p[1]
     try:
-        data = parse_toml((run_dir / "preset.toml").read_text(encoding="utf-8"), str(run_dir))
+        data = parse_toml((run_dir / PRESET_FILE).read_text(encoding="utf-8"), str(run_dir))
     except (OSError, PresetError):
         return None
     init = data.get("init")

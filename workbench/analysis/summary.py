@@ -17,6 +17,8 @@ from workbench.fs import dir_size
 from workbench.machine.detect import Machine
 from workbench.plan.estimate import estimate_memory
 from workbench.rundir import (
+    METRICS_FILE,
+    PRESET_FILE,
     EvalRecord,
     TrainRecord,
     best_checkpoint,
@@ -69,7 +71,7 @@ def estimate_for_run(run_dir: Path, device: str, precision: str) -> float | None
     """MiB the estimator predicts for the figure the trainer logs as mem_mb
     (peak allocated on CUDA/MPS, the whole process's RSS on CPU), on the device the run used."""
     try:
-        p = load_preset_file(Path(run_dir) / "preset.toml")
+        p = load_preset_file(Path(run_dir) / PRESET_FILE)
         m = estimate_memory(p, precision, device, machine=Machine.assumed(device))
     except (WorkbenchError, OSError, ValueError):
         return None
@@ -88,15 +90,15 @@ def summarize_run(run_dir: Path) -> RunSummary:
     run_dir = Path(run_dir)
     st = read_status(run_dir)
     try:
-        data = tomllib.loads((run_dir / "preset.toml").read_text())
+        data = tomllib.loads((run_dir / PRESET_FILE).read_text())
     except (OSError, ValueError):
         data = {}
     preset = data.get("name", "?")
     s = RunSummary(id=run_dir.name, path=str(run_dir), state=st.state, preset=preset,
                    step=st.step, max_iters=st.max_iters, error=st.error, started=st.started,
-                   best_val_loss=st.best_val_loss, created=st.started or st.resumed or _mtime(run_dir / "preset.toml"))
+                   best_val_loss=st.best_val_loss, created=st.started or st.resumed or _mtime(run_dir / PRESET_FILE))
     evals: list[float] = []
-    tail = last_records(run_dir / "metrics.jsonl")
+    tail = last_records(run_dir / METRICS_FILE)
     if (ts := latest_time_spent(tail)) is not None:
         s.elapsed_s, s.eval_s, s.ckpt_s = ts.elapsed_s, ts.eval_s, ts.ckpt_s
         s.eval_share, s.ckpt_share = ts.eval_share, ts.ckpt_share
@@ -109,7 +111,7 @@ def summarize_run(run_dir: Path) -> RunSummary:
             s.val_loss, s.val_bpb = r.val_loss, r.val_bpb
             if r.val_loss is not None:
                 evals.append(r.val_loss)
-    start = first_event(run_dir / "metrics.jsonl", ("start", "resume"))  # a branch starts with a resume
+    start = first_event(run_dir / METRICS_FILE, ("start", "resume"))  # a branch starts with a resume
     if start and start.get("device"):
         s.device = str(start.get("device")).split(":")[0]
         s.est_mem_mb = estimate_for_run(run_dir, s.device, start.get("precision", "fp32"))

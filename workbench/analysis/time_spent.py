@@ -38,9 +38,8 @@ def time_spent_of(r: Record) -> TimeSpent | None:
         vals = {k: r.get(k) for k in TIME_KEYS}
     else:
         return None
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals.values()):
-        return None
-    return TimeSpent(step=r.step, **{k: float(v) for k, v in vals.items()})
+    nums = {k: float(v) for k, v in vals.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return TimeSpent(step=r.step, **nums) if len(nums) == len(vals) else None
 
 
 def latest_time_spent(records: Iterable[Record]) -> TimeSpent | None:

@@ -177,9 +177,7 @@ def run(args) -> int:
             for d in dumps:
                 f.write(json.dumps(d, ensure_ascii=False) + "\n")
     if not args.no_save:
-        with open(run_dir / rundir.TASKS_FILE, "a", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r.to_dict(), separators=(",", ":")) + "\n")
+        rundir.append_records(run_dir / rundir.TASKS_FILE, records)
     if args.json:
         print(json.dumps({"version": JSON_VERSION, "run": run_dir.name, "device": str(device),
                           "checkpoints": results}, indent=1))

@@ -97,7 +97,7 @@ def start_detached(run_dir: Path, resume: bool = False, checkpoint: str | None =
     """Start the trainer in a new session (closing a terminal or the TUI does not stop it)."""
     topo = topo or Topology()
     cmd = trainer_command(run_dir, topo, resume, checkpoint, detached=True)
-    log = open(Path(run_dir) / "train.log", "a", encoding="utf-8")
+    log = open(Path(run_dir) / rundir.LOG_FILE, "a", encoding="utf-8")
     env = _env() if topo.distributed else dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, env=env, close_fds=True)

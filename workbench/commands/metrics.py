@@ -56,7 +56,7 @@ def register(sub) -> None:
 
 
 def load_records(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / rundir.METRICS_FILE
     if not path.is_file():
         raise MetricsError(f"run {Path(run_dir).name} has no metrics.jsonl yet; it has not started training")
     # the current timeline only: records a resume or rollback abandoned are not exported

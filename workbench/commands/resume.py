@@ -8,7 +8,6 @@ from workbench.analysis.lineage import branch
 from workbench.commands import launch
 from workbench.commands.common import add_set_option
 from workbench.config import preset_to_toml
-from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
 from workbench.plan.run_plan import ResumeRequest, plan_resume
 from workbench.plan.settings import check_installed, resolve_settings
@@ -53,7 +52,7 @@ def run(args) -> int:
     else:
         target = run_dir
         if plan.overrides:
-            write_atomic(run_dir / "preset.toml", preset_to_toml(p))
+            rundir.write_preset(run_dir, preset_to_toml(p))
     sel = str(ckpt["step"])
     if args.detach:
         pid = launch.start_detached(target, resume=True, checkpoint=sel, topo=topo)

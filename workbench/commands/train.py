@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 
 from workbench import rundir
@@ -12,7 +11,6 @@ from workbench.commands.common import TerminalProgress, add_corpus_option, add_i
 from workbench.config import overridden_keys, preset_to_toml
 from workbench.data.chat_data import check_loss_on, corpus_is_chat
 from workbench.data.tokens import check_chat_template, open_data_corpus, prepare_data
-from workbench.fs import write_atomic
 from workbench.machine.detect import Machine, detect
 from workbench.plan.finetune import link_init
 from workbench.plan.report import fit_check
@@ -84,20 +82,16 @@ def run(args) -> int:
         finally:
             progress.close()
         data.check(p)  # e.g. conversations that fill no row (all dropped as overlong) are bad input too
-    run_dir = rundir.new_run_dir(root, p.name, args.name)
-    try:
-        if src is not None:  # the weights it starts from, before preset.toml makes it a run
-            link_init(run_dir, src)
-            if src.lora:  # a LoRA checkpoint's adapters merged into its own starting weights
-                from workbench.train.checkpoint import save_merged_init  # imports torch
-                save_merged_init(run_dir, src.run_dir, src.ckpt["step"])
-        write_atomic(run_dir / "preset.toml", preset_to_toml(p))
-    except OSError as e:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise rundir.RunError(f"cannot write to {run_dir}: {e.strerror}") from None
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
+    with rundir.create_run(root, p.name, args.name) as run_dir:
+        try:
+            if src is not None:  # the weights it starts from, before preset.toml makes it a run
+                link_init(run_dir, src)
+                if src.lora:  # a LoRA checkpoint's adapters merged into its own starting weights
+                    from workbench.train.checkpoint import save_merged_init  # imports torch
+                    save_merged_init(run_dir, src.run_dir, src.ckpt["step"])
+            rundir.write_preset(run_dir, preset_to_toml(p))
+        except OSError as e:
+            raise rundir.RunError(f"cannot write to {run_dir}: {e.strerror}") from None
     if args.detach:
         pid = launch.start_detached(run_dir, topo=topo)
         print(f"started run {run_dir.name} (pid {pid}); watch it with `workbench runs` or the TUI, "

@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import re
 from dataclasses import fields
-from typing import Any
+from typing import Any, Iterable
 
 from workbench.config.duration import DurationError, budget_seconds
 from workbench.config.schema import SECTIONS, Preset, PresetError
@@ -74,7 +74,7 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
     def bad(msg: str) -> None:
         raise PresetError(f"{where}: {msg}")
 
-    def fix(chosen: str, other: str, value) -> str:
+    def fix(chosen: str, other: str, value: Any) -> str:
         """'; set train.warmup_iters = 5 (--set train.warmup_iters=5)' for the key to change."""
         key = other if chosen in user_set and other not in user_set else chosen if other in user_set else other
         v = value[key] if isinstance(value, dict) else value
@@ -215,6 +215,6 @@ def preset_from_dict(data: dict[str, Any], where: str = "preset", name: str | No
     return p
 
 
-def did_you_mean(key: str, options) -> str:
+def did_you_mean(key: str, options: Iterable[str]) -> str:
     close = difflib.get_close_matches(key, list(options), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

@@ -68,7 +68,7 @@ def next_line_task() -> Task:
                 lines_of.append((f, line))
                 if i >= 4:
                     candidates.append((f, i))
-    items = []
+    items: list[ChoiceItem] = []
     for f, i in rng.sample(candidates, len(candidates)):
         lines = files[f][1]
         gold = lines[i]
@@ -112,7 +112,7 @@ def cloze_task() -> Task:
                 start = max(text.rfind("\n\n", 0, p) + 2, p - CONTEXT_CHARS)
                 if p - start >= 80:
                     candidates.append((d, p, m.group()))
-    items = []
+    items: list[ChoiceItem] = []
     for d, p, word in rng.sample(candidates, len(candidates)):
         text = docs[d]
         start = max(text.rfind("\n\n", 0, p) + 2, p - CONTEXT_CHARS)

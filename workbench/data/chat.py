@@ -19,12 +19,10 @@ line or row, or is counted and skipped with ``data.skip_bad_records``.
 
 from __future__ import annotations
 
-import gzip
 import json
-import lzma
 import re
 from dataclasses import dataclass, field
-from typing import IO, Iterator, Mapping
+from typing import Iterator, Mapping
 
 from workbench.data.chat_templates import (
     CHATML_PIECES,
@@ -34,8 +32,8 @@ from workbench.data.chat_templates import (
     end_of_turn,
     trained_spans,
 )
-from workbench.data.documents import FIX_RECORDS, Stats, byte_lines, json_type
-from workbench.data.listing import CorpusError, Source, corrupt, open_bytes
+from workbench.data.listing import CorpusError, Source
+from workbench.data.records import RecordReader, Stats, json_type
 from workbench.data.tokenizer import AnyTokenizer, HFTokenizer
 
 ROLES = ("system", "user", "assistant")
@@ -196,6 +194,7 @@ class ChatReader:
     def __init__(self, options: ChatOptions = ChatOptions(), stats: Stats | None = None):
         self.options, self.roles = options, options.role_names()
         self.stats = stats if stats is not None else Stats()
+        self.records = RecordReader(bad_error=BadRecord, skip_bad=options.skip_bad, stats=self.stats)
 
     def conversations(self, sources: list[Source]) -> Iterator[Conversation]:
         """Every conversation of ``sources`` in order; CorpusError if there is none."""
@@ -207,102 +206,34 @@ class ChatReader:
 
     def read(self, src: Source) -> Iterator[Conversation]:
         """One file's conversations."""
-        records = self._parquet(src) if src.kind == "parquet" else self._jsonl(src)
-        fmt = None
-        for where, rec in records:
-            if fmt is None:
-                fmt = detect_format(rec, self.options)
-                if fmt is None:
-                    raise _no_format(src, rec)
+        if src.kind not in ("jsonl", "parquet"):
+            raise CorpusError(f"corpus file {src.path} is {src.kind}, not chat records; chat data is JSON lines "
+                              "(.jsonl, optionally .gz/.zst/.xz) or parquet, one conversation a record")
+        fmt, columns = None, None
+        if src.kind == "parquet":  # only the columns its shape reads, known from its first row
+            first = self.records.first(src)
+            if first is None:
+                return
+            fmt = self._format(src, first)
+            columns = fmt.columns
+        for where, rec in self.records.records(src, columns):
+            if src.kind == "parquet":  # a column a row leaves empty is a field the record does not have
+                rec = {k: v for k, v in rec.items() if v is not None}
+            fmt = fmt or self._format(src, rec)
             try:
                 conv = fmt.conversation(rec, self.roles, where)
             except BadRecord as e:
-                self.bad(f"{where}: {e}")
+                self.records.bad(f"{where}: {e}")
                 continue
             self.stats.documents += 1
             self.stats.chars += sum(len(m.content) for m in conv.messages)
             yield conv
 
-    def bad(self, msg: str) -> None:
-        if not self.options.skip_bad:
-            raise BadRecord(f"{msg}; {FIX_RECORDS}")
-        self.stats.skipped_records += 1
-        self.stats.first_bad_record = self.stats.first_bad_record or msg
-
-    def _jsonl(self, src: Source) -> Iterator[tuple[str, dict]]:
-        if src.kind != "jsonl":
-            raise CorpusError(f"corpus file {src.path} is {src.kind}, not chat records; chat data is JSON lines "
-                              "(.jsonl, optionally .gz/.zst/.xz) or parquet, one conversation a record")
-        stream, raw = open_bytes(src)
-        self.stats.position = raw.tell
-        try:
-            yield from self._lines(src, stream)
-            end = raw.tell()
-        except (EOFError, OSError, lzma.LZMAError, gzip.BadGzipFile) as e:
-            if isinstance(e, OSError) and not src.compression:
-                raise CorpusError(f"cannot read corpus file {src.path}: {e.strerror or e}") from None
-            raise corrupt(src, e) from None
-        except Exception as e:  # noqa: BLE001 - zstandard.ZstdError and friends: the file is not what it says
-            if type(e).__module__.startswith("zstandard") or "zstd" in type(e).__name__.lower():
-                raise corrupt(src, e) from None
-            raise
-        finally:
-            self.stats.position = lambda: 0
-            raw.close()
-        self.stats.bytes_read += end
-
-    def _lines(self, src: Source, stream: IO[bytes]) -> Iterator[tuple[str, dict]]:
-        array = (f"corpus file {src.path} is one JSON array, not JSON lines (one object a line); convert it, e.g. "
-                 f"`jq -c '.[]' {src.path} > x.jsonl`")
-        for lineno, line in enumerate(byte_lines(stream), 1):
-            if not line.strip():
-                continue
-            where = f"corpus file {src.path}, line {lineno}"
-            try:
-                rec = json.loads(line)
-            except ValueError as e:  # UnicodeDecodeError too
-                if lineno == 1 and line.lstrip()[:1] == b"[":
-                    raise CorpusError(array) from None
-                self.bad(f"{where}: not valid JSON ({str(e).split(':')[0]})")
-                continue
-            if not isinstance(rec, dict):
-                if lineno == 1 and isinstance(rec, list):
-                    raise CorpusError(array)
-                self.bad(f"{where}: a record is a JSON object, not {json_type(rec)}")
-                continue
-            yield where, rec
-
-    def _parquet(self, src: Source) -> Iterator[tuple[str, dict]]:
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise CorpusError("reading parquet needs pyarrow, which is not installed; pip install pyarrow") from None
-        try:
-            pf = pq.ParquetFile(src.path)
-            first = next(pf.iter_batches(batch_size=1), None)
-        except (OSError, pa.ArrowException) as e:
-            raise CorpusError(f"corpus file {src.path} is not a readable parquet file "
-                              f"({str(e).splitlines()[0][:160]})") from None
-        if first is None or first.num_rows == 0:
-            return
-        fmt = detect_format(first.to_pylist()[0], self.options)
+    def _format(self, src: Source, first: dict) -> ChatFormat:
+        fmt = detect_format(first, self.options)
         if fmt is None:
-            raise _no_format(src, first.to_pylist()[0])
-        names = pf.schema_arrow.names
-        columns = [c for c in fmt.columns if c in names]
-        row, rows = 0, max(1, pf.metadata.num_rows)
-        self.stats.position = lambda: int(src.size * row / rows)
-        try:
-            for batch in pf.iter_batches(columns=columns, batch_size=256):
-                for rec in batch.to_pylist():
-                    row += 1
-                    yield f"corpus file {src.path}, row {row}", {k: v for k, v in rec.items() if v is not None}
-        except (OSError, pa.ArrowException) as e:
-            raise corrupt(src, e) from None
-        finally:
-            self.stats.position = lambda: 0
-        self.stats.bytes_read += src.size
+            raise _no_format(src, first)
+        return fmt
 
 
 def sniff_format(src: Source, options: ChatOptions = ChatOptions()) -> ChatFormat | None:
@@ -310,15 +241,11 @@ def sniff_format(src: Source, options: ChatOptions = ChatOptions()) -> ChatForma
     "auto"``); None for a text file or records that are not chat."""
     if src.kind not in ("jsonl", "parquet"):
         return None
-    reader = ChatReader(ChatOptions(options.messages_field, options.roles, skip_bad=True))
-    records = reader._parquet(src) if src.kind == "parquet" else reader._jsonl(src)
     try:
-        first = next(records, None)
-    except CorpusError:  # not chat records (a parquet file's first row is checked as it is read), or unreadable:
-        return None      # the text reader says which
-    finally:
-        records.close()
-    return detect_format(first[1], options) if first else None
+        first = RecordReader(skip_bad=True).first(src)
+    except CorpusError:  # not records (one JSON array, an unreadable file): the text reader says which
+        return None
+    return detect_format(first, options) if first else None
 
 
 # ----------------------------------------------------------------------------- conversations -> tokens

@@ -346,7 +346,7 @@ class ChatSampler:
         return np.random.Generator(np.random.PCG64([self.seed, self.epoch])).permutation(self.rows.rows)
 
     def next_rows(self) -> list[int]:
-        out = []
+        out: list[int] = []
         while len(out) < self.batch_size:
             if self.pos == len(self._order):
                 self.epoch, self.pos = self.epoch + 1, 0

@@ -20,7 +20,7 @@ import shutil
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -30,10 +30,11 @@ from workbench.config import DataConfig, chat_role_map
 from workbench.data.chat import BadRecord, ChatEncoder, ChatReader, Conversation
 from workbench.data.chat_data import LAST, chat_options, template_for
 from workbench.data.chat_templates import ChatTemplate, ChatTemplateError
-from workbench.data.documents import FIX_RECORDS, Corpus, Stats, warnings_of
+from workbench.data.documents import Corpus, warnings_of
 from workbench.data.encode import _init_worker as _init_encode_worker
-from workbench.data.encode import join_files
+from workbench.data.encode import join_files, worker_tokenizer
 from workbench.data.prepare import DataError, Prepared, _locked, workers_available
+from workbench.data.records import FIX_RECORDS, Stats
 from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
 from workbench.faults import NO_FAULTS, Faults
 from workbench.fmt import duration, human_bytes
@@ -45,7 +46,7 @@ SHARD_CHARS = 4 << 20      # message text per shard: the unit of parallel and re
 
 @dataclass
 class ChatPrepared(Prepared):
-    template: ChatTemplate | None = None
+    template: ChatTemplate = field(kw_only=True)  # after Prepared's fields with defaults
 
 
 def _sample_for_tokenizer(reader: ChatReader, corpus: Corpus, sample_mb: float) -> list[str]:
@@ -95,7 +96,7 @@ def prepare_chat(cfg: DataConfig, corpus: Corpus, vocab_size: int, loss_on: str,
 
 
 def _prepare_locked(cfg: DataConfig, corpus: Corpus, vocab_size: int, template: ChatTemplate, all_tokens: bool,
-                    given: AnyTokenizer | None, d: Path, log, workers: int, shard_chars: int,
+                    given: AnyTokenizer | None, d: Path, log: Callable[[str], None], workers: int, shard_chars: int,
                     faults: Faults) -> ChatPrepared:
     t0 = time.time()
     shards = d.with_name(d.name + ".shards")
@@ -182,12 +183,13 @@ def _init_worker(template: ChatTemplate, all_tokens: bool, skip_bad: bool, tok_s
     """In each encoding process: the tokenizer (and, on Linux, dying with the parent), and the encoder."""
     global _ENCODER
     _init_encode_worker(tok_spec, parent)
-    from workbench.data import encode
-    _ENCODER = (ChatEncoder(template, encode._TOKENIZER, "all" if all_tokens else "assistant"), all_tokens, skip_bad)
+    _ENCODER = (ChatEncoder(template, worker_tokenizer(), "all" if all_tokens else "assistant"), all_tokens, skip_bad)
 
 
 def encode_shard(i: int, convs: list[Conversation], out: str, sha: str) -> dict:
     """Render and encode one shard; write its tokens, labels and lengths, then its sidecar."""
+    if _ENCODER is None:
+        raise RuntimeError("an encoding process starts with _init_worker, which sets its encoder")
     encoder, all_tokens, skip_bad = _ENCODER
     dtype = np.uint16 if encoder.tok.vocab_size <= 65535 else np.uint32
     ids: list[int] = []

@@ -24,11 +24,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn
 
+from workbench.data.records import parse_json
 from workbench.errors import WorkbenchError
 from workbench.rundir import CHAT_TEMPLATE_FILE
 from workbench.rundir import TEMPLATES_DIR as ADDITIONAL_TEMPLATES_DIR
+
+if TYPE_CHECKING:  # jinja2 is imported where a template is compiled
+    import jinja2
 
 # workbench's own template, for a model trained from scratch with workbench's tokenizer: ChatML, no default
 # system prompt, no BOS. The tokenizer must reserve CHATML_PIECES (each one id, never produced by text).
@@ -61,7 +65,7 @@ class ChatTemplateError(WorkbenchError):
 
 
 @lru_cache(maxsize=32)
-def compile_template(text: str):
+def compile_template(text: str) -> jinja2.Template:
     """A chat template compiled in the sandbox, with transformers' options and helpers (cached by its text)."""
     import jinja2
     import jinja2.ext
@@ -72,39 +76,40 @@ def compile_template(text: str):
         """``{% generation %}...{% endgeneration %}``: rendered as its body (the spans come from rendering)."""
         tags = {"generation"}
 
-        def parse(self, parser):
+        def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
-        def _body(self, caller):
+        def _body(self, caller: Callable[[], str]) -> str:
             return caller()
 
     class Namespace(jinja2.utils.Namespace):
         # as transformers': no underscore attributes on a namespace (a way towards CPython internals)
-        def __init__(*args, **kwargs):
+        def __init__(*args: Any, **kwargs: Any) -> None:
             self, args = args[0], args[1:]
             attrs = dict(*args, **kwargs)
             for name in attrs:
                 Namespace._check(name)
             jinja2.utils.Namespace.__init__(self, attrs)
 
-        def __setitem__(self, name, value):
+        def __setitem__(self, name: str, value: Any) -> None:
             Namespace._check(name)
             jinja2.utils.Namespace.__setitem__(self, name, value)
 
         @staticmethod
-        def _check(name):
+        def _check(name: Any) -> None:
             if isinstance(name, str) and name.startswith("_"):
                 raise jinja2.exceptions.SecurityError(f"a template may not set {name!r} on a namespace")
 
-    def raise_exception(message):
+    def raise_exception(message: str) -> NoReturn:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | str | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    def strftime_now(format):
+    def strftime_now(format: str) -> str:
         return datetime.now().strftime(format)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -114,7 +119,7 @@ def compile_template(text: str):
     return env.from_string(text)
 
 
-def _token_text(tok) -> str | None:
+def _token_text(tok: Any) -> str | None:
     """A special token of tokenizer_config.json: a string or {"content": ...}."""
     if isinstance(tok, dict):
         tok = tok.get("content")
@@ -161,13 +166,14 @@ def _config(model_dir: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ChatTemplateError(f"{path} cannot be read as JSON ({e}); fix or remove it") from None
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ChatTemplateError(f"{path} cannot be read ({e.strerror}); fix or remove it") from None
+    config = parse_json(raw, str(path), ChatTemplateError, "fix or remove it")
     return config if isinstance(config, dict) else {}
 
 
-def _named(value, where: str) -> dict[str, str]:
+def _named(value: Any, where: str) -> dict[str, str]:
     """A ``chat_template`` value as {name: template}: a string is the default; a list is transformers' named
     templates (``[{"name", "template"}]``)."""
     if value is None:
@@ -289,10 +295,7 @@ def load_chat_template(spec: str, model_dir: Path | None = None) -> ChatTemplate
 
 
 def _json_file(path: Path) -> dict:
-    try:
-        obj = json.loads(_read_text(path))
-    except ValueError as e:
-        raise ChatTemplateError(f"{path} is not valid JSON ({e})") from None
+    obj = parse_json(_read_text(path), str(path), ChatTemplateError)
     return obj if isinstance(obj, dict) else {}
 
 

@@ -22,63 +22,26 @@ format. Bad input raises
 from __future__ import annotations
 
 import codecs
-import gzip
 import hashlib
 import json
-import lzma
 import os
 import sysconfig
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import Callable, Iterator
 
-from workbench.data.listing import SNIFF_BYTES, CorpusError, Source, builtin_source, corrupt, expand, open_bytes
+from workbench.data.listing import SNIFF_BYTES, ByteStream, CorpusError, Source, builtin_source, expand
+from workbench.data.records import RecordReader, Stats, json_type
 
 HELD_OUT_TOPICS_PERCENT = 12   # of the documentation topics, held out for the built-in eval tasks
 HELD_OUT_FILES_PERCENT = 5     # of the standard-library sources, likewise
 PIECE_CHARS = 1 << 20       # a long text document is streamed in pieces of about this many characters
-FIX_RECORDS = "fix it, or set data.skip_bad_records = true to skip bad records"
-
-
-@dataclass
-class Stats:
-    """What a pass over the corpus saw."""
-    documents: int = 0
-    chars: int = 0
-    bytes_read: int = 0        # input bytes consumed (compressed bytes for compressed files)
-    skipped_binary: int = 0
-    skipped_empty: int = 0
-    skipped_records: int = 0
-    first_bad_record: str = ""
-    replaced: dict = field(default_factory=dict)  # file -> count of undecodable bytes replaced
-    position: Callable[[], int] = lambda: 0        # bytes consumed of the file being read
-
-    def bytes_done(self) -> int:
-        return self.bytes_read + self.position()
 
 
 Piece = tuple[str, bool]   # (text, whether it ends a document)
 
 
 READER_VERSION = 2  # bump when what a reader extracts changes, so cached tokens are rebuilt
-
-
-def json_type(v) -> str:
-    return {bool: "true/false", int: "a number", float: "a number", list: "a list", dict: "an object",
-            type(None): "null"}.get(type(v), type(v).__name__)
-
-
-def byte_lines(stream: IO[bytes], block: int = 1 << 20) -> Iterator[bytes]:
-    rest = b""
-    while True:
-        chunk = stream.read(block)
-        if not chunk:
-            break
-        parts = (rest + chunk).split(b"\n")
-        rest = parts.pop()
-        yield from parts
-    if rest:
-        yield rest
 
 
 def split_document(text: str, stats: Stats) -> Iterator[Piece]:
@@ -94,7 +57,7 @@ def split_document(text: str, stats: Stats) -> Iterator[Piece]:
     yield text[pos:], True
 
 
-def text_pieces(src: Source, stream: IO[bytes], stats: Stats) -> Iterator[Piece]:
+def text_pieces(src: Source, stream: ByteStream, stats: Stats) -> Iterator[Piece]:
     """A text file as one document, decoded incrementally (bad UTF-8 replaced and counted)."""
     head = stream.read(SNIFF_BYTES)
     if b"\x00" in head:
@@ -105,7 +68,8 @@ def text_pieces(src: Source, stream: IO[bytes], stats: Stats) -> Iterator[Piece]
                           "give a UTF-8 text file")
     bad = [0]
 
-    def count(e: UnicodeDecodeError):
+    def count(e: UnicodeError) -> tuple[str, int]:
+        assert isinstance(e, UnicodeDecodeError)  # registered for this decoder only
         bad[0] += e.end - e.start
         return "\ufffd", e.end
 
@@ -236,13 +200,14 @@ class Corpus:
         """Every document's text, in pieces of at most about PIECE_CHARS characters (cut at newlines), the
         last piece of each document marked. Counts into ``stats``."""
         stats = stats if stats is not None else Stats()
+        reader = RecordReader(skip_bad=self.skip_bad, stats=stats)
         for src in self.sources:
             if src.kind == "builtin":
                 yield from builtin_pieces(src, stats)
-            elif src.kind == "parquet":
-                yield from self._parquet_pieces(src, stats)
+            elif src.kind == "text":
+                yield from reader.stream(src, lambda stream: text_pieces(src, stream, stats))
             else:
-                yield from self._stream_pieces(src, stats)
+                yield from self._record_pieces(reader, src)
             if on_source_done:
                 on_source_done(src)
         if stats.documents == 0:
@@ -256,100 +221,29 @@ class Corpus:
         return (f"corpus {', '.join(self.spec)} has no documents with text in them ({stats.skipped_binary} binary "
                 f"file(s), {empty} empty, {stats.skipped_records} bad record(s) skipped)")
 
-    def _stream_pieces(self, src: Source, stats: Stats) -> Iterator[Piece]:
-        stream, raw = open_bytes(src)
-        stats.position = raw.tell
-        start = 0
-        try:
-            if src.kind == "jsonl":
-                yield from self._jsonl_pieces(src, stream, stats)
-            else:
-                yield from text_pieces(src, stream, stats)
-            start = raw.tell()
-        except (EOFError, OSError, lzma.LZMAError, gzip.BadGzipFile) as e:
-            if isinstance(e, OSError) and not src.compression:
-                raise CorpusError(f"cannot read corpus file {src.path}: {e.strerror or e}") from None
-            raise corrupt(src, e) from None
-        except Exception as e:  # noqa: BLE001 - zstandard.ZstdError and friends: the file is not what it says
-            if type(e).__module__.startswith("zstandard") or "zstd" in type(e).__name__.lower():
-                raise corrupt(src, e) from None
-            raise
-        finally:
-            stats.position = lambda: 0
-            raw.close()
-        stats.bytes_read += start
-
-    def _jsonl_pieces(self, src: Source, stream: IO[bytes], stats: Stats) -> Iterator[Piece]:
+    def _record_pieces(self, reader: RecordReader, src: Source) -> Iterator[Piece]:
+        """The documents of a JSONL or parquet file: each record's ``data.text_field``."""
         field_ = self.text_field
-        lineno = 0
-        for line in byte_lines(stream):
-            lineno += 1
-            if not line.strip():
-                continue
-            where = f"corpus file {src.path}, line {lineno}"
-            try:
-                rec = json.loads(line)
-            except ValueError as e:
-                if lineno == 1 and line.lstrip()[:1] == b"[":
-                    raise CorpusError(f"corpus file {src.path} is one JSON array, not JSON lines (one object a "
-                                      f"line); convert it, e.g. `jq -c '.[]' {src.path} > x.jsonl`") from None
-                self._bad(stats, f"{where}: not valid JSON ({str(e).split(':')[0]})")
-                continue
-            if lineno == 1 and isinstance(rec, list):
-                raise CorpusError(f"corpus file {src.path} is one JSON array, not JSON lines (one object a line); "
-                                  f"convert it, e.g. `jq -c '.[]' {src.path} > x.jsonl`")
-            if not isinstance(rec, dict) or field_ not in rec:
-                has = ", ".join(list(rec)[:12]) if isinstance(rec, dict) else f"a JSON {type(rec).__name__}"
-                self._bad(stats, f"{where}: the record has no field {field_!r} (it has: {has}); "
-                                 "set data.text_field to the field that holds the text")
+        if src.kind == "parquet":
+            columns = reader.parquet_columns(src)
+            if field_ not in columns:
+                raise CorpusError(f"corpus file {src.path} has no column {field_!r} (its columns: "
+                                  f"{', '.join(list(columns)[:20])}); set data.text_field to the column that holds "
+                                  "the text")
+            if columns[field_] not in ("string", "large_string"):
+                raise CorpusError(f"corpus file {src.path}: column {field_!r} is {columns[field_]}, not a string; "
+                                  "set data.text_field to the column that holds the text")
+        for where, rec in reader.records(src, columns=[field_], batch_size=1024):
+            if field_ not in rec:
+                reader.bad(f"{where}: the record has no field {field_!r} (it has: {', '.join(list(rec)[:12])}); "
+                           "set data.text_field to the field that holds the text")
                 continue
             text = rec[field_]
             if not isinstance(text, str):
-                self._bad(stats, f"{where}: field {field_!r} is {json_type(text)}, not a string")
+                reader.bad(f"{where}: field {field_!r} is {json_type(text)}, not a string")
                 continue
             if text:
-                yield from split_document(text, stats)
-
-    def _parquet_pieces(self, src: Source, stats: Stats) -> Iterator[Piece]:
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise CorpusError("reading parquet needs pyarrow, which is not installed; pip install pyarrow") from None
-        try:
-            pf = pq.ParquetFile(src.path)
-        except (OSError, pa.ArrowException) as e:
-            raise CorpusError(f"corpus file {src.path} is not a readable parquet file "
-                              f"({str(e).splitlines()[0][:160]})") from None
-        names = pf.schema_arrow.names
-        if self.text_field not in names:
-            raise CorpusError(f"corpus file {src.path} has no column {self.text_field!r} (its columns: "
-                              f"{', '.join(names[:20])}); set data.text_field to the column that holds the text")
-        ctype = pf.schema_arrow.field(self.text_field).type
-        if not (pa.types.is_string(ctype) or pa.types.is_large_string(ctype)):
-            raise CorpusError(f"corpus file {src.path}: column {self.text_field!r} is {ctype}, not a string; "
-                              "set data.text_field to the column that holds the text")
-        row, rows = 0, max(1, pf.metadata.num_rows)
-        stats.position = lambda: int(src.size * row / rows)
-        try:
-            for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
-                for text in batch.column(0).to_pylist():
-                    row += 1
-                    if text is None:
-                        self._bad(stats, f"corpus file {src.path}, row {row}: {self.text_field!r} is null")
-                    elif text:
-                        yield from split_document(text, stats)
-        except (OSError, pa.ArrowException) as e:
-            raise corrupt(src, e) from None
-        finally:
-            stats.position = lambda: 0
-        stats.bytes_read += src.size
-
-    def _bad(self, stats: Stats, msg: str) -> None:
-        if not self.skip_bad:
-            raise CorpusError(f"{msg}; {FIX_RECORDS}")
-        stats.skipped_records += 1
-        stats.first_bad_record = stats.first_bad_record or msg
+                yield from split_document(text, reader.stats)
 
 
 def open_corpus(spec: str | list[str], text_field: str = "text", skip_bad: bool = False,

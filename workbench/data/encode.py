@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from workbench.data.documents import Corpus, CorpusError, Piece, Stats
+from workbench.data.documents import Corpus, CorpusError, Piece, Source, Stats
 from workbench.data.tokenizer import AnyTokenizer, tokenizer_from_spec
 from workbench.faults import NO_FAULTS, Faults
 from workbench.fmt import human_bytes
@@ -83,17 +83,25 @@ def _init_worker(spec: tuple, parent: int | None = None) -> None:
             os._exit(1)
 
 
+def worker_tokenizer() -> AnyTokenizer:
+    """The tokenizer of an encoding process (set by ``_init_worker``)."""
+    if _TOKENIZER is None:
+        raise RuntimeError("an encoding process starts with _init_worker, which sets its tokenizer")
+    return _TOKENIZER
+
+
 def encode_shard(index: int, pieces: list[Piece], out_dir: str, dtype: str, sha: str) -> tuple[int, int, int]:
     """Encode one shard's pieces (an end-of-document id after each document) and write it atomically:
     ``NNNNNN.bin`` first, then its sidecar ``NNNNNN.json``, whose presence makes the shard count."""
-    tok = _TOKENIZER
+    tok = worker_tokenizer()
     eod = tok.eod_id
     parts = []
     docs = 0
     for text, end in pieces:
         ids = tok.encode(text)
         if end:
-            ids.append(eod)
+            if eod is not None:  # a sentencepiece model trained before there was one: documents simply follow
+                ids.append(eod)
             docs += 1
         parts.append(np.asarray(ids, dtype=dtype))
     arr = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
@@ -120,9 +128,9 @@ def _shards(pieces: Iterator[Piece], shard_chars: int) -> Iterator[tuple[list[Pi
         yield cur, h.hexdigest(), size
 
 
-def _unchanged(corpus: Corpus) -> Callable:
+def _unchanged(corpus: Corpus) -> Callable[[Source], None]:
     """A check that a source's size and modification time are still those of the manifest."""
-    def check(src) -> None:
+    def check(src: Source) -> None:
         if src.kind == "builtin":
             return
         try:

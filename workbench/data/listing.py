@@ -1,6 +1,7 @@
 """The files a ``data.corpus`` entry names: listed and stat'ed (nothing read: a cached start reads no corpus
 bytes), each a :class:`Source` of a kind (text, JSONL, parquet, builtin) and a compression, and opened as
-a stream of decompressed bytes. Reading documents out of them is :mod:`workbench.data.documents`."""
+a stream of decompressed bytes. Reading records out of them is :mod:`workbench.data.records`, documents
+:mod:`workbench.data.documents`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Protocol
 
 from workbench.errors import WorkbenchError
 
@@ -80,11 +81,11 @@ def _walk(root: Path) -> Iterator[Path]:
             entries = sorted(os.scandir(d), key=lambda e: e.name)
         except OSError as e:
             raise CorpusError(f"cannot read corpus directory {d}: {e.strerror}") from None
-        for e in entries:
-            if e.name.startswith("."):
+        for entry in entries:
+            if entry.name.startswith("."):
                 continue
-            p = Path(e.path)
-            if e.is_dir(follow_symlinks=True):
+            p = Path(entry.path)
+            if entry.is_dir(follow_symlinks=True):
                 yield from visit(p)
             else:
                 yield p
@@ -132,6 +133,12 @@ def builtin_source(max_mb: float) -> Source:
 
 # ----------------------------------------------------------------------------- reading bytes
 
+class ByteStream(Protocol):
+    """What a reader reads a file's decompressed bytes from (a plain file, gzip, xz or zstd)."""
+
+    def read(self, n: int, /) -> bytes: ...
+
+
 class _ZstdReader:
     """A zstd stream that says when it is truncated (the library's stream reader does not)."""
 
@@ -160,22 +167,15 @@ class _ZstdReader:
         return data
 
 
-def open_bytes(src: Source) -> tuple[IO[bytes], IO[bytes]]:
-    """(the decompressed stream, the raw file) of a source."""
-    try:
-        raw = open(src.path, "rb")
-    except OSError as e:
-        raise CorpusError(f"cannot read corpus file {src.path}: {e.strerror}") from None
+def open_bytes(src: Source) -> tuple[ByteStream, IO[bytes]]:
+    """(the decompressed stream, the raw file) of a source; OSError if it cannot be opened (what that means
+    to a user is worded by its reader, :class:`workbench.data.records.RecordReader`)."""
+    raw = open(src.path, "rb")
     if src.compression == "gz":
         return gzip.GzipFile(fileobj=raw), raw
     if src.compression == "xz":
         return lzma.LZMAFile(raw), raw
     if src.compression == "zst":
-        return _ZstdReader(raw), raw  # type: ignore[return-value]
+        return _ZstdReader(raw), raw
     return raw, raw
 
-
-def corrupt(src: Source, e: BaseException) -> CorpusError:
-    detail = str(e).strip() or type(e).__name__
-    return CorpusError(f"corpus file {src.path} is truncated or corrupt ({src.compression or 'read'}: {detail}); "
-                       "download or compress it again")

@@ -37,7 +37,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from workbench.data.documents import Corpus, Stats, warnings_of
 from workbench.data.encode import SHARD_CHARS, Progress, Ticker, encode, join_shards
@@ -124,9 +124,9 @@ def scan(corpus: Corpus, sample_mb: float, progress: Progress | None = None, see
             joined, pos = "".join(block), 0
             while len(joined) - pos >= block_chars:
                 cut = joined.rfind("\n", pos, pos + block_chars)
-                end = cut + 1 if cut > pos else pos + block_chars
-                take(joined[pos:end])
-                pos = end
+                stop = cut + 1 if cut > pos else pos + block_chars
+                take(joined[pos:stop])
+                pos = stop
             block, size = [joined[pos:]], len(joined) - pos
         tick(stats.bytes_done())
     if size:
@@ -138,7 +138,7 @@ def scan(corpus: Corpus, sample_mb: float, progress: Progress | None = None, see
 # ----------------------------------------------------------------------------- the whole preparation
 
 @contextmanager
-def _locked(path: Path, log: Callable[[str], None]):
+def _locked(path: Path, log: Callable[[str], None]) -> Iterator[None]:
     """One preparation of the same inputs at a time (another trainer or `workbench data prepare`)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -214,8 +214,9 @@ def prepare(corpus: Corpus, vocab_size: int, sample_mb: float, log: Callable[[st
                                workers or workers_available(), shard_chars, faults, tokenizer)
 
 
-def _prepare_locked(corpus: Corpus, vocab_size: int, sample_mb: float, root: Path, stem: str, log, progress,
-                    workers: int, shard_chars: int, faults: Faults, given: AnyTokenizer | None) -> Prepared:
+def _prepare_locked(corpus: Corpus, vocab_size: int, sample_mb: float, root: Path, stem: str,
+                    log: Callable[[str], None], progress: Progress | None, workers: int, shard_chars: int,
+                    faults: Faults, given: AnyTokenizer | None) -> Prepared:
     mkey = corpus.manifest_key()
     spec_key = hashlib.sha256(json.dumps([corpus.spec, corpus.text_field]).encode()).hexdigest()[:20]
     why = _why_again(read_json(root / f"s-{spec_key}.json"), corpus)
@@ -251,6 +252,7 @@ def _prepare_locked(corpus: Corpus, vocab_size: int, sample_mb: float, root: Pat
     elif tokenizer_file(d) is not None:
         tok = load_tokenizer(d)
     else:
+        assert sc is not None  # no tokenizer here yet: the corpus was scanned above for its sample
         log(f"training a {vocab_size}-piece tokenizer on a {human_bytes(sum(len(x) + 1 for x in sc.sample))} "
             "sample of the whole corpus ...")
         tok = train_tokenizer(sc.sample, vocab_size, sample_mb)

@@ -22,7 +22,6 @@ and the line.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import tomllib
 from dataclasses import dataclass, replace
@@ -30,8 +29,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from workbench.config.overrides import parse_value
-from workbench.data.documents import byte_lines
-from workbench.data.listing import CorpusError, Source, kind_of, open_bytes
+from workbench.data.listing import Source, kind_of
+from workbench.data.records import RecordReader
 from workbench.errors import WorkbenchError
 
 
@@ -157,32 +156,18 @@ def _sidecar(path: Path) -> dict[str, Any]:
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, record) of a task file; every bad line is a TaskError."""
     kind, compression = kind_of(path)
     if kind != "jsonl":
         raise TaskError(f"task {path}: a task file is JSON lines (.jsonl, optionally .gz/.zst/.xz), one record a "
                         "line; or name a built-in task (workbench eval --list-tasks)")
     try:
         src = Source(str(path), kind, compression, path.stat().st_size, 0)
-        stream, raw = open_bytes(src)
-    except (OSError, CorpusError) as e:
-        raise TaskError(f"cannot read task {path}: {getattr(e, 'strerror', None) or e}") from None
-    with raw:
-        try:
-            for n, line in enumerate(byte_lines(stream), 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError as e:
-                    raise TaskError(f"task {path}, line {n}: not valid JSON ({e.msg}); fix the line") from None
-                except UnicodeDecodeError:
-                    raise TaskError(f"task {path}, line {n}: not UTF-8 text; save the file as UTF-8") from None
-                if not isinstance(obj, dict):
-                    raise TaskError(f"task {path}, line {n}: a record is a JSON object, not "
-                                    f"{type(obj).__name__}")
-                yield n, obj
-        except (EOFError, OSError) as e:
-            raise TaskError(f"task {path} is truncated or corrupt ({e}); compress or download it again") from None
+    except OSError as e:
+        raise TaskError(f"cannot read task {path}: {e.strerror}") from None
+    reader = RecordReader(label="task", error=TaskError, fix="fix the line")
+    for where, rec in reader.records(src):
+        yield where.number, rec
 
 
 @dataclass
@@ -196,8 +181,8 @@ class _Shape:
     arc: bool = False
     hellaswag: bool = False            # the real HellaSwag fields: lm-eval's preprocessing
 
-    def item(self, rec: dict, n: int, where: str):
-        def need(key: str, kinds: tuple[type, ...], what: str):
+    def item(self, rec: dict, n: int, where: str) -> ChoiceItem | GenItem:
+        def need(key: str, kinds: tuple[type, ...], what: str) -> Any:
             if key not in rec:
                 raise TaskError(f"{where}, line {n}: no {key!r} field (this file's records are {self.name}; "
                                 f"the record has {', '.join(map(repr, rec)) or 'no fields'})")
@@ -305,10 +290,9 @@ def detect_shape(rec: dict, opts: dict[str, Any], path: Path) -> _Shape:
 def _chat_item(rec: dict, n: int, where: str) -> GenItem:
     """{"messages": [..., {"role": "assistant", "content": answer}]}, or {"messages": [... user], "answer"}."""
     msgs = rec.get("messages")
-    ok = isinstance(msgs, list) and msgs and all(
-        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
-        for m in msgs)
-    if not ok:
+    if not (isinstance(msgs, list) and msgs and all(
+            isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+            and isinstance(m.get("content"), str) for m in msgs)):
         raise TaskError(f"{where}, line {n}: 'messages' must be a list of {{\"role\": system|user|assistant, "
                         "\"content\": text}")
     if "answer" in rec:

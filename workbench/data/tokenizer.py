@@ -34,15 +34,17 @@ import os
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from workbench.data.chat_templates import CHATML_PIECES
+from workbench.data.records import parse_json
 from workbench.errors import WorkbenchError
 from workbench.fs import write_atomic
 
 EOD_PIECE = "<|endoftext|>"
-TRAINER_OPTIONS = dict(
+TRAINER_OPTIONS: dict[str, Any] = dict(
     model_type="bpe",
     normalization_rule_name="identity",
     remove_extra_whitespaces=False,
@@ -142,7 +144,7 @@ EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<|im_end|>", "<|eot_id
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def _token_content(tok) -> str | None:
+def _token_content(tok: Any) -> str | None:
     """A special token of tokenizer_config.json: a string or {"content": ...}."""
     if isinstance(tok, dict):
         tok = tok.get("content")
@@ -176,14 +178,11 @@ class HFTokenizer:
         self.json_bytes, self.config_bytes = tokenizer_json, config_json
         try:
             self.tk = RustTokenizer.from_str(tokenizer_json.decode("utf-8"))
-            self.raw = json.loads(tokenizer_json)
+            self.raw = parse_json(tokenizer_json, self.FILE, TokenizerError)
         except Exception as e:  # noqa: BLE001 - the library raises its own exception types
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             raise TokenizerError(f"tokenizer.json cannot be read by the tokenizers library: {first}") from None
-        try:
-            self.config = json.loads(config_json) if config_json else {}
-        except ValueError:
-            raise TokenizerError("tokenizer_config.json is not valid JSON") from None
+        self.config = parse_json(config_json, self.CONFIG, TokenizerError) if config_json else {}
         if not isinstance(self.config, dict):
             raise TokenizerError("tokenizer_config.json is not a JSON object")
         self.vocab = self.tk.get_vocab(with_added_tokens=True)

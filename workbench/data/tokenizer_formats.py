@@ -5,6 +5,7 @@ and the pieces GGUF embeds (``workbench.interop.gguf_export``)."""
 from __future__ import annotations
 
 import struct
+from typing import Any, Iterator
 
 from workbench.errors import WorkbenchError
 
@@ -53,9 +54,11 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: bytes):
-    """(field number, wire type, value) of one protobuf message; value is bytes for length-delimited."""
+def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) of one protobuf message; the value's type is the wire type's: an int
+    (varint), a float (fixed 32 or 64 bits) or bytes (length-delimited)."""
     i = 0
+    val: Any
     while i < len(buf):
         key, i = _varint(buf, i)
         num, wt = key >> 3, key & 7

@@ -206,11 +206,11 @@ def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[
     given = given_tokenizer(cfg, vocab_size, run_dir)
     if corpus_is_chat(cfg, corpus):
         try:
-            prep = prepare_chat(cfg, corpus, vocab_size, loss_on, given, tokenizer_dir(cfg, run_dir), log=log,
+            chat = prepare_chat(cfg, corpus, vocab_size, loss_on, given, tokenizer_dir(cfg, run_dir), log=log,
                                 workers=workers, shard_chars=shard_chars, faults=faults)
         except ChatTemplateError as e:
             raise DataError(str(e)) from None
-        return load_chat(prep, cfg.val_fraction)
+        return load_chat(chat, cfg.val_fraction)
     prep = prepare(corpus, vocab_size, cfg.tokenizer_sample_mb, log=log, progress=progress, workers=workers,
                    shard_chars=shard_chars, faults=faults, tokenizer=given)
     data = load_tokens(prep, cfg.val_fraction, seq_len)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Generic, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Protocol, Sequence, TypeVar, cast
 
 import numpy as np
 
@@ -58,8 +58,10 @@ class Batch(Generic[A]):
     def map(self, fn: Callable[[A], B]) -> "Batch[B]":
         """The same batch with ``fn`` applied to each of its arrays (None stays None): a rank's rows, the
         device's tensors."""
-        return dataclasses.replace(self, **{f.name: fn(v) for f in dataclasses.fields(self)  # type: ignore[arg-type]
-                                            if f.metadata.get("array") and (v := getattr(self, f.name)) is not None})
+        # the arrays change type (numpy to tensors), which dataclasses.replace's signature cannot say
+        changed = {f.name: fn(v) for f in dataclasses.fields(self)
+                   if f.metadata.get("array") and (v := getattr(self, f.name)) is not None}
+        return cast("Batch[B]", dataclasses.replace(self, **changed))  # type: ignore[arg-type]
 
     def trained(self) -> int:
         """How many of its targets the loss is over."""
@@ -113,11 +115,11 @@ class TrainData(Protocol):
         """Refuse, in one line, data a run of ``p`` cannot train on (before its run directory exists)."""
         ...
 
-    def start_lines(self, sampler: Sampler, p: Preset) -> list[str]:
+    def start_lines(self, sampler: Any, p: Preset) -> list[str]:
         """What the start log says of it beyond the start line (its train ``sampler`` drawn for ``p``)."""
         ...
 
-    def start_facts(self, sampler: Sampler, p: Preset) -> dict[str, Any]:
+    def start_facts(self, sampler: Any, p: Preset) -> dict[str, Any]:
         """What the start event keeps of it for the run doctor: {its kind: facts}, or nothing."""
         ...
 

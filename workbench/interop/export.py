@@ -115,7 +115,7 @@ def write_raw(dest: Path, sd: dict, preset_toml: str | None, tokenizer: AnyToken
     """The workbench state dict as model.safetensors, plus preset.toml and the tokenizer's files."""
     _save_safetensors(sd, dest / "model.safetensors", {k: str(v) for k, v in (metadata or {}).items()})
     if preset_toml is not None:
-        (dest / "preset.toml").write_text(preset_toml, encoding="utf-8")
+        (dest / rundir.PRESET_FILE).write_text(preset_toml, encoding="utf-8")
     if tokenizer is not None:
         tokenizer.save(dest)
 
@@ -189,7 +189,7 @@ def export_run(run_dir: Path, out: Path, fmt: str = "hf", checkpoint: str | int 
         meta["source"] = source["model"]
     max_pos = source.get("max_position_embeddings")
     dest = export_state_dict(loaded.state_dict, loaded.preset.model, fmt, out, tokenizer=tokenizer,
-                             preset_toml=(run_dir / "preset.toml").read_text(encoding="utf-8"), metadata=meta,
+                             preset_toml=(run_dir / rundir.PRESET_FILE).read_text(encoding="utf-8"), metadata=meta,
                              max_positions=max_pos if isinstance(max_pos, int) else None, gguf_type=gguf_type,
                              chat=chat_export(run_dir, tokenizer))
     return dest, ckpt

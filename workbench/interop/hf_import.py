@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,9 +287,8 @@ def import_model(model_dir: Path, root: Path, name: str | None = None, seq_len: 
                  log=print) -> Imported:
     t0 = time.time()
     preset, w, tok, templates = plan_import(model_dir, seq_len, log)
-    run_dir = rundir.new_run_dir(root, preset.name, name)
-    preset.data.tokenizer = str(run_dir / tok.FILE)
-    try:
+    with rundir.create_run(root, preset.name, name) as run_dir:
+        preset.data.tokenizer = str(run_dir / tok.FILE)
         log(f"reading {len(w.files)} weight file(s) ({w.kind}) ...")
         sd = read_weights(w, preset.model)
         tok.save(run_dir)
@@ -299,16 +297,11 @@ def import_model(model_dir: Path, root: Path, name: str | None = None, seq_len: 
                 "preset": preset.name, "best_val_loss": None, "model": vars(preset.model), "world_size": 1,
                 "finetune": "full", "source": preset.source["model"]}
         save_checkpoint(run_dir, 0, sd, {}, TrainerState().to_dict(), meta)
-        write_atomic(run_dir / "preset.toml", preset_to_toml(preset))
-        writer = rundir.MetricsWriter(run_dir / "metrics.jsonl")
-        writer.write(rundir.EventRecord(event="import", step=0, time=time.time(),
-                                        data={"source": preset.source["model"], "params": sum(
-                                            t.numel() for t in sd.values()), "architecture":
-                                            preset.source["architecture"]}))
-        writer.close()
+        rundir.write_preset(run_dir, preset_to_toml(preset))
+        rundir.append_records(run_dir / rundir.METRICS_FILE, [rundir.EventRecord(
+            event="import", step=0, time=time.time(),
+            data={"source": preset.source["model"], "params": sum(t.numel() for t in sd.values()),
+                  "architecture": preset.source["architecture"]})])
         rundir.write_status(run_dir, state="imported", step=0, max_iters=0, error=None, pid=None,
                             source=preset.source["model"])
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
     return Imported(run_dir, preset, sum(t.numel() for t in sd.values()), tok, time.time() - t0, templates)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
@@ -202,7 +202,7 @@ def _gpu_sample() -> tuple[list[GpuProcess], list[GpuClocks], str]:
     procs: list[GpuProcess] = []
     gpus: list[GpuClocks] = []
 
-    def opt(fn, *a):
+    def opt(fn: Callable[..., Any] | None, *a: Any) -> Any:
         try:
             return fn(*a) if fn is not None else None
         except pynvml.NVMLError:

@@ -20,7 +20,7 @@ import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
@@ -117,7 +117,7 @@ def detect_nvidia() -> tuple[list[dict[str, Any]], str]:
         return [], f"no NVIDIA GPU information (NVML: {_s(e)})"
     gpus: list[dict[str, Any]] = []
     try:
-        def opt(fn, *a):
+        def opt(fn: Callable[..., Any], *a: Any) -> Any:
             try:
                 return fn(*a)
             except pynvml.NVMLError:
@@ -323,13 +323,3 @@ class Machine:
                 return None, "unified memory (unknown)"
             return int(min(self.ram_available, self.ram_total * 2 / 3)), "unified memory usable by MPS (~2/3 of RAM)"
         return self.ram_available, "available RAM"
-
-
-def best_device(info: dict[str, Any]) -> str:
-    """cuda > mps > cpu, from a ``detect()`` result (NVML GPUs count as cuda when torch was not asked)."""
-    return Machine.from_info(info).best_device()
-
-
-def device_memory(info: dict[str, Any], device: str) -> tuple[int | None, str]:
-    """(bytes usable for training on ``device``, what that number is), from a ``detect()`` result."""
-    return Machine.from_info(info).memory(device)

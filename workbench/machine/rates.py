@@ -102,7 +102,8 @@ def remember(machine: str, key: str, entry: dict[str, Any]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         known = _read()
-        mine = known.get(machine) if isinstance(known.get(machine), dict) else {}
+        mine = known.get(machine)
+        mine = mine if isinstance(mine, dict) else {}
         if mine.get(key) == entry:
             return
         known[machine] = {**mine, key: entry}

@@ -6,6 +6,7 @@
 - ``estimate``   training memory by component (a frozen MemoryEstimate)
 - ``horizon``    where a run ends, a wsd decay's start and the learning rate at each step; ``resume --more``'s note
 - ``evals``      how many eval batches auto takes
+- ``sampling``   the sampling defaults (text and chat) every sampler reads: the CLI, the TUI, the trainer
 - ``finetune``   ``--init-from``: the fine-tune's preset, its link to the source weights, which method fits
 - ``cost``       run time, energy and cost
 - ``run_plan``   what will run: a new run's preset and a resume's, with every refusal

@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-from workbench.config import lora_projections
+from workbench.config import ModelConfig, TrainConfig, lora_projections
 from workbench.plan.flops import projection_shapes
 
 
-def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention: str,
+def layer_activation_bytes(model_cfg: ModelConfig, batch_size: int, precision: str, attention: str,
                            device: str = "cuda", masked: bool = False) -> int:
     """Bytes one block saves for backward (no activation checkpointing), eager PyTorch.
 
@@ -57,7 +57,7 @@ def layer_activation_bytes(model_cfg, batch_size: int, precision: str, attention
     return norms + linear_inputs + wo_input + attn + mlp + qk + drop
 
 
-def qk_norm_bytes(c, batch_size: int, a: int, compiled: bool) -> int:
+def qk_norm_bytes(c: ModelConfig, batch_size: int, a: int, compiled: bool) -> int:
     """What QK-norm saves in one block: eager, each of its RMSNorms keeps an fp32 copy of q (or k) and the
     normalised tensor (``4 + a`` bytes a value, ``a`` the compute dtype's); compiled on CUDA (one graph, no
     checkpointing), inductor recomputes the norms and RoPE and keeps about half of q and k in the compute
@@ -70,8 +70,8 @@ def qk_norm_bytes(c, batch_size: int, a: int, compiled: bool) -> int:
     return int(per_value * batch_size * c.seq_len * c.head_dim * (c.n_heads + c.n_kv_heads))
 
 
-def lora_layer_activation_bytes(model_cfg, train_cfg, batch_size: int, precision: str, attention: str,
-                                device: str = "cuda", masked: bool = False) -> int:
+def lora_layer_activation_bytes(model_cfg: ModelConfig, train_cfg: TrainConfig, batch_size: int, precision: str,
+                                attention: str, device: str = "cuda", masked: bool = False) -> int:
     """Bytes one block saves for backward with LoRA (train.finetune = lora), from the full count
     (:func:`layer_activation_bytes`): frozen weights need no weight gradient, so autograd keeps neither
     the normalised tensors the RMSNorm weights would need (2 x fp32) nor the input of a projection

@@ -98,6 +98,7 @@ def gpu_row(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mfu: 
     machine, settings = gpu_settings(p, gpu)
     mem = est.estimate_memory(p, settings=settings)
     available, _what = machine.memory(gpu.device)
+    assert available is not None  # a machine made from the GPU table knows its memory
     best, batch, accum, batch_note = fit_batch(p, gpu, available)
     savers = [] if best else fitting_savers(p, gpu.device, available, machine)
     if savers:  # what makes it fit there after all, cheapest in speed first

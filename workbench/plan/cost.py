@@ -3,24 +3,37 @@ that time costs in kWh and money. Arithmetic, no torch (memory is :mod:`workbenc
 
 from __future__ import annotations
 
-from workbench.config import budget_seconds
+from typing import TypedDict
+
+from workbench.config import ModelConfig, Preset, budget_seconds
 from workbench.errors import WorkbenchError
 from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
 
 
-def tokens_per_s_from_flops(model_cfg, flops_per_s: float, efficiency: float) -> float:
+def tokens_per_s_from_flops(model_cfg: ModelConfig, flops_per_s: float, efficiency: float) -> float:
     return flops_per_s * efficiency / flops_per_token(model_cfg)
 
 
-def eval_seconds(preset, eval_iters: int, tokens_per_s: float) -> float:
+def eval_seconds(preset: Preset, eval_iters: int, tokens_per_s: float) -> float:
     """One eval's seconds at ``tokens_per_s`` (training's rate): ``eval_iters`` batches of train and of val,
     forward only, ~1/3 of a training step's work a token. The estimate's, and the time budget's reserve until
     an eval is timed."""
     return 2 * eval_iters * preset.train.batch_size * preset.model.seq_len / (3.0 * tokens_per_s)
 
 
-def estimate_time(preset, tokens_per_s: float) -> dict[str, float | None]:
+class TimeEstimate(TypedDict):
+    """A run's time by :func:`estimate_time`, in seconds (``tokens`` and ``steps`` what it trains)."""
+    tokens: float
+    train_s: float
+    eval_s: float
+    total_s: float
+    steps: float
+    budget_s: float | None     # train.time_budget, when the preset has one
+    one_eval_s: float
+
+
+def estimate_time(preset: Preset, tokens_per_s: float) -> TimeEstimate:
     """Seconds to train to max_iters at ``tokens_per_s``, plus the periodic evaluations
     (eval_iters batches of train and of val every eval_interval, forward only: ~1/3 of a step; auto's count
     for a val split that does not limit it, as the data is not known here).
@@ -33,20 +46,19 @@ def estimate_time(preset, tokens_per_s: float) -> dict[str, float | None]:
     one_eval_s = eval_seconds(preset, eval_batches(preset)[0], tokens_per_s)
     train_s = train_tokens / tokens_per_s
     eval_s = n_evals * one_eval_s
-    out = {"tokens": float(train_tokens), "train_s": train_s, "eval_s": eval_s, "total_s": train_s + eval_s,
-           "steps": float(t.max_iters), "budget_s": None, "one_eval_s": one_eval_s}
     budget = budget_seconds(t.time_budget)
-    if budget is not None:
-        # The budget is the time; the steps are what fits in it at this rate. A budgeted run evaluates at step 0,
-        # every eval_interval steps and once more at its end, whatever the budget: a short one is mostly evals.
-        step_s = train_s / t.max_iters
-        steps = budget_steps(preset, tokens_per_s, budget)
-        out.update(tokens=steps * preset.tokens_per_step(), train_s=steps * step_s, eval_s=budget - steps * step_s,
-                   total_s=budget, steps=steps, budget_s=budget)
-    return out
+    if budget is None:
+        return {"tokens": float(train_tokens), "train_s": train_s, "eval_s": eval_s, "total_s": train_s + eval_s,
+                "steps": float(t.max_iters), "budget_s": None, "one_eval_s": one_eval_s}
+    # The budget is the time; the steps are what fits in it at this rate. A budgeted run evaluates at step 0,
+    # every eval_interval steps and once more at its end, whatever the budget: a short one is mostly evals.
+    step_s = train_s / t.max_iters
+    steps = budget_steps(preset, tokens_per_s, budget)
+    return {"tokens": steps * preset.tokens_per_step(), "train_s": steps * step_s, "eval_s": budget - steps * step_s,
+            "total_s": budget, "steps": steps, "budget_s": budget, "one_eval_s": one_eval_s}
 
 
-def budget_steps(preset, tokens_per_s: float, seconds: float, eval_iters: int | None = None) -> float:
+def budget_steps(preset: Preset, tokens_per_s: float, seconds: float, eval_iters: int | None = None) -> float:
     """The steps that fit in ``seconds`` of a time budget at ``tokens_per_s``: a budgeted run evaluates at its start,
     every eval_interval steps and once more at its end, whatever the budget (the estimate's count, and the trainer's
     guess at its end step until it has timed its own steps). ``eval_iters``: the batches an eval scores, when the
@@ -61,7 +73,7 @@ def budget_steps(preset, tokens_per_s: float, seconds: float, eval_iters: int | 
 BUDGET_EVAL_SHARE_WARN = 0.25
 
 
-def budget_warning(preset, time: dict[str, float | None]) -> str:
+def budget_warning(preset: Preset, time: TimeEstimate) -> str:
     """What is wrong with a time budget for this run at the estimated speed (``time``: :func:`estimate_time`'s),
     in one line with the fix, or "" (no budget, or one that trains)."""
     budget, t = time.get("budget_s"), preset.train

@@ -23,7 +23,7 @@ from workbench.plan.flops import (
     param_breakdown,
     param_tensors,
 )
-from workbench.plan.settings import RunSettings, resolve_settings
+from workbench.plan.settings import PeakFn, RunSettings, resolve_settings
 
 # ----------------------------------------------------------------------------- memory
 
@@ -46,9 +46,9 @@ FRAGMENTATION = 0.12
 # (so inside max_memory_allocated): measured ~70-120 MiB above the tensors on an
 # H100 with torch 2.11 / CUDA 13 across presets.
 CUDA_WORKSPACE_BYTES = 72 * MB
-HEADROOM = 0.10
-# workbench.train.loop keeps the logits returned by the model until the next
-# forward (`_, loss = model(x, y)`); they count at every phase of the peak.
+HEADROOM = 0.10  # "fits" means total <= (1 - HEADROOM) x what the device has
+# workbench.train.loop keeps only the loss of a forward (the logits are dropped at once), so the logits count
+# at the end of the forward and the start of the backward, not in the late backward or the optimizer step.
 # torch.compile on CUDA without activation checkpointing (the blocks one graph: whole model, or all but
 # the fused loss): inductor's partitioner recomputes the cheap elementwise work in backward and keeps
 # this share of what eager saves. Its fused cross-entropy (whole model) keeps no fp32 logits: at the
@@ -59,7 +59,6 @@ HEADROOM = 0.10
 # fit did not see (README, GPU numbers; tests/plan/test_estimate.py).
 COMPILED_ACTIVATION_SHARE = 0.68
 COMPILED_LOGIT_COPIES = 3
-LOGITS_HELD = False  # "fits" means total <= (1 - HEADROOM) x what the device has
 # hardware.optimizer_states = 8bit (torchao's AdamW8bit): each moment of a tensor of at least this many values
 # (a multiple of the block) is one uint8 code per value, one fp32 scale per block and a 256-entry fp32 map;
 # smaller tensors keep fp32 moments (as bitsandbytes does).
@@ -83,7 +82,8 @@ def adamw_state_bytes(sizes: list[int], states: str = "fp32") -> int:
 def what_if(preset: Preset, *, precision: str | None = None, device: str | None = None,
             batch_size: int | None = None, activation_checkpointing: bool | None = None) -> Preset:
     """The preset with these values in place of its own (the estimate of another setup)."""
-    hw, tr = {}, {}
+    hw: dict[str, Any] = {}
+    tr: dict[str, Any] = {}
     if precision:
         hw["precision"] = precision
     if device:
@@ -96,7 +96,8 @@ def what_if(preset: Preset, *, precision: str | None = None, device: str | None 
                                train=dataclasses.replace(preset.train, **tr))
 
 
-def estimate_settings(preset: Preset, machine: Machine | None = None, peak=None) -> RunSettings:
+def estimate_settings(preset: Preset, machine: Machine | None = None, peak: PeakFn | float | None = None
+                      ) -> RunSettings:
     """The settings of one process of the preset's run: on ``machine`` (default: this one, detected
     without torch), or, when the preset names a device that machine lacks, on a machine that has it
     (an estimate for the GPU one is about to rent)."""
@@ -264,7 +265,6 @@ def compiled_blocks(settings: RunSettings) -> bool:
 
 @dataclass(frozen=True)
 class Logits:
-    held: int                  # logits the loop still holds from the previous forward
     forward: int               # at the end of the forward
     backward: int              # at the start of the backward
 
@@ -284,11 +284,10 @@ def logit_bytes(preset: Preset, settings: RunSettings) -> Logits:
         fused_grads = 4 * B * T * D + (0 if lora else 4 * V * D)  # a frozen head gets no gradient
         head_fp32 = not lora or c.tie_embeddings
         fwd = chunk * V * (4 + (2 * a if mixed else 0)) + fused_grads + (a * V * D if mixed and head_fp32 else 0)
-        return Logits(0, fwd, fused_grads)
+        return Logits(fwd, fused_grads)
     if compiled_blocks(settings) and settings.compile_mode == "whole model":
-        return Logits(0, a * BTV + 8 * B * T, COMPILED_LOGIT_COPIES * a * BTV)  # + their log-sum-exp
-    held = a * BTV if LOGITS_HELD else 0  # the loop drops the logits right after the forward
-    return Logits(held, held + a * BTV + (4 * BTV if mixed else 0) + 4 * BTV, held + 12 * BTV)
+        return Logits(a * BTV + 8 * B * T, COMPILED_LOGIT_COPIES * a * BTV)  # + their log-sum-exp
+    return Logits(a * BTV + (4 * BTV if mixed else 0) + 4 * BTV, 12 * BTV)
 
 
 def peak_phase(states: ModelStates, acts: Activations, logits: Logits, settings: RunSettings,
@@ -311,16 +310,15 @@ def peak_phase(states: ModelStates, acts: Activations, logits: Logits, settings:
                                logits=logits.forward),
         "start of backward": dict(gradients=grads_resident, activations=acts.total, weight_casts=casts_backward,
                                   logits=logits.backward),
-        "optimizer step": dict(gradients=states.gradients, optimizer_temp=states.optimizer_temp, logits=logits.held),
-        "late backward": dict(gradients=states.gradients, activations=late_acts, weight_casts=acts.layer_casts,
-                              logits=logits.held),
+        "optimizer step": dict(gradients=states.gradients, optimizer_temp=states.optimizer_temp),
+        "late backward": dict(gradients=states.gradients, activations=late_acts, weight_casts=acts.layer_casts),
     }
     components = {name: {"weights": states.weights, "gradients": 0, "optimizer": states.optimizer,
                          "weight_casts": 0, "activations": 0, "logits": 0, "optimizer_temp": 0,
                          "workspace": workspace} | kv for name, kv in parts.items()}
     phases = {name: sum(comp.values()) for name, comp in components.items()}
     assert phases["end of forward"] == static + acts.casts_all + acts.total + logits.forward + workspace
-    phase = max(phases, key=phases.get)
+    phase = max(phases, key=lambda name: phases[name])
     return phase, phases, components[phase]
 
 

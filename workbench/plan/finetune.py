@@ -19,16 +19,24 @@ recommended: full when it fits (it adapts every weight), else LoRA, else LoRA wi
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from workbench.config import Preset, PresetError, load_preset_file, overridden_keys, parse_override, preset_from_dict
+from workbench.data.tokenizer import tokenizer_file
 from workbench.fs import fsync_dir
 from workbench.machine.detect import Machine
 from workbench.plan import estimate as est
-from workbench.rundir import INIT_DIR, RunError, copy_tokenizer, resolve_run, select_checkpoint
+from workbench.rundir import (
+    CKPT_MODEL,
+    INIT_DIR,
+    PRESET_FILE,
+    RunError,
+    copy_tokenizer,
+    link_file,
+    resolve_run,
+    select_checkpoint,
+)
 
 # Model keys a run started from a checkpoint may change: the weights mean the same with any value.
 FREE_MODEL_KEYS = ("seq_len", "dropout")
@@ -58,7 +66,7 @@ def parse_init_from(root: Path, spec: str) -> InitSource:
         raise RunError(f"--init-from {spec!r}: give a run id (`workbench runs`), optionally :CHECKPOINT")
     run_dir = resolve_run(root, run)
     ckpt = select_checkpoint(run_dir, sel or "latest")
-    return InitSource(run_dir, ckpt, load_preset_file(run_dir / "preset.toml"))
+    return InitSource(run_dir, ckpt, load_preset_file(run_dir / PRESET_FILE))
 
 
 def check_model_overrides(src: InitSource, overrides: list[str]) -> None:
@@ -80,7 +88,7 @@ def init_preset(p: Preset, src: InitSource, overrides: list[str]) -> Preset:
     source, [init] and [source] recorded, the source's tokenizer named in [data]."""
     check_model_overrides(src, overrides)
     model = dataclasses.replace(src.preset.model, **{k: getattr(p.model, k) for k in FREE_MODEL_KEYS})
-    tok = next((src.run_dir / f for f in ("tokenizer.json", "tokenizer.model") if (src.run_dir / f).is_file()), None)
+    tok = tokenizer_file(src.run_dir)
     if tok is None:
         raise RunError(f"run {src.run} has no tokenizer.json or tokenizer.model to encode the new corpus with")
     source = dict(src.preset.source) if src.preset.source else {"model": f"run {src.run}"}
@@ -107,11 +115,7 @@ def link_init(run_dir: Path, src: InitSource) -> None:
     init = Path(run_dir) / INIT_DIR
     init.mkdir(exist_ok=True)
     if not src.lora:
-        target = init / "model.pt"
-        try:
-            os.link(Path(src.ckpt["path"]) / "model.pt", target)
-        except OSError:
-            shutil.copy2(Path(src.ckpt["path"]) / "model.pt", target)
+        link_file(Path(src.ckpt["path"]) / CKPT_MODEL, init / CKPT_MODEL)
         fsync_dir(init)
     copy_tokenizer(src.run_dir, run_dir)
 
@@ -139,7 +143,7 @@ def compare_methods(p: Preset, machine: Machine) -> dict[str, Any]:
     fits, and the recommendation (the first that fits, in that order)."""
     device = machine.best_device() if p.hardware.device == "auto" else p.hardware.device
     avail, what = machine.memory(device) if machine.has(device) else (None, "")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key, label, train_kw, ac in METHODS:
         q = method_preset(p, train_kw["finetune"], ac)
         try:

@@ -102,6 +102,11 @@ class Horizon:
             return None
         if self.budgeted:
             return self.decay_step
+        return self.steps_decay_start
+
+    @property
+    def steps_decay_start(self) -> int:
+        """wsd counted in steps: the first step of the decay, where ``decay_fraction`` of the steps are left."""
         return max(self.warmup, self.end_step - max(1, round(self.decay_fraction * self.end_step)))
 
     def is_end(self, step: int) -> bool:
@@ -122,7 +127,7 @@ class Horizon:
         if ramp < 1.0:
             return ramp
         if self.schedule == "wsd":
-            start = self.decay_start
+            start = self.steps_decay_start
             if step < start:
                 return 1.0
             frac = min(1.0, (step - start + 1) / max(1, self.end_step - start))
@@ -160,20 +165,19 @@ def extension(p: Preset, state: dict[str, Any] | None, ckpt_step: int, more: int
     longer_p = dataclasses.replace(p, train=dataclasses.replace(p.train, max_iters=end, time_budget=""))
     longer = Horizon.of(longer_p)
     budget = h.budgeted
-    start = h.decay_start if h.schedule == "wsd" else None
-    if budget and h.schedule == "wsd" and start is None:
-        start = ckpt_step  # the clock never got to the decay: it goes on from the checkpoint, in the stable phase
+    # wsd: where the decay began; a budget whose clock never got there goes on from the checkpoint (stable phase)
+    start = (ckpt_step if h.decay_start is None else h.decay_start) if h.schedule == "wsd" else ckpt_step
     counted = (f"; train.time_budget = {p.train.time_budget} is spent, so the {more:,} more steps are counted in "
                "steps") if budget else ""
     if h.schedule == "wsd" and ckpt_step > start:
         note = (f"wsd: it goes on from step {start:,}, where the decay began (a new run, the decayed one kept), so "
-                f"the learning rate stays at {p.train.lr:.2e} until step {longer.decay_start:,}, then decays to "
+                f"the learning rate stays at {p.train.lr:.2e} until step {longer.steps_decay_start:,}, then decays to "
                 f"{p.train.min_lr:.2e} by step {end:,}")
         return Extension(start, end, note + counted, budget)
     after, final = longer.lr_at(ckpt_step), longer.lr_at(end - 1)
     if h.schedule == "wsd":
-        note = (f"wsd: the stable phase goes on at {after:.2e} until step {longer.decay_start:,}, then the learning "
-                f"rate decays to {final:.2e}")
+        note = (f"wsd: the stable phase goes on at {after:.2e} until step {longer.steps_decay_start:,}, then the "
+                f"learning rate decays to {final:.2e}")
     elif p.train.lr_decay_iters:
         note = (f"the cosine decay ends at step {p.train.lr_decay_iters} (train.lr_decay_iters), so the learning "
                 f"rate stays at {after:.2e} for the {more:,} new steps")

@@ -45,7 +45,7 @@ def first_choice(device: str, mem: int | None) -> str:
 # 8-bit AdamW states: torchao's step, compiled per tensor, in place of the fused fp32 kernel; measured on a
 # CPU by bench/savers.py (~100 M parameters, batch 1 x 32: 14 vs 81 tokens/s, the step dominating at so
 # small a batch), not yet on a GPU.
-SAVER_SPEED = {
+SAVER_SPEED: dict[str, dict[str, tuple[float | None, str]]] = {
     "hardware.activation_checkpointing": {"*": (0.75, "x0.75 tokens/s: one more forward in backward")},
     "hardware.optimizer_states": {"cpu": (0.17, "x0.17 tokens/s measured on a CPU at batch 1 (bench/savers.py)"),
                                   "cuda": (0.52, "x0.52 tokens/s measured on an H100 (~124 M params, 32,768 tokens "
@@ -58,10 +58,11 @@ SAVER_SPEED = {
     "train.finetune": {"*": (1.5, "x1.5 tokens/s by FLOPs; trains low-rank adapters, not every weight")},
 }
 # Cheapest in speed first. LoRA only for a fine-tune (a preset with [init]) that trains every weight.
-SAVERS = ({}, {"hardware.optimizer_states": "8bit"}, {"hardware.optimizer_states": "offload"},
-          {"hardware.activation_checkpointing": "true"},
-          {"hardware.activation_checkpointing": "true", "hardware.optimizer_states": "8bit"},
-          {"hardware.activation_checkpointing": "true", "hardware.optimizer_states": "offload"})
+SAVERS: tuple[dict[str, str], ...] = (
+    {}, {"hardware.optimizer_states": "8bit"}, {"hardware.optimizer_states": "offload"},
+    {"hardware.activation_checkpointing": "true"},
+    {"hardware.activation_checkpointing": "true", "hardware.optimizer_states": "8bit"},
+    {"hardware.activation_checkpointing": "true", "hardware.optimizer_states": "offload"})
 CUDA_ONLY = {("hardware.optimizer_states", "offload")}
 LORA_SAVERS = ({"train.finetune": "lora"}, {"train.finetune": "lora", "hardware.activation_checkpointing": "true"})
 
@@ -117,7 +118,8 @@ def fitting_savers(preset: Preset, device: str, available: int, machine: Machine
         if not b:
             continue
         bs, acc, note = plan_accumulation(seqs, b)
-        speed, why = 1.0, []
+        speed: float | None = 1.0
+        why = []
         for key in savers:
             by_kind = SAVER_SPEED.get(f"{key}={savers[key]}", SAVER_SPEED[key])
             factor, reason = by_kind.get(device.split(":")[0]) or by_kind["*"]

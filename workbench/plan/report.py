@@ -106,7 +106,7 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
         "fits": est.fits(mem, avail),
         "device_here": here,
     }
-    if report["fits"] is False:
+    if report["fits"] is False and avail is not None:  # (an unknown size fits neither way)
         report["suggestion"] = suggest_changes(p, device, avail, machine)
         report["savers"] = fitting_savers(p, device, avail, machine)
 

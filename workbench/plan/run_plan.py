@@ -139,7 +139,7 @@ def _latest_at_or_before(run_dir: Path, step: int, default: dict) -> dict:
 
 def checkpoint_state(ckpt: dict) -> dict:
     """A checkpoint's trainer state (``trainer_state.json``: where a budgeted run's horizon is kept), or {}."""
-    return read_json(Path(ckpt["path"]) / "trainer_state.json") or {}
+    return read_json(Path(ckpt["path"]) / rundir.CKPT_TRAINER_STATE) or {}
 
 
 def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
@@ -152,7 +152,7 @@ def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
     if ckpt.get("reason") == "import":
         raise rundir.RunError(f"run {run_dir.name} is a model brought in by `workbench import`, not a run to "
                               f"continue; train from it with `workbench train PRESET --init-from {run_dir.name}`")
-    path = run_dir / "preset.toml"
+    path = run_dir / rundir.PRESET_FILE
     old = preset_from_dict(parse_toml(path.read_text(encoding="utf-8"), str(run_dir)), str(path))
     notes: list[str] = []
     more_from = int(ckpt["step"])
@@ -184,6 +184,7 @@ def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
             raise rundir.RunError(f"--more {req.more}: give the number of steps to add, at least 1")
         if "train.max_iters" in overridden_keys(overrides):
             raise rundir.RunError("give --more N or --set train.max_iters=M, not both")
+        assert ext is not None  # made above for a positive --more
         overrides.append(f"train.max_iters={ext.end_step}")
         if budgeted:  # more steps, not more time: the extension is counted in steps (the note says so)
             overrides.append("train.time_budget=")

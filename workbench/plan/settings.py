@@ -201,7 +201,7 @@ def saver_choices(chunked_loss: str, checkpointing: str | bool, device_type: str
     def allowed(value: bool, setting: str | bool) -> bool:
         setting = str(setting).lower()  # a HardwareConfig made in code may hold a bool
         return setting == "auto" or (setting == "true") == value
-    order = SAVER_ORDER
+    order: tuple[tuple[bool, bool], ...] = SAVER_ORDER
     if device_type == "cpu" and chunked_loss == "auto":
         order = tuple((True, ck) for _, ck in SAVER_ORDER[::2])   # the fused loss is faster on a CPU
     return [(f, c) for f, c in order if allowed(f, chunked_loss) and allowed(c, checkpointing)]

@@ -109,7 +109,10 @@ class Mfu:
 
 def _reference(m: Measurement) -> float:
     """The measurement's MFU against its GPU's peak in the table."""
-    return m.mfu(find_gpu(m.gpu).peak_flops(m.precision))
+    peak = find_gpu(m.gpu).peak_flops(m.precision)
+    if peak is None:  # a measurement at a precision its GPU lacks: the table or MEASUREMENTS is wrong
+        raise ValueError(f"the GPU table has no {m.precision} peak for the {m.gpu} that {m.what} was measured on")
+    return m.mfu(peak)
 
 
 def mfu_for(preset: Preset, settings: RunSettings, gpu: GpuSpec, given: float | None = None) -> Mfu:
@@ -143,6 +146,8 @@ def tokens_per_s(preset: Preset, settings: RunSettings, mfu: Mfu) -> float | Non
 
 
 def describe(preset: Preset, settings: RunSettings, gpu: GpuSpec, mfu: Mfu) -> str:
-    """How a tokens/s from the GPU table's peak and an MFU was reached, in one line."""
+    """How a tokens/s from the GPU table's peak and an MFU was reached, in one line (for a :func:`tokens_per_s`
+    that was not None: the settings have a peak)."""
+    assert settings.peak_flops is not None
     return (f"estimate: {settings.peak_flops / 1e12:.4g} TFLOP/s ({gpu.name} {settings.precision} peak, GPU table) "
             f"x {mfu.value:.1%} MFU ({mfu.why}) / {flops_per_token(preset.model) / 1e6:.4g} MFLOP per token")

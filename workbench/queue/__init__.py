@@ -7,6 +7,9 @@
   the other, each its own trainer through the CLI (``workbench train --detach``, as the TUI starts runs),
   watches it through its run directory, records how it ended, and on a restart adopts a trainer still alive or
   resumes one that died (``workbench resume``) from its last checkpoint.
+- ``admit``   a run checked and estimated as ``workbench train`` would check it, before it is queued
+- ``launch``  starting, stopping and resuming runs through the CLI (the queue never imports torch)
+- ``listing`` the queue as ``queue ls`` and the TUI's Queue tab show it
 - ``outcome`` what a run reached (the metric a sweep ranks by), and the one line a failed run is listed with
   (the run doctor's top finding).
 - ``sweep``, ``spec``  sweeps: a spec (TOML, or ``--set-grid``), trials made and estimated before anything is

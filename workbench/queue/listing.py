@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench import rundir
 from workbench.queue.store import Item, QueueStore
 from workbench.rundir import read_status
 
@@ -58,7 +59,7 @@ def rows(store: QueueStore, runner_alive: bool) -> list[Row]:
         run_dir = store.root / it.name
         if it.state == "queued":
             pos += 1
-        elif it.state == "running" and (run_dir / "status.json").is_file():
+        elif it.state == "running" and (run_dir / rundir.STATUS_FILE).is_file():
             st = read_status(run_dir)
             step, max_iters = st.step, st.max_iters or None
             if st.budget_s is not None and st.budget_spent_s is not None:

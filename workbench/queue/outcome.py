@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from workbench import rundir
 from workbench.analysis.doctor import diagnose_run
 from workbench.analysis.report_card import HEADLINE, LOWER_IS_BETTER, task_scores
 from workbench.errors import WorkbenchError
@@ -57,7 +58,7 @@ def parse_metric(name: str, goal: str | None = None) -> Metric:
 def eval_curve(run_dir: Path, metric: str = "val_loss") -> list[tuple[int, float]]:
     """(step, value) of every eval of the run's current timeline that has ``metric``."""
     out = []
-    for r in current_timeline(read_metrics(Path(run_dir) / "metrics.jsonl")):
+    for r in current_timeline(read_metrics(Path(run_dir) / rundir.METRICS_FILE)):
         if isinstance(r, EvalRecord) and (v := getattr(r, metric)) is not None:
             out.append((r.step, float(v)))
     return out

@@ -154,7 +154,7 @@ class Runner:
         stop_asked = False
         deadline = time.monotonic() + ADOPT_GRACE_S
         while True:
-            if not (run_dir / "preset.toml").is_file():
+            if not (run_dir / rundir.PRESET_FILE).is_file():
                 if recovering and time.monotonic() < deadline:  # the last runner's `train` may still be at work
                     time.sleep(self.poll)
                     continue
@@ -195,9 +195,9 @@ class Runner:
         run_dir = self.run_dir(item)
         if item.launches >= MAX_LAUNCHES:
             self.end(item, "failed", f"its trainer died {item.launches} times (last: {why}); see "
-                                     f"{run_dir / 'train.log'}, then `workbench resume {item.name}`")
+                                     f"{run_dir / rundir.LOG_FILE}, then `workbench resume {item.name}`")
             return
-        has_run = (run_dir / "preset.toml").is_file()
+        has_run = (run_dir / rundir.PRESET_FILE).is_file()
         ckpts = rundir.list_checkpoints(run_dir) if has_run else []
         if ckpts:
             item = self.store.update(item.id, launches=item.launches + 1)
@@ -219,7 +219,7 @@ class Runner:
     def end(self, item: Item, state: str, note: str | None) -> None:
         run_dir = self.run_dir(item)
         metric = None
-        if (run_dir / "preset.toml").is_file():
+        if (run_dir / rundir.PRESET_FILE).is_file():
             try:
                 metric = final_metric(run_dir, self._metric(item))
             except (OSError, ValueError, WorkbenchError):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from workbench import rundir
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.queue.admit import admit
@@ -335,7 +336,7 @@ def results(store: QueueStore, name: str, now: float | None = None) -> list[Resu
             out.append(Result(t.number, trial_name(name, t.number), t.params, state, None, None, None, t.note or ""))
             continue
         metric = it.metric
-        if metric is None and it.state == "running" and (store.root / it.name / "preset.toml").is_file():
+        if metric is None and it.state == "running" and (store.root / it.name / rundir.PRESET_FILE).is_file():
             metric = final_metric(store.root / it.name, spec.metric)
         secs = ((it.ended or now or time.time()) - it.started) if it.started else None
         out.append(Result(t.number, it.name, t.params, it.state, metric, None, secs, it.note or ""))

@@ -23,7 +23,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Iterable, Union
 
 # The memory fields a train record carries depend on the device (see the trainer's memory_mb).
 MEMORY_KEYS = ("mem_allocated_mb", "mem_reserved_mb", "mem_device_used_mb", "mem_rss_mb", "mem_peak_rss_mb")
@@ -322,31 +322,48 @@ def current_timeline(records: list[Record]) -> list[Record]:
             out = kept
         out.append(r)
     return out
-RECORD_KINDS: dict[str, type] = {c.kind: c for c in (TrainRecord, EvalRecord, TaskRecord, EventRecord)}
+RecordClass = Union[type[TrainRecord], type[EvalRecord], type[TaskRecord], type[EventRecord]]
+RECORD_KINDS: dict[str, RecordClass] = {c.kind: c for c in (TrainRecord, EvalRecord, TaskRecord, EventRecord)}
 
 
 def parse_record(d: Any) -> Record | None:
     """The typed record of one parsed JSON line; None for a line of another or no kind."""
     if not isinstance(d, dict):
         return None
-    cls = RECORD_KINDS.get(d.get("kind"))  # type: ignore[arg-type]
+    kind = d.get("kind")
+    cls = RECORD_KINDS.get(kind) if isinstance(kind, str) else None
     return cls.from_dict(d) if cls else None
 
 
 # ----------------------------------------------------------------------------- writing
 
+def _line(d: dict[str, Any]) -> str:
+    return json.dumps(d, separators=(",", ":")) + "\n"
+
+
 class MetricsWriter:
-    """Appends one JSON object per line to metrics.jsonl and flushes each line."""
+    """Appends one JSON object per line to metrics.jsonl and flushes each line (the trainer's stream)."""
 
     def __init__(self, path: Path):
         self.f = open(path, "a", encoding="utf-8")
 
     def write(self, record: Record) -> None:
-        self.f.write(json.dumps(record.to_dict(), separators=(",", ":")) + "\n")
+        self.f.write(_line(record.to_dict()))
         self.f.flush()
 
     def close(self) -> None:
         self.f.close()
+
+
+def append_jsonl(path: Path, objs: Iterable[dict[str, Any]]) -> None:
+    """Append JSON objects to a JSON-lines file of a run, one a line (samples.jsonl's generations)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(_line(d) for d in objs)
+
+
+def append_records(path: Path, records: Iterable[Record]) -> None:
+    """Append typed records to a records file at once (``workbench eval``'s task records to tasks.jsonl)."""
+    append_jsonl(path, (r.to_dict() for r in records))
 
 
 class NullWriter:
@@ -454,6 +471,7 @@ def first_event(path: Path, event: str | tuple[str, ...], head_bytes: int = 1638
     return None
 
 
-__all__ = ["current_timeline", "EvalRecord", "EventRecord", "first_event", "last_records", "LineTail", "MEMORY_KEYS",
-           "MetricsTail", "MetricsWriter", "NullWriter", "parse_record", "read_jsonl_tail", "read_metrics", "Record",
-           "RECORD_KINDS", "StartRecord", "TaskRecord", "TIME_KEYS", "TIMELINE_EVENTS", "TrainRecord"]
+__all__ = ["append_jsonl", "append_records", "current_timeline", "EvalRecord", "EventRecord", "first_event",
+           "last_records", "LineTail", "MEMORY_KEYS", "MetricsTail", "MetricsWriter", "NullWriter", "parse_record",
+           "read_jsonl_tail", "read_metrics", "Record", "RECORD_KINDS", "StartRecord", "TaskRecord", "TIME_KEYS",
+           "TIMELINE_EVENTS", "TrainRecord"]

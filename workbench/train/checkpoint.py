@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,21 @@ from workbench.config import Preset, load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.faults import NO_FAULTS, Faults
 from workbench.fs import atomic_dir, dir_size, fsync_dir, fsync_file
-from workbench.rundir import INIT_DIR, TMP_PREFIX, best_checkpoint, ckpt_name, list_checkpoints, select_checkpoint
+from workbench.rundir import (
+    CHECKPOINTS_DIR,
+    CKPT_META,
+    CKPT_MODEL,
+    CKPT_OPTIMIZER,
+    CKPT_TRAINER_STATE,
+    INIT_DIR,
+    PRESET_FILE,
+    TMP_PREFIX,
+    best_checkpoint,
+    ckpt_name,
+    delete_checkpoint,
+    list_checkpoints,
+    select_checkpoint,
+)
 from workbench.train.lora import apply_lora, merge_adapters
 from workbench.train.model import GPT
 from workbench.train.optim import adamw_class
@@ -45,24 +58,24 @@ class CheckpointError(WorkbenchError):
 def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict, trainer_state: dict,
                     meta: dict, faults: Faults = NO_FAULTS) -> Path:
     """Write one checkpoint atomically; returns its final path."""
-    cdir = Path(run_dir) / "checkpoints"
+    cdir = Path(run_dir) / CHECKPOINTS_DIR
     cdir.mkdir(exist_ok=True)
     name = ckpt_name(step)
     final = cdir / name
     with atomic_dir(final, f"{TMP_PREFIX}{name}_{os.getpid()}", f"{TMP_PREFIX}old_{name}_{os.getpid()}") as tmp:
         t0 = time.time()
-        torch.save(model_sd, tmp / "model.pt")
-        fsync_file(tmp / "model.pt")
+        torch.save(model_sd, tmp / CKPT_MODEL)
+        fsync_file(tmp / CKPT_MODEL)
         faults.in_save("after_model", step)
-        torch.save(state, tmp / "state.pt")
-        fsync_file(tmp / "state.pt")
-        with open(tmp / "trainer_state.json", "w") as f:
+        torch.save(state, tmp / CKPT_OPTIMIZER)
+        fsync_file(tmp / CKPT_OPTIMIZER)
+        with open(tmp / CKPT_TRAINER_STATE, "w") as f:
             json.dump(trainer_state, f)
             f.flush()
             os.fsync(f.fileno())
         meta = dict(meta, step=step, bytes=dir_size(tmp), save_s=round(time.time() - t0, 3),
                     wall_time=time.time(), format=1)
-        with open(tmp / "meta.json", "w") as f:
+        with open(tmp / CKPT_META, "w") as f:
             json.dump(meta, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
@@ -83,13 +96,7 @@ def apply_retention(run_dir: Path, keep_last: int, milestone_interval: int, pinn
     removed = []
     for c in ckpts:
         if c["step"] not in keep:
-            # Remove the completion marker first, so a kill mid-delete leaves no
-            # directory that looks complete but lacks files.
-            try:
-                os.unlink(Path(c["path"]) / "meta.json")
-            except OSError:
-                pass
-            shutil.rmtree(c["path"], ignore_errors=True)
+            delete_checkpoint(c)
             removed.append(c["name"])
     return removed
 
@@ -126,18 +133,18 @@ def strip_compile_prefix(sd: dict) -> dict:
 
 
 def load_model_state(ckpt_path: Path, device="cpu") -> dict:
-    sd = _load(Path(ckpt_path) / "model.pt", device)
+    sd = _load(Path(ckpt_path) / CKPT_MODEL, device)
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise CheckpointError(f"{ckpt_path}/model.pt is not a model state dict")
+        raise CheckpointError(f"{ckpt_path}/{CKPT_MODEL} is not a model state dict")
     return strip_compile_prefix(sd)
 
 
 def load_training_state(ckpt_path: Path, device="cpu") -> tuple[dict, dict]:
-    state = _load(Path(ckpt_path) / "state.pt", device)
+    state = _load(Path(ckpt_path) / CKPT_OPTIMIZER, device)
     try:
-        trainer_state = json.loads((Path(ckpt_path) / "trainer_state.json").read_text())
+        trainer_state = json.loads((Path(ckpt_path) / CKPT_TRAINER_STATE).read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read {ckpt_path}/trainer_state.json: {e}") from None
+        raise CheckpointError(f"cannot read {ckpt_path}/{CKPT_TRAINER_STATE}: {e}") from None
     return state, trainer_state
 
 
@@ -187,8 +194,8 @@ def read_checkpoint(run_dir: Path, selector: str | int | None = "latest") -> Che
 def load_init_weights(run_dir: Path) -> dict:
     """The weights a run started from (``init/model.pt``: train --init-from, import)."""
     path = Path(run_dir) / INIT_DIR
-    if not (path / "model.pt").is_file():
-        raise CheckpointError(f"run {Path(run_dir).name} has no {INIT_DIR}/model.pt, the weights it started from "
+    if not (path / CKPT_MODEL).is_file():
+        raise CheckpointError(f"run {Path(run_dir).name} has no {INIT_DIR}/{CKPT_MODEL}, the weights it started from "
                               "(a LoRA run's checkpoints hold only its adapters); it cannot be loaded")
     return load_model_state(path)
 
@@ -198,8 +205,8 @@ def save_merged_init(run_dir: Path, src_dir: Path, step: int) -> None:
     loaded = load_run_model(src_dir, step, shapes_only=True)
     path = Path(run_dir) / INIT_DIR
     path.mkdir(exist_ok=True)
-    torch.save(loaded.state_dict, path / "model.pt")
-    fsync_file(path / "model.pt")
+    torch.save(loaded.state_dict, path / CKPT_MODEL)
+    fsync_file(path / CKPT_MODEL)
     fsync_dir(path)
 
 
@@ -231,7 +238,7 @@ def load_run_model(run_dir: Path, checkpoint: str | int | None = "latest", devic
     is a plain GPT with ``W + (alpha / r) B A`` (what export writes, and what sampling runs fastest)."""
     run_dir = Path(run_dir)
     meta = select_checkpoint(run_dir, checkpoint)
-    preset = load_preset_file(run_dir / "preset.toml")
+    preset = load_preset_file(run_dir / PRESET_FILE)
     sd = load_model_state(meta["path"])
     if training_state:
         load_training_state(meta["path"])
@@ -239,7 +246,7 @@ def load_run_model(run_dir: Path, checkpoint: str | int | None = "latest", devic
     if preset.train.finetune == "lora":
         check_adapters(preset, sd, where)
         sd = merge_adapters(load_init_weights(run_dir), sd, preset.train)
-        where = f"{INIT_DIR}/model.pt with the adapters of {where}"
+        where = f"{INIT_DIR}/{CKPT_MODEL} with the adapters of {where}"
     if shapes_only:
         with torch.device("meta"):
             model = GPT(preset.model)
@@ -306,7 +313,3 @@ def load_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer 
     if optimizer is not None and optimizer_sd is not None:
         set_optimizer_state_dict(model, optimizer, optimizer_state_by_name(model, optimizer, optimizer_sd),
                                  options=opts)
-
-
-def has_nonfinite(sd: dict) -> bool:
-    return any(t.is_floating_point() and not torch.isfinite(t).all() for t in sd.values())

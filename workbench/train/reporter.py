@@ -3,7 +3,6 @@ metric records, status.json. Rank 0 owns the run directory; other ranks' reports
 
 from __future__ import annotations
 
-import json
 import time
 import traceback
 from pathlib import Path
@@ -30,9 +29,9 @@ class Reporter:
         """Once the run's lock is held: start appending to metrics.jsonl (and train.log when our
         stdout is a terminal; detached, stdout *is* train.log)."""
         if self.is_main:
-            self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+            self.metrics = MetricsWriter(self.run_dir / rundir.METRICS_FILE)
             if self.echo:
-                self.log_file = open(self.run_dir / "train.log", "a", encoding="utf-8")
+                self.log_file = open(self.run_dir / rundir.LOG_FILE, "a", encoding="utf-8")
 
     def log(self, msg: str) -> None:
         if not self.is_main:
@@ -48,8 +47,8 @@ class Reporter:
 
     def sample(self, step: int, prompt: str, text: str) -> None:
         """A sample generated at an eval, appended to samples.jsonl."""
-        with open(self.run_dir / "samples.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": step, "prompt": prompt, "text": text, "time": time.time()}) + "\n")
+        rundir.append_jsonl(self.run_dir / rundir.SAMPLES_FILE,
+                            [{"step": step, "prompt": prompt, "text": text, "time": time.time()}])
 
     def preset_changes(self, step: int, changes: dict[str, list]) -> None:
         """The [train] keys a resume changed since its checkpoint ({key: [old, new]}), if any."""

@@ -164,7 +164,7 @@ class TrainerParts:
         """The preset, the run directory held (rank 0 alone owns it: its lock, its records, stale checkpoint
         temporaries removed) and status.json saying the run is starting."""
         rd = self.run_dir
-        p = self.preset = load_preset_file(rd / "preset.toml")
+        p = self.preset = load_preset_file(rd / rundir.PRESET_FILE)
         self.skips = Skips(self.state, self.report, p.train.max_skips)
         removed = []
         if self.dist.is_main:

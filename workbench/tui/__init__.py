@@ -9,6 +9,7 @@ Where things live:
 - ``rundata.py``    what is known about one run (series, task scores, latest numbers, rate and ETA)
 - ``launcher.py``   the CLI subprocesses: train / resume / stop --detach, streaming sample
 - ``hwinfo.py``     hardware facts and capabilities without torch
+- ``display.py``    how numbers and run states read on screen
 - ``plot.py``       plotext loss curves and task scores as ANSI text
 - ``palette.py``    command-palette provider (every action)
 - ``widgets/``      one module per pane (each acts on its own keys and posts its requests, nested in its

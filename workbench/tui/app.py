@@ -14,7 +14,6 @@ routes them: it switches tabs, follows runs, and runs each operation in a worker
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Callable
 
 from textual import on, work
@@ -24,7 +23,7 @@ from textual.widgets import Footer, TabPane
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from workbench.analysis.summary import RunSummary, summarize_run
-from workbench.rundir import LIVE_STATES, iter_run_dirs, runs_root
+from workbench.rundir import LIVE_STATES, RunError, delete_run, iter_run_dirs, runs_root
 from workbench.tui import hwinfo, launcher
 from workbench.tui.launcher import RunRequest
 from workbench.tui.messages import ResumeRun, RunsListed, RunStarted, RunUpdated, StartRun, StopRun
@@ -338,11 +337,11 @@ class WorkbenchApp(App[int]):
     @on(RunsPane.DeleteRequested)
     @work(thread=True, group="delete", exit_on_error=False)
     def _delete(self, msg: RunsPane.DeleteRequested) -> None:
-        root, path = self.runs_dir.resolve(), msg.path
-        if root not in path.resolve().parents:  # never remove anything outside the runs directory
-            self.notify(f"refusing to delete {path}: not inside {root}", severity="error")
+        try:
+            delete_run(self.runs_dir, msg.run_dir, msg.checkpoint)
+        except RunError as e:
+            self.notify(str(e), severity="error")
             return
-        shutil.rmtree(path)
         self.notify(f"Deleted {msg.what}.")
         self._list_runs()
 

@@ -16,7 +16,16 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from workbench.rundir import TASKS_FILE, LineTail, MetricsTail, RunStatus, read_status
+from workbench.rundir import (
+    LOG_FILE,
+    METRICS_FILE,
+    STATUS_FILE,
+    TASKS_FILE,
+    LineTail,
+    MetricsTail,
+    RunStatus,
+    read_status,
+)
 
 LOG_TAIL_BYTES = 16384  # how much of an existing train.log to show on first attach
 
@@ -49,8 +58,8 @@ class LogTail(LineTail):
 class _Watched:
     def __init__(self, run_dir: Path, with_log: bool):
         self.run_dir = run_dir
-        self.metrics = MetricsTail(run_dir / "metrics.jsonl")
-        self.log = LogTail(run_dir / "train.log") if with_log else None
+        self.metrics = MetricsTail(run_dir / METRICS_FILE)
+        self.log = LogTail(run_dir / LOG_FILE) if with_log else None
         self.status_mtime: float | None = None
         self.status: RunStatus | None = None
         self.last_state: str | None = None
@@ -99,7 +108,7 @@ class RunWatcher:
             if w is None:
                 w = self._watched[rid] = _Watched(self.runs_dir / rid, with_log)
             elif with_log and (w.log is None or rid in fresh):
-                w.log = LogTail(w.run_dir / "train.log")  # metrics keep their offset: no duplicates
+                w.log = LogTail(w.run_dir / LOG_FILE)  # metrics keep their offset: no duplicates
             records: list[dict] = []
             while True:  # a long history arrives in 4 MB pieces
                 batch = w.metrics.read_new()
@@ -131,7 +140,7 @@ class RunWatcher:
         return MetricsTail(path).read_new(max_bytes=sig[0] + 1) if sig else []
 
     def _read_status(self, w: _Watched) -> bool:
-        path = w.run_dir / "status.json"
+        path = w.run_dir / STATUS_FILE
         try:
             mtime = os.stat(path).st_mtime
         except OSError:

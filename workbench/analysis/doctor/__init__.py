@@ -5,6 +5,13 @@
 processes and everything else are doing): a list of :class:`Finding`, most important first, each
 with its evidence and the concrete change (a ``--set`` line or a command). No findings: no problems.
 
+What it reads and what it says:
+
+- ``facts``           one run as the doctor knows it (:class:`RunFacts`: preset, status, timeline, spikes,
+                      peaks), read by byte offset; the :class:`Context` a check is given
+- ``finding``         the :class:`Finding` record: severity, evidence, the change as a command or ``--set`` line
+- ``spikes``          spikes against a running median (gradient norm, loss), found as records arrive
+
 The checks, one module each, every threshold a named constant with the reason for its value:
 
 - ``stability``       non-finite steps skipped or rolled back, gradient-norm and loss spikes

@@ -3,6 +3,8 @@ seq_len (their answers lost), or whose rows are mostly padding. From the start e
 
 from __future__ import annotations
 
+from typing import Any
+
 from workbench.analysis.doctor.facts import Context
 from workbench.analysis.doctor.finding import Finding, set_line
 
@@ -30,7 +32,7 @@ def check(ctx: Context) -> list[Finding]:
     n = chat["conversations"]
     frac = chat["trained_fraction"]
     if frac < TRAINED_MIN:
-        values = {"train.loss_on": "assistant"} if chat["loss_on"] == "last_assistant" else {}
+        values: dict[str, Any] = {"train.loss_on": "assistant"} if chat["loss_on"] == "last_assistant" else {}
         change = (set_line(values) + " (every answer, not only the last)" if values else
                   "shorter prompts or longer answers in the data (a long system prompt repeated in every "
                   "conversation is most of the tokens)")

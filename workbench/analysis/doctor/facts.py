@@ -21,10 +21,13 @@ from workbench.errors import WorkbenchError
 from workbench.machine.activity import HardwareSnapshot
 from workbench.machine.detect import Machine
 from workbench.rundir import (
+    METRICS_FILE,
+    PRESET_FILE,
     TIMELINE_EVENTS,
     EvalRecord,
     EventRecord,
     MetricsTail,
+    Record,
     RunStatus,
     RunView,
     TrainRecord,
@@ -86,13 +89,13 @@ class RunFacts(RunView):
         appended to metrics.jsonl."""
         self.status = read_status(self.run_dir)
         try:
-            self.preset, self.preset_error = load_preset_file(self.run_dir / "preset.toml"), None
+            self.preset, self.preset_error = load_preset_file(self.run_dir / PRESET_FILE), None
         except (PresetError, WorkbenchError, OSError) as e:
             self.preset, self.preset_error = None, str(e)
         if self.preset is not None:  # the warmup's gradient norms are large by nature
             self.grad_spikes.after_step = self.preset.train.warmup_iters
         if self._tail is None:
-            self._tail = MetricsTail(self.run_dir / "metrics.jsonl")
+            self._tail = MetricsTail(self.run_dir / METRICS_FILE)
         while True:  # a long history arrives in 4 MB pieces
             batch = self._tail.read_records()
             if not batch:
@@ -101,7 +104,7 @@ class RunFacts(RunView):
                 self._add(r)
         return self
 
-    def _add(self, r) -> None:
+    def _add(self, r: Record) -> None:
         self.time_spent = time_spent_of(r) or self.time_spent
         if isinstance(r, TrainRecord):
             self.train_records += 1
@@ -146,7 +149,7 @@ class Context:
     @property
     def preset_ref(self) -> str:
         """The run's preset file as a user would type it (``workbench train`` and ``fit`` take it)."""
-        return shown_path(self.facts.run_dir / "preset.toml")
+        return shown_path(self.facts.run_dir / PRESET_FILE)
 
     def note(self, text: str) -> None:
         self.notes.append(text)

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.rundir import PRESET_FILE
+
 # Most important first. "high": the run is failing or wasting most of its time; "medium": a clear
 # problem worth fixing before the next run; "low": worth knowing, the run is fine without it.
 SEVERITIES = ("high", "medium", "low")
@@ -71,7 +73,7 @@ def shown_path(path: Path) -> str:
 
 def new_run_command(run_dir: Path, values: dict[str, Any]) -> str:
     """Train the run's own preset again (its preset.toml, with every override it had) with these changes."""
-    preset = shown_path(Path(run_dir) / "preset.toml")
+    preset = shown_path(Path(run_dir) / PRESET_FILE)
     if " " in preset:
         preset = f"'{preset}'"
     return f"workbench train {preset} {set_line(values)}"

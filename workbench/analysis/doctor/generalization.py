@@ -4,12 +4,14 @@ The change, with the run's numbers: fewer steps, more dropout, more data, a smal
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from workbench.analysis.doctor.facts import Context
 from workbench.analysis.doctor.finding import Finding, num, set_line
 from workbench.config import ModelConfig
 from workbench.fmt import millions
 from workbench.plan.flops import count_params
+from workbench.rundir import EvalRecord
 
 # The run so far is cut in thirds by step: the last third ("recent") is compared with what came before.
 # Thirds, not a number of evals: an eval every few steps would otherwise look at a sliver of the run,
@@ -36,7 +38,7 @@ DROPOUT_MAX = 0.3
 TOKENS_PER_PARAM = 20
 
 
-def smaller_model(m: ModelConfig) -> tuple[dict, int] | None:
+def smaller_model(m: ModelConfig) -> tuple[dict[str, Any], int] | None:
     """Half the layers, or at one layer half the width (heads kept valid); (--set values, parameters)."""
     if m.n_layers >= 2:
         values = {"model.n_layers": m.n_layers // 2}
@@ -57,28 +59,33 @@ def check(ctx: Context) -> list[Finding]:
     before = [e for e in ev if e.step * 3 < last.step * 2]
     middle = [e for e in before if e.step * 3 >= last.step] or before
 
-    def gap(e) -> float:
-        return e.val_loss - e.train_loss
+    def val(e: EvalRecord) -> float:
+        assert e.val_loss is not None  # RunFacts.evals holds only evals with both losses
+        return e.val_loss
 
-    def mean(evals) -> float:
+    def gap(e: EvalRecord) -> float:
+        assert e.train_loss is not None
+        return val(e) - e.train_loss
+
+    def mean(evals: list[EvalRecord]) -> float:
         return sum(map(gap, evals)) / len(evals)
 
     if not recent or not before:
         return []
     growth = mean(recent) - mean(middle)
-    gain = min(e.val_loss for e in before) - min(e.val_loss for e in recent)
-    best = min(ev, key=lambda e: e.val_loss)
+    gain = min(map(val, before)) - min(map(val, recent))
+    best = min(ev, key=val)
     if best is last or gap(last) < GAP_MIN or growth < GAP_GROWTH_MIN or gain >= PLATEAU_RATIO * growth:
         return []  # a new best at the last eval: val is still improving, whatever the gap does
-    near = next(e for e in ev if e.val_loss <= best.val_loss + NEAR_BEST_NATS)
-    values: dict = {}
+    near = next(e for e in ev if val(e) <= val(best) + NEAR_BEST_NATS)
+    values: dict[str, Any] = {}
     if p.model.dropout < DROPOUT_MAX:
         values["model.dropout"] = round(min(DROPOUT_MAX, p.model.dropout + DROPOUT_STEP), 2)
     if p.train.warmup_iters < near.step < p.train.max_iters and (
             not p.train.lr_decay_iters or p.train.lr_decay_iters < near.step):
         values["train.max_iters"] = near.step
     since = recent[0].step
-    evidence = [f"val loss {best.val_loss:.3f} at step {best.step} (best), {last.val_loss:.3f} at step {last.step}",
+    evidence = [f"val loss {val(best):.3f} at step {best.step} (best), {val(last):.3f} at step {last.step}",
                 f"gap (val - train) {mean(middle):.2f} on average over steps {middle[0].step}-{middle[-1].step}, "
                 f"{mean(recent):.2f} over steps {since}-{last.step} ({gap(last):.2f} at the last eval), while the "
                 "best val loss "
@@ -103,7 +110,7 @@ def check(ctx: Context) -> list[Finding]:
                     f"the best checkpoint (step {best.step}) is kept: `workbench sample {f.run_id} --checkpoint best`")
     if not values:
         values = {"train.patience": 2}
-    severity = "high" if last.val_loss - best.val_loss >= 0.1 else "medium"
+    severity = "high" if val(last) - val(best) >= 0.1 else "medium"
     return [Finding("overfitting", "overfitting.gap", severity,
                     "the val/train gap grows while val loss has stopped improving",
                     tuple(evidence), set_line(values), values, ctx.apply_command(values), step=since,

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from workbench.analysis.doctor.facts import Context
 from workbench.analysis.doctor.finding import Finding, percent, set_line
+from workbench.config import Preset
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
 from workbench.plan.batch import plan_accumulation, search_batch
@@ -45,10 +48,9 @@ def measured_peak(ctx: Context) -> tuple[float | None, str]:
     return f.peak_mem_mb, "peak RSS" if f.device == "cpu" else "peak allocated"
 
 
-def smaller_batch(ctx: Context) -> dict:
+def smaller_batch(ctx: Context, p: Preset) -> dict[str, Any]:
     """Half the micro-batch with twice the accumulation (same tokens per step); at batch 1, activation
     checkpointing, then half the sequence."""
-    p = ctx.facts.preset
     b, a = p.train.batch_size, p.train.grad_accum
     if b >= 2:
         bs, acc, _ = plan_accumulation(b * a, b // 2)
@@ -59,12 +61,12 @@ def smaller_batch(ctx: Context) -> dict:
 
 
 def check(ctx: Context) -> list[Finding]:
-    f = ctx.facts
-    if f.preset is None or not f.device:
+    f, p = ctx.facts, ctx.facts.preset
+    if p is None or not f.device:
         return []
     error = f.status.error or ""
     if f.state in ("failed", "crashed") and "out of memory" in error.lower():
-        values = smaller_batch(ctx)
+        values = smaller_batch(ctx, p)
         same = " (same tokens per step)" if "train.grad_accum" in values else ""
         return [Finding("memory", "memory.oom", "high", "the run ran out of memory", (f"error: {error[:200]}",),
                         set_line(values) + same, values, ctx.apply_command(values), step=f.step,
@@ -79,18 +81,17 @@ def check(ctx: Context) -> list[Finding]:
     peak = peak_mb * 2**20
     share = peak / limit
     if share >= MEM_NEAR_FRACTION:
-        values = smaller_batch(ctx)
+        values = smaller_batch(ctx, p)
         return [Finding("memory", "memory.near_limit", "medium",
                         f"memory use is {percent(share)} of the device: little room for an eval or a longer "
                         f"sequence", (f"{peak_what} {human_bytes(peak)} of {human_bytes(limit)} {what}",),
                         set_line(values), values, ctx.apply_command(values), step=f.step,
                         data={"peak_bytes": int(peak), "limit_bytes": int(limit)})]
-    return [x for x in (_headroom(ctx, peak, limit, what, peak_what),) if x is not None]
+    return [x for x in (_headroom(ctx, p, peak, limit, what, peak_what),) if x is not None]
 
 
-def _headroom(ctx: Context, peak: float, limit: int, what: str, peak_what: str) -> Finding | None:
+def _headroom(ctx: Context, p: Preset, peak: float, limit: int, what: str, peak_what: str) -> Finding | None:
     f = ctx.facts
-    p = f.preset
     b, a = p.train.batch_size, p.train.grad_accum
     gpu = (f.device or "").startswith(("cuda", "mps"))
     if a == 1 and not (gpu and peak / limit < GPU_ROOM_FRACTION):

@@ -12,6 +12,7 @@ from workbench.analysis.doctor.facts import Context
 from workbench.analysis.doctor.finding import Finding, env_path_hint, num, percent, set_line
 from workbench.errors import WorkbenchError
 from workbench.fmt import millions
+from workbench.machine.activity import GpuProcess
 from workbench.machine.peaks import peak_flops
 from workbench.plan.evals import eval_batches
 from workbench.plan.report import build_report
@@ -101,8 +102,9 @@ def _busy_cpu(ctx: Context) -> Finding | None:
     named = ", ".join(f"pid {p.pid} {p.name} ({percent(p.cpu_share)})" for p in a.others[:5]) or "none above " \
         "a few % each"
     top = a.others[0] if a.others else None
-    evidence = (f"over {a.interval_s:g} s: other processes {percent(a.others_share)} of the {a.logical_cores} "
-                f"logical cores, the trainer {percent(a.run_share)}", f"busiest: {named}")
+    evidence: tuple[str, ...] = (
+        f"over {a.interval_s:g} s: other processes {percent(a.others_share)} of the {a.logical_cores} logical cores, "
+        f"the trainer {percent(a.run_share)}", f"busiest: {named}")
     if top is not None and top.command:
         evidence += (f"pid {top.pid}: {top.command}",)
     if top is None:
@@ -139,7 +141,7 @@ def _busy_gpu(ctx: Context) -> Finding | None:
     if not busy:
         return None
 
-    def what(p) -> str:
+    def what(p: GpuProcess) -> str:
         parts = [f"{p.sm_pct:.0f} % of the SMs"] if p.sm_pct is not None else []
         if p.memory_bytes:
             parts.append(f"{p.memory_bytes / 2**30:.1f} GiB")

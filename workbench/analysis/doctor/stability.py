@@ -3,9 +3,12 @@ trend; the change is a lower learning rate, a longer warmup, clipping, or bf16 i
 
 from __future__ import annotations
 
+from typing import Any
+
 from workbench.analysis.doctor.facts import Context
 from workbench.analysis.doctor.finding import Finding, set_line
 from workbench.analysis.doctor.spikes import GRAD_SPIKE_FACTOR, LOSS_SPIKE_FRACTION, SPIKE_WINDOW, Spike
+from workbench.config import Preset
 
 # A learning-rate cut of this factor: what the trainer's own rollback does (train.loop.ROLLBACK_LR_FACTOR).
 LR_CUT = 0.5
@@ -18,11 +21,11 @@ SPIKES_MEDIUM = 3
 SHOWN = 5   # steps listed in the evidence
 
 
-def _lr_change(ctx: Context, first_step: int, extra: dict | None = None) -> dict:
+def _lr_change(ctx: Context, p: Preset, first_step: int) -> dict[str, Any]:
     """Half the peak learning rate (or what rollbacks brought it to, halved once more if they did not
     help), clipping if it is off, a longer warmup if the trouble began early, bf16 for fp16."""
-    p, f = ctx.facts.preset, ctx.facts
-    values: dict = {}
+    f = ctx.facts
+    values: dict[str, Any] = {}
     scale = min([float(e.get("lr_scale") or 1.0) for e in f.event_list("rollback")] or [1.0])
     values["train.lr"] = float(f"{p.train.lr * scale * LR_CUT:.3g}")
     if p.train.grad_clip == 0:
@@ -35,7 +38,6 @@ def _lr_change(ctx: Context, first_step: int, extra: dict | None = None) -> dict
     if f.start_value("precision") == "fp16":
         g = ctx.machine.gpu(f.device or "")
         values["hardware.precision"] = "bf16" if g is None or g.ampere_or_newer else "fp32"
-    values.update(extra or {})
     return values
 
 
@@ -49,15 +51,15 @@ def _steps(spikes: list[Spike]) -> str:
 
 
 def check(ctx: Context) -> list[Finding]:
-    f = ctx.facts
-    if f.preset is None:
+    f, p = ctx.facts, ctx.facts.preset
+    if p is None:
         return []
     out = []
-    if (x := _nonfinite(ctx)) is not None:
+    if (x := _nonfinite(ctx, p)) is not None:
         out.append(x)
     grad, loss = f.grad_spikes.spikes, f.loss_spikes.spikes
     if loss:
-        values = _lr_change(ctx, loss[0].step)
+        values = _lr_change(ctx, p, loss[0].step)
         out.append(Finding(
             "unstable", "unstable.loss_spikes", "medium" if len(loss) >= SPIKES_MEDIUM else "low",
             f"the training loss jumped {_n(len(loss), 'time')} well above its recent trend",
@@ -69,8 +71,8 @@ def check(ctx: Context) -> list[Finding]:
                   "reads them",),
             data={"spikes": [s.to_dict() for s in loss]}))
     if grad:
-        clip = f.preset.train.grad_clip
-        values = {"train.grad_clip": 1.0} if clip == 0 else _lr_change(ctx, grad[0].step)
+        clip = p.train.grad_clip
+        values = {"train.grad_clip": 1.0} if clip == 0 else _lr_change(ctx, p, grad[0].step)
         severity = "medium" if clip == 0 or len(grad) >= SPIKES_MEDIUM else "low"
         clipped = (f"clipping at {clip:g} limited those updates" if clip else
                    "clipping is off (train.grad_clip = 0): each went into the weights at full size")
@@ -83,7 +85,7 @@ def check(ctx: Context) -> list[Finding]:
     return out
 
 
-def _nonfinite(ctx: Context) -> Finding | None:
+def _nonfinite(ctx: Context, p: Preset) -> Finding | None:
     f = ctx.facts
     skips, rollbacks = f.event_list("nonfinite_skip"), f.event_list("rollback")
     error = f.status.error or ""
@@ -91,14 +93,14 @@ def _nonfinite(ctx: Context) -> Finding | None:
     if not (skips or rollbacks or failed):
         return None
     first = (skips or rollbacks)[0].step if (skips or rollbacks) else f.step
-    values = _lr_change(ctx, first)
+    values = _lr_change(ctx, p, first)
     steps = ", ".join(str(e.step) for e in skips[:SHOWN]) + (f", and {len(skips) - SHOWN} more"
                                                              if len(skips) > SHOWN else "")
     lr = skips[0].get("lr") if skips else None  # as the trainer logged it (none in a run older than the field)
     evidence = [f"{_n(len(skips), 'step')} with a non-finite loss or gradient norm, update skipped"
                 + (f": {'steps' if len(skips) > 1 else 'step'} {steps}" if skips else ""),
                 (f"learning rate {lr:.3g} at step {first}, as logged " if lr is not None else "")
-                + f"(peak {f.preset.train.lr:.3g}, warmup {f.preset.train.warmup_iters} steps)"]
+                + f"(peak {p.train.lr:.3g}, warmup {p.train.warmup_iters} steps)"]
     for r in rollbacks:
         evidence.append(f"rolled back from step {r.get('from_step')} to {r.get('to')}, learning rate "
                         f"x{float(r.get('lr_scale') or 1):g}")

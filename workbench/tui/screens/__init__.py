@@ -1,1 +1,7 @@
-"""Modal screens: confirmation, new run, save-as."""
+"""Modal screens, one module each:
+
+- ``dialogs``       yes/no confirmation and asking for a name (save-as)
+- ``new_run``       the new-run form: preset, corpus, name, overrides, validated before launching
+- ``import_model``  the "Import model" dialog: a local Hugging Face model directory as a run to fine-tune from
+- ``more_steps``    continue a finished run for N more steps, and what that does to the learning rate
+"""

@@ -21,7 +21,7 @@ from textual.events import Resize
 from textual.message import Message
 from textual.widgets import Label, ProgressBar, RichLog, Select, Static
 
-from workbench.rundir import LIVE_STATES, EventRecord, TrainRecord
+from workbench.rundir import LIVE_STATES, LOG_FILE, EventRecord, TrainRecord
 from workbench.tui import display
 from workbench.tui.messages import ResumeRun, StopRun
 from workbench.tui.rundata import EVENT_STYLES, RunData
@@ -203,7 +203,7 @@ class MonitorPane(Vertical, Pane):
 
     def on_mount(self) -> None:
         self.query_one("#mon-events", RichLog).border_title = "events"
-        self.query_one("#mon-log", RichLog).border_title = "train.log"
+        self.query_one("#mon-log", RichLog).border_title = LOG_FILE
         self.show_run(None)  # until a run is chosen: say how to start one
 
     def set_runs(self, run_ids: list[str], current: str | None, presets: dict[str, str] | None = None) -> None:

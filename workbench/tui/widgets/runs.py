@@ -26,7 +26,15 @@ from workbench.analysis.summary import RunSummary
 from workbench.config import load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
-from workbench.rundir import LIVE_STATES, TASKS_FILE, RunLock, best_checkpoint
+from workbench.rundir import (
+    LIVE_STATES,
+    METRICS_FILE,
+    PRESET_FILE,
+    TASKS_FILE,
+    RunError,
+    best_checkpoint,
+    check_deletable,
+)
 from workbench.tui import display
 from workbench.tui.messages import ResumeRun
 from workbench.tui.screens.dialogs import ConfirmScreen
@@ -55,7 +63,7 @@ def card_inputs(run: RunSummary) -> tuple:
             dirs.append(Path(run.path).parent / origin.rsplit("@", 1)[0])
     sig = []
     for d in dirs:
-        for name in ("metrics.jsonl", TASKS_FILE):
+        for name in (METRICS_FILE, TASKS_FILE):
             try:
                 st = os.stat(d / name)
                 sig.append((st.st_size, st.st_mtime_ns))
@@ -103,9 +111,10 @@ class RunsPane(Vertical, Pane):
 
     @dataclass
     class DeleteRequested(Message):
-        """Delete ``path``, a run directory or one of its checkpoints (the user said yes)."""
+        """Delete the run ``run_id`` (directory ``run_dir``), or only its ``checkpoint`` (the user said yes)."""
         run_id: str
-        path: Path
+        run_dir: Path
+        checkpoint: dict | None
         what: str  # "run X" / "checkpoint step_N of X", for the message that says it is done
 
     class RefreshRequested(Message):
@@ -315,7 +324,7 @@ class RunsPane(Vertical, Pane):
             self.notify(f"{rid} has no checkpoint to continue from.", severity="warning")
             return
         try:
-            preset = load_preset_file(Path(s.path) / "preset.toml")
+            preset = load_preset_file(Path(s.path) / PRESET_FILE)
         except WorkbenchError as e:
             self.notify(str(e), severity="error")
             return
@@ -358,10 +367,6 @@ class RunsPane(Vertical, Pane):
     def action_refresh(self) -> None:
         self.post_message(self.RefreshRequested())
 
-    def _is_live(self, run_id: str) -> bool:
-        s = self.summaries.get(run_id)
-        return s is not None and (s.state in LIVE_STATES or RunLock(Path(s.path)).held_by_other())
-
     def confirm_delete(self, run_id: str, checkpoint: dict | None = None) -> None:
         """Ask, then post DeleteRequested for the run, or for one of its ``checkpoint``s; a running
         run is refused (and it prunes its own checkpoints)."""
@@ -369,20 +374,22 @@ class RunsPane(Vertical, Pane):
         if s is None:
             self.notify(f"There is no run {run_id} here.", severity="warning")
             return
-        if self._is_live(run_id):
-            self.notify(f"{run_id} is running; stop it first." if checkpoint is None else
-                        f"{run_id} is running (it prunes its own checkpoints); stop it first.", severity="error")
+        run_dir = Path(s.path)
+        try:
+            check_deletable(run_dir, checkpoint=checkpoint is not None)
+        except RunError as e:
+            self.notify(str(e), severity="error")
             return
         if checkpoint is None:
-            path, what = Path(s.path), f"run {run_id}"
-            question = f"Delete run [b]{run_id}[/b] and all its checkpoints?\n\n{path}\n\nThis cannot be undone."
+            what = f"run {run_id}"
+            question = f"Delete run [b]{run_id}[/b] and all its checkpoints?\n\n{run_dir}\n\nThis cannot be undone."
         else:
             name = checkpoint.get("name")
-            path, what = Path(checkpoint["path"]), f"checkpoint {name} of {run_id}"
+            what = f"checkpoint {name} of {run_id}"
             question = f"Delete checkpoint [b]{name}[/b] of {run_id}?\n\nThis cannot be undone."
 
         def answer(yes: bool | None) -> None:
             if yes:
-                self.post_message(self.DeleteRequested(run_id, path, what))
+                self.post_message(self.DeleteRequested(run_id, run_dir, checkpoint, what))
 
         self.app.push_screen(ConfirmScreen(question, "Delete"), answer)

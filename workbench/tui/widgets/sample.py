@@ -21,7 +21,7 @@ from textual.worker import get_current_worker
 
 from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
 from workbench.errors import WorkbenchError
-from workbench.rundir import list_checkpoints, read_jsonl_tail, select_checkpoint
+from workbench.rundir import SAMPLES_FILE, list_checkpoints, read_jsonl_tail, select_checkpoint
 from workbench.tui import launcher
 from workbench.tui.widgets.pane import Pane
 from workbench.tui.widgets.sample_chat import CHAT_HINT, ChatControls
@@ -57,7 +57,7 @@ def resolve_checkpoint(run_dir: Path, choice: str) -> str:
 
 def trainer_samples(run_dir: Path, limit: int = 20) -> list[dict]:
     """The last ``limit`` entries of samples.jsonl (reads only the file's tail)."""
-    recs = read_jsonl_tail(run_dir / "samples.jsonl", tail_bytes=32768)
+    recs = read_jsonl_tail(run_dir / SAMPLES_FILE, tail_bytes=32768)
     return recs[-limit:]
 
 
