@@ -58,6 +58,9 @@ EVAL_SHARE_HIGH = 0.25
 EVAL_SHARE_MIN_SECONDS = 60.0
 # The eval_interval suggested brings the share to about this.
 EVAL_SHARE_TARGET = 0.05
+# Evals that took less than this in all are no finding, whatever their share: a run of a few seconds (the suite's
+# tiny runs) spends ~5-10 % of them in evals, and saving a second is nothing to act on.
+EVAL_SHARE_MIN_EVAL_SECONDS = 2.0
 
 THERMAL = ("thermal (software)", "thermal (hardware)", "hardware slowdown", "power brake (hardware)")
 
@@ -252,7 +255,7 @@ def nice_ceil(x: float) -> int:
 def _eval_share(ctx: Context) -> Finding | None:
     f, p, ts = ctx.facts, ctx.facts.preset, ctx.facts.time_spent
     young = f.state in LIVE_STATES and ts is not None and ts.elapsed_s < EVAL_SHARE_MIN_SECONDS
-    if p is None or ts is None or young or ts.eval_share < EVAL_SHARE:
+    if p is None or ts is None or young or ts.eval_share < EVAL_SHARE or ts.eval_s < EVAL_SHARE_MIN_EVAL_SECONDS:
         return None
     t = p.train
     recorded = [e.seconds for e in f.evals if e.seconds is not None and e.step > 0]  # the first draws its batches
