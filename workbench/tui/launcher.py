@@ -13,10 +13,12 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from workbench.errors import WorkbenchError
-from workbench.plan.run_plan import NewRun
+
+if TYPE_CHECKING:
+    from workbench.plan.run_plan import NewRun
 
 
 class LaunchError(WorkbenchError):
@@ -62,6 +64,7 @@ class RunRequest:
 
     def new_run(self) -> NewRun:
         """The request as the run plan takes it (what `workbench train` is given for it)."""
+        from workbench.plan.run_plan import NewRun  # the planner loads with the new-run form, not at the UI's start
         return NewRun(self.preset, tuple(self.sets()), (self.corpus,) if self.corpus else (), self.init_from or None)
 
     def sets(self) -> list[str]:

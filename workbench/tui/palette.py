@@ -35,11 +35,13 @@ def _in_presets(app: "WorkbenchApp", action: Callable[[], None]) -> None:
 
 
 def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
+    for tab, label in app.TAB_LABELS.items():
+        yield f"Go to {label}", f"show the {label} pane", partial(app.action_show_tab, tab)
+    if not app.panes_ready:  # the first tenth of a second: the other panes are being made
+        return
     # the panes' own actions, as their keys run them (the app queries its panes' screen)
     monitor, runs, curves = app.query_one(MonitorPane), app.query_one(RunsPane), app.query_one(CurvesPane)
     sample, presets = app.query_one(SamplePane), app.query_one(PresetsPane)
-    for tab, label in app.TAB_LABELS.items():
-        yield f"Go to {label}", f"show the {label} pane", partial(app.action_show_tab, tab)
     rec = app.recommended[0] if app.recommended else "the recommended preset"
     yield "New run…", "start training a preset (detached: keeps running if the TUI closes)", app.action_new_run
     yield "Import model…", "a local Hugging Face model (Llama, Qwen2, Qwen3) as a run to fine-tune from", \
