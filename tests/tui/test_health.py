@@ -7,6 +7,7 @@ import json
 from tests.support.canned_runs import HARDWARE
 from tests.support.tui import make_app, run, text_of, wait_for
 from workbench.machine.activity import HardwareSnapshot
+from workbench.rundir import write_status
 
 CPU_ONLY = {**HARDWARE, "nvidia": []}
 
@@ -53,4 +54,10 @@ def test_a_finding_during_a_run_marks_the_train_tab(live_runs_dir, monkeypatch):
             await wait_for(pilot, lambda: _train_tab(app) == "3 Train ●1", what=f"the marker; tab {_train_tab(app)!r}")
             assert app.query_one("#tabs").active == "hardware"  # marked while the user looks elsewhere
             assert "unstable" in _health(app)
+            # the run ends (issue 43: the marker stayed): the findings stay in the box, the tab's marker goes
+            write_status(live_runs_dir / "delta", state="finished", step=130)
+            await wait_for(pilot, lambda: app.run_data["delta"].state == "finished", what="delta's end read")
+            await wait_for(pilot, lambda: _train_tab(app) == "3 Train", what=f"no marker; tab {_train_tab(app)!r}")
+            assert "unstable" in _health(app)
     run(go())
+
