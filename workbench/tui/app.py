@@ -24,6 +24,7 @@ from textual.widgets import Footer, TabPane
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from workbench.analysis.summary import RunSummary, summarize_run
+from workbench.machine.detect import calibration
 from workbench.rundir import LIVE_STATES, iter_run_dirs, runs_root
 from workbench.tui import hwinfo, launcher
 from workbench.tui.launcher import RunRequest
@@ -363,7 +364,7 @@ class WorkbenchApp(App[int]):
                 self.post_message(StartRun(req))
 
         from workbench.tui.screens.new_run import NewRunScreen  # (loads the run planner: not before the first frame)
-        self.push_screen(NewRunScreen(preset, overrides, self.machine_info, self.runs_dir, init_from), done)
+        self.push_screen(NewRunScreen(preset, overrides, self.machine_now(), self.runs_dir, init_from), done)
 
     def action_train_recommended(self) -> None:
         if not self.recommended:
@@ -443,6 +444,14 @@ class WorkbenchApp(App[int]):
         self.machine_info = msg.info
         if not self._mounting_panes:
             self.call_after_refresh(self._mount_other_panes)  # once the machine is on the screen
+
+    def machine_now(self) -> dict | None:
+        """What the estimates are for: the hardware as last read, with the matmul rates this machine has measured
+        since (a run, or `workbench estimate`, measures them into the cache; the Hardware pane reads again only
+        while it is shown, so its reading may be older: the form said "time: unknown" beside a known rate)."""
+        if self.machine_info is None or self.injected_hardware is not None:
+            return self.machine_info
+        return {**self.machine_info, "calibration": calibration()}
 
     def action_refresh_hardware(self) -> None:
         self.hardware_pane.read_hardware()
