@@ -42,9 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def bare_tui_args(argv: list[str]) -> argparse.Namespace | None:
+    """``argv`` when it only opens the UI (nothing, or ``--runs-dir DIR``), parsed without importing every
+    command's module: building the full parser imports them all, about a quarter of a second that a new
+    user would wait for the first screen (bench/tui_first_paint.py). None for anything else."""
+    ap = argparse.ArgumentParser(prog="workbench", add_help=False, exit_on_error=False)
+    ap.add_argument("--runs-dir", type=runs_root, default=runs_root())
+    try:
+        args, rest = ap.parse_known_args(argv)
+    except argparse.ArgumentError:
+        return None  # the full parser says what is wrong
+    return None if rest else argparse.Namespace(command=None, runs_dir=args.runs_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
-    args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = bare_tui_args(argv)
+    if args is None:
+        args = build_parser().parse_args(argv)
     try:
         if args.command is None:
             from workbench.commands.tui import run as run_tui

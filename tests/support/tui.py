@@ -7,6 +7,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
+from contextlib import asynccontextmanager
 
 from textual.css.query import NoMatches
 
@@ -14,11 +15,23 @@ from tests.support.canned_runs import HARDWARE
 
 
 def make_app(runs_dir, **kw):
+    """The app, whose ``run_test`` hands the pilot over once every pane is there: the app makes the first
+    screen's pane before its first frame and the others right after it (a user's first tenth of a second)."""
     from workbench.tui.app import WorkbenchApp
     kw.setdefault("hardware_info", HARDWARE)
     kw.setdefault("watch_interval", 0.1)
     kw.setdefault("list_interval", 60.0)
-    return WorkbenchApp(runs_dir, **kw)
+    app = WorkbenchApp(runs_dir, **kw)
+    run_test = app.run_test
+
+    @asynccontextmanager
+    async def run_test_with_panes(*args, **kwargs):
+        async with run_test(*args, **kwargs) as pilot:
+            await wait_for(pilot, lambda: app.panes_ready, what="every pane mounted")
+            yield pilot
+
+    app.run_test = run_test_with_panes
+    return app
 
 
 # What a condition may raise while the thing it looks at is not there yet: a widget not mounted

@@ -5,6 +5,9 @@ fine-tune that cannot find a template is refused before any run directory exists
 
 from __future__ import annotations
 
+import json
+import random
+
 import pytest
 
 from tests.support.chat import conversations, write_jsonl
@@ -76,3 +79,77 @@ def test_a_chat_fine_tune_without_a_template_leaves_nothing(imported, chats, tmp
     assert cp.stderr.strip().splitlines() == [cp.stderr.strip()] and "has no chat template" in cp.stderr
     assert 'data.chat_template = "chatml"' in cp.stderr
     assert tree(root) == before
+
+
+# ----------------------------------------------------------------------------- the README's chat flow, end to end
+
+# A fixed mapping a tiny model learns in a hundred steps: the colour of a thing, asked in one of five ways. Five
+# (question, thing) pairs are held out: each thing and each way of asking is trained, never those pairs.
+COLOURS = {"apple": "red", "river": "blue", "stone": "grey", "cloud": "white", "tiger": "orange", "lamp": "yellow",
+           "maple": "green", "ocean": "teal", "coal": "black", "rose": "pink", "plum": "purple", "sand": "beige"}
+ASKS = ("What colour is {}?", "Colour of {}?", "Tell me the colour of {}.", "Which colour has {}?",
+        "Name the colour of {}.")
+HELD_OUT = (("Name the colour of {}.", "apple"), ("Tell me the colour of {}.", "rose"), ("Colour of {}?", "sand"),
+            ("What colour is {}?", "maple"), ("Which colour has {}?", "coal"))
+LEARN = ["model.seq_len=64", "train.batch_size=16", "train.warmup_iters=5", "train.eval_iters=1",
+         "train.log_interval=10", "hardware.nproc=1", "hardware.compile=false", "data.val_fraction=0.05",
+         "train.lr=3e-3"]
+
+
+def _colour_chat(ask: str, thing: str) -> dict:
+    return {"messages": [{"role": "user", "content": ask.format(thing)},
+                         {"role": "assistant", "content": COLOURS[thing]}]}
+
+
+@pytest.fixture(scope="module")
+def learned(hf_chat_model, tmp_path_factory):
+    """The README's chat flow up to `workbench chat`: a model saved by transformers (its template in
+    chat_template.jinja) imported, chat-tuned through that template on the colours (100 steps), and tuned again from
+    that run (20 steps): (runs directory, the second tune's run id)."""
+    d = tmp_path_factory.mktemp("colours")
+    root = d / "runs"
+    pairs = [(a, t) for a in ASKS for t in COLOURS if (a, t) not in HELD_OUT]
+    random.Random(0).shuffle(pairs)
+    chats = write_jsonl(d / "colours.jsonl", [_colour_chat(a, t) for a, t in pairs] * 12)
+    wb("import", str(hf_chat_model), "--name", "tiny", "--runs-dir", str(root), check=True)
+    for source, name, steps in (("tiny", "colours", 100), ("colours", "colours-more", 20)):
+        wb("train", "cpu-small", "--init-from", source, "--name", name, "--corpus", str(chats), "--runs-dir", str(root),
+           "--set", *LEARN, f"train.max_iters={steps}", f"train.eval_interval={steps}", f"train.ckpt_interval={steps}",
+           check=True)
+        assert (root / name / "chat_template.jinja").read_text(encoding="utf-8") == CHAT_TEMPLATE, name
+    return root, "colours-more"
+
+
+def test_the_readme_chat_flow_gives_llama_cpp_the_replies_workbench_chat_gives(learned, tmp_path):
+    """Import, a chat tune with the model's own template, a second from it, `workbench chat`, export HF and GGUF:
+    on five held-out conversations the replies are the right colours and stop at the end-of-turn token, and
+    llama.cpp (greedy, from the GGUF alone, through the template it carries) and transformers (from the HF
+    directory) give the same ones."""
+    import llama_cpp
+    import torch
+    import transformers
+
+    root, run = learned
+    replies = []
+    for ask, thing in HELD_OUT:
+        cp = wb("chat", run, "--runs-dir", str(root), "--message", ask.format(thing), "--json", "--max-new-tokens", "8",
+                check=True)
+        out = json.loads(cp.stdout)
+        replies.append(out)
+        assert (out["reply"], out["stopped"]) == (COLOURS[thing], True), (ask.format(thing), out)
+    wb("export", run, str(tmp_path / "hf"), "--runs-dir", str(root), "--format", "hf", check=True)
+    wb("export", run, str(tmp_path / "gguf"), "--runs-dir", str(root), "--format", "gguf", "--gguf-type", "f32",
+       check=True)
+    llm = llama_cpp.Llama(model_path=str(tmp_path / "gguf" / "model.gguf"), n_ctx=64, verbose=False)
+    assert llm.metadata["tokenizer.chat_template"] == CHAT_TEMPLATE
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    end = hf_tok.convert_tokens_to_ids("<|im_end|>")  # the end of a turn ends generation in the export
+    assert end in hf.generation_config.eos_token_id
+    for (ask, thing), ours in zip(HELD_OUT, replies):
+        messages = [{"role": "user", "content": ask.format(thing)}]
+        got = llm.create_chat_completion(messages=messages, temperature=0, max_tokens=8)["choices"][0]
+        assert (got["message"]["content"], got["finish_reason"]) == (ours["reply"], "stop"), (messages, got, ours)
+        ids = hf_tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        gen = hf.generate(**ids, max_new_tokens=8, do_sample=False)[0, ids["input_ids"].shape[1]:].tolist()
+        assert gen == ours["ids"] + [end], (messages, gen, ours)

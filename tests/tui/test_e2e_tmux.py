@@ -251,3 +251,50 @@ def test_two_uis_watch_one_run_and_a_crashed_ui_stops_nothing(tmp_path, tmux_env
     finally:
         a.kill_server()
         _stop_leftover(run_dir, runs, env)
+
+
+def test_evaluate_and_export_from_the_runs_pane_in_tmux(tmp_path, tmux_env):
+    """Issue 43: eval and export were CLI-only. In the Runs pane, e scores the checkpoint on the built-in tasks
+    (the report card then shows them) and x exports it as GGUF into the folder given, keys only."""
+    runs, env = tmp_path / "runs", tmux_env
+    wb("train", "cpu-small", "--name", "ev", "--runs-dir", str(runs), "--set", *TINY.split(), "train.max_iters=20",
+       "train.eval_interval=10", "train.ckpt_interval=10", env=env, check=True)
+    tm = Tmux(f"wbtest3-{os.getpid()}", tmp_path, env)
+    shots = {}
+    try:
+        tm.open_tui(runs)
+        tm.wait_screen(r"ev\s.*finished", 30)
+        tm.keys("6")
+        tm.wait_screen(r"checkpoints \(tab here")
+        tm.keys("e")
+        tm.wait_screen(r"Evaluate ev, checkpoint 20")
+        tm.keys("Tab")  # tasks (builtin) -> items; one Tab, then the app's time to move the focus
+        time.sleep(1.0)
+        tm.type("4")
+        tm.wait_screen(r"tasks\s+▊\s+builtin\s[\s\S]*items\s+▊\s+4\s", 10)
+        tm.keys("C-s")
+        tm.wait_screen(r"done in [\d.]+ s", 180)
+        shots["eval"] = tm.screen()
+        assert re.search(r"stdlib-next-line\s+4\s", shots["eval"]), shots["eval"]
+        tm.keys("Escape")  # (a key right after it would make it alt+key: wait for the dialog to go)
+        wait_until(lambda: "Evaluate ev, checkpoint" not in tm.screen(), 10, "the eval dialog to close")
+        tm.wait_screen(r"report card: ev step 20[\s\S]*stdlib-next-line", 30)
+        shots["card"] = tm.screen()
+        tm.keys("x")
+        tm.wait_screen(r"Export ev, checkpoint 20")
+        tm.keys("BTab")  # folder -> format (GGUF type is disabled until the format is GGUF)
+        time.sleep(1.0)
+        tm.keys("Enter")
+        tm.wait_screen(r"GGUF file \(llama\.cpp, Ollama\)")
+        tm.keys("Down", "Enter")
+        tm.wait_screen(r"exports/ev-step20-ggu", 10)  # the default folder follows the format
+        tm.keys("C-s")
+        tm.wait_screen(r"done in [\d.]+ s[\s\S]*written to:", 180)
+        shots["export"] = tm.screen()
+        out = tmp_path / "exports" / "ev-step20-gguf"
+        assert (out / "model.gguf").is_file(), shots["export"]
+        assert "GGUF file (f16)" in shots["export"]
+    finally:
+        tm.kill_server()
+        for name, text in shots.items():
+            print(f"----- {name}\n{text}")

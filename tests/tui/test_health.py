@@ -7,6 +7,7 @@ import json
 from tests.support.canned_runs import HARDWARE
 from tests.support.tui import make_app, run, text_of, wait_for
 from workbench.machine.activity import HardwareSnapshot
+from workbench.rundir import write_status
 
 CPU_ONLY = {**HARDWARE, "nvidia": []}
 
@@ -53,4 +54,23 @@ def test_a_finding_during_a_run_marks_the_train_tab(live_runs_dir, monkeypatch):
             await wait_for(pilot, lambda: _train_tab(app) == "3 Train ●1", what=f"the marker; tab {_train_tab(app)!r}")
             assert app.query_one("#tabs").active == "hardware"  # marked while the user looks elsewhere
             assert "unstable" in _health(app)
+            # the run ends (issue 43: the marker stayed): the findings stay in the box, the tab's marker goes
+            write_status(live_runs_dir / "delta", state="finished", step=130)
+            await wait_for(pilot, lambda: app.run_data["delta"].state == "finished", what="delta's end read")
+            await wait_for(pilot, lambda: _train_tab(app) == "3 Train", what=f"no marker; tab {_train_tab(app)!r}")
+            assert "unstable" in _health(app)
+    run(go())
+
+
+def test_the_last_eval_of_a_run_is_shown_as_such(live_runs_dir):
+    """Issue 43: while a budgeted run's last eval ran (its steps done, no rate measured yet on a busy CPU) the bar
+    said "warming up… 100%"."""
+    async def go():
+        app = make_app(live_runs_dir, initial_tab="train")
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: app.monitored == "delta", what="the live run followed")
+            write_status(live_runs_dir / "delta", step=400, max_iters=400, budget_s=60.0, budget_spent_s=57.5)
+            label = app.query_one("#mon-progress-text")
+            await wait_for(pilot, lambda: "step 400 / 400" in text_of(label), what=lambda: text_of(label))
+            assert text_of(label).split() == ["step", "400", "/", "400", "100%", "final", "eval…"], text_of(label)
     run(go())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from textual.widgets import Select
 
+from tests.support.cli import wb
 from tests.support.tui import make_app, run, text_of, wait_for
 
 
@@ -82,4 +83,31 @@ def test_the_form_takes_a_time_budget(runs_dir, monkeypatch):
             await pilot.press("ctrl+s")
             await wait_for(pilot, lambda: len(started) == 1, what="the start")
             assert started[0].sets() == ["train.time_budget=45m"]
+    run(go())
+
+
+def test_the_form_knows_a_rate_this_machine_measured_after_the_ui_opened(tmp_path, monkeypatch):
+    """Issue 43: "time: unknown" in the form while `workbench estimate` gave a time. The form estimated from the
+    Hardware pane's reading, taken when the UI opened; a run (here `workbench estimate`, the same calibration)
+    measured this machine's matmul rate after that, into the cache, and the form never saw it: for a model no run
+    has measured, the time was 'unknown until this machine's speed is measured'."""
+    cache = tmp_path / "cache"  # a machine that has never measured itself
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(cache))
+    monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
+    (tmp_path / "runs").mkdir()
+
+    async def go():
+        # the real machine, read once (the pane reads again only every hour here, as it does while hidden)
+        app = make_app(tmp_path / "runs", hardware_info=None, hardware_interval=3600)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: app.machine_info is not None, what="the hardware read")
+            assert not app.machine_info.get("calibration")
+            cp = wb("estimate", "cpu-small", "--set", "hardware.device=cpu", env={"WORKBENCH_CACHE_DIR": str(cache)})
+            assert cp.returncode == 0 and "matmul rate:" in cp.stdout, cp.stderr
+            app.action_new_run("cpu-small")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "NewRunScreen", what="the form")
+            await wait_for(pilot, lambda: "fits:" in text_of(app.screen.query_one("#nr-estimate")), what="the estimate")
+            text = text_of(app.screen.query_one("#nr-estimate"))
+            assert "unknown" not in text, text
+            assert "tokens/s (estimate from this machine's measured matmul rate)" in text, text
     run(go())

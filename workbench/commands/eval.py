@@ -69,6 +69,9 @@ def register(sub) -> None:
     p.add_argument("--no-save", action="store_true", help="do not add the scores to the run's tasks.jsonl")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
     p.add_argument("--list-tasks", action="store_true", help="list the built-in tasks and exit")
+    p.add_argument("--progress", action="store_true",
+                   help="print 'progress: TASK DONE/TOTAL (CHECKPOINT)' lines to stderr as items are scored (the TUI "
+                        "shows them)")
     p.set_defaults(func=run)
 
 
@@ -159,7 +162,8 @@ def run(args) -> int:
                   f"{time.time() - t0:.2f} s]", file=sys.stderr, flush=True)
         scored = []
         for task in tasks:
-            sc = score_task(model, tok, task, torch.device(device), template=template)
+            on_progress = progress_printer(task.name, len(task.items), ck["name"]) if args.progress else None
+            sc = score_task(model, tok, task, torch.device(device), template=template, on_progress=on_progress)
             scored.append(sc)
             dumps += [dict(r, task=task.name, checkpoint=ck["name"]) for r in sc.per_item]
         text = None
@@ -187,6 +191,21 @@ def run(args) -> int:
     if args.dump:
         print(f"wrote {len(dumps)} exact-match records to {args.dump}", file=sys.stderr)
     return 0
+
+
+def progress_printer(task: str, total: int, checkpoint: str, every_s: float = 0.5):
+    """``on_progress`` for score_task: a 'progress: TASK DONE/TOTAL (CHECKPOINT)' line on stderr at the start, at
+    most every ``every_s`` seconds, and at the end."""
+    last = [0.0]
+
+    def show(done: int) -> None:
+        now = time.monotonic()
+        if done >= total or now - last[0] >= every_s:
+            last[0] = now
+            print(f"progress: {task} {done}/{total} ({checkpoint})", file=sys.stderr, flush=True)
+
+    show(0)
+    return show
 
 
 def json_result_checkpoint(ck: dict, scored: list, text: dict | None) -> dict:

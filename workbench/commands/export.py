@@ -25,6 +25,8 @@ def register(sub) -> None:
                         "workbench state dict")
     p.add_argument("--gguf-type", default="f16", metavar="{f16,f32}",
                    help="GGUF: the matrices' type (default f16; vectors are always f32)")
+    p.add_argument("--progress", action="store_true",
+                   help="print 'progress: WHAT' lines to stderr as the export goes (the TUI shows them)")
     p.set_defaults(func=run)
 
 
@@ -40,7 +42,12 @@ def run(args) -> int:
     root = args.runs_dir
     run_dir = rundir.resolve_run(root, args.run)
     rundir.select_checkpoint(run_dir, args.checkpoint)
-    dest, ckpt = export_run(run_dir, args.out_dir, args.fmt, args.checkpoint, gguf_type=args.gguf_type)
+
+    def progress(msg: str) -> None:
+        print(f"progress: {msg}", file=sys.stderr, flush=True)
+
+    dest, ckpt = export_run(run_dir, args.out_dir, args.fmt, args.checkpoint, gguf_type=args.gguf_type,
+                            log=progress if args.progress else None)
     what = {"hf": "Hugging Face " + json.loads((dest / "config.json").read_text())["architectures"][0]
             + " directory" if args.fmt == "hf" else "",
             "gguf": f"GGUF file ({args.gguf_type}), {dest / 'model.gguf'},",

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 from safetensors.torch import save_file
 
@@ -138,12 +139,14 @@ def check_out_dir(out: Path) -> Path:
 def export_state_dict(sd: dict, cfg, fmt: str, out: Path, *, tokenizer_model: bytes | None = None,
                       tokenizer: AnyTokenizer | None = None, preset_toml: str | None = None,
                       metadata: dict | None = None, max_positions: int | None = None,
-                      gguf_type: str = "f16", chat: ChatExport | None = None) -> Path:
+                      gguf_type: str = "f16", chat: ChatExport | None = None,
+                      log: Callable[[str], None] | None = None) -> Path:
     """Export a state dict (no run needed) into the new or empty directory ``out``. ``tokenizer`` (or the
     bytes of a sentencepiece ``tokenizer_model``) goes with it.
 
-    Written into ``.<name>.tmp-<pid>`` beside ``out``, then renamed over it.
+    Written into ``.<name>.tmp-<pid>`` beside ``out``, then renamed over it. ``log``: told each step.
     """
+    log = log or (lambda _msg: None)
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     if tokenizer is None and tokenizer_model is not None:
@@ -153,21 +156,25 @@ def export_state_dict(sd: dict, cfg, fmt: str, out: Path, *, tokenizer_model: by
     out = check_out_dir(out)
     try:
         with atomic_dir(out.resolve()) as tmp:  # an existing ``out`` is empty (checked above)
+            what = {"hf": "config.json, model.safetensors and the tokenizer", "gguf": f"model.gguf ({gguf_type})",
+                    "safetensors": "model.safetensors, preset.toml and the tokenizer"}[fmt]
+            log(f"writing {what} into {tmp.name}")
             if fmt == "hf":
                 write_hf(tmp, sd, cfg, tokenizer, max_positions, chat)
             elif fmt == "gguf":
                 write_gguf(tmp / "model.gguf", sd, cfg, tokenizer, gguf_type, metadata or {}, max_positions, chat)
             else:
                 write_raw(tmp, sd, preset_toml, tokenizer, metadata)
+            log(f"renaming it to {out.resolve()}")
     except OSError as e:
         raise ExportError(f"cannot write {out}: {e.strerror or e}") from None
     return out.resolve()
 
 
 def export_run(run_dir: Path, out: Path, fmt: str = "hf", checkpoint: str | int | None = "latest",
-               gguf_type: str = "f16") -> tuple[Path, dict]:
+               gguf_type: str = "f16", log: Callable[[str], None] | None = None) -> tuple[Path, dict]:
     """Export a run's checkpoint (a LoRA run's adapters merged into its weights); returns (the output
-    directory, the checkpoint's sidecar)."""
+    directory, the checkpoint's sidecar). ``log``: told each step (the CLI's --progress)."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     check_out_dir(out)
@@ -180,6 +187,8 @@ def export_run(run_dir: Path, out: Path, fmt: str = "hf", checkpoint: str | int 
                           "with its tokenizer") from None
     # Shapes only (no memory, no init time for a large model): a state dict that does not fit the
     # preset is refused, naming the keys.
+    if log:
+        log(f"reading the weights of {run_dir.name} checkpoint {checkpoint}")
     loaded = load_run_model(run_dir, checkpoint, shapes_only=True)
     ckpt = loaded.meta
     meta = {"run": run_dir.name, "checkpoint": ckpt["name"], "step": ckpt.get("step"),
@@ -191,7 +200,7 @@ def export_run(run_dir: Path, out: Path, fmt: str = "hf", checkpoint: str | int 
     dest = export_state_dict(loaded.state_dict, loaded.preset.model, fmt, out, tokenizer=tokenizer,
                              preset_toml=(run_dir / rundir.PRESET_FILE).read_text(encoding="utf-8"), metadata=meta,
                              max_positions=max_pos if isinstance(max_pos, int) else None, gguf_type=gguf_type,
-                             chat=chat_export(run_dir, tokenizer))
+                             chat=chat_export(run_dir, tokenizer), log=log)
     return dest, ckpt
 
 

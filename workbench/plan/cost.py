@@ -7,6 +7,7 @@ from typing import TypedDict
 
 from workbench.config import ModelConfig, Preset, budget_seconds
 from workbench.errors import WorkbenchError
+from workbench.fmt import duration
 from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
 
@@ -92,6 +93,22 @@ def budget_warning(preset: Preset, time: TimeEstimate) -> str:
         return (f"~{steps:,.0f} steps leave little after the {t.warmup_iters}-step warmup: give more time, or a "
                 f"shorter warmup (--set train.warmup_iters={max(1, int(steps) // 10)})")
     return ""
+
+
+def unmeasured_budget_warning(preset: Preset) -> str:
+    """What to say of a time budget when this machine's speed is not known yet (no rate measured here, no run of the
+    preset): not the evals' share of it, which needs the speed, but their size, which does not; "" without a
+    budget. A 60 s budget took 1 min 58 s of wall-clock on a busy CPU (a 42 s step-0 eval, a 25 s last one)
+    with no word."""
+    budget, t = budget_seconds(preset.train.time_budget), preset.train
+    if not budget:
+        return ""
+    n = eval_batches(preset)[0]
+    fewer = 2 if n > 2 else 1
+    return (f"a {duration(budget)} budget, and its step-0 and last evals score {n} batches of train and of val each "
+            f"(the step-0 eval before the budget's clock starts), {n * t.batch_size * preset.model.seq_len:,} tokens "
+            "a split: on a slow or busy machine they can take as long as the budget; fewer eval batches (--set "
+            f"train.eval_iters={fewer}), or `workbench estimate {preset.name}` first, which measures this machine")
 
 
 def estimate_cost(seconds: float, watts: float | None = None, usd_per_hour: float | None = None,

@@ -127,6 +127,7 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
     elif is_here:
         tps, source, basis = hardware_speed(p, settings, machine, device)
     report["tokens_per_s"], report["tokens_per_s_source"], report["tokens_per_s_basis"] = tps, source, basis
+    report["budget_warning"] = cost.unmeasured_budget_warning(p)  # (the share of it, below, once the speed is known)
     if tps:
         report["time"] = cost.estimate_time(p, tps)
         report["budget_warning"] = cost.budget_warning(p, report["time"])
@@ -175,4 +176,6 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None) 
                 f"({r['tokens_per_s_basis']})")
     else:
         time = "time: unknown until this machine's speed is measured (after a first run, or `workbench estimate`)"
+        if r["budget_warning"]:
+            time += f"; warning: {r['budget_warning']}"
     return FitCheck(r["fits"], memory, time, r.get("suggestion", ""))

@@ -16,8 +16,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from workbench.config import Preset, budget_seconds
-from workbench.data.chat_data import packed_rows
+from workbench.config import DataConfig, Preset, budget_seconds
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.plan.flops import flops_per_token
@@ -348,6 +347,16 @@ def parallel_kind(p: Preset, world: int, precision: str) -> str:
 
 # ----------------------------------------------------------------------------- all of them at once
 
+def _packed_rows(d: DataConfig) -> bool:
+    """``data.chat_data.packed_rows``; the built-in corpus is never conversations, so a preset on it is resolved
+    without loading the corpus readers (and numpy): the TUI's first frame recommends a shipped preset, and
+    does not wait for them (bench/tui_first_paint.py)."""
+    if d.format != "chat" and d.corpus in ("builtin", ["builtin"]):
+        return False
+    from workbench.data.chat_data import packed_rows
+    return packed_rows(d)
+
+
 def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = None, steps_left: int | None = None,
                      peak: PeakFn | float | None = None) -> RunSettings:
     """The preset's run on ``machine``: every ``auto`` decided, impossible requests refused.
@@ -392,7 +401,7 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
     else:
         reason = "auto: off on MPS"
     fused = fused_optimizer_wanted(h.fused_adamw, device, machine)
-    packed = packed_rows(p.data)
+    packed = _packed_rows(p.data)
     if packed and kind == "cuda" and h.attention_kernel == "flash":
         raise SettingsError("hardware.attention_kernel = 'flash' cannot mask packed conversations (the flash kernel "
                             "takes no mask); use hardware.attention_kernel = auto, or data.packing = false")

@@ -14,7 +14,7 @@ routes them: it switches tabs, follows runs, and runs each operation in a worker
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -23,31 +23,42 @@ from textual.widgets import Footer, TabPane
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from workbench.analysis.summary import RunSummary, summarize_run
+from workbench.machine.detect import calibration
 from workbench.rundir import LIVE_STATES, RunError, delete_run, iter_run_dirs, runs_root
 from workbench.tui import hwinfo, launcher
 from workbench.tui.launcher import RunRequest
 from workbench.tui.messages import ResumeRun, RunsListed, RunStarted, RunUpdated, StartRun, StopRun
-from workbench.tui.palette import WorkbenchCommands
 from workbench.tui.rundata import RunData
 from workbench.tui.screens.dialogs import ConfirmScreen
-from workbench.tui.screens.new_run import NewRunScreen
 from workbench.tui.watcher import RunWatcher
-from workbench.tui.widgets.curves import CurvesPane
-from workbench.tui.widgets.hardware import HardwarePane
-from workbench.tui.widgets.monitor import MonitorPane
-from workbench.tui.widgets.presets import PresetsPane
-from workbench.tui.widgets.queue import QueuePane
-from workbench.tui.widgets.runs import RunsPane
-from workbench.tui.widgets.sample import SamplePane
+from workbench.tui.widgets.pane import Pane
 from workbench.tui.widgets.tabs import PaneTabs
+
+if TYPE_CHECKING:  # the panes' modules load with their panes (see _make_pane)
+    from textual.command import Provider
+
+    from workbench.tui.widgets.curves import CurvesPane
+    from workbench.tui.widgets.hardware import HardwarePane
+    from workbench.tui.widgets.monitor import MonitorPane
+    from workbench.tui.widgets.presets import PresetsPane
+    from workbench.tui.widgets.queue import QueuePane
+    from workbench.tui.widgets.runs import RunsPane
+    from workbench.tui.widgets.sample import SamplePane
+
+
+def _palette() -> "type[Provider]":
+    """The command palette's provider, loaded when the palette first opens (it imports every pane)."""
+    from workbench.tui.palette import WorkbenchCommands
+    return WorkbenchCommands
 
 
 class WorkbenchApp(App[int]):
     CSS_PATH = "workbench.tcss"
     TITLE = "workbench"
-    COMMANDS = App.COMMANDS | {WorkbenchCommands}
+    COMMANDS = App.COMMANDS | {_palette}
     TAB_LABELS = {"hardware": "Hardware", "presets": "Presets", "train": "Train",
                   "curves": "Loss curves", "sample": "Sample", "runs": "Runs", "queue": "Queue"}
+    OTHER_PANES_WAIT_S = 1.0  # the longest the other panes wait for the first hardware reading
     BINDINGS = [
         Binding("1", "show_tab('hardware')", "Hardware", show=False),
         Binding("2", "show_tab('presets')", "Presets", show=False),
@@ -80,28 +91,91 @@ class WorkbenchApp(App[int]):
         self.watcher = RunWatcher(self.runs_dir, self.post_message, interval=watch_interval)
         self._listed_once = False
         self._pending_sample_run: str | None = None  # a run started here, for the Sample pane
+        self.panes_ready = False  # every pane mounted (the first screen's comes first: compose)
+        self._mounting_panes = False
 
     # ------------------------------------------------------------------ layout
 
     def compose(self) -> ComposeResult:
+        # Only the first screen's pane is made before the first frame: the others (their modules, their
+        # widgets and styles) follow right after it, so a new user sees the machine in well under a
+        # second (bench/tui_first_paint.py). The runs are listed, and followed, once every pane is there.
         initial = self.initial_tab or ("train" if self._has_runs() else "hardware")
         with PaneTabs(initial=initial, id="tabs"):
-            with TabPane("1 Hardware", id="hardware"):
-                yield HardwarePane(self.injected_hardware, self.hardware_interval, id="hardware-pane")
-            with TabPane("2 Presets", id="presets"):
-                yield PresetsPane(id="presets-pane")
-            with TabPane("3 Train", id="train"):
-                yield MonitorPane(self.runs_dir, id="monitor-pane")
-            with TabPane("4 Loss curves", id="curves"):
-                yield CurvesPane(self.run_data, max(0.5, self.watch_interval), runs_dir=self.runs_dir,
-                                 id="curves-pane")
-            with TabPane("5 Sample", id="sample"):
-                yield SamplePane(self.runs_dir, id="sample-pane")
-            with TabPane("6 Runs", id="runs"):
-                yield RunsPane(id="runs-pane")
-            with TabPane("7 Queue", id="queue"):
-                yield QueuePane(self.runs_dir, max(0.5, self.watch_interval), id="queue-pane")
+            for n, (tab, label) in enumerate(self.TAB_LABELS.items(), 1):
+                with TabPane(f"{n} {label}", id=tab):
+                    if tab == initial:
+                        yield self._make_pane(tab)
         yield Footer()
+
+    def _make_pane(self, tab: str) -> Pane:
+        """The pane of ``tab`` (its module imported here, when the pane is made)."""
+        if tab == "hardware":
+            from workbench.tui.widgets.hardware import HardwarePane
+            return HardwarePane(self.injected_hardware, self.hardware_interval, id="hardware-pane")
+        if tab == "presets":
+            from workbench.tui.widgets.presets import PresetsPane
+            return PresetsPane(id="presets-pane")
+        if tab == "train":
+            from workbench.tui.widgets.monitor import MonitorPane
+            return MonitorPane(self.runs_dir, id="monitor-pane")
+        if tab == "curves":
+            from workbench.tui.widgets.curves import CurvesPane
+            return CurvesPane(self.run_data, max(0.5, self.watch_interval), runs_dir=self.runs_dir, id="curves-pane")
+        if tab == "sample":
+            from workbench.tui.widgets.sample import SamplePane
+            return SamplePane(self.runs_dir, id="sample-pane")
+        if tab == "runs":
+            from workbench.tui.widgets.runs import RunsPane
+            return RunsPane(id="runs-pane")
+        if tab == "queue":
+            from workbench.tui.widgets.queue import QueuePane
+            return QueuePane(self.runs_dir, max(0.5, self.watch_interval), id="queue-pane")
+        raise ValueError(f"no tab {tab!r}")
+
+    async def _mount_other_panes(self) -> None:
+        """After the first frame: every other pane, then the run list and the tailer that feed them."""
+        if self._mounting_panes:
+            return
+        self._mounting_panes = True
+        tabs = self.query_one(PaneTabs)
+        for tab in self.TAB_LABELS:
+            if tabs.pane(tab) is None:
+                await tabs.get_pane(tab).mount(self._make_pane(tab))
+        self.panes_ready = True
+        if self.screen is tabs.screen and (self.focused is None or self.focused.screen is not self.screen):
+            tabs.focus_pane(tabs.active)  # a tab key pressed before its pane was there
+        self._watch_worker()
+        self.action_refresh_runs()
+        self.set_interval(self.list_interval, self.action_refresh_runs)
+
+    @property
+    def hardware_pane(self) -> "HardwarePane":
+        return self.query_one("#hardware-pane")  # type: ignore[return-value]
+
+    @property
+    def presets_pane(self) -> "PresetsPane":
+        return self.query_one("#presets-pane")  # type: ignore[return-value]
+
+    @property
+    def monitor_pane(self) -> "MonitorPane":
+        return self.query_one("#monitor-pane")  # type: ignore[return-value]
+
+    @property
+    def curves_pane(self) -> "CurvesPane":
+        return self.query_one("#curves-pane")  # type: ignore[return-value]
+
+    @property
+    def sample_pane(self) -> "SamplePane":
+        return self.query_one("#sample-pane")  # type: ignore[return-value]
+
+    @property
+    def runs_pane(self) -> "RunsPane":
+        return self.query_one("#runs-pane")  # type: ignore[return-value]
+
+    @property
+    def queue_pane(self) -> "QueuePane":
+        return self.query_one("#queue-pane")  # type: ignore[return-value]
 
     def _has_runs(self) -> bool:
         return next(iter_run_dirs(self.runs_dir), None) is not None
@@ -113,11 +187,14 @@ class WorkbenchApp(App[int]):
 
     def on_mount(self) -> None:
         self.sub_title = str(self.runs_dir)
-        self._watch_worker()
-        self.action_refresh_runs()
-        self.set_interval(self.list_interval, self.action_refresh_runs)
         tabs = self.query_one(PaneTabs)
         tabs.focus_pane(tabs.active)
+        if tabs.active == "hardware" and self.injected_hardware is None:
+            # the machine first (its reading is a thread's: making the other panes would hold it back),
+            # then the rest; on_hardware_pane_read starts them, or this, should the reading hang
+            self.set_timer(self.OTHER_PANES_WAIT_S, self._mount_other_panes)
+        else:
+            self.call_after_refresh(self._mount_other_panes)
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(PaneTabs).show(tab)
@@ -143,25 +220,27 @@ class WorkbenchApp(App[int]):
         if msg.task_file is not None:
             d.set_task_file(msg.task_file)
         if msg.run_id == self.monitored:
-            mon = self.query_one(MonitorPane)
+            mon = self.monitor_pane
             mon.show_run(d)
             mon.append_log(msg.log_lines)
         if msg.records or msg.task_file is not None:
-            self.query_one(CurvesPane).records_added(msg.run_id)
+            self.curves_pane.records_added(msg.run_id)
         if prev_state != d.state and prev_state != "?":
             self.action_refresh_runs()  # the browser should show the new state now
 
-    @on(CurvesPane.RunsTicked)
-    def _watch_for_curves(self, msg: CurvesPane.RunsTicked) -> None:
+    def on_curves_pane_runs_ticked(self, msg: CurvesPane.RunsTicked) -> None:
         for rid in msg.run_ids:  # (ticking a run in the pane, or select_run() below, posts this)
             self.run_data.setdefault(rid, RunData(rid))
             self.watcher.watch(rid)
 
     # ------------------------------------------------------------------ runs list
 
-    @on(RunsPane.RefreshRequested)
+    def on_runs_pane_refresh_requested(self) -> None:
+        self.action_refresh_runs()
+
     def action_refresh_runs(self) -> None:
-        self._list_runs()
+        if self.panes_ready:  # (the list feeds every pane)
+            self._list_runs()
 
     @work(thread=True, exclusive=True, group="list", exit_on_error=False)
     def _list_runs(self) -> None:
@@ -189,22 +268,22 @@ class WorkbenchApp(App[int]):
         if self.monitored is None and msg.runs:
             live = [s for s in msg.runs if s.state in LIVE_STATES]
             self.monitor((live or msg.runs)[0].id, switch=False)
-        self.query_one(RunsPane).set_runs(msg.runs)
-        self.query_one(MonitorPane).set_runs(ids, self.monitored, self._presets())
-        self.query_one(CurvesPane).set_runs(ids)
-        sample = self.query_one(SamplePane)
+        self.runs_pane.set_runs(msg.runs)
+        self.monitor_pane.set_runs(ids, self.monitored, self._presets())
+        self.curves_pane.set_runs(ids)
+        sample = self.sample_pane
         sample.set_runs(ids)
         if not self._listed_once:
             self._listed_once = True
             if self.monitored:
-                self.query_one(CurvesPane).select_run(self.monitored)
+                self.curves_pane.select_run(self.monitored)
         pending = self._pending_sample_run
         if pending in ids:
             self._pending_sample_run = None
             sample.choose(pending)
         elif self.monitored and sample.run_id is None:
             sample.choose(self.monitored)  # e.g. the first run, started from this TUI
-        self.query_one(PresetsPane).set_measured(msg.runs)
+        self.presets_pane.set_measured(msg.runs)
 
     def summary(self, run_id: str) -> RunSummary | None:
         return next((s for s in self.summaries if s.id == run_id), None)
@@ -221,65 +300,62 @@ class WorkbenchApp(App[int]):
         d = self.run_data.setdefault(run_id, RunData(run_id))
         if changed:  # the pane is cleared, so its train.log tail starts over
             self.watcher.watch(run_id, with_log=True, fresh_log=True)
-        mon = self.query_one(MonitorPane)
+        mon = self.monitor_pane
         mon.set_runs([s.id for s in self.summaries] or [run_id], run_id, self._presets())
         mon.show_run(d, reset=changed)
         if switch:
             self.action_show_tab("train")
 
-    @on(MonitorPane.RunChosen)
-    def _run_chosen(self, msg: MonitorPane.RunChosen) -> None:
+    def on_monitor_pane_run_chosen(self, msg: MonitorPane.RunChosen) -> None:
         if msg.run_id != self.monitored:
             self.monitor(msg.run_id, switch=False)
 
-    @on(RunsPane.MonitorRequested)
-    def _monitor_requested(self, msg: RunsPane.MonitorRequested) -> None:
+    def on_runs_pane_monitor_requested(self, msg: RunsPane.MonitorRequested) -> None:
         self.monitor(msg.run_id)
 
-    @on(MonitorPane.HealthChecked)
-    def _health_checked(self, msg: MonitorPane.HealthChecked) -> None:
+    def on_health_box_checked(self, msg: MonitorPane.HealthChecked) -> None:  # (HealthChecked is HealthBox's)
         if not self._panes_gone():
             self.query_one(PaneTabs).mark("train", *msg.marker)  # the run shown has findings while it trains
 
-    @on(MonitorPane.CurvesRequested)
-    @on(RunsPane.CurvesRequested)
-    def _curves_requested(self, msg: MonitorPane.CurvesRequested | RunsPane.CurvesRequested) -> None:
+    def on_monitor_pane_curves_requested(self, msg: MonitorPane.CurvesRequested) -> None:
+        self.open_curves(msg.run_id)
+
+    def on_runs_pane_curves_requested(self, msg: RunsPane.CurvesRequested) -> None:
         self.open_curves(msg.run_id)
 
     def open_curves(self, run_id: str) -> None:
-        curves = self.query_one(CurvesPane)
+        curves = self.curves_pane
         curves.select_run(run_id)
         self.action_show_tab("curves")
         curves.redraw()
 
-    @on(RunsPane.SampleRequested)
-    def _sample_requested(self, msg: RunsPane.SampleRequested) -> None:
+    def on_runs_pane_sample_requested(self, msg: RunsPane.SampleRequested) -> None:
         self.open_sample(msg.run_id, msg.checkpoint)
 
     def open_sample(self, run_id: str, checkpoint: str | None = None) -> None:
-        sample = self.query_one(SamplePane)
+        sample = self.sample_pane
         sample.set_runs([s.id for s in self.summaries] or [run_id], run_id)
         sample.choose(run_id, checkpoint)
         self.action_show_tab("sample")
 
     def action_generate(self) -> None:
         """Sample from the Sample pane's checkpoints (the pane runs the samplers)."""
-        self.query_one(SamplePane).action_generate()
+        self.sample_pane.action_generate()
 
     # ------------------------------------------------------------------ start, resume, stop, delete
 
-    @on(HardwarePane.TrainRequested)
-    @on(PresetsPane.TrainRequested)
-    def _train_requested(self, msg: HardwarePane.TrainRequested | PresetsPane.TrainRequested) -> None:
+    def on_hardware_pane_train_requested(self, msg: HardwarePane.TrainRequested) -> None:
         self.action_new_run(msg.preset)
 
-    @on(RunsPane.FineTuneRequested)
-    def _fine_tune_requested(self, msg: RunsPane.FineTuneRequested) -> None:
+    def on_presets_pane_train_requested(self, msg: PresetsPane.TrainRequested) -> None:
+        self.action_new_run(msg.preset)
+
+    def on_runs_pane_fine_tune_requested(self, msg: RunsPane.FineTuneRequested) -> None:
         self.action_new_run(init_from=msg.init_from)
 
     async def action_quit(self) -> None:
         """Quit; unsaved preset edits (valid or not) would be lost, so the user is asked first."""
-        drafts = [] if self._panes_gone() else self.query_one(PresetsPane).unsaved()
+        drafts = [] if self._panes_gone() else self.presets_pane.unsaved()
         if not drafts:
             self.exit()
             return
@@ -295,7 +371,8 @@ class WorkbenchApp(App[int]):
             if req is not None:
                 self.post_message(StartRun(req))
 
-        self.push_screen(NewRunScreen(preset, overrides, self.machine_info, self.runs_dir, init_from), done)
+        from workbench.tui.screens.new_run import NewRunScreen  # (loads the run planner: not before the first frame)
+        self.push_screen(NewRunScreen(preset, overrides, self.machine_now(), self.runs_dir, init_from), done)
 
     def action_train_recommended(self) -> None:
         if not self.recommended:
@@ -334,7 +411,9 @@ class WorkbenchApp(App[int]):
             self.notify(out or f"Sent stop to {msg.run_id}.")
             self._list_runs()
 
-    @on(RunsPane.DeleteRequested)
+    def on_runs_pane_delete_requested(self, msg: RunsPane.DeleteRequested) -> None:
+        self._delete(msg)
+
     @work(thread=True, group="delete", exit_on_error=False)
     def _delete(self, msg: RunsPane.DeleteRequested) -> None:
         try:
@@ -348,16 +427,14 @@ class WorkbenchApp(App[int]):
     # The queue: the pane reads queue.db itself; every change is a `workbench queue` command, so the TUI never
     # writes the database and a runner it starts lives on when it quits.
 
-    @on(QueuePane.AddRequested)
-    def _queue_add_requested(self, msg: QueuePane.AddRequested) -> None:
-        preset = self.query_one(PresetsPane).current or (self.recommended[0] if self.recommended else None)
+    def on_queue_pane_add_requested(self, msg: "QueuePane.AddRequested") -> None:
+        preset = self.presets_pane.current or (self.recommended[0] if self.recommended else None)
         if not preset:
             self.notify("Choose a preset in the Presets pane (2) first.", severity="warning")
             return
         self._queue_command(("add", preset), f"Queued a {preset} run.")
 
-    @on(QueuePane.CommandRequested)
-    def _queue_command_requested(self, msg: QueuePane.CommandRequested) -> None:
+    def on_queue_pane_command_requested(self, msg: "QueuePane.CommandRequested") -> None:
         self._queue_command(msg.args, msg.done)
 
     @work(thread=True, group="queue", exit_on_error=False)
@@ -368,7 +445,7 @@ class WorkbenchApp(App[int]):
 
     def _reread_queue(self) -> None:
         if not self._panes_gone():
-            self.query_one(QueuePane).refresh_queue()
+            self.queue_pane.refresh_queue()
 
     def _cli(self, what: str, call: Callable[..., str], *args) -> str | None:
         """Run a launcher call (in a worker's thread): its output, or None once the user is told why
@@ -386,20 +463,29 @@ class WorkbenchApp(App[int]):
             self.notify(f"The trainer did not say which run it started ({msg.run_id!r}).", severity="error")
             return
         self.notify(f"Run {msg.run_id} {msg.how}; it keeps running if you close workbench.")
-        self.query_one(CurvesPane).select_run(msg.run_id)  # its loss is what the user wants to see next
+        self.curves_pane.select_run(msg.run_id)  # its loss is what the user wants to see next
         self.monitor(msg.run_id)
         self.action_refresh_runs()
         self._pending_sample_run = msg.run_id  # and its checkpoints in Sample, once it is listed
 
     # ------------------------------------------------------------------ hardware
 
-    @on(HardwarePane.Read)
-    def _hardware_read(self, msg: HardwarePane.Read) -> None:
+    def on_hardware_pane_read(self, msg: HardwarePane.Read) -> None:
         self.recommended = msg.recommended
         self.machine_info = msg.info
+        if not self._mounting_panes:
+            self.call_after_refresh(self._mount_other_panes)  # once the machine is on the screen
+
+    def machine_now(self) -> dict | None:
+        """What the estimates are for: the hardware as last read, with the matmul rates this machine has measured
+        since (a run, or `workbench estimate`, measures them into the cache; the Hardware pane reads again only
+        while it is shown, so its reading may be older: the form said "time: unknown" beside a known rate)."""
+        if self.machine_info is None or self.injected_hardware is not None:
+            return self.machine_info
+        return {**self.machine_info, "calibration": calibration()}
 
     def action_refresh_hardware(self) -> None:
-        self.query_one(HardwarePane).read_hardware()
+        self.hardware_pane.read_hardware()
 
     # ------------------------------------------------------------------ errors
 

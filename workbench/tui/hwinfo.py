@@ -8,6 +8,7 @@ from typing import Any
 
 from workbench.machine.detect import detect
 from workbench.plan.recommend import recommend_preset
+from workbench.plan.settings import attention_kind
 
 __all__ = ["capabilities", "detect", "recommend"]
 
@@ -32,10 +33,13 @@ def capabilities(info: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
                      "flash (SDPA)" if ampere else "memory-efficient (SDPA)",
                      "yes (triton)" if cc >= (7, 0) else "no"))
     if info.get("mps"):
-        rows.append(("mps", "bf16, fp32", "n/a", "SDPA (no flash)", "no"))
+        rows.append(("mps", "bf16, fp32", "n/a", f"SDPA ({attention_kind('mps', 0.0)})", "no"))
     cpu = info.get("cpu") or {}
     bf16 = cpu.get("native_bf16")
-    rows.append(("cpu", "fp32" + (", bf16 (native)" if bf16 else ""), "n/a", "SDPA (math)",
+    # the kernel the run gets, as the estimate and the trainer take it (torch's CPU flash kernel; with attention
+    # dropout, math): "SDPA (math)" here beside "attention flash" in `workbench estimate` was a contradiction
+    cpu_attention = f"SDPA ({attention_kind('cpu', 0.0)}; {attention_kind('cpu', 0.1)} with dropout)"
+    rows.append(("cpu", "fp32" + (", bf16 (native)" if bf16 else ""), "n/a", cpu_attention,
                  "yes (inductor)" if info.get("cxx") else "no C++ compiler"))
     return rows
 

@@ -13,11 +13,13 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from workbench.errors import WorkbenchError
-from workbench.plan.run_plan import NewRun
-from workbench.plan.sampling import Sampling
+
+if TYPE_CHECKING:
+    from workbench.plan.run_plan import NewRun
+    from workbench.plan.sampling import Sampling
 
 
 class LaunchError(WorkbenchError):
@@ -63,6 +65,7 @@ class RunRequest:
 
     def new_run(self) -> NewRun:
         """The request as the run plan takes it (what `workbench train` is given for it)."""
+        from workbench.plan.run_plan import NewRun  # the planner loads with the new-run form, not at the UI's start
         return NewRun(self.preset, tuple(self.sets()), (self.corpus,) if self.corpus else (), self.init_from or None)
 
     def sets(self) -> list[str]:
@@ -147,6 +150,53 @@ def chat_argv(runs_dir: Path, run_id: str, checkpoint: str, system: str, samplin
 def sampling_args(s: Sampling) -> list[str]:
     return ["--max-new-tokens", str(s.max_new_tokens), "--temperature", str(s.temperature), "--top-k", str(s.top_k),
             "--top-p", str(s.top_p), "--seed", str(s.seed)]
+
+
+def eval_argv(runs_dir: Path, run_id: str, checkpoint: str, tasks: list[str], limit: int | None = None) -> list[str]:
+    """``workbench eval RUN --checkpoint C --task T... [--limit N] --progress``: the scores go to the run's
+    tasks.jsonl (the report card's), progress lines to stderr."""
+    return cli_argv(runs_dir, "eval", run_id, "--checkpoint", checkpoint, "--task", *tasks,
+                    *(["--limit", str(limit)] if limit else []), "--progress")
+
+
+def export_argv(runs_dir: Path, run_id: str, checkpoint: str, out_dir: str, fmt: str, gguf_type: str = "f16"
+                ) -> list[str]:
+    """``workbench export RUN OUT_DIR --checkpoint C --format F [--gguf-type T] --progress``."""
+    return cli_argv(runs_dir, "export", run_id, out_dir, "--checkpoint", checkpoint, "--format", fmt,
+                    *(["--gguf-type", gguf_type] if fmt == "gguf" else []), "--progress")
+
+
+class CliJob:
+    """A CLI command run to its end (``workbench eval`` / ``export``): its stderr read line by line as it comes
+    (its progress), its stdout kept for the end."""
+
+    def __init__(self, argv: list[str]):
+        import tempfile
+        self._out = tempfile.TemporaryFile()  # (a pipe the job fills while stderr is read could block it)
+        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     env=_env(), start_new_session=True)
+        self.errors: list[str] = []
+
+    def lines(self) -> Iterator[str]:
+        """Its stderr, line by line, until it exits."""
+        for raw in self.proc.stderr:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line.strip():
+                self.errors.append(line)
+                yield line
+
+    def finish(self) -> tuple[int, str, str]:
+        """Wait for exit: (return code, stdout, its last stderr line without 'workbench: error: ')."""
+        rc = self.proc.wait()
+        self._out.seek(0)
+        out = self._out.read().decode("utf-8", "replace")
+        self._out.close()
+        last = next((ln for ln in reversed(self.errors) if not ln.startswith("progress: ")), "")
+        return rc, out, last.removeprefix("workbench: ").removeprefix("error: ")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
 
 
 class PromptEcho:

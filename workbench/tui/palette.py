@@ -34,12 +34,21 @@ def _in_presets(app: "WorkbenchApp", action: Callable[[], None]) -> None:
     action()
 
 
+def _in_runs(app: "WorkbenchApp", runs: RunsPane, run_id: str, action: Callable[[], None]) -> None:
+    """Show the Runs pane on ``run_id`` (its report card is where an eval's scores appear), then act."""
+    app.action_show_tab("runs")
+    runs.select_run(run_id)
+    action()
+
+
 def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
+    for tab, label in app.TAB_LABELS.items():
+        yield f"Go to {label}", f"show the {label} pane", partial(app.action_show_tab, tab)
+    if not app.panes_ready:  # the first tenth of a second: the other panes are being made
+        return
     # the panes' own actions, as their keys run them (the app queries its panes' screen)
     monitor, runs, curves = app.query_one(MonitorPane), app.query_one(RunsPane), app.query_one(CurvesPane)
     sample, presets = app.query_one(SamplePane), app.query_one(PresetsPane)
-    for tab, label in app.TAB_LABELS.items():
-        yield f"Go to {label}", f"show the {label} pane", partial(app.action_show_tab, tab)
     rec = app.recommended[0] if app.recommended else "the recommended preset"
     yield "New run…", "start training a preset (detached: keeps running if the TUI closes)", app.action_new_run
     yield "Import model…", "a local Hugging Face model (Llama, Qwen2, Qwen3) as a run to fine-tune from", \
@@ -56,6 +65,12 @@ def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
         if s.checkpoints and s.state not in ("starting", "running"):
             yield f"Fine-tune from {s.id}…", "a new run from its latest checkpoint: every weight, or LoRA adapters", \
                 partial(runs.post_message, RunsPane.FineTuneRequested(f"{s.id}:{s.checkpoints[-1]['step']}"))
+        if s.checkpoints:
+            step = str(s.checkpoints[-1]["step"])
+            yield f"Evaluate {s.id}…", f"score step {step} on tasks (workbench eval); the report card shows them", \
+                partial(_in_runs, app, runs, s.id, lambda r=s.id, st=step: runs.open_job("eval", r, st))
+            yield f"Export {s.id}…", f"step {step} to a Hugging Face directory, GGUF or safetensors", \
+                partial(_in_runs, app, runs, s.id, lambda r=s.id, st=step: runs.open_job("export", r, st))
         if s.state not in ("starting", "running"):
             yield f"Resume {s.id} from latest", f"{len(s.checkpoints)} checkpoint(s)", \
                 partial(app.post_message, ResumeRun(s.id, "latest"))

@@ -4,4 +4,5 @@
 - ``new_run``       the new-run form: preset, corpus, name, overrides, validated before launching
 - ``import_model``  the "Import model" dialog: a local Hugging Face model directory as a run to fine-tune from
 - ``more_steps``    continue a finished run for N more steps, and what that does to the learning rate
+- ``run_jobs``      the "Evaluate" and "Export" dialogs of a run's checkpoint (``workbench eval`` / ``export``)
 """

@@ -3,8 +3,8 @@
 A thread worker checks the run when it is shown, every ``INTERVAL`` seconds while it trains (sampling
 what else uses the CPU and GPU for ``SAMPLE_SECONDS``), and once more when it ends. Each check reads
 only the new lines of metrics.jsonl (one :class:`RunFacts` per run, kept here). The result is posted
-as ``HealthBox.Checked``; it bubbles to the app, which marks the Train tab while a running run (or
-one that ended while followed) has findings.
+as ``HealthBox.Checked``; it bubbles to the app, which marks the Train tab while a running run has
+findings (the check at its end clears the marker; the box keeps the findings).
 """
 
 from __future__ import annotations
@@ -81,7 +81,6 @@ class HealthBox(Static):
         self.runs_dir = Path(runs_dir) if runs_dir is not None else None
         self.run_id: str | None = None
         self.live = False
-        self.seen_live = False     # the run shown was running while followed: its findings mark the tab
         self.findings: list[Finding] | None = None
         self.error = ""
         self._facts: dict[str, RunFacts] = {}
@@ -96,13 +95,12 @@ class HealthBox(Static):
         started or ended since the last call."""
         live = state in LIVE_STATES
         if run_id != self.run_id:
-            self.run_id, self.live, self.seen_live, self.findings, self.error = run_id, live, live, None, ""
+            self.run_id, self.live, self.findings, self.error = run_id, live, None, ""
             self._show()
             if run_id is not None:
                 self.check()
-        elif live != self.live:
+        elif live != self.live:  # started, or ended: checked again, which sets the tab's marker or clears it
             self.live = live
-            self.seen_live = self.seen_live or live
             self.check()
 
     def _tick(self) -> None:
@@ -135,7 +133,8 @@ class HealthBox(Static):
             msg.stop()  # a run no longer shown: nobody needs it
             return
         self.findings, self.error = msg.findings, msg.error
-        msg.marker = marker(msg.findings) if (self.live or self.seen_live) else ("", "")
+        # the tab is marked while the run trains: once it has ended, its findings are in the box alone
+        msg.marker = marker(msg.findings) if self.live else ("", "")
         self._show()
 
     def on_resize(self) -> None:

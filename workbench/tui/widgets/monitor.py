@@ -52,6 +52,10 @@ def progress_text(d: RunData) -> str:
     pct = f"{100 * step / total:.0f}%" if total else ""
     if d.compiling:
         eta = "compiling…"
+    elif d.state == "running" and total and step >= total:
+        # the steps are done: the trainer is on its last eval (its sample and checkpoint), which a budget kept time
+        # for; "warming up… 100%" (no rate yet) or "ETA 0s" said nothing of it
+        eta = "final eval…"
     elif d.state in ("starting", "running"):
         rate = d.steps_per_s()
         eta = "ETA " + display.duration(d.eta_s()) if rate else "warming up…"

@@ -230,7 +230,7 @@ class PresetsPane(Horizontal, Pane):
         status.update(Text(f"✗ {err}", style="bold red") if err else Text("✓ valid", style="green"))
         box = self.query_one("#preset-estimate", Static)
         if self.valid is not None:
-            box.update(estimate_table(self.valid, self.app.machine_info, self.history))
+            box.update(estimate_table(self.valid, self.app.machine_now(), self.history))
         else:  # never the last valid preset's numbers beside this one's editor
             box.update(Text(f"no estimate: {self.current}'s text has an error (see below the editor)", style="yellow"))
         if self.showing_gpus:

@@ -77,14 +77,17 @@ class RunsPane(Vertical, Pane):
     BINDINGS = [
         Binding("enter", "monitor", "Monitor", show=False),
         Binding("m", "monitor", "Monitor", show=False),  # (enter too) hidden: the footer fits 80 columns
-        # short labels: all of them fit the footer of an 80-column terminal
+        # short labels: what acts on the run itself fits the footer of an 80-column terminal; s and l, which open
+        # the run in another pane (as 5 and 4 do), are hidden there (the README's table and the palette list them)
         Binding("r", "resume('latest')", "Resume"),
         Binding("c", "resume('chosen')", "From ckpt"),
         Binding("plus", "more", "More"),
-        Binding("s", "sample", "Sample"),
         Binding("t", "fine_tune", "Tune"),  # fine-tune from the run (a new-run form): short, to fit 80 columns
-        Binding("l", "curves", "Curves"),
+        Binding("e", "evaluate", "Eval"),   # the checkpoint (its table focused) or the run's latest, on tasks
+        Binding("x", "export", "Export"),   # the same checkpoint to a Hugging Face directory, GGUF or safetensors
         Binding("d", "delete", "Delete"),
+        Binding("s", "sample", "Sample", show=False),
+        Binding("l", "curves", "Curves", show=False),
         Binding("f", "refresh", "Refresh", show=False),
     ]
 
@@ -177,6 +180,12 @@ class RunsPane(Vertical, Pane):
             return str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)
         except Exception:
             return None
+
+    def select_run(self, run_id: str) -> None:
+        """Put the cursor on ``run_id`` (if listed)."""
+        t = self.query_one("#runs-table", DataTable)
+        if run_id in self.summaries and run_id != self.selected_run_id():
+            t.move_cursor(row=t.get_row_index(run_id), animate=False)
 
     def selected_checkpoint(self) -> dict | None:
         c = self.query_one("#ckpt-table", DataTable)
@@ -349,6 +358,40 @@ class RunsPane(Vertical, Pane):
             return
         ck = self._checkpoint_focused() or self.summaries[rid].checkpoints[-1]
         self.post_message(self.FineTuneRequested(f"{rid}:{ck['step']}"))
+
+    def _job_checkpoint(self, what: str) -> tuple[str, str] | None:
+        """(run, step) to evaluate or export: the checkpoint under the cursor (its table focused), else the latest."""
+        if not (rid := self._selected_run()):
+            return None
+        if not self.summaries[rid].checkpoints:
+            self.notify(f"{rid} has no checkpoint to {what}.", severity="warning")
+            return None
+        ck = self._checkpoint_focused() or self.summaries[rid].checkpoints[-1]
+        return rid, str(ck["step"])
+
+    def action_evaluate(self) -> None:
+        """Score a checkpoint on tasks (`workbench eval`, in the dialog); its report card shows the scores."""
+        if (job := self._job_checkpoint("evaluate")) is not None:
+            self.open_job("eval", *job)
+
+    def action_export(self) -> None:
+        """Export a checkpoint (`workbench export`, in the dialog): format and folder asked."""
+        if (job := self._job_checkpoint("export")) is not None:
+            self.open_job("export", *job)
+
+    def open_job(self, kind: str, run_id: str, step: str) -> None:
+        """The eval or export dialog for ``run_id``'s checkpoint ``step`` (also the palette's)."""
+        from workbench.tui.screens.run_jobs import EvalScreen, ExportScreen
+        root = Path(self.summaries[run_id].path).parent if run_id in self.summaries else Path(".")
+        if kind == "eval":
+            self.app.push_screen(EvalScreen(root, run_id, step, on_done=self.card_stale))
+        else:
+            self.app.push_screen(ExportScreen(root, run_id, step))
+
+    def card_stale(self) -> None:
+        """New scores were written (an eval from the dialog): read the report card again now."""
+        self._card_inputs, self._card_read_at = None, 0.0
+        self.show_card()
 
     def action_curves(self) -> None:
         if (rid := self._selected_run()):
