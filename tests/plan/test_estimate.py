@@ -200,7 +200,7 @@ def _peak_of_timeline(run_steps) -> int:
 def test_estimated_peak_matches_allocations_on_cpu(prec, ckpt, accum, loss):
     """The estimate's peak against the allocations torch records (the training loop's step), with
     the CPU defaults (fused loss, fused AdamW) and with the plain loss and per-tensor AdamW."""
-    from workbench.plan.settings import auto_loss_chunk
+    from workbench.plan.savers import auto_loss_chunk
     from workbench.train.optim import build_optimizer
     cfg = ModelConfig(vocab_size=4096, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=64)
     fused = loss == "auto"

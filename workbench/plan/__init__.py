@@ -1,6 +1,7 @@
 """Planning: torch-free policy and arithmetic on a preset (past runs are read in :mod:`workbench.analysis`).
 
 - ``settings``   every ``auto`` of a preset resolved once, on a given machine, into frozen RunSettings
+- ``savers``     the memory savers auto decides (the fused loss, activation checkpointing) from the estimate
 - ``flops``      parameter counts and FLOPs per token
 - ``activations`` what one block saves for backward (QK-norm, LoRA, packed rows)
 - ``estimate``   training memory by component (a frozen MemoryEstimate)
