@@ -87,6 +87,7 @@ from workbench.rundir.records import (
     MetricsTail,
     MetricsWriter,
     NullWriter,
+    PreferenceRecord,
     Record,
     RunStatus,
     RunView,
@@ -212,5 +213,5 @@ __all__ = ["append_jsonl", "append_records", "best_checkpoint", "CHAT_TEMPLATE_F
            "new_run_dir", "NullWriter", "parse_record", "pid_alive", "PRESET_FILE", "process_start_time",
            "read_jsonl_tail", "read_metrics", "read_status", "Record", "resolve_run", "RunError", "RunLock",
            "runs_root", "RunStatus", "RunView", "SAMPLES_FILE", "sanitize_run_name", "select_checkpoint", "STATES",
-           "STATUS_FILE", "TaskRecord", "TASKS_FILE", "TEMPLATES_DIR", "TIME_KEYS", "TIMELINE_EVENTS", "TMP_PREFIX",
-           "TOKENIZER_FILES", "TrainRecord", "write_preset", "write_status"]
+           "STATUS_FILE", "PreferenceRecord", "TaskRecord", "TASKS_FILE", "TEMPLATES_DIR", "TIME_KEYS",
+           "TIMELINE_EVENTS", "TMP_PREFIX", "TOKENIZER_FILES", "TrainRecord", "write_preset", "write_status"]
