@@ -72,10 +72,10 @@ class PreferenceData:
     tokenizer_path: Path
     cached: bool
     index: dict = field(default_factory=dict)
+    format: str = ""               # the kind, as TrainData names it (set from kind)
 
-    @property
-    def format(self) -> str:
-        return self.kind
+    def __post_init__(self) -> None:
+        self.format = self.kind
 
     @property
     def per_item(self) -> int:
@@ -106,7 +106,7 @@ class PreferenceData:
         n = np.diff(self.offsets).astype(np.int64)
         convs = (items[:, None] * self.per_item + np.arange(self.per_item)[None, :])
         over = (n[convs] - 1) > seq_len                       # [items, per_item]
-        keep = ~over.any(axis=1)
+        keep = np.logical_not(np.any(over, axis=1))
         truncated = 0
         if overlong == "truncate":
             for r in np.flatnonzero(~keep):
