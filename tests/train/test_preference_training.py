@@ -112,11 +112,11 @@ def test_lora_dpo_from_a_lora_run_compares_with_that_adapter(base):
 
     # the reference TRL's "disable the adapters" would give here: the source's base, under its adapter
     from workbench.config import load_preset_file
+    from workbench.data.tokens import prepare_data
     from workbench.plan.preference import objective_plan
     from workbench.train.checkpoint import load_init_weights
     from workbench.train.model import GPT
-    from workbench.train.objective import ObjectiveCheckError, Objective, Reference
-    from workbench.data.tokens import prepare_data
+    from workbench.train.objective import Objective, ObjectiveCheckError, Reference
     p = load_preset_file(d / rundir.PRESET_FILE)
     policy, under = GPT(p.model), GPT(p.model)
     policy.load_state_dict(load_init_weights(d))           # sft-lora's model (its adapter merged)
