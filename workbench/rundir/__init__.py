@@ -67,7 +67,9 @@ from workbench.rundir.names import (
     LOCK_FILE,
     LOG_FILE,
     METRICS_FILE,
+    PREFERENCES_FILE,
     PRESET_FILE,
+    RATINGS_FILE,
     SAMPLES_FILE,
     STATUS_FILE,
     TASKS_FILE,
@@ -93,6 +95,7 @@ from workbench.rundir.records import (
     RunView,
     TaskRecord,
     TrainRecord,
+    append_feedback,
     append_jsonl,
     append_records,
     current_timeline,
@@ -204,7 +207,8 @@ def clean_stale_temporaries(run_dir: Path) -> list[str]:
     return removed
 
 
-__all__ = ["append_jsonl", "append_records", "best_checkpoint", "CHAT_TEMPLATE_FILE", "check_deletable",
+__all__ = ["PREFERENCES_FILE", "RATINGS_FILE", "append_feedback", "append_jsonl", "append_records",
+           "best_checkpoint", "CHAT_TEMPLATE_FILE", "check_deletable",
            "CHECKPOINTS_DIR", "CKPT_META", "CKPT_MODEL", "ckpt_name", "CKPT_OPTIMIZER", "CKPT_PREFIX",
            "CKPT_TRAINER_STATE", "clean_stale_temporaries", "copy_tokenizer", "create_run", "current_timeline",
            "delete_checkpoint", "delete_run", "EvalRecord", "EventRecord", "first_event", "INIT_DIR",

@@ -403,6 +403,17 @@ def append_jsonl(path: Path, objs: Iterable[dict[str, Any]]) -> None:
         f.writelines(_line(d) for d in objs)
 
 
+def append_feedback(path: Path, record: dict[str, Any]) -> int:
+    """Append one preference pair or rating (the Sample pane's picks) to a run's preferences.jsonl or
+    ratings.jsonl, flushed to disk; returns how many records the file holds now."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(_line(record))
+        f.flush()
+        os.fsync(f.fileno())
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
 def append_records(path: Path, records: Iterable[Record]) -> None:
     """Append typed records to a records file at once (``workbench eval``'s task records to tasks.jsonl)."""
     append_jsonl(path, (r.to_dict() for r in records))
