@@ -57,7 +57,7 @@ def pairs_of(recs: list[dict], seed: int = 0) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pretrain", type=int, default=150)
+    ap.add_argument("--pretrain", type=int, default=150, help="pretraining steps; 0: chat-tune from scratch")
     ap.add_argument("--sft", type=int, default=200, help="chat-tuning steps before the comparison")
     ap.add_argument("--steps", type=int, default=100, help="extra steps of each arm")
     ap.add_argument("--held", type=int, default=100)
@@ -73,10 +73,12 @@ def main() -> int:
     base = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", "train.lr=2e-3",
             "train.warmup_iters=20"]
     print(f"runs in {out}", flush=True)
-    chat_sft.train(out, "pre", "builtin", [*base, f"train.max_iters={a.pretrain}",
-                                           f"train.eval_interval={a.pretrain}"])
-    chat_sft.train(out, "sft", chats, [*base, f"train.max_iters={a.sft}", f"train.eval_interval={a.sft}"],
-                   init_from="pre")
+    if a.pretrain:
+        chat_sft.train(out, "pre", "builtin", [*base, f"train.max_iters={a.pretrain}",
+                                               f"train.eval_interval={a.pretrain}"])
+    chat_sft.train(out, "sft", chats, [*base, f"train.max_iters={a.sft}", f"train.eval_interval={a.sft}",
+                                       *([] if a.pretrain else ["model.vocab_size=1024", "data.chat_template=chatml"])],
+                   init_from="pre" if a.pretrain else None)
     before = chat_sft.score(out / "runs" / "sft", "latest", held)
     rows = [("chat-tuned (the starting checkpoint)", before)]
     arm_sets = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", f"train.lr={a.lr:g}",
