@@ -77,7 +77,7 @@ def main() -> int:
         chat_sft.train(out, "pre", "builtin", [*base, f"train.max_iters={a.pretrain}",
                                                f"train.eval_interval={a.pretrain}"])
     chat_sft.train(out, "sft", chats, [*base, f"train.max_iters={a.sft}", f"train.eval_interval={a.sft}",
-                                       *([] if a.pretrain else ["model.vocab_size=1024", "data.chat_template=chatml"])],
+                                       *([] if a.pretrain else ["model.vocab_size=512", "data.chat_template=chatml"])],
                    init_from="pre" if a.pretrain else None)
     before = chat_sft.score(out / "runs" / "sft", "latest", held)
     rows = [("chat-tuned (the starting checkpoint)", before)]
