@@ -12,6 +12,7 @@ each point is a cheap attribute check.
     WORKBENCH_TEST_PAUSE_MARKER=FILE   after writing our pid to FILE,
     WORKBENCH_TEST_PAUSE_SECONDS=S     for S seconds (default 30), so a test can kill us there
     WORKBENCH_TEST_PAUSE_AFTER_SHARD=N corpus preparation: pause (as above) once N token shards are written
+    WORKBENCH_TEST_REFERENCE_IS_POLICY=1 a preference run's reference is the policy itself (TRL #1107's bug)
 
 No torch here: corpus preparation (``workbench data prepare``) uses it too.
 """
@@ -43,6 +44,7 @@ class Faults:
     pause_marker: str | None = None
     pause_seconds: float = 30.0
     pause_after_shard: int | None = None
+    reference_is_policy: bool = False
     _poisoned: set[int] = field(default_factory=set)
 
     @classmethod
@@ -58,6 +60,7 @@ class Faults:
                    pause_in_save=env.get("WORKBENCH_TEST_PAUSE_IN_SAVE") or None,
                    pause_marker=env.get("WORKBENCH_TEST_PAUSE_MARKER") or None,
                    pause_seconds=float(env.get("WORKBENCH_TEST_PAUSE_SECONDS", "30")),
+                   reference_is_policy=env.get("WORKBENCH_TEST_REFERENCE_IS_POLICY") == "1",
                    pause_after_shard=_int(env, "WORKBENCH_TEST_PAUSE_AFTER_SHARD"))
 
     def poison_step(self, step: int) -> bool:

@@ -14,6 +14,7 @@ from workbench.rundir import (
     EvalRecord,
     EventRecord,
     MetricsWriter,
+    PreferenceRecord,
     TaskRecord,
     TrainRecord,
     ckpt_name,
@@ -50,6 +51,10 @@ class RunDir:
 
     def eval(self, step: int, train_loss: float | None, val_loss: float | None, **bpb: float) -> None:
         self.metrics.write(EvalRecord(step=step, train_loss=train_loss, val_loss=val_loss, **bpb))
+
+    def pref(self, step: int, split: str = "train", **values: float | None) -> None:
+        """A preference run's record (rewards, margin, accuracy, drift) as the trainer writes it."""
+        self.metrics.write(PreferenceRecord(step=step, split=split, **values))
 
     def task(self, step: int, task: str, metric: str, value: float | None, n: int = 100, **extra: Any) -> None:
         """A task score as the trainer writes it (``train.eval_tasks``) into metrics.jsonl."""

@@ -85,3 +85,36 @@ def test_the_form_previews_what_the_loss_is_on(runs_dir, tmp_path):
             await pilot.pause()
             assert app.screen is form and text_of(form.query_one("#nr-error")) == want
     run(go())
+
+
+def test_the_form_previews_preference_pairs_with_their_trained_answers(runs_dir, tmp_path):
+    """ctrl+d on a file of pairs: each prompt once, then the chosen and the rejected answer, each answer (and its
+    end of turn) in bold green, as `data inspect` shows them."""
+    recs = [{"prompt": r["messages"][:-1], "chosen": r["messages"][-1]["content"],
+             "rejected": r["messages"][-1]["content"] + " no"} for r in conversations(60, seed=3)]
+    corpus = write_jsonl(tmp_path / "pairs.jsonl", recs)
+    sets = " ".join([*TINY, "model.seq_len=64", "model.vocab_size=400", "train.objective=simpo"])
+
+    async def go():
+        app = make_app(runs_dir)
+        async with app.run_test(size=(160, 48)) as pilot:
+            app.action_new_run("cpu-small")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "NewRunScreen", what="the form")
+            form = app.screen
+            await wait_for(pilot, lambda: bool(form.query("#nr-preview")), what="the form's widgets")
+            preview = form.query_one("#nr-preview")
+            form.query_one("#nr-corpus", Input).value = str(corpus)
+            form.query_one("#nr-overrides", Input).value = sets
+            form.query_one("#nr-corpus", Input).focus()
+            await pilot.pause()
+            await pilot.press("ctrl+d")
+            await wait_for(pilot, lambda: shown(preview, "--- pair 2 ---"), timeout=120,
+                           what=lambda: f"the preview ({text_of(preview)!r})")
+            text = text_of(preview)
+            assert text.startswith("60 pairs; template chatml (built-in)"), text
+            marked = [s for s, style in styled_runs(preview) if style == "bold green"]
+            for rec, (chosen, rejected) in zip(recs[:2], zip(marked[::2], marked[1::2])):
+                assert chosen == rec["chosen"] + "<|im_end|>" and rejected == rec["rejected"] + "<|im_end|>"
+                assert f"<|im_start|>user\n{rec['prompt'][-1]['content']}<|im_end|>" in text
+            assert len(marked) == 4 and text.count("chosen: ") == 2 and text.count("rejected: ") == 2
+    run(go())

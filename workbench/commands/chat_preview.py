@@ -13,6 +13,8 @@ from workbench.data.chat import ChatReader
 from workbench.data.chat_data import ChatData, chat_options, conversation_pieces, pack, template_for, trained_count
 from workbench.data.chat_templates import trained_spans
 from workbench.data.documents import Corpus
+from workbench.data.preference import OBJECTIVE_FOR
+from workbench.data.preference_data import PreferenceData
 from workbench.data.tokenizer import CorpusTooSmall
 from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.fmt import duration
@@ -132,4 +134,44 @@ def inspect_chat(p: Preset, n: int, as_json: bool) -> int:
         note = f"; longer than seq_len {p.model.seq_len}: {what}" if long else ""
         print(f"\n--- conversation {c + 1} ({lengths[c]:,} tokens{note}) ---")
         print(marked(runs, colour))
+    return 0
+
+
+def inspect_preference(p: Preset, kind: str, n: int, as_json: bool) -> int:
+    """`workbench data inspect` of preference records: the first ``n`` pairs (or labelled answers) as the trainer
+    sees them: the prompt once, then the chosen and the rejected answer (or the answer and its label) with their
+    trained tokens marked."""
+    data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, file=sys.stderr),
+                        objective=OBJECTIVE_FOR[kind])  # shown whatever the preset's objective
+    assert isinstance(data, PreferenceData)
+    items = []
+    for i in range(min(n, data.items)):
+        convs = [conversation_pieces(data, c, "last_assistant") for c in data.conversations(i)]
+        prompt = "".join(t for t, trained in itertools.takewhile(lambda r: not r[1], convs[0]))
+        answers = ["".join(t for t, _ in runs)[len(prompt):] for runs in convs]
+        items.append({"index": i, "prompt": prompt, "answers": answers,
+                      "trained": [[t for t, trained in runs if trained] for runs in convs],
+                      "label": bool(data.tags[i]) if data.kind == "kto" else None, "runs": convs})
+    if as_json:
+        print(json.dumps({"format": data.kind, "source": data.source, "items": data.items,
+                          "template": data.template.source,
+                          "shown": [{k: v for k, v in it.items() if k != "runs"} for it in items]}, indent=1))
+        return 0
+    colour = sys.stdout.isatty()
+    key = f"{GREEN}trained{RESET}" if colour else f"{OPEN}trained{CLOSE}"
+    what = "pairs" if data.kind == "pairs" else "labelled answers"
+    print(f"{data.source}: {data.items:,} {what}; template {data.template.source}; {key} = in the loss")
+    for it in items:
+        print(f"\n--- {'pair' if data.kind == 'pairs' else 'answer'} {it['index'] + 1} ---")
+        print("prompt:   " + it["prompt"].replace("\n", "\n          "))
+        names = ["chosen:   ", "rejected: "] if data.kind == "pairs" else \
+            [f"{'good' if it['label'] else 'bad'}:     "]
+        for name, runs, prompt in zip(names, it["runs"], [it["prompt"]] * 2):
+            rest, skip = [], len(prompt)
+            for t, trained in runs:  # the answer's runs, after the shared prompt
+                cut = min(skip, len(t))
+                skip -= cut
+                if t[cut:]:
+                    rest.append((t[cut:], trained))
+            print(name + marked(rest, colour).rstrip("\n"))
     return 0

@@ -8,11 +8,12 @@ import sys
 import time
 from typing import Callable
 
-from workbench.commands.chat_preview import chat_prepared, inspect_chat
+from workbench.commands.chat_preview import chat_prepared, inspect_chat, inspect_preference
 from workbench.commands.common import TerminalProgress, add_set_option
 from workbench.config import Preset, resolve_preset
-from workbench.data.chat_data import corpus_is_chat
+from workbench.data.chat_data import corpus_kind
 from workbench.data.documents import Corpus
+from workbench.data.preference import KINDS
 from workbench.data.tokens import TokenData, open_data_corpus, prepare_data
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
@@ -120,7 +121,9 @@ def cmd_inspect(args) -> int:
         args.overrides = [*(args.overrides or []), "data.format=chat"]
     p = _preset(args)
     corpus = open_data_corpus(p.data)
-    if corpus_is_chat(p.data, corpus):
+    if (kind := corpus_kind(p.data, corpus)) in KINDS:
+        return inspect_preference(p, kind, args.documents, args.json)
+    if kind == "chat":
         return inspect_chat(p, args.documents, args.json)
     if args.json:
         print(json.dumps({"format": "text", "source": corpus.description, "files": len(corpus.sources),

@@ -193,6 +193,10 @@ def print_setup(r: dict[str, Any]) -> None:
               f"{g['bandwidth_gbs']:g} GB/s, {g['power_w']:g} W; {g['source']})")
         if r.get("gpu_note"):
             print(f"note: {r['gpu_note']}")
+    if m.objective != "sft":
+        ref = "no reference" if m.reference == "none" else f"reference: {m.reference} ({m.reference_why})"
+        print(f"objective {m.objective}: a pair is two rows a forward; {ref}" if m.objective != "kto" else
+              f"objective kto: {ref}")
     print(f"{r['preset']}: {millions(pr['total'], '.2f')} parameters (embedding {millions(pr['embedding'], '.2f')}"
           + (", tied" if not pr["lm_head"] else f", lm_head {millions(pr['lm_head'], '.2f')}") + "), "
           f"{r['flops_per_token'] / 1e6:.4g} MFLOP per token (6N + 12·L·H·Q·T)")
@@ -236,6 +240,8 @@ def print_memory(r: dict[str, Any]) -> None:
     ]
     if c.get("workspace"):
         rows.append(("cuBLAS workspaces", c["workspace"], ""))
+    if m.objective != "sft":
+        rows.append((f"reference ({m.reference})", c.get("reference", 0), m.reference_why))
     print(f"\nmemory at the peak ({m.peak_phase}), estimate:")
     for name, v, note in rows:
         print(f"  {name:<38} {hb(v):>11}" + (f"   {note}" if note else ""))

@@ -9,10 +9,12 @@ from workbench.analysis.history import measured_in
 from workbench.commands import launch
 from workbench.commands.common import TerminalProgress, add_corpus_option, add_init_from_option, add_set_option
 from workbench.config import overridden_keys, preset_to_toml
-from workbench.data.chat_data import check_loss_on, corpus_is_chat
+from workbench.data.chat_data import check_loss_on, corpus_kind
+from workbench.data.preference import check_corpus_kind
 from workbench.data.tokens import check_chat_template, open_data_corpus, prepare_data
 from workbench.machine.detect import Machine, detect
 from workbench.plan.finetune import link_init
+from workbench.plan.preference import objective_plan
 from workbench.plan.report import fit_check
 from workbench.plan.run_plan import NewRun, plan_new_run
 from workbench.plan.settings import check_installed, resolve_settings
@@ -56,6 +58,8 @@ def run(args) -> int:
             "every weight of"
         print(f"fine-tuning {what} {src.run} {src.ckpt['name']} ({p.source.get('model', src.run)}); "
               f"model.seq_len {p.model.seq_len}", flush=True)
+    if (objective := objective_plan(p)).preference:
+        print(objective.describe(), flush=True)
     check = fit_check(p, machine, measured_in(root))
     print("estimate: " + "; ".join(check.lines()), flush=True)
     if check.fits is False and not args.yes:
@@ -70,7 +74,9 @@ def run(args) -> int:
     corpus = open_data_corpus(p.data)
     check_loss_on(p.data, corpus, p.train.loss_on if "train.loss_on" in overridden_keys(overrides) else None)
     if args.detach:
-        if corpus_is_chat(p.data, corpus):  # (its first record was read to tell): the template it renders through
+        kind = corpus_kind(p.data, corpus)  # (its first record was read to tell)
+        check_corpus_kind(p.train.objective, kind, corpus.description)
+        if kind != "text":  # conversations and preference records: the template they render through
             check_chat_template(p.data, p.model.vocab_size, p.train.loss_on)
         else:
             corpus.check_first_records()
@@ -78,7 +84,8 @@ def run(args) -> int:
         progress = TerminalProgress()
         try:
             data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True),
-                                progress=progress, loss_on=p.train.loss_on)  # --init-from: the source's tokenizer
+                                progress=progress, loss_on=p.train.loss_on,  # --init-from: the source's tokenizer
+                                objective=p.train.objective)
         finally:
             progress.close()
         data.check(p)  # e.g. conversations that fill no row (all dropped as overlong) are bad input too

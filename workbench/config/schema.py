@@ -135,6 +135,26 @@ class TrainConfig:
                                    "assistant message and its end-of-turn token; last_assistant: the last one of "
                                    "each conversation; all: every token.",
                       choices=("assistant", "last_assistant", "all"))
+    objective: str = _f("sft", "What the run optimises. sft: next-token cross-entropy (text, or chat answers). On "
+                               "preference data (records of prompt/chosen/rejected, or prompt/completion/label): "
+                               "dpo (sigmoid DPO against a frozen reference: summed answer log-probs), simpo "
+                               "(reference-free, length-averaged, margin simpo_gamma), orpo (reference-free: the "
+                               "chosen answers' SFT loss plus an odds-ratio term) or, on labelled answers, kto. "
+                               "batch_size counts pairs (kto: answers). The reference is chosen for the run and "
+                               "stated at its start and in `workbench estimate`.",
+                        choices=("sft", "dpo", "simpo", "orpo", "kto"))
+    pref_beta: float = _f(0.0, "Preference objectives: the strength beta (orpo: lambda); 0 = the objective's own "
+                               "default: dpo 0.1, kto 0.1, simpo 2.0, orpo 0.1.", min=0.0)
+    pref_label_smoothing: float = _f(0.0, "dpo and simpo: the share of pairs assumed mislabelled (robust DPO; "
+                                          "SimPO's conservative loss); 0 = plain.", min=0.0, max=0.49)
+    pref_sft_weight: float = _f(0.0, "dpo and simpo: weight of an SFT term on the chosen answers (their token-mean "
+                                     "negative log-likelihood) added to the loss; it holds the chosen answers' "
+                                     "probability up while the margin widens. 0 = none.", min=0.0)
+    simpo_gamma: float = _f(1.0, "simpo: the target reward margin gamma (beta / 2 is the paper's advice).", min=0.0)
+    kto_desirable_weight: float = _f(1.0, "kto: weight of the desirable (label true) answers' loss.", min=0.0,
+                                     min_exclusive=True)
+    kto_undesirable_weight: float = _f(1.0, "kto: weight of the undesirable (label false) answers' loss.", min=0.0,
+                                       min_exclusive=True)
     finetune: str = _f("full", "full: train every weight. lora: (a run started with --init-from) freeze the "
                                "weights and train low-rank adapters on lora_targets; checkpoints hold only the "
                                "adapters, and export merges them.", choices=("full", "lora"))
@@ -277,7 +297,9 @@ class Preset:
         return out
 
     def tokens_per_step(self) -> int:
-        return self.train.batch_size * self.train.grad_accum * self.model.seq_len
+        """Positions a step trains on: a preference pair is two rows (its chosen and its rejected answer)."""
+        rows = 2 if self.train.objective in ("dpo", "simpo", "orpo") else 1
+        return rows * self.train.batch_size * self.train.grad_accum * self.model.seq_len
 
 
 def field_doc(section: str, key: str) -> str:

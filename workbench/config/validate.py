@@ -123,6 +123,14 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
     if "train.loss_on" in user_set and p.data.format == "text":
         bad(f"train.loss_on = {t.loss_on} applies to chat data, but data.format = text; set data.format = chat "
             "(or auto) for conversations")
+    if t.objective != "sft":
+        if m.dropout > 0:
+            bad(f"train.objective = {t.objective} trains without dropout (its reference and the step-0 check need a "
+                f"forward that gives the same log-probs twice, as TRL's disable_dropout); set model.dropout = 0 "
+                f"(--set model.dropout=0)")
+        if h.shard:
+            bad(f"train.objective = {t.objective} is not supported with hardware.shard = true (FSDP2) yet; use "
+                "hardware.shard = false (DDP)")
     if m.vocab_size > 2**31:
         bad(f"model.vocab_size = {m.vocab_size} is too large")
     if not _DEVICE_RE.match(h.device):
@@ -183,8 +191,12 @@ def preset_from_dict(data: dict[str, Any], where: str = "preset", name: str | No
                 raise PresetError(f"{where}: {key} = {value!r} must be a string")
             kwargs[key] = value
         if key in ("parent", "init"):
-            ok = (isinstance(value, dict) and set(value) == {"run", "step"} and isinstance(value["run"], str)
-                  and isinstance(value["step"], int) and not isinstance(value["step"], bool) and value["step"] >= 0)
+            # [init] may say the source carried LoRA adapters (merged into the run's init weights): adapter = true
+            extra = {"adapter"} if key == "init" else set()
+            ok = (isinstance(value, dict) and {"run", "step"} <= set(value) <= {"run", "step"} | extra
+                  and isinstance(value["run"], str) and isinstance(value["step"], int)
+                  and not isinstance(value["step"], bool) and value["step"] >= 0
+                  and isinstance(value.get("adapter", False), bool))
             if not ok:
                 raise PresetError(f"{where}: [{key}] must hold run (a run id) and step (a step number), "
                                   f"got {value!r}")

@@ -23,6 +23,12 @@ Conversations:
 - ``chat_prepare``     preparing a chat corpus once: rendered, encoded and labelled on every core, cached
 - ``chat_data``        the prepared conversations packed into rows and drawn in resumable batches
 
+Preference data:
+
+- ``preference``       preference records (prompt/chosen/rejected pairs, KTO's prompt/completion/label) read into
+                       conversations, and which objective trains on which kind
+- ``preference_data``  the prepared pairs or labelled answers drawn in resumable batches (PairBatch, AnswerBatch)
+
 Eval tasks:
 
 - ``tasks``            task files (multiple choice, exact match, chat) read into items

@@ -56,6 +56,7 @@ class Message:
 class Conversation:
     messages: tuple[Message, ...]
     where: str = ""     # "corpus file F, line N": where a message about it points
+    tag: int = 0        # preference data: a pair's chosen (1) or rejected (0) answer; KTO's label (1 good, 0 bad)
 
     def as_dicts(self) -> list[dict]:
         """The messages as a chat template reads them."""
@@ -190,6 +191,8 @@ def _no_format(src: Source, rec: dict) -> CorpusError:
 
 class ChatReader:
     """Conversations out of chat files, streamed, bad records raised or counted into ``stats``."""
+
+    group = 1  # conversations that belong together (a preference pair's two): shards never split them
 
     def __init__(self, options: ChatOptions = ChatOptions(), stats: Stats | None = None):
         self.options, self.roles = options, options.role_names()

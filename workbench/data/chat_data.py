@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench.config import DataConfig, Preset, chat_role_map
-from workbench.data.chat import ChatOptions, sniff_format, special_pieces
+from workbench.data.chat import ChatOptions, detect_format, special_pieces
 from workbench.data.chat_templates import (
     CHATML_PIECES,
     ChatTemplate,
@@ -44,7 +44,10 @@ from workbench.data.chat_templates import (
     model_template,
 )
 from workbench.data.documents import Corpus
+from workbench.data.listing import CorpusError, Source
+from workbench.data.preference import detect_kind
 from workbench.data.prepare import DataError
+from workbench.data.records import RecordReader
 from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, load_tokenizer
 from workbench.data.train_data import IGNORE, Batch
 from workbench.errors import WorkbenchError
@@ -56,26 +59,45 @@ if TYPE_CHECKING:
 PROMPT, TRAINED, LAST = 0, 1, 2
 
 
-def corpus_is_chat(cfg: DataConfig, corpus: Corpus) -> bool:
-    """data.format: chat or text; auto reads the first record of the first JSONL/parquet file."""
-    if cfg.format != "auto":
-        return cfg.format == "chat"
+def corpus_kind(cfg: DataConfig, corpus: Corpus) -> str:
+    """What a corpus holds: text, chat (conversations), pairs (prompt / chosen / rejected) or kto (prompt /
+    completion / label), from the first record of its first JSONL/parquet file; data.format = text forces text,
+    chat reads conversations unless the records are preference records."""
+    if cfg.format == "text":
+        return "text"
     src = next((s for s in corpus.sources if s.kind in ("jsonl", "parquet")), None)
     if src is None:
-        return False
+        return "chat" if cfg.format == "chat" else "text"
     # remembered per inputs (paths, sizes, modification times) and options: a cached start reads no corpus byte
-    key = hashlib.sha256(json.dumps([corpus.manifest_key(), cfg.messages_field, cfg.chat_roles]).encode())
+    key = hashlib.sha256(json.dumps([2, corpus.manifest_key(), cfg.messages_field, cfg.chat_roles]).encode())
     seen = cache_root() / "data" / f"f-{key.hexdigest()[:20]}.json"
     known = read_json(seen)
-    if known is not None:
-        return known.get("format") == "chat"
-    chat = sniff_format(src, chat_options(cfg)) is not None
+    if known is None:
+        known = {"format": sniff_kind(src, chat_options(cfg))}
+        try:
+            seen.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(seen, known)
+        except OSError:
+            pass  # the cache is not writable: the preparation says so
+    kind = str(known.get("format"))
+    return "chat" if kind == "text" and cfg.format == "chat" else kind
+
+
+def sniff_kind(src: Source, options: ChatOptions) -> str:
+    """A JSONL or parquet file's kind from its first record, read alone: pairs, kto, chat or text."""
     try:
-        seen.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(seen, {"format": "chat" if chat else "text"})
-    except OSError:
-        pass  # the cache is not writable: the preparation says so
-    return chat
+        first = RecordReader(skip_bad=True).first(src)
+    except CorpusError:  # not records (one JSON array, an unreadable file): the text reader says which
+        return "text"
+    if not first:
+        return "text"
+    return detect_kind(first) or ("chat" if detect_format(first, options) is not None else "text")
+
+
+def corpus_is_chat(cfg: DataConfig, corpus: Corpus) -> bool:
+    """data.format: chat or text; auto reads the first record of the first JSONL/parquet file. Preference records
+    are not chat (:func:`corpus_kind`)."""
+    return corpus_kind(cfg, corpus) == "chat"
 
 
 _PACKED: dict[str, bool] = {}
@@ -95,7 +117,7 @@ def packed_rows(cfg: DataConfig) -> bool:
         try:
             corpus = open_corpus(cfg.corpus, text_field=cfg.text_field, skip_bad=cfg.skip_bad_records,
                                  builtin_mb=cfg.builtin_mb)
-            _PACKED[key] = corpus_is_chat(cfg, corpus)
+            _PACKED[key] = corpus_kind(cfg, corpus) == "chat"
         except (WorkbenchError, OSError, ValueError):
             _PACKED[key] = False
     return _PACKED[key]
@@ -388,5 +410,5 @@ class ChatSampler:
 
 
 __all__ = ["IGNORE", "LAST", "PROMPT", "TRAINED", "ChatData", "ChatSampler", "Packing", "chat_options",
-           "conversation_pieces", "corpus_is_chat", "load_chat", "pack", "template_for", "trained_count",
-           "trained_labels"]
+           "conversation_pieces", "corpus_is_chat", "corpus_kind", "load_chat", "pack", "sniff_kind", "template_for",
+           "trained_count", "trained_labels"]

@@ -33,6 +33,7 @@ from workbench.data.chat_templates import ChatTemplate, ChatTemplateError
 from workbench.data.documents import Corpus, warnings_of
 from workbench.data.encode import _init_worker as _init_encode_worker
 from workbench.data.encode import join_files, worker_tokenizer
+from workbench.data.preference import KINDS, PreferenceReader
 from workbench.data.prepare import DataError, Prepared, _locked, workers_available
 from workbench.data.records import FIX_RECORDS, Stats
 from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
@@ -40,7 +41,7 @@ from workbench.faults import NO_FAULTS, Faults
 from workbench.fmt import duration, human_bytes
 from workbench.fs import cache_root, fsync_dir, read_json, write_atomic, write_json_atomic
 
-CHAT_VERSION = 2           # bump when what is written changes, so caches are prepared again
+CHAT_VERSION = 3           # bump when what is written changes, so caches are prepared again (3: tags.bin)
 SHARD_CHARS = 4 << 20      # message text per shard: the unit of parallel and resumable encoding
 
 
@@ -63,27 +64,34 @@ def _sample_for_tokenizer(reader: ChatReader, corpus: Corpus, sample_mb: float) 
 
 
 def _key(corpus: Corpus, cfg: DataConfig, tok: AnyTokenizer | None, vocab_size: int, sample_mb: float,
-         template: ChatTemplate, all_tokens: bool) -> str:
+         template: ChatTemplate, all_tokens: bool, kind: str = "chat") -> str:
     parts = [CHAT_VERSION, corpus.manifest(), cfg.messages_field, sorted(chat_role_map(cfg.chat_roles).items()),
              tok.digest() if tok is not None else f"own-{vocab_size}-{sample_mb:g}", template.text,
-             sorted(template.variables), all_tokens]
+             sorted(template.variables), all_tokens] + ([kind] if kind != "chat" else [])
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+
+
+def make_reader(cfg: DataConfig, kind: str, stats: Stats | None = None) -> ChatReader:
+    """The reader of a corpus of ``kind``: conversations (chat), or preference records (pairs, kto)."""
+    return PreferenceReader(kind, chat_options(cfg), stats) if kind in KINDS else ChatReader(chat_options(cfg), stats)
 
 
 def prepare_chat(cfg: DataConfig, corpus: Corpus, vocab_size: int, loss_on: str, given: AnyTokenizer | None,
                  model_dir: Path | None, log: Callable[[str], None] = print, workers: int | None = None,
-                 shard_chars: int = SHARD_CHARS, faults: Faults = NO_FAULTS) -> ChatPrepared:
+                 shard_chars: int = SHARD_CHARS, faults: Faults = NO_FAULTS, kind: str = "chat") -> ChatPrepared:
     """The conversations of ``corpus`` as tokens and labels: from the cache when its inputs are unchanged,
     else prepared now (resuming an interrupted preparation). ``given``: the tokenizer to use (else one is
-    trained on the messages' text)."""
+    trained on the messages' text). ``kind``: chat, or preference data (pairs, kto: each answer a conversation of
+    its own, tagged; only its last assistant turn is trained, whatever ``loss_on``)."""
     template = template_for(cfg, given, model_dir)
-    all_tokens = loss_on == "all"
+    all_tokens = loss_on == "all" and kind == "chat"
     root = cache_root() / "data"
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot create cache directory {root}: {e.strerror}; set WORKBENCH_CACHE_DIR") from None
-    d = root / f"chat-{_key(corpus, cfg, given, vocab_size, cfg.tokenizer_sample_mb, template, all_tokens)}"
+    d = root / f"{'chat' if kind == 'chat' else kind}-" \
+               f"{_key(corpus, cfg, given, vocab_size, cfg.tokenizer_sample_mb, template, all_tokens, kind)}"
     index = read_json(d / "index.json")
     if index and tokenizer_file(d) is not None:
         return ChatPrepared(d, index, cached=True, template=template)
@@ -92,12 +100,12 @@ def prepare_chat(cfg: DataConfig, corpus: Corpus, vocab_size: int, loss_on: str,
         if index and tokenizer_file(d) is not None:
             return ChatPrepared(d, index, cached=True, template=template)
         return _prepare_locked(cfg, corpus, vocab_size, template, all_tokens, given, d, log,
-                               workers or workers_available(), shard_chars, faults)
+                               workers or workers_available(), shard_chars, faults, kind)
 
 
 def _prepare_locked(cfg: DataConfig, corpus: Corpus, vocab_size: int, template: ChatTemplate, all_tokens: bool,
                     given: AnyTokenizer | None, d: Path, log: Callable[[str], None], workers: int, shard_chars: int,
-                    faults: Faults) -> ChatPrepared:
+                    faults: Faults, kind: str = "chat") -> ChatPrepared:
     t0 = time.time()
     shards = d.with_name(d.name + ".shards")
     shards.mkdir(exist_ok=True)
@@ -107,7 +115,7 @@ def _prepare_locked(cfg: DataConfig, corpus: Corpus, vocab_size: int, template: 
         tok = load_tokenizer(shards)
     else:
         log(f"training a {vocab_size}-piece tokenizer on the messages of {corpus.description} ...")
-        tok = train_tokenizer(_sample_for_tokenizer(ChatReader(chat_options(cfg)), corpus,
+        tok = train_tokenizer(_sample_for_tokenizer(make_reader(cfg, kind), corpus,
                                                     cfg.tokenizer_sample_mb), vocab_size)
         tok.save(shards)
     try:
@@ -119,18 +127,19 @@ def _prepare_locked(cfg: DataConfig, corpus: Corpus, vocab_size: int, template: 
         f"template {template.source} on {workers} process{'es' if workers > 1 else ''}"
         + (f", continuing after {done} finished shard(s)" if done else "") + " ...")
     stats = Stats()
-    reader = ChatReader(chat_options(cfg), stats)
+    reader = make_reader(cfg, kind, stats)
     sides = _encode(reader, corpus, encoder, all_tokens, shards, workers, shard_chars, faults)
     tmp = d.with_name(f".{d.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        for ext in ("tokens", "labels", "lengths"):
+        for ext in ("tokens", "labels", "lengths", "tags"):
             join_files([shards / f"{i:06d}.{ext}" for i in range(len(sides))], tmp / f"{ext}.bin")
         skipped = stats.skipped_records + sum(s["skipped"] for s in sides)
         first_bad = stats.first_bad_record or next((s["first_bad"] for s in sides if s["first_bad"]), "")
         stats.skipped_records, stats.first_bad_record = skipped, first_bad
-        index = {"format": "chat", "conversations": sum(s["conversations"] for s in sides),
+        index = {"format": kind, "conversations": sum(s["conversations"] for s in sides),
+                 "tagged": sum(s.get("tagged", 0) for s in sides),
                  "tokens": sum(s["tokens"] for s in sides), "dtype": sides[0]["dtype"] if sides else "uint16",
                  "trained": sum(s["trained"] for s in sides), "last_trained": sum(s["last_trained"] for s in sides),
                  "skipped_records": skipped, "source": corpus.description, "vocab_size": tok.vocab_size,
@@ -166,53 +175,59 @@ def _shards(reader: ChatReader, corpus: Corpus, shard_chars: int) -> Iterator[tu
     size = 0
     for conv in reader.conversations(corpus.sources):
         cur.append(conv)
-        h.update(json.dumps(conv.as_dicts(), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        h.update(json.dumps([conv.as_dicts(), conv.tag], ensure_ascii=False).encode("utf-8", "surrogatepass"))
         size += sum(len(m.content) for m in conv.messages)
-        if size >= shard_chars:
+        if size >= shard_chars and len(cur) % reader.group == 0:  # a preference pair stays in one shard
             yield cur, h.hexdigest()
             cur, h, size = [], hashlib.sha256(), 0
     if cur:
         yield cur, h.hexdigest()
 
 
-_ENCODER: tuple[ChatEncoder, bool, bool] | None = None
+_ENCODER: tuple[ChatEncoder, bool, bool, int] | None = None
 
 
-def _init_worker(template: ChatTemplate, all_tokens: bool, skip_bad: bool, tok_spec: tuple,
+def _init_worker(template: ChatTemplate, all_tokens: bool, skip_bad: bool, group: int, tok_spec: tuple,
                  parent: int | None = None) -> None:
     """In each encoding process: the tokenizer (and, on Linux, dying with the parent), and the encoder."""
     global _ENCODER
     _init_encode_worker(tok_spec, parent)
-    _ENCODER = (ChatEncoder(template, worker_tokenizer(), "all" if all_tokens else "assistant"), all_tokens, skip_bad)
+    _ENCODER = (ChatEncoder(template, worker_tokenizer(), "all" if all_tokens else "assistant"), all_tokens, skip_bad,
+                group)
 
 
 def encode_shard(i: int, convs: list[Conversation], out: str, sha: str) -> dict:
     """Render and encode one shard; write its tokens, labels and lengths, then its sidecar."""
     if _ENCODER is None:
         raise RuntimeError("an encoding process starts with _init_worker, which sets its encoder")
-    encoder, all_tokens, skip_bad = _ENCODER
+    encoder, all_tokens, skip_bad, group = _ENCODER
     dtype = np.uint16 if encoder.tok.vocab_size <= 65535 else np.uint32
     ids: list[int] = []
     labels: list[int] = []
     lengths: list[int] = []
+    tags: list[int] = []
     skipped, first_bad = 0, ""
-    for conv in convs:
+    for k in range(0, len(convs), group):  # a preference pair's two conversations are kept or skipped together
         try:
-            got = encoder.encode(conv)
+            got = [(conv, encoder.encode(conv)) for conv in convs[k:k + group]]
         except BadRecord as e:
             if not skip_bad:
                 raise BadRecord(f"{e}; {FIX_RECORDS}") from None
             skipped, first_bad = skipped + 1, first_bad or str(e)
             continue
-        ids += got.ids
-        labels += [LAST] * len(got.ids) if all_tokens else last_turn_labels(got.mask)
-        lengths.append(len(got.ids))
+        for conv, enc in got:
+            ids += enc.ids
+            labels += [LAST] * len(enc.ids) if all_tokens else last_turn_labels(enc.mask)
+            lengths.append(len(enc.ids))
+            tags.append(conv.tag)
     lab = np.asarray(labels, dtype=np.uint8)
     d = Path(out)
     write_atomic(d / f"{i:06d}.tokens", np.asarray(ids, dtype=dtype).tobytes())
     write_atomic(d / f"{i:06d}.labels", lab.tobytes())
     write_atomic(d / f"{i:06d}.lengths", np.asarray(lengths, dtype=np.uint32).tobytes())
+    write_atomic(d / f"{i:06d}.tags", np.asarray(tags, dtype=np.uint8).tobytes())
     side = {"sha256": sha, "conversations": len(lengths), "tokens": len(ids), "dtype": np.dtype(dtype).name,
+            "tagged": int(sum(tags)),
             "trained": int(np.count_nonzero(lab)), "last_trained": int(np.count_nonzero(lab == LAST)),
             "skipped": skipped, "first_bad": first_bad}
     write_json_atomic(d / f"{i:06d}.json", side)
@@ -222,7 +237,7 @@ def encode_shard(i: int, convs: list[Conversation], out: str, sha: str) -> dict:
 def _encode(reader: ChatReader, corpus: Corpus, encoder: ChatEncoder, all_tokens: bool, out: Path, workers: int,
             shard_chars: int, faults: Faults = NO_FAULTS) -> list[dict]:
     """Every shard's sidecar, in order: kept from an earlier start where its conversations are the same."""
-    args = (encoder.template, all_tokens, reader.options.skip_bad, encoder.tok.spec())
+    args = (encoder.template, all_tokens, reader.options.skip_bad, reader.group, encoder.tok.spec())
     pool = None
     if workers > 1:
         ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
@@ -270,4 +285,4 @@ def last_turn_labels(mask: list[int]) -> list[int]:
     return labels
 
 
-__all__ = ["CHAT_VERSION", "ChatPrepared", "encode_shard", "last_turn_labels", "prepare_chat"]
+__all__ = ["CHAT_VERSION", "ChatPrepared", "encode_shard", "last_turn_labels", "make_reader", "prepare_chat"]

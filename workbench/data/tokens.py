@@ -15,10 +15,12 @@ import numpy as np
 
 from workbench.config import DataConfig, Preset
 from workbench.data.chat import ChatEncoder
-from workbench.data.chat_data import corpus_is_chat, load_chat, template_for
+from workbench.data.chat_data import corpus_kind, load_chat, template_for
 from workbench.data.chat_prepare import prepare_chat
 from workbench.data.chat_templates import ChatTemplateError
 from workbench.data.documents import Corpus, open_corpus
+from workbench.data.preference import KINDS, check_corpus_kind
+from workbench.data.preference_data import load_preference
 from workbench.data.prepare import SHARD_CHARS, DataError, Prepared, Progress, prepare
 from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file
 from workbench.data.train_data import Batch, Sampler, TrainData
@@ -197,14 +199,25 @@ def check_chat_template(cfg: DataConfig, vocab_size: int, loss_on: str = "assist
 
 def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[str], None] = print,
                  progress: Progress | None = None, workers: int | None = None, shard_chars: int = SHARD_CHARS,
-                 faults: Faults = NO_FAULTS, run_dir: Path | None = None, loss_on: str = "assistant"
-                 ) -> TrainData:
+                 faults: Faults = NO_FAULTS, run_dir: Path | None = None, loss_on: str = "assistant",
+                 objective: str = "sft") -> TrainData:
     """The tokenizer and tokens of a preset's corpus, ready to train on (prepared now unless cached): a
-    :class:`TokenData` of documents, or a :class:`~workbench.data.chat_data.ChatData` of conversations
-    (data.format). ``run_dir``: the run's own copy of a given tokenizer (data.tokenizer) comes first."""
+    :class:`TokenData` of documents, a :class:`~workbench.data.chat_data.ChatData` of conversations (data.format),
+    or a :class:`~workbench.data.preference_data.PreferenceData` of preference records, refused first when
+    ``objective`` (train.objective) cannot train on its kind. ``run_dir``: the run's own copy of a given tokenizer
+    (data.tokenizer) comes first."""
     corpus = open_data_corpus(cfg)
+    kind = corpus_kind(cfg, corpus)
+    check_corpus_kind(objective, kind, corpus.description)
     given = given_tokenizer(cfg, vocab_size, run_dir)
-    if corpus_is_chat(cfg, corpus):
+    if kind in KINDS:
+        try:
+            prefs = prepare_chat(cfg, corpus, vocab_size, "assistant", given, tokenizer_dir(cfg, run_dir), log=log,
+                                 workers=workers, shard_chars=shard_chars, faults=faults, kind=kind)
+        except ChatTemplateError as e:
+            raise DataError(str(e)) from None
+        return load_preference(prefs, cfg.val_fraction)
+    if kind == "chat":
         try:
             chat = prepare_chat(cfg, corpus, vocab_size, loss_on, given, tokenizer_dir(cfg, run_dir), log=log,
                                 workers=workers, shard_chars=shard_chars, faults=faults)

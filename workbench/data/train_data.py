@@ -7,10 +7,11 @@ conversations, packed or one a row, their prompt tokens masked). The trainer, it
 ask the data (its sampler, its split, its template, its start facts) and read what a batch holds; none of them
 asks which kind it is.
 
-A third kind joins the same way: preference pairs (chosen / rejected, for DPO) would be a ``TrainData`` whose
-sampler yields a subclass of :class:`Batch` with its own arrays (declared with :func:`array`, so they move to the
-device and are sliced per rank with the rest), and whose start facts say what the doctor should know of it;
-the loss of such a batch is the objective's (``workbench.train.batches.batch_loss``), not the loop's.
+A third kind joins the same way: preference data (:class:`~workbench.data.preference_data.PreferenceData`: pairs
+of a chosen and a rejected answer, or KTO's labelled answers) is a ``TrainData`` whose sampler yields subclasses of
+:class:`Batch` with their own arrays (declared with :func:`array`, so they move to the device and are sliced per
+rank with the rest), and whose start facts say what the doctor should know of it; the loss of such a batch is the
+objective's (``workbench.train.batches.batch_loss``), not the loop's.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ class Batch(Generic[A]):
         changed = {f.name: fn(v) for f in dataclasses.fields(self)
                    if f.metadata.get("array") and (v := getattr(self, f.name)) is not None}
         return cast("Batch[B]", dataclasses.replace(self, **changed))  # type: ignore[arg-type]
+
+    def loss_units(self) -> Any:
+        """What an eval's loss is averaged over: its trained targets (a count, as numpy or torch gives it); a
+        preference batch's pairs or answers."""
+        return (self.targets != IGNORE).sum()  # type: ignore[attr-defined]  # an array, numpy or torch
 
     def trained(self) -> int:
         """How many of its targets the loss is over."""
@@ -124,4 +130,4 @@ class TrainData(Protocol):
         ...
 
 
-__all__ = ["IGNORE", "Batch", "Sampler", "TrainData", "array", "step_targets"]
+__all__ = ["A", "IGNORE", "Batch", "Sampler", "TrainData", "array", "step_targets"]

@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config import Preset
+from workbench.config import Preset, PresetError
+from workbench.data.preference import PAIRED
 from workbench.fmt import GiB as GB
 from workbench.fmt import MiB as MB
 from workbench.machine.detect import Machine, detect
@@ -23,6 +24,7 @@ from workbench.plan.flops import (
     param_breakdown,
     param_tensors,
 )
+from workbench.plan.preference import ObjectivePlan, objective_plan
 from workbench.plan.settings import PeakFn, RunSettings, resolve_settings
 
 # ----------------------------------------------------------------------------- memory
@@ -139,6 +141,9 @@ class MemoryEstimate:
     activations_total: int
     checkpoint_bytes: int      # a checkpoint's model.pt + state.pt: the trained weights and the optimizer's states
     host_offload: int = 0      # hardware.optimizer_states = offload: pinned host memory (weights, gradients, moments)
+    objective: str = "sft"     # train.objective (plan.preference)
+    reference: str = "none"    # a preference run's reference: none | adapters off | frozen copy
+    reference_why: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -291,7 +296,7 @@ def logit_bytes(preset: Preset, settings: RunSettings) -> Logits:
 
 
 def peak_phase(states: ModelStates, acts: Activations, logits: Logits, settings: RunSettings,
-               grad_accum: int, workspace: int) -> tuple[str, dict[str, int], dict[str, int]]:
+               grad_accum: int, workspace: int, reference: int = 0) -> tuple[str, dict[str, int], dict[str, int]]:
     """(the phase of the step's peak, every phase's bytes, what is resident at the peak by component).
 
     * end of forward: all saved activations, the logits (and their fp32 copy and log-softmax)
@@ -299,10 +304,12 @@ def peak_phase(states: ModelStates, acts: Activations, logits: Logits, settings:
       (the loop zeroes them with set_to_none)
     * late in backward: all gradients, one block's activations (recomputed under checkpointing, with its
       casts) and its backward temporaries
-    * optimizer step: weights + gradients + states + the step's temporaries"""
+    * optimizer step: weights + gradients + states + the step's temporaries
+
+    A preference run's frozen ``reference`` copy is resident throughout."""
     ckpt = settings.activation_checkpointing
     grads_resident = states.gradients if grad_accum > 1 else 0
-    static = states.weights + states.optimizer + grads_resident
+    static = states.weights + states.optimizer + grads_resident + reference
     late_acts = acts.layer_full + acts.transient + (acts.layer_checkpointed if ckpt else 0)
     casts_backward = acts.casts_head if ckpt else acts.casts_all
     parts = {
@@ -315,7 +322,7 @@ def peak_phase(states: ModelStates, acts: Activations, logits: Logits, settings:
     }
     components = {name: {"weights": states.weights, "gradients": 0, "optimizer": states.optimizer,
                          "weight_casts": 0, "activations": 0, "logits": 0, "optimizer_temp": 0,
-                         "workspace": workspace} | kv for name, kv in parts.items()}
+                         "workspace": workspace, "reference": reference} | kv for name, kv in parts.items()}
     phases = {name: sum(comp.values()) for name, comp in components.items()}
     assert phases["end of forward"] == static + acts.casts_all + acts.total + logits.forward + workspace
     phase = max(phases, key=lambda name: phases[name])
@@ -348,9 +355,15 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
     c, t = preset.model, preset.train
     dev = settings.device_type
     states = model_state_bytes(preset, settings)
-    acts = activation_bytes(preset, settings)
+    objective = objective_or_none(preset)
+    # a preference pair is two rows a forward (its chosen and its rejected answer); the reference's own forward
+    # runs before the policy's, without gradients, so only a frozen copy's weights add to the peak
+    rows = dataclasses.replace(settings, micro_batch=settings.micro_batch * objective.rows_per_item)
+    acts = activation_bytes(preset, rows)
     workspace = CUDA_WORKSPACE_BYTES if dev.startswith("cuda") else 0
-    phase, phases, comp = peak_phase(states, acts, logit_bytes(preset, settings), settings, t.grad_accum, workspace)
+    reference = reference_bytes(preset, settings, objective)
+    phase, phases, comp = peak_phase(states, acts, logit_bytes(preset, rows), settings, t.grad_accum, workspace,
+                                     reference)
     churn = comp["activations"] + comp["logits"] + comp["weight_casts"] + comp["optimizer_temp"]
     fragmentation = int(FRAGMENTATION * churn)
     framework = framework_bytes(settings)
@@ -369,7 +382,26 @@ def estimate_memory(preset: Preset, precision: str | None = None, device: str | 
         model_states=states.weights + states.gradients + states.optimizer, finetune=t.finetune,
         trainable_params=states.trainable, activations_total=acts.total,
         checkpoint_bytes=4 * states.trainable + states.optimizer + states.offloaded_states,
-        host_offload=states.offloaded)
+        host_offload=states.offloaded, objective=objective.objective, reference=objective.reference,
+        reference_why=objective.reference_why)
+
+
+def objective_or_none(preset: Preset) -> ObjectivePlan:
+    """The preset's objective plan; one that cannot run (a reference objective with no --init-from) is estimated
+    as if it needed no reference (the run itself is refused with the reason)."""
+    try:
+        return objective_plan(preset)
+    except PresetError:
+        o = preset.train.objective
+        return ObjectivePlan(o, rows_per_item=2 if PAIRED.get(o) else 1)
+
+
+def reference_bytes(preset: Preset, settings: RunSettings, objective: ObjectivePlan) -> int:
+    """A frozen copy of the weights (a full fine-tune's reference): in the compute dtype (2 bytes a parameter in
+    bf16/fp16, 4 in fp32); the reference of a LoRA run is the model itself with its adapters off (0)."""
+    if objective.reference != "frozen copy":
+        return 0
+    return (2 if settings.precision != "fp32" else 4) * count_params(preset.model)
 
 
 def fits(mem: MemoryEstimate, available: int | None, headroom: float = HEADROOM) -> bool | None:

@@ -101,7 +101,8 @@ def init_preset(p: Preset, src: InitSource, overrides: list[str]) -> Preset:
         # (LoRA's adapters are low-rank factors, not whole matrices; a full fine-tune moves pretrained weights,
         # which Muon's fixed-size updates at muon_lr would overwrite) unless --set train.optimizer=muon says so
         train = dataclasses.replace(train, optimizer="adamw")
-    out = dataclasses.replace(p, model=model, data=data, train=train, init={"run": src.run, "step": step},
+    init = {"run": src.run, "step": step, **({"adapter": True} if src.lora else {})}
+    out = dataclasses.replace(p, model=model, data=data, train=train, init=init,
                               source=source,
                               description=f"{what} fine-tune of {Path(source['model']).name} (run {src.run} step "
                                           f"{step}) with preset {p.name}")

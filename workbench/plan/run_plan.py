@@ -27,6 +27,7 @@ from workbench.data.tasks import absolute_task_spec, expand_task_specs, load_tas
 from workbench.fs import read_json
 from workbench.plan.finetune import InitSource, init_preset, parse_init_from
 from workbench.plan.horizon import extension
+from workbench.plan.preference import objective_plan
 from workbench.plan.recommend import recommend_preset
 
 
@@ -85,12 +86,15 @@ def plan_new_run(req: NewRun, runs_root: Path, info: dict | None = None) -> RunP
     p.data.corpus = absolute_corpus(p.data.corpus)
     p.train.eval_tasks = checked_eval_tasks(p.train.eval_tasks, p.train.task_limit)
     if not req.init_from:
+        objective_plan(p)  # a reference objective needs a model to start from
         if p.train.finetune == "lora":
             raise PresetError("train.finetune = lora trains adapters on weights that exist: start from a checkpoint "
                               "with --init-from RUN (a run of yours, or a model brought in by `workbench import`)")
         return RunPlan(p, None)
     src = parse_init_from(runs_root, req.init_from)
-    return RunPlan(init_preset(p, src, list(req.overrides)), src)
+    p = init_preset(p, src, list(req.overrides))
+    objective_plan(p)
+    return RunPlan(p, src)
 
 
 # ----------------------------------------------------------------------------- resuming
@@ -98,8 +102,9 @@ def plan_new_run(req: NewRun, runs_root: Path, info: dict | None = None) -> RunP
 # Keys that change what the checkpoint's tensors mean; resuming with other values is refused.
 SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "tie_embeddings", "head_size",
               "attn_bias", "qk_norm")
-# Training keys that change what a checkpoint's tensors are (a LoRA run's checkpoints hold its adapters).
-ADAPTER_KEYS = ("finetune", "lora_rank", "lora_alpha", "lora_targets")
+# Training keys that change what a checkpoint's tensors are (a LoRA run's checkpoints hold its adapters), or what
+# the run optimises against its data (a preference run's objective and reference).
+ADAPTER_KEYS = ("finetune", "lora_rank", "lora_alpha", "lora_targets", "objective")
 
 
 @dataclass(frozen=True)

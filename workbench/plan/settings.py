@@ -296,7 +296,7 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
     else:
         reason = "auto: off on MPS"
     fused = fused_optimizer_wanted(h.fused_adamw, device, machine)
-    packed = _packed_rows(p.data)
+    packed = p.train.objective == "sft" and _packed_rows(p.data)  # preference pairs: one answer a row
     if packed and kind == "cuda" and h.attention_kernel == "flash":
         raise SettingsError("hardware.attention_kernel = 'flash' cannot mask packed conversations (the flash kernel "
                             "takes no mask); use hardware.attention_kernel = auto, or data.packing = false")

@@ -67,7 +67,9 @@ from workbench.rundir.names import (
     LOCK_FILE,
     LOG_FILE,
     METRICS_FILE,
+    PREFERENCES_FILE,
     PRESET_FILE,
+    RATINGS_FILE,
     SAMPLES_FILE,
     STATUS_FILE,
     TASKS_FILE,
@@ -87,11 +89,13 @@ from workbench.rundir.records import (
     MetricsTail,
     MetricsWriter,
     NullWriter,
+    PreferenceRecord,
     Record,
     RunStatus,
     RunView,
     TaskRecord,
     TrainRecord,
+    append_feedback,
     append_jsonl,
     append_records,
     current_timeline,
@@ -203,7 +207,8 @@ def clean_stale_temporaries(run_dir: Path) -> list[str]:
     return removed
 
 
-__all__ = ["append_jsonl", "append_records", "best_checkpoint", "CHAT_TEMPLATE_FILE", "check_deletable",
+__all__ = ["PREFERENCES_FILE", "RATINGS_FILE", "append_feedback", "append_jsonl", "append_records",
+           "best_checkpoint", "CHAT_TEMPLATE_FILE", "check_deletable",
            "CHECKPOINTS_DIR", "CKPT_META", "CKPT_MODEL", "ckpt_name", "CKPT_OPTIMIZER", "CKPT_PREFIX",
            "CKPT_TRAINER_STATE", "clean_stale_temporaries", "copy_tokenizer", "create_run", "current_timeline",
            "delete_checkpoint", "delete_run", "EvalRecord", "EventRecord", "first_event", "INIT_DIR",
@@ -212,5 +217,5 @@ __all__ = ["append_jsonl", "append_records", "best_checkpoint", "CHAT_TEMPLATE_F
            "new_run_dir", "NullWriter", "parse_record", "pid_alive", "PRESET_FILE", "process_start_time",
            "read_jsonl_tail", "read_metrics", "read_status", "Record", "resolve_run", "RunError", "RunLock",
            "runs_root", "RunStatus", "RunView", "SAMPLES_FILE", "sanitize_run_name", "select_checkpoint", "STATES",
-           "STATUS_FILE", "TaskRecord", "TASKS_FILE", "TEMPLATES_DIR", "TIME_KEYS", "TIMELINE_EVENTS", "TMP_PREFIX",
-           "TOKENIZER_FILES", "TrainRecord", "write_preset", "write_status"]
+           "STATUS_FILE", "PreferenceRecord", "TaskRecord", "TASKS_FILE", "TEMPLATES_DIR", "TIME_KEYS",
+           "TIMELINE_EVENTS", "TMP_PREFIX", "TOKENIZER_FILES", "TrainRecord", "write_preset", "write_status"]

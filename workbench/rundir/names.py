@@ -10,6 +10,8 @@ STATUS_FILE = "status.json"        # where the run is now, replaced whole
 LOG_FILE = "train.log"             # the trainer's stdout and stderr
 TASKS_FILE = "tasks.jsonl"         # task scores written by `workbench eval` (typed task records)
 SAMPLES_FILE = "samples.jsonl"     # the generations the trainer writes at its evals (train.sample_prompt)
+PREFERENCES_FILE = "preferences.jsonl"  # pairs picked in the Sample pane's A/B chat (prompt, chosen, rejected)
+RATINGS_FILE = "ratings.jsonl"     # replies rated good or bad there (KTO's prompt, completion, label)
 LOCK_FILE = "lock"                 # flock'ed by the one trainer working on the run
 
 # checkpoints/step_NNNNNNN/ holds one complete checkpoint; a checkpoint being written is a directory

@@ -7,6 +7,8 @@ Four kinds, each defined once here (the writer and every reader use these classe
   eval's seconds and the run's wall-clock so far with its seconds in evals and checkpoint saves
 - :class:`TaskRecord`   ``train.eval_tasks`` scored at a step: one record per task and metric (the
   trainer writes them here; ``workbench eval`` writes the same records to ``tasks.jsonl``)
+- :class:`PreferenceRecord` (preference objectives) rewards, margin, accuracy and log-prob drift, at each log
+  line (train) and eval (val)
 - :class:`EventRecord`  start, resume, compile_done, checkpoint, early_stop, nonfinite_skip,
   rollback, preset_changed, stop, error, finish (each with its own fields in ``data``; a start's or a
   resume's are a :class:`StartRecord`)
@@ -130,6 +132,43 @@ class EvalRecord:
 
 
 @dataclass
+class PreferenceRecord:
+    """A preference run's measures beside its loss (train: every ``train.log_interval`` steps, the mean over the
+    micro-batches since the last; val and train at each eval, on the eval's fixed batches), as TRL names them:
+    the rewards of the chosen and the rejected answers (β times the policy's log-prob over the reference's; the
+    reference-free objectives' β times the length-averaged log-prob), their margin and the share of pairs whose
+    chosen reward is the higher (KTO: none), the policy's log-probs of both answers, and their drift from the
+    reference (policy - reference, summed over the answer; none without a reference). Under DDP rank 0's."""
+    kind: ClassVar[str] = "pref"
+    step: int
+    split: str                          # train | val | eval-train (the eval's train batches)
+    loss: float | None = None
+    chosen_reward: float | None = None
+    rejected_reward: float | None = None
+    margin: float | None = None
+    accuracy: float | None = None
+    chosen_logps: float | None = None
+    rejected_logps: float | None = None
+    chosen_drift: float | None = None
+    rejected_drift: float | None = None
+    time: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("loss", "chosen_reward", "rejected_reward", "margin", "accuracy",
+                                         "chosen_logps", "rejected_logps", "chosen_drift", "rejected_drift")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "step": self.step, "split": self.split,
+                **{k: getattr(self, k) for k in self.FIELDS}, "time": self.time, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PreferenceRecord":
+        known = {"kind", "step", "split", "time", *cls.FIELDS}
+        return cls(step=_int(d.get("step")), split=str(d.get("split") or "train"), time=_num(d.get("time")),
+                   **{k: _num(d.get(k)) for k in cls.FIELDS}, extra={k: v for k, v in d.items() if k not in known})
+
+
+@dataclass
 class TaskRecord:
     kind: ClassVar[str] = "task"
     step: int
@@ -202,6 +241,7 @@ class StartRecord:
     checkpoint: str | None = None               # the checkpoint a resume goes on from
     parent: dict[str, Any] | None = None        # the preset's parent (a branch) and init (a fine-tune's weights)
     init: dict[str, Any] | None = None
+    objective: dict[str, Any] | None = None     # a preference run's: objective, beta, reference (plan.preference)
     data: dict[str, Any] = field(default_factory=dict)
 
     def event(self, resume: bool, step: int, time: float) -> EventRecord:
@@ -217,7 +257,7 @@ class StartRecord:
                                                                           if k not in known})
 
 
-Record = Union[TrainRecord, EvalRecord, TaskRecord, EventRecord]
+Record = Union[TrainRecord, EvalRecord, TaskRecord, EventRecord, PreferenceRecord]
 
 # Events after which the run continues from the event's step: a resume from a checkpoint, or a rollback
 # to one. Train, eval and task records logged before such an event for later steps belong to the timeline it
@@ -318,12 +358,14 @@ def current_timeline(records: list[Record]) -> list[Record]:
     out: list[Record] = []
     for r in records:
         if isinstance(r, EventRecord) and r.event in TIMELINE_EVENTS:
-            kept = [x for x in out if not (isinstance(x, (TrainRecord, EvalRecord, TaskRecord)) and x.step > r.step)]
+            kept = [x for x in out if not (isinstance(x, (TrainRecord, EvalRecord, TaskRecord, PreferenceRecord))
+                                           and x.step > r.step)]
             out = kept
         out.append(r)
     return out
-RecordClass = Union[type[TrainRecord], type[EvalRecord], type[TaskRecord], type[EventRecord]]
-RECORD_KINDS: dict[str, RecordClass] = {c.kind: c for c in (TrainRecord, EvalRecord, TaskRecord, EventRecord)}
+RecordClass = Union[type[TrainRecord], type[EvalRecord], type[TaskRecord], type[EventRecord], type[PreferenceRecord]]
+RECORD_KINDS: dict[str, RecordClass] = {c.kind: c for c in (TrainRecord, EvalRecord, TaskRecord, EventRecord,
+                                                            PreferenceRecord)}
 
 
 def parse_record(d: Any) -> Record | None:
@@ -359,6 +401,17 @@ def append_jsonl(path: Path, objs: Iterable[dict[str, Any]]) -> None:
     """Append JSON objects to a JSON-lines file of a run, one a line (samples.jsonl's generations)."""
     with open(path, "a", encoding="utf-8") as f:
         f.writelines(_line(d) for d in objs)
+
+
+def append_feedback(path: Path, record: dict[str, Any]) -> int:
+    """Append one preference pair or rating (the Sample pane's picks) to a run's preferences.jsonl or
+    ratings.jsonl, flushed to disk; returns how many records the file holds now."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(_line(record))
+        f.flush()
+        os.fsync(f.fileno())
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
 
 
 def append_records(path: Path, records: Iterable[Record]) -> None:

@@ -9,6 +9,7 @@ import torch
 
 from workbench.data.train_data import Batch
 from workbench.train import runtime
+from workbench.train.objective import Objective
 
 
 def on_device(batch: Batch, device: torch.device, rank: int = 0, rows: int | None = None,
@@ -20,11 +21,14 @@ def on_device(batch: Batch, device: torch.device, rank: int = 0, rows: int | Non
     return runtime.batch_to_device(batch, device, flex=flex)
 
 
-def batch_loss(forward: Callable, batch: Batch[torch.Tensor], loss_tokens: float | None) -> torch.Tensor:
+def batch_loss(forward: Callable, batch: Batch[torch.Tensor], loss_tokens: float | None,
+               objective: Objective | None = None) -> torch.Tensor:
     """The loss of one batch on the device through ``forward`` (the model, or its compiled / DDP wrapper): the
     next-token cross-entropy over its trained targets, their mean (``loss_tokens`` None) or their sum over
-    ``loss_tokens``. The one place a batch meets the model's loss: another objective (preference pairs) is
-    decided here, not in the loop."""
+    ``loss_tokens``. The one place a batch meets the model's loss: a preference run's ``objective`` (DPO, SimPO,
+    ORPO, KTO: :mod:`workbench.train.objective`) takes its batches here, not in the loop."""
+    if objective is not None:
+        return objective.loss(forward, batch, loss_tokens)
     return forward(batch.inputs, batch.targets, positions=batch.positions, segments=batch.segments,
                    loss_tokens=loss_tokens)[1]
 

@@ -20,6 +20,7 @@ from workbench.data.train_data import IGNORE, Batch, Sampler, TrainData
 from workbench.rundir import EvalRecord
 from workbench.train.batches import batch_loss
 from workbench.train.dist import Dist
+from workbench.train.objective import Objective
 
 PARTS = ("train", "val")
 
@@ -52,7 +53,7 @@ class EvalBatches:
             for _ in range(n):
                 b = batch(s)
                 trained = b.targets != IGNORE
-                count += trained.sum()
+                count += b.loss_units()  # trained targets; a preference batch's pairs or answers
                 nbytes += token_bytes[b.targets.clamp_min(0)][trained].sum()
                 batches.append(b)
             parts[part] = EvalPart(batches, count, nbytes)
@@ -61,21 +62,27 @@ class EvalBatches:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, evals: EvalBatches, dist: Dist, autocast: contextlib.AbstractContextManager,
-             step: int) -> EvalRecord:
+             step: int, objective: Objective | None = None) -> EvalRecord:
     """Mean loss over the fixed batches of train and of val, and their bits per byte: the loss in bits over the
     UTF-8 bytes the target tokens stand for, which does not depend on the tokenizer. Text: windows; chat: rows of
-    conversations, the loss over their trained targets. Under DDP the sums of all ranks are added up."""
+    conversations, the loss over their trained targets; preference data (``objective``): the objective's loss per
+    pair (or answer), its bits over the chosen answers' bytes, and its measures as ``extra["preference"]``
+    (PreferenceRecords of the eval's train and val batches). Under DDP the sums of all ranks are added up."""
     model.eval()
     loss, bpb = [], []
+    prefs = []
     for part in PARTS:
         ep = evals.parts[part]
         nats = torch.zeros((), device=ep.count.device)
         for b in ep.batches:
             with autocast:
-                nats += batch_loss(model, b, loss_tokens=1.0).float()
+                nats += batch_loss(model, b, loss_tokens=1.0, objective=objective).float()
+        if objective is not None and (rec := objective.take(step, "val" if part == "val" else "eval-train",
+                                                           time.time())) is not None:
+            prefs.append(rec)
         vec = dist.sum_(torch.stack([nats, ep.count.float(), ep.nbytes.float()]))
         loss.append(vec[0].item() / max(1.0, vec[1].item()))
         bpb.append(vec[0].item() / math.log(2) / max(1.0, vec[2].item()))
     model.train()
     return EvalRecord(step=step, train_loss=loss[0], val_loss=loss[1], time=time.time(), train_bpb=bpb[0],
-                      val_bpb=bpb[1])
+                      val_bpb=bpb[1], extra={"preference": prefs} if prefs else {})

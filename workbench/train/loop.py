@@ -34,13 +34,25 @@ from workbench.data.train_data import Batch, Sampler, step_targets
 from workbench.errors import WorkbenchError
 from workbench.plan.cost import eval_seconds
 from workbench.plan.sampling import TEXT
-from workbench.rundir import EvalRecord, TrainRecord
+from workbench.rundir import EvalRecord, PreferenceRecord, TrainRecord
 from workbench.train import runtime
 from workbench.train.batches import batch_loss, on_device
 from workbench.train.evaluation import EvalBatches, evaluate
 from workbench.train.generate import generate_text
 from workbench.train.reporter import failure_message
 from workbench.train.start import TrainerParts
+
+
+def preference_summary(r: PreferenceRecord) -> str:
+    """The log line's tail for a preference run: reward margin and accuracy, the answers' log-prob drift."""
+    def num(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+    out = f", margin {num(r.margin, '.3f')}"
+    if r.accuracy is not None:
+        out += f", acc {r.accuracy:.2f}"
+    if r.chosen_drift is not None:
+        out += f", drift chosen {num(r.chosen_drift, '+.2f')} rejected {num(r.rejected_drift, '+.2f')}"
+    return out
 
 
 class TrainError(WorkbenchError):
@@ -123,6 +135,8 @@ class Trainer(TrainerParts):
         factor = self.horizon.lr_factor(st.step) * st.lr_scale
         b.optimizer.set_lr(factor)  # every group at the same share of its own peak
         lr = self.preset.train.lr * factor
+        if self.objective is not None:  # a preference run's checks need to know where the run is
+            self.objective.at_step(st.step, lr, fresh=not self.resume)
         loss_sum = self.forward_backward(poison=self.faults.poison_step(st.step + 1))
         b.optimizer.unscale_(b.scaler)
         params = b.model.parameters()
@@ -179,7 +193,7 @@ class Trainer(TrainerParts):
             no_sync = self.settings.parallel == "ddp" and not last
             with b.train_forward.no_sync() if no_sync else contextlib.nullcontext():
                 with self.autocast:  # drop the logits now: they would live through backward
-                    loss = batch_loss(b.train_forward, mb, per_step)
+                    loss = batch_loss(b.train_forward, mb, per_step, self.objective)
                 if poison:
                     loss = loss * float("nan")
                 if per_step is None:
@@ -222,8 +236,12 @@ class Trainer(TrainerParts):
             data_fraction=self.throughput.data_fraction(now)))
         self.report.status(step=st.step, tokens_seen=st.tokens_seen, **self.budget_status(now))
         shown = loss if loss is not None else float("nan")
+        pref = self.objective.take(st.step, now=now) if self.objective is not None else None
+        if pref is not None:
+            self.report.record(pref)
         self.report.log(f"step {st.step}/{max_iters}: loss {shown:.4f}, lr {lr:.2e}, grad norm {gn:.3f}, "
-                        f"{f'{tps:,.0f} tok/s' if tps else 'warming up'}, mem {mem:.0f} MB")
+                        f"{f'{tps:,.0f} tok/s' if tps else 'warming up'}, mem {mem:.0f} MB"
+                        + (preference_summary(pref) if pref is not None else ""))
         self.throughput.after_log(now)
 
     def budget_status(self, now: float) -> dict:
@@ -296,8 +314,10 @@ class Trainer(TrainerParts):
         if self.eval_batches is None:
             self.eval_batches = EvalBatches.draw(self.preset, self.data, self.eval_iters, self.token_bytes,
                                                  self.device, self.next_batch)
-        ev = evaluate(self.built.model, self.eval_batches, self.dist, self.autocast, self.state.step)
+        ev = evaluate(self.built.model, self.eval_batches, self.dist, self.autocast, self.state.step, self.objective)
         now = time.time()
+        for pref in ev.extra.pop("preference", []):  # an eval's preference records, beside its losses
+            self.report.record(pref)
         self.state.eval_s += now - t0
         return dataclasses.replace(ev, seconds=round(now - t0, 3), **self.time_spent())
 

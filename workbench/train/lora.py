@@ -15,7 +15,9 @@ State-dict names keep the base model's (``layers.0.attn.wq.weight``) and add the
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -46,10 +48,13 @@ class LoRALinear(nn.Module):
         self.lora_b = nn.Parameter(torch.zeros(self.out_features, rank, device=dev))
         nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.disabled = False  # adapters_off: the frozen projection alone (a preference run's reference)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias) + F.linear(F.linear(self.drop(x), self.lora_a),
-                                                              self.lora_b) * self.scale
+        base = F.linear(x, self.weight, self.bias)
+        if self.disabled:
+            return base
+        return base + F.linear(F.linear(self.drop(x), self.lora_a), self.lora_b) * self.scale
 
 
 def apply_lora(model: GPT, t: TrainConfig) -> int:
@@ -63,6 +68,20 @@ def apply_lora(model: GPT, t: TrainConfig) -> int:
             parent = getattr(block, PROJECTION_PARENT[name])
             setattr(parent, name, LoRALinear(getattr(parent, name), t.lora_rank, t.lora_alpha, t.lora_dropout))
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@contextlib.contextmanager
+def adapters_off(model: torch.nn.Module) -> Iterator[None]:
+    """The model without its adapters while inside: its frozen weights alone (a LoRA preference run's reference:
+    the model it started from, with no second copy of the weights)."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    for m in layers:
+        m.disabled = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.disabled = False
 
 
 def cast_frozen(model: GPT, dtype: torch.dtype) -> None:

@@ -287,11 +287,13 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 cache: KVCache | None = None, positions: torch.Tensor | None = None,
-                segments: torch.Tensor | None = None, loss_tokens: float | None = None):
+                segments: torch.Tensor | None = None, loss_tokens: float | None = None, logps: bool = False):
         """Returns (logits, loss). With targets, logits are those of every position (None with
         the fused loss, which never builds them). ``loss_tokens`` (chat): the loss is the sum over the targets
         that are not ``IGNORE`` (-100) divided by this (the trained targets of the whole optimizer step, so
-        micro-batches of ragged masks weigh each token alike); None: the mean over every target."""
+        micro-batches of ragged masks weigh each token alike); None: the mean over every target.
+        ``logps`` (preference objectives): (None, each target's log-probability [B, T] in fp32, 0 where the
+        target is ``IGNORE``), the logits made only at the trained targets (an answer is a small part of a row)."""
         compiled = self.__dict__.get("_hidden_compiled")
         if compiled is not None and cache is None and torch.is_grad_enabled():
             # training steps only: evals and sampling stay eager (one graph to compile). An inference graph for
@@ -303,6 +305,13 @@ class GPT(nn.Module):
         if targets is None:
             # Generation needs only the last position's logits.
             return F.linear(x[:, -1:, :], self.output_weight()), None
+        if logps:
+            keep = targets != IGNORE
+            z = F.linear(x[keep], self.output_weight()).float()
+            picked = z.log_softmax(-1).gather(-1, targets[keep].unsqueeze(-1)).squeeze(-1)
+            out = torch.zeros(targets.shape, dtype=torch.float32, device=x.device)
+            out[keep] = picked
+            return None, out
         n_tok = x.shape[0] * x.shape[1]
         if self.loss_chunk_tokens:
             return None, fused_cross_entropy(x.reshape(n_tok, -1), self.output_weight(), targets.reshape(-1),

@@ -27,14 +27,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from workbench.plan.preference import AVERAGED, DEFAULT_BETA, DEFAULT_SIMPO_GAMMA, NEEDS_REFERENCE
+
 LN2 = math.log(2.0)
-# Each objective's default strength (train.pref_beta = 0 takes it): DPO's and KTO's β 0.1 (the papers', TRL's);
-# SimPO's β 2.0 with γ = 1.0 (γ/β = 0.5, the paper's recommendation); ORPO's λ 0.1 (TRL's beta).
-DEFAULT_BETA = {"dpo": 0.1, "simpo": 2.0, "orpo": 0.1, "kto": 0.1}
-DEFAULT_SIMPO_GAMMA = 1.0
-# Which log-probability each objective takes: the sum over the answer's tokens, or their mean.
-AVERAGED = {"dpo": False, "kto": False, "simpo": True, "orpo": True}
-NEEDS_REFERENCE = {"dpo": True, "kto": True, "simpo": False, "orpo": False}
+# The defaults (each objective's β, SimPO's γ, summed or averaged log-probs, which need a reference) are decided
+# once, torch-free, in workbench.plan.preference, and re-exported here for the losses' readers.
 
 
 @dataclass(frozen=True)
@@ -140,3 +137,7 @@ def kto_loss(answers: AnswerLogps, ref: torch.Tensor, desirable: torch.Tensor, k
                          undesirable_weight * (1 - torch.sigmoid(beta * (z - ratio))))
     rewards = beta * ratio.detach()
     return PreferenceLoss(losses.mean(), rewards[good], rewards[~good])
+
+
+__all__ = ["AVERAGED", "AnswerLogps", "DEFAULT_BETA", "DEFAULT_SIMPO_GAMMA", "LN2", "NEEDS_REFERENCE", "PreferenceLoss",
+           "answer_logps", "dpo_loss", "kto_loss", "orpo_loss", "sft_term", "simpo_loss"]

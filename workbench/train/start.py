@@ -30,6 +30,7 @@ from workbench.machine.rates import Calibration
 from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
 from workbench.plan.horizon import Horizon
+from workbench.plan.preference import ObjectivePlan, objective_plan
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.rundir.records import StartRecord
 from workbench.train import runtime, stateful
@@ -39,6 +40,7 @@ from workbench.train.checkpoint import Checkpoint, load_init_weights, read_check
 from workbench.train.checkpointer import Checkpointer
 from workbench.train.dist import Dist
 from workbench.train.evaluation import EvalBatches
+from workbench.train.objective import Objective, build_objective
 from workbench.train.reporter import Reporter, Throughput, savers_line, start_line
 from workbench.train.skips import Skips
 from workbench.train.state import TrainerState
@@ -86,14 +88,17 @@ def run_horizon(p: Preset, s: RunSettings, machine: Machine, state: TrainerState
 
 def start_record(p: Preset, s: RunSettings, built: Built, data: TrainData, sampler: Sampler, device: torch.device,
                  world: int, eval_iters: int, budget: Budget | None, calibration: Calibration | None,
-                 ckpt: Checkpoint | None) -> StartRecord:
+                 ckpt: Checkpoint | None, plan: ObjectivePlan | None = None) -> StartRecord:
     """What this process starts with: the model, where and how it runs, the data (and its own facts), the
     budget, what it goes on from."""
     train_tokens, val_tokens = data.split_tokens()
     optional: dict[str, Any] = {
         "budget_s": budget.seconds if budget else None, "budget_steps": budget.first_guess if budget else None,
         "calibration": calibration.to_dict() if calibration else None,
-        "checkpoint": ckpt.meta["name"] if ckpt else None, "parent": p.parent or None, "init": p.init or None}
+        "checkpoint": ckpt.meta["name"] if ckpt else None, "parent": p.parent or None, "init": p.init or None,
+        "objective": {"objective": plan.objective, "beta": plan.beta, "averaged": plan.averaged,
+                      "reference": plan.reference, "reference_why": plan.reference_why}
+        if plan is not None and plan.preference else None}
     return StartRecord(
         params=built.model.num_params(), device=str(device), precision=s.precision, compile=s.compile,
         compile_mode=s.compile_mode, loss_chunk_tokens=s.loss_chunk_tokens,
@@ -144,6 +149,8 @@ class TrainerParts:
         self.calibration: Calibration | None = None  # the CPU's (or an unlisted GPU's) measured MFU peak
         self.eval_iters = 0                         # batches of train and of val an eval scores (plan.evals)
         self.eval_batches: EvalBatches | None = None  # those batches, drawn at the first eval and kept
+        self.plan = ObjectivePlan("sft")            # what the run optimises and its reference (plan.preference)
+        self.objective: Objective | None = None     # a preference run's loss, its reference and its checks
 
     # ------------------------------------------------------------------ setup
 
@@ -188,7 +195,7 @@ class TrainerParts:
         in status.json. Every rank asks; one prepares, the others wait for it (a file lock)."""
         self.data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=self.report.log,
                                  progress=lambda pr: self.report.status(preparing=pr.to_dict()), faults=self.faults,
-                                 run_dir=self.run_dir, loss_on=p.train.loss_on)
+                                 run_dir=self.run_dir, loss_on=p.train.loss_on, objective=p.train.objective)
         self.report.status(preparing=None)
 
     def place(self, p: Preset) -> Checkpoint | None:
@@ -229,9 +236,14 @@ class TrainerParts:
         # The weights a fine-tuning run starts from (init/model.pt): at its start, and on every start of a
         # LoRA run (its checkpoints hold only the adapters). Rank 0 reads them and hands them on.
         init = None
-        if p.init is not None and (p.train.finetune == "lora" or ckpt is None):
+        self.plan = objective_plan(p)
+        frozen_copy = self.plan.reference == "frozen copy"  # a full fine-tune's reference: its starting weights
+        if p.init is not None and (p.train.finetune == "lora" or ckpt is None or frozen_copy):
             init = self.dist.broadcast(load_init_weights(rd) if self.dist.is_main else None)
         self.built = build(p, s, self.device, self.dist, rd / "cache" / "inductor", init)
+        if self.plan.preference:
+            self.objective = build_objective(p, self.plan, self.built.model, self.device, init,
+                                             runtime.amp_dtype(s), self.faults)
         del init
         self.checkpointer = Checkpointer(rd, p, self.report, self.faults, lambda: self.horizon)
         self.tasks = TaskScorer(p.train, self.checkpointer.due, lambda step: self.horizon.is_end(step))
@@ -263,10 +275,12 @@ class TrainerParts:
         self.report.log(start_line(self.run_dir.name, p, s, self.device, self.dist.world, b.model.num_params(),
                                    b.trainable, self.tokens_per_step, self.data.source, self.data.cached))
         self.report.log(savers_line(s))
+        if self.plan.preference:
+            self.report.log(self.plan.describe())
         if self.budget is not None:
             self.report.log(self.budget.describe(self.state.step, time.time()))
         start = start_record(p, s, b, self.data, self.sampler, self.device, self.dist.world, self.eval_iters,
-                             self.budget, self.calibration, ckpt)
+                             self.budget, self.calibration, ckpt, self.plan)
         self.report.record(start.event(self.resume, self.state.step, time.time()))
         if ckpt:  # safe changes since the checkpoint (schedule length, intervals), after the resume event
             self.report.preset_changes(self.state.step, stateful.preset_changes(self.state, p))

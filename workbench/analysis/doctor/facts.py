@@ -27,6 +27,7 @@ from workbench.rundir import (
     EvalRecord,
     EventRecord,
     MetricsTail,
+    PreferenceRecord,
     Record,
     RunStatus,
     RunView,
@@ -38,6 +39,8 @@ from workbench.rundir import (
 # Train records kept for the checks that look at the recent run (throughput, data wait): enough for a
 # median over many log intervals, few enough that a million-step run costs the TUI nothing.
 RECENT_TRAIN = 200
+# A preference run's train records kept: its first ones (how it started) and the recent ones (where it is).
+PREFS_FIRST, PREFS_RECENT = 20, 50
 
 
 @dataclass
@@ -58,6 +61,8 @@ class RunFacts(RunView):
     grad_spikes: SpikeFinder = field(default_factory=lambda: SpikeFinder("grad_norm"))
     loss_spikes: SpikeFinder = field(default_factory=lambda: SpikeFinder("loss"))
     time_spent: TimeSpent | None = None       # the newest time totals: wall-clock, evals, saves
+    prefs_first: list[PreferenceRecord] = field(default_factory=list)   # a preference run's first train records
+    prefs_recent: deque[PreferenceRecord] = field(default_factory=lambda: deque(maxlen=PREFS_RECENT))
     _tail: MetricsTail | None = None
 
     @property
@@ -116,6 +121,11 @@ class RunFacts(RunView):
                 self.peak_reserved_mb = max(self.peak_reserved_mb or 0.0, m)
             self.grad_spikes.add(r.step, r.grad_norm, r.lr)
             self.loss_spikes.add(r.step, r.loss, r.lr)
+        elif isinstance(r, PreferenceRecord):
+            if r.split == "train":
+                if len(self.prefs_first) < PREFS_FIRST:
+                    self.prefs_first.append(r)
+                self.prefs_recent.append(r)
         elif isinstance(r, EvalRecord):
             if r.val_loss is not None and r.train_loss is not None:
                 self.evals.append(r)
@@ -127,6 +137,8 @@ class RunFacts(RunView):
                 self.evals = [e for e in self.evals if e.step <= r.step]
                 self.recent = deque((t for t in self.recent if t.step <= r.step), maxlen=RECENT_TRAIN)
                 self.grad_spikes.rewind(r.step)
+                self.prefs_first = [x for x in self.prefs_first if x.step <= r.step]
+                self.prefs_recent = deque((x for x in self.prefs_recent if x.step <= r.step), maxlen=PREFS_RECENT)
                 self.loss_spikes.rewind(r.step)
 
 

@@ -15,7 +15,7 @@ from workbench.rundir import PRESET_FILE
 # problem worth fixing before the next run; "low": worth knowing, the run is fine without it.
 SEVERITIES = ("high", "medium", "low")
 # Within a severity: what breaks a run before what slows it, before what makes it learn less.
-KINDS = ("unstable", "memory", "slow", "overfitting", "data")
+KINDS = ("unstable", "memory", "slow", "overfitting", "data", "preference")
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,8 @@ def preview_text(out: dict) -> Text:
     """``data inspect --json`` as the form shows it: a conversation's trained text in bold green, a
     document's first lines."""
     t = Text()
+    if out.get("format") in ("pairs", "kto"):
+        return preference_preview(out)
     if out.get("format") == "chat" and out.get("tokenizer", "") is None:  # shown by characters: no tokenizer fits
         t.append(f"template {out['template']}; loss on {out['loss_on']} (bold green); {out['note']}", style="dim")
     elif out.get("format") == "chat":
@@ -82,6 +84,29 @@ def preview_text(out: dict) -> Text:
         t.append(Text("\n").join(lines[:PREVIEW_LINES]))
         if len(lines) > PREVIEW_LINES or doc.get("cut"):
             t.append(" […]", style="dim")
+    return t
+
+
+def preference_preview(out: dict) -> Text:
+    """Preference records as ``data inspect --json`` gives them: each prompt once, then its chosen and rejected
+    answers (or the rated answer and its label), their trained tokens in bold green."""
+    pairs = out["format"] == "pairs"
+    t = Text(f"{out['items']:,} {'pairs' if pairs else 'labelled answers'}; template {out['template']}; the answers' "
+             "trained tokens in bold green", style="dim")
+    for item in out["shown"]:
+        t.append(f"\n--- {'pair' if pairs else 'answer'} {item['index'] + 1} ---\n", style="dim")
+        t.append(Text("\n").join(Text(item["prompt"]).split("\n")[:PREVIEW_LINES]))
+        names = ["chosen", "rejected"] if pairs else ["good" if item["label"] else "bad"]
+        for name, answer, trained in zip(names, item["answers"], item["trained"]):
+            body = Text(answer.rstrip("\n"))
+            at = 0
+            for run in trained:
+                k = answer.find(run, at)
+                if k >= 0:
+                    body.stylize("bold green", k, k + len(run))
+                    at = k + len(run)
+            t.append(f"\n{name}: ", style="dim")
+            t.append(body)
     return t
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 from rich.text import Text
 from textual import on, work
@@ -68,6 +69,11 @@ class SamplePane(Vertical, Pane):
         Binding("ctrl+k", "cancel", "Stop sampling", show=False),
         Binding("ctrl+r", "reset_chat", "Reset chat"),
         Binding("ctrl+t", "toggle_chat", "Chat / text"),
+        # A/B picks (chat mode): function keys, which a text box does not take
+        Binding("f5", "prefer('a')", "A better"),
+        Binding("f6", "prefer('b')", "B better"),
+        Binding("f7", "rate(True)", "A good"),
+        Binding("f8", "rate(False)", "A bad"),
         # in a box, digits are text (a message may hold numbers); escape leaves it, and 1-6 switch tabs again
         Binding("escape", "leave_box", "Leave the box"),
     ]
@@ -103,11 +109,39 @@ class SamplePane(Vertical, Pane):
         """Chat keys only where they apply (a text run's footer stays as it was)."""
         if action == "toggle_chat":
             return self.chat_run
-        if action == "reset_chat":
+        if action in ("reset_chat", "prefer", "rate"):
             return self.chat_mode
         if action == "leave_box":
             return isinstance(self.app.focused, Input)
         return True
+
+    def action_prefer(self, side: str) -> None:
+        """Save the reply of column ``side`` (a or b) as the better of the two last replies: a preference pair in
+        the run's preferences.jsonl (``workbench train --init-from RUN --corpus RUN/preferences.jsonl --set
+        train.objective=dpo`` trains on them)."""
+        a, b = "#smp-out-a", "#smp-out-b"
+        self._judge(lambda run: self.chat.pick(self.runs_dir, run, a if side == "a" else b, b if side == "a" else a),
+                    a if side == "a" else b)
+
+    def action_rate(self, good: bool) -> None:
+        """Rate column A's last reply good or bad: a KTO row in the run's ratings.jsonl (train.objective = kto)."""
+        self._judge(lambda run: self.chat.pick(self.runs_dir, run, "#smp-out-a", None, good), "#smp-out-a")
+
+    def _judge(self, save: Callable[[str], str], column: str) -> None:
+        run = self.run_id
+        if run is None:
+            self.notify("Choose a run to chat with.", severity="warning")
+            return
+        try:
+            line = save(run)
+        except ValueError as e:
+            self.notify(str(e), severity="warning")
+            return
+        except OSError as e:
+            self.notify(f"could not save the pick: {e.strerror or e}", severity="error")
+            return
+        self.query_one(column, SampleOutput).append(f"  [{line}]\n\n", "bold green")
+        self.notify(line)
 
     def action_leave_box(self) -> None:
         """Leave the text box for the run choice, where the app's keys (1-6, q) work again."""

@@ -7,6 +7,8 @@ that column's conversation so far. The settings' defaults are the one definition
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 from typing import Callable
 
 from textual.app import ComposeResult
@@ -14,10 +16,13 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label
 
 from workbench.plan.sampling import CHAT, Sampling
+from workbench.rundir import PREFERENCES_FILE, RATINGS_FILE, append_feedback
 from workbench.tui import launcher
 from workbench.tui.widgets.sample_output import Column, Reader, SampleOutput, setting_name
 
-CHAT_HINT = "Type a message below (enter sends; ctrl+r starts over, ctrl+t samples text instead)."
+CHAT_HINT = ("Type a message below (enter sends; ctrl+r starts over, ctrl+t samples text instead). With two "
+             "checkpoints, F5 / F6 save A's / B's reply as the better one (RUN/preferences.jsonl); F7 / F8 rate A's "
+             "good / bad (RUN/ratings.jsonl).")
 
 
 class ChatControls(Vertical):
@@ -32,6 +37,7 @@ class ChatControls(Vertical):
         self.systems: dict[str, str] = {}       # the system prompt each column's transcript shows now
         self.replying: set[str] = set()         # the columns whose reply is being generated
         self.generation = 0                     # a new conversation drops what the replies of the old one send
+        self.checkpoints: dict[str, str] = {}   # the checkpoint (step) each column's last reply came from
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="sample-row smp-chat"):
@@ -61,7 +67,7 @@ class ChatControls(Vertical):
         """A new conversation with ``run``'s checkpoints ``a`` and ``b`` (``no_b``: the value for none): nothing
         remembered, the transcripts cleared."""
         self.generation += 1
-        self.conversations, self.systems, self.replying = {}, {}, set()
+        self.conversations, self.systems, self.replying, self.checkpoints = {}, {}, set(), {}
         out_a.reset(f"{run} @ {a}  chat" if run else "checkpoint A", "")
         out_a.append(CHAT_HINT, "dim")
         out_b.reset(f"{run} @ {b}  chat" if run and b != no_b else "checkpoint B (choose one to compare)", "")
@@ -85,8 +91,51 @@ class ChatControls(Vertical):
             out.append(f"you> {text}\n", "bold")
             out.append("model> ", "bold cyan")
             self.replying.add(out_id)
+            self.checkpoints[out_id] = col.checkpoint
             argv = launcher.chat_argv(runs_dir, run, col.checkpoint, system, sampling)
             stream(argv, Reply(self, out, out_id, self.generation), json.dumps({"messages": history}))
+
+    def last_reply(self, out_id: str) -> tuple[list[dict], str, str] | None:
+        """A column's last exchange: the conversation it answered (its system prompt first), its reply and the
+        checkpoint that gave it; None while it has no finished reply."""
+        history = self.conversations.get(out_id, [])
+        if out_id in self.replying or not history or history[-1]["role"] != "assistant":
+            return None
+        system = self.systems.get(out_id, "")
+        prompt = ([{"role": "system", "content": system}] if system else []) + [dict(m) for m in history[:-1]]
+        return prompt, history[-1]["content"], self.checkpoints.get(out_id, "")
+
+    def pick(self, runs_dir: Path, run: str, better: str, worse: str | None, good: bool = True) -> str:
+        """The user's judgement of the last replies, saved in the run's directory: ``better``'s reply preferred to
+        ``worse``'s (a pair in preferences.jsonl), or with ``worse`` None, ``better``'s reply rated good or bad
+        (``good``: a KTO row in ratings.jsonl). The line to show; ValueError when there is nothing to judge."""
+        mine = self.last_reply(better)
+        if mine is None:
+            raise ValueError("Wait for a reply to judge (send a message first).")
+        prompt, reply, ckpt = mine
+        if not reply.strip():
+            raise ValueError("That reply is empty: there is nothing to train on.")
+        if worse is None:
+            path = Path(runs_dir) / run / RATINGS_FILE
+            n = append_feedback(path, {"prompt": prompt, "completion": [{"role": "assistant", "content": reply}],
+                                       "label": good, "run": run, "checkpoint": ckpt, "time": round(time.time(), 3)})
+            return f"rated {'good' if good else 'bad'}: {path} ({n} rating{'s' if n != 1 else ''})"
+        theirs = self.last_reply(worse)
+        if theirs is None:
+            raise ValueError("Both columns need a reply to compare (choose checkpoint B, then send a message).")
+        _, other, other_ckpt = theirs
+        if other == reply:
+            raise ValueError("The two replies are the same: there is nothing to prefer.")
+        if not other.strip():
+            raise ValueError("The other reply is empty: a pair needs two answers.")
+        path = Path(runs_dir) / run / PREFERENCES_FILE
+        # the prompt is the conversation the chosen reply answered (the columns' histories may differ after the
+        # first turn; a pair needs one prompt)
+        n = append_feedback(path, {"prompt": prompt, "chosen": [{"role": "assistant", "content": reply}],
+                                   "rejected": [{"role": "assistant", "content": other}], "run": run,
+                                   "chosen_checkpoint": ckpt, "rejected_checkpoint": other_ckpt,
+                                   "time": round(time.time(), 3)})
+        return f"preferred (step {ckpt} over step {other_ckpt}): {path} ({n} pair{'s' if n != 1 else ''})"
 
     def replied(self, gen: int, out: SampleOutput, out_id: str, reply: str | None, note: str) -> None:
         """A reply is done: it joins the column's conversation, or (stopped, failed) the message it answered

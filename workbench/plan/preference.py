@@ -1,0 +1,91 @@
+"""A preference run's objective, decided once: its strength (``train.pref_beta`` = 0 is the objective's own
+default), whether it takes summed or length-averaged log-probs, whether it trains on pairs or on labelled
+answers, and **which reference** it compares the policy with. Torch-free: the trainer, ``estimate``, ``fit``
+and the start line all read :func:`objective_plan`.
+
+The reference, chosen automatically:
+
+* ``none``: SFT, SimPO and ORPO need none.
+* ``adapters off``: a LoRA run. Its frozen weights are the model it started from, and the adapters start at
+  zero, so the model with its adapters switched off *is* the policy at step 0, and stays so: no second copy of
+  the weights. Started from a run that itself carried adapters (a chat-tuned LoRA run), workbench merged those
+  adapters into the new run's frozen weights (``init/model.pt``), so the reference is that chat-tuned model,
+  its adapter frozen into it, not the base under it (TRL keeps a separate frozen copy of the adapter for this).
+* ``frozen copy``: a full fine-tune keeps a frozen copy of the weights it started from (in the compute dtype:
+  fp32 on a CPU, bf16/fp16 on a GPU), counted in the memory estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.config import Preset, PresetError
+from workbench.data.preference import DATA_KIND, PAIRED
+
+OBJECTIVES = ("sft", "dpo", "simpo", "orpo", "kto")
+# Each objective's default strength (train.pref_beta = 0 takes it): DPO's and KTO's β 0.1 (the papers', TRL's);
+# SimPO's β 2.0 with γ = 1.0 (γ/β = 0.5, the paper's recommendation); ORPO's λ 0.1 (TRL's beta).
+DEFAULT_BETA = {"dpo": 0.1, "simpo": 2.0, "orpo": 0.1, "kto": 0.1}
+DEFAULT_SIMPO_GAMMA = 1.0
+# Which log-probability each objective takes: the sum over the answer's tokens, or their mean.
+AVERAGED = {"dpo": False, "kto": False, "simpo": True, "orpo": True}
+NEEDS_REFERENCE = {"dpo": True, "kto": True, "simpo": False, "orpo": False}
+
+
+@dataclass(frozen=True)
+class ObjectivePlan:
+    """What a run of ``objective`` optimises, decided once."""
+    objective: str                 # sft | dpo | simpo | orpo | kto
+    beta: float = 0.0              # resolved (pref_beta, or the default)
+    averaged: bool = False         # length-averaged log-probs (SimPO, ORPO) instead of summed
+    reference: str = "none"        # none | adapters off | frozen copy
+    reference_why: str = ""
+    rows_per_item: int = 1         # forward rows per batch item: a pair is two (chosen, rejected)
+
+    @property
+    def preference(self) -> bool:
+        return self.objective != "sft"
+
+    @property
+    def data_kind(self) -> str:
+        """The corpus kind it trains on: text/chat (sft), pairs or kto."""
+        return DATA_KIND.get(self.objective, "sft")
+
+    def describe(self) -> str:
+        """One line for the start log, ``estimate`` and the run header."""
+        if not self.preference:
+            return "objective sft"
+        what = f"objective {self.objective} (beta {self.beta:g}, {'length-averaged' if self.averaged else 'summed'} " \
+               f"log-probs)"
+        ref = "no reference" if self.reference == "none" else f"reference: {self.reference} ({self.reference_why})"
+        return f"{what}; {ref}"
+
+
+def objective_plan(p: Preset) -> ObjectivePlan:
+    """The objective of a run of ``p`` and its reference; a PresetError for a reference objective with nothing to
+    compare with (a run from random weights)."""
+    t = p.train
+    o = t.objective
+    if o == "sft":
+        return ObjectivePlan("sft")
+    beta = t.pref_beta or DEFAULT_BETA[o]
+    rows = 2 if PAIRED[o] else 1
+    if not NEEDS_REFERENCE[o]:
+        return ObjectivePlan(o, beta, AVERAGED[o], "none", f"{o} is reference-free", rows)
+    if p.init is None:
+        raise PresetError(f"train.objective = {o} compares the model with the one it started from: start from a "
+                          "trained model with --init-from RUN (a chat-tuned run, or an imported model); simpo and "
+                          "orpo need no reference")
+    src = f"run {p.init['run']} step {p.init['step']}"
+    if t.finetune == "lora":
+        if p.init.get("adapter"):
+            why = f"{src}'s own adapter, merged into the frozen weights: no extra weights"
+        else:
+            why = f"{src} itself, the frozen weights under the adapters: no extra weights"
+        return ObjectivePlan(o, beta, AVERAGED[o], "adapters off", why, rows)
+    return ObjectivePlan(o, beta, AVERAGED[o], "frozen copy",
+                         f"of {src}'s weights, kept beside the trained ones", rows)
+
+
+__all__ = ["AVERAGED", "DEFAULT_BETA", "DEFAULT_SIMPO_GAMMA", "NEEDS_REFERENCE", "OBJECTIVES", "ObjectivePlan",
+           "objective_plan"]

@@ -1,0 +1,235 @@
+"""A preference run's objective in the engine: the loss of a :class:`~workbench.data.preference_data.PairBatch` or
+:class:`~workbench.data.preference_data.AnswerBatch` through the losses of :mod:`workbench.train.preference`,
+against the reference :mod:`workbench.plan.preference` chose (:class:`Reference`), with what the run logs beside
+the loss (:class:`~workbench.rundir.PreferenceRecord`) and the checks that catch the peers' known bugs:
+
+* **step 0**: the policy is the reference, so the DPO loss is ln 2 and every reward 0 (KTO: every reward 0). The
+  first training batch of a fresh run is checked; anything else stops the run with one line (a reference that
+  is not the starting model: the wrong weights, another adapter, a precomputed table that does not match).
+* **the reference stays put** (TRL #1107, #6443: the reference was the policy itself, so every reward stayed 0
+  and the accuracy 0): on the first batch after an update with a learning rate above 0, rewards that are all
+  exactly 0 stop the run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from workbench.config import Preset, TrainConfig
+from workbench.data.preference_data import AnswerBatch, PairBatch
+from workbench.data.train_data import IGNORE, Batch
+from workbench.errors import WorkbenchError
+from workbench.faults import Faults
+from workbench.plan.preference import ObjectivePlan
+from workbench.rundir import INIT_DIR, PreferenceRecord
+from workbench.train.checkpoint import load_weights
+from workbench.train.lora import adapters_off
+from workbench.train.model import GPT
+from workbench.train.preference import LN2, AnswerLogps, PreferenceLoss, dpo_loss, kto_loss, orpo_loss, simpo_loss
+
+# How far from ln 2 (and 0) the first batch may be: the reference's forward is the policy's own computation, so
+# the difference is rounding (0 in fp32 on a CPU; a few 1e-4 in bf16).
+STEP0_TOLERANCE = 2e-3
+
+
+class ObjectiveCheckError(WorkbenchError):
+    exit_code = 1
+
+
+def answer_logps(per_token: torch.Tensor, targets: torch.Tensor) -> AnswerLogps:
+    """Per-token log-probs [B, T] (0 off the answer) as :class:`AnswerLogps` over the targets that are trained."""
+    m = (targets != IGNORE).to(torch.float32)
+    return AnswerLogps(per_token, m, per_token.sum(-1), m.sum(-1))
+
+
+class Reference:
+    """The reference's summed log-probs of rows (no gradient): the model with its adapters off (LoRA), a frozen
+    copy of the starting weights (full fine-tune), or, with ``policy_is_reference`` (a test's fault: TRL #1107),
+    the policy itself."""
+
+    def __init__(self, kind: str, model: torch.nn.Module, frozen: torch.nn.Module | None = None,
+                 policy_is_reference: bool = False):
+        self.kind, self.model, self.frozen = kind, model, frozen
+        self.policy_is_reference = policy_is_reference
+
+    @torch.no_grad()
+    def logps(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.policy_is_reference:
+            _, lp = self.model(inputs, targets, logps=True)
+        elif self.kind == "adapters off":
+            with adapters_off(self.model):
+                _, lp = self.model(inputs, targets, logps=True)
+        else:
+            assert self.frozen is not None
+            _, lp = self.frozen(inputs, targets, logps=True)
+        return lp.sum(-1)
+
+
+class Objective:
+    """The loss of a preference batch (``loss``), what it measured (``take``), and the two checks."""
+
+    def __init__(self, plan: ObjectivePlan, t: TrainConfig, model: torch.nn.Module, reference: Reference | None):
+        self.plan, self.t, self.model, self.reference = plan, t, model, reference
+        self.pending: list[dict[str, torch.Tensor]] = []        # training micro-batches since the last take
+        self.eval_pending: list[dict[str, torch.Tensor]] = []   # an eval's batches (no gradient)
+        self.check_start = False       # the next training batch is a fresh run's first: ln 2 and zero rewards
+        self.check_moved = False       # the policy was updated: its rewards may not all be 0 any more
+        self.moved_verified = False
+        self.prev_lr = 0.0
+
+    def at_step(self, step: int, lr: float, fresh: bool) -> None:
+        """Before training step ``step`` at ``lr`` (``fresh``: a run that starts at step 0, not a resume)."""
+        self.check_start = fresh and step == 0 and self.reference is not None
+        if step > 0 and self.prev_lr > 0 and not self.moved_verified and self.reference is not None:
+            self.check_moved = True
+        self.prev_lr = lr
+
+    # ------------------------------------------------------------------ the loss
+
+    def loss(self, forward: Callable, batch: Batch[torch.Tensor], loss_tokens: float | None) -> torch.Tensor:
+        """The objective's mean loss over the batch's pairs (or answers); with ``loss_tokens``, their sum over it
+        (an eval sums its batches)."""
+        if isinstance(batch, PairBatch):
+            res, stats = self._pairs(forward, batch)
+        elif isinstance(batch, AnswerBatch):
+            res, stats = self._answers(forward, batch)
+        else:
+            raise TypeError(f"train.objective = {self.plan.objective} takes preference batches, not {type(batch)}")
+        (self.pending if torch.is_grad_enabled() else self.eval_pending).append(stats)
+        if torch.is_grad_enabled():
+            self._check(res)
+        n = len(batch.inputs)
+        return res.loss if loss_tokens is None else res.loss * n / loss_tokens
+
+    def _pairs(self, forward: Callable, b: PairBatch) -> tuple[PreferenceLoss, dict[str, torch.Tensor]]:
+        x = torch.cat([b.inputs, b.rejected_inputs])
+        y = torch.cat([b.targets, b.rejected_targets])
+        _, lp = forward(x, y, logps=True)  # one forward of both answers (a DDP step is one forward)
+        ans = answer_logps(lp, y)
+        n = len(b.inputs)
+        chosen, rejected = ans.rows(slice(0, n)), ans.rows(slice(n, None))
+        o, t = self.plan.objective, self.t
+        ref = None
+        if o == "dpo":
+            assert self.reference is not None
+            ref = self.reference.logps(x, y)
+            res = dpo_loss(chosen, rejected, ref[:n], ref[n:], self.plan.beta, t.pref_label_smoothing,
+                           t.pref_sft_weight)
+        elif o == "simpo":
+            res = simpo_loss(chosen, rejected, self.plan.beta, t.simpo_gamma, t.pref_label_smoothing,
+                             t.pref_sft_weight)
+        else:
+            res = orpo_loss(chosen, rejected, self.plan.beta)
+        pc, pr = chosen.take(self.plan.averaged).detach(), rejected.take(self.plan.averaged).detach()
+        stats = {"loss": res.loss.detach(), "chosen_reward": res.chosen_rewards.mean(),
+                 "rejected_reward": res.rejected_rewards.mean(), "margin": res.margin.mean(),
+                 "accuracy": res.accuracy, "chosen_logps": pc.mean(), "rejected_logps": pr.mean()}
+        if ref is not None:
+            stats |= {"chosen_drift": (chosen.total.detach() - ref[:n]).mean(),
+                      "rejected_drift": (rejected.total.detach() - ref[n:]).mean()}
+        return res, stats
+
+    def _answers(self, forward: Callable, b: AnswerBatch) -> tuple[PreferenceLoss, dict[str, torch.Tensor]]:
+        assert self.reference is not None
+        _, lp = forward(b.inputs, b.targets, logps=True)
+        ans = answer_logps(lp, b.targets)
+        n = len(b.inputs)
+        with torch.no_grad():  # the KL estimate: the policy's and the reference's log-probs of mismatched answers
+            _, kl_lp = self.model(b.kl_inputs, b.kl_targets, logps=True)
+            ref = self.reference.logps(torch.cat([b.inputs, b.kl_inputs]), torch.cat([b.targets, b.kl_targets]))
+            kl = (kl_lp.sum(-1) - ref[n:]).mean()
+        good = b.desirable.bool()
+        res = kto_loss(ans, ref[:n], good, kl, self.plan.beta, self.t.kto_desirable_weight,
+                       self.t.kto_undesirable_weight)
+        drift = ans.total.detach() - ref[:n]
+        nan = torch.tensor(float("nan"), device=lp.device)
+
+        def mean(v: torch.Tensor) -> torch.Tensor:
+            return v.mean() if v.numel() else nan
+        stats = {"loss": res.loss.detach(), "chosen_reward": mean(res.chosen_rewards),
+                 "rejected_reward": mean(res.rejected_rewards),
+                 "margin": mean(res.chosen_rewards) - mean(res.rejected_rewards),
+                 "chosen_logps": mean(ans.total.detach()[good]), "rejected_logps": mean(ans.total.detach()[~good]),
+                 "chosen_drift": mean(drift[good]), "rejected_drift": mean(drift[~good]), "kl": kl}
+        return res, stats
+
+    # ------------------------------------------------------------------ the checks
+
+    def _check(self, res: PreferenceLoss) -> None:
+        if self.check_start:
+            self.check_start = False
+            rewards = torch.cat([res.chosen_rewards, res.rejected_rewards]).abs()
+            worst = float(rewards.max()) if rewards.numel() else 0.0
+            if self.plan.objective == "dpo":
+                dpo_part = float(-torch.nn.functional.logsigmoid(res.margin).mean())
+                bad = abs(dpo_part - LN2) > STEP0_TOLERANCE or worst > STEP0_TOLERANCE
+                what = f"DPO loss {dpo_part:.6f} (ln 2 = {LN2:.6f}), largest |reward| {worst:.2e}"
+            else:
+                bad = worst > STEP0_TOLERANCE
+                what = f"largest |reward| {worst:.2e}"
+            if bad:
+                kind = self.reference.kind if self.reference else "-"
+                raise ObjectiveCheckError(
+                    f"step-0 check failed: at step 0 the policy is its reference ({kind}), "
+                    f"so every reward must be 0 and the DPO loss ln 2, but the first batch gave {what}: the "
+                    "reference is not the model this run starts from; nothing was trained")
+        if self.check_moved:
+            self.check_moved = False
+            rewards = torch.cat([res.chosen_rewards, res.rejected_rewards])
+            if rewards.numel() and bool((rewards == 0).all()):
+                raise ObjectiveCheckError(
+                    "reference check failed: after an update every reward is still exactly 0, so the reference "
+                    "moves with the policy (it is the policy itself, TRL #1107) and the objective has no "
+                    "gradient to follow; stopped")
+            if rewards.numel():
+                self.moved_verified = True
+
+    # ------------------------------------------------------------------ what it measured
+
+    @staticmethod
+    def _mean(items: list[dict[str, torch.Tensor]]) -> dict[str, float | None]:
+        keys = {k for d in items for k in d}
+        out: dict[str, float | None] = {}
+        for k in sorted(keys):
+            vals = [float(d[k]) for d in items if k in d]
+            vals = [v for v in vals if math.isfinite(v)]
+            out[k] = sum(vals) / len(vals) if vals else None
+        return out
+
+    def take(self, step: int, split: str = "train", now: float | None = None) -> PreferenceRecord | None:
+        """The record of the batches measured since the last take (training's, or with ``split`` an eval's)."""
+        items = self.pending if split == "train" else self.eval_pending
+        if not items:
+            return None
+        m = self._mean(items)
+        items.clear()
+        kl = m.pop("kl", None)
+        return PreferenceRecord(step=step, split=split, time=now, **{k: m.get(k) for k in PreferenceRecord.FIELDS},
+                                extra={"kl": kl} if kl is not None else {})
+
+
+def build_objective(p: Preset, plan: ObjectivePlan, model: torch.nn.Module, device: torch.device,
+                    init: dict | None, dtype: torch.dtype | None, faults: Faults) -> Objective:
+    """The objective of a preference run and its reference, as ``plan`` chose it: ``model`` with its adapters off
+    (LoRA), or a frozen copy of the starting weights ``init`` (a full fine-tune; in the compute ``dtype`` on a
+    GPU), or none."""
+    reference = None
+    if plan.reference != "none":
+        frozen = None
+        if plan.reference == "frozen copy":
+            if init is None:
+                raise ObjectiveCheckError(f"train.objective = {plan.objective} needs the weights the run started from "
+                                          f"({INIT_DIR}/model.pt), which this run does not have")
+            frozen = GPT(p.model)
+            load_weights(frozen, init, f"{INIT_DIR}/model.pt")
+            frozen.requires_grad_(False)
+            frozen.eval()
+            frozen = frozen.to(device=device, dtype=dtype) if dtype is not None else frozen.to(device)
+        reference = Reference(plan.reference, model, frozen, policy_is_reference=faults.reference_is_policy)
+    return Objective(plan, p.train, model, reference)
+
+
+__all__ = ["ObjectiveCheckError", "Objective", "Reference", "STEP0_TOLERANCE", "answer_logps", "build_objective"]
