@@ -25,8 +25,9 @@ Conversations:
 
 Preference data:
 
+- ``kinds``            the corpus kinds and which objective trains on which (names only, importing nothing)
 - ``preference``       preference records (prompt/chosen/rejected pairs, KTO's prompt/completion/label) read into
-                       conversations, and which objective trains on which kind
+                       conversations
 - ``preference_data``  the prepared pairs or labelled answers drawn in resumable batches (PairBatch, AnswerBatch)
 
 Eval tasks:

@@ -22,20 +22,13 @@ from __future__ import annotations
 from typing import Iterator
 
 from workbench.data.chat import BadRecord, ChatOptions, ChatReader, Conversation, Message, _check, _messages
+from workbench.data.kinds import DATA_KIND, DESCRIBE, KINDS, KTO, OBJECTIVE_FOR, PAIRED, PAIRS
 from workbench.data.listing import CorpusError, Source
 from workbench.data.records import RecordReader, Stats, json_type
 
-PAIRS, KTO = "pairs", "kto"
-KINDS = (PAIRS, KTO)
 PAIR_FIELDS = ("prompt", "chosen", "rejected", "system")
 KTO_FIELDS = ("prompt", "completion", "label", "system")
-# What each objective trains on, and which objective trains on a corpus of each kind.
-PAIRED = {"dpo": True, "simpo": True, "orpo": True, "kto": False}
-DATA_KIND = {"dpo": PAIRS, "simpo": PAIRS, "orpo": PAIRS, "kto": KTO}
-OBJECTIVE_FOR = {PAIRS: "dpo", KTO: "kto"}
 CHOSEN, REJECTED = 1, 0     # a pair's conversations' tags; KTO's: 1 desirable, 0 undesirable
-DESCRIBE = {"text": "text", "chat": "conversations", PAIRS: "preference pairs (prompt, chosen, rejected)",
-            KTO: "labelled answers (prompt, completion, label)"}
 
 
 class PreferenceError(CorpusError):

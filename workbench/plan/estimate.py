@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.config import Preset, PresetError
-from workbench.data.preference import PAIRED
+from workbench.data.kinds import PAIRED
 from workbench.fmt import GiB as GB
 from workbench.fmt import MiB as MB
 from workbench.machine.detect import Machine, detect

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.config import Preset, PresetError
-from workbench.data.preference import DATA_KIND, PAIRED
+from workbench.data.kinds import DATA_KIND, PAIRED
 
 OBJECTIVES = ("sft", "dpo", "simpo", "orpo", "kto")
 # Each objective's default strength (train.pref_beta = 0 takes it): DPO's and KTO's β 0.1 (the papers', TRL's);

@@ -26,8 +26,8 @@ Summaries that need an estimate live above it (:mod:`workbench.analysis.summary`
                 preset's file, hard links (else copies) of another run's files, the tokenizer's copy, the
                 lock, deleting a run or a checkpoint
 - ``status``    status.json: its one writer and reader, and whether a run's trainer process is alive
-- ``records``   the typed records (metrics.jsonl, tasks.jsonl, status.json's RunStatus), their writer,
-                and reading them by byte offset
+- ``records``   the typed records (metrics.jsonl, tasks.jsonl, status.json's RunStatus) and the timeline
+- ``jsonl``     the JSON-lines files: the trainer's writer, other processes' appends, reading by byte offset
 - ``__init__``  where runs are (the runs directory, a run by name), checkpoint listing and selection
 """
 
@@ -54,6 +54,19 @@ from workbench.rundir.files import (
     new_run_dir,
     sanitize_run_name,
     write_preset,
+)
+from workbench.rundir.jsonl import (
+    LineTail,
+    MetricsTail,
+    MetricsWriter,
+    NullWriter,
+    append_feedback,
+    append_jsonl,
+    append_records,
+    first_event,
+    last_records,
+    read_jsonl_tail,
+    read_metrics,
 )
 from workbench.rundir.names import (
     CHAT_TEMPLATE_FILE,
@@ -85,25 +98,14 @@ from workbench.rundir.records import (
     TIMELINE_EVENTS,
     EvalRecord,
     EventRecord,
-    LineTail,
-    MetricsTail,
-    MetricsWriter,
-    NullWriter,
     PreferenceRecord,
     Record,
     RunStatus,
     RunView,
     TaskRecord,
     TrainRecord,
-    append_feedback,
-    append_jsonl,
-    append_records,
     current_timeline,
-    first_event,
-    last_records,
     parse_record,
-    read_jsonl_tail,
-    read_metrics,
 )
 from workbench.rundir.status import pid_alive, process_start_time, read_status, write_status
 

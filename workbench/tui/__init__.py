@@ -4,6 +4,8 @@ Where things live:
 
 - ``app.py``        WorkbenchApp: layout, the run list and tailer, routing of the panes' requests,
                     start / resume / stop / delete workers; ``run_tui`` entry
+- ``operations.py`` what the app does on a request: start, resume, stop, delete a run, change the queue (the
+                    CLI in a thread worker), and what follows when a run has started
 - ``messages.py``   app-wide messages: workers' reports, and the StartRun / ResumeRun / StopRun requests
 - ``watcher.py``    the tailer thread: new bytes of metrics.jsonl / train.log, status.json, tasks.jsonl
 - ``rundata.py``    what is known about one run (series, task scores, latest numbers, rate and ETA)

@@ -14,7 +14,7 @@ routes them: it switches tabs, follows runs, and runs each operation in a worker
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -24,10 +24,11 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from workbench.analysis.summary import RunSummary, summarize_run
 from workbench.machine.detect import calibration
-from workbench.rundir import LIVE_STATES, RunError, delete_run, iter_run_dirs, runs_root
-from workbench.tui import hwinfo, launcher
+from workbench.rundir import LIVE_STATES, iter_run_dirs, runs_root
+from workbench.tui import hwinfo
 from workbench.tui.launcher import RunRequest
-from workbench.tui.messages import ResumeRun, RunsListed, RunStarted, RunUpdated, StartRun, StopRun
+from workbench.tui.messages import RunsListed, RunUpdated, StartRun
+from workbench.tui.operations import RunOperations
 from workbench.tui.rundata import RunData
 from workbench.tui.screens.dialogs import ConfirmScreen
 from workbench.tui.watcher import RunWatcher
@@ -52,7 +53,7 @@ def _palette() -> "type[Provider]":
     return WorkbenchCommands
 
 
-class WorkbenchApp(App[int]):
+class WorkbenchApp(RunOperations, App[int]):
     CSS_PATH = "workbench.tcss"
     TITLE = "workbench"
     COMMANDS = App.COMMANDS | {_palette}
@@ -379,94 +380,6 @@ class WorkbenchApp(App[int]):
             self.notify("Still reading the hardware…", severity="warning")
             return
         self.action_new_run(self.recommended[0])
-
-    # Each operation: a request message, answered by a thread worker of its own group (the CLI call
-    # blocks). notify() only posts a message, so the workers call it directly.
-
-    @on(StartRun)
-    @work(thread=True, group="start", exit_on_error=False)
-    def _start(self, msg: StartRun) -> None:
-        self.notify(f"Starting a {msg.request.preset} run…")
-        if (rid := self._cli("train", launcher.start_run, self.runs_dir, msg.request)) is not None:
-            self.post_message(RunStarted(rid, "started"))
-
-    @on(ResumeRun)
-    @work(thread=True, group="resume", exit_on_error=False)
-    def _resume(self, msg: ResumeRun) -> None:
-        s = self.summary(msg.run_id)
-        if msg.checkpoint == "latest" and s is not None and s.state in LIVE_STATES:
-            self.notify(f"{msg.run_id} is already running.", severity="warning")
-            return
-        more = f" for {msg.more:,} more steps" if msg.more else ""
-        self.notify(f"Resuming {msg.run_id} from checkpoint {msg.checkpoint}{more}…")
-        rid = self._cli("resume", launcher.resume_run, self.runs_dir, msg.run_id, msg.checkpoint, 120, msg.more)
-        if rid is not None:
-            self.post_message(RunStarted(rid, "resumed" if rid == msg.run_id else f"branched from {msg.run_id}"))
-
-    @on(StopRun)
-    @work(thread=True, group="stop", exit_on_error=False)
-    def _stop(self, msg: StopRun) -> None:
-        self.notify(f"Stopping {msg.run_id}: the trainer saves a checkpoint, then exits…")
-        if (out := self._cli("stop", launcher.stop_run, self.runs_dir, msg.run_id)) is not None:
-            self.notify(out or f"Sent stop to {msg.run_id}.")
-            self._list_runs()
-
-    def on_runs_pane_delete_requested(self, msg: RunsPane.DeleteRequested) -> None:
-        self._delete(msg)
-
-    @work(thread=True, group="delete", exit_on_error=False)
-    def _delete(self, msg: RunsPane.DeleteRequested) -> None:
-        try:
-            delete_run(self.runs_dir, msg.run_dir, msg.checkpoint)
-        except RunError as e:
-            self.notify(str(e), severity="error")
-            return
-        self.notify(f"Deleted {msg.what}.")
-        self._list_runs()
-
-    # The queue: the pane reads queue.db itself; every change is a `workbench queue` command, so the TUI never
-    # writes the database and a runner it starts lives on when it quits.
-
-    def on_queue_pane_add_requested(self, msg: "QueuePane.AddRequested") -> None:
-        preset = self.presets_pane.current or (self.recommended[0] if self.recommended else None)
-        if not preset:
-            self.notify("Choose a preset in the Presets pane (2) first.", severity="warning")
-            return
-        self._queue_command(("add", preset), f"Queued a {preset} run.")
-
-    def on_queue_pane_command_requested(self, msg: "QueuePane.CommandRequested") -> None:
-        self._queue_command(msg.args, msg.done)
-
-    @work(thread=True, group="queue", exit_on_error=False)
-    def _queue_command(self, args: tuple[str, ...], done: str) -> None:
-        if self._cli(f"queue {args[0]}", launcher.queue_command, self.runs_dir, *args) is not None:
-            self.notify(done)
-            self.call_from_thread(self._reread_queue)
-
-    def _reread_queue(self) -> None:
-        if not self._panes_gone():
-            self.queue_pane.refresh_queue()
-
-    def _cli(self, what: str, call: Callable[..., str], *args) -> str | None:
-        """Run a launcher call (in a worker's thread): its output, or None once the user is told why
-        ``what`` failed."""
-        try:
-            return call(*args)
-        except launcher.LaunchError as e:
-            self.notify(f"{what} failed: {e}", severity="error", timeout=10)
-            return None
-
-    def on_run_started(self, msg: RunStarted) -> None:
-        if self._panes_gone():
-            return
-        if not msg.run_id or not (self.runs_dir / msg.run_id).is_dir():
-            self.notify(f"The trainer did not say which run it started ({msg.run_id!r}).", severity="error")
-            return
-        self.notify(f"Run {msg.run_id} {msg.how}; it keeps running if you close workbench.")
-        self.curves_pane.select_run(msg.run_id)  # its loss is what the user wants to see next
-        self.monitor(msg.run_id)
-        self.action_refresh_runs()
-        self._pending_sample_run = msg.run_id  # and its checkpoints in Sample, once it is listed
 
     # ------------------------------------------------------------------ hardware
 

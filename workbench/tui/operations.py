@@ -1,0 +1,113 @@
+"""What the app does when a pane asks to start, resume, stop or delete a run, or to change the queue: each a
+request message, answered by a thread worker of its own group that runs the CLI (``workbench.tui.launcher``:
+the call blocks; the TUI never imports torch), and what follows when a run has started. A part of
+:class:`workbench.tui.app.WorkbenchApp` (its base), kept apart so the app's module is its routing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from textual import work
+
+from workbench.rundir import LIVE_STATES, RunError, delete_run
+from workbench.tui import launcher
+from workbench.tui.messages import ResumeRun, RunStarted, StartRun, StopRun
+
+if TYPE_CHECKING:
+    from workbench.tui.widgets.queue import QueuePane
+    from workbench.tui.widgets.runs import RunsPane
+
+
+class RunOperations:
+    """The app's operations on runs and the queue (mixed into ``WorkbenchApp``: ``self`` is the app)."""
+
+    runs_dir: Any
+    recommended: Any
+    notify: Callable[..., None]
+    post_message: Callable[..., Any]
+    call_from_thread: Callable[..., Any]
+
+    # Each operation: a request message, answered by a thread worker of its own group (the CLI call
+    # blocks). notify() only posts a message, so the workers call it directly.
+
+    @work(thread=True, group="start", exit_on_error=False)
+    def on_start_run(self, msg: StartRun) -> None:
+        self.notify(f"Starting a {msg.request.preset} run…")
+        if (rid := self._cli("train", launcher.start_run, self.runs_dir, msg.request)) is not None:
+            self.post_message(RunStarted(rid, "started"))
+
+    @work(thread=True, group="resume", exit_on_error=False)
+    def on_resume_run(self, msg: ResumeRun) -> None:
+        s = self.summary(msg.run_id)
+        if msg.checkpoint == "latest" and s is not None and s.state in LIVE_STATES:
+            self.notify(f"{msg.run_id} is already running.", severity="warning")
+            return
+        more = f" for {msg.more:,} more steps" if msg.more else ""
+        self.notify(f"Resuming {msg.run_id} from checkpoint {msg.checkpoint}{more}…")
+        rid = self._cli("resume", launcher.resume_run, self.runs_dir, msg.run_id, msg.checkpoint, 120, msg.more)
+        if rid is not None:
+            self.post_message(RunStarted(rid, "resumed" if rid == msg.run_id else f"branched from {msg.run_id}"))
+
+    @work(thread=True, group="stop", exit_on_error=False)
+    def on_stop_run(self, msg: StopRun) -> None:
+        self.notify(f"Stopping {msg.run_id}: the trainer saves a checkpoint, then exits…")
+        if (out := self._cli("stop", launcher.stop_run, self.runs_dir, msg.run_id)) is not None:
+            self.notify(out or f"Sent stop to {msg.run_id}.")
+            self._list_runs()
+
+    def on_runs_pane_delete_requested(self, msg: RunsPane.DeleteRequested) -> None:
+        self._delete(msg)
+
+    @work(thread=True, group="delete", exit_on_error=False)
+    def _delete(self, msg: RunsPane.DeleteRequested) -> None:
+        try:
+            delete_run(self.runs_dir, msg.run_dir, msg.checkpoint)
+        except RunError as e:
+            self.notify(str(e), severity="error")
+            return
+        self.notify(f"Deleted {msg.what}.")
+        self._list_runs()
+
+    # The queue: the pane reads queue.db itself; every change is a `workbench queue` command, so the TUI never
+    # writes the database and a runner it starts lives on when it quits.
+
+    def on_queue_pane_add_requested(self, msg: "QueuePane.AddRequested") -> None:
+        preset = self.presets_pane.current or (self.recommended[0] if self.recommended else None)
+        if not preset:
+            self.notify("Choose a preset in the Presets pane (2) first.", severity="warning")
+            return
+        self._queue_command(("add", preset), f"Queued a {preset} run.")
+
+    def on_queue_pane_command_requested(self, msg: "QueuePane.CommandRequested") -> None:
+        self._queue_command(msg.args, msg.done)
+
+    @work(thread=True, group="queue", exit_on_error=False)
+    def _queue_command(self, args: tuple[str, ...], done: str) -> None:
+        if self._cli(f"queue {args[0]}", launcher.queue_command, self.runs_dir, *args) is not None:
+            self.notify(done)
+            self.call_from_thread(self._reread_queue)
+
+    def _reread_queue(self) -> None:
+        if not self._panes_gone():
+            self.queue_pane.refresh_queue()
+
+    def _cli(self, what: str, call: Callable[..., str], *args) -> str | None:
+        """Run a launcher call (in a worker's thread): its output, or None once the user is told why
+        ``what`` failed."""
+        try:
+            return call(*args)
+        except launcher.LaunchError as e:
+            self.notify(f"{what} failed: {e}", severity="error", timeout=10)
+            return None
+
+    def on_run_started(self, msg: RunStarted) -> None:
+        if self._panes_gone():
+            return
+        if not msg.run_id or not (self.runs_dir / msg.run_id).is_dir():
+            self.notify(f"The trainer did not say which run it started ({msg.run_id!r}).", severity="error")
+            return
+        self.notify(f"Run {msg.run_id} {msg.how}; it keeps running if you close workbench.")
+        self.curves_pane.select_run(msg.run_id)  # its loss is what the user wants to see next
+        self.monitor(msg.run_id)
+        self.action_refresh_runs()
+        self._pending_sample_run = msg.run_id  # and its checkpoints in Sample, once it is listed
