@@ -7,6 +7,7 @@ renamed over the target. No torch, no textual, no other workbench imports.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -106,3 +107,54 @@ def dir_size(path: str | os.PathLike[str]) -> int:
             except OSError:
                 pass
     return total
+
+
+class PidLock:
+    """An exclusive flock on ``path`` holding the holder's pid, which the OS drops when the holder dies: one
+    trainer per run (``rundir.RunLock``), one queue runner per runs directory (``queue.runner.RunnerLock``)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.fd: int | None = None
+
+    def try_acquire(self) -> str | None:
+        """Take the lock; None when taken, else the holder's pid as it wrote it ("?" if unknown)."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                return os.read(fd, 64).decode().strip() or "?"
+            finally:
+                os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def holder(self) -> int | None:
+        """The pid of a live process holding the lock (-1 if it wrote none), None when none does; checked
+        without keeping the lock."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        except BlockingIOError:
+            text = os.read(fd, 64).decode().strip()
+            return int(text) if text.isdigit() else -1
+        finally:
+            os.close(fd)
+
+    def held_by_other(self) -> bool:
+        return self.holder() is not None

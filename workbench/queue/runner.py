@@ -15,7 +15,6 @@ runner started after another died (kill -9, a reboot) first looks at the item th
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Callable
 
 from workbench import rundir
 from workbench.errors import WorkbenchError
+from workbench.fs import PidLock
 from workbench.machine.detect import detect
 from workbench.queue.launch import CliLauncher, LaunchFailed
 from workbench.queue.outcome import Metric, failure_line, final_metric
@@ -39,34 +39,19 @@ class RunnerBusy(QueueError):
     pass
 
 
-class RunnerLock:
+class RunnerLock(PidLock):
     """One runner per runs directory: an flock on ``queue.lock`` holding the runner's pid."""
 
     def __init__(self, root: Path):
-        self.path = Path(root) / LOCK_FILE
-        self.fd: int | None = None
+        super().__init__(Path(root) / LOCK_FILE)
 
     def acquire(self) -> "RunnerLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode().strip() or "?"
-            os.close(fd)
+        holder = self.try_acquire()
+        if holder is not None:
             raise RunnerBusy(f"a queue runner (pid {holder}) is already running on {self.path.parent}: one runner "
-                             "at a time; it starts what you queue, so nothing more is needed") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
+                             "at a time; it starts what you queue, so nothing more is needed")
         return self
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
 
     def __enter__(self) -> "RunnerLock":
         return self.acquire()
@@ -78,20 +63,7 @@ class RunnerLock:
 def runner_pid(root: Path) -> int | None:
     """The pid of the runner working on ``root``'s queue, None when there is none (checked without taking
     the lock from it)."""
-    path = Path(root) / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    except BlockingIOError:
-        text = os.read(fd, 64).decode().strip()
-        return int(text) if text.isdigit() else -1
-    finally:
-        os.close(fd)
+    return RunnerLock(root).holder()
 
 
 class Runner:

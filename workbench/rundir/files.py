@@ -5,7 +5,6 @@ the launcher and ``workbench import`` call these."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shutil
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from workbench.errors import WorkbenchError
-from workbench.fs import atomic_dir, write_atomic
+from workbench.fs import PidLock, atomic_dir, write_atomic
 from workbench.rundir.names import (
     CKPT_META,
     LOCK_FILE,
@@ -125,49 +124,18 @@ def copy_tokenizer(src_dir: Path, dst_dir: Path) -> None:
 
 # ----------------------------------------------------------------------------- the lock
 
-class RunLock:
+class RunLock(PidLock):
     """One trainer per run directory: an flock on LOCK_FILE that the OS drops when the holder dies."""
 
     def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK_FILE
-        self.fd: int | None = None
+        super().__init__(Path(run_dir) / LOCK_FILE)
 
     def acquire(self) -> "RunLock":
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                holder = os.read(fd, 64).decode().strip() or "?"
-            finally:
-                os.close(fd)
+        holder = self.try_acquire()
+        if holder is not None:
             raise RunError(f"run {self.path.parent.name} is already being trained by process {holder}; "
-                           f"stop it first with `workbench stop {self.path.parent.name}`") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
+                           f"stop it first with `workbench stop {self.path.parent.name}`")
         return self
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-
-    def held_by_other(self) -> bool:
-        """True when a live process holds the lock (checked without keeping it)."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return False
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
 
 
 # ----------------------------------------------------------------------------- deleting
