@@ -75,6 +75,8 @@ def test_import_cli_makes_a_run(tmp_path, hf_models):
     assert cp.returncode == 0, cp.stderr
     assert "imported Qwen2ForCausalLM" in cp.stdout and "attention biases" in cp.stdout
     assert cp.stdout.strip().splitlines()[-1] == "q"
+    # the estimate decides the method (full where it fits): the next step does not say LoRA before it has
+    assert "`workbench train cpu-small --init-from q --corpus YOUR_TEXT` with the --set it recommends" in cp.stdout
     d = tmp_path / "q"
     assert {"preset.toml", "tokenizer.json", "tokenizer_config.json", "status.json", "metrics.jsonl",
             "checkpoints"} <= {p.name for p in d.iterdir()}
