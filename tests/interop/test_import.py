@@ -75,6 +75,8 @@ def test_import_cli_makes_a_run(tmp_path, hf_models):
     assert cp.returncode == 0, cp.stderr
     assert "imported Qwen2ForCausalLM" in cp.stdout and "attention biases" in cp.stdout
     assert cp.stdout.strip().splitlines()[-1] == "q"
+    # the estimate decides the method (full where it fits): the next step does not say LoRA before it has
+    assert "`workbench train cpu-small --init-from q --corpus YOUR_TEXT` with the --set it recommends" in cp.stdout
     d = tmp_path / "q"
     assert {"preset.toml", "tokenizer.json", "tokenizer_config.json", "status.json", "metrics.jsonl",
             "checkpoints"} <= {p.name for p in d.iterdir()}
@@ -262,6 +264,55 @@ def test_an_imported_template_goes_out_with_export(template, tmp_path, hf_models
     theirs = transformers.AutoTokenizer.from_pretrained(d)
     exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert exported.apply_chat_template(CHAT, tokenize=False) == theirs.apply_chat_template(CHAT, tokenize=False)
+
+
+@pytest.mark.parametrize("form", TEMPLATE_FORMS)
+def test_every_named_template_goes_out_with_export(form, tmp_path, hf_models, hf_tokenizer_dir, capsys):
+    """Import then export: the HF directory holds the templates as transformers 5 saves them (chat_template.jinja,
+    additional_chat_templates/NAME.jinja; tokenizer_config.json the same for transformers 4), so AutoTokenizer
+    renders each name as the original tokenizer does; the GGUF file has tokenizer.chat_template and
+    tokenizer.chat_template.NAME, as llama.cpp reads them."""
+    import llama_cpp
+    named = form.endswith("-named")
+    original = chat_tokenizer(hf_tokenizer_dir, {"default": CHAT_TEMPLATE, "tool_use": TOOL_TEMPLATE} if named
+                              else CHAT_TEMPLATE)
+    d = build_chat_model(tmp_path / "m", hf_models["llama-gqa-tied"], hf_tokenizer_dir, form)
+    runs = str(tmp_path / "runs")
+    assert cli(capsys, "import", str(d), "--name", "m", "--runs-dir", runs)[0] == 0
+    for fmt in ("hf", "gguf"):
+        rc, _out, err = cli(capsys, "export", "m", str(tmp_path / fmt), "--format", fmt, "--runs-dir", runs)
+        assert rc == 0, err
+    out = tmp_path / "hf"
+    assert (out / "chat_template.jinja").read_text(encoding="utf-8") == CHAT_TEMPLATE
+    assert sorted(p.name for p in (out / "additional_chat_templates").glob("*")) == (["tool_use.jinja"] if named
+                                                                                     else [])
+    exported = transformers.AutoTokenizer.from_pretrained(out)
+    assert exported.chat_template == original.chat_template
+    for name in (["default", "tool_use"] if named else [None]):
+        for prompt in (True, False):
+            want = original.apply_chat_template(CHAT, chat_template=name, tokenize=False, add_generation_prompt=prompt)
+            assert exported.apply_chat_template(CHAT, chat_template=name, tokenize=False,
+                                                add_generation_prompt=prompt) == want, (name, prompt)
+    config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))["chat_template"]
+    assert config == ([{"name": "default", "template": CHAT_TEMPLATE}, {"name": "tool_use", "template": TOOL_TEMPLATE}]
+                      if named else CHAT_TEMPLATE)
+    meta = llama_cpp.Llama(model_path=str(tmp_path / "gguf" / "model.gguf"), n_ctx=32, verbose=False).metadata
+    assert meta["tokenizer.chat_template"] == CHAT_TEMPLATE
+    assert {k: v for k, v in meta.items() if k.startswith("tokenizer.chat_template.")} == (
+        {"tokenizer.chat_template.tool_use": TOOL_TEMPLATE} if named else {})
+
+
+def test_template_names_that_gguf_would_merge_are_refused(tmp_path, hf_models, hf_tokenizer_dir, capsys):
+    """GGUF spells a name's characters outside [A-Za-z0-9] as _: tool-use and tool_use would be one key."""
+    d = build_chat_model(tmp_path / "m", hf_models["llama-gqa-tied"], hf_tokenizer_dir, "jinja-named")
+    runs = str(tmp_path / "runs")
+    assert cli(capsys, "import", str(d), "--name", "m", "--runs-dir", runs)[0] == 0
+    (tmp_path / "runs" / "m" / "additional_chat_templates" / "tool-use.jinja").write_text(TOOL_TEMPLATE)
+    rc, _out, err = cli(capsys, "export", "m", str(tmp_path / "gguf"), "--format", "gguf", "--runs-dir", runs)
+    assert rc == 2 and err.strip().splitlines() == [
+        "workbench: error: the chat templates named 'tool-use' and 'tool_use' would both be "
+        "tokenizer.chat_template.tool_use in GGUF; rename one in the run's additional_chat_templates/"]
+    assert not (tmp_path / "gguf").exists() and not list(tmp_path.glob(".gguf*"))
 
 
 def test_a_named_template_whose_name_is_a_path_is_left_out_and_said(tmp_path, hf_models, hf_tokenizer_dir, capsys):

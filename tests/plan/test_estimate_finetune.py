@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 
 import pytest
 import torch
 
 from tests.support.cli import wb
-from tests.support.hf import FT, cli
+from tests.support.hf import FT, VOCAB, cli
 from tests.support.saved import saved_bytes
 from workbench.config import HardwareConfig, ModelConfig, Preset, TrainConfig, load_preset_file
 from workbench.machine.detect import Machine
@@ -113,3 +114,47 @@ def test_a_lora_run_measured_beside_its_estimate(imported, ft_corpus, capsys):
     # 360 MB, 2026-11-24). The bound spans what was measured, -8 % to +35 %, with a margin (was +-50 %).
     assert r["est_mem_mb"] and r["mem_mb"] and -20 < r["mem_err_pct"] < 45, r["mem_err_pct"]
     assert load_preset_file(imported / "lora-rss" / "preset.toml").train.finetune == "lora"
+
+
+def test_a_fine_tune_is_estimated_from_the_imported_model_and_its_measured_speed(hf_models, ft_corpus, tmp_path,
+                                                                                   capsys):
+    """`estimate --init-from` of a model saved by transformers: the parameters are the model's own (not the
+    preset's [model]), and once a fine-tune of it has run, its speed is that run's measurement under any preset's
+    name (the model and the batch are what a step costs; the name is the recipe's), never a LoRA run's for full
+    fine-tuning or the other way round."""
+    from tests.support.hf import transformers
+    from workbench.interop.hf_import import import_model
+    import_model(hf_models["llama-gqa-tied"], tmp_path, "base", log=lambda m: None)
+    hf_params = transformers.AutoModelForCausalLM.from_pretrained(hf_models["llama-gqa-tied"]).num_parameters()
+    sets = [x for kv in FT + ["train.max_iters=12", "train.eval_interval=12"] for x in ("--set", kv)]
+
+    def estimate(preset: str, *extra: str) -> dict:
+        rc, out, err = cli(capsys, "estimate", preset, "--init-from", "base", "--runs-dir", str(tmp_path), "--json",
+                           "--no-calibrate", *sets, *extra)
+        assert rc == 0, err
+        return json.loads(out)
+
+    before = estimate("cpu-small")
+    assert before["params"]["total"] == hf_params and before["previous_run"] is None
+    assert not str(before["tokens_per_s_basis"]).startswith("measured")
+    cp = wb("train", "cpu-small", "--init-from", "base", "--corpus", str(ft_corpus), "--name", "ft",
+            "--runs-dir", str(tmp_path), *sets)
+    assert cp.returncode == 0, cp.stderr
+    records = [json.loads(x) for x in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]
+    start = next(r for r in records if r.get("event") == "start")
+    tps = [r["tokens_per_s"] for r in records if r["kind"] == "train" and r["tokens_per_s"] is not None]
+    for preset in ("cpu-small", "medium"):  # medium: another preset's name, with the same hardware settings here
+        r = estimate(preset)
+        assert r["params"]["total"] == start["params"] == hf_params
+        assert r["memory"]["seq_len"] * r["memory"]["batch_size"] == start["tokens_per_step"]  # (medium: accum 2)
+        assert r["tokens_per_s_basis"].startswith("measured") and r["previous_run"]["run"] == "ft", preset
+        assert r["tokens_per_s"] == pytest.approx(statistics.median(tps[1:]))
+    assert ("preset cpu-small: the same model, batch, method and hardware settings"
+            in r["tokens_per_s_source"])
+    lora = estimate("cpu-small", "--set", "train.finetune=lora")
+    assert lora["previous_run"] is None and not str(lora["tokens_per_s_basis"]).startswith("measured")
+    rc, out, err = cli(capsys, "estimate", "medium", "--init-from", "base", "--runs-dir", str(tmp_path),
+                       "--no-calibrate", *sets)
+    assert rc == 0, err
+    assert out.startswith(f"medium with base's model (dim 64, 2 layers, 4/2 heads of 16, MLP 96, vocab {VOCAB}): "
+                          "0.09 M parameters")

@@ -393,6 +393,12 @@ def test_chat_message_replies_through_the_template_and_stops(chat_run):
     plain = wb("chat", "sft", "--runs-dir", str(chat_run), "--message", "Sort: 3 1 2", "--max-new-tokens", "24",
                check=True)
     assert plain.stdout == out["reply"] + "\n"
+    assert ("no end-of-turn token" in plain.stderr) == (not out["stopped"])
+    assert want, "the model answers before it ends its turn"
+    cut = wb("chat", "sft", "--runs-dir", str(chat_run), "--message", "Sort: 3 1 2", "--max-new-tokens", "1",
+             check=True)
+    assert cut.stdout == tok.decode(want[:1]) + "\n"  # the reply alone on stdout; the cut said on stderr
+    assert "note: no end-of-turn token: the reply was cut at --max-new-tokens 1" in cut.stderr
 
 
 def test_chat_interactive_keeps_the_conversation(chat_run):

@@ -91,8 +91,11 @@ def run(args) -> int:
             r = reply(model, tok, template, turns, **kw)
             print(json.dumps({"reply": r.text, "ids": r.ids, "stopped": r.stopped, "checkpoint": ckpt["name"]}))
         else:
-            reply(model, tok, template, turns, on_text=emit, **kw)
+            r = reply(model, tok, template, turns, on_text=emit, **kw)
             sys.stdout.write("\n")
+            if not r.stopped:  # (stdout is the reply alone, for scripts; a blank or cut one is said here)
+                print(f"note: no end-of-turn token: the reply was cut at --max-new-tokens {sampling.max_new_tokens} "
+                      "(a model that has not learned to end its turn yet goes on until then)", file=sys.stderr)
         return 0
     print(f"[{run_dir.name} {ckpt['name']}, loaded in {time.time() - t0:.2f} s; template {template.source}; "
           "/reset starts over, an empty line ends]", file=sys.stderr, flush=True)

@@ -161,6 +161,9 @@ def build_report(args) -> dict[str, Any]:
     r["optimizer"] = p.train.optimizer  # muon: Muon's momentum for the hidden matrices, AdamW's for the rest
     if p.init is not None:  # which fine-tuning method fits this machine
         r["init"], r["source"] = p.init, p.source
+        m = p.model  # the source's model (plan.finetune), whatever the preset's [model] says
+        r["init_model"] = {k: getattr(m, k) for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                                                      "hidden_dim", "vocab_size", "seq_len")}
         r["methods"] = compare_methods(est.what_if(p, device=args.device if args.device not in (None, "auto") else None,
                                                    precision=args.precision
                                                    if args.precision not in (None, "auto") else None), machine)
@@ -197,7 +200,11 @@ def print_setup(r: dict[str, Any]) -> None:
         ref = "no reference" if m.reference == "none" else f"reference: {m.reference} ({m.reference_why})"
         print(f"objective {m.objective}: a pair is two rows a forward; {ref}" if m.objective != "kto" else
               f"objective kto: {ref}")
-    print(f"{r['preset']}: {millions(pr['total'], '.2f')} parameters (embedding {millions(pr['embedding'], '.2f')}"
+    label = r["preset"]
+    if im := r.get("init_model"):  # a fine-tune: the model is its source's, in the source's own shape
+        label += (f" with {r['init']['run']}'s model (dim {im['dim']}, {im['n_layers']} layers, {im['n_heads']}/"
+                  f"{im['n_kv_heads']} heads of {im['head_dim']}, MLP {im['hidden_dim']}, vocab {im['vocab_size']:,})")
+    print(f"{label}: {millions(pr['total'], '.2f')} parameters (embedding {millions(pr['embedding'], '.2f')}"
           + (", tied" if not pr["lm_head"] else f", lm_head {millions(pr['lm_head'], '.2f')}") + "), "
           f"{r['flops_per_token'] / 1e6:.4g} MFLOP per token (6N + 12·L·H·Q·T)")
     masked = " with packed conversations' mask" if r["settings"].get("packed") else ""

@@ -52,6 +52,6 @@ def run(args) -> int:
     rid = r.run_dir.name
     print(f"run {rid} in {r.run_dir}")
     print(f"next: `workbench estimate cpu-small --init-from {rid}` (which of full / LoRA fits), then "
-          f"`workbench train cpu-small --init-from {rid} --corpus YOUR_TEXT --set train.finetune=lora`")
+          f"`workbench train cpu-small --init-from {rid} --corpus YOUR_TEXT` with the --set it recommends")
     print(rid)
     return 0

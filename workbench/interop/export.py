@@ -10,6 +10,8 @@
     tokenizer.json           the same tokenizer for Hugging Face `tokenizers` (fast)
     tokenizer_config.json    no BOS added, no prefix space, non-legacy handling,
     special_tokens_map.json  so the ids equal workbench's own
+    chat_template.jinja      a chat model's template (additional_chat_templates/NAME.jinja: its named
+                             others), as transformers 5 saves them; tokenizer_config.json holds the same
 
 A model whose run has its own Hugging Face tokenizer (``workbench import``) is written with that
 tokenizer's files unchanged and its BOS/EOS ids in config.json; one with Qwen2's attention biases or
@@ -36,7 +38,14 @@ from safetensors.torch import save_file
 
 from workbench import rundir
 from workbench.data.chat import special_pieces
-from workbench.data.chat_templates import CHAT_TEMPLATE_FILE, ChatTemplateError, end_of_turn, model_template
+from workbench.data.chat_templates import (
+    ADDITIONAL_TEMPLATES_DIR,
+    CHAT_TEMPLATE_FILE,
+    ChatTemplateError,
+    end_of_turn,
+    model_template,
+    model_templates,
+)
 from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError, load_tokenizer
 from workbench.data.tokenizer_formats import tokenizer_files, tokenizer_json
 from workbench.errors import WorkbenchError
@@ -101,14 +110,34 @@ def write_hf(dest: Path, sd: dict, cfg, tokenizer: AnyTokenizer | None, max_posi
         _write_json(dest / "tokenizer.json", tokenizer_json(tokenizer.proto))
         for name, obj in tokenizer_files(cfg.seq_len).items():
             if chat is not None and name == "tokenizer_config.json":
-                obj = {**obj, "eos_token": chat.end_piece or obj.get("eos_token"), "chat_template": chat.template}
+                obj = {**obj, "eos_token": chat.end_piece or obj.get("eos_token"), "chat_template": _config_value(chat)}
             _write_json(dest / name, obj)
     elif hf_tok:
         hf_tok.save(dest)  # the imported model's own files
         if chat is not None:  # with the template it was tuned with
             config_path = dest / HFTokenizer.CONFIG
             tc = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-            _write_json(config_path, {**tc, "chat_template": chat.template})
+            _write_json(config_path, {**tc, "chat_template": _config_value(chat)})
+    if chat is not None:
+        write_hf_templates(dest, chat)
+
+
+def _config_value(chat: ChatExport) -> str | list[dict[str, str]]:
+    """tokenizer_config.json's chat_template as transformers 4 reads it: the template, or named ones as a list."""
+    if not chat.named:
+        return chat.template
+    return [{"name": "default", "template": chat.template}] + [{"name": n, "template": t} for n, t in chat.named]
+
+
+def write_hf_templates(dest: Path, chat: ChatExport) -> None:
+    """The templates as transformers 5's save_pretrained lays them out (and reads them first): the default in
+    chat_template.jinja, each named one in additional_chat_templates/NAME.jinja. tokenizer_config.json holds
+    the same (``_config_value``) for transformers 4 and converters that read only that file."""
+    (dest / CHAT_TEMPLATE_FILE).write_text(chat.template, encoding="utf-8")
+    if chat.named:
+        (dest / ADDITIONAL_TEMPLATES_DIR).mkdir()
+        for name, text in chat.named:
+            (dest / ADDITIONAL_TEMPLATES_DIR / f"{name}.jinja").write_text(text, encoding="utf-8")
 
 
 def write_raw(dest: Path, sd: dict, preset_toml: str | None, tokenizer: AnyTokenizer | None,
@@ -153,6 +182,8 @@ def export_state_dict(sd: dict, cfg, fmt: str, out: Path, *, tokenizer_model: by
         tokenizer = Tokenizer(tokenizer_model)
     if fmt == "gguf":  # what GGUF cannot hold is refused before anything is written
         check_gguf(sd, cfg, tokenizer, gguf_type)
+        if chat is not None:
+            chat.gguf_templates()  # two template names that GGUF would write as one key
     out = check_out_dir(out)
     try:
         with atomic_dir(out.resolve()) as tmp:  # an existing ``out`` is empty (checked above)
@@ -212,10 +243,12 @@ def chat_export(run_dir: Path, tokenizer: AnyTokenizer) -> ChatExport | None:
         return None
     try:
         template = model_template(run_dir)
+        named = model_templates(run_dir).others  # an imported model's tool-use, RAG, ... templates go with it
     except ChatTemplateError as e:
         raise ExportError(str(e)) from None
+    assert template is not None  # (the run has its chat_template.jinja)
     try:
         end = end_of_turn(template, special_pieces(tokenizer))
     except ChatTemplateError:
-        return ChatExport(template.text, None, None)
-    return ChatExport(template.text, end, special_pieces(tokenizer)[end])
+        return ChatExport(template.text, None, None, named)
+    return ChatExport(template.text, end, special_pieces(tokenizer)[end], named)

@@ -204,10 +204,28 @@ def check_gguf(sd: dict, cfg, tokenizer: AnyTokenizer | None, gguf_type: str) ->
 class ChatExport:
     """What a chat-tuned model's export carries so that other runtimes chat as it was trained: its template
     and the token that ends an assistant turn (where generation stops). An imported model's template that
-    workbench cannot mask (its turns end with no one special token) travels without an end-of-turn token."""
+    workbench cannot mask (its turns end with no one special token) travels without an end-of-turn token.
+    ``named``: the model's other named templates (tool use, RAG, ...: an imported model's
+    additional_chat_templates/), which travel beside the default."""
     template: str
     end_piece: str | None
     end_id: int | None
+    named: tuple[tuple[str, str], ...] = ()
+
+    def gguf_templates(self) -> str | list[dict[str, str]]:
+        """The templates as gguf's add_chat_template takes them: the default alone, or every one by name
+        (tokenizer.chat_template, tokenizer.chat_template.NAME and the tokenizer.chat_templates list)."""
+        if not self.named:
+            return self.template
+        keys: dict[str, str] = {}
+        for name, _t in self.named:  # gguf writes each name's characters outside [A-Za-z0-9] as _
+            key = "".join(c if c.isascii() and c.isalnum() else "_" for c in name)
+            if key in keys:
+                raise GGUFError(f"the chat templates named {keys[key]!r} and {name!r} would both be "
+                                f"tokenizer.chat_template.{key} in GGUF; rename one in the run's "
+                                "additional_chat_templates/")
+            keys[key] = name
+        return [{"name": "default", "template": self.template}] + [{"name": n, "template": t} for n, t in self.named]
 
 
 def write_gguf(path: Path, sd: dict, cfg, tokenizer: AnyTokenizer, gguf_type: str, metadata: dict,
@@ -247,7 +265,7 @@ def write_gguf(path: Path, sd: dict, cfg, tokenizer: AnyTokenizer, gguf_type: st
         if chat.end_id is not None:
             tf = {**tf, "eos": chat.end_id}
             w.add_eot_token_id(chat.end_id)
-        w.add_chat_template(chat.template)
+        w.add_chat_template(chat.gguf_templates())
     for key, add in (("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id), ("unk", w.add_unk_token_id)):
         if tf.get(key) is not None:
             add(int(tf[key]))

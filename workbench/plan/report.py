@@ -119,6 +119,8 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
         tps, source, basis = tokens_per_s, "given with --tokens-per-s", "given"
     elif prev:
         tps, source = prev["tokens_per_s"], f"measured: median of {prev['records']} log records of run {prev['run']}"
+        if prev.get("match") == "model":  # a fine-tune of the same model under another preset's name
+            source += f" (preset {prev['preset']}: the same model, batch, method and hardware settings)"
         basis = "measured"
         if (prev.get("others_busy") or 0.0) >= BUSY_SHARE:  # no quiet run of it here: say the number is low
             source += (f", which started with other processes using {prev['others_busy']:.0%} of the CPU (this "
