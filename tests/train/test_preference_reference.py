@@ -105,6 +105,8 @@ def test_precomputed_trains_as_the_frozen_copy(base, pair_runs):
     assert len(want) == 6 and want.keys() == got.keys()
     for step in want:
         assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-6), step
+    ev = next(r for r in read_jsonl(base["root"] / "pre" / rundir.METRICS_FILE) if r.get("kind") == "eval")
+    assert ev["step"] == 0 and ev["val_loss"] == pytest.approx(LN2, abs=1e-6)  # the eval batches read the table too
     first = prefs(base["root"] / "pre")[0]
     assert first["loss"] == pytest.approx(LN2, abs=1e-6)
     assert abs(first["chosen_reward"]) < 1e-6 and abs(first["rejected_reward"]) < 1e-6
