@@ -38,6 +38,18 @@ def conversations(n: int, seed: int = 0) -> list[dict]:
     return [conversation(rng) for _ in range(n)]
 
 
+def pair_records(n: int, seed: int = 1) -> list[dict]:
+    """Preference pairs of the generated task: the correct answer chosen, a wrong one (its words reversed, or a
+    word added) rejected."""
+    out = []
+    for c in conversations(n, seed=seed):
+        msgs = c["messages"]
+        ans = msgs[-1]["content"]
+        wrong = " ".join(reversed(ans.split())) if len(set(ans.split())) > 1 else ans + " red"
+        out.append({"prompt": msgs[:-1], "chosen": [{"role": "assistant", "content": ans}], "rejected": wrong})
+    return out
+
+
 def write_jsonl(path: Path, records: list[dict]) -> Path:
     path = Path(path)
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")

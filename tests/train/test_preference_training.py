@@ -11,23 +11,13 @@ import signal
 import pytest
 import torch
 
-from tests.support.chat import conversations, write_jsonl
+from tests.support.chat import conversations, pair_records, write_jsonl
 from tests.support.cli import tiny, wb
 from tests.support.runs import losses, read_jsonl
 from workbench import rundir
 
 LN2 = math.log(2)
 STEPS = ["model.seq_len=64", "train.eval_interval=4", "train.ckpt_interval=4", "train.eval_iters=1"]
-
-
-def pair_records(n: int, seed: int = 1) -> list[dict]:
-    out = []
-    for c in conversations(n, seed=seed):
-        msgs = c["messages"]
-        ans = msgs[-1]["content"]
-        wrong = " ".join(reversed(ans.split())) if len(set(ans.split())) > 1 else ans + " red"
-        out.append({"prompt": msgs[:-1], "chosen": [{"role": "assistant", "content": ans}], "rejected": wrong})
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +51,8 @@ def first_eval(run_dir):
 
 
 def test_dpo_starts_at_ln2_with_zero_rewards_and_learns(base):
-    cp = train(base, "dpo", "sft", "pairs", "train.objective=dpo", "train.max_iters=8", "train.lr=3e-3")
+    cp = train(base, "dpo", "sft", "pairs", "train.objective=dpo", "train.max_iters=8", "train.lr=3e-3",
+               "train.pref_reference=live")  # the frozen copy (precomputed: tests/train/test_preference_reference.py)
     assert cp.returncode == 0, cp.stderr
     d = base["root"] / "dpo"
     assert "reference: frozen copy" in cp.stdout
@@ -136,7 +127,7 @@ def test_lora_dpo_from_a_lora_run_compares_with_that_adapter(base):
 
 def test_lora_dpo_from_a_base_holds_no_second_copy_of_the_weights(base):
     """Estimate and measured peak of LoRA DPO (4 pairs: 8 rows) within 10 % of LoRA SFT of the same shape (8
-    conversations a row, unpacked); a full fine-tune's DPO estimate counts a frozen copy."""
+    conversations a row, unpacked); a full fine-tune's DPO estimate with a live reference counts a frozen copy."""
     from workbench.config import resolve_preset
     from workbench.plan.estimate import estimate_memory
     shape = ["model.seq_len=64", "train.finetune=lora", "train.max_iters=4"]
@@ -156,14 +147,15 @@ def test_lora_dpo_from_a_base_holds_no_second_copy_of_the_weights(base):
         est[run] = estimate_memory(p)
     assert est["lora-dpo-base"].reference == "adapters off" and est["lora-dpo-base"].components["reference"] == 0
     assert abs(est["lora-dpo-base"].total / est["lora-sft"].total - 1) < 0.10
-    full = resolve_preset(str(base["root"] / "lora-dpo-base" / rundir.PRESET_FILE), ["train.finetune=full"])
+    full = resolve_preset(str(base["root"] / "lora-dpo-base" / rundir.PRESET_FILE), ["train.finetune=full",
+                                                                                     "train.pref_reference=live"])
     m = estimate_memory(full)
     assert m.reference == "frozen copy" and m.components["reference"] == 4 * m.params
 
 
 def test_kill_minus_nine_during_dpo_resumes_bitwise(base):
     sets = ["train.objective=dpo", "train.max_iters=10", "train.lr_decay_iters=10", "train.ckpt_interval=4",
-            "train.eval_interval=10"]
+            "train.eval_interval=10", "train.pref_reference=live"]  # precomputed: test_preference_reference.py
     assert train(base, "straight", "sft", "pairs", *sets).returncode == 0
     want = losses(base["root"] / "straight")
     cp = train(base, "killed", "sft", "pairs", *sets, env={"WORKBENCH_TEST_KILL_AT_STEP": "6"})

@@ -150,6 +150,15 @@ class TrainConfig:
     pref_sft_weight: float = _f(0.0, "dpo and simpo: weight of an SFT term on the chosen answers (their token-mean "
                                      "negative log-likelihood) added to the loss; it holds the chosen answers' "
                                      "probability up while the margin widens. 0 = none.", min=0.0)
+    pref_reference: str = _f("auto", "dpo and kto: how the reference's log-probs are had. live: computed every "
+                                     "step beside the policy's (a LoRA run: the model with its adapters off; a "
+                                     "full fine-tune: a frozen copy of the starting weights, a second copy in "
+                                     "memory). precompute: once, before training, for every answer (one forward "
+                                     "pass, cached with the prepared data, re-checked on 64 rows at each start): "
+                                     "no second copy of the weights and no reference forward a step; not for kto "
+                                     "(its KL rows pair answers by batch). auto: precompute for a full "
+                                     "fine-tune's dpo, live otherwise.",
+                              choices=("auto", "live", "precompute"))
     simpo_gamma: float = _f(1.0, "simpo: the target reward margin gamma (beta / 2 is the paper's advice).", min=0.0)
     kto_desirable_weight: float = _f(1.0, "kto: weight of the desirable (label true) answers' loss.", min=0.0,
                                      min_exclusive=True)

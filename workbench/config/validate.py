@@ -128,6 +128,10 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
             bad(f"train.objective = {t.objective} trains without dropout (its reference and the step-0 check need a "
                 f"forward that gives the same log-probs twice, as TRL's disable_dropout); set model.dropout = 0 "
                 f"(--set model.dropout=0)")
+        if t.pref_reference == "precompute" and t.objective == "kto":
+            bad("train.pref_reference = precompute cannot serve kto: its KL estimate pairs each prompt with another "
+                "answer of its batch, which a table of each answer's log-prob cannot hold; set "
+                "train.pref_reference = live (or auto)")
         if h.shard:
             bad(f"train.objective = {t.objective} is not supported with hardware.shard = true (FSDP2) yet; use "
                 "hardware.shard = false (DDP)")

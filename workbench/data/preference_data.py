@@ -37,9 +37,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PairBatch(Batch[A], Generic[A]):
-    """Pairs: the chosen answers' rows (``inputs``, ``targets``) and the rejected answers' rows of the same pairs."""
+    """Pairs: the chosen answers' rows (``inputs``, ``targets``) and the rejected answers' rows of the same pairs;
+    with a precomputed reference, its summed log-probs of both answers [B] (float32)."""
     rejected_inputs: A | None = array()
     rejected_targets: A | None = array()
+    ref_chosen: A | None = array()
+    ref_rejected: A | None = array()
 
     def loss_units(self) -> Any:
         return len(self.inputs)  # type: ignore[arg-type]  # an array of rows
@@ -73,6 +76,8 @@ class PreferenceData:
     cached: bool
     index: dict = field(default_factory=dict)
     format: str = ""               # the kind, as TrainData names it (set from kind)
+    dir: Path | None = None        # the prepared data's cache directory (a precomputed reference is kept there)
+    reference: np.ndarray | None = None  # a precomputed reference: each conversation's log-prob (memory-mapped)
 
     def __post_init__(self) -> None:
         self.format = self.kind
@@ -95,6 +100,15 @@ class PreferenceData:
         """Where conversation ``c``'s trained answer begins (its first token of the last assistant turn)."""
         lo, hi = int(self.offsets[c]), int(self.offsets[c + 1])
         return int(np.argmax(np.asarray(self.labels[lo:hi]) == LAST))
+
+    def rows(self, convs: list[int], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """Conversations ``convs``, one a row of ``seq_len``, as inputs and masked targets (as a batch has them)."""
+        return answer_rows([self.conversation(c, seq_len) for c in convs], seq_len)
+
+    def conversation(self, c: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """Conversation ``c``'s first ``seq_len + 1`` tokens and which of them are trained."""
+        lo, hi = int(self.offsets[c]), int(min(self.offsets[c + 1], self.offsets[c] + seq_len + 1))
+        return np.asarray(self.tokens[lo:hi], dtype=np.int64), np.asarray(self.labels[lo:hi]) == LAST
 
     def usable(self, part: str, seq_len: int, overlong: str) -> tuple[np.ndarray, int, int]:
         """The items of ``part`` a row of ``seq_len`` can train on, and how many were truncated and dropped: a
@@ -166,7 +180,19 @@ def load_preference(prep: ChatPrepared, val_fraction: float) -> PreferenceData:
     np.cumsum(lengths, out=offsets[1:])
     n_val = min(items - 1, max(1, round(items * val_fraction)))
     return PreferenceData(load_tokenizer(prep.dir), tokens, labels, offsets, tags, kind, items - n_val, prep.template,
-                          idx["source"], prep.tokenizer_path, prep.cached, idx)
+                          idx["source"], prep.tokenizer_path, prep.cached, idx, dir=prep.dir)
+
+
+def answer_rows(pieces: list[tuple[np.ndarray, np.ndarray]], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, trained) of each row as inputs and masked targets, cut to ``seq_len`` and padded."""
+    T = seq_len
+    x = np.zeros((len(pieces), T), dtype=np.int64)
+    y = np.full((len(pieces), T), IGNORE, dtype=np.int64)
+    for b, (ids, trained) in enumerate(pieces):
+        n = min(len(ids) - 1, T)
+        x[b, :n] = ids[:n]
+        y[b, :n] = np.where(trained[1:n + 1], ids[1:n + 1], IGNORE)
+    return x, y
 
 
 class PreferenceSampler:
@@ -196,29 +222,18 @@ class PreferenceSampler:
             self.pos += len(take)
         return out
 
-    def _rows(self, pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, trained) of each row as inputs and masked targets, cut to seq_len and padded."""
-        T = self.seq_len
-        x = np.zeros((len(pieces), T), dtype=np.int64)
-        y = np.full((len(pieces), T), IGNORE, dtype=np.int64)
-        for b, (ids, trained) in enumerate(pieces):
-            n = min(len(ids) - 1, T)
-            x[b, :n] = ids[:n]
-            y[b, :n] = np.where(trained[1:n + 1], ids[1:n + 1], IGNORE)
-        return x, y
-
-    def _conversation(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        d = self.data
-        lo, hi = int(d.offsets[c]), int(min(d.offsets[c + 1], d.offsets[c] + self.seq_len + 1))
-        return np.asarray(d.tokens[lo:hi], dtype=np.int64), np.asarray(d.labels[lo:hi]) == LAST
-
     def next_batch(self) -> Batch[np.ndarray]:
-        d, items = self.data, self.next_items()
+        d, items, T = self.data, self.next_items(), self.seq_len
         if d.kind == PAIRS:
-            cx, cy = self._rows([self._conversation(2 * i) for i in items])
-            rx, ry = self._rows([self._conversation(2 * i + 1) for i in items])
-            return PairBatch(cx, cy, rejected_inputs=rx, rejected_targets=ry)
-        x, y = self._rows([self._conversation(i) for i in items])
+            chosen, rejected = [2 * i for i in items], [2 * i + 1 for i in items]
+            cx, cy = d.rows(chosen, T)
+            rx, ry = d.rows(rejected, T)
+            if d.reference is None:
+                return PairBatch(cx, cy, rejected_inputs=rx, rejected_targets=ry)
+            return PairBatch(cx, cy, rejected_inputs=rx, rejected_targets=ry,
+                             ref_chosen=np.asarray(d.reference[chosen], dtype=np.float32),
+                             ref_rejected=np.asarray(d.reference[rejected], dtype=np.float32))
+        x, y = d.rows(items, T)
         kl = []
         for k, i in enumerate(items):  # this prompt with the previous item's answer (TRL's KL completions)
             other = items[k - 1]
@@ -228,7 +243,7 @@ class PreferenceSampler:
             ids = np.concatenate([np.asarray(d.tokens[lo:lo + a]), np.asarray(d.tokens[olo + oa:ohi])]).astype(np.int64)
             trained = np.concatenate([np.zeros(a, dtype=bool), np.asarray(d.labels[olo + oa:ohi]) == LAST])
             kl.append((ids[:self.seq_len + 1], trained[:self.seq_len + 1]))
-        kx, ky = self._rows(kl)
+        kx, ky = answer_rows(kl, T)
         good = np.asarray(d.tags[items], dtype=np.int64)
         return AnswerBatch(x, y, desirable=good, kl_inputs=kx, kl_targets=ky)
 
@@ -243,4 +258,4 @@ class PreferenceSampler:
         self._order = self._shuffle()
 
 
-__all__ = ["AnswerBatch", "PairBatch", "PreferenceData", "PreferenceSampler", "load_preference"]
+__all__ = ["AnswerBatch", "PairBatch", "PreferenceData", "PreferenceSampler", "answer_rows", "load_preference"]

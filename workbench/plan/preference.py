@@ -12,12 +12,21 @@ The reference, chosen automatically:
   adapters into the new run's frozen weights (``init/model.pt``), so the reference is that chat-tuned model,
   its adapter frozen into it, not the base under it (TRL keeps a separate frozen copy of the adapter for this).
 * ``frozen copy``: a full fine-tune keeps a frozen copy of the weights it started from (in the compute dtype:
-  fp32 on a CPU, bf16/fp16 on a GPU), counted in the memory estimate.
+  fp32 on a CPU, bf16/fp16 on a GPU), counted in the memory estimate (``train.pref_reference = live``, and KTO's).
+* ``precomputed``: the reference's log-prob of every answer, computed once before training with the starting
+  weights (the policy itself, before its first update), cached with the prepared data
+  (:mod:`workbench.data.reference_table`) and read beside each batch: no second copy of the weights and no
+  reference forward a step (:mod:`workbench.train.reference`). ``auto`` takes it for a full fine-tune's DPO: the
+  frozen copy costs a model's weights for the whole run and a forward every step, the table one forward pass
+  over the answers (which a run of an epoch or more pays anyway), 4 bytes an answer on disk, and every later run
+  on the same data from the same checkpoint (a sweep of beta, a resume) finds it cached. KTO cannot take it (its
+  KL rows pair each prompt with another answer of its batch); LoRA takes it when asked (its reference costs no
+  weights, only the forward a step).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from workbench.config import Preset, PresetError
 from workbench.data.kinds import DATA_KIND, PAIRED
@@ -30,6 +39,7 @@ DEFAULT_SIMPO_GAMMA = 1.0
 # Which log-probability each objective takes: the sum over the answer's tokens, or their mean.
 AVERAGED = {"dpo": False, "kto": False, "simpo": True, "orpo": True}
 NEEDS_REFERENCE = {"dpo": True, "kto": True, "simpo": False, "orpo": False}
+PRECOMPUTED = "precomputed"   # the reference of a table of log-probs (train.pref_reference)
 
 
 @dataclass(frozen=True)
@@ -38,9 +48,15 @@ class ObjectivePlan:
     objective: str                 # sft | dpo | simpo | orpo | kto
     beta: float = 0.0              # resolved (pref_beta, or the default)
     averaged: bool = False         # length-averaged log-probs (SimPO, ORPO) instead of summed
-    reference: str = "none"        # none | adapters off | frozen copy
+    reference: str = "none"        # none | adapters off | frozen copy | precomputed
     reference_why: str = ""
     rows_per_item: int = 1         # forward rows per batch item: a pair is two (chosen, rejected)
+    source: str = ""               # the reference's weights: "run NAME step N"
+
+    def with_table(self, answers: int, path: str) -> ObjectivePlan:
+        """A precomputed reference as its table made it: how many answers, where (the start line, the record)."""
+        return replace(self, reference_why=f"{answers:,} answers, cached in {path}; {self.source}'s log-probs, "
+                                           "computed once before training; no second copy of the weights")
 
     @property
     def preference(self) -> bool:
@@ -77,6 +93,10 @@ def objective_plan(p: Preset) -> ObjectivePlan:
                           "trained model with --init-from RUN (a chat-tuned run, or an imported model); simpo and "
                           "orpo need no reference")
     src = f"run {p.init['run']} step {p.init['step']}"
+    if t.pref_reference == "precompute" or (t.pref_reference == "auto" and t.finetune == "full" and o == "dpo"):
+        return ObjectivePlan(o, beta, AVERAGED[o], PRECOMPUTED,
+                             f"every answer's log-prob under {src}, computed once before training and cached with the "
+                             "prepared data; no second copy of the weights", rows, src)
     if t.finetune == "lora":
         if p.init.get("adapter"):
             why = f"{src}'s own adapter, merged into the frozen weights: no extra weights"
@@ -88,4 +108,4 @@ def objective_plan(p: Preset) -> ObjectivePlan:
 
 
 __all__ = ["AVERAGED", "DEFAULT_BETA", "DEFAULT_SIMPO_GAMMA", "NEEDS_REFERENCE", "OBJECTIVES", "ObjectivePlan",
-           "objective_plan"]
+           "PRECOMPUTED", "objective_plan"]

@@ -20,6 +20,7 @@ The loop and what it keeps:
 - ``skips``         each step's loss read back, non-finite steps skipped, when a rollback is due
 - ``preference``    the preference objectives (DPO, SimPO, ORPO, KTO) as losses on answer log-probabilities
 - ``objective``     a preference run's objective on its batches: the reference, the measures logged, the checks
+- ``reference``     a precomputed reference: the pass over every answer before training, re-checked at each start
 - ``budget``        ``train.time_budget``'s clock
 - ``state``         the trainer's own state (step, tokens seen, the data sampler, RNGs) with
                     ``to_dict`` / ``from_dict``

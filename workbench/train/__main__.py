@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         return Trainer(Path(args.run_dir), args.resume, args.checkpoint, echo=not args.detached).run()
     except WorkbenchError as e:
         print(f"workbench: error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
 
 
 if __name__ == "__main__":

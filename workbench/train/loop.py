@@ -56,7 +56,13 @@ def preference_summary(r: PreferenceRecord) -> str:
 
 
 class TrainError(WorkbenchError):
-    exit_code = 1  # the run failed (bad input is caught before a run starts and exits 2)
+    """The run failed: exit 1; bad input found as it starts, before a step is trained (a corrupt precomputed
+    reference), keeps its own exit code (2): most bad input is caught before a run starts."""
+    exit_code = 1
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 ROLLBACK_LR_FACTOR = 0.5
@@ -366,8 +372,10 @@ class Trainer(TrainerParts):
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        starting = True
         try:
             self.setup()
+            starting = False
             state = self.train()
             self.report.event("finish" if state == "finished" else state, self.state.step, **self.time_spent())
             self.report.status(state=state, step=self.state.step, compiling=False, finished=time.time(),
@@ -388,7 +396,7 @@ class Trainer(TrainerParts):
                 except OSError:
                     pass
                 self.report.log(f"error: {msg}")
-            raise TrainError(msg) from None
+            raise TrainError(msg, e.exit_code if starting and isinstance(e, WorkbenchError) else 1) from None
         finally:
             if self.lock:
                 self.lock.release()

@@ -23,7 +23,7 @@ from workbench.data.preference_data import AnswerBatch, PairBatch
 from workbench.data.train_data import IGNORE, Batch
 from workbench.errors import WorkbenchError
 from workbench.faults import Faults
-from workbench.plan.preference import ObjectivePlan
+from workbench.plan.preference import PRECOMPUTED, ObjectivePlan
 from workbench.rundir import INIT_DIR, PreferenceRecord
 from workbench.train.checkpoint import load_weights
 from workbench.train.lora import adapters_off
@@ -47,8 +47,9 @@ def answer_logps(per_token: torch.Tensor, targets: torch.Tensor) -> AnswerLogps:
 
 class Reference:
     """The reference's summed log-probs of rows (no gradient): the model with its adapters off (LoRA), a frozen
-    copy of the starting weights (full fine-tune), or, with ``policy_is_reference`` (a test's fault: TRL #1107),
-    the policy itself."""
+    copy of the starting weights (full fine-tune), the values a precomputed table gave the batch
+    (:mod:`workbench.train.reference`), or, with ``policy_is_reference`` (a test's fault: TRL #1107), the policy
+    itself."""
 
     def __init__(self, kind: str, model: torch.nn.Module, frozen: torch.nn.Module | None = None,
                  policy_is_reference: bool = False):
@@ -56,9 +57,14 @@ class Reference:
         self.policy_is_reference = policy_is_reference
 
     @torch.no_grad()
-    def logps(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def logps(self, inputs: torch.Tensor, targets: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
+        """``table``: the rows' values read from a precomputed reference (the batch carries them)."""
         if self.policy_is_reference:
             _, lp = self.model(inputs, targets, logps=True)
+        elif self.kind == PRECOMPUTED:
+            if table is None:
+                raise ObjectiveCheckError("the reference is precomputed, but a batch came without its values")
+            return table
         elif self.kind == "adapters off":
             with adapters_off(self.model):
                 _, lp = self.model(inputs, targets, logps=True)
@@ -115,7 +121,8 @@ class Objective:
         ref = None
         if o == "dpo":
             assert self.reference is not None
-            ref = self.reference.logps(x, y)
+            table = None if b.ref_chosen is None else torch.cat([b.ref_chosen, b.ref_rejected])
+            ref = self.reference.logps(x, y, table)
             res = dpo_loss(chosen, rejected, ref[:n], ref[n:], self.plan.beta, t.pref_label_smoothing,
                            t.pref_sft_weight)
         elif o == "simpo":
@@ -215,7 +222,8 @@ def build_objective(p: Preset, plan: ObjectivePlan, model: torch.nn.Module, devi
                     init: dict | None, dtype: torch.dtype | None, faults: Faults) -> Objective:
     """The objective of a preference run and its reference, as ``plan`` chose it: ``model`` with its adapters off
     (LoRA), or a frozen copy of the starting weights ``init`` (a full fine-tune; in the compute ``dtype`` on a
-    GPU), or none."""
+    GPU), or a table of precomputed values the batches carry (filled by :mod:`workbench.train.reference` before
+    the first step), or none."""
     reference = None
     if plan.reference != "none":
         frozen = None

@@ -19,6 +19,7 @@ import torch
 from workbench import rundir
 from workbench.config import Preset, budget_seconds, load_preset_file
 from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
+from workbench.data.preference_data import PreferenceData
 from workbench.data.tokenizer import tokenizer_file
 from workbench.data.tokens import prepare_data
 from workbench.data.train_data import Sampler, TrainData
@@ -30,8 +31,9 @@ from workbench.machine.rates import Calibration
 from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
 from workbench.plan.horizon import Horizon
-from workbench.plan.preference import ObjectivePlan, objective_plan
+from workbench.plan.preference import PRECOMPUTED, ObjectivePlan, objective_plan
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
+from workbench.rundir import CKPT_MODEL, INIT_DIR
 from workbench.rundir.records import StartRecord
 from workbench.train import runtime, stateful
 from workbench.train.budget import Budget, first_guess
@@ -41,6 +43,7 @@ from workbench.train.checkpointer import Checkpointer
 from workbench.train.dist import Dist
 from workbench.train.evaluation import EvalBatches
 from workbench.train.objective import Objective, build_objective
+from workbench.train.reference import precompute_reference
 from workbench.train.reporter import Reporter, Throughput, savers_line, start_line
 from workbench.train.skips import Skips
 from workbench.train.state import TrainerState
@@ -237,14 +240,18 @@ class TrainerParts:
         # LoRA run (its checkpoints hold only the adapters). Rank 0 reads them and hands them on.
         init = None
         self.plan = objective_plan(p)
-        frozen_copy = self.plan.reference == "frozen copy"  # a full fine-tune's reference: its starting weights
-        if p.init is not None and (p.train.finetune == "lora" or ckpt is None or frozen_copy):
+        # a full fine-tune's reference is its starting weights: a frozen copy, or (precomputed) the model itself
+        # before the checkpoint's weights are loaded over them, to check (or compute) the table with
+        with_ref = self.plan.reference in ("frozen copy", PRECOMPUTED)
+        if p.init is not None and (p.train.finetune == "lora" or ckpt is None or with_ref):
             init = self.dist.broadcast(load_init_weights(rd) if self.dist.is_main else None)
         self.built = build(p, s, self.device, self.dist, rd / "cache" / "inductor", init)
         if self.plan.preference:
             self.objective = build_objective(p, self.plan, self.built.model, self.device, init,
                                              runtime.amp_dtype(s), self.faults)
         del init
+        if self.plan.reference == PRECOMPUTED:
+            self.precompute_reference(p)
         self.checkpointer = Checkpointer(rd, p, self.report, self.faults, lambda: self.horizon)
         self.tasks = TaskScorer(p.train, self.checkpointer.due, lambda step: self.horizon.is_end(step))
         if self.tasks.tasks and s.parallel == "fsdp":
@@ -256,6 +263,17 @@ class TrainerParts:
         self.eval_iters, eval_why = eval_batches(p, data.split_tokens()[1])
         if not p.train.eval_iters:
             self.report.log(f"eval: {eval_why}")
+
+    def precompute_reference(self, p: Preset) -> None:
+        """The precomputed reference's table, with the model as it is now (the starting weights: a resume's
+        checkpoint is loaded after this), checked and handed to the data; its facts go into the plan, which the
+        start line and the start record state."""
+        assert isinstance(self.data, PreferenceData)
+        s = self.settings
+        path = precompute_reference(self.built.model, self.data, self.run_dir / INIT_DIR / CKPT_MODEL,
+                                    p.model.seq_len, s.micro_batch * self.plan.rows_per_item, s.precision,
+                                    self.device, self.autocast, self.dist, p.train.seed, self.report.log)
+        self.plan = self.plan.with_table(len(self.data.offsets) - 1, str(path))
 
     def restore(self, p: Preset, ckpt: Checkpoint | None) -> Callable[[], None] | None:
         """Where the run goes on from and where it ends: a checkpoint's state (its RNGs' restore returned, to call
