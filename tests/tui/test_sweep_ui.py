@@ -167,9 +167,8 @@ def test_queue_pane_sweep_results_and_overlaid_curves_in_tmux(sweep_runs, tmp_pa
         tm.keys("c")
         tm.wait_screen(r"sweep sw: top 3 of 3 trials by val_loss", 30)
         wait_until(lambda: all(f"{t['run']} lr=" in tm.screen() for t in result["trials"]), 30, "every legend line")
-        # the curves tailed to their end, and the notes gone from over the plot
-        wait_until(lambda: "Queued later" not in tm.screen() and "v: train and val" not in tm.screen(), 30,
-                   "the notes to go")
+        # every trial's curve drawn to its last eval (the pilot test checks the lines themselves)
+        wait_until(lambda: len(re.findall(r"\d\.\d+┤", tm.screen())) >= 3, 30, "the y axis")
         shots["curves"] = tm.screen()
     finally:
         tm.kill_server()
