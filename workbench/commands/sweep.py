@@ -8,6 +8,7 @@ from pathlib import Path
 
 from workbench.commands.common import add_corpus_option, add_set_option
 from workbench.machine.detect import Machine, detect
+from workbench.queue.best import save_best
 from workbench.queue.outcome import parse_metric
 from workbench.queue.runner import runner_pid
 from workbench.queue.spec import METHODS, PRUNERS, SpecError, build_spec, load_spec, parse_set_grid, point_sets
@@ -21,10 +22,12 @@ def register(sub) -> None:
                                    "train.warmup_iters=10,50 --time-budget 60s`: every trial is estimated, then "
                                    "queued as its own run (NAME-t0001, ...) for `workbench queue run`. "
                                    "`sweep show NAME` (or `sweep NAME --status`) ranks the trials; `sweep ls` lists "
-                                   "the sweeps.")
-    p.add_argument("target", metavar="SPEC.toml|PRESET|show|ls",
-                   help="a spec file, a preset (with --set-grid), `show NAME`, `ls`, or a sweep's name with --status")
-    p.add_argument("sweep", nargs="?", default=None, metavar="NAME", help="the sweep, after `show`")
+                                   "the sweeps; `sweep save-best NAME [--as PRESET]` keeps the best trial's "
+                                   "settings as a user preset.")
+    p.add_argument("target", metavar="SPEC.toml|PRESET|show|ls|save-best",
+                   help="a spec file, a preset (with --set-grid), `show NAME`, `ls`, `save-best NAME`, or a sweep's "
+                        "name with --status")
+    p.add_argument("sweep", nargs="?", default=None, metavar="NAME", help="the sweep, after `show` or `save-best`")
     p.add_argument("--set-grid", nargs="+", action="extend", default=[], metavar="SECTION.KEY=V1,V2",
                    help="a searched key and its values (several may follow one --set-grid)")
     add_set_option(p)
@@ -44,11 +47,16 @@ def register(sub) -> None:
     p.add_argument("--status", action="store_true", help="with a sweep's name: its results (as `sweep show`)")
     p.add_argument("--json", action="store_true", help="show: the results as JSON")
     p.add_argument("--tsv", action="store_true", help="show: one tab-separated line per trial")
+    p.add_argument("--as", dest="as_preset", metavar="PRESET", default=None,
+                   help="save-best: the new user preset's name (default: NAME-best); an existing one is never "
+                        "overwritten")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     root = args.runs_dir
+    if args.as_preset and args.target != "save-best":
+        raise QueueError("--as names the preset `sweep save-best NAME --as PRESET` writes; it goes with save-best")
     if args.target == "ls":
         return show_list(root)
     if args.target == "show" or args.status:
@@ -56,6 +64,16 @@ def run(args) -> int:
         if not name:
             raise QueueError("name the sweep: `workbench sweep show NAME` (`workbench sweep ls` lists them)")
         return show(root, name, args.json, args.tsv)
+    if args.target == "save-best":
+        if not args.sweep:
+            raise QueueError("name the sweep: `workbench sweep save-best NAME [--as PRESET]` (`workbench sweep ls` "
+                             "lists them)")
+        saved = save_best(root, args.sweep, args.as_preset)
+        t = saved.trial
+        print(f"sweep {args.sweep}: best trial {t.name} ({' '.join(point_sets(t.params))}), {saved.metric} "
+              f"{t.metric:.4f}")
+        print(f"saved as preset {saved.preset}: {saved.path}; `workbench train {saved.preset}` trains it")
+        return 0
     if args.sweep:
         raise QueueError(f"unexpected {args.sweep!r} after {args.target}; --set-grid KEY=V1,V2 names what to search")
     spec = _spec(args)

@@ -14,6 +14,7 @@
   (the run doctor's top finding).
 - ``sweep``, ``spec``  sweeps: a spec (TOML, or ``--set-grid``), trials made and estimated before anything is
   queued, the search and the pruner from Optuna (its own SQLite storage beside the queue's), the results table.
+- ``best``    a sweep's best trial kept as a user preset (``sweep save-best``), through config's one writer.
 
 What lives where (see README, "Queues and sweeps"): the queue and the sweeps survive the TUI quitting, the
 runner's kill -9 and a reboot, because nothing is held in a process that matters: the database, the run

@@ -368,12 +368,16 @@ class WorkbenchApp(RunOperations, App[int]):
     def action_new_run(self, preset: str | None = None, overrides: str = "", init_from: str = "") -> None:
         preset = preset or (self.recommended[0] if self.recommended else None)
 
+        from workbench.tui.screens.new_run import NewRunScreen  # (loads the run planner: not before the first frame)
+        form = NewRunScreen(preset, overrides, self.machine_now(), self.runs_dir, init_from)
+
         def done(req: RunRequest | None) -> None:
-            if req is not None:
+            if req is not None and form.queued:
+                self.queue_request(req)
+            elif req is not None:
                 self.post_message(StartRun(req))
 
-        from workbench.tui.screens.new_run import NewRunScreen  # (loads the run planner: not before the first frame)
-        self.push_screen(NewRunScreen(preset, overrides, self.machine_now(), self.runs_dir, init_from), done)
+        self.push_screen(form, done)
 
     def action_train_recommended(self) -> None:
         if not self.recommended:

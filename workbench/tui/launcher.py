@@ -68,10 +68,12 @@ class RunRequest:
         from workbench.plan.run_plan import NewRun  # the planner loads with the new-run form, not at the UI's start
         return NewRun(self.preset, tuple(self.sets()), (self.corpus,) if self.corpus else (), self.init_from or None)
 
-    def sets(self) -> list[str]:
-        """The --set values of the request (the fine-tuning method and the time budget are ones)."""
+    def sets(self, budget: bool = True) -> list[str]:
+        """The --set values of the request (the fine-tuning method and, with ``budget``, the time budget are
+        ones)."""
         method = [f"train.finetune={self.finetune}"] if self.init_from and self.finetune else []
-        return list(self.overrides) + method + ([f"train.time_budget={self.time_budget}"] if self.time_budget else [])
+        timed = [f"train.time_budget={self.time_budget}"] if self.time_budget and budget else []
+        return list(self.overrides) + method + timed
 
 
 def start_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
@@ -127,6 +129,28 @@ def stop_run(runs_dir: Path, run_id: str, timeout: float = 30) -> str:
 def queue_command(runs_dir: Path, *args: str, timeout: float = 120) -> str:
     """``workbench queue ARGS...`` (add, pause, resume, rm, move, run --detach); its last line of output."""
     return _last_line(_run(cli_argv(runs_dir, "queue", *args), timeout))
+
+
+def queue_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
+    """``workbench queue add PRESET ... --yes`` for the new-run form's request (the form has asked already when
+    it will not fit); its last line of output."""
+    args = [req.preset]
+    if req.corpus:
+        args += ["--corpus", req.corpus]
+    if req.name:
+        args += ["--name", req.name]
+    if req.init_from:
+        args += ["--init-from", req.init_from]
+    if req.time_budget:
+        args += ["--time-budget", req.time_budget]
+    for item in req.sets(budget=False):
+        args += ["--set", item]
+    return _last_line(_run(cli_argv(runs_dir, "queue", "add", *args, "--yes"), timeout))
+
+
+def sweep_command(runs_dir: Path, *args: str, timeout: float = 120) -> str:
+    """``workbench sweep ARGS...`` (save-best NAME); its last line of output."""
+    return _last_line(_run(cli_argv(runs_dir, "sweep", *args), timeout))
 
 
 def _last_line(out: str) -> str:

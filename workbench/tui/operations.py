@@ -14,6 +14,7 @@ from workbench.tui import launcher
 from workbench.tui.messages import ResumeRun, RunStarted, StartRun, StopRun
 
 if TYPE_CHECKING:
+    from workbench.tui.launcher import RunRequest
     from workbench.tui.widgets.queue import QueuePane
     from workbench.tui.widgets.runs import RunsPane
 
@@ -85,6 +86,37 @@ class RunOperations:
     def _queue_command(self, args: tuple[str, ...], done: str) -> None:
         if self._cli(f"queue {args[0]}", launcher.queue_command, self.runs_dir, *args) is not None:
             self.notify(done)
+            self.call_from_thread(self._reread_queue)
+
+    def on_queue_pane_sweep_curves_requested(self, msg: "QueuePane.SweepCurvesRequested") -> None:
+        curves = self.curves_pane
+        curves.show_sweep(msg.title, msg.runs, msg.metric)
+        self.action_show_tab("curves")
+        self.notify(f"{msg.title}; v: train and val, space: tick other runs.")
+
+    def on_queue_pane_save_best_requested(self, msg: "QueuePane.SaveBestRequested") -> None:
+        self._save_best(msg.sweep)
+
+    @work(thread=True, group="save-best", exit_on_error=False)
+    def _save_best(self, sweep: str) -> None:
+        out = self._cli("save the best trial", launcher.sweep_command, self.runs_dir, "save-best", sweep)
+        if out is not None:
+            self.notify(out, timeout=10)
+            self.call_from_thread(self._presets_changed)
+
+    def _presets_changed(self) -> None:
+        if not self._panes_gone():
+            self.presets_pane.reload()
+
+    def queue_request(self, req: "RunRequest") -> None:
+        """The new-run form's "add to queue": ``workbench queue add`` with the form's arguments."""
+        self._queue_add(req)
+
+    @work(thread=True, group="queue", exit_on_error=False)
+    def _queue_add(self, req: "RunRequest") -> None:
+        if (out := self._cli("queue add", launcher.queue_run, self.runs_dir, req)) is not None:
+            self.notify(f"Queued {out}: the queue's runner starts it in its turn (7: the Queue tab; r there starts "
+                        "a runner if none is at work).", timeout=8)
             self.call_from_thread(self._reread_queue)
 
     def _reread_queue(self) -> None:

@@ -11,6 +11,9 @@ from workbench.analysis.report_card import LOWER_IS_BETTER
 from workbench.tui.rundata import RunData, downsample, ema, task_metric
 
 COLORS = ["cyan", "orange", "green", "magenta", "blue", "red", "yellow", "white"]
+# several runs' val lines: a marker each as well as a colour, so they are told apart without colour too
+# (a monochrome terminal, `tmux capture-pane`); "dot" is plotext's •
+VAL_MARKERS = ["dot", "x", "+", "o", "*", "%", "=", "#"]
 SMOOTHING = [0.0, 0.6, 0.9, 0.97]
 # what a task metric is, in words (the y axis and the pane's title)
 METRIC_NAMES = {"centered": "centered accuracy", "acc": "accuracy", "acc_norm": "accuracy (length-normalised)",
@@ -19,11 +22,12 @@ METRIC_NAMES = {"centered": "centered accuracy", "acc": "accuracy", "acc_norm": 
 
 
 class Series(NamedTuple):
-    """One line of a task plot: a run's scores over one number of items."""
+    """One line of a plot: a run's losses (train or val) or its scores over one number of items."""
     label: str
     xs: list[float]
     ys: list[float]
     color: str
+    marker: str = "braille"
 
 
 def _tokens_at(d: RunData, steps: list[int]) -> list[float]:
@@ -46,47 +50,55 @@ def _bpb_points(d: RunData, which: str) -> tuple[list[int], list[float]]:
     return [s for s, _ in pts], [y for _, y in pts]
 
 
-def render_loss_plot(runs: list[RunData], width: int, height: int, x_axis: str = "step",
-                     log_y: bool = False, smoothing: float = 0.0, show: str = "both", metric: str = "loss") -> str:
-    """``metric``: "loss" (nats per token: train records and evals) or "bpb" (bits per byte, at the evals;
-    it compares runs with different tokenizers)."""
+def loss_series(runs: list[RunData], width: int, x_axis: str = "step", smoothing: float = 0.0, show: str = "both",
+                metric: str = "loss", labels: dict[str, str] | None = None) -> list[Series]:
+    """The lines of the loss plot: each run's train and val loss (``metric`` "loss": nats per token, the train
+    records and the evals) or bits per byte (``metric`` "bpb", at the evals: it compares runs with different
+    tokenizers). Several runs are told apart by their colour and their label: ``labels[run_id]`` (a sweep's
+    trial with its settings) or the run id."""
+    out: list[Series] = []
+    several = len(runs) > 1
+    for i, d in enumerate(runs):
+        color = COLORS[i % len(COLORS)]
+        name = (labels or {}).get(d.run_id, d.run_id)
+        if metric == "bpb":
+            for which in ("train", "val"):
+                steps, ys = _bpb_points(d, which)
+                if show in ("both", which) and steps:
+                    xs = _tokens_at(d, steps) if x_axis == "tokens" else [float(s) for s in steps]
+                    out.append(Series(f"{name} {which} bpb" if several else f"{which} bpb", xs, ys,
+                                      color if several or which == "train" else "orange",
+                                      "braille" if which == "train" else "hd"))
+            continue
+        if show in ("both", "train") and d.steps:
+            xs, ys = downsample(d.tokens if x_axis == "tokens" else d.steps, ema(d.losses, smoothing),
+                                max(50, width * 2))
+            out.append(Series(name if several else "train", [float(x) for x in xs], list(ys), color))
+        if show in ("both", "val") and d.eval_steps:
+            xs = _tokens_at(d, d.eval_steps) if x_axis == "tokens" else [float(s) for s in d.eval_steps]
+            marker = VAL_MARKERS[i % len(VAL_MARKERS)] if several else "hd"
+            out.append(Series(f"{name} val" if several else "val", xs, list(d.eval_val),
+                              color if several else "orange", marker))
+    return out
+
+
+def render_loss_plot(series: list[Series], width: int, height: int, x_axis: str = "step", log_y: bool = False,
+                     metric: str = "loss", title: str = "") -> str:
+    """``series`` from ``loss_series`` drawn ("" when there is nothing to draw)."""
     import plotext as plt
 
     plt.clf()
     plt.plotsize(max(20, width), max(6, height))
     plt.theme("clear")
-    any_data = False
-    for i, d in enumerate(runs):
-        color = COLORS[i % len(COLORS)]
-        label = d.run_id if len(runs) > 1 else "train"
-        if metric == "bpb":
-            for which in ("train", "val"):
-                steps, ys = _bpb_points(d, which)
-                if show in ("both", which) and steps:
-                    xs = _tokens_at(d, steps) if x_axis == "tokens" else steps
-                    name = f"{d.run_id} {which} bpb" if len(runs) > 1 else f"{which} bpb"
-                    plt.plot(xs, ys, label=name, color=color if len(runs) > 1 or which == "train" else "orange",
-                             marker="braille" if which == "train" else "hd")
-                    any_data = True
-            continue
-        if show in ("both", "train") and d.steps:
-            xs = d.tokens if x_axis == "tokens" else d.steps
-            ys = ema(d.losses, smoothing)
-            xs, ys = downsample(xs, ys, max(50, width * 2))
-            if log_y:
-                ys = [max(y, 1e-6) for y in ys]
-            plt.plot(xs, ys, label=label, color=color, marker="braille")
-            any_data = True
-        if show in ("both", "val") and d.eval_steps:
-            xs = _tokens_at(d, d.eval_steps) if x_axis == "tokens" else d.eval_steps
-            vlabel = f"{d.run_id} val" if len(runs) > 1 else "val"
-            plt.plot(xs, d.eval_val, label=vlabel, color=color if len(runs) > 1 else "orange",
-                     marker="dot" if len(runs) > 1 else "hd")
-            any_data = True
-    if not any_data:
+    if not series:
         return ""
+    for line in series:
+        ys = [max(y, 1e-6) for y in line.ys] if log_y else line.ys
+        plt.plot(line.xs, ys, label=line.label, color=line.color, marker=line.marker)
     if log_y:
         plt.yscale("log")
+    if title:
+        plt.title(title)
     plt.xlabel("tokens seen" if x_axis == "tokens" else "step")
     if metric == "bpb":
         plt.ylabel("bits per byte")

@@ -1,4 +1,5 @@
-"""The "new run" form: preset, corpus, name, overrides; validated before launching."""
+"""The "new run" form: preset, corpus, name, overrides; validated before launching, or before queueing (its
+second action: the run is added to the queue, `workbench queue add`, rather than started now)."""
 
 from __future__ import annotations
 
@@ -132,6 +133,7 @@ def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | N
 
 class NewRunScreen(ModalScreen["RunRequest | None"]):
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "start", "Start"),
+                Binding("ctrl+l", "add_to_queue", "Add to queue", priority=True),
                 # priority: an Input would take ctrl+d (delete right) while the user is typing in it
                 Binding("ctrl+d", "preview", "Preview data", priority=True)]
     DEFAULT_CSS = "#nr-finetune { width: 14; }\n#nr-preview-box { height: auto; max-height: 20; }"
@@ -149,6 +151,7 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
         self.fits: bool | None = None
         self._timer = None
         self.method_chosen = False  # the user chose full or LoRA: the recommendation no longer sets it
+        self.queued = False  # the request was dismissed to be queued (add to queue), not started now
 
     def compose(self) -> ComposeResult:
         names = sorted(preset_paths())
@@ -182,6 +185,7 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
                 yield Static(Text(PREVIEW_HINT, style="dim"), id="nr-preview")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Start (ctrl+s)", id="start", variant="success")
+                yield Button("Add to queue (ctrl+l)", id="queue", variant="primary")
                 yield Button("Cancel (esc)", id="cancel")
 
     def on_mount(self) -> None:
@@ -260,6 +264,8 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "start":
             self.action_start()
+        elif event.button.id == "queue":
+            self.action_add_to_queue()
         else:
             self.dismiss(None)
 
@@ -279,7 +285,11 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
                           init_from=init_from, time_budget=self.query_one("#nr-budget", Input).value.strip(),
                           finetune=str(self.query_one("#nr-finetune", Select).value) if init_from else "")
 
-    def action_start(self) -> None:
+    def action_add_to_queue(self) -> None:
+        """Queue the run (`workbench queue add`: the runner starts it in its turn) instead of starting it now."""
+        self.action_start(queue=True)
+
+    def action_start(self, queue: bool = False) -> None:
         req = self.request()
         err = check_request(req, self.runs_dir)
         if err:
@@ -287,15 +297,18 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
             return
         self.fits, text = estimate_text(req, self.machine_info, self.runs_dir)
         if self.fits is not False:
+            self.queued = queue
             self.dismiss(req)
             return
 
         def answer(yes: bool | None) -> None:
             if yes:
+                self.queued = queue
                 self.dismiss(req)
 
+        what = "Queue" if queue else "Start"
         self.app.push_screen(ConfirmScreen(f"By the estimate, [b]{req.preset}[/b] does not fit this machine:\n\n"
-                                           f"{text}\n\nStart it anyway?", "Start anyway"), answer)
+                                           f"{text}\n\n{what} it anyway?", f"{what} anyway"), answer)
 
     def action_cancel(self) -> None:
         self.dismiss(None)

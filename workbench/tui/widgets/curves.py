@@ -1,5 +1,7 @@
 """Loss curves pane: train/val loss of one or several runs, step or tokens, log, smoothing; or, one key
-away, each task's score (``train.eval_tasks``, ``workbench eval``) on the same axes."""
+away, each task's score (``train.eval_tasks``, ``workbench eval``) on the same axes. A sweep's best trials
+(the Queue pane's ``c``) are drawn together, each labelled with its trial and settings, by what the sweep
+ranks them by."""
 
 from __future__ import annotations
 
@@ -24,7 +26,15 @@ except ImportError:  # pragma: no cover - a Textual without it: leave the rows a
 from textual.widgets.option_list import OptionDoesNotExist
 
 from workbench.analysis.lineage import lineage
-from workbench.tui.plot import SMOOTHING, Series, render_loss_plot, render_task_plot, task_series, task_title
+from workbench.tui.plot import (
+    SMOOTHING,
+    Series,
+    loss_series,
+    render_loss_plot,
+    render_task_plot,
+    task_series,
+    task_title,
+)
 from workbench.tui.rundata import RunData, joined, task_names
 from workbench.tui.widgets.pane import Pane
 
@@ -52,7 +62,7 @@ class LossPlot(Static):
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        self.series: list[Series] = []   # the task lines drawn last (label, xs, ys); [] when loss is drawn
+        self.series: list[Series] = []   # the lines drawn last (label, xs, ys, colour, marker)
 
     def on_resize(self) -> None:
         self.draw()
@@ -72,9 +82,10 @@ class LossPlot(Static):
         if pane.plot_task is not None:
             self.draw_task(pane.plot_task, runs, w, h)
             return
-        self.series = []
-        text = render_loss_plot(runs, w, h, x_axis=pane.x_axis, log_y=pane.log_y,
-                                smoothing=pane.smoothing, show=pane.show, metric=pane.metric)
+        self.series = loss_series(runs, w, x_axis=pane.x_axis, smoothing=pane.smoothing, show=pane.show,
+                                  metric=pane.metric, labels=pane.labels)
+        text = render_loss_plot(self.series, w, h, x_axis=pane.x_axis, log_y=pane.log_y, metric=pane.metric,
+                                title=pane.overlay_title())
         self.update(Text.from_ansi(text, no_wrap=True) if text else
                     Text("No loss recorded yet for the selected runs.", style="dim"))
 
@@ -123,6 +134,8 @@ class CurvesPane(Horizontal, Pane):
         self.runs_dir = runs_dir
         self.redraw_interval = redraw_interval
         self._stale = False  # a ticked run has records the plot does not show yet
+        self.labels: dict[str, str] = {}   # run id -> its label in the legend (a sweep's trial: with its settings)
+        self.overlay: tuple[str, list[str]] | None = None  # (title, runs) of the sweep drawn last
 
     def compose(self) -> ComposeResult:
         with Vertical(id="curves-side"):
@@ -180,6 +193,35 @@ class CurvesPane(Horizontal, Pane):
             sl.select(run_id)
         except Exception:
             pass
+
+    def show_sweep(self, title: str, runs: list[tuple[str, str]], metric: str) -> None:
+        """Draw ``runs`` (run id, label: a sweep's best trials, best first) together and nothing else, by the
+        sweep's ``metric``: its val loss, bits per byte, or task score (``task:NAME[:METRIC]``)."""
+        sl = self.query_one("#curves-runs", RunChecklist)
+        have = {str(o.value) for o in sl.options}  # type: ignore[attr-defined]
+        missing = [rid for rid, _ in runs if rid not in have]  # trials not listed yet (the runs list is slower)
+        if missing:
+            sl.add_options([(rid, rid) for rid in missing])
+        self.labels.update(dict(runs))
+        self.overlay = (title, [rid for rid, _ in runs])
+        with self.prevent(SelectionList.SelectedChanged):
+            sl.deselect_all()
+            for rid, _ in runs:
+                sl.select(rid)
+        if metric.startswith("task:"):
+            self.plot_task = metric.split(":")[1]
+        else:
+            self.metric = "bpb" if metric == "val_bpb" else "loss"
+            self.plot_task = None
+            self.show = "val"   # what the trials were ranked by (v: train and val)
+        self._watch_ticked()
+        self.redraw()
+
+    def overlay_title(self) -> str:
+        """The sweep's title while exactly its trials are ticked."""
+        if self.overlay and sorted(self.overlay[1]) == sorted(self.selected_ids()):
+            return self.overlay[0]
+        return ""
 
     def selected_ids(self) -> list[str]:
         return list(self.query_one("#curves-runs", SelectionList).selected)

@@ -1,7 +1,9 @@
 """Queue / Sweeps pane: the run queue (each run's state, place, progress, what it reached and, for a failed
-one, why) and the sweeps (trials ended, the best trial and its settings), read from ``runs/queue.db`` read-only
-in a worker every few seconds. It changes nothing itself: adding, pausing, removing, moving and starting the
-runner are ``workbench queue ...`` commands the app runs (the runner lives on when the TUI quits)."""
+one, why), the sweeps (trials ended, the best trial and its settings) and the chosen sweep's results (its
+trials sorted by its metric, the searched keys as columns), read from ``runs/queue.db`` read-only in a worker
+every few seconds. It changes nothing itself: adding, pausing, removing, moving and starting the runner are
+``workbench queue ...`` commands, saving the best trial as a preset ``workbench sweep save-best``, all run by
+the app (the runner lives on when the TUI quits); ``c`` asks the Loss curves pane for the best trials' curves."""
 
 from __future__ import annotations
 
@@ -26,7 +28,9 @@ from workbench.tui import display
 from workbench.tui.screens.dialogs import ConfirmScreen
 from workbench.tui.widgets.pane import Pane
 
-QUEUE_STYLE = {"queued": "cyan", "interrupted": "bold yellow", "pruned": "yellow", "refused": "dim"}
+QUEUE_STYLE = {"queued": "cyan", "interrupted": "bold yellow", "pruned": "yellow", "refused": "dim",
+               "removed": "dim"}
+TOP_N = 5   # the trials `c` draws together in Loss curves
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,25 @@ def read_queue(root: Path) -> QueueView:
         store.close()
 
 
+def by_metric(results: list[Result], goal: str) -> list[Result]:
+    """A sweep's trials sorted by its metric: the ranked (finished) ones best first, then those with a value so
+    far (running, pruned, stopped) by it, then the rest in trial order."""
+    sign = 1.0 if goal == "minimize" else -1.0
+    return sorted(results, key=lambda r: (r.rank is None, r.metric is None, sign * (r.metric or 0.0), r.number))
+
+
+def short_settings(params: dict) -> str:
+    """A trial's searched values with each key's last part (``lr=0.003 warmup_iters=10``): legend-sized."""
+    return " ".join(s.split(".", 1)[-1] for s in point_sets(params))
+
+
+def top_trials(results: list[Result], goal: str, n: int = TOP_N) -> list[tuple[str, str]]:
+    """(run id, label) of the best ``n`` trials that trained (finished first, by the metric), for Loss curves."""
+    ran = [r for r in by_metric(results, goal) if r.state not in ("refused", "removed", "queued")]
+    return [(r.name, f"{f'#{r.rank} ' if r.rank else ''}{r.name} {short_settings(r.params)}"
+                     + ("" if r.state == "finished" else f" ({r.state})")) for r in ran[:n]]
+
+
 def state_text(state: str) -> Text:
     if state in QUEUE_STYLE:
         return Text(state, style=QUEUE_STYLE[state])
@@ -65,6 +88,8 @@ class QueuePane(Vertical, Pane):
         Binding("shift+up", "move(-1)", "Up", show=False),
         Binding("shift+down", "move(1)", "Down", show=False),
         Binding("d", "remove", "Remove"),
+        Binding("c", "curves", "Sweep curves"),
+        Binding("b", "save_best", "Best→preset"),
         Binding("f", "refresh", "Refresh", show=False),
     ]
 
@@ -77,6 +102,18 @@ class QueuePane(Vertical, Pane):
         """Run ``workbench queue ARGS...`` (pause, resume, rm, move, run --detach); ``done`` is said after."""
         args: tuple[str, ...]
         done: str
+
+    @dataclass
+    class SweepCurvesRequested(Message):
+        """Draw ``runs`` (run id, label) together in Loss curves, by the sweep's ``metric``."""
+        title: str
+        runs: list[tuple[str, str]]
+        metric: str
+
+    @dataclass
+    class SaveBestRequested(Message):
+        """Keep the best trial of ``sweep`` as a user preset (``workbench sweep save-best SWEEP``)."""
+        sweep: str
 
     @dataclass
     class Read(Message):
@@ -93,6 +130,7 @@ class QueuePane(Vertical, Pane):
         yield DataTable(id="queue-table", cursor_type="row", zebra_stripes=True)
         yield Static("", id="queue-detail")
         yield DataTable(id="sweeps-table", cursor_type="row")
+        yield DataTable(id="sweep-results", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
         t = self.query_one("#queue-table", DataTable)
@@ -101,6 +139,7 @@ class QueuePane(Vertical, Pane):
         s = self.query_one("#sweeps-table", DataTable)
         s.add_columns("sweep", "method", "trials", "best", "metric", "best settings")
         s.border_title = "sweeps"
+        self.query_one("#sweep-results", DataTable).border_title = "sweep results"
         self.refresh_queue()
         self.set_interval(self.interval, self.refresh_queue)
 
@@ -134,6 +173,7 @@ class QueuePane(Vertical, Pane):
             status.append("   a: queue the preset chosen in Presets")
         self.query_one("#queue-status", Static).update(status)
         s = self.query_one("#sweeps-table", DataTable)
+        chosen = self.sweep_chosen()
         s.clear()
         for name, spec, results in view.sweeps:
             top = best(results)
@@ -141,7 +181,44 @@ class QueuePane(Vertical, Pane):
             s.add_row(name, spec.method, f"{ended}/{len(results)}", top.name if top else "—",
                       f"{spec.metric.name} {top.metric:.4f}" if top else "",
                       " ".join(point_sets(top.params)) if top else "", key=name)
+        if chosen and chosen in s.rows:
+            s.move_cursor(row=s.get_row_index(chosen), animate=False)
         self.show_detail()
+        self.show_results()
+
+    def sweep_chosen(self) -> str | None:
+        """The sweep under the sweeps table's cursor: the one the results table shows and c and b act on."""
+        s = self.query_one("#sweeps-table", DataTable)
+        if not s.row_count:
+            return None
+        try:
+            return str(s.coordinate_to_cell_key(s.cursor_coordinate).row_key.value)
+        except Exception:
+            return None
+
+    def _sweep(self, name: str | None) -> tuple[str, SweepSpec, list[Result]] | None:
+        return next((sw for sw in self.view.sweeps if sw[0] == name), None)
+
+    def show_results(self) -> None:
+        """The chosen sweep's trials sorted by its metric, a column per searched key."""
+        t = self.query_one("#sweep-results", DataTable)
+        row = t.cursor_row
+        t.clear(columns=True)
+        sw = self._sweep(self.sweep_chosen())
+        if sw is None:
+            t.border_title = "sweep results"
+            return
+        name, spec, results = sw
+        keys = [p.key for p in spec.params]
+        t.add_columns("rank", "trial", *keys, spec.metric.name, "state", "seconds", "note")
+        for r in by_metric(results, spec.metric.goal):
+            t.add_row(str(r.rank or ""), r.name, *(_value(r.params.get(k)) for k in keys),
+                      "" if r.metric is None else f"{r.metric:.4f}", state_text(r.state),
+                      "" if r.seconds is None else f"{r.seconds:.0f}", r.note, key=r.name)
+        if 0 < row < t.row_count:
+            t.move_cursor(row=row, animate=False)
+        t.border_title = (f"sweep {name}: {len(results)} trials by {spec.metric.name} ({spec.metric.goal}); "
+                          f"c: top {TOP_N} in Loss curves, b: save the best as a preset")
 
     def selected(self) -> str | None:
         t = self.query_one("#queue-table", DataTable)
@@ -158,6 +235,12 @@ class QueuePane(Vertical, Pane):
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id == "queue-table":
             self.show_detail()
+            r = self._row(self.selected())
+            s = self.query_one("#sweeps-table", DataTable)
+            if r is not None and r.item.sweep in s.rows and r.item.sweep != self.sweep_chosen():
+                s.move_cursor(row=s.get_row_index(r.item.sweep), animate=False)  # a trial: its sweep's results
+        elif event.data_table.id == "sweeps-table":
+            self.show_results()
 
     def show_detail(self) -> None:
         r = self._row(self.selected())
@@ -200,6 +283,32 @@ class QueuePane(Vertical, Pane):
         to = max(1, r.position + by)
         self.post_message(self.CommandRequested(("move", r.name, str(to)), f"{r.name} moved to {to}."))
 
+    def _chosen_or_say(self) -> tuple[str, SweepSpec, list[Result]] | None:
+        sw = self._sweep(self.sweep_chosen())
+        if sw is None:
+            self.notify("No sweep yet: `workbench sweep PRESET --set-grid KEY=V1,V2` makes one.", severity="warning")
+        return sw
+
+    def action_curves(self) -> None:
+        if (sw := self._chosen_or_say()) is None:
+            return
+        name, spec, results = sw
+        runs = top_trials(results, spec.metric.goal)
+        if not runs:
+            self.notify(f"No trial of sweep {name} has trained yet.", severity="warning")
+            return
+        title = f"sweep {name}: top {len(runs)} of {len(results)} trials by {spec.metric.name}"
+        self.post_message(self.SweepCurvesRequested(title, runs, spec.metric.name))
+
+    def action_save_best(self) -> None:
+        if (sw := self._chosen_or_say()) is None:
+            return
+        if best(sw[2]) is None:
+            self.notify(f"Sweep {sw[0]} has no best trial yet: none has finished with {sw[1].metric.name}.",
+                        severity="warning")
+            return
+        self.post_message(self.SaveBestRequested(sw[0]))
+
     def action_remove(self) -> None:
         r = self._row(self.selected())
         if r is None:
@@ -215,3 +324,9 @@ class QueuePane(Vertical, Pane):
 
         self.app.push_screen(ConfirmScreen(f"Remove [b]{r.name}[/b] ({r.state}) from the queue?\n\nIts run directory, "
                                            "if it has one, is kept.", "Remove"), answer)
+
+
+def _value(v) -> str:
+    if v is None:
+        return ""
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
