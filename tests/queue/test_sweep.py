@@ -1,7 +1,9 @@
-"""Sweeps (`workbench sweep`): every trial estimated before it is queued (one that will not fit is refused, with
-the reason); a grid of real tiny budgeted trials runs to its end and is ranked by the val loss each run reached; a
-TPE sweep (Optuna, its SQLite storage) goes on after its runner's kill -9; the median pruner stops a hopeless
-trial through the normal stop path; every bad input is one line, exit 2, and nothing written."""
+"""Sweeps (`workbench sweep`): every trial estimated before it is queued (one that will not fit is auto-fitted or
+refused with the reason); a grid of real tiny budgeted trials runs to its end and is ranked by the val loss each
+run reached; a TPE sweep (Optuna, its SQLite storage) goes on after its runner's kill -9; the median and
+successive-halving pruners stop a hopeless trial through the normal stop path, and the compute they saved is
+reported; a trial a described 8 GB GPU cannot hold is auto-fitted (same tokens per step) or dropped before
+anything starts; every bad input is one line, exit 2, and nothing written."""
 
 from __future__ import annotations
 
@@ -18,7 +20,12 @@ import pytest
 from tests.support.cli import TINY, wb
 from tests.support.runs import evals, wait_until
 from workbench import rundir
+from workbench.config import resolve_preset
+from workbench.fmt import GiB
+from workbench.machine.detect import Gpu, Machine
+from workbench.queue.spec import build_spec, parse_set_grid
 from workbench.queue.store import QueueStore
+from workbench.queue.sweep import create_sweep
 
 
 def tiny_without(*keys: str) -> list[str]:
@@ -92,6 +99,45 @@ def test_trials_that_cannot_fit_are_refused_before_queueing_and_bad_input_is_one
     assert tables(root) == before                                     # nothing half-written
     cp = wb("sweep", "show", "dimz", "--runs-dir", str(root))
     assert cp.returncode == 2 and "no sweep 'dimz'" in cp.stderr and "did you mean 'dims'" in cp.stderr
+
+
+# An 8 GB card described by hand (the estimate's machine override, as tests/plan/test_settings.py describes its
+# machines): gpu-8gb at batch 32 fits it at dim 768, needs a smaller micro-batch at 1344, and nothing fits at 3072.
+CARD_8GB = Machine(gpus=(Gpu(0, "NVIDIA GPU", 8 * GiB, 8 * GiB, (8, 9)),), physical_cores=8, ram_total=64 * GiB,
+                   ram_available=48 * GiB)
+DIMS = ["model.dim=768,1344,3072"]
+
+
+def test_trials_a_described_8gb_gpu_cannot_hold_are_auto_fitted_or_dropped_before_anything_starts(tmp_path):
+    root = tmp_path / "runs"
+    spec = build_spec(name="dims", preset="gpu-8gb", params=parse_set_grid(DIMS), time_budget="60s",
+                      sets=("train.batch_size=32",))
+    create_sweep(root, spec, CARD_8GB, {})
+    store = QueueStore(root)
+    items = {i.name: i for i in store.items()}
+    store.close()
+    assert sorted(items) == ["dims-t0001", "dims-t0002"] and {i.state for i in items.values()} == {"queued"}
+    assert items["dims-t0001"].sets == ("train.batch_size=32", "model.dim=768")       # fits as it is
+    fitted = resolve_preset("gpu-8gb", list(items["dims-t0002"].sets)).train
+    assert (fitted.batch_size, fitted.grad_accum) == (8, 4)                          # same 32 sequences a step
+    rows = show(root, "dims")["trials"]
+    assert [(r["run"], r["state"]) for r in rows] == [("dims-t0001", "queued"), ("dims-t0002", "queued"),
+                                                      ("dims-t0003", "refused")]
+    assert rows[0]["fit"] == "" and rows[1]["fit"] == "auto-fitted: batch 32 -> 8, accum 1 -> 4"
+    assert "does not fit" in rows[2]["note"] and "no smaller micro-batch fits" in rows[2]["note"]
+    text = wb("sweep", "show", "dims", "--runs-dir", str(root), check=True).stdout
+    assert "    auto-fitted: batch 32 -> 8, accum 1 -> 4" in text and "2 queued, 1 refused" in text
+    assert "no smaller micro-batch fits with the same tokens per step" in text
+    # the same plan for machines that have such a card, through the CLI: one line a trial
+    cp = wb("sweep", "gpu-8gb", "--set-grid", *DIMS, "--set", "train.batch_size=32", "--gpu", "RTX 4060",
+            "--name", "dims", "--print-commands", "--runs-dir", str(root), check=True)
+    lines = cp.stdout.strip().splitlines()
+    assert lines[0].endswith("model.dim=768 --runs-dir " + str(root))
+    assert "model.dim=1344 train.batch_size=8 train.grad_accum=4 " in lines[1]
+    assert lines[1].endswith("# auto-fitted: batch 32 -> 8, accum 1 -> 4")
+    assert lines[2].startswith("# dims-t0003 refused: ") and "no smaller micro-batch fits" in lines[2]
+    cp = wb("sweep", "gpu-8gb", "--set-grid", *DIMS, "--gpu", "RTX 4060", "--name", "x", "--runs-dir", str(root))
+    assert cp.returncode == 2 and "--gpu plans the trials for machines with that GPU" in cp.stderr
 
 
 def test_print_commands_writes_one_train_line_per_trial(tmp_path):
@@ -180,7 +226,9 @@ def test_a_tpe_sweep_goes_on_after_its_runner_is_killed(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_median_pruner_stops_a_hopeless_trial_through_the_stop_path(tmp_path):
+@pytest.mark.parametrize("pruner,why", [("median", "worse than the median"),
+                                        ("halving", "not in the best 1/2 of the trials there (successive halving)")])
+def test_the_pruner_stops_a_hopeless_trial_through_the_stop_path(tmp_path, pruner, why):
     import optuna
     root = tmp_path / "runs"
     spec = tmp_path / "prune.toml"
@@ -188,16 +236,23 @@ def test_the_median_pruner_stops_a_hopeless_trial_through_the_stop_path(tmp_path
 preset = "cpu-small"
 time_budget = "3s"
 set = {toml_list([*TINY, "train.eval_interval=10", "train.min_lr=1e-7"])}
-pruner = {{ type = "median", startup = 2, shares = [0.2] }}
+pruner = {{ type = "{pruner}", startup = 2, shares = [0.2] }}
 [parameters]
 "train.lr" = [3e-3, 1e-2, 1e-6]
 """)
     wb("sweep", str(spec), "--runs-dir", str(root), check=True)
     cp = wb("queue", "run", "--runs-dir", str(root), timeout=300, check=True)
     assert "pruning prune-t0003" in cp.stdout, cp.stdout
-    rows = show(root, "prune")["trials"]
+    res = show(root, "prune")
+    rows = res["trials"]
     assert [r["state"] for r in rows] == ["finished", "finished", "pruned"], rows
-    assert "worse than the median" in rows[2]["note"]
+    assert why in rows[2]["note"]
+    # what pruning saved: the rest of the pruned trial's budget, beside the trial-seconds spent
+    unspent = rows[2]["unspent_s"]
+    assert 3.0 * 0.1 < unspent < 3.0 * 0.85 and all(r["unspent_s"] is None for r in rows[:2])
+    c = res["compute"]
+    assert c["spent_s"] == pytest.approx(sum(r["seconds"] for r in rows))
+    assert c["saved_s"] == pytest.approx(unspent) and c["full_s"] == pytest.approx(c["spent_s"] + unspent)
     st = rundir.read_status(root / "prune-t0003")
     assert st.state == "stopped" and st.budget_spent_s < 3.0 * 0.8     # stopped early, with a checkpoint
     assert rundir.list_checkpoints(root / "prune-t0003")[-1]["step"] == st.step
@@ -205,3 +260,4 @@ pruner = {{ type = "median", startup = 2, shares = [0.2] }}
     assert [t.state for t in study.trials][-1] == optuna.trial.TrialState.PRUNED
     text = wb("sweep", "show", "prune", "--runs-dir", str(root), check=True).stdout
     assert "2 finished, 1 pruned" in text
+    assert f"pruning saved {c['saved_share']:.0%}: {c['saved_s']:,.0f} of the {c['full_s']:,.0f}" in text

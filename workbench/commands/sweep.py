@@ -13,7 +13,7 @@ from workbench.queue.outcome import parse_metric
 from workbench.queue.runner import runner_pid
 from workbench.queue.spec import METHODS, PRUNERS, SpecError, build_spec, load_spec, parse_set_grid, point_sets
 from workbench.queue.store import QueueError, QueueStore, trial_name
-from workbench.queue.sweep import best, create_sweep, load, print_commands, results
+from workbench.queue.sweep import best, compute_saved, create_sweep, load, print_commands, results
 
 
 def register(sub) -> None:
@@ -40,10 +40,13 @@ def register(sub) -> None:
     p.add_argument("--metric", default=None, help="val_loss (default), val_bpb, or task:NAME[:METRIC]")
     p.add_argument("--pruner", choices=PRUNERS, default=None,
                    help="median: stop a trial whose eval is worse than the median of earlier ones at the same "
-                        "share of the budget")
+                        "share of the budget; halving: successive halving, keep the best half at each rung")
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed (random, tpe)")
     p.add_argument("--print-commands", action="store_true",
                    help="queue nothing: print one `workbench train` line per trial (for Slurm, GNU parallel, ...)")
+    p.add_argument("--gpu", metavar="NAME", default=None,
+                   help="with --print-commands: estimate and auto-fit the trials as if on this GPU of the table "
+                        "(`workbench hw --gpus`), the one the machines that run them have")
     p.add_argument("--status", action="store_true", help="with a sweep's name: its results (as `sweep show`)")
     p.add_argument("--json", action="store_true", help="show: the results as JSON")
     p.add_argument("--tsv", action="store_true", help="show: one tab-separated line per trial")
@@ -79,6 +82,13 @@ def run(args) -> int:
     spec = _spec(args)
     info = detect()
     machine = Machine.from_info(info)
+    if args.gpu:
+        if not args.print_commands:
+            raise QueueError("--gpu plans the trials for machines with that GPU: it goes with --print-commands "
+                             "(queued trials run on this machine, and are estimated for it)")
+        from workbench.machine.gpus import find_gpu
+        from workbench.plan.compare import machine_with
+        machine = machine_with(find_gpu(args.gpu))
     if args.print_commands:
         for line in print_commands(root, spec, machine, info):
             print(line)
@@ -91,7 +101,7 @@ def run(args) -> int:
           + f", ranked by {spec.metric.name} ({spec.metric.goal})"
           + (f", {spec.pruner} pruner" if spec.pruner != "none" else ""))
     for t in trials:
-        what = "queued" if t.item is not None else f"refused: {t.note}"
+        what = ("queued" + (f" ({t.note})" if t.note else "")) if t.item is not None else f"refused: {t.note}"
         print(f"  {trial_name(spec.name, t.number)}  {' '.join(point_sets(t.params))}  {what}")
     more = " (tpe: each next trial is drawn when one ends)" if spec.method == "tpe" else ""
     runner = "" if runner_pid(root) else "; `workbench queue run` runs them"
@@ -146,14 +156,15 @@ def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
     keys = [p.key for p in spec.params]
     if as_json:
         print(json.dumps({"sweep": spec.to_dict(), "trials": [r.to_dict() for r in rows],
-                          "best": top.to_dict() if top else None}, indent=1))
+                          "best": top.to_dict() if top else None, "compute": compute_saved(rows)}, indent=1))
         return 0
     if as_tsv:
         print("\t".join(["run", *keys, spec.metric.name, "rank", "state", "seconds", "note"]))
         for r in rows:
             print("\t".join([r.name, *(_fmt(r.params.get(k, "")) for k in keys),
                              "" if r.metric is None else f"{r.metric:.6f}", str(r.rank or ""), r.state,
-                             "" if r.seconds is None else f"{r.seconds:.1f}", r.note.replace("\t", " ")]))
+                             "" if r.seconds is None else f"{r.seconds:.1f}",
+                             "; ".join(n for n in (r.fit, r.note) if n).replace("\t", " ")]))
         return 0
     print(f"sweep {name}: {spec.method} over {', '.join(p.describe() for p in spec.params)}; {spec.preset}"
           + (f", {spec.time_budget} a trial" if spec.time_budget else "")
@@ -167,11 +178,14 @@ def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
     print("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     for r, t in zip(rows, table):
         print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
-        if r.note and r.state in ("refused", "failed", "pruned"):
-            print(f"    {r.note}")
+        for note in (r.fit, r.note if r.state in ("refused", "failed", "pruned") else ""):
+            if note:
+                print(f"    {note}")
     counts = {s: sum(r.state == s for r in rows) for s in dict.fromkeys(r.state for r in rows)}
-    secs = sum(r.seconds or 0 for r in rows)
-    print(", ".join(f"{n} {s}" for s, n in counts.items()) + f"; {secs:,.0f} trial-seconds")
+    c = compute_saved(rows)
+    saved = (f"; pruning saved {c['saved_share']:.0%}: {c['saved_s']:,.0f} of the {c['full_s']:,.0f} the trials "
+             "would have taken, each to its end" if c["saved_s"] else "")
+    print(", ".join(f"{n} {s}" for s, n in counts.items()) + f"; {c['spent_s']:,.0f} trial-seconds" + saved)
     if top:
         print(f"best: {top.name} ({' '.join(point_sets(top.params))}): {spec.metric.name} {top.metric:.4f}")
     else:

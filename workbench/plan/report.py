@@ -151,6 +151,7 @@ class FitCheck:
     memory: str                # "fits: 650 MiB of 23.1 GiB available RAM (estimate)"
     time: str                  # "~3m 20s for 2,000 steps at 4,700 tokens/s (measured by run X)"
     suggestion: str = ""       # what would make it fit
+    options: tuple[dict[str, Any], ...] = ()   # every way it would fit (recommend.fitting_savers), cheapest first
 
     def lines(self) -> list[str]:
         return [self.memory + (f"; try {self.suggestion}" if self.suggestion else ""), self.time]
@@ -180,4 +181,4 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None) 
         time = "time: unknown until this machine's speed is measured (after a first run, or `workbench estimate`)"
         if r["budget_warning"]:
             time += f"; warning: {r['budget_warning']}"
-    return FitCheck(r["fits"], memory, time, r.get("suggestion", ""))
+    return FitCheck(r["fits"], memory, time, r.get("suggestion", ""), tuple(r.get("savers", ())))

@@ -7,13 +7,15 @@
   the other, each its own trainer through the CLI (``workbench train --detach``, as the TUI starts runs),
   watches it through its run directory, records how it ended, and on a restart adopts a trainer still alive or
   resumes one that died (``workbench resume``) from its last checkpoint.
-- ``admit``   a run checked and estimated as ``workbench train`` would check it, before it is queued
+- ``admit``   a run checked and estimated as ``workbench train`` would check it, before it is queued; a
+  sweep's trial that does not fit auto-fitted to a smaller micro-batch with the same tokens per step
 - ``launch``  starting, stopping and resuming runs through the CLI (the queue never imports torch)
 - ``listing`` the queue as ``queue ls`` and the TUI's Queue tab show it
 - ``outcome`` what a run reached (the metric a sweep ranks by), and the one line a failed run is listed with
   (the run doctor's top finding).
 - ``sweep``, ``spec``  sweeps: a spec (TOML, or ``--set-grid``), trials made and estimated before anything is
-  queued, the search and the pruner from Optuna (its own SQLite storage beside the queue's), the results table.
+  queued, the search and the pruners (median, successive halving) from Optuna (its own SQLite storage beside
+  the queue's), the results table and the compute pruning saved.
 - ``best``    a sweep's best trial kept as a user preset (``sweep save-best``), through config's one writer.
 
 What lives where (see README, "Queues and sweeps"): the queue and the sweeps survive the TUI quitting, the

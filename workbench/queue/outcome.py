@@ -1,6 +1,6 @@
 """What a queued run reached, read from its run directory: the metric a sweep ranks trials by, the
-evals along the way (for the pruner), and the one line a failed run is listed with (its error, and the run
-doctor's most important finding)."""
+evals along the way (for the pruner), what a pruned run would still have used (the compute pruning saved), and
+the one line a failed run is listed with (its error, and the run doctor's most important finding)."""
 
 from __future__ import annotations
 
@@ -93,3 +93,18 @@ def failure_line(run_dir: Path, status: RunStatus, info: dict | None = None) -> 
         f = findings[0]
         return f"{error}; doctor: {f.title} ({f.change})"
     return error
+
+
+def unspent_seconds(run_dir: Path, seconds: float | None) -> float | None:
+    """What a run stopped early would still have used to reach its end: the rest of its time budget (its
+    start-up, paid already, is not in the budget), or without one its remaining steps at the pace of the ``seconds``
+    it took to the step it reached. None when the run directory does not say."""
+    try:
+        st = rundir.read_status(run_dir)
+    except WorkbenchError:
+        return None
+    if st.budget_s and st.budget_spent_s is not None:
+        return max(0.0, st.budget_s - st.budget_spent_s)
+    if seconds and st.step and st.max_iters > st.step:
+        return seconds * (st.max_iters - st.step) / st.step
+    return None

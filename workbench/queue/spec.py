@@ -8,7 +8,7 @@ metric, parameters, early termination), with workbench's own keys (preset, set, 
     time_budget = "60s"             # each trial's: trials compare by what they reach in the same time
     set = ["train.eval_interval=50"]
     metric = "val_loss"             # val_loss | val_bpb | task:NAME[:METRIC]; or { name = ..., goal = ... }
-    pruner = "median"               # or { type = "median", startup = 2, shares = [0.25, 0.5, 0.75] }
+    pruner = "median"               # median | halving; or { type = "median", startup = 2, shares = [0.25, 0.5, 0.75] }
 
     [parameters]
     "train.lr" = [1e-3, 3e-3, 1e-2]                   # values
@@ -36,7 +36,7 @@ from workbench.queue.outcome import Metric, parse_metric
 from workbench.rundir import sanitize_run_name
 
 METHODS = ("grid", "random", "tpe")
-PRUNERS = ("none", "median")
+PRUNERS = ("none", "median", "halving")
 TOP_KEYS = ("name", "preset", "method", "trials", "time_budget", "seed", "set", "corpus", "metric", "pruner",
             "parameters")
 DEFAULT_SHARES = (0.25, 0.5, 0.75)   # the pruner compares trials at these shares of their budget

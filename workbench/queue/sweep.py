@@ -8,13 +8,17 @@ Optuna (its study in ``runs/optuna.db``, its own SQLite storage, one study a swe
   runner; the sampler is seeded with the spec's seed plus the trials already made, so a restarted runner does
   not draw the same points again.
 
-A trial that will not fit this machine by the memory estimate is refused before it is queued (its reason in the
-table; Optuna is told it failed). The results reach Optuna when a trial ends; a runner killed before that tells
-them when it starts again (``catch_up``), so a sweep resumes after any kill: the state is in the two databases.
+A trial that will not fit this machine by the memory estimate is auto-fitted before it is queued (a smaller
+micro-batch, more accumulation, the same tokens per step: ``admit.admit_fitted``; the change in the table), or
+refused when no micro-batch fits (its reason in the table; Optuna is told it failed). The results reach Optuna when
+a trial ends; a runner killed before that tells them when it starts again (``catch_up``), so a sweep resumes after
+any kill: the state is in the two databases. ``sweep show`` reports what pruning saved: the budget each pruned trial
+left unused, beside the trial-seconds spent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from dataclasses import dataclass
@@ -24,8 +28,8 @@ from typing import Any, Callable
 from workbench import rundir
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
-from workbench.queue.admit import admit
-from workbench.queue.outcome import Metric, eval_curve, final_metric
+from workbench.queue.admit import admit_fitted
+from workbench.queue.outcome import Metric, eval_curve, final_metric, unspent_seconds
 from workbench.queue.spec import Param, SweepSpec, point_sets
 from workbench.queue.store import ENDED, Item, NewItem, QueueError, QueueStore, Trial, trial_name
 from workbench.rundir import RunStatus
@@ -52,10 +56,18 @@ def _sampler(spec: SweepSpec, made: int):
     return optuna.samplers.RandomSampler(seed=spec.seed + made)
 
 
+HALVING_FACTOR = 2   # successive halving keeps the best 1/2 of the trials at each rung (Optuna's default is 4)
+
+
 def _pruner(spec: SweepSpec):
+    """Optuna's pruner for the spec. Trials report at ``round(share * 100)``; successive halving's rungs are at
+    the first share and then at each doubling of it (shares 0.25, 0.5, 0.75: rungs at 25 % and 50 %)."""
     optuna = _optuna()
     if spec.pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=spec.prune_startup, n_warmup_steps=0)
+    if spec.pruner == "halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, round(spec.prune_shares[0] * 100)),
+                                                      reduction_factor=HALVING_FACTOR, bootstrap_count=0)
     return optuna.pruners.NopPruner()
 
 
@@ -87,19 +99,19 @@ class Made:
     params: dict[str, Any]
     item: NewItem | None       # None: refused
     optuna: int | None
-    note: str | None
+    note: str | None           # why refused; for a queued trial, how it was auto-fitted (or None)
 
 
 def _admit(root: Path, spec: SweepSpec, point: dict[str, Any], machine: Machine, info: dict
-           ) -> tuple[NewItem, str | None]:
-    """The trial's run, and why it is refused (None: it may be queued). Bad values are a WorkbenchError naming the
-    trial's settings."""
+           ) -> tuple[NewItem | None, str | None]:
+    """(the trial's run, auto-fitted if need be, and how) or (None, why it is refused). Bad values are a
+    WorkbenchError naming the trial's settings."""
     try:
-        adm = admit(root, _new_item(spec, point), machine, info)
+        adm, fitted = admit_fitted(root, _new_item(spec, point), machine, info)
     except WorkbenchError as e:
         shown = " ".join(point_sets(point))
         raise type(e)(f"trial {shown}: {e}") from None
-    return adm.item, adm.refused
+    return (None, adm.refused) if adm.refused else (adm.item, fitted or None)
 
 
 def _ask(study, spec: SweepSpec, root: Path, machine: Machine, info: dict) -> Made:
@@ -111,10 +123,9 @@ def _ask(study, spec: SweepSpec, root: Path, machine: Machine, info: dict) -> Ma
     except WorkbenchError:  # a drawn value the preset refuses: Optuna is told, so the trial is not left running
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
         raise
-    if why:
+    if item is None:
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-        return Made(dict(trial.params), None, trial.number, why)
-    return Made(dict(trial.params), item, trial.number, None)
+    return Made(dict(trial.params), item, trial.number, why)
 
 
 def plan_trials(root: Path, spec: SweepSpec, machine: Machine, info: dict, study=None) -> list[Made]:
@@ -122,12 +133,12 @@ def plan_trials(root: Path, spec: SweepSpec, machine: Machine, info: dict, study
     if spec.method == "grid":
         made = []
         for point in spec.grid():
-            item, why = _admit(root, spec, point, machine, info)
+            item, note = _admit(root, spec, point, machine, info)
             number = None
-            if study is not None and not why:
+            if study is not None and item is not None:
                 study.enqueue_trial(point)
                 number = study.ask(_distributions(spec.params)).number
-            made.append(Made(point, None if why else item, number, why))
+            made.append(Made(point, item, number, note))
         return made
     count = spec.trials if spec.method == "random" else 1
     return [_ask(study, spec, root, machine, info) for _ in range(count)] if study is not None else []
@@ -147,15 +158,15 @@ def print_commands(root: Path, spec: SweepSpec, machine: Machine, info: dict) ->
         points = [dict(study.ask(_distributions(spec.params)).params) for _ in range(spec.trials)]
     lines = []
     for k, point in enumerate(points, 1):
-        item, why = _admit(root, spec, point, machine, info)
-        if why:
-            lines.append(f"# {trial_name(spec.name, k)} refused: {why}")
+        item, note = _admit(root, spec, point, machine, info)
+        if item is None:
+            lines.append(f"# {trial_name(spec.name, k)} refused: {note}")
             continue
         from workbench.queue.launch import train_args
         fake = Item(0, trial_name(spec.name, k), 0, "queued", item.preset, item.sets, item.corpus, item.time_budget,
                     None, False, spec.name, k, 0.0, None, None, None, 0, None, None)
         lines.append(" ".join(["workbench", "train", *(_quote(a) for a in train_args(fake)), "--runs-dir",
-                               _quote(str(root))]))
+                               _quote(str(root))]) + (f"  # {note}" if note else ""))
     return lines
 
 
@@ -242,7 +253,8 @@ def catch_up(store: QueueStore, name: str, info: dict, say: Callable[[str], None
             continue
         t = store.add_trial(name, m.params, m.item, m.optuna, m.note)
         if m.item is not None:
-            say(f"sweep {name}: queued {trial_name(name, t.number)} ({' '.join(point_sets(m.params))})")
+            fitted = f", {m.note}" if m.note else ""
+            say(f"sweep {name}: queued {trial_name(name, t.number)} ({' '.join(point_sets(m.params))}{fitted})")
             return
         say(f"sweep {name}: {trial_name(name, t.number)} refused: {m.note}")
 
@@ -288,11 +300,22 @@ class Pruning:
         for s in due:
             self.trial.report(value, round(s * 100))
             self.reported.add(s)
-        if self.trial.should_prune():
+        # (asked during halving's startup too: it records the trial's value at each rung it reaches)
+        if self.trial.should_prune() and self._past_startup():
+            than = ("worse than the median of the trials before it there" if self.spec.pruner == "median" else
+                    f"not in the best 1/{HALVING_FACTOR} of the trials there (successive halving)")
             self.reason = (f"{self.spec.metric.name} {value:.4f} (step {step:,}) at {due[-1]:.0%} of its budget is "
-                           f"worse than the median of the trials before it there")
+                           + than)
             return True
         return False
+
+    def _past_startup(self) -> bool:
+        """Successive halving has no startup of its own: no trial is stopped before ``startup`` have ended
+        (the median pruner counts them itself, the same way)."""
+        if self.spec.pruner != "halving":
+            return True
+        done = self.study.get_trials(deepcopy=False, states=(_optuna().trial.TrialState.COMPLETE,))
+        return len(done) >= self.spec.prune_startup
 
 
 def pruner_for(store: QueueStore, item: Item) -> Pruning | None:
@@ -317,10 +340,13 @@ class Result:
     rank: int | None           # 1 = best, among finished trials with the metric
     seconds: float | None      # wall-clock from start to end (or so far)
     note: str
+    fit: str = ""              # how it was auto-fitted to this machine ("auto-fitted: batch 32 -> 8, ...")
+    unspent: float | None = None   # a pruned trial: the seconds of its budget it did not use (what pruning saved)
 
     def to_dict(self) -> dict[str, Any]:
         return {"trial": self.number, "run": self.name, "params": self.params, "state": self.state,
-                "metric": self.metric, "rank": self.rank, "seconds": self.seconds, "note": self.note}
+                "metric": self.metric, "rank": self.rank, "seconds": self.seconds, "note": self.note,
+                "fit": self.fit, "unspent_s": self.unspent}
 
 
 def results(store: QueueStore, name: str, now: float | None = None) -> list[Result]:
@@ -339,12 +365,22 @@ def results(store: QueueStore, name: str, now: float | None = None) -> list[Resu
         if metric is None and it.state == "running" and (store.root / it.name / rundir.PRESET_FILE).is_file():
             metric = final_metric(store.root / it.name, spec.metric)
         secs = ((it.ended or now or time.time()) - it.started) if it.started else None
-        out.append(Result(t.number, it.name, t.params, it.state, metric, None, secs, it.note or ""))
+        unspent = unspent_seconds(store.root / it.name, secs) if it.state == "pruned" else None
+        out.append(Result(t.number, it.name, t.params, it.state, metric, None, secs, it.note or "", t.note or "",
+                          unspent))
     done = [r for r in out if r.state == "finished" and r.metric is not None]
     done.sort(key=lambda r: r.metric if spec.metric.goal == "minimize" else -r.metric)
     ranks = {r.number: k for k, r in enumerate(done, 1)}
-    return [Result(r.number, r.name, r.params, r.state, r.metric, ranks.get(r.number), r.seconds, r.note)
-            for r in out]
+    return [dataclasses.replace(r, rank=ranks.get(r.number)) for r in out]
+
+
+def compute_saved(rows: list[Result]) -> dict[str, float]:
+    """The trial-seconds the sweep spent, what they would have been had every pruned trial used its whole budget,
+    and the share pruning saved."""
+    spent = sum(r.seconds or 0.0 for r in rows)
+    full = spent + sum(r.unspent or 0.0 for r in rows)
+    return {"spent_s": spent, "full_s": full, "saved_s": full - spent, "saved_share": (full - spent) / full
+            if full else 0.0}
 
 
 def best(rows: list[Result]) -> Result | None:
