@@ -65,10 +65,14 @@ def test_a_calibration_beside_a_cpu_hog_keeps_the_peak_measured_before(private_r
         busy = probe.calibrate("cpu", "fp32")
     tried = f"before {basis / 1e9:.1f} GFLOP/s; beside the hog {busy}"
     assert busy.others_busy >= rates.BUSY_SHARE, tried           # the hog was seen...
-    assert busy.measured < 0.9 * basis, tried                    # ...and took the CPU (the old code's peak)
-    assert abs(busy.flops - basis) <= 0.1 * basis, tried         # the peak used stays the machine's
+    if not first.busy:
+        # ...and took the CPU (the old code's peak). Only where the first figure was measured quietly: on a CI
+        # machine already at a load of 10, the first was as slowed as the second (36.9 then 43.2 GFLOP/s).
+        assert busy.measured < 0.9 * basis, tried
+    best = max(basis, busy.measured)
+    assert busy.flops == best, tried                             # the peak used is the best measured here
     assert probe.measured_peak("cpu", "fp32") == busy.flops      # what the trainer and `estimate` get
-    assert rates.best_rates(machine_identity())["cpu:fp32"] == basis  # the hog's figure did not lower it
+    assert rates.best_rates(machine_identity())["cpu:fp32"] == best  # the hog's figure did not lower it
     # said where it is shown: how busy the CPU was, and "uncertain" only where the peak was never measured quietly
     assert (f"({busy.measured / 1e9:,.1f} GFLOP/s now, with other processes using {busy.others_busy:.0%} of the CPU)"
             in busy.describe()), busy.describe()

@@ -22,6 +22,9 @@ def make_app(runs_dir, **kw):
     kw.setdefault("watch_interval", 0.1)
     kw.setdefault("list_interval", 60.0)
     app = WorkbenchApp(runs_dir, **kw)
+    # Tests read what the app said from its notifications; a toast's 5 s would drop one before it is read on a
+    # loaded machine (the CI's 2 cores at a load of 10: test_requests' "Resuming ..." was gone when asked for).
+    app.NOTIFICATION_TIMEOUT = 600
     run_test = app.run_test
 
     @asynccontextmanager
