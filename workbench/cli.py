@@ -13,6 +13,7 @@ import os
 import sys
 
 from workbench import __version__
+from workbench.commands.tui import run as run_tui
 from workbench.errors import WorkbenchError
 from workbench.rundir import runs_root
 
@@ -62,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     try:
         if args.command is None:
-            from workbench.commands.tui import run as run_tui
             return run_tui(args)
         return args.func(args)
     except WorkbenchError as e:

@@ -12,7 +12,11 @@ import time
 
 from workbench import rundir
 from workbench.commands.common import add_sampling_options, sampling_of
+from workbench.data.chat_templates import ChatTemplateError, run_template
+from workbench.data.tokenizer import load_tokenizer
+from workbench.machine.detect import Machine
 from workbench.plan.sampling import CHAT
+from workbench.plan.settings import resolve_device
 
 
 def register(sub) -> None:
@@ -58,18 +62,15 @@ def run(args) -> int:
     if args.json and args.message is None and args.conversation is None:
         raise rundir.RunError("--json needs --message or --conversation (one reply)")
     given = read_conversation(args.conversation) if args.conversation is not None else None
-    from workbench.data.chat_templates import ChatTemplateError, run_template
     try:
         template = run_template(run_dir)
     except ChatTemplateError as e:
         raise rundir.RunError(str(e)) from None
     t0 = time.time()
-    import torch  # noqa: I001 - torch loads only once the arguments are known to be good
+    # lazily: torch and the engine load only once the arguments are known to be good
+    import torch
 
-    from workbench.data.tokenizer import load_tokenizer
-    from workbench.machine.detect import Machine
     from workbench.machine.probe import this_machine
-    from workbench.plan.settings import resolve_device
     from workbench.train.chat_reply import reply
     from workbench.train.checkpoint import load_run_model
 

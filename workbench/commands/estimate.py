@@ -144,7 +144,8 @@ def build_report(args) -> dict[str, Any]:
                              "for this machine give a bare price (--usd-per-hour 0.5)")
     peak = None
     if not args.no_calibrate:
-        from workbench.machine.probe import measured_peak  # imports torch: a short matmul calibration
+        # lazily: the probe imports torch, for a short matmul calibration
+        from workbench.machine.probe import calibration_here, measured_peak
         peak = measured_peak
     gpus = info.get("nvidia") or []
     machine = Machine.from_info(info)
@@ -154,7 +155,6 @@ def build_report(args) -> dict[str, Any]:
         usd_per_hour=bare, usd_per_kwh=args.usd_per_kwh,
         power_limit_w=gpus[0].get("power_limit_w") if gpus else None)
     if peak is not None:  # the matmul rate measured now, and the best one measured here that the estimate used
-        from workbench.machine.probe import calibration_here
         cal = calibration_here(r["settings"]["device"], r["settings"]["precision"])
         if cal is not None:
             r["calibration"] = cal.to_dict()

@@ -12,18 +12,19 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from workbench import rundir
 from workbench.analysis.report_card import card_lines, report_card
 from workbench.commands.common import add_corpus_option
 from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task
+from workbench.data.chat_templates import ChatTemplate, ChatTemplateError, run_template
 from workbench.data.documents import open_corpus
 from workbench.data.tasks import Task, TaskError, expand_task_specs, load_task, task_options
+from workbench.data.tokenizer import load_tokenizer
 from workbench.fmt import duration
-
-if TYPE_CHECKING:
-    from workbench.data.chat_templates import ChatTemplate
+from workbench.machine.detect import Machine
+from workbench.plan.settings import resolve_device
 
 JSON_VERSION = 1
 
@@ -118,7 +119,6 @@ def load_tasks(args, run_dir: Path) -> tuple[list[Task], ChatTemplate | None]:
             print(f"note: {t.name}: {t.note}", file=sys.stderr)
     template = None
     if any(t.shape == "chat" for t in tasks):
-        from workbench.data.chat_templates import ChatTemplateError, run_template
         try:
             template = run_template(run_dir)
         except ChatTemplateError as e:
@@ -141,12 +141,10 @@ def run(args) -> int:
     tasks, template = load_tasks(args, run_dir)
     corpus = open_corpus(list(args.corpus)) if args.corpus else None
 
-    import torch  # noqa: I001 - torch loads only once the inputs are known to be good
+    # lazily: torch and the engine load only once the inputs are known to be good
+    import torch
 
-    from workbench.data.tokenizer import load_tokenizer
-    from workbench.machine.detect import Machine
     from workbench.machine.probe import this_machine
-    from workbench.plan.settings import resolve_device
     from workbench.train.checkpoint import load_run_model
     from workbench.train.task_eval import score_task, text_bpb
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 import sys
@@ -94,7 +95,6 @@ def _cell(v) -> str | int | float:
     if isinstance(v, float):
         return repr(v) if math.isfinite(v) else ""
     if isinstance(v, (dict, list)):
-        import json
         return json.dumps(v, separators=(",", ":"))
     return v
 
@@ -120,7 +120,7 @@ TB_SCALARS = {
 
 def write_tensorboard(run_dir: Path, records: list[dict]) -> tuple[Path, int]:
     """Rewrite ``run_dir/tb`` from the records; returns (the directory, the number of scalars written)."""
-    try:
+    try:  # lazily: tensorboard is optional
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.summary.writer.event_file_writer import EventFileWriter

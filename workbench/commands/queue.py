@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -59,7 +60,6 @@ def _position(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        import argparse
         raise argparse.ArgumentTypeError(f"{text!r} is not a position; give a number, 1 for next") from None
 
 

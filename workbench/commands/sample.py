@@ -7,7 +7,10 @@ import time
 
 from workbench import rundir
 from workbench.commands.common import add_sampling_options, sampling_of
+from workbench.data.tokenizer import load_tokenizer
+from workbench.machine.detect import Machine
 from workbench.plan.sampling import TEXT
+from workbench.plan.settings import resolve_device
 
 
 def register(sub) -> None:
@@ -26,14 +29,12 @@ def run(args) -> int:
     ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
     sampling = sampling_of(args)
     t0 = time.time()
-    import torch  # noqa: I001 - torch loads only once the arguments are known to be good
+    # lazily: torch and the engine load only once the arguments are known to be good
+    import torch
 
-    from workbench.machine.detect import Machine
     from workbench.machine.probe import this_machine
-    from workbench.plan.settings import resolve_device
     from workbench.train.checkpoint import load_run_model
     from workbench.train.generate import generate_text
-    from workbench.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(run_dir)
     # Every machine has a CPU: asking torch about GPUs is only worth it when one is wanted.

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from workbench.commands.common import add_corpus_option, add_set_option
 from workbench.machine.detect import Machine, detect
+from workbench.machine.gpus import find_gpu
+from workbench.plan.compare import machine_with
 from workbench.queue.best import save_best
 from workbench.queue.outcome import parse_metric
 from workbench.queue.runner import runner_pid
@@ -86,8 +88,6 @@ def run(args) -> int:
         if not args.print_commands:
             raise QueueError("--gpu plans the trials for machines with that GPU: it goes with --print-commands "
                              "(queued trials run on this machine, and are estimated for it)")
-        from workbench.machine.gpus import find_gpu
-        from workbench.plan.compare import machine_with
         machine = machine_with(find_gpu(args.gpu))
     if args.print_commands:
         for line in print_commands(root, spec, machine, info):

@@ -9,5 +9,5 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from workbench.tui.app import run_tui
+    from workbench.tui.app import run_tui  # lazily: Textual loads only for the UI, not with every command
     return run_tui(args.runs_dir)
