@@ -43,7 +43,7 @@ from workbench.data.chat_templates import (
     load_chat_template,
     model_template,
 )
-from workbench.data.documents import Corpus
+from workbench.data.documents import Corpus, open_corpus
 from workbench.data.listing import CorpusError, Source
 from workbench.data.preference import detect_kind
 from workbench.data.prepare import DataError
@@ -113,7 +113,6 @@ def packed_rows(cfg: DataConfig) -> bool:
         return True
     key = json.dumps([cfg.corpus, cfg.messages_field, cfg.chat_roles, cfg.text_field])
     if key not in _PACKED:
-        from workbench.data.documents import open_corpus
         try:
             corpus = open_corpus(cfg.corpus, text_field=cfg.text_field, skip_bad=cfg.skip_bad_records,
                                  builtin_mb=cfg.builtin_mb)

@@ -67,6 +67,7 @@ class ChatTemplateError(WorkbenchError):
 @lru_cache(maxsize=32)
 def compile_template(text: str) -> jinja2.Template:
     """A chat template compiled in the sandbox, with transformers' options and helpers (cached by its text)."""
+    # lazily: jinja2 (~60 ms) loads when a template is first compiled, not with the TUI or the CLI
     import jinja2
     import jinja2.ext
     import jinja2.nodes
@@ -135,7 +136,7 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         """The conversation as the model reads it (``apply_chat_template(..., tokenize=False)``)."""
-        import jinja2
+        import jinja2  # lazily, as in compile_template: for its syntax error
         try:
             template = compile_template(self.text)
         except jinja2.TemplateSyntaxError as e:

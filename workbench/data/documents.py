@@ -128,7 +128,7 @@ def builtin_documents(held_out: bool = False) -> Iterator[tuple[str, str, str]]:
     ("doc"), then standard-library sources ("code"). About 12 % of the topics and 5 % of the sources
     (chosen by a hash of their names; installed packages never) are held out of every built-in corpus,
     whatever its size, for the built-in eval tasks: ``held_out=True`` gives those alone."""
-    import pydoc_data.topics as topics
+    import pydoc_data.topics as topics  # lazily: a megabyte of text, loaded only for the built-in corpus
 
     for key in sorted(topics.topics):
         if _held_out(f"topic:{key}", HELD_OUT_TOPICS_PERCENT) == held_out:

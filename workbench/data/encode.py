@@ -6,6 +6,7 @@ And the progress both passes report (bytes done, MB/s, ETA)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
 import hashlib
 import multiprocessing as mp
 import os
@@ -77,7 +78,6 @@ def _init_worker(spec: tuple, parent: int | None = None) -> None:
     global _TOKENIZER
     _TOKENIZER = tokenizer_from_spec(spec)
     if parent is not None and sys.platform == "linux":
-        import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the parent died before the promise was made
             os._exit(1)

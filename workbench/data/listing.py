@@ -143,7 +143,7 @@ class _ZstdReader:
     """A zstd stream that says when it is truncated (the library's stream reader does not)."""
 
     def __init__(self, raw: IO[bytes]):
-        import zstandard
+        import zstandard  # lazily: loaded only when a .zst file is read
         self.raw, self.dctx = raw, zstandard.ZstdDecompressor()
         self.obj, self.fed, self.pending = self.dctx.decompressobj(), False, b""
 

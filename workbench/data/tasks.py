@@ -26,7 +26,7 @@ import re
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from workbench.config.overrides import parse_value
 from workbench.data.listing import Source, kind_of
@@ -337,12 +337,18 @@ def read_task_file(path: Path, opts: dict[str, Any] | None = None, limit: int | 
                 max_new_tokens=opts.get("max_new_tokens", 32), shape=shape.name, note=note)
 
 
+def _builtin_tasks() -> Mapping[str, Callable[[], Task]]:
+    """The built-in tasks' builders by name."""
+    from workbench.data.builtin_tasks import BUILTIN_TASKS  # lazily: builtin_tasks builds on this module's Task
+
+    return BUILTIN_TASKS
+
+
 def load_task(spec: str, opts: dict[str, Any] | None = None, limit: int | None = None) -> Task:
     """A built-in task by name, or a task file."""
-    from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task
-
-    if spec in BUILTIN_TASKS:
-        task = builtin_task(spec)
+    builtin = _builtin_tasks()
+    if spec in builtin:
+        task = builtin[spec]()
         if opts:
             unknown = set(opts) - {"name", "metric"}
             if unknown:
@@ -354,11 +360,9 @@ def load_task(spec: str, opts: dict[str, Any] | None = None, limit: int | None =
 
 def expand_task_specs(specs: list[str]) -> list[str]:
     """``builtin`` stands for every built-in task."""
-    from workbench.data.builtin_tasks import BUILTIN_TASKS
-
     out: list[str] = []
     for s in specs:
-        for one in (list(BUILTIN_TASKS) if s == "builtin" else [s]):
+        for one in (list(_builtin_tasks()) if s == "builtin" else [s]):
             if one not in out:
                 out.append(one)
     return out
@@ -366,9 +370,7 @@ def expand_task_specs(specs: list[str]) -> list[str]:
 
 def absolute_task_spec(spec: str) -> str:
     """A task as a run's preset keeps it: built-in names as they are, files as absolute paths."""
-    from workbench.data.builtin_tasks import BUILTIN_TASKS
-
-    return spec if spec in BUILTIN_TASKS or spec == "builtin" else str(Path(spec).expanduser().absolute())
+    return spec if spec in _builtin_tasks() or spec == "builtin" else str(Path(spec).expanduser().absolute())
 
 
 __all__ = ["ChoiceItem", "GenItem", "OPTIONS", "Task", "TaskError", "absolute_task_spec", "expand_task_specs",

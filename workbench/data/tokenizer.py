@@ -80,15 +80,21 @@ class CorpusTooSmall(TokenizerError):
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _sentencepiece() -> Any:
+    """The sentencepiece module."""
+    import sentencepiece  # lazily: loaded when a tokenizer is made, not with every command that imports this
+
+    return sentencepiece
+
+
 class Tokenizer:
     """workbench's sentencepiece BPE (see the module docstring)."""
     kind = "sentencepiece"
     FILE = "tokenizer.model"
 
     def __init__(self, model_proto: bytes):
-        import sentencepiece as spm
         self.proto = model_proto
-        self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        self.sp = _sentencepiece().SentencePieceProcessor(model_proto=model_proto)
 
     @classmethod
     def load(cls, path: Path) -> "Tokenizer":
@@ -174,7 +180,7 @@ class HFTokenizer:
     CONFIG = "tokenizer_config.json"
 
     def __init__(self, tokenizer_json: bytes, config_json: bytes | None = None):
-        from tokenizers import Tokenizer as RustTokenizer
+        from tokenizers import Tokenizer as RustTokenizer  # lazily: only imported models have a tokenizer.json
         self.json_bytes, self.config_bytes = tokenizer_json, config_json
         try:
             self.tk = RustTokenizer.from_str(tokenizer_json.decode("utf-8"))
@@ -323,8 +329,7 @@ def split_long_line(line: str, limit: int = SENTENCE_CHARS) -> list[str]:
 def train_tokenizer(text: str | list[str], vocab_size: int, sample_mb: float = 8.0, seed: int = 0,
                     num_threads: int = 2) -> Tokenizer:
     """Train BPE on (a sample of) the lines of ``text`` (a string, or lines already sampled)."""
-    import sentencepiece as spm
-
+    spm = _sentencepiece()
     lines = text.split("\n") if isinstance(text, str) else list(text)
     budget = int(sample_mb * 1_000_000)
     if sum(len(ln) + 1 for ln in lines) > budget:
