@@ -24,6 +24,7 @@ from workbench import rundir
 from workbench.errors import WorkbenchError
 from workbench.fs import PidLock
 from workbench.machine.detect import detect
+from workbench.queue import sweep
 from workbench.queue.launch import CliLauncher, LaunchFailed
 from workbench.queue.outcome import Metric, failure_line, final_metric
 from workbench.queue.store import Item, QueueError, QueueStore
@@ -201,7 +202,6 @@ class Runner:
         shown = f", {self._metric(item).name} {metric:.4f}" if metric is not None else ""
         self.say(f"{item.name} {state}{shown}" + (f": {note}" if note else ""))
         if item.sweep:
-            from workbench.queue import sweep  # Optuna is imported only for sweeps
             sweep.trial_ended(self.store, item, self.info, self.say)
 
     # ------------------------------------------------------------------ sweeps
@@ -209,18 +209,15 @@ class Runner:
     def _metric(self, item: Item) -> Metric:
         if not item.sweep:
             return VAL_LOSS
-        from workbench.queue import sweep
         return sweep.sweep_metric(self.store, item.sweep)
 
     def _pruner(self, item: Item):
         if not item.sweep:
             return None
-        from workbench.queue import sweep
         return sweep.pruner_for(self.store, item)
 
     def _sweeps_catch_up(self) -> None:
         """Results a killed runner had not yet given to Optuna, and trials it had not yet asked for."""
         if self.store.sweep_names():
-            from workbench.queue import sweep
             for name in self.store.sweep_names():
                 sweep.catch_up(self.store, name, self.info, self.say)

@@ -19,7 +19,10 @@ left unused, beside the trial-seconds spent.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
+import shlex
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,7 @@ from workbench import rundir
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.queue.admit import admit_fitted
+from workbench.queue.launch import train_args
 from workbench.queue.outcome import Metric, eval_curve, final_metric, unspent_seconds
 from workbench.queue.spec import Param, SweepSpec, point_sets
 from workbench.queue.store import ENDED, Item, NewItem, QueueError, QueueStore, Trial, trial_name
@@ -38,7 +42,7 @@ OPTUNA_FILE = "optuna.db"
 
 
 def _optuna():
-    import optuna  # imported here: the queue's other commands (and the TUI) never need it
+    import optuna  # lazily: the queue's other commands (and the TUI) never need it
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -162,7 +166,6 @@ def print_commands(root: Path, spec: SweepSpec, machine: Machine, info: dict) ->
         if item is None:
             lines.append(f"# {trial_name(spec.name, k)} refused: {note}")
             continue
-        from workbench.queue.launch import train_args
         fake = Item(0, trial_name(spec.name, k), 0, "queued", item.preset, item.sets, item.corpus, item.time_budget,
                     None, False, spec.name, k, 0.0, None, None, None, 0, None, None)
         lines.append(" ".join(["workbench", "train", *(_quote(a) for a in train_args(fake)), "--runs-dir",
@@ -171,7 +174,6 @@ def print_commands(root: Path, spec: SweepSpec, machine: Machine, info: dict) ->
 
 
 def _quote(arg: str) -> str:
-    import shlex
     return shlex.quote(arg)
 
 
@@ -204,7 +206,6 @@ def create_sweep(root: Path, spec: SweepSpec, machine: Machine, info: dict) -> l
 def load(store: QueueStore, name: str) -> SweepSpec:
     d = store.sweep_spec(name)
     if d is None:
-        import difflib
         close = difflib.get_close_matches(name, store.sweep_names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise QueueError(f"no sweep {name!r} in {store.root}{hint}; `workbench sweep ls` lists them")
@@ -351,7 +352,6 @@ class Result:
 
 def results(store: QueueStore, name: str, now: float | None = None) -> list[Result]:
     """Every trial of the sweep, in trial order, ranked by the spec's metric."""
-    import time
     spec = load(store, name)
     items = {i.id: i for i in store.items()}
     out = []
