@@ -191,7 +191,7 @@ def _name(pid: int) -> str:
 def _gpu_sample() -> tuple[list[GpuProcess], list[GpuClocks], str]:
     """The processes on each NVIDIA GPU and its throttle reasons now; an empty answer and a note
     where there is no NVML."""
-    try:
+    try:  # lazily: NVML is for NVIDIA machines only, and may be missing
         import pynvml
     except ImportError:
         return [], [], "no NVML (the nvidia-ml-py package is not installed)"

@@ -101,7 +101,7 @@ def detect_nvidia() -> tuple[list[dict[str, Any]], str]:
     global _NVML_MISSING
     if _NVML_MISSING is not None:
         return [], _NVML_MISSING
-    try:
+    try:  # lazily: NVML is for NVIDIA machines only, and may be missing
         import pynvml
     except ImportError:
         _NVML_MISSING = "no NVIDIA GPU information (the nvidia-ml-py package is not installed)"

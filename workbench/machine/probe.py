@@ -124,7 +124,7 @@ def detect_torch() -> dict[str, Any]:
     except Exception:  # older torch
         out["cpu_capability"] = None
     out["cpu_bf16_native"] = cpu_has_native_bf16()
-    try:
+    try:  # a private torch helper, imported where it is used so that a torch without it is only a fallback
         from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
         fused_devices = set(_get_fused_kernels_supported_devices())
     except Exception:

@@ -11,6 +11,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from workbench.config import Preset
+from workbench.fmt import human_bytes
 from workbench.machine.detect import Machine
 
 if TYPE_CHECKING:
@@ -92,8 +93,7 @@ def choose_memory_savers(p: Preset, s: RunSettings, machine: Machine) -> RunSett
         c = str(h.activation_checkpointing).lower() == "true"
         return with_savers(s, f, c, chunk, "auto: the device's memory unknown; the fused loss where the logits "
                                            "pass 1 GiB")
-    from workbench.fmt import human_bytes
-    from workbench.plan.estimate import estimate_memory  # estimate reads these settings: imported when used
+    from workbench.plan.estimate import estimate_memory  # lazily: estimate imports settings, which imports this
     limit = (1 - SAVERS_HEADROOM) * avail
     for f, c in choices:
         trial = with_savers(s, f, c, chunk, "")

@@ -38,7 +38,9 @@ def use_inductor_cache(cache: Path) -> None:
     """Compiled kernels go to the run's own cache, so a resume compiles warm (unless the user chose one). Where
     torch._dynamo was imported before this module (its import writes inductor's default into the environment),
     the default is not taken for the user's choice: the run's cache was lost that way under test load."""
+    # lazily: inductor (with dynamo, ~1 s to import) for compiled runs only
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     cache.mkdir(parents=True, exist_ok=True)
     if not USER_INDUCTOR_CACHE or USER_INDUCTOR_CACHE == default_cache_dir():
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)

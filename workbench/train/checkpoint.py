@@ -295,6 +295,7 @@ def optimizer_state_by_index(sd: dict) -> dict:
 def gather_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """Collective (every rank calls it): the whole model's and optimizer's state dicts of an FSDP2 model,
     gathered onto rank 0's CPU in the plain on-disk layout; the other ranks get empty dicts."""
+    # lazily: distributed checkpointing takes ~0.6 s to import; sharded runs only
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     msd = get_model_state_dict(model, options=opts)
@@ -306,6 +307,7 @@ def load_sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer 
                        optimizer_sd: dict | None) -> None:
     """Collective: load whole (plain-layout) state dicts, held by every rank, into an FSDP2 model and
     its optimizer; each rank keeps its own shards."""
+    # lazily: distributed checkpointing takes ~0.6 s to import; sharded runs only
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
     opts = StateDictOptions(full_state_dict=True)
     if model_sd is not None:

@@ -43,7 +43,7 @@ class Dist:
         since each rank initialised its own; then each transformer block becomes one all-gather /
         reduce-scatter unit and the root takes the rest (embedding, final norm). In place: the
         model's parameters become DTensor shards, so an optimizer must be built after this."""
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard  # lazily: sharded runs only
         with torch.no_grad():
             for t in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(t, src=0)

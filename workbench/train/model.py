@@ -158,6 +158,7 @@ def flex_attention():
     compiled block the call is traced into that graph)."""
     global _FLEX
     if _FLEX is None:
+        # lazily: flex attention (torch >= 2.5) only for packed rows with attention_kernel = flex
         from torch.nn.attention.flex_attention import flex_attention as flex
         _FLEX = torch.compile(flex, dynamic=False)
     return _FLEX
@@ -168,7 +169,7 @@ def document_mask(segments: torch.Tensor):
     [B, T]: which conversation each token belongs to). Blocks of 128 x 128 wholly across conversations are
     skipped, not computed and masked (hardware.attention_kernel = flex). Made outside compiled code, once
     a micro-batch, and passed to the model in place of the segments."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask  # lazily, as in flex_attention
     B, T = segments.shape
 
     def doc_causal(b, h, q, k):

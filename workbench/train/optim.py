@@ -37,6 +37,9 @@ iterations in bf16 on GPUs and fp32 on a CPU.
 
 from __future__ import annotations
 
+import logging
+import warnings
+
 import torch
 
 from workbench.config import TrainConfig
@@ -234,8 +237,6 @@ def adamw_class(states: str) -> type[torch.optim.Optimizer]:
         return offload_class()
     if states != "8bit":
         return torch.optim.AdamW
-    import logging
-    import warnings
     # torchao's import tells torch about its enums in a way torch now logs as deprecated, and its state
     # tensor has no stable hash for one of compile's caches: notes for torchao's developers, not for a user
     # watching a run (the step is compiled either way).
@@ -243,7 +244,7 @@ def adamw_class(states: str) -> type[torch.optim.Optimizer]:
     levels = [log.level for log in logs]
     for log in logs:
         log.setLevel(logging.ERROR)
-    try:
+    try:  # lazily: torchao is optional, for 8-bit or offloaded optimizer states only
         from torchao.optim import AdamW8bit
     finally:
         for log, level in zip(logs, levels):
@@ -270,7 +271,7 @@ def offload_class() -> type[torch.optim.Optimizer]:
     if _OFFLOAD is not None:
         return _OFFLOAD
     adamw_class("8bit")  # torchao's import, its log notes quietened
-    from torchao.optim import CPUOffloadOptimizer
+    from torchao.optim import CPUOffloadOptimizer  # lazily, as in adamw_class
 
     class CPUOffloadAdamW(CPUOffloadOptimizer, OffloadAdamW):
         def __init__(self, params, **kw):

@@ -115,7 +115,7 @@ def compile_cache_counts() -> dict[str, int]:
     (``runs/<id>/cache/inductor``) against those compiled anew, and the same for AOTAutograd's cache. A
     resume that compiles warm has inductor hits and no misses; Dynamo still traces the model each start (and
     AOTAutograd at times, where its cache misses), which the inductor cache does not cover."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # lazily: dynamo takes ~1 s to import; compiled runs only
     ind, aot = counters["inductor"], counters["aot_autograd"]
     return {"fxgraph_hits": int(ind["fxgraph_cache_hit"]), "fxgraph_misses": int(ind["fxgraph_cache_miss"]),
             "autograd_hits": int(aot["autograd_cache_hit"]), "autograd_misses": int(aot["autograd_cache_miss"])}
