@@ -111,6 +111,7 @@ class WorkbenchApp(RunOperations, App[int]):
 
     def _make_pane(self, tab: str) -> Pane:
         """The pane of ``tab`` (its module imported here, when the pane is made)."""
+        # lazily: the first frame waits for its own pane's module only; the others load after it
         if tab == "hardware":
             from workbench.tui.widgets.hardware import HardwarePane
             return HardwarePane(self.injected_hardware, self.hardware_interval, id="hardware-pane")
@@ -368,7 +369,7 @@ class WorkbenchApp(RunOperations, App[int]):
     def action_new_run(self, preset: str | None = None, overrides: str = "", init_from: str = "") -> None:
         preset = preset or (self.recommended[0] if self.recommended else None)
 
-        from workbench.tui.screens.new_run import NewRunScreen  # (loads the run planner: not before the first frame)
+        from workbench.tui.screens.new_run import NewRunScreen  # lazily: the run planner, not before the first frame
         form = NewRunScreen(preset, overrides, self.machine_now(), self.runs_dir, init_from)
 
         def done(req: RunRequest | None) -> None:

@@ -7,10 +7,12 @@ from thread workers.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -65,7 +67,8 @@ class RunRequest:
 
     def new_run(self) -> NewRun:
         """The request as the run plan takes it (what `workbench train` is given for it)."""
-        from workbench.plan.run_plan import NewRun  # the planner loads with the new-run form, not at the UI's start
+        from workbench.plan.run_plan import NewRun  # lazily: the planner loads with the new-run form, not at start
+
         return NewRun(self.preset, tuple(self.sets()), (self.corpus,) if self.corpus else (), self.init_from or None)
 
     def sets(self, budget: bool = True) -> list[str]:
@@ -195,7 +198,6 @@ class CliJob:
     (its progress), its stdout kept for the end."""
 
     def __init__(self, argv: list[str]):
-        import tempfile
         self._out = tempfile.TemporaryFile()  # (a pipe the job fills while stderr is read could block it)
         self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                      env=_env(), start_new_session=True)
@@ -287,5 +289,4 @@ class SampleProcess:
 
 
 def _utf8_decoder():
-    import codecs
     return codecs.getincrementaldecoder("utf-8")("replace")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import plotext as plt
+
 from workbench.analysis.report_card import LOWER_IS_BETTER
 from workbench.tui.rundata import RunData, downsample, ema, task_metric
 
@@ -85,8 +87,6 @@ def loss_series(runs: list[RunData], width: int, x_axis: str = "step", smoothing
 def render_loss_plot(series: list[Series], width: int, height: int, x_axis: str = "step", log_y: bool = False,
                      metric: str = "loss", title: str = "") -> str:
     """``series`` from ``loss_series`` drawn ("" when there is nothing to draw)."""
-    import plotext as plt
-
     plt.clf()
     plt.plotsize(max(20, width), max(6, height))
     plt.theme("clear")
@@ -137,8 +137,6 @@ def task_title(task: str, metric: str | None, width: int = 1000) -> str:
 def render_task_plot(series: list[Series], title: str, metric: str, width: int, height: int,
                      x_axis: str = "step", log_y: bool = False) -> str:
     """``series`` from ``task_series``: one line per run, with a marker at each scored step."""
-    import plotext as plt
-
     plt.clf()
     plt.plotsize(max(20, width), max(6, height))
     plt.theme("clear")

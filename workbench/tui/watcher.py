@@ -6,7 +6,7 @@ never re-reading a file), plus the small ``status.json`` and ``tasks.jsonl`` (ta
 scores from ``workbench eval``: read whole, when its size or time changed), and
 hands what changed to ``post``. It never touches widgets: ``post`` is the app's ``post_message``.
 
-Plain Python apart from the message type, so the offset logic is easy to test.
+Plain Python apart from the message type (and Textual's log), so the offset logic is easy to test.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import os
 import threading
 from pathlib import Path
 from typing import Callable
+
+from textual import log
 
 from workbench.rundir import (
     LOG_FILE,
@@ -26,6 +28,7 @@ from workbench.rundir import (
     RunStatus,
     read_status,
 )
+from workbench.tui.messages import RunUpdated
 
 LOG_TAIL_BYTES = 16384  # how much of an existing train.log to show on first attach
 
@@ -95,7 +98,6 @@ class RunWatcher:
 
     def poll_once(self) -> int:
         """Read what is new in every watched run and post it; returns how many runs changed."""
-        from workbench.tui.messages import RunUpdated
         with self._lock:
             want = dict(self._want)
             fresh, self._fresh_log = self._fresh_log, set()
@@ -159,7 +161,6 @@ class RunWatcher:
             try:
                 self.poll_once()
             except Exception as e:  # keep following the other runs
-                from textual import log
                 log.error(f"watcher: {e!r}")
             self.wake.wait(self.interval)
             self.wake.clear()

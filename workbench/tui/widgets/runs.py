@@ -39,6 +39,7 @@ from workbench.tui import display
 from workbench.tui.messages import ResumeRun
 from workbench.tui.screens.dialogs import ConfirmScreen
 from workbench.tui.screens.more_steps import MoreStepsScreen
+from workbench.tui.screens.run_jobs import EvalScreen, ExportScreen
 from workbench.tui.widgets.pane import Pane
 
 
@@ -381,7 +382,6 @@ class RunsPane(Vertical, Pane):
 
     def open_job(self, kind: str, run_id: str, step: str) -> None:
         """The eval or export dialog for ``run_id``'s checkpoint ``step`` (also the palette's)."""
-        from workbench.tui.screens.run_jobs import EvalScreen, ExportScreen
         root = Path(self.summaries[run_id].path).parent if run_id in self.summaries else Path(".")
         if kind == "eval":
             self.app.push_screen(EvalScreen(root, run_id, step, on_done=self.card_stale))
