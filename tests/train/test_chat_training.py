@@ -91,7 +91,7 @@ def test_batches_carry_exactly_the_trained_targets(chat_data, loss_on):
     trains = s.trains
     seen = 0
     for _ in range(6):
-        rows = s._order[s.pos:s.pos + 8].tolist()
+        rows = s.order.order[s.order.pos:s.order.pos + 8].tolist()
         batch = s.next_batch()
         assert batch.masked
         x, y, pos, seg = batch.inputs, batch.targets, batch.positions, batch.segments

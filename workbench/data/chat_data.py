@@ -49,7 +49,7 @@ from workbench.data.preference import detect_kind
 from workbench.data.prepare import DataError
 from workbench.data.records import RecordReader
 from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, load_tokenizer
-from workbench.data.train_data import IGNORE, Batch
+from workbench.data.train_data import IGNORE, Batch, EpochOrder
 from workbench.errors import WorkbenchError
 from workbench.fs import cache_root, read_json, write_json_atomic
 
@@ -360,22 +360,7 @@ class ChatSampler:
         self.packed = packing
         self.rows = data.rows(part, seq_len, packing, overlong)
         self.trains = trained_labels(loss_on)
-        self.epoch, self.pos = 0, 0
-        self._order = self._shuffle()
-
-    def _shuffle(self) -> np.ndarray:
-        return np.random.Generator(np.random.PCG64([self.seed, self.epoch])).permutation(self.rows.rows)
-
-    def next_rows(self) -> list[int]:
-        out: list[int] = []
-        while len(out) < self.batch_size:
-            if self.pos == len(self._order):
-                self.epoch, self.pos = self.epoch + 1, 0
-                self._order = self._shuffle()
-            take = self._order[self.pos:self.pos + self.batch_size - len(out)]
-            out += take.tolist()
-            self.pos += len(take)
-        return out
+        self.order = EpochOrder(self.rows.rows, seed)
 
     def next_batch(self) -> Batch[np.ndarray]:
         T, d, p = self.seq_len, self.data, self.rows
@@ -384,7 +369,7 @@ class ChatSampler:
         y = np.full((B, T), IGNORE, dtype=np.int64)
         pos = np.zeros((B, T), dtype=np.int64)
         seg = np.full((B, T), -1, dtype=np.int64)
-        for b, r in enumerate(self.next_rows()):
+        for b, r in enumerate(self.order.take(B)):
             at = 0
             for k, c in enumerate(p.items[p.starts[r]:p.starts[r + 1]].tolist()):
                 lo = int(d.offsets[c])
@@ -399,13 +384,12 @@ class ChatSampler:
         return Batch(x, y, pos, seg if self.packed else None, masked=True)
 
     def state(self) -> dict:
-        return {"kind": "chat", "epoch": self.epoch, "pos": self.pos}
+        return {"kind": "chat", **self.order.state()}
 
     def set_state(self, st: dict) -> None:
         if st.get("kind") != "chat":
             raise DataError("the checkpoint was trained on text, not conversations; a run keeps its data.format")
-        self.epoch, self.pos = int(st["epoch"]), int(st["pos"])
-        self._order = self._shuffle()
+        self.order.set_state(st)
 
 
 __all__ = ["IGNORE", "LAST", "PROMPT", "TRAINED", "ChatData", "ChatSampler", "Packing", "chat_options",

@@ -28,7 +28,7 @@ from workbench.data.chat_templates import ChatTemplate
 from workbench.data.preference import DESCRIBE, PAIRS, check_corpus_kind
 from workbench.data.prepare import DataError
 from workbench.data.tokenizer import AnyTokenizer, load_tokenizer
-from workbench.data.train_data import IGNORE, A, Batch, array
+from workbench.data.train_data import IGNORE, A, Batch, EpochOrder, array
 
 if TYPE_CHECKING:
     from workbench.config import Preset
@@ -196,7 +196,7 @@ def answer_rows(pieces: list[tuple[np.ndarray, np.ndarray]], seq_len: int) -> tu
 
 
 class PreferenceSampler:
-    """Batches of items drawn in a shuffled order, a new one each epoch (from the seed and the epoch number): the
+    """Batches of items drawn in a shuffled order, a new one each epoch (an :class:`EpochOrder`): the
     state is two integers."""
 
     def __init__(self, data: PreferenceData, part: str, seq_len: int, batch_size: int, seed: int,
@@ -205,22 +205,10 @@ class PreferenceSampler:
         self.items, self.truncated, self.dropped = data.usable(part, seq_len, overlong)
         if not len(self.items):
             raise DataError(f"no {part} item of {data.source} fits model.seq_len = {seq_len}; raise it")
-        self.epoch, self.pos = 0, 0
-        self._order = self._shuffle()
-
-    def _shuffle(self) -> np.ndarray:
-        return np.random.Generator(np.random.PCG64([self.seed, self.epoch])).permutation(len(self.items))
+        self.order = EpochOrder(len(self.items), seed)
 
     def next_items(self) -> list[int]:
-        out: list[int] = []
-        while len(out) < self.batch_size:
-            if self.pos == len(self._order):
-                self.epoch, self.pos = self.epoch + 1, 0
-                self._order = self._shuffle()
-            take = self._order[self.pos:self.pos + self.batch_size - len(out)]
-            out += self.items[take].tolist()
-            self.pos += len(take)
-        return out
+        return self.items[self.order.take(self.batch_size)].tolist()
 
     def next_batch(self) -> Batch[np.ndarray]:
         d, items, T = self.data, self.next_items(), self.seq_len
@@ -248,14 +236,13 @@ class PreferenceSampler:
         return AnswerBatch(x, y, desirable=good, kl_inputs=kx, kl_targets=ky)
 
     def state(self) -> dict:
-        return {"kind": self.data.kind, "epoch": self.epoch, "pos": self.pos}
+        return {"kind": self.data.kind, **self.order.state()}
 
     def set_state(self, st: dict) -> None:
         if st.get("kind") != self.data.kind:
             raise DataError(f"the checkpoint was trained on {st.get('kind', 'text')} data, not {self.data.kind}; a run "
                             "keeps its kind of data")
-        self.epoch, self.pos = int(st["epoch"]), int(st["pos"])
-        self._order = self._shuffle()
+        self.order.set_state(st)
 
 
 __all__ = ["AnswerBatch", "PairBatch", "PreferenceData", "PreferenceSampler", "answer_rows", "load_preference"]

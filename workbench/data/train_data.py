@@ -95,6 +95,38 @@ class Sampler(Protocol):
     def set_state(self, st: dict) -> None: ...
 
 
+class EpochOrder:
+    """The indices ``0 .. n-1`` drawn in a shuffled order, a new one each epoch (from the seed and the epoch
+    number), so what a sampler of whole items (conversations' rows, preference items) saves is two integers."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed = n, seed
+        self.epoch, self.pos = 0, 0
+        self.order = self._shuffle()
+
+    def _shuffle(self) -> np.ndarray:
+        return np.random.Generator(np.random.PCG64([self.seed, self.epoch])).permutation(self.n)
+
+    def take(self, k: int) -> list[int]:
+        """The next ``k`` indices, running on into the next epoch's order where this one ends."""
+        out: list[int] = []
+        while len(out) < k:
+            if self.pos == len(self.order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self.order = self._shuffle()
+            take = self.order[self.pos:self.pos + k - len(out)]
+            out += take.tolist()
+            self.pos += len(take)
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def set_state(self, st: dict) -> None:
+        self.epoch, self.pos = int(st["epoch"]), int(st["pos"])
+        self.order = self._shuffle()
+
+
 class TrainData(Protocol):
     """A prepared corpus a run trains on, of any kind (``format``: text, chat)."""
     format: str
@@ -130,4 +162,4 @@ class TrainData(Protocol):
         ...
 
 
-__all__ = ["A", "IGNORE", "Batch", "Sampler", "TrainData", "array", "step_targets"]
+__all__ = ["A", "IGNORE", "Batch", "EpochOrder", "Sampler", "TrainData", "array", "step_targets"]
