@@ -1,4 +1,5 @@
-"""What every pane offers the app: the widget that takes the focus when its tab is shown."""
+"""What every pane offers the app (the widget that takes the focus when its tab is shown), and the row key under
+a table's cursor for the panes with tables."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import ClassVar
 
 from textual import on
 from textual.widget import Widget
+from textual.widgets import DataTable
 from textual.worker import Worker, WorkerState
 
 
@@ -26,6 +28,16 @@ class Pane(Widget):
         command palette just now."""
         widget = self.query_one(self.MAIN_WIDGET) if self.MAIN_WIDGET else self
         widget.screen.set_focus(widget)
+
+    def cursor_key(self, table: str) -> str | None:
+        """The row key under the cursor of the pane's DataTable ``table`` (a selector); None when it is empty."""
+        t = self.query_one(table, DataTable)
+        if not t.row_count:
+            return None
+        try:
+            return str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)
+        except Exception:  # the cursor is past the rows a refresh left
+            return None
 
     def tab_shown(self) -> None:
         """The pane's tab was just shown: bring what it shows up to date (nothing by default)."""

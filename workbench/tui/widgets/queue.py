@@ -188,13 +188,7 @@ class QueuePane(Vertical, Pane):
 
     def sweep_chosen(self) -> str | None:
         """The sweep under the sweeps table's cursor: the one the results table shows and c and b act on."""
-        s = self.query_one("#sweeps-table", DataTable)
-        if not s.row_count:
-            return None
-        try:
-            return str(s.coordinate_to_cell_key(s.cursor_coordinate).row_key.value)
-        except Exception:
-            return None
+        return self.cursor_key("#sweeps-table")
 
     def _sweep(self, name: str | None) -> tuple[str, SweepSpec, list[Result]] | None:
         return next((sw for sw in self.view.sweeps if sw[0] == name), None)
@@ -221,13 +215,7 @@ class QueuePane(Vertical, Pane):
                           f"c: top {TOP_N} in Loss curves, b: save the best as a preset")
 
     def selected(self) -> str | None:
-        t = self.query_one("#queue-table", DataTable)
-        if not t.row_count:
-            return None
-        try:
-            return str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)
-        except Exception:
-            return None
+        return self.cursor_key("#queue-table")
 
     def _row(self, name: str | None) -> Row | None:
         return next((r for r in self.view.rows if r.name == name), None)

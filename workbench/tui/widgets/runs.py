@@ -174,13 +174,7 @@ class RunsPane(Vertical, Pane):
         self.show_checkpoints()
 
     def selected_run_id(self) -> str | None:
-        t = self.query_one("#runs-table", DataTable)
-        if not t.row_count:
-            return None
-        try:
-            return str(t.coordinate_to_cell_key(t.cursor_coordinate).row_key.value)
-        except Exception:
-            return None
+        return self.cursor_key("#runs-table")
 
     def select_run(self, run_id: str) -> None:
         """Put the cursor on ``run_id`` (if listed)."""
@@ -189,11 +183,10 @@ class RunsPane(Vertical, Pane):
             t.move_cursor(row=t.get_row_index(run_id), animate=False)
 
     def selected_checkpoint(self) -> dict | None:
-        c = self.query_one("#ckpt-table", DataTable)
         run = self.summaries.get(self.selected_run_id() or "")
-        if not run or not c.row_count:
+        key = self.cursor_key("#ckpt-table")
+        if not run or key is None:
             return None
-        key = str(c.coordinate_to_cell_key(c.cursor_coordinate).row_key.value)
         return next((k for k in run.checkpoints if k.get("name") == key), None)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
