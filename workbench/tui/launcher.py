@@ -78,20 +78,23 @@ class RunRequest:
         timed = [f"train.time_budget={self.time_budget}"] if self.time_budget and budget else []
         return list(self.overrides) + method + timed
 
+    def cli_args(self, queued: bool = False) -> list[str]:
+        """The request as `workbench train` takes it (the time budget a --set), or, ``queued``, as
+        `workbench queue add` does (the time budget its --time-budget)."""
+        args = [self.preset]
+        for flag, value in (("--corpus", self.corpus), ("--name", self.name), ("--init-from", self.init_from),
+                            ("--time-budget", self.time_budget if queued else "")):
+            if value:
+                args += [flag, value]
+        for item in self.sets(budget=not queued):
+            args += ["--set", item]
+        return args
+
 
 def start_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
     """``workbench train PRESET ... --detach``; returns the new run id (its last stdout line)."""
-    args = [req.preset]
-    if req.corpus:
-        args += ["--corpus", req.corpus]
-    if req.name:
-        args += ["--name", req.name]
-    if req.init_from:
-        args += ["--init-from", req.init_from]
-    for item in req.sets():
-        args += ["--set", item]
     # --yes: the new-run form has shown the estimate and asked already when the run will not fit
-    out = _run(cli_argv(runs_dir, "train", *args, "--detach", "--yes"), timeout)
+    out = _run(cli_argv(runs_dir, "train", *req.cli_args(), "--detach", "--yes"), timeout)
     return _last_line(out)
 
 
@@ -137,18 +140,7 @@ def queue_command(runs_dir: Path, *args: str, timeout: float = 120) -> str:
 def queue_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
     """``workbench queue add PRESET ... --yes`` for the new-run form's request (the form has asked already when
     it will not fit); its last line of output."""
-    args = [req.preset]
-    if req.corpus:
-        args += ["--corpus", req.corpus]
-    if req.name:
-        args += ["--name", req.name]
-    if req.init_from:
-        args += ["--init-from", req.init_from]
-    if req.time_budget:
-        args += ["--time-budget", req.time_budget]
-    for item in req.sets(budget=False):
-        args += ["--set", item]
-    return _last_line(_run(cli_argv(runs_dir, "queue", "add", *args, "--yes"), timeout))
+    return _last_line(_run(cli_argv(runs_dir, "queue", "add", *req.cli_args(queued=True), "--yes"), timeout))
 
 
 def sweep_command(runs_dir: Path, *args: str, timeout: float = 120) -> str:
