@@ -1,4 +1,4 @@
-"""Small modal dialogs: yes/no confirmation and asking for a name."""
+"""Small modal dialogs: yes/no confirmation and asking for a name; the labelled field row the forms are made of."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import Button, Input, Label, Static
+
+
+def form_field(label: str, *widgets: Widget) -> Horizontal:
+    """A form's row: ``label`` in the label column, then ``widgets`` (the dialogs' CSS lays out ``.field``)."""
+    return Horizontal(Label(label, classes="field-label"), *widgets, classes="field")
 
 
 class ConfirmScreen(ModalScreen[bool]):

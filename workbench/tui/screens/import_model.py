@@ -13,10 +13,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static
+from textual.widgets import Button, Input, Static
 
 from workbench.rundir import RunError, sanitize_run_name
 from workbench.tui import launcher
+from workbench.tui.screens.dialogs import form_field
 from workbench.tui.widgets.runs import RunsPane
 
 
@@ -46,12 +47,8 @@ class ImportModelScreen(ModalScreen["str | None"]):
             # a Static wraps where the dialog is narrower than the line (a Label was cut at 90 columns)
             yield Static("[b]Import a Hugging Face model[/b] (Llama, Qwen2, Qwen3; a local directory, nothing "
                          "downloaded, no code run)", id="im-title")
-            with Horizontal(classes="field"):
-                yield Label("model", classes="field-label")
-                yield Input("", placeholder="~/models/SmolLM2-135M", id="im-dir")
-            with Horizontal(classes="field"):
-                yield Label("name", classes="field-label")
-                yield Input("", placeholder="(the directory's name and the time)", id="im-name")
+            yield form_field("model", Input("", placeholder="~/models/SmolLM2-135M", id="im-dir"))
+            yield form_field("name", Input("", placeholder="(the directory's name and the time)", id="im-name"))
             yield Static("", id="im-note")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Import (ctrl+s)", id="start", variant="success")

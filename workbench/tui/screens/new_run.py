@@ -30,7 +30,7 @@ from workbench.plan.run_plan import plan_new_run
 from workbench.rundir import runs_root, sanitize_run_name
 from workbench.tui import launcher
 from workbench.tui.launcher import RunRequest
-from workbench.tui.screens.dialogs import ConfirmScreen
+from workbench.tui.screens.dialogs import ConfirmScreen, form_field
 
 
 def request_preset(req: RunRequest, runs_dir: Path | None = None) -> Preset:
@@ -158,27 +158,19 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
         initial = self.preset if self.preset in names else (names[0] if names else Select.NULL)
         with Vertical(classes="dialog wide", id="new-run"):
             yield Label("[b]Start a new run[/b]")
-            with Horizontal(classes="field"):
-                yield Label("preset", classes="field-label")
-                yield Select([(n, n) for n in names], value=initial, allow_blank=False, id="nr-preset")
-            with Horizontal(classes="field"):
-                yield Label("corpus", classes="field-label")
-                yield Input("builtin", placeholder="builtin or a path to text", id="nr-corpus")
-            with Horizontal(classes="field"):
-                yield Label("name", classes="field-label")
-                yield Input("", placeholder="(automatic)", id="nr-name")
-            with Horizontal(classes="field"):
-                yield Label("budget", classes="field-label")
-                yield Input("", placeholder="(max_iters) or a time: 45m, 2h - the schedule follows the clock",
-                            id="nr-budget")
-            with Horizontal(classes="field"):
-                yield Label("--set", classes="field-label")
-                yield Input(self.overrides, placeholder="train.max_iters=500 model.dim=128 …", id="nr-overrides")
-            with Horizontal(classes="field"):  # start from a checkpoint: fine-tune it, fully or with LoRA
-                yield Label("from", classes="field-label")
-                yield Input(self.init_from, placeholder="(scratch) or RUN[:STEP] to fine-tune", id="nr-init")
-                yield Select([("LoRA", "lora"), ("full", "full")], value="lora", allow_blank=False,
-                             id="nr-finetune")
+            yield form_field("preset", Select([(n, n) for n in names], value=initial, allow_blank=False,
+                                              id="nr-preset"))
+            yield form_field("corpus", Input("builtin", placeholder="builtin or a path to text", id="nr-corpus"))
+            yield form_field("name", Input("", placeholder="(automatic)", id="nr-name"))
+            yield form_field("budget", Input("", placeholder="(max_iters) or a time: 45m, 2h - the schedule follows "
+                                                             "the clock", id="nr-budget"))
+            yield form_field("--set", Input(self.overrides, placeholder="train.max_iters=500 model.dim=128 …",
+                                            id="nr-overrides"))
+            # start from a checkpoint: fine-tune it, fully or with LoRA
+            yield form_field("from", Input(self.init_from, placeholder="(scratch) or RUN[:STEP] to fine-tune",
+                                           id="nr-init"),
+                             Select([("LoRA", "lora"), ("full", "full")], value="lora", allow_blank=False,
+                                    id="nr-finetune"))
             yield Static("", id="nr-estimate")
             yield Static("", id="nr-error", classes="error")
             with VerticalScroll(id="nr-preview-box"):

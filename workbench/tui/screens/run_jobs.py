@@ -19,9 +19,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Select, Static
+from textual.widgets import Button, Input, Select, Static
 
 from workbench.tui import launcher
+from workbench.tui.screens.dialogs import form_field
 
 EXPORT_FORMATS = (("Hugging Face directory (transformers)", "hf"), ("GGUF file (llama.cpp, Ollama)", "gguf"),
                   ("safetensors state dict (workbench)", "safetensors"))
@@ -177,13 +178,10 @@ class EvalScreen(CliJobScreen):
     start_label = "Evaluate"
 
     def fields(self) -> ComposeResult:
-        with Horizontal(classes="field"):
-            yield Label("tasks", classes="field-label")
-            yield Input("builtin", placeholder="builtin, a built-in task, or JSONL task files (space-separated)",
-                        id="job-tasks")
-        with Horizontal(classes="field"):
-            yield Label("items", classes="field-label")
-            yield Input("", placeholder="(the first 200 of each task) or a number", id="job-limit", type="integer")
+        yield form_field("tasks", Input("builtin", placeholder="builtin, a built-in task, or JSONL task files "
+                                                               "(space-separated)", id="job-tasks"))
+        yield form_field("items", Input("", placeholder="(the first 200 of each task) or a number", id="job-limit",
+                                        type="integer"))
 
     def argv(self) -> list[str] | None:
         tasks = self.query_one("#job-tasks", Input).value.strip()
@@ -214,16 +212,10 @@ class ExportScreen(CliJobScreen):
         return str(Path(self.runs_dir).resolve().parent / "exports" / f"{self.run_id}-step{self.checkpoint}-{fmt}")
 
     def fields(self) -> ComposeResult:
-        with Horizontal(classes="field"):
-            yield Label("format", classes="field-label")
-            yield Select(EXPORT_FORMATS, value="hf", allow_blank=False, id="job-format")
-        with Horizontal(classes="field"):
-            yield Label("GGUF type", classes="field-label")
-            yield Select((("f16 (half the size)", "f16"), ("f32", "f32")), value="f16", allow_blank=False,
-                         id="job-gguf-type")
-        with Horizontal(classes="field"):
-            yield Label("folder", classes="field-label")
-            yield Input(self._default_out, placeholder="a new or empty folder", id="job-out")
+        yield form_field("format", Select(EXPORT_FORMATS, value="hf", allow_blank=False, id="job-format"))
+        yield form_field("GGUF type", Select((("f16 (half the size)", "f16"), ("f32", "f32")), value="f16",
+                                             allow_blank=False, id="job-gguf-type"))
+        yield form_field("folder", Input(self._default_out, placeholder="a new or empty folder", id="job-out"))
 
     def on_mount(self) -> None:
         self.query_one("#job-gguf-type", Select).disabled = True
