@@ -63,11 +63,11 @@ def val_loss(run_dir: Path, batches: int = 50) -> float:
     """The val loss of ``run_dir``'s latest checkpoint over ``batches`` fixed batches (the same for every run)."""
     import dataclasses
 
-    import numpy as np
     import torch
 
     from workbench.config import load_preset_file
     from workbench.data.tokens import prepare_data
+    from workbench.train.batches import on_device
     from workbench.train.checkpoint import load_run_model
     from workbench.train.dist import Dist
     from workbench.train.evaluation import EvalBatches, evaluate
@@ -79,8 +79,7 @@ def val_loss(run_dir: Path, batches: int = 50) -> float:
     model = load_run_model(run_dir, "latest").model
 
     def batch(s):
-        x, y = (torch.from_numpy(np.asarray(a, dtype=np.int64)) for a in s.next_batch()[:2])
-        return x, y, None, None
+        return on_device(s.next_batch(), torch.device("cpu"))
     token_bytes = torch.from_numpy(data.tokenizer.byte_lengths())
     evals = EvalBatches.draw(p, data, batches, token_bytes, torch.device("cpu"), batch)
     import contextlib
