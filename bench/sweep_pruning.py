@@ -34,7 +34,8 @@ TINY = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads
         "model.vocab_size=512", "train.batch_size=4", "train.warmup_iters=5", "train.eval_iters=4",
         "train.eval_interval=4", "train.log_interval=4", "data.builtin_mb=0.3", "data.tokenizer_sample_mb=0.3",
         "hardware.nproc=1", "hardware.compile=false", "train.optimizer=adamw", "train.schedule=cosine",
-        "train.min_lr=1e-6", "train.sample_prompt=\"\""]   # no 64-token sample at each eval: not the metric
+        "train.min_lr=1e-6", "train.sample_prompt=\"\"",  # no 64-token sample at each eval: not the metric
+        "train.patience=0"]  # no early stop: every trial runs its budget unless the pruner stops it
 LRS = [round(1e-4 * 1000 ** (k / 11), 7) for k in range(12)]   # 1e-4 .. 1e-1, x1.87 apart
 
 
