@@ -9,6 +9,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from tests.support.cli import TINY, wb
 from tests.support.load import cpu_hog
 from tests.support.runs import wait_until
 from workbench import rundir
+from workbench.machine.activity import OthersLoad
 from workbench.machine.rates import BUSY_SHARE
 
 # queue.db's items table as the first queue wrote it (schema 1), before others_cpu and others
@@ -28,6 +30,21 @@ NULL, started REAL, ended REAL, pid INTEGER, launches INTEGER NOT NULL DEFAULT 0
 
 def ls(root: Path) -> dict:
     return json.loads(wb("queue", "ls", "--json", "--runs-dir", str(root), check=True).stdout)
+
+
+def test_others_load_counts_other_processes_not_the_run_nor_the_sampler(tmp_path):
+    """OthersLoad, as the runner uses it: a spinner given as the run is not another process; the hog is, named."""
+    with cpu_hog() as hog:
+        run, others = hog[0], {p.pid for p in hog[1:]}
+        load = OthersLoad(every=0.0)
+        load.sample(run.pid)
+        time.sleep(1.0)
+        load.sample(run.pid, last=True)
+    named = {u.pid for u in load.busiest(n=len(hog))}
+    assert load.share is not None and load.share >= BUSY_SHARE and load.wall_s >= 1.0, load.share
+    assert run.pid not in named and named & others, (named, run.pid, others)
+    # the hog's other spinners are each about a share of the machine: their sum is most of what was counted
+    assert sum(u.cpu_share for u in load.busiest(n=len(hog)) if u.pid in others) >= 0.4 * load.share
 
 
 def test_a_queue_db_from_before_the_load_record_opens_and_gains_it(tmp_path):
@@ -90,8 +107,9 @@ def test_the_trial_that_ran_beside_a_cpu_hog_is_flagged_and_the_other_is_not(tmp
     # beside the hog: flagged, the hog named as the busiest, in the runner's log too
     assert busy["others_cpu"] >= BUSY_SHARE and named["fair-t0002"] & hogs, busy
     assert busy["beside"].startswith(f"ran beside other processes ({busy['others_cpu'] * 100:.0f} % of the CPU; "
-                                     "busiest: python3 (pid "), busy["beside"]
-    assert f"fair-t0002 {busy['beside']}: not comparable" in log
+                                     "busiest: "), busy["beside"]
+    assert any(f"(pid {pid})" in busy["beside"] for pid in hogs), (busy["beside"], hogs)
+    assert f"fair-t0002 {busy['beside']}: not comparable" in log and "trial(s) ran beside other processes" in log
     # the other trial: the hog was not there, so it is not named, and the trial is not flagged, unless other
     # processes of this machine (another test worker) did use that much of it, and then they are the ones named
     assert not named["fair-t0001"] & hogs and quiet["others_cpu"] < busy["others_cpu"], (quiet, busy)

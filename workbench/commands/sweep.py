@@ -193,7 +193,9 @@ def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
              "would have taken, each to its end" if c["saved_s"] else "")
     print(", ".join(f"{n} {s}" for s, n in counts.items()) + f"; {c['spent_s']:,.0f} trial-seconds" + saved)
     if top:
-        print(f"best: {top.name} ({' '.join(point_sets(top.params))}): {spec.metric.name} {top.metric:.4f}")
+        print(f"best: {top.name} ({' '.join(point_sets(top.params))}): {spec.metric.name} {top.metric:.4f}"
+              + ("; it ran beside other processes: train it again on a quiet machine to compare" if top.beside
+                 else ""))
     else:
         print("best: none yet (no trial has finished with the metric)")
     return 0

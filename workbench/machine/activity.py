@@ -306,10 +306,10 @@ class OthersLoad:
     machine: the doctor's ``others_share``), ``busiest()`` and ``gpu_others``.
 
     Per process, as the doctor samples: each process's CPU time between samples, or all of it for one that
-    started since the last. The run's processes (``run_processes``), this process and its children are left
-    out; a process that starts and ends between two samples is missed. NVML's processes on the GPUs are read
-    every ``gpu_every`` seconds where NVML answers (never again where it does not); another process on a GPU the
-    run holds is a neighbour (``gpu_others``)."""
+    started since the last. The run's processes (``run_processes``) and this process are left out; a process
+    that starts and ends between two samples is missed. NVML's processes on the GPUs are read every ``gpu_every``
+    seconds where NVML answers (never again where it does not); another process on a GPU the run holds is a
+    neighbour (``gpu_others``)."""
 
     def __init__(self, every: float = 1.0, gpu_every: float = 10.0):
         self.every, self.gpu_every = every, gpu_every
@@ -342,9 +342,8 @@ class OthersLoad:
         now = time.monotonic()
         if self._last is not None and not last and now - self._at < self.every:
             return
-        me = psutil.Process()
         run = run_processes(run_pid)
-        ours = run | {me.pid, *(c.pid for c in me.children(recursive=True))}
+        ours = run | {os.getpid()}
         times: dict[tuple[int, float], float] = {}
         names: dict[tuple[int, float], str] = {}
         for p in psutil.process_iter(["name", "cpu_times", "create_time"], ad_value=None):

@@ -265,8 +265,10 @@ def trial_ended(store: QueueStore, item: Item, info: dict, say: Callable[[str], 
     rows = results(store, item.sweep)
     if all(r.state in ENDED + ("refused", "removed") for r in rows):
         best = next((r for r in rows if r.rank == 1), None)
+        beside = sum(bool(r.beside) for r in rows)
         say(f"sweep {item.sweep} done: " + (f"best {best.name} ({' '.join(point_sets(best.params))}), "
-                                             f"{best.metric:.4f}" if best else "no trial recorded the metric"))
+                                             f"{best.metric:.4f}" if best else "no trial recorded the metric")
+            + (f"; {beside} trial(s) ran beside other processes (not comparable)" if beside else ""))
 
 
 # ----------------------------------------------------------------------------- the pruner
