@@ -5,41 +5,18 @@ against that peak and says how busy the CPU was. Real processes spin on every CP
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
-from contextlib import contextmanager
 
 import pytest
 import torch
 
 from tests.support.cli import tiny
+from tests.support.load import cpu_hog
 from tests.support.runs import read_jsonl
 from workbench.config import load_preset_file
 from workbench.machine import probe, rates
 from workbench.machine.detect import machine_identity
 from workbench.plan.flops import flops_per_token
-
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@contextmanager
-def cpu_hog():
-    """Two processes spinning per CPU for the block: a calibration beside them gets about a third of the
-    machine on two cores, whatever else (another test worker) runs there too."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * _cpus())]
-    try:
-        time.sleep(0.3)  # every one of them spinning
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
 
 
 @pytest.fixture

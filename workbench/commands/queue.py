@@ -12,6 +12,7 @@ from workbench.commands.common import add_corpus_option, add_init_from_option, a
 from workbench.machine.detect import Machine, detect
 from workbench.queue.admit import admit
 from workbench.queue.listing import rows
+from workbench.queue.outcome import others_text
 from workbench.queue.runner import Runner, RunnerBusy, runner_pid
 from workbench.queue.store import NewItem, QueueError, QueueStore
 
@@ -93,15 +94,17 @@ def cmd_ls(args) -> int:
     if not listed:
         print(f"the queue of {args.runs_dir} is empty; `workbench queue add PRESET` adds a run")
         return 0
-    head = ("#", "run", "state", "progress", "val", "settings")
+    head = ("#", "run", "state", "progress", "val", "others", "settings")
     table = [(str(r.position or ""), r.name, r.state, r.progress(),
-              f"{r.item.metric:.4f}" if r.item.metric is not None else "", r.settings()) for r in listed]
+              f"{r.item.metric:.4f}" if r.item.metric is not None else "", others_text(r.item.others_cpu), r.settings())
+             for r in listed]
     widths = [max(len(h), *(len(t[k]) for t in table)) for k, h in enumerate(head)]
     print("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     for r, t in zip(listed, table):
         print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
-        if r.note and r.state not in ("queued",):
-            print(f"    {r.note}")
+        for note in (r.note if r.state not in ("queued",) else "", r.beside):
+            if note:
+                print(f"    {note}")
     print(_footer(store, alive))
     return 0
 

@@ -11,7 +11,7 @@ from workbench.machine.detect import Machine, detect
 from workbench.machine.gpus import find_gpu
 from workbench.plan.compare import machine_with
 from workbench.queue.best import save_best
-from workbench.queue.outcome import parse_metric
+from workbench.queue.outcome import others_text, parse_metric
 from workbench.queue.runner import runner_pid
 from workbench.queue.spec import METHODS, PRUNERS, SpecError, build_spec, load_spec, parse_set_grid, point_sets
 from workbench.queue.store import QueueError, QueueStore, trial_name
@@ -154,31 +154,37 @@ def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
     rows = results(store, name)
     top = best(rows)
     keys = [p.key for p in spec.params]
+    beside = [r for r in rows if r.beside]
     if as_json:
         print(json.dumps({"sweep": spec.to_dict(), "trials": [r.to_dict() for r in rows],
-                          "best": top.to_dict() if top else None, "compute": compute_saved(rows)}, indent=1))
+                          "best": top.to_dict() if top else None, "compute": compute_saved(rows),
+                          "beside_others": len(beside)}, indent=1))
         return 0
     if as_tsv:
-        print("\t".join(["run", *keys, spec.metric.name, "rank", "state", "seconds", "note"]))
+        print("\t".join(["run", *keys, spec.metric.name, "rank", "state", "seconds", "others_cpu", "note"]))
         for r in rows:
             print("\t".join([r.name, *(_fmt(r.params.get(k, "")) for k in keys),
                              "" if r.metric is None else f"{r.metric:.6f}", str(r.rank or ""), r.state,
                              "" if r.seconds is None else f"{r.seconds:.1f}",
-                             "; ".join(n for n in (r.fit, r.note) if n).replace("\t", " ")]))
+                             "" if r.others_cpu is None else f"{r.others_cpu:.3f}",
+                             "; ".join(n for n in (r.fit, r.note, r.beside) if n).replace("\t", " ")]))
         return 0
     print(f"sweep {name}: {spec.method} over {', '.join(p.describe() for p in spec.params)}; {spec.preset}"
           + (f", {spec.time_budget} a trial" if spec.time_budget else "")
           + f"; ranked by {spec.metric.name} ({spec.metric.goal})"
           + (f"; {spec.pruner} pruner" if spec.pruner != "none" else ""))
-    head = ["trial", *keys, "state", spec.metric.name, "rank", "seconds"]
+    if beside:
+        print(f"{len(beside)} of {len(rows)} trial(s) ran beside other processes ({', '.join(r.name for r in beside)}"
+              "): their results are not comparable with the others'")
+    head = ["trial", *keys, "state", spec.metric.name, "rank", "seconds", "others"]
     table = [[r.name, *(_fmt(r.params.get(k, "")) for k in keys), r.state,
               "" if r.metric is None else f"{r.metric:.4f}", str(r.rank or ""),
-              "" if r.seconds is None else f"{r.seconds:.0f}"] for r in rows]
+              "" if r.seconds is None else f"{r.seconds:.0f}", others_text(r.others_cpu)] for r in rows]
     widths = [max(len(h), *(len(t[k]) for t in table)) if table else len(h) for k, h in enumerate(head)]
     print("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     for r, t in zip(rows, table):
         print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
-        for note in (r.fit, r.note if r.state in ("refused", "failed", "pruned") else ""):
+        for note in (r.fit, r.note if r.state in ("refused", "failed", "pruned") else "", r.beside):
             if note:
                 print(f"    {note}")
     counts = {s: sum(r.state == s for r in rows) for s in dict.fromkeys(r.state for r in rows)}
@@ -187,7 +193,9 @@ def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
              "would have taken, each to its end" if c["saved_s"] else "")
     print(", ".join(f"{n} {s}" for s, n in counts.items()) + f"; {c['spent_s']:,.0f} trial-seconds" + saved)
     if top:
-        print(f"best: {top.name} ({' '.join(point_sets(top.params))}): {spec.metric.name} {top.metric:.4f}")
+        print(f"best: {top.name} ({' '.join(point_sets(top.params))}): {spec.metric.name} {top.metric:.4f}"
+              + ("; it ran beside other processes: train it again on a quiet machine to compare" if top.beside
+                 else ""))
     else:
         print("best: none yet (no trial has finished with the metric)")
     return 0

@@ -9,6 +9,9 @@ core busy), so "pid 812 python3 48 %" on a 2-core machine is one core spinning.
 
 The trainer's own processes (its pid, its children such as compile workers, and under torchrun
 the launcher and its other ranks) count as the run; the process taking the sample is left out.
+
+``OthersLoad`` sums the same per-process view over a whole run, sample by sample, without blocking:
+the queue runner's record of what else used the machine during each trial (``queue ls``, ``sweep show``).
 """
 
 from __future__ import annotations
@@ -294,6 +297,79 @@ class OthersCpu:
         wall = (time.monotonic() - t0) * len(self.cpus)
         others = (self._busy() - busy0) - (self._ours() - ours0)
         self.share = min(1.0, max(0.0, others / wall)) if wall > 0 else 0.0
+
+
+class OthersLoad:
+    """What other processes use of the machine while a run trains, summed over its samples: the queue runner
+    calls ``sample(run_pid)`` as it polls the run (at most every ``every`` seconds; ``last=True`` as the run ends,
+    so the next sample starts a new span), then reads ``share`` (their CPU over the sampled span, of the whole
+    machine: the doctor's ``others_share``), ``busiest()`` and ``gpu_others``.
+
+    Per process, as the doctor samples: each process's CPU time between samples, or all of it for one that
+    started since the last. The run's processes (``run_processes``) and this process are left out; a process
+    that starts and ends between two samples is missed. NVML's processes on the GPUs are read every ``gpu_every``
+    seconds where NVML answers (never again where it does not); another process on a GPU the run holds is a
+    neighbour (``gpu_others``)."""
+
+    def __init__(self, every: float = 1.0, gpu_every: float = 10.0):
+        self.every, self.gpu_every = every, gpu_every
+        self.cores = psutil.cpu_count(logical=True) or 1
+        self.wall_s = 0.0
+        self.cpu_s: dict[tuple[int, float], float] = {}    # others' CPU seconds by (pid, start time)
+        self.names: dict[tuple[int, float], str] = {}
+        self.gpu_others: dict[int, GpuProcess] = {}          # other processes seen on a GPU, by pid
+        self._last: dict[tuple[int, float], float] | None = None
+        self._at = self._wall_at = 0.0
+        self._gpu_at: float | None = None
+        self._gpu = True
+
+    @property
+    def share(self) -> float | None:
+        """Others' mean share of the machine's CPU over the samples (None: fewer than two samples)."""
+        if self.wall_s <= 0:
+            return None
+        return min(1.0, sum(self.cpu_s.values()) / (self.wall_s * self.cores))
+
+    def busiest(self, n: int = 3) -> list[ProcessUse]:
+        """The ``n`` other processes that used the most CPU over the samples (those >= NAMED_SHARE)."""
+        if self.wall_s <= 0:
+            return []
+        use = [ProcessUse(pid, self.names.get((pid, t), "?"), round(cpu / (self.wall_s * self.cores), 4))
+               for (pid, t), cpu in self.cpu_s.items()]
+        return sorted((u for u in use if u.cpu_share >= NAMED_SHARE), key=lambda u: -u.cpu_share)[:n]
+
+    def sample(self, run_pid: int | None, last: bool = False) -> None:
+        now = time.monotonic()
+        if self._last is not None and not last and now - self._at < self.every:
+            return
+        run = run_processes(run_pid)
+        ours = run | {os.getpid()}
+        times: dict[tuple[int, float], float] = {}
+        names: dict[tuple[int, float], str] = {}
+        for p in psutil.process_iter(["name", "cpu_times", "create_time"], ad_value=None):
+            cpu, started = p.info["cpu_times"], p.info["create_time"]
+            if p.pid in ours or cpu is None or started is None:
+                continue
+            times[(p.pid, started)] = cpu.user + cpu.system
+            names[(p.pid, started)] = str(p.info["name"] or "?")
+        if self._last is not None:
+            self.wall_s += now - self._at
+            for key, t in times.items():
+                # a process that started since the last sample: all its CPU time is in the span
+                before = self._last.get(key, 0.0 if key[1] >= self._wall_at else None)
+                if before is not None and t > before:
+                    self.cpu_s[key] = self.cpu_s.get(key, 0.0) + t - before
+                    self.names[key] = names[key]
+        self._last = None if last else times
+        self._at, self._wall_at = now, time.time()
+        if self._gpu and (self._gpu_at is None or last or now - self._gpu_at >= self.gpu_every):
+            self._gpu_at = now
+            procs, gpus, note = _gpu_sample()
+            self._gpu = bool(gpus) or not note   # no NVML, or no NVIDIA GPU: not asked again
+            run_gpus = {g.gpu for g in procs if g.pid in run}   # another process on another GPU is no neighbour
+            for g in procs:
+                if g.pid not in ours and g.gpu in run_gpus:
+                    self.gpu_others[g.pid] = g
 
 
 def sample_activity(run_pid: int | None, interval: float = 1.0, exclude: set[int] | None = None) -> Activity:

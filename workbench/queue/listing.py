@@ -1,6 +1,6 @@
 """The queue as ``queue ls`` and the TUI's Queue pane show it: each item's state as it is now (a run the
 database says is running but whose trainer and runner are both gone is ``interrupted``: the next runner resumes
-it), its place, its progress and what it reached."""
+it), its place, its progress, what it reached and whether it trained beside other processes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import rundir
+from workbench.queue.outcome import beside_note
 from workbench.queue.store import Item, QueueStore
 from workbench.rundir import read_status
 
@@ -44,10 +45,15 @@ class Row:
             parts.append("corpus " + ",".join(Path(c).name for c in self.item.corpus))
         return " ".join(parts)
 
+    @property
+    def beside(self) -> str:
+        """"ran beside other processes (...)" for a run that did ('' alone, or not yet recorded)."""
+        return beside_note(self.item.others_cpu, self.item.others)
+
     def to_dict(self) -> dict[str, Any]:
         return {**self.item.to_dict(), "state": self.state, "db_state": self.item.state, "position": self.position,
                 "step": self.step, "max_iters": self.max_iters, "budget_left_s": self.budget_left_s,
-                "note": self.note}
+                "note": self.note, "beside": self.beside}
 
 
 def rows(store: QueueStore, runner_alive: bool) -> list[Row]:

@@ -1,6 +1,7 @@
 """What a queued run reached, read from its run directory: the metric a sweep ranks trials by, the
 evals along the way (for the pruner), what a pruned run would still have used (the compute pruning saved), and
-the one line a failed run is listed with (its error, and the run doctor's most important finding)."""
+the one line a failed run is listed with (its error, and the run doctor's most important finding), and the flag
+of a run that trained beside other processes (the runner's record of the machine's load: not comparable)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from workbench.analysis.doctor import diagnose_run
 from workbench.analysis.report_card import HEADLINE, LOWER_IS_BETTER, task_scores
 from workbench.errors import WorkbenchError
 from workbench.machine.activity import HardwareSnapshot
+from workbench.machine.rates import BUSY_SHARE
 from workbench.rundir import EvalRecord, RunStatus, current_timeline, read_metrics
 
 # A metric is one of these, or task:NAME[:METRIC] (a task score from the run's report card).
@@ -108,3 +110,26 @@ def unspent_seconds(run_dir: Path, seconds: float | None) -> float | None:
     if seconds and st.step and st.max_iters > st.step:
         return seconds * (st.max_iters - st.step) / st.step
     return None
+
+
+def others_text(share: float | None) -> str:
+    """Other processes' share of the CPU while a run trained, as the tables show it ('' not recorded)."""
+    return "" if share is None else f"{share * 100:.0f} %"
+
+
+def beside_note(others_cpu: float | None, others: tuple[dict, ...] | list[dict] = ()) -> str:
+    """The flag of a run that trained beside other processes: they used ``BUSY_SHARE`` of the CPU or more (the
+    share that makes an MFU calibration one "under load") or held its GPU, so what it reached in its time budget
+    is not comparable with a run that had the machine to itself: "ran beside other processes (41 % of the CPU;
+    busiest: python3 (pid 812) 38 %)". '' for a run that ran alone, or whose load was not recorded."""
+    gpu = [o for o in others if "gpu" in o]
+    if not gpu and (others_cpu is None or others_cpu < BUSY_SHARE):
+        return ""
+    parts = []
+    if others_cpu is not None:
+        top = [o for o in others if "cpu_share" in o][:2]
+        parts.append(f"{others_text(others_cpu)} of the CPU" + ("; busiest: " + ", ".join(
+            f"{o['name']} (pid {o['pid']}) {o['cpu_share'] * 100:.0f} %" for o in top) if top else ""))
+    if gpu:
+        parts.append("on its GPU: " + ", ".join(f"{o['name']} (pid {o['pid']}, GPU {o['gpu']})" for o in gpu[:3]))
+    return f"ran beside other processes ({'; '.join(parts)})"

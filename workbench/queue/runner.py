@@ -11,6 +11,11 @@ runner started after another died (kill -9, a reboot) first looks at the item th
   ``workbench resume`` (bitwise, as a resume is), or started again when it died before its first checkpoint
   (the directory it left is kept beside it as ``NAME-try1``, a crashed run). A run whose trainer died
   ``MAX_LAUNCHES`` times is failed, so one that cannot run does not hold the queue forever.
+
+While a trainer trains, the runner samples what other processes use of the machine (``OthersLoad``: their CPU,
+and their processes on the run's GPU where NVML answers; the trainer's processes and the runner's are not
+others) and records it with the run when it ends (``others_cpu``, ``others``): a trial that ran beside a busy
+neighbour is flagged, its result not comparable. A trainer adopted from a dead runner is measured from then on.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ from typing import Callable
 from workbench import rundir
 from workbench.errors import WorkbenchError
 from workbench.fs import PidLock
+from workbench.machine.activity import OthersLoad
 from workbench.machine.detect import detect
 from workbench.queue import sweep
 from workbench.queue.launch import CliLauncher, LaunchFailed
-from workbench.queue.outcome import Metric, failure_line, final_metric
+from workbench.queue.outcome import Metric, beside_note, failure_line, final_metric
 from workbench.queue.store import Item, QueueError, QueueStore
 
 LOCK_FILE = "queue.lock"
@@ -80,6 +86,7 @@ class Runner:
         self.store = QueueStore(self.root)
         self.info = detect()
         self.ran = 0
+        self.loads: dict[int, OthersLoad] = {}   # what other processes used while each item trained, by item id
 
     def say(self, msg: str) -> None:
         self.log(f"{time.strftime('%H:%M:%S')} {msg}")
@@ -124,6 +131,7 @@ class Runner:
         """Follow ``item``'s trainer through its run directory until it ends, then record the end."""
         run_dir = self.run_dir(item)
         pruner = self._pruner(item)
+        load = self.loads.setdefault(item.id, OthersLoad(every=max(self.poll, 1.0)))
         stop_asked = False
         deadline = time.monotonic() + ADOPT_GRACE_S
         while True:
@@ -140,6 +148,7 @@ class Runner:
                 if recovering:
                     self.say(f"adopted {item.name}: its trainer (pid {st.pid}) is still running")
                     recovering = False
+                load.sample(st.pid)
                 if pruner is not None and not stop_asked and pruner.should_prune(run_dir, st):
                     self.say(f"pruning {item.name}: {pruner.reason}")
                     try:
@@ -149,6 +158,7 @@ class Runner:
                         self.say(f"could not stop {item.name}: {e}")
                 time.sleep(self.poll)
                 continue
+            load.sample(st.pid, last=True)
             if st.state in ("finished", "early_stopped"):
                 note = f"early stopped at step {st.step:,}" if st.state == "early_stopped" else None
                 if stop_asked:  # the pruner's stop came as the run was ending: what it reached stands
@@ -197,12 +207,24 @@ class Runner:
                 metric = final_metric(run_dir, self._metric(item))
             except (OSError, ValueError, WorkbenchError):
                 metric = None
-        item = self.store.update(item.id, state=state, note=note, ended=time.time(), metric=metric)
+        item = self.store.update(item.id, state=state, note=note, ended=time.time(), metric=metric,
+                                 **self._load_fields(item))
         self.ran += 1
         shown = f", {self._metric(item).name} {metric:.4f}" if metric is not None else ""
         self.say(f"{item.name} {state}{shown}" + (f": {note}" if note else ""))
+        if (beside := beside_note(item.others_cpu, item.others)):
+            self.say(f"{item.name} {beside}: not comparable with runs that had the machine to themselves")
         if item.sweep:
             sweep.trial_ended(self.store, item, self.info, self.say)
+
+    def _load_fields(self, item: Item) -> dict:
+        """What other processes used while ``item`` trained, as the queue keeps it (nothing: never sampled)."""
+        load = self.loads.pop(item.id, None)
+        if load is None or load.share is None:
+            return {}
+        others = [{"pid": u.pid, "name": u.name, "cpu_share": u.cpu_share} for u in load.busiest()]
+        others += [{"pid": g.pid, "name": g.name, "gpu": g.gpu} for g in load.gpu_others.values()]
+        return {"others_cpu": round(load.share, 4), "others": others}
 
     # ------------------------------------------------------------------ sweeps
 

@@ -26,7 +26,7 @@ from workbench.rundir import sanitize_run_name
 DB_FILE = "queue.db"
 STATES = ("queued", "running", "finished", "failed", "stopped", "pruned")
 ENDED = ("finished", "failed", "stopped", "pruned")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
@@ -48,7 +48,9 @@ CREATE TABLE IF NOT EXISTS items (
     pid         INTEGER,                   -- its trainer, once started
     launches    INTEGER NOT NULL DEFAULT 0,   -- starts and resumes by a runner
     note        TEXT,                      -- how it ended: the doctor's line for a failed run, the launcher's error
-    metric      REAL                       -- a sweep trial's metric, read from the run when it ended
+    metric      REAL,                      -- a sweep trial's metric, read from the run when it ended
+    others_cpu  REAL,                      -- other processes' mean share of the CPU while it trained (0-1)
+    others      TEXT                       -- JSON: the busiest of them, and other processes on its GPU
 );
 CREATE TABLE IF NOT EXISTS flags (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -67,6 +69,11 @@ CREATE TABLE IF NOT EXISTS trials (
     PRIMARY KEY (sweep, number)
 );
 """
+
+
+# Columns added since a queue.db was first written: an older database gains them when it is opened for writing
+# (and reads as if they were empty before that), so a queue made by an older workbench goes on.
+ADDED_COLUMNS = {"others_cpu": "REAL", "others": "TEXT"}
 
 
 class QueueError(WorkbenchError):
@@ -108,12 +115,15 @@ class Item:
     launches: int
     note: str | None
     metric: float | None
+    others_cpu: float | None = None          # other processes' mean share of the CPU while it trained
+    others: tuple[dict, ...] = ()            # the busiest of them ({pid, name, cpu_share} or {pid, name, gpu})
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "Item":
         d = dict(row)
         d["sets"], d["corpus"] = tuple(json.loads(d["sets"])), tuple(json.loads(d["corpus"]))
         d["force"] = bool(d["force"])
+        d["others"] = tuple(json.loads(d.get("others") or "[]"))
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,7 +169,11 @@ class QueueStore:
                     for stmt in SCHEMA.split(";"):
                         if stmt.strip():
                             self.conn.execute(stmt)
-                    self.conn.execute("INSERT OR IGNORE INTO flags VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                    have = {r[1] for r in self.conn.execute("PRAGMA table_info(items)")}
+                    for col, kind in ADDED_COLUMNS.items():
+                        if col not in have:
+                            self.conn.execute(f"ALTER TABLE items ADD COLUMN {col} {kind}")
+                    self.conn.execute("INSERT OR REPLACE INTO flags VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
             except sqlite3.DatabaseError as e:
                 raise QueueError(f"cannot open the queue database {self.path}: {e}; move it aside to start an "
                                  "empty queue") from None
@@ -324,6 +338,8 @@ class QueueStore:
             raise TypeError(f"cannot set {sorted(unknown | ({'id'} & set(fields)))}")
         if "state" in fields and fields["state"] not in STATES:
             raise ValueError(f"state {fields['state']!r}")
+        if "others" in fields:
+            fields["others"] = json.dumps(list(fields["others"]))
         cols = ", ".join(f"{k} = ?" for k in fields)
         with self._tx():
             self.conn.execute(f"UPDATE items SET {cols} WHERE id = ?", (*fields.values(), item_id))

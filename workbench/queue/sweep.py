@@ -33,7 +33,7 @@ from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.queue.admit import admit_fitted
 from workbench.queue.launch import train_args
-from workbench.queue.outcome import Metric, eval_curve, final_metric, unspent_seconds
+from workbench.queue.outcome import Metric, beside_note, eval_curve, final_metric, unspent_seconds
 from workbench.queue.spec import Param, SweepSpec, point_sets
 from workbench.queue.store import ENDED, Item, NewItem, QueueError, QueueStore, Trial, trial_name
 from workbench.rundir import RunStatus
@@ -265,8 +265,10 @@ def trial_ended(store: QueueStore, item: Item, info: dict, say: Callable[[str], 
     rows = results(store, item.sweep)
     if all(r.state in ENDED + ("refused", "removed") for r in rows):
         best = next((r for r in rows if r.rank == 1), None)
+        beside = sum(bool(r.beside) for r in rows)
         say(f"sweep {item.sweep} done: " + (f"best {best.name} ({' '.join(point_sets(best.params))}), "
-                                             f"{best.metric:.4f}" if best else "no trial recorded the metric"))
+                                             f"{best.metric:.4f}" if best else "no trial recorded the metric")
+            + (f"; {beside} trial(s) ran beside other processes (not comparable)" if beside else ""))
 
 
 # ----------------------------------------------------------------------------- the pruner
@@ -343,11 +345,13 @@ class Result:
     note: str
     fit: str = ""              # how it was auto-fitted to this machine ("auto-fitted: batch 32 -> 8, ...")
     unspent: float | None = None   # a pruned trial: the seconds of its budget it did not use (what pruning saved)
+    others_cpu: float | None = None   # other processes' mean share of the CPU while it trained
+    beside: str = ""           # "ran beside other processes (...)": not comparable with the others ('' ran alone)
 
     def to_dict(self) -> dict[str, Any]:
         return {"trial": self.number, "run": self.name, "params": self.params, "state": self.state,
                 "metric": self.metric, "rank": self.rank, "seconds": self.seconds, "note": self.note,
-                "fit": self.fit, "unspent_s": self.unspent}
+                "fit": self.fit, "unspent_s": self.unspent, "others_cpu": self.others_cpu, "beside": self.beside}
 
 
 def results(store: QueueStore, name: str, now: float | None = None) -> list[Result]:
@@ -367,7 +371,7 @@ def results(store: QueueStore, name: str, now: float | None = None) -> list[Resu
         secs = ((it.ended or now or time.time()) - it.started) if it.started else None
         unspent = unspent_seconds(store.root / it.name, secs) if it.state == "pruned" else None
         out.append(Result(t.number, it.name, t.params, it.state, metric, None, secs, it.note or "", t.note or "",
-                          unspent))
+                          unspent, it.others_cpu, beside_note(it.others_cpu, it.others)))
     done = [r for r in out if r.state == "finished" and r.metric is not None]
     done.sort(key=lambda r: r.metric if spec.metric.goal == "minimize" else -r.metric)
     ranks = {r.number: k for k, r in enumerate(done, 1)}

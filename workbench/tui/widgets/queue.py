@@ -20,6 +20,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from workbench.queue.listing import Row, rows
+from workbench.queue.outcome import others_text
 from workbench.queue.runner import runner_pid
 from workbench.queue.spec import point_sets
 from workbench.queue.store import QueueStore
@@ -204,11 +205,13 @@ class QueuePane(Vertical, Pane):
             return
         name, spec, results = sw
         keys = [p.key for p in spec.params]
-        t.add_columns("rank", "trial", *keys, spec.metric.name, "state", "seconds", "note")
+        t.add_columns("rank", "trial", *keys, spec.metric.name, "state", "seconds", "others", "note")
         for r in by_metric(results, spec.metric.goal):
             t.add_row(str(r.rank or ""), r.name, *(_value(r.params.get(k)) for k in keys),
                       "" if r.metric is None else f"{r.metric:.4f}", state_text(r.state),
-                      "" if r.seconds is None else f"{r.seconds:.0f}", r.note, key=r.name)
+                      "" if r.seconds is None else f"{r.seconds:.0f}", others_text(r.others_cpu),
+                      Text("; ".join(n for n in (r.beside, r.note) if n), style="yellow" if r.beside else ""),
+                      key=r.name)
         if 0 < row < t.row_count:
             t.move_cursor(row=row, animate=False)
         t.border_title = (f"sweep {name}: {len(results)} trials by {spec.metric.name} ({spec.metric.goal}); "

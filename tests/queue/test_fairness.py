@@ -1,0 +1,132 @@
+"""Fair comparisons (issue 47): the queue runner records what other processes used of the machine while each run
+trained, and a sweep's trial that ran beside a busy neighbour is flagged, its result not comparable with the
+others'. A real sweep of two tiny trials with a real CPU hog spinning beside one of them; a queue.db written
+before the record existed still opens, and gains it."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import TINY, wb
+from tests.support.load import cpu_hog
+from tests.support.runs import wait_until
+from workbench import rundir
+from workbench.machine.activity import OthersLoad
+from workbench.machine.rates import BUSY_SHARE
+
+# queue.db's items table as the first queue wrote it (schema 1), before others_cpu and others
+OLD_ITEMS = """CREATE TABLE items (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE, position INTEGER
+NOT NULL, state TEXT NOT NULL, preset TEXT NOT NULL, sets TEXT NOT NULL DEFAULT '[]', corpus TEXT NOT NULL DEFAULT
+'[]', time_budget TEXT, init_from TEXT, force INTEGER NOT NULL DEFAULT 0, sweep TEXT, trial INTEGER, added REAL NOT
+NULL, started REAL, ended REAL, pid INTEGER, launches INTEGER NOT NULL DEFAULT 0, note TEXT, metric REAL)"""
+
+
+def ls(root: Path) -> dict:
+    return json.loads(wb("queue", "ls", "--json", "--runs-dir", str(root), check=True).stdout)
+
+
+def test_others_load_counts_other_processes_not_the_run_nor_the_sampler(tmp_path):
+    """OthersLoad, as the runner uses it: a spinner given as the run is not another process; the hog is, named."""
+    with cpu_hog() as hog:
+        run, others = hog[0], {p.pid for p in hog[1:]}
+        load = OthersLoad(every=0.0)
+        load.sample(run.pid)
+        time.sleep(1.0)
+        load.sample(run.pid, last=True)
+    named = {u.pid for u in load.busiest(n=len(hog))}
+    assert load.share is not None and load.share >= BUSY_SHARE and load.wall_s >= 1.0, load.share
+    assert run.pid not in named and named & others, (named, run.pid, others)
+    # the hog's other spinners are each about a share of the machine: their sum is most of what was counted
+    assert sum(u.cpu_share for u in load.busiest(n=len(hog)) if u.pid in others) >= 0.4 * load.share
+
+
+def test_a_queue_db_from_before_the_load_record_opens_and_gains_it(tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    conn = sqlite3.connect(root / "queue.db")
+    conn.executescript(OLD_ITEMS + ";\nCREATE TABLE flags (key TEXT PRIMARY KEY, value TEXT NOT NULL);\n"
+                       "INSERT INTO flags VALUES ('schema', '1');\n"
+                       "INSERT INTO items (name, position, state, preset, added, started, ended, metric) VALUES "
+                       "('old', 1, 'finished', 'cpu-small', 1.0, 2.0, 3.0, 4.5);")
+    conn.close()
+    # read-only first (`queue ls`, the TUI): nothing written, the run listed with no load recorded
+    runs = ls(root)["runs"]
+    assert [(r["name"], r["state"], r["metric"], r["others_cpu"], r["beside"]) for r in runs] == [
+        ("old", "finished", 4.5, None, "")]
+    cols = [r[1] for r in sqlite3.connect(root / "queue.db").execute("PRAGMA table_info(items)")]
+    assert "others_cpu" not in cols
+    # then a writer (`queue add`): the columns are added, the old run kept, and its load can be recorded
+    wb("queue", "add", "cpu-small", "--name", "new", "--runs-dir", str(root), "--set", *TINY, check=True)
+    conn = sqlite3.connect(root / "queue.db")
+    cols = [r[1] for r in conn.execute("PRAGMA table_info(items)")]
+    assert cols[-2:] == ["others_cpu", "others"]
+    assert conn.execute("SELECT value FROM flags WHERE key = 'schema'").fetchone() == ("2",)
+    conn.execute("UPDATE items SET others_cpu = 0.41, others = ? WHERE name = 'old'",
+                 (json.dumps([{"pid": 812, "name": "python3", "cpu_share": 0.38}]),))
+    conn.commit()
+    conn.close()
+    assert [r["name"] for r in ls(root)["runs"]] == ["old", "new"]
+    text = wb("queue", "ls", "--runs-dir", str(root), check=True).stdout
+    head, row = text.splitlines()[:2]
+    assert head.split()[:6] == ["#", "run", "state", "progress", "val", "others"] and "4.5000  41 %" in row
+    assert "    ran beside other processes (41 % of the CPU; busiest: python3 (pid 812) 38 %)" in text
+
+
+@pytest.mark.slow
+def test_the_trial_that_ran_beside_a_cpu_hog_is_flagged_and_the_other_is_not(tmp_path):
+    root = tmp_path / "runs"
+    wb("sweep", "cpu-small", "--set-grid", "train.lr=1e-3,1e-2", "--time-budget", "2s", "--name", "fair",
+       "--runs-dir", str(root), "--set", *TINY, check=True)
+    second = root / "fair-t0002"
+    runner = subprocess.Popen([sys.executable, "-m", "workbench", "queue", "run", "--runs-dir", str(root)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:  # the hog spins from the second trial's start to the runner's end: beside that trial only
+        wait_until(lambda: (second / rundir.STATUS_FILE).is_file() and rundir.read_status(second).live,
+                   timeout=180, what="the second trial training", every=0.2)
+        with cpu_hog() as hog:
+            log, _ = runner.communicate(timeout=180)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == 0, log
+    hogs = {p.pid for p in hog}
+    items = {r["name"]: r for r in ls(root)["runs"]}
+    quiet, busy = items["fair-t0001"], items["fair-t0002"]
+    assert quiet["state"] == busy["state"] == "finished"
+    ours = {runner.pid, *(rundir.read_status(root / n).pid for n in items)}   # never "other processes"
+    named = {n: {o["pid"] for o in items[n]["others"]} for n in items}
+    assert not (named["fair-t0001"] | named["fair-t0002"]) & ours, items
+
+    # beside the hog: flagged, the hog named as the busiest, in the runner's log too
+    assert busy["others_cpu"] >= BUSY_SHARE and named["fair-t0002"] & hogs, busy
+    assert busy["beside"].startswith(f"ran beside other processes ({busy['others_cpu'] * 100:.0f} % of the CPU; "
+                                     "busiest: "), busy["beside"]
+    assert any(f"(pid {pid})" in busy["beside"] for pid in hogs), (busy["beside"], hogs)
+    assert f"fair-t0002 {busy['beside']}: not comparable" in log and "trial(s) ran beside other processes" in log
+    # the other trial: the hog was not there, so it is not named, and the trial is not flagged, unless other
+    # processes of this machine (another test worker) did use that much of it, and then they are the ones named
+    assert not named["fair-t0001"] & hogs and quiet["others_cpu"] < busy["others_cpu"], (quiet, busy)
+    if quiet["others_cpu"] < BUSY_SHARE:
+        assert quiet["beside"] == "" and "fair-t0001 ran beside" not in log
+    else:
+        assert quiet["beside"] and named["fair-t0001"], quiet
+
+    res = json.loads(wb("sweep", "show", "fair", "--json", "--runs-dir", str(root), check=True).stdout)
+    flagged = [t["run"] for t in res["trials"] if t["beside"]]
+    assert "fair-t0002" in flagged and res["beside_others"] == len(flagged)
+    assert [t["others_cpu"] for t in res["trials"]] == [quiet["others_cpu"], busy["others_cpu"]]
+    text = wb("sweep", "show", "fair", "--runs-dir", str(root), check=True).stdout
+    assert (f"{len(flagged)} of 2 trial(s) ran beside other processes ({', '.join(flagged)}): their results are "
+            "not comparable with the others'") in text
+    assert f"    {busy['beside']}" in text
+    tsv = [ln.split("\t") for ln in wb("sweep", "show", "fair", "--tsv", "--runs-dir", str(root),
+                                       check=True).stdout.strip().splitlines()]
+    assert tsv[0][-2:] == ["others_cpu", "note"] and len(tsv) == 3
+    assert float(tsv[2][-2]) == pytest.approx(busy["others_cpu"], abs=1e-3) and busy["beside"] in tsv[2][-1]
