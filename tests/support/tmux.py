@@ -16,6 +16,9 @@ class Tmux:
     """One TUI in a tmux session ``name`` on the server ``socket``."""
 
     def __init__(self, socket: str, cwd: Path, env: dict[str, str], name: str = "wb"):
+        # COLUMNS and LINES, where the test process has them (pytest-xdist's workers: 80 and 24), would size the
+        # TUI instead of its 160 x 48 window: the new-run form's buttons fell below a 24-line screen
+        env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
         self.socket, self.cwd, self.env, self.name = socket, cwd, env, name
 
     def _tmux(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:

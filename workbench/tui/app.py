@@ -277,7 +277,7 @@ class WorkbenchApp(RunOperations, App[int]):
         sample.set_runs(ids)
         if not self._listed_once:
             self._listed_once = True
-            if self.monitored:
+            if self.monitored and not self.curves_pane.overlay:  # a sweep drawn before the first listing stays
                 self.curves_pane.select_run(self.monitored)
         pending = self._pending_sample_run
         if pending in ids:
