@@ -10,7 +10,8 @@ conversations before and after.
 2. Writes a pair for each of those conversations: the correct answer chosen, a wrong one rejected (generated:
    the words not reversed, the numbers reversed instead of sorted, another colour of the table).
 3. From the chat-tuned checkpoint, --steps more steps each: SFT on the conversations; train.objective = dpo on
-   the pairs; train.objective = simpo on the pairs. The same learning rate and seed.
+   the pairs; the same with an SFT term on the chosen answers (``train.pref_sft_weight = 1``, RPO's recipe);
+   train.objective = simpo on the pairs. The same learning rate and seed.
 4. Exact match on --held held-out conversations (seed 1): the chat-tuned checkpoint and each arm's last.
 
 Every run goes through the real CLI in a subprocess; the commands are printed at the end.
@@ -34,6 +35,7 @@ from tests.support.chat import COLOURS, conversations, write_jsonl  # noqa: E402
 
 ARMS = (("SFT on the correct answers", "chats", []),
         ("DPO on correct vs wrong pairs", "pairs", ["train.objective=dpo"]),
+        ("DPO + an SFT term on the chosen (weight 1)", "pairs", ["train.objective=dpo", "train.pref_sft_weight=1"]),
         ("SimPO on the same pairs (no reference)", "pairs", ["train.objective=simpo"]))
 
 
