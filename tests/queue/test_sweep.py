@@ -65,7 +65,7 @@ def test_trials_that_cannot_fit_are_refused_before_queueing_and_bad_input_is_one
     assert "does not fit" in rows[1]["note"]
     store = QueueStore(root)
     assert [i.name for i in store.items()] == ["dims-t0001"]          # the refused one was never queued
-    assert store.find("dims-t0001").sets[-1] == "model.dim=64" and store.find("dims-t0001").time_budget == "2s"
+    assert store.find("dims-t0001").sets[0] == "model.dim=64" and store.find("dims-t0001").time_budget == "2s"
     store.close()
 
     spec = tmp_path / "s.toml"
@@ -117,7 +117,7 @@ def test_trials_a_described_8gb_gpu_cannot_hold_are_auto_fitted_or_dropped_befor
     items = {i.name: i for i in store.items()}
     store.close()
     assert sorted(items) == ["dims-t0001", "dims-t0002"] and {i.state for i in items.values()} == {"queued"}
-    assert items["dims-t0001"].sets == ("train.batch_size=32", "model.dim=768")       # fits as it is
+    assert items["dims-t0001"].sets == ("model.dim=768", "train.batch_size=32")  # fits; searched key first
     fitted = resolve_preset("gpu-8gb", list(items["dims-t0002"].sets)).train
     assert (fitted.batch_size, fitted.grad_accum) == (8, 4)                          # same 32 sequences a step
     rows = show(root, "dims")["trials"]
@@ -132,8 +132,8 @@ def test_trials_a_described_8gb_gpu_cannot_hold_are_auto_fitted_or_dropped_befor
     cp = wb("sweep", "gpu-8gb", "--set-grid", *DIMS, "--set", "train.batch_size=32", "--gpu", "RTX 4060",
             "--name", "dims", "--print-commands", "--runs-dir", str(root), check=True)
     lines = cp.stdout.strip().splitlines()
-    assert lines[0].endswith("model.dim=768 --runs-dir " + str(root))
-    assert "model.dim=1344 train.batch_size=8 train.grad_accum=4 " in lines[1]
+    assert lines[0].endswith("model.dim=768 train.batch_size=32 --runs-dir " + str(root))
+    assert "model.dim=1344 train.batch_size=32 train.batch_size=8 train.grad_accum=4 " in lines[1]
     assert lines[1].endswith("# auto-fitted: batch 32 -> 8, accum 1 -> 4")
     assert lines[2].startswith("# dims-t0003 refused: ") and "no smaller micro-batch fits" in lines[2]
     cp = wb("sweep", "gpu-8gb", "--set-grid", *DIMS, "--gpu", "RTX 4060", "--name", "x", "--runs-dir", str(root))

@@ -95,7 +95,7 @@ def _distributions(params: tuple[Param, ...]) -> dict[str, Any]:
 
 
 def _new_item(spec: SweepSpec, point: dict[str, Any]) -> NewItem:
-    return NewItem(spec.preset, spec.sets + point_sets(point), spec.corpus, spec.time_budget, sweep=spec.name)
+    return NewItem(spec.preset, point_sets(point) + spec.sets, spec.corpus, spec.time_budget, sweep=spec.name)
 
 
 @dataclass(frozen=True)
