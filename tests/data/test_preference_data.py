@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.support.chat import conversations, write_jsonl
+from tests.support.chat import pair_records, write_jsonl
 from workbench.config import resolve_preset
 from workbench.data.chat_data import conversation_pieces, corpus_kind
 from workbench.data.listing import CorpusError
@@ -19,17 +19,6 @@ from workbench.data.preference import PAIRS, PreferenceReader
 from workbench.data.preference_data import AnswerBatch, PairBatch
 from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.data.train_data import IGNORE
-
-
-def pair_records(n: int, seed: int = 1) -> list[dict]:
-    """Pairs of the chat bench's checkable task: the right answer chosen, a wrong one (reversed, or altered)."""
-    out = []
-    for c in conversations(n, seed=seed):
-        msgs = c["messages"]
-        ans = msgs[-1]["content"]
-        wrong = " ".join(reversed(ans.split())) if len(set(ans.split())) > 1 else ans + " red"
-        out.append({"prompt": msgs[:-1], "chosen": [{"role": "assistant", "content": ans}], "rejected": wrong})
-    return out
 
 
 def kto_records(n: int) -> list[dict]:
