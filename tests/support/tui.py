@@ -60,6 +60,15 @@ async def wait_for(pilot, cond, timeout: float = 20.0, what: str | Callable[[], 
         await pilot.pause(0.05)
 
 
+async def open_sample_on(pilot, app, run_id: str):
+    """The Sample pane (key 5) once the runs are listed and ``run_id`` is its run; the pane."""
+    from textual.widgets import Select
+    await wait_for(pilot, lambda: app.summaries, what="the run list")
+    await pilot.press("5")
+    await wait_for(pilot, lambda: app.query_one("#smp-run", Select).value == run_id, what=f"run {run_id} chosen")
+    return app.query_one("#sample-pane")
+
+
 def notified(app, message: str) -> bool:
     """Whether the app has shown the user exactly ``message`` (a toast)."""
     return any(str(n.message) == message for n in app._notifications)

@@ -12,7 +12,7 @@ from textual.widgets import Input, Select
 
 from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import TINY, wb
-from tests.support.tui import make_app, run, wait_for
+from tests.support.tui import make_app, open_sample_on, run, wait_for
 
 CHAT = [*TINY, "model.seq_len=64", "model.vocab_size=400", "train.batch_size=8", "train.log_interval=10",
         "train.max_iters=60", "train.eval_interval=60", "train.ckpt_interval=10", "train.lr=6e-3"]
@@ -35,10 +35,7 @@ def test_picks_in_the_ab_chat_become_preference_data_a_dpo_run_trains_on(chat_ru
     async def go():
         app = make_app(chat_run)
         async with app.run_test(size=(160, 48)) as pilot:
-            await wait_for(pilot, lambda: app.summaries, what="the run list")
-            await pilot.press("5")
-            pane = app.query_one("#sample-pane")
-            await wait_for(pilot, lambda: app.query_one("#smp-run", Select).value == "sft", what="run sft chosen")
+            pane = await open_sample_on(pilot, app, "sft")
             assert pane.chat_mode
             out_a, out_b = app.query_one("#smp-out-a"), app.query_one("#smp-out-b")
             # before any reply there is nothing to judge: said, nothing written

@@ -15,7 +15,7 @@ from textual.widgets import Input, Select
 
 from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import TINY, wb
-from tests.support.tui import make_app, run, wait_for
+from tests.support.tui import make_app, open_sample_on, run, wait_for
 
 CHAT = [*TINY, "model.seq_len=64", "model.vocab_size=400", "train.batch_size=8", "train.log_interval=10",
         "train.max_iters=120", "train.eval_interval=60", "train.ckpt_interval=60", "train.lr=6e-3"]
@@ -62,10 +62,7 @@ def test_chat_mode_answers_as_the_cli_does_and_resets(chat_runs, tmp_path, monke
     async def go():
         app = make_app(chat_runs)
         async with app.run_test(size=(160, 48)) as pilot:
-            await wait_for(pilot, lambda: app.summaries, what="the run list")
-            await pilot.press("5")
-            pane = app.query_one("#sample-pane")
-            await wait_for(pilot, lambda: app.query_one("#smp-run", Select).value == "sft", what="run sft chosen")
+            pane = await open_sample_on(pilot, app, "sft")
             # a chat-tuned run opens in chat mode: the chat rows shown, the text prompt hidden, the keys offered
             assert pane.chat_mode
             assert shown(app, "#smp-message") and not shown(app, "#smp-prompt")

@@ -11,7 +11,7 @@ import pytest
 from textual.widgets import Input, Select
 
 from tests.support.cli import wb
-from tests.support.tui import make_app, run, text_of, wait_for
+from tests.support.tui import make_app, open_sample_on, run, text_of, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -46,9 +46,7 @@ def test_sample_pane_streams_real_text_from_two_checkpoints(real_runs, tmp_path,
     async def go():
         app = make_app(real_runs)
         async with app.run_test(size=(160, 48)) as pilot:
-            await wait_for(pilot, lambda: app.summaries, what="the run list")
-            await pilot.press("5")
-            await wait_for(pilot, lambda: app.query_one("#smp-run", Select).value == "t", what="run t chosen")
+            await open_sample_on(pilot, app, "t")
             a = app.query_one("#smp-ckpt-a", Select)
             b = app.query_one("#smp-ckpt-b", Select)
             labels = [str(p) for p, _v in a._options]
@@ -112,9 +110,7 @@ def test_the_pane_and_the_cli_sample_a_checkpoint_alike_by_default(real_runs, tm
     async def go():
         app = make_app(real_runs)
         async with app.run_test(size=(160, 48)) as pilot:
-            await wait_for(pilot, lambda: app.summaries, what="the run list")
-            await pilot.press("5")
-            await wait_for(pilot, lambda: app.query_one("#smp-run", Select).value == "t", what="run t chosen")
+            await open_sample_on(pilot, app, "t")
             boxes = {k: app.query_one(f"#smp-{k}", Input).value
                      for k in ("temperature", "top_k", "top_p", "max_new_tokens", "seed")}
             assert boxes == {"temperature": f"{TEXT.temperature:g}", "top_k": str(TEXT.top_k),
