@@ -3,7 +3,7 @@
 # precision auto, bf16 / fp16 + GradScaler / fp32, TF32, the fused loss on CUDA, --nproc 1 and NCCL), then a
 # bf16 + compile run, kill -9 / resume agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter
 # config, estimated vs measured peak memory. Exits non-zero when a GPU test fails.
-# Usage: bash bench/gpu_check.sh [quick|tests|numbers|eval|muon|muon-time|medium-time|chat|mfu|profile|savers|recipe|budget|peers|peers-time]   (tests: the GPU tests alone; quick: the GPU
+# Usage: bash bench/gpu_check.sh [quick|tests|sweep-memory|numbers|eval|muon|muon-time|medium-time|chat|mfu|profile|savers|recipe|budget|peers|peers-time]   (tests: the GPU tests alone; quick: the GPU
 # tests, kill -9 / resume and fit's OOM path; numbers: the throughput runs and estimates alone; muon: Muon against AdamW,
 # time a step and the Newton-Schulz share; mfu: the ~124 M config's MFU levers, each one trainer run, and the gpu-8gb
 # defaults; eval: task scores while training on CUDA and `workbench eval` on CUDA and CPU; set WB_LEVERS to choose which;
@@ -65,6 +65,26 @@ if [ "${1:-}" = peers ] || [ "${1:-}" = peers-time ]; then
             --wb shipped=gpu-24gb --json ${OUT:-/tmp}/peers_time.json ${WB_PEERS_ARGS:-}
     fi
     exit $?
+fi
+if [ "${1:-}" = sweep-memory ]; then  # issue 47: a sweep of gpu-8gb-sized trials, each its own process: no
+    # out-of-memory failure, and the GPU's free memory after each trial against before the first (the runner
+    # records both; nvidia-smi every second beside it, an independent record). WB_SWEEP_SET adds overrides
+    # (the CPU smoke: a tiny model on the CPU).
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/wbinductor}
+    S=/tmp/wbsweep; rm -rf $S
+    SMI=
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=timestamp,memory.used,memory.free --format=csv,noheader -l 1 > ${OUT:-/tmp}/smi_sweep.csv &
+        SMI=$!
+    fi
+    $PY -m workbench sweep gpu-8gb --set-grid train.lr=${WB_LRS:-3e-4,6e-4,1.2e-3} --time-budget ${WB_BUDGET:-30s} \
+        --name gmem --runs-dir $S --set data.builtin_mb=8 ${WB_SWEEP_SET:-}
+    $PY -m workbench queue run --runs-dir $S
+    [ -n "$SMI" ] && kill $SMI
+    $PY -m workbench sweep show gmem --runs-dir $S
+    $PY -m workbench sweep show gmem --runs-dir $S --tsv
+    $PY -m workbench queue ls --runs-dir $S
+    exit 0
 fi
 if [ "${1:-}" = eval ]; then  # task scoring on CUDA: while training (bf16 autocast, per-block compile) and `workbench eval`
     E="model.dim=256 model.n_layers=4 model.seq_len=256 model.vocab_size=4096 train.batch_size=16 train.warmup_iters=20

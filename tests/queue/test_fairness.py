@@ -20,6 +20,7 @@ from tests.support.runs import wait_until
 from workbench import rundir
 from workbench.machine.activity import OthersLoad
 from workbench.machine.rates import BUSY_SHARE
+from workbench.queue.sweep import Result, gpu_memory_line
 
 # queue.db's items table as the first queue wrote it (schema 1), before others_cpu and others
 OLD_ITEMS = """CREATE TABLE items (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE, position INTEGER
@@ -64,8 +65,8 @@ def test_a_queue_db_from_before_the_load_record_opens_and_gains_it(tmp_path):
     wb("queue", "add", "cpu-small", "--name", "new", "--runs-dir", str(root), "--set", *TINY, check=True)
     conn = sqlite3.connect(root / "queue.db")
     cols = [r[1] for r in conn.execute("PRAGMA table_info(items)")]
-    assert cols[-2:] == ["others_cpu", "others"]
-    assert conn.execute("SELECT value FROM flags WHERE key = 'schema'").fetchone() == ("2",)
+    assert cols[-4:] == ["others_cpu", "others", "gpu_free_before", "gpu_free_after"]
+    assert conn.execute("SELECT value FROM flags WHERE key = 'schema'").fetchone() == ("3",)
     conn.execute("UPDATE items SET others_cpu = 0.41, others = ? WHERE name = 'old'",
                  (json.dumps([{"pid": 812, "name": "python3", "cpu_share": 0.38}]),))
     conn.commit()
@@ -128,5 +129,17 @@ def test_the_trial_that_ran_beside_a_cpu_hog_is_flagged_and_the_other_is_not(tmp
     assert f"    {busy['beside']}" in text
     tsv = [ln.split("\t") for ln in wb("sweep", "show", "fair", "--tsv", "--runs-dir", str(root),
                                        check=True).stdout.strip().splitlines()]
-    assert tsv[0][-2:] == ["others_cpu", "note"] and len(tsv) == 3
-    assert float(tsv[2][-2]) == pytest.approx(busy["others_cpu"], abs=1e-3) and busy["beside"] in tsv[2][-1]
+    assert tsv[0][-3:] == ["others_cpu", "gpu_free_mib", "note"] and len(tsv) == 3
+    assert float(tsv[2][-3]) == pytest.approx(busy["others_cpu"], abs=1e-3) and busy["beside"] in tsv[2][-1]
+
+
+def test_the_gpu_memory_line_names_the_trial_that_left_the_most_behind():
+    """sweep show's GPU line: each trial's free memory after it, against before the first (a leak or a neighbour
+    shows as the distance); nothing without a GPU or before a trial has ended."""
+    def row(n, before, after):
+        return Result(n, f"s-t{n:04d}", {}, "finished", 1.0, n, 10.0, "", gpu_free=(before, after))
+    rows = [row(1, 80_000.0, 79_990.0), row(2, 79_990.0, 79_200.0), row(3, 79_200.0, 80_000.0)]
+    assert gpu_memory_line(rows) == ("GPU memory free: 80,000 MiB before the first trial; after each of 3 trial(s) "
+                                     "within 800 MiB of it (furthest: 79,200 MiB after s-t0002)")
+    assert gpu_memory_line([row(1, None, None)]) is None          # a CPU machine measures nothing
+    assert gpu_memory_line([row(1, 80_000.0, None)]) is None      # the first trial still running

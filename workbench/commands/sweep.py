@@ -15,7 +15,7 @@ from workbench.queue.outcome import others_text, parse_metric
 from workbench.queue.runner import runner_pid
 from workbench.queue.spec import METHODS, PRUNERS, SpecError, build_spec, load_spec, parse_set_grid, point_sets
 from workbench.queue.store import QueueError, QueueStore, trial_name
-from workbench.queue.sweep import best, compute_saved, create_sweep, load, print_commands, results
+from workbench.queue.sweep import best, compute_saved, create_sweep, gpu_memory_line, load, print_commands, results
 
 
 def register(sub) -> None:
@@ -161,12 +161,14 @@ def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
                           "beside_others": len(beside)}, indent=1))
         return 0
     if as_tsv:
-        print("\t".join(["run", *keys, spec.metric.name, "rank", "state", "seconds", "others_cpu", "note"]))
+        print("\t".join(["run", *keys, spec.metric.name, "rank", "state", "seconds", "others_cpu", "gpu_free_mib",
+                         "note"]))
         for r in rows:
             print("\t".join([r.name, *(_fmt(r.params.get(k, "")) for k in keys),
                              "" if r.metric is None else f"{r.metric:.6f}", str(r.rank or ""), r.state,
                              "" if r.seconds is None else f"{r.seconds:.1f}",
                              "" if r.others_cpu is None else f"{r.others_cpu:.3f}",
+                             "" if r.gpu_free[1] is None else f"{r.gpu_free[1]:.0f}",
                              "; ".join(n for n in (r.fit, r.note, r.beside) if n).replace("\t", " ")]))
         return 0
     print(f"sweep {name}: {spec.method} over {', '.join(p.describe() for p in spec.params)}; {spec.preset}"
@@ -192,6 +194,8 @@ def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
     saved = (f"; pruning saved {c['saved_share']:.0%}: {c['saved_s']:,.0f} of the {c['full_s']:,.0f} the trials "
              "would have taken, each to its end" if c["saved_s"] else "")
     print(", ".join(f"{n} {s}" for s, n in counts.items()) + f"; {c['spent_s']:,.0f} trial-seconds" + saved)
+    if (gpu := gpu_memory_line(rows)):
+        print(gpu)
     if top:
         print(f"best: {top.name} ({' '.join(point_sets(top.params))}): {spec.metric.name} {top.metric:.4f}"
               + ("; it ran beside other processes: train it again on a quiet machine to compare" if top.beside

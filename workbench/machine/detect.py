@@ -188,6 +188,16 @@ def calibration() -> dict[str, float]:
     return best_rates(machine_identity())
 
 
+def gpu_free_mib() -> float | None:
+    """MiB free on the GPU a trainer started now trains on (the first of ``CUDA_VISIBLE_DEVICES`` when it
+    names an index, else GPU 0), as NVML reports it; None without an NVIDIA GPU."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    index = int(first) if first.isdigit() else 0
+    gpus, _ = detect_nvidia()
+    free = next((g["vram_free"] for g in gpus if g["index"] == index), None)
+    return None if free is None else free / 2**20
+
+
 def detect() -> dict[str, Any]:
     """Everything workbench knows about this machine without torch, as a JSON-serialisable dict."""
     gpus, note = detect_nvidia()

@@ -16,6 +16,9 @@ While a trainer trains, the runner samples what other processes use of the machi
 and their processes on the run's GPU where NVML answers; the trainer's processes and the runner's are not
 others) and records it with the run when it ends (``others_cpu``, ``others``): a trial that ran beside a busy
 neighbour is flagged, its result not comparable. A trainer adopted from a dead runner is measured from then on.
+On a machine with an NVIDIA GPU it also records the GPU's free memory just before each trainer starts and once
+its process has exited (``gpu_free_before``, ``gpu_free_after``): every trial is its own process, so a trial
+that left memory behind, or a neighbour that took some, shows as a difference between trials.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import psutil
+
 from workbench import rundir
 from workbench.errors import WorkbenchError
 from workbench.fs import PidLock
 from workbench.machine.activity import OthersLoad
-from workbench.machine.detect import detect
+from workbench.machine.detect import detect, gpu_free_mib
 from workbench.queue import sweep
 from workbench.queue.launch import CliLauncher, LaunchFailed
 from workbench.queue.outcome import Metric, beside_note, failure_line, final_metric
@@ -38,6 +43,7 @@ from workbench.queue.store import Item, QueueError, QueueStore
 LOCK_FILE = "queue.lock"
 MAX_LAUNCHES = 3          # starts and resumes of one run before it is failed
 POLL_S = 0.5              # how often a running trainer's status is read
+GONE_S = 20.0            # how long an ended trainer's process may take to exit (its GPU memory freed)
 ADOPT_GRACE_S = 3.0       # a run the last runner was launching: how long its directory may take to appear
 VAL_LOSS = Metric("val_loss", "minimize")
 
@@ -120,6 +126,8 @@ class Runner:
         """Start ``item``'s trainer (a fresh start) and watch it to its end."""
         item = self.store.update(item.id, launches=item.launches + 1)
         self.say(f"{how} {item.name} ({item.preset}{', ' + ' '.join(item.sets) if item.sets else ''})")
+        if self.info.get("nvidia") and item.gpu_free_before is None and (free := gpu_free_mib()) is not None:
+            item = self.store.update(item.id, gpu_free_before=round(free, 1))
         try:
             self.launcher.start(item)
         except LaunchFailed as e:
@@ -208,7 +216,7 @@ class Runner:
             except (OSError, ValueError, WorkbenchError):
                 metric = None
         item = self.store.update(item.id, state=state, note=note, ended=time.time(), metric=metric,
-                                 **self._load_fields(item))
+                                 **self._load_fields(item), **self._gpu_after(item))
         self.ran += 1
         shown = f", {self._metric(item).name} {metric:.4f}" if metric is not None else ""
         self.say(f"{item.name} {state}{shown}" + (f": {note}" if note else ""))
@@ -225,6 +233,18 @@ class Runner:
         others = [{"pid": u.pid, "name": u.name, "cpu_share": u.cpu_share} for u in load.busiest()]
         others += [{"pid": g.pid, "name": g.name, "gpu": g.gpu} for g in load.gpu_others.values()]
         return {"others_cpu": round(load.share, 4), "others": others}
+
+    def _gpu_after(self, item: Item) -> dict:
+        """The GPU's free MiB once ``item``'s trainer has exited (its CUDA context gone); nothing without a GPU."""
+        if not self.info.get("nvidia"):
+            return {}
+        if item.pid:
+            try:
+                psutil.Process(item.pid).wait(GONE_S)
+            except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+                pass
+        free = gpu_free_mib()
+        return {} if free is None else {"gpu_free_after": round(free, 1)}
 
     # ------------------------------------------------------------------ sweeps
 

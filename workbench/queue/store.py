@@ -26,7 +26,7 @@ from workbench.rundir import sanitize_run_name
 DB_FILE = "queue.db"
 STATES = ("queued", "running", "finished", "failed", "stopped", "pruned")
 ENDED = ("finished", "failed", "stopped", "pruned")
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
@@ -50,7 +50,9 @@ CREATE TABLE IF NOT EXISTS items (
     note        TEXT,                      -- how it ended: the doctor's line for a failed run, the launcher's error
     metric      REAL,                      -- a sweep trial's metric, read from the run when it ended
     others_cpu  REAL,                      -- other processes' mean share of the CPU while it trained (0-1)
-    others      TEXT                       -- JSON: the busiest of them, and other processes on its GPU
+    others      TEXT,                      -- JSON: the busiest of them, and other processes on its GPU
+    gpu_free_before REAL,                  -- MiB free on its GPU just before its trainer started (NVML)
+    gpu_free_after  REAL                   -- MiB free on its GPU once its trainer's process had exited
 );
 CREATE TABLE IF NOT EXISTS flags (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -73,7 +75,8 @@ CREATE TABLE IF NOT EXISTS trials (
 
 # Columns added since a queue.db was first written: an older database gains them when it is opened for writing
 # (and reads as if they were empty before that), so a queue made by an older workbench goes on.
-ADDED_COLUMNS = {"others_cpu": "REAL", "others": "TEXT"}
+ADDED_COLUMNS = {"others_cpu": "REAL", "others": "TEXT",
+                 "gpu_free_before": "REAL", "gpu_free_after": "REAL"}
 
 
 class QueueError(WorkbenchError):
@@ -117,6 +120,8 @@ class Item:
     metric: float | None
     others_cpu: float | None = None          # other processes' mean share of the CPU while it trained
     others: tuple[dict, ...] = ()            # the busiest of them ({pid, name, cpu_share} or {pid, name, gpu})
+    gpu_free_before: float | None = None     # MiB free on its GPU just before its trainer started (no GPU: None)
+    gpu_free_after: float | None = None      # MiB free on its GPU once its trainer's process had exited
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "Item":

@@ -347,11 +347,13 @@ class Result:
     unspent: float | None = None   # a pruned trial: the seconds of its budget it did not use (what pruning saved)
     others_cpu: float | None = None   # other processes' mean share of the CPU while it trained
     beside: str = ""           # "ran beside other processes (...)": not comparable with the others ('' ran alone)
+    gpu_free: tuple[float | None, float | None] = (None, None)   # its GPU's free MiB before it started, after it
 
     def to_dict(self) -> dict[str, Any]:
         return {"trial": self.number, "run": self.name, "params": self.params, "state": self.state,
                 "metric": self.metric, "rank": self.rank, "seconds": self.seconds, "note": self.note,
-                "fit": self.fit, "unspent_s": self.unspent, "others_cpu": self.others_cpu, "beside": self.beside}
+                "fit": self.fit, "unspent_s": self.unspent, "others_cpu": self.others_cpu, "beside": self.beside,
+                "gpu_free_before_mib": self.gpu_free[0], "gpu_free_after_mib": self.gpu_free[1]}
 
 
 def results(store: QueueStore, name: str, now: float | None = None) -> list[Result]:
@@ -371,7 +373,8 @@ def results(store: QueueStore, name: str, now: float | None = None) -> list[Resu
         secs = ((it.ended or now or time.time()) - it.started) if it.started else None
         unspent = unspent_seconds(store.root / it.name, secs) if it.state == "pruned" else None
         out.append(Result(t.number, it.name, t.params, it.state, metric, None, secs, it.note or "", t.note or "",
-                          unspent, it.others_cpu, beside_note(it.others_cpu, it.others)))
+                          unspent, it.others_cpu, beside_note(it.others_cpu, it.others),
+                          (it.gpu_free_before, it.gpu_free_after)))
     done = [r for r in out if r.state == "finished" and r.metric is not None]
     done.sort(key=lambda r: r.metric if spec.metric.goal == "minimize" else -r.metric)
     ranks = {r.number: k for k, r in enumerate(done, 1)}
@@ -385,6 +388,21 @@ def compute_saved(rows: list[Result]) -> dict[str, float]:
     full = spent + sum(r.unspent or 0.0 for r in rows)
     return {"spent_s": spent, "full_s": full, "saved_s": full - spent, "saved_share": (full - spent) / full
             if full else 0.0}
+
+
+def gpu_memory_line(rows: list[Result]) -> str | None:
+    """What the GPU had free between the trials against before the first: each trial is its own process, so
+    its memory should all come back ("within N MiB of the start"); None when no trial measured it (no GPU)."""
+    measured = [r for r in rows if r.gpu_free[0] is not None or r.gpu_free[1] is not None]
+    if not measured:
+        return None
+    start = next((r.gpu_free[0] for r in measured if r.gpu_free[0] is not None), None)
+    after = [(r.name, r.gpu_free[1]) for r in measured if r.gpu_free[1] is not None]
+    if start is None or not after:   # not both ends measured yet
+        return None
+    name, worst = max(after, key=lambda a: abs(a[1] - start))
+    return (f"GPU memory free: {start:,.0f} MiB before the first trial; after each of {len(after)} trial(s) within "
+            f"{abs(worst - start):,.0f} MiB of it (furthest: {worst:,.0f} MiB after {name})")
 
 
 def best(rows: list[Result]) -> Result | None:
