@@ -1,4 +1,4 @@
-"""The filesystem helpers every layer shares: the one atomic writer, fsync, small JSON reads.
+"""The filesystem helpers every layer shares: the one atomic writer, fsync, small JSON reads, a TOML file read.
 
 Readers of a file written here see the old or the new contents, never half of one: data goes
 to a temporary file in the same directory, is flushed (and fsynced unless asked not to), then
@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import shutil
+import tomllib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -95,6 +96,18 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def read_toml(path: str | os.PathLike, error: type[Exception], unreadable: str, invalid: str) -> dict[str, Any]:
+    """A TOML file's table. ``error`` with the ``unreadable`` or ``invalid`` message (formatted with ``path`` and
+    ``why``) where the file cannot be read or is not valid TOML, so each reader keeps its own wording."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise error(unreadable.format(path=path, why=e.strerror or e)) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise error(invalid.format(path=path, why=e)) from None
 
 
 def dir_size(path: str | os.PathLike[str]) -> int:

@@ -11,7 +11,7 @@ import sys
 import time
 
 from workbench import rundir
-from workbench.commands.common import add_sampling_options, sampling_of
+from workbench.commands.common import add_json_option, add_run_argument, add_sampling_options, sampling_of
 from workbench.data.chat_templates import ChatTemplateError, run_template
 from workbench.data.tokenizer import load_tokenizer
 from workbench.machine.detect import Machine
@@ -21,16 +21,15 @@ from workbench.plan.settings import resolve_device
 
 def register(sub) -> None:
     p = sub.add_parser("chat", help="chat with a run trained on conversations (data.format = chat)")
-    p.add_argument("run", help="run id or run directory")
-    p.add_argument("--checkpoint", default="latest", help="latest (default), best, or a step number")
+    add_run_argument(p, checkpoint=True)
     p.add_argument("--system", default="", help="a system message put first")
     p.add_argument("--message", default=None, help="one user message: print the reply and exit (for scripts)")
     p.add_argument("--conversation", default=None, metavar="FILE",
                    help="a conversation so far, as JSON ({\"messages\": [...]} or the list; - reads stdin), "
                         "ending with a user message: print the next reply and exit (the TUI's chat uses this)")
     add_sampling_options(p, CHAT)
-    p.add_argument("--json", action="store_true", help="with --message: the reply, its token ids and whether it "
-                                                       "ended with the end-of-turn token, as JSON")
+    add_json_option(p, "with --message: the reply, its token ids and whether it ended with the end-of-turn token, "
+                       "as JSON")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, mps or auto")
     p.set_defaults(func=run)
 

@@ -9,6 +9,34 @@ from typing import IO
 from workbench.fmt import duration, human_bytes
 from workbench.plan.sampling import Sampling
 
+RUN_HELP = "run id or run directory"
+CHECKPOINT_HELP = "latest (default), best, or a step number"
+
+
+def add_run_argument(p: argparse.ArgumentParser, help: str = RUN_HELP, *, nargs: str | None = None,
+                     checkpoint: bool | str = False, checkpoint_default: str | None = "latest") -> None:
+    """RUN, a run's id under --runs-dir or its directory (``rundir.resolve_run`` finds it); with ``checkpoint``
+    (True, or the option's help where it says more), the ``--checkpoint`` option that picks one of its checkpoints."""
+    p.add_argument("run", nargs=nargs, help=help)
+    if checkpoint:
+        p.add_argument("--checkpoint", default=checkpoint_default,
+                       help=CHECKPOINT_HELP if checkpoint is True else checkpoint)
+
+
+def add_json_option(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--json", action="store_true", help=help)
+
+
+def add_progress_option(p: argparse.ArgumentParser, line: str, when: str) -> None:
+    """``--progress``: the command says how far it is in ``progress: LINE`` lines on stderr (:func:`print_progress`),
+    which the TUI's dialogs show as the job goes."""
+    p.add_argument("--progress", action="store_true",
+                   help=f"print 'progress: {line}' lines to stderr {when} (the TUI shows them)")
+
+
+def print_progress(line: str) -> None:
+    print(f"progress: {line}", file=sys.stderr, flush=True)
+
 
 def add_set_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE",

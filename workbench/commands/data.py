@@ -9,7 +9,7 @@ import time
 from typing import Callable
 
 from workbench.commands.chat_preview import chat_prepared, inspect_chat, inspect_preference
-from workbench.commands.common import TerminalProgress, add_set_option
+from workbench.commands.common import TerminalProgress, add_json_option, add_set_option
 from workbench.config import Preset, resolve_preset
 from workbench.data.chat_data import corpus_kind
 from workbench.data.documents import Corpus
@@ -40,7 +40,7 @@ def register(sub) -> None:
             s.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (default: the preset's)")
             s.add_argument("--workers", type=int, default=None,
                            help="encoding processes (default: one per core this process may use)")
-            s.add_argument("--json", action="store_true", help="print the result as JSON")
+            add_json_option(s, "print the result as JSON")
         else:
             s.add_argument("-n", "--documents", type=int, default=3, help="how many documents (default 3)")
             s.add_argument("--chars", type=int, default=600, help="characters shown of each (default 600)")
@@ -48,8 +48,7 @@ def register(sub) -> None:
                            help="conversations (data.format = chat; auto-detected too): each rendered through the "
                                 "chat template, its trained tokens highlighted (colour on a terminal, [[ ]] when "
                                 "piped)")
-            s.add_argument("--json", action="store_true",
-                           help="print as JSON (conversations: the text and the trained spans)")
+            add_json_option(s, "print as JSON (conversations: the text and the trained spans)")
 
 
 def _preset(args):

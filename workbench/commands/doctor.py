@@ -8,6 +8,7 @@ import textwrap
 
 from workbench import rundir
 from workbench.analysis.doctor import diagnose, read_run, report
+from workbench.commands.common import add_json_option, add_run_argument
 from workbench.machine.activity import take_snapshot
 
 WIDTH = 100
@@ -18,8 +19,8 @@ def register(sub) -> None:
                        description="Check a live or finished run against its own metrics, its estimate and this "
                                    "machine (for a live run, what else uses the CPU and GPU, sampled for "
                                    "--interval seconds), and say what to change.")
-    p.add_argument("run", help="run id (a directory under the runs directory) or path")
-    p.add_argument("--json", action="store_true", help="machine-readable output (schema in the README)")
+    add_run_argument(p, "run id (a directory under the runs directory) or path")
+    add_json_option(p, "machine-readable output (schema in the README)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
                    help="seconds to sample CPU and GPU use by process, for a live run (default 1)")
     p.set_defaults(func=run)

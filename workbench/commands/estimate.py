@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from workbench.analysis.history import measured_in
-from workbench.commands.common import add_init_from_option, add_set_option
+from workbench.commands.common import add_init_from_option, add_json_option, add_set_option
 from workbench.errors import WorkbenchError
 from workbench.fmt import GiB, duration, human_bytes, millions
 from workbench.machine.detect import Machine, detect
@@ -56,7 +56,7 @@ def register(sub) -> None:
     p.add_argument("--usd-per-kwh", type=float, default=None, help="electricity price, for the cost")
     p.add_argument("--watts", type=float, default=None,
                    help="power draw while training (default: the GPU's power limit, or 65 W for a CPU)")
-    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    add_json_option(p, "print everything as JSON")
     p.set_defaults(func=run)
 
 

@@ -16,7 +16,13 @@ from typing import Iterator
 
 from workbench import rundir
 from workbench.analysis.report_card import card_lines, report_card
-from workbench.commands.common import add_corpus_option
+from workbench.commands.common import (
+    add_corpus_option,
+    add_json_option,
+    add_progress_option,
+    add_run_argument,
+    print_progress,
+)
 from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task
 from workbench.data.chat_templates import ChatTemplate, ChatTemplateError, run_template
 from workbench.data.documents import open_corpus
@@ -50,8 +56,7 @@ def register(sub) -> None:
                        description="Score a run's checkpoints on tasks (multiple choice, exact match, chat) and on "
                                    "held-out text (bits per byte); the scores go to the run's tasks.jsonl.",
                        epilog=TASK_FORMATS, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", nargs="?", help="run id or run directory")
-    p.add_argument("--checkpoint", default="latest", help="latest (default), best, a step number, or all")
+    add_run_argument(p, nargs="?", checkpoint="latest (default), best, a step number, or all")
     p.add_argument("--task", dest="tasks", action="extend", nargs="+", default=[], metavar="TASK",
                    help="a JSONL task file (plain, .gz, .zst) or a built-in task (builtin = all of them; "
                         "--list-tasks)")
@@ -63,16 +68,14 @@ def register(sub) -> None:
                    help="task options for every task file, over its TOML sidecar: context_field, choices_field, "
                         "gold_field, prompt_field, answer_field, kind (mc|gen), metric (acc|acc_norm), delimiter, "
                         "until, max_new_tokens, name")
-    p.add_argument("--json", action="store_true", help="machine-readable output (stable: see the README)")
+    add_json_option(p, "machine-readable output (stable: see the README)")
     p.add_argument("--dump", default=None, metavar="FILE",
                    help="write each exact-match record (prompt, answers, the model's output, right or not) to "
                         "FILE as JSON lines")
     p.add_argument("--no-save", action="store_true", help="do not add the scores to the run's tasks.jsonl")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
     p.add_argument("--list-tasks", action="store_true", help="list the built-in tasks and exit")
-    p.add_argument("--progress", action="store_true",
-                   help="print 'progress: TASK DONE/TOTAL (CHECKPOINT)' lines to stderr as items are scored (the TUI "
-                        "shows them)")
+    add_progress_option(p, "TASK DONE/TOTAL (CHECKPOINT)", "as items are scored")
     p.set_defaults(func=run)
 
 
@@ -200,7 +203,7 @@ def progress_printer(task: str, total: int, checkpoint: str, every_s: float = 0.
         now = time.monotonic()
         if done >= total or now - last[0] >= every_s:
             last[0] = now
-            print(f"progress: {task} {done}/{total} ({checkpoint})", file=sys.stderr, flush=True)
+            print_progress(f"{task} {done}/{total} ({checkpoint})")
 
     show(0)
     return show

@@ -6,6 +6,7 @@ import json
 import sys
 
 from workbench import rundir
+from workbench.commands.common import add_progress_option, add_run_argument, print_progress
 
 
 def register(sub) -> None:
@@ -17,16 +18,14 @@ def register(sub) -> None:
                                    "model.gguf with the tokenizer embedded, for llama.cpp, Ollama, LM Studio. "
                                    "--format safetensors: the workbench state dict with preset.toml and the "
                                    "tokenizer.")
-    p.add_argument("run", help="run id or run directory")
+    add_run_argument(p, checkpoint=True)
     p.add_argument("out_dir", metavar="OUT_DIR", help="a new or empty directory to write")
-    p.add_argument("--checkpoint", default="latest", help="latest (default), best, or a step number")
     p.add_argument("--format", dest="fmt", default="hf", metavar="{hf,gguf,safetensors}",
                    help="hf (default): a Hugging Face model directory; gguf: one GGUF file; safetensors: the raw "
                         "workbench state dict")
     p.add_argument("--gguf-type", default="f16", metavar="{f16,f32}",
                    help="GGUF: the matrices' type (default f16; vectors are always f32)")
-    p.add_argument("--progress", action="store_true",
-                   help="print 'progress: WHAT' lines to stderr as the export goes (the TUI shows them)")
+    add_progress_option(p, "WHAT", "as the export goes")
     p.set_defaults(func=run)
 
 
@@ -42,12 +41,8 @@ def run(args) -> int:
     root = args.runs_dir
     run_dir = rundir.resolve_run(root, args.run)
     rundir.select_checkpoint(run_dir, args.checkpoint)
-
-    def progress(msg: str) -> None:
-        print(f"progress: {msg}", file=sys.stderr, flush=True)
-
     dest, ckpt = export_run(run_dir, args.out_dir, args.fmt, args.checkpoint, gguf_type=args.gguf_type,
-                            log=progress if args.progress else None)
+                            log=print_progress if args.progress else None)
     what = {"hf": "Hugging Face " + json.loads((dest / "config.json").read_text())["architectures"][0]
             + " directory" if args.fmt == "hf" else "",
             "gguf": f"GGUF file ({args.gguf_type}), {dest / 'model.gguf'},",

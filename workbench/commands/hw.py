@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from workbench.commands.common import add_json_option
 from workbench.fmt import human_bytes
 from workbench.machine.detect import detect
 from workbench.machine.gpus import GPUS
@@ -14,7 +15,7 @@ def register(sub) -> None:
     p = sub.add_parser("hw", help="show this machine's CPU, RAM, GPUs and what torch can use",
                        description="Show this machine's CPU, RAM, NVIDIA GPUs (NVML), CUDA/MPS availability, "
                                    "capability flags, and the recommended preset.")
-    p.add_argument("--json", action="store_true", help="print the detection as JSON")
+    add_json_option(p, "print the detection as JSON")
     p.add_argument("--no-torch", action="store_true", help="skip importing torch (fast; no CUDA/MPS flags)")
     p.add_argument("--gpus", action="store_true",
                    help="list the GPU table instead (memory, dense TFLOPS, bandwidth, power, sources) that "

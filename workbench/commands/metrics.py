@@ -27,6 +27,7 @@ from pathlib import Path
 
 from workbench import rundir
 from workbench.analysis.report_card import task_scores
+from workbench.commands.common import add_run_argument
 from workbench.errors import WorkbenchError
 from workbench.fs import atomic_dir, write_atomic
 from workbench.rundir import EvalRecord, TaskRecord, TrainRecord
@@ -46,7 +47,7 @@ def register(sub) -> None:
                        description="--csv: the train and eval records of metrics.jsonl as one CSV table "
                                    "(stdout, or --out FILE). --tensorboard: event files under runs/<id>/tb/ "
                                    "(needs the tensorboard package), then `tensorboard --logdir runs`.")
-    p.add_argument("run", help="run id or run directory")
+    add_run_argument(p)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--csv", action="store_true", help="write CSV")
     g.add_argument("--tensorboard", action="store_true", help="write TensorBoard event files to runs/<id>/tb/")

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from workbench.commands.common import add_corpus_option, add_init_from_option, add_set_option
+from workbench.commands.common import add_corpus_option, add_init_from_option, add_json_option, add_set_option
 from workbench.machine.detect import Machine, detect
 from workbench.queue.admit import admit
 from workbench.queue.listing import rows
@@ -37,7 +37,7 @@ def register(sub) -> None:
     a.add_argument("--yes", action="store_true", help="queue it even when the estimate says it will not fit")
     a.set_defaults(func=cmd_add)
     ls = qs.add_parser("ls", help="the queue: each run's state, place, progress, and how it ended")
-    ls.add_argument("--json", action="store_true", help="one JSON object per run")
+    add_json_option(ls, "one JSON object per run")
     ls.set_defaults(func=cmd_ls)
     r = qs.add_parser("run", help="start the queued runs one after the other (one runner at a time)")
     r.add_argument("--follow", action="store_true", help="keep waiting for new runs when the queue is empty")

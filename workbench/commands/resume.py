@@ -6,7 +6,7 @@ from __future__ import annotations
 from workbench import rundir
 from workbench.analysis.lineage import branch
 from workbench.commands import launch
-from workbench.commands.common import add_set_option
+from workbench.commands.common import add_run_argument, add_set_option
 from workbench.config import preset_to_toml
 from workbench.machine.detect import Machine, detect
 from workbench.plan.run_plan import ResumeRequest, plan_resume
@@ -18,10 +18,9 @@ def register(sub) -> None:
                        description="Continue RUN from its latest complete checkpoint (or --checkpoint). "
                                    "--set may change training keys (max_iters, intervals, schedule); "
                                    "the change is recorded as an event.")
-    p.add_argument("run", help="run id (see `workbench runs`) or run directory")
-    p.add_argument("--checkpoint", default=None,
-                   help="latest (default: continues in place), best, or a step number; a checkpoint other than "
-                        "the latest continues in a new run (a branch), leaving this one as it is")
+    add_run_argument(p, "run id (see `workbench runs`) or run directory", checkpoint_default=None,
+                     checkpoint="latest (default: continues in place), best, or a step number; a checkpoint other "
+                                "than the latest continues in a new run (a branch), leaving this one as it is")
     p.add_argument("--more", type=int, default=None, metavar="N",
                    help="train N more steps than the checkpoint's (sets train.max_iters; recorded as a change)")
     p.add_argument("--name", default=None, help="the new run's id when branching (default: <run>-from-<step>)")

@@ -8,12 +8,13 @@ from pathlib import Path
 
 from workbench import rundir
 from workbench.analysis.summary import summarize_run
+from workbench.commands.common import add_json_option
 from workbench.fmt import human_bytes
 
 
 def register(sub) -> None:
     p = sub.add_parser("runs", help="list runs")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(p, "machine-readable output")
     p.set_defaults(func=run)
 
 

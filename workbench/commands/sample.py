@@ -6,7 +6,7 @@ import sys
 import time
 
 from workbench import rundir
-from workbench.commands.common import add_sampling_options, sampling_of
+from workbench.commands.common import add_run_argument, add_sampling_options, sampling_of
 from workbench.data.tokenizer import load_tokenizer
 from workbench.machine.detect import Machine
 from workbench.plan.sampling import TEXT
@@ -15,8 +15,7 @@ from workbench.plan.settings import resolve_device
 
 def register(sub) -> None:
     p = sub.add_parser("sample", help="generate text from a run's checkpoint")
-    p.add_argument("run", help="run id or run directory")
-    p.add_argument("--checkpoint", default="latest", help="latest (default), best, or a step number")
+    add_run_argument(p, checkpoint=True)
     p.add_argument("--prompt", default="", help="text to continue (cropped from the left to the context)")
     add_sampling_options(p, TEXT)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, mps or auto")

@@ -7,11 +7,12 @@ import signal
 import time
 
 from workbench import rundir
+from workbench.commands.common import add_run_argument
 
 
 def register(sub) -> None:
     p = sub.add_parser("stop", help="stop a run (it saves a checkpoint first)")
-    p.add_argument("run", help="run id or run directory")
+    add_run_argument(p)
     p.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for the save")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")
     p.set_defaults(func=run)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workbench.commands.common import add_corpus_option, add_set_option
+from workbench.commands.common import add_corpus_option, add_json_option, add_set_option
 from workbench.machine.detect import Machine, detect
 from workbench.machine.gpus import find_gpu
 from workbench.plan.compare import machine_with
@@ -50,7 +50,7 @@ def register(sub) -> None:
                    help="with --print-commands: estimate and auto-fit the trials as if on this GPU of the table "
                         "(`workbench hw --gpus`), the one the machines that run them have")
     p.add_argument("--status", action="store_true", help="with a sweep's name: its results (as `sweep show`)")
-    p.add_argument("--json", action="store_true", help="show: the results as JSON")
+    add_json_option(p, "show: the results as JSON")
     p.add_argument("--tsv", action="store_true", help="show: one tab-separated line per trial")
     p.add_argument("--as", dest="as_preset", metavar="PRESET", default=None,
                    help="save-best: the new user preset's name (default: NAME-best); an existing one is never "

@@ -10,7 +10,8 @@ Text documents:
 - ``tokenizer``        the tokenizer interface: workbench's sentencepiece BPE and a Hugging Face tokenizer.json
 - ``tokenizer_formats`` one tokenizer written in the other's format (for export)
 - ``prepare``          preparing a corpus once: scan, tokenizer, cached and resumable encoding
-- ``encode``           the parallel, resumable shard encoder and the join into ``tokens.bin``
+- ``encode``           the parallel, resumable shard encoder (its process pool encodes the chat shards too) and
+                       the join into ``tokens.bin``
 - ``tokens``           the token store a run reads: the train/validation split and the window sampler
 - ``train_data``       what the engine trains on, whatever its kind: the TrainData interface, its sampler, a Batch
 

@@ -200,12 +200,15 @@ class ChatReader:
         self.records = RecordReader(bad_error=BadRecord, skip_bad=options.skip_bad, stats=self.stats)
 
     def conversations(self, sources: list[Source]) -> Iterator[Conversation]:
-        """Every conversation of ``sources`` in order; CorpusError if there is none."""
+        """Every conversation of ``sources`` in order; CorpusError (:meth:`none_found`) if there is none."""
         for src in sources:
             yield from self.read(src)
         if self.stats.documents == 0:
-            raise CorpusError(f"no conversations in {', '.join(s.path for s in sources)} "
-                              f"({self.stats.skipped_records} bad record(s) skipped)")
+            raise self.none_found(f"{', '.join(s.path for s in sources)} "
+                                  f"({self.stats.skipped_records} bad record(s) skipped)")
+
+    def none_found(self, where: str) -> CorpusError:
+        return CorpusError(f"no conversations in {where}")
 
     def read(self, src: Source) -> Iterator[Conversation]:
         """One file's conversations."""

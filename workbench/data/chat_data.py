@@ -30,7 +30,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -220,20 +220,39 @@ def pack(lengths: np.ndarray, seq_len: int, packing: bool = True, overlong: str 
 
 
 @dataclass
-class ChatData:
-    """A prepared chat corpus (a :class:`~workbench.data.train_data.TrainData`), memory-mapped, its
-    conversations split into train and val (the last ones); drawn as rows of whole conversations with the
-    targets ``train.loss_on`` does not train masked."""
+class PreparedConversations:
+    """Conversations as their preparation wrote them (``tokens.bin``, ``labels.bin``, ``lengths.bin``),
+    memory-mapped: what a chat corpus and a preference corpus share."""
     tokenizer: AnyTokenizer
     tokens: np.ndarray
     labels: np.ndarray
-    offsets: np.ndarray            # conversation i is tokens[offsets[i]:offsets[i + 1]]
-    n_train: int                   # conversations [0, n_train) train, the rest val
+    offsets: np.ndarray            # conversation c is tokens[offsets[c]:offsets[c + 1]]
+    n_train: int                   # conversations (chat) or items (preference) [0, n_train) train, the rest val
     template: ChatTemplate
     source: str
     tokenizer_path: Path
     cached: bool
     index: dict = field(default_factory=dict)
+
+    @classmethod
+    def opened(cls, prep: ChatPrepared, n_train: int, **more: Any) -> Self:
+        """``prep``'s conversations, the first ``n_train`` (conversations or items) to train; ``more``: the
+        subclass's own fields."""
+        idx = prep.index
+        tokens = np.memmap(prep.dir / "tokens.bin", dtype=np.dtype(idx["dtype"]), mode="r", shape=(idx["tokens"],))
+        labels = np.memmap(prep.dir / "labels.bin", dtype=np.uint8, mode="r", shape=(idx["tokens"],))
+        lengths = np.fromfile(prep.dir / "lengths.bin", dtype=np.uint32)
+        offsets = np.zeros(idx["conversations"] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(load_tokenizer(prep.dir), tokens, labels, offsets, n_train, prep.template, idx["source"],
+                   prep.tokenizer_path, prep.cached, idx, **more)
+
+
+@dataclass
+class ChatData(PreparedConversations):
+    """A prepared chat corpus (a :class:`~workbench.data.train_data.TrainData`), memory-mapped, its
+    conversations split into train and val (the last ones); drawn as rows of whole conversations with the
+    targets ``train.loss_on`` does not train masked."""
     format: str = "chat"
 
     @property
@@ -303,14 +322,8 @@ def load_chat(prep: ChatPrepared, val_fraction: float) -> ChatData:
     if n < 2:
         raise DataError(f"the chat corpus has {n} conversation(s); training and validation need at least 2 "
                         "(one of each); add conversations")
-    tokens = np.memmap(prep.dir / "tokens.bin", dtype=np.dtype(idx["dtype"]), mode="r", shape=(idx["tokens"],))
-    labels = np.memmap(prep.dir / "labels.bin", dtype=np.uint8, mode="r", shape=(idx["tokens"],))
-    lengths = np.fromfile(prep.dir / "lengths.bin", dtype=np.uint32)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
     n_val = min(n - 1, max(1, round(n * val_fraction)))
-    return ChatData(load_tokenizer(prep.dir), tokens, labels, offsets, n - n_val, prep.template, idx["source"],
-                    prep.tokenizer_path, prep.cached, idx)
+    return ChatData.opened(prep, n - n_val)
 
 
 def trained_labels(loss_on: str) -> np.ndarray:

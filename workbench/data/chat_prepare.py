@@ -11,16 +11,13 @@ written last. Memory is bounded: at most two shards per worker are in flight.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import shutil
-import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -31,8 +28,8 @@ from workbench.data.chat import BadRecord, ChatEncoder, ChatReader, Conversation
 from workbench.data.chat_data import LAST, chat_options, template_for
 from workbench.data.chat_templates import ChatTemplate, ChatTemplateError
 from workbench.data.documents import Corpus, warnings_of
+from workbench.data.encode import ShardPool, join_files, worker_tokenizer
 from workbench.data.encode import _init_worker as _init_encode_worker
-from workbench.data.encode import join_files, worker_tokenizer
 from workbench.data.preference import KINDS, PreferenceReader
 from workbench.data.prepare import DataError, Prepared, _locked, workers_available
 from workbench.data.records import FIX_RECORDS, Stats
@@ -238,38 +235,20 @@ def _encode(reader: ChatReader, corpus: Corpus, encoder: ChatEncoder, all_tokens
             shard_chars: int, faults: Faults = NO_FAULTS) -> list[dict]:
     """Every shard's sidecar, in order: kept from an earlier start where its conversations are the same."""
     args = (encoder.template, all_tokens, reader.options.skip_bad, reader.group, encoder.tok.spec())
-    pool = None
-    if workers > 1:
-        ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
-        pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                      initargs=(*args, os.getpid()))
-    else:
-        _init_worker(*args)
     results: dict[int, dict] = {}
-    pending: deque[tuple[int, cf.Future]] = deque()
-    try:
+
+    def done(i: int, side: dict) -> None:
+        results[i] = side
+        faults.after_shard(len(results))
+
+    with ShardPool(workers, _init_worker, args) as pool:
         for i, (convs, sha) in enumerate(_shards(reader, corpus, shard_chars)):
             side = read_json(out / f"{i:06d}.json")
             if side and side.get("sha256") == sha:
                 results[i] = side  # finished by an earlier, interrupted start
-            elif pool is None:
-                results[i] = encode_shard(i, convs, str(out), sha)
-                faults.after_shard(len(results))
             else:
-                pending.append((i, pool.submit(encode_shard, i, convs, str(out), sha)))
-                while len(pending) > 2 * workers:  # bounded: at most this many shards in flight
-                    j, fut = pending.popleft()
-                    results[j] = fut.result()
-                    faults.after_shard(len(results))
-        while pending:
-            j, fut = pending.popleft()
-            results[j] = fut.result()
-            faults.after_shard(len(results))
-    finally:
-        if pool is not None:
-            for _j, f in pending:
-                f.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+                pool.submit(partial(done, i), encode_shard, i, convs, str(out), sha)
+        pool.finish()
     return [results[i] for i in range(len(results))]
 
 

@@ -16,8 +16,9 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -81,6 +82,59 @@ def _init_worker(spec: tuple, parent: int | None = None) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the parent died before the promise was made
             os._exit(1)
+
+
+class ShardPool:
+    """Shards made by ``workers`` processes (in this one when 1; each process starts with ``initializer``,
+    given the parent's pid too so it dies with it), at most two per worker in flight, each result handed to
+    its ``done`` in the order the shards went in. Leaving the ``with`` block cancels the shards still waiting
+    and waits for the running ones (an error, Ctrl-C); ``finish`` waits for them all first."""
+
+    def __init__(self, workers: int, initializer: Callable[..., None], initargs: tuple,
+                 waiting: Callable[[], None] | None = None):
+        """``waiting``: called every half second while the oldest shard is still being made (a progress line)."""
+        self.workers, self.waiting = workers, waiting
+        self.pool: cf.ProcessPoolExecutor | None = None
+        if workers > 1:
+            ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+            self.pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer,
+                                               initargs=(*initargs, os.getpid()))
+        else:
+            initializer(*initargs)
+        self.pending: deque[tuple[cf.Future, Callable[[Any], None]]] = deque()
+
+    def __enter__(self) -> ShardPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            for f, _done in self.pending:
+                f.cancel()
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit(self, done: Callable[[Any], None], fn: Callable[..., Any], *args: Any) -> None:
+        """``done(fn(*args))``, now in this process or later from a worker's result."""
+        if self.pool is None:
+            done(fn(*args))
+            return
+        self.pending.append((self.pool.submit(fn, *args), done))
+        while len(self.pending) > 2 * self.workers:  # bounded: at most this many shards in flight
+            self._finish_oldest()
+
+    def finish(self) -> None:
+        while self.pending:
+            self._finish_oldest()
+
+    def _finish_oldest(self) -> None:
+        fut, done = self.pending.popleft()
+        while True:
+            try:
+                result = fut.result(timeout=0.5)
+                break
+            except cf.TimeoutError:
+                if self.waiting is not None:
+                    self.waiting()
+        done(result)
 
 
 def worker_tokenizer() -> AnyTokenizer:
@@ -159,57 +213,30 @@ def encode(corpus: Corpus, tok: AnyTokenizer, shard_dir: Path, workers: int, sha
     tick = Ticker("encoding", corpus.total_bytes, progress)
     written = 0
 
-    def done(i: int, n_tokens: int, docs: int, read: int) -> None:
-        """Shard ``i`` is on disk; ``read``: the input bytes read up to its end (progress counts these)."""
-        nonlocal written
+    finished_read = 0
+
+    def done(read: int, shard: tuple[int, int, int]) -> None:
+        """A shard is on disk; ``read``: the input bytes read up to its end (progress counts these)."""
+        nonlocal written, finished_read
+        i, n_tokens, docs = shard
+        finished_read = read
         results[i] = (n_tokens, docs)
         written += 1
         faults.after_shard(written)
         tick(read)
 
     shards = _shards(corpus.pieces(stats, on_source_done=check), shard_chars)
-    pool = None
-    if workers > 1:
-        ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
-        pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                      initargs=(tok.spec(), os.getpid()))
-    else:
-        _init_worker(tok.spec())
-    pending: deque[tuple[cf.Future, int]] = deque()
-    finished_read = 0
-
-    def finish_oldest() -> None:
-        nonlocal finished_read
-        fut, read = pending.popleft()
-        while True:
-            try:
-                i, n_tokens, docs = fut.result(timeout=0.5)
-                break
-            except cf.TimeoutError:
-                tick(finished_read)  # a progress line (and a live ETA) while the shard is encoded
-        finished_read = read
-        done(i, n_tokens, docs, read)
-
-    try:
+    # while a shard is encoded: a progress line (and a live ETA) every half second
+    with ShardPool(workers, _init_worker, (tok.spec(),), waiting=lambda: tick(finished_read)) as pool:
         for i, (pieces, sha, _chars) in enumerate(shards):
             read = stats.bytes_done()
             side = read_json(shard_dir / f"{i:06d}.json")
             if side and side.get("sha256") == sha and (shard_dir / f"{i:06d}.bin").exists():
                 results[i] = (side["tokens"], side["documents"])  # finished by an earlier, interrupted start
                 tick(read)
-            elif pool is None:
-                done(*encode_shard(i, pieces, str(shard_dir), dtype, sha), read)
             else:
-                pending.append((pool.submit(encode_shard, i, pieces, str(shard_dir), dtype, sha), read))
-                while len(pending) > 2 * workers:  # bounded: at most this many shards of text in flight
-                    finish_oldest()
-        while pending:
-            finish_oldest()
-    finally:
-        if pool is not None:
-            for f, _read in pending:
-                f.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+                pool.submit(partial(done, read), encode_shard, i, pieces, str(shard_dir), dtype, sha)
+        pool.finish()
     return [results[i] for i in range(len(results))]
 
 

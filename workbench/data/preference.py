@@ -24,7 +24,7 @@ from typing import Iterator
 from workbench.data.chat import BadRecord, ChatOptions, ChatReader, Conversation, Message, _check, _messages
 from workbench.data.kinds import DATA_KIND, DESCRIBE, KINDS, KTO, OBJECTIVE_FOR, PAIRED, PAIRS
 from workbench.data.listing import CorpusError, Source
-from workbench.data.records import RecordReader, Stats, json_type
+from workbench.data.records import Stats, json_type
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected", "system")
 KTO_FIELDS = ("prompt", "completion", "label", "system")
@@ -109,7 +109,6 @@ class PreferenceReader(ChatReader):
         super().__init__(options, stats)
         self.kind = kind
         self.group = 2 if kind == PAIRS else 1   # a pair's two conversations: shards and skips never split them
-        self.records = RecordReader(bad_error=BadRecord, skip_bad=options.skip_bad, stats=self.stats)
 
 
     def read(self, src: Source) -> Iterator[Conversation]:
@@ -139,12 +138,8 @@ class PreferenceReader(ChatReader):
                 self.stats.chars += sum(len(m.content) for m in conv.messages)
                 yield conv
 
-    def conversations(self, sources: list[Source]) -> Iterator[Conversation]:
-        for src in sources:
-            yield from self.read(src)
-        if self.stats.documents == 0:
-            raise PreferenceError(f"no {DESCRIBE[self.kind]} in {', '.join(s.path for s in sources)} "
-                                  f"({self.stats.skipped_records} bad record(s) skipped)")
+    def none_found(self, where: str) -> CorpusError:
+        return PreferenceError(f"no {DESCRIBE[self.kind]} in {where}")
 
 
 def check_corpus_kind(objective: str, kind: str, where: str) -> None:

@@ -23,11 +23,9 @@ from typing import TYPE_CHECKING, Any, Generic
 
 import numpy as np
 
-from workbench.data.chat_data import LAST
-from workbench.data.chat_templates import ChatTemplate
+from workbench.data.chat_data import LAST, PreparedConversations
 from workbench.data.preference import DESCRIBE, PAIRS, check_corpus_kind
 from workbench.data.prepare import DataError
-from workbench.data.tokenizer import AnyTokenizer, load_tokenizer
 from workbench.data.train_data import IGNORE, A, Batch, EpochOrder, array
 
 if TYPE_CHECKING:
@@ -61,20 +59,11 @@ class AnswerBatch(Batch[A], Generic[A]):
 
 
 @dataclass
-class PreferenceData:
-    """A prepared preference corpus (a :class:`~workbench.data.train_data.TrainData`), memory-mapped."""
-    tokenizer: AnyTokenizer
-    tokens: np.ndarray
-    labels: np.ndarray
-    offsets: np.ndarray            # conversation c is tokens[offsets[c]:offsets[c + 1]]
-    tags: np.ndarray               # per conversation: chosen 1 / rejected 0; KTO: good 1 / bad 0
-    kind: str                      # pairs | kto
-    n_train: int                   # items [0, n_train) train, the rest val
-    template: ChatTemplate
-    source: str
-    tokenizer_path: Path
-    cached: bool
-    index: dict = field(default_factory=dict)
+class PreferenceData(PreparedConversations):
+    """A prepared preference corpus (a :class:`~workbench.data.train_data.TrainData`), memory-mapped; its
+    ``n_train`` counts items."""
+    tags: np.ndarray = field(kw_only=True)  # per conversation: chosen 1 / rejected 0; KTO: good 1 / bad 0
+    kind: str = field(kw_only=True)         # pairs | kto
     format: str = ""               # the kind, as TrainData names it (set from kind)
     dir: Path | None = None        # the prepared data's cache directory (a precomputed reference is kept there)
     reference: np.ndarray | None = None  # a precomputed reference: each conversation's log-prob (memory-mapped)
@@ -172,15 +161,9 @@ def load_preference(prep: ChatPrepared, val_fraction: float) -> PreferenceData:
     if items < 2:
         raise DataError(f"the corpus has {items} {DESCRIBE[kind]} item(s); training and validation need at least 2 "
                         "(one of each); add records")
-    tokens = np.memmap(prep.dir / "tokens.bin", dtype=np.dtype(idx["dtype"]), mode="r", shape=(idx["tokens"],))
-    labels = np.memmap(prep.dir / "labels.bin", dtype=np.uint8, mode="r", shape=(idx["tokens"],))
-    lengths = np.fromfile(prep.dir / "lengths.bin", dtype=np.uint32)
-    tags = np.fromfile(prep.dir / "tags.bin", dtype=np.uint8)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
     n_val = min(items - 1, max(1, round(items * val_fraction)))
-    return PreferenceData(load_tokenizer(prep.dir), tokens, labels, offsets, tags, kind, items - n_val, prep.template,
-                          idx["source"], prep.tokenizer_path, prep.cached, idx, dir=prep.dir)
+    return PreferenceData.opened(prep, items - n_val, tags=np.fromfile(prep.dir / "tags.bin", dtype=np.uint8),
+                                 kind=kind, dir=prep.dir)
 
 
 def answer_rows(pieces: list[tuple[np.ndarray, np.ndarray]], seq_len: int) -> tuple[np.ndarray, np.ndarray]:

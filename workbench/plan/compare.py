@@ -15,13 +15,13 @@ table holds no prices. Torch-free.
 from __future__ import annotations
 
 import math
-import tomllib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from workbench.config import Preset
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes, millions
+from workbench.fs import read_toml
 from workbench.machine.detect import Gpu, Machine
 from workbench.machine.gpus import GpuSpec, compare_set, find_gpu
 from workbench.plan import cost as plan_cost
@@ -233,12 +233,8 @@ def load_prices(path: str | Path) -> dict[str, float]:
     """Dollars per hour by GPU from a TOML file: ``"NAME" = PRICE`` lines (names as ``--gpu`` takes
     them), at the top level or in a ``[usd_per_hour]`` table."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise WorkbenchError(f"cannot read prices file {path}: {e.strerror or e}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise WorkbenchError(f"prices file {path} is not valid TOML: {e}") from None
+    data = read_toml(path, WorkbenchError, "cannot read prices file {path}: {why}",
+                     "prices file {path} is not valid TOML: {why}")
     table = data.get("usd_per_hour", data) if isinstance(data.get("usd_per_hour"), dict) else data
     if table is not data and set(data) - {"usd_per_hour"}:
         extra = ", ".join(sorted(set(data) - {"usd_per_hour"}))

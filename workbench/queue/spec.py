@@ -24,7 +24,6 @@ import difflib
 import json
 import math
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 from workbench.config import PresetError, parse_override
 from workbench.config.duration import budget_seconds
 from workbench.errors import WorkbenchError
+from workbench.fs import read_toml
 from workbench.queue.outcome import Metric, parse_metric
 from workbench.rundir import sanitize_run_name
 
@@ -266,12 +266,7 @@ def _dym(word: str, options) -> str:
 def load_spec(path: Path, name: str | None = None) -> SweepSpec:
     """A spec file, checked; ``name`` (``--name``) over the file's."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise SpecError(f"cannot read the sweep spec {path}: {e.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise SpecError(f"{path}: not valid TOML: {e}") from None
+    data = read_toml(path, SpecError, "cannot read the sweep spec {path}: {why}", "{path}: not valid TOML: {why}")
     for k in data:
         if k not in TOP_KEYS:
             raise SpecError(f"{path}: unknown key {k!r}{_dym(k, TOP_KEYS)}; a spec has {', '.join(TOP_KEYS)}")

@@ -14,7 +14,7 @@ routes them: it switches tabs, follows runs, and runs each operation in a worker
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -51,6 +51,22 @@ def _palette() -> "type[Provider]":
     """The command palette's provider, loaded when the palette first opens (it imports every pane)."""
     from workbench.tui.palette import WorkbenchCommands
     return WorkbenchCommands
+
+
+P = TypeVar("P", bound=Pane)
+
+
+class PaneById(Generic[P]):
+    """An app attribute that is the pane of this id, typed (its class is imported only where the pane is made,
+    see ``_make_pane``)."""
+
+    def __init__(self, pane_id: str):
+        self.selector = f"#{pane_id}"
+
+    def __get__(self, app: App | None, owner: type | None = None) -> P:
+        if app is None:  # looked up on the class
+            return self  # type: ignore[return-value]
+        return app.query_one(self.selector)  # type: ignore[return-value]
 
 
 class WorkbenchApp(RunOperations, App[int]):
@@ -151,33 +167,13 @@ class WorkbenchApp(RunOperations, App[int]):
         self.action_refresh_runs()
         self.set_interval(self.list_interval, self.action_refresh_runs)
 
-    @property
-    def hardware_pane(self) -> "HardwarePane":
-        return self.query_one("#hardware-pane")  # type: ignore[return-value]
-
-    @property
-    def presets_pane(self) -> "PresetsPane":
-        return self.query_one("#presets-pane")  # type: ignore[return-value]
-
-    @property
-    def monitor_pane(self) -> "MonitorPane":
-        return self.query_one("#monitor-pane")  # type: ignore[return-value]
-
-    @property
-    def curves_pane(self) -> "CurvesPane":
-        return self.query_one("#curves-pane")  # type: ignore[return-value]
-
-    @property
-    def sample_pane(self) -> "SamplePane":
-        return self.query_one("#sample-pane")  # type: ignore[return-value]
-
-    @property
-    def runs_pane(self) -> "RunsPane":
-        return self.query_one("#runs-pane")  # type: ignore[return-value]
-
-    @property
-    def queue_pane(self) -> "QueuePane":
-        return self.query_one("#queue-pane")  # type: ignore[return-value]
+    hardware_pane: PaneById[HardwarePane] = PaneById("hardware-pane")
+    presets_pane: PaneById[PresetsPane] = PaneById("presets-pane")
+    monitor_pane: PaneById[MonitorPane] = PaneById("monitor-pane")
+    curves_pane: PaneById[CurvesPane] = PaneById("curves-pane")
+    sample_pane: PaneById[SamplePane] = PaneById("sample-pane")
+    runs_pane: PaneById[RunsPane] = PaneById("runs-pane")
+    queue_pane: PaneById[QueuePane] = PaneById("queue-pane")
 
     def _has_runs(self) -> bool:
         return next(iter_run_dirs(self.runs_dir), None) is not None

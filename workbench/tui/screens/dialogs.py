@@ -1,6 +1,9 @@
-"""Small modal dialogs: yes/no confirmation and asking for a name; the labelled field row the forms are made of."""
+"""Small modal dialogs: yes/no confirmation and asking for a name; the labelled field row the forms are made of,
+and the keys and buttons of a form that starts a job."""
 
 from __future__ import annotations
+
+from typing import TypeVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -13,6 +16,32 @@ from textual.widgets import Button, Input, Label, Static
 def form_field(label: str, *widgets: Widget) -> Horizontal:
     """A form's row: ``label`` in the label column, then ``widgets`` (the dialogs' CSS lays out ``.field``)."""
     return Horizontal(Label(label, classes="field-label"), *widgets, classes="field")
+
+
+R = TypeVar("R")
+
+
+class StartDialog(ModalScreen[R]):
+    """A form that starts a job: its ``start`` button and Enter in a field start it (``action_start``), its other
+    button closes it (``action_close``); its first field has the focus."""
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "start":
+            self.action_start()
+        else:
+            self.action_close()
+
+    def on_input_submitted(self) -> None:
+        self.action_start()
+
+    def action_start(self) -> None:
+        raise NotImplementedError
+
+    def action_close(self) -> None:
+        raise NotImplementedError
 
 
 class ConfirmScreen(ModalScreen[bool]):

@@ -12,12 +12,11 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
 from workbench.rundir import RunError, sanitize_run_name
 from workbench.tui import launcher
-from workbench.tui.screens.dialogs import form_field
+from workbench.tui.screens.dialogs import StartDialog, form_field
 from workbench.tui.widgets.runs import RunsPane
 
 
@@ -33,9 +32,9 @@ def check_model_dir(text: str) -> str | None:
     return None
 
 
-class ImportModelScreen(ModalScreen["str | None"]):
+class ImportModelScreen(StartDialog["str | None"]):
     """Dismisses with the new run's id, or None when cancelled."""
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "start", "Import")]
+    BINDINGS = [Binding("escape", "close", "Cancel"), Binding("ctrl+s", "start", "Import")]
 
     def __init__(self, runs_dir: Path):
         super().__init__()
@@ -53,18 +52,6 @@ class ImportModelScreen(ModalScreen["str | None"]):
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Import (ctrl+s)", id="start", variant="success")
                 yield Button("Cancel (esc)", id="cancel")
-
-    def on_mount(self) -> None:
-        self.query_one("#im-dir", Input).focus()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "start":
-            self.action_start()
-        else:
-            self.action_cancel()
-
-    def on_input_submitted(self) -> None:
-        self.action_start()
 
     def _note(self, text: str, error: bool = False) -> None:
         self.query_one("#im-note", Static).update(f"[red]{text}[/]" if error else text)
@@ -106,6 +93,6 @@ class ImportModelScreen(ModalScreen["str | None"]):
         self.notify(f"Imported {run_id}: fine-tune it from the Runs pane (t) or the palette.")
         self.dismiss(run_id)
 
-    def action_cancel(self) -> None:
+    def action_close(self) -> None:
         if not self.busy:
             self.dismiss(None)

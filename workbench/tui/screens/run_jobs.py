@@ -18,11 +18,10 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Select, Static
 
 from workbench.tui import launcher
-from workbench.tui.screens.dialogs import form_field
+from workbench.tui.screens.dialogs import StartDialog, form_field
 
 EXPORT_FORMATS = (("Hugging Face directory (transformers)", "hf"), ("GGUF file (llama.cpp, Ollama)", "gguf"),
                   ("safetensors state dict (workbench)", "safetensors"))
@@ -59,7 +58,7 @@ def out_dir_problem(text: str) -> str | None:
     return None
 
 
-class CliJobScreen(ModalScreen["bool | None"]):
+class CliJobScreen(StartDialog["bool | None"]):
     """A dialog that runs one CLI command for a run's checkpoint. Dismisses with True once the command
     succeeded (then closed), else None. Subclasses give the fields (``fields``), the command for what was typed
     (``argv``: None with the problem said) and what to show at the end (``result_text``)."""
@@ -97,18 +96,6 @@ class CliJobScreen(ModalScreen["bool | None"]):
 
     def result_text(self, stdout: str) -> Text:
         return Text(stdout.rstrip())
-
-    def on_mount(self) -> None:
-        self.query_one(Input).focus()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "start":
-            self.action_start()
-        else:
-            self.action_close()
-
-    def on_input_submitted(self) -> None:
-        self.action_start()
 
     def note(self, text: str | Text, error: bool = False) -> None:
         self.query_one("#job-note", Static).update(Text(text, style="red") if error and isinstance(text, str)

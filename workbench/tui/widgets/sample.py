@@ -22,6 +22,7 @@ from textual.worker import get_current_worker
 
 from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
 from workbench.errors import WorkbenchError
+from workbench.plan.sampling import Sampling
 from workbench.rundir import SAMPLES_FILE, list_checkpoints, read_jsonl_tail, select_checkpoint
 from workbench.tui import launcher
 from workbench.tui.widgets.pane import Pane
@@ -260,14 +261,9 @@ class SamplePane(Vertical, Pane):
         if self.chat_mode:
             self.action_send()
             return
-        run = self.run_id
-        if run is None:
-            self.notify("Choose a run to sample from.", severity="warning")
-            return
-        try:
-            sampling = self.text.settings()
-        except (ValueError, WorkbenchError) as e:
-            self.notify(str(e), severity="error")
+        run = self._chosen_run("sample from")
+        sampling = self._settings(self.text) if run is not None else None
+        if run is None or sampling is None:
             return
         self.action_cancel()
         if (columns := self._columns(run)) is not None:
@@ -275,9 +271,7 @@ class SamplePane(Vertical, Pane):
 
     def action_send(self) -> None:
         """Send the message to the chosen checkpoint(s): each column's reply to its own conversation so far."""
-        run = self.run_id
-        if run is None:
-            self.notify("Choose a run to chat with.", severity="warning")
+        if (run := self._chosen_run("chat with")) is None:
             return
         if not self.query_one("#smp-message", Input).value.strip():
             self.notify("Type a message to send.", severity="warning")
@@ -285,13 +279,23 @@ class SamplePane(Vertical, Pane):
         if self.chat.replying:
             self.notify("Still answering the last message (ctrl+k stops it).", severity="warning")
             return
+        if (sampling := self._settings(self.chat)) is not None and (columns := self._columns(run)) is not None:
+            self.chat.send(self.runs_dir, run, columns, sampling, self.stream)
+
+    def _chosen_run(self, to: str) -> str | None:
+        """The run chosen, or None with a warning that asks for one (``to``: what it is for)."""
+        run = self.run_id
+        if run is None:
+            self.notify(f"Choose a run to {to}.", severity="warning")
+        return run
+
+    def _settings(self, controls: TextControls | ChatControls) -> Sampling | None:
+        """The settings in ``controls``' boxes, or None with what is wrong with them said."""
         try:
-            sampling = self.chat.settings()
+            return controls.settings()
         except (ValueError, WorkbenchError) as e:
             self.notify(str(e), severity="error")
-            return
-        if (columns := self._columns(run)) is not None:
-            self.chat.send(self.runs_dir, run, columns, sampling, self.stream)
+            return None
 
     @work(thread=True, group="sample", exit_on_error=False)
     def stream(self, argv: list[str], reader: Reader, stdin: str | None = None) -> None:
