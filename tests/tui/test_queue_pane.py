@@ -8,7 +8,7 @@ import time
 
 from textual.widgets import DataTable
 
-from tests.support.tui import make_app, run, text_of, wait_for
+from tests.support.tui import make_app, notified, run, text_of, wait_for
 from workbench.queue.store import NewItem, QueueStore
 
 TINY = ("model.dim=64", "model.n_layers=2")
@@ -104,3 +104,54 @@ def test_queue_pane_without_a_queue_says_how_to_start_one(runs_dir):
             assert not (runs_dir / "queue.db").exists()   # reading never creates the database
             await pilot.press("7")
     run(go())
+
+
+def _queued(root) -> list[str]:
+    store = QueueStore.open_existing(root)
+    try:
+        return [i.name for i in store.items(("queued",))] if store else []
+    finally:
+        if store:
+            store.close()
+
+
+def test_presets_ctrl_l_queues_the_chosen_preset_as_saved(runs_dir):
+    """ctrl+l in Presets is the Queue tab's `a` (one path: `workbench queue add PRESET`), the toast naming the run
+    queued; a draft with an error or unsaved changes is refused in one line, by both keys, and nothing is queued."""
+    from textual.widgets import TextArea
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="presets")
+        async with app.run_test(size=(140, 44)) as pilot:
+            pane = app.query_one("#presets-pane")
+            await wait_for(pilot, lambda: pane.current is not None)
+            pane.load("cpu-small")
+            await pilot.press("ctrl+l")
+            await wait_for(pilot, lambda: _queued(runs_dir), timeout=60, what="a run queued")
+            [name] = _queued(runs_dir)
+            assert name.startswith("cpu-small-")
+            await wait_for(pilot, lambda: notified(app, f"Queued {name}: the queue's runner starts it in its turn (7: "
+                                                        "the Queue tab; r there starts a runner if none is at work)."),
+                           what="the toast naming the run")
+            assert QueueStore(runs_dir).find(name).preset == "cpu-small" and not (runs_dir / name).exists()
+
+            editor = app.query_one("#preset-editor", TextArea)
+            editor.text = editor.text.replace("max_iters = 2000", "max_iters = 1000")   # valid, not saved
+            await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).strip() == "✓ valid")
+            unsaved = ("cpu-small has unsaved changes: save them with ctrl+s to queue them, or revert them with "
+                       "ctrl+r.")
+            await pilot.press("ctrl+l")
+            await wait_for(pilot, lambda: notified(app, unsaved), what="the unsaved note")
+            app._notifications.clear()
+            await pilot.press("7", "a")        # the Queue tab's `a` queues the same preset: refused the same way
+            await wait_for(pilot, lambda: notified(app, unsaved), what="the unsaved note from the Queue tab")
+            await pilot.press("2")
+            editor.text = editor.text.replace("dim = 256", "dim = 100")   # not divisible by n_heads
+            await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).startswith("✗"), what="invalid")
+            await pilot.press("ctrl+l")
+            await wait_for(pilot, lambda: notified(app, "cpu-small has an error (see below the editor): fix it, or "
+                                                        "revert it with ctrl+r, to queue it."), what="the refusal")
+            await pilot.pause(1.0)
+            assert _queued(runs_dir) == [name]    # nothing more queued
+    run(go())
+
