@@ -234,8 +234,8 @@ def test_doctor_json_follows_the_readme_schema(tmp_path, capsys):
     assert main(["doctor", "of", "--runs-dir", str(tmp_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"run", "path", "state", "step", "max_iters", "preset", "device", "checked_at", "ok",
-                        "findings", "notes", "activity"}
-    assert out["ok"] is False and out["activity"] is None
+                        "findings", "notes", "activity", "queue"}
+    assert out["ok"] is False and out["activity"] is None and out["queue"] is None   # no queue.db there
     assert set(out["findings"][0]) == {"kind", "code", "severity", "title", "evidence", "change", "set", "command",
                                        "also", "step", "data"}
     assert main(["doctor", "of", "--runs-dir", str(tmp_path)]) == 0

@@ -8,7 +8,7 @@ import time
 
 from textual.widgets import DataTable
 
-from tests.support.tui import make_app, run, text_of, wait_for
+from tests.support.tui import make_app, notified, run, text_of, wait_for
 from workbench.queue.store import NewItem, QueueStore
 
 TINY = ("model.dim=64", "model.n_layers=2")
@@ -103,4 +103,108 @@ def test_queue_pane_without_a_queue_says_how_to_start_one(runs_dir):
                            text_of(app.query_one("#queue-status")), what="the empty queue's line")
             assert not (runs_dir / "queue.db").exists()   # reading never creates the database
             await pilot.press("7")
+    run(go())
+
+
+def _queued(root) -> list[str]:
+    store = QueueStore.open_existing(root)
+    try:
+        return [i.name for i in store.items(("queued",))] if store else []
+    finally:
+        if store:
+            store.close()
+
+
+def test_presets_ctrl_l_queues_the_chosen_preset_as_saved(runs_dir):
+    """ctrl+l in Presets is the Queue tab's `a` (one path: `workbench queue add PRESET`), the toast naming the run
+    queued; a draft with an error or unsaved changes is refused in one line, by both keys, and nothing is queued."""
+    from textual.widgets import TextArea
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="presets")
+        async with app.run_test(size=(140, 44)) as pilot:
+            pane = app.query_one("#presets-pane")
+            await wait_for(pilot, lambda: pane.current is not None)
+            pane.load("cpu-small")
+            await pilot.press("ctrl+l")
+            await wait_for(pilot, lambda: _queued(runs_dir), timeout=60, what="a run queued")
+            [name] = _queued(runs_dir)
+            assert name.startswith("cpu-small-")
+            await wait_for(pilot, lambda: notified(app, f"Queued {name}: the queue's runner starts it in its turn (7: "
+                                                        "the Queue tab; r there starts a runner if none is at work)."),
+                           what="the toast naming the run")
+            assert QueueStore(runs_dir).find(name).preset == "cpu-small" and not (runs_dir / name).exists()
+
+            editor = app.query_one("#preset-editor", TextArea)
+            editor.text = editor.text.replace("max_iters = 2000", "max_iters = 1000")   # valid, not saved
+            await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).strip() == "✓ valid")
+            unsaved = ("cpu-small has unsaved changes: save them with ctrl+s to queue them, or revert them with "
+                       "ctrl+r.")
+            await pilot.press("ctrl+l")
+            await wait_for(pilot, lambda: notified(app, unsaved), what="the unsaved note")
+            app._notifications.clear()
+            await pilot.press("7", "a")        # the Queue tab's `a` queues the same preset: refused the same way
+            await wait_for(pilot, lambda: notified(app, unsaved), what="the unsaved note from the Queue tab")
+            await pilot.press("2")
+            editor.text = editor.text.replace("dim = 256", "dim = 100")   # not divisible by n_heads
+            await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).startswith("✗"), what="invalid")
+            await pilot.press("ctrl+l")
+            await wait_for(pilot, lambda: notified(app, "cpu-small has an error (see below the editor): fix it, or "
+                                                        "revert it with ctrl+r, to queue it."), what="the refusal")
+            await pilot.pause(1.0)
+            assert _queued(runs_dir) == [name]    # nothing more queued
+    run(go())
+
+
+def make_big_sweep(root, n: int = 12) -> list[str]:
+    """Sweep `big` of ``n`` finished trials, each with a run directory of three evals as the trainer writes them;
+    its trials' names, best first."""
+    from tests.support.rundirs import RunDir
+    from workbench.config import preset_to_toml, resolve_preset
+
+    toml = preset_to_toml(resolve_preset("cpu-small", list(TINY)))
+    lrs = [round(1e-4 * 1.5 ** k, 8) for k in range(n)]
+    store = QueueStore(root)
+    store.add_sweep("big", {"name": "big", "preset": "cpu-small", "method": "grid", "trials": n,
+                            "params": [{"key": "train.lr", "values": lrs}], "metric": "val_loss", "goal": "minimize"},
+                    [({"train.lr": lr}, NewItem("cpu-small", TINY + (f"train.lr={lr}",)), None, None) for lr in lrs])
+    finals = {}
+    for k, lr in enumerate(lrs, 1):
+        name, final = f"big-t{k:04d}", 4.0 + ((k * 7) % n) / 10    # a scrambled order: best is not trial 1
+        with RunDir(root, name, toml) as r:
+            for step, v in ((0, 6.5), (10, 5.0 + final / 4), (20, final)):
+                r.eval(step, v + 0.1, v)
+            r.status(state="finished", step=20, max_iters=20)
+        store.update(store.find(name).id, state="finished", metric=final, started=time.time() - 30,
+                     ended=time.time() - 20)
+        finals[name] = final
+    store.close()
+    return sorted(finals, key=finals.get)
+
+
+def test_t_chooses_how_many_of_the_best_trials_c_draws(runs_dir):
+    """c draws the sweep's top 5 trials in Loss curves; t makes it 10, then all, then 5 again (said in the results'
+    title and a toast), and c then draws exactly that many, the best ones."""
+    best = make_big_sweep(runs_dir)
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="queue")
+        async with app.run_test(size=(160, 48)) as pilot:
+            res = app.query_one("#sweep-results", DataTable)
+            await wait_for(pilot, lambda: res.row_count == 12, what="the sweep's results")
+            curves = app.query_one("#curves-pane")
+            for n, title, after in ((5, "top 5", "top 10"), (10, "top 10", "all"), (12, "all", "top 5")):
+                assert f"c: {title} in Loss curves (t: {after})" in str(res.border_title), res.border_title
+                await pilot.press("c")
+                await wait_for(pilot, lambda: sorted(curves.selected_ids()) == sorted(best[:n]),
+                               what=lambda: f"the best {n}: {curves.selected_ids()}")
+                assert curves.overlay[0] == f"sweep big: top {n} of 12 trials by val_loss"
+                plot = app.query_one("#curves-plot")
+                await wait_for(pilot, lambda: len(plot.series) == n and all(len(s.ys) == 3 for s in plot.series),
+                               timeout=30, what=lambda: f"{n} curves drawn: {[s.label for s in plot.series]}")
+                await pilot.press("7", "t")
+                await wait_for(pilot, lambda: f"c: {after} in Loss curves" in str(res.border_title),
+                               what=lambda: str(res.border_title))
+            assert notified(app, "c now draws the top 10 trials of the sweep in Loss curves (t: all).")
+            assert notified(app, "c now draws all the trials of the sweep in Loss curves (t: top 5).")
     run(go())

@@ -15,6 +15,7 @@ from workbench.tui.messages import ResumeRun, RunStarted, StartRun, StopRun
 
 if TYPE_CHECKING:
     from workbench.tui.launcher import RunRequest
+    from workbench.tui.widgets.presets import PresetsPane
     from workbench.tui.widgets.queue import QueuePane
     from workbench.tui.widgets.runs import RunsPane
 
@@ -73,11 +74,23 @@ class RunOperations:
     # writes the database and a runner it starts lives on when it quits.
 
     def on_queue_pane_add_requested(self, msg: "QueuePane.AddRequested") -> None:
-        preset = self.presets_pane.current or (self.recommended[0] if self.recommended else None)
+        presets = self.presets_pane
+        preset = presets.current or (self.recommended[0] if self.recommended else None)
         if not preset:
             self.notify("Choose a preset in the Presets pane (2) first.", severity="warning")
             return
-        self._queue_command(("add", preset), f"Queued a {preset} run.")
+        if presets.current and not presets.saved_or_say("queue"):   # the file on disk is what a run reads
+            return
+        self._queue_preset(preset)
+
+    def on_presets_pane_queue_requested(self, msg: "PresetsPane.QueueRequested") -> None:
+        self._queue_preset(msg.preset)
+
+    @work(thread=True, group="queue", exit_on_error=False)
+    def _queue_preset(self, preset: str) -> None:
+        """``workbench queue add PRESET`` (refused, in one line, where the estimate says it will not fit)."""
+        if (out := self._cli("queue add", launcher.queue_command, self.runs_dir, "add", preset)) is not None:
+            self._queued(out)
 
     def on_queue_pane_command_requested(self, msg: "QueuePane.CommandRequested") -> None:
         self._queue_command(msg.args, msg.done)
@@ -115,9 +128,13 @@ class RunOperations:
     @work(thread=True, group="queue", exit_on_error=False)
     def _queue_add(self, req: "RunRequest") -> None:
         if (out := self._cli("queue add", launcher.queue_run, self.runs_dir, req)) is not None:
-            self.notify(f"Queued {out}: the queue's runner starts it in its turn (7: the Queue tab; r there starts "
-                        "a runner if none is at work).", timeout=8)
-            self.call_from_thread(self._reread_queue)
+            self._queued(out)
+
+    def _queued(self, name: str) -> None:
+        """Say which run was queued (in a worker's thread), and show it in the Queue tab."""
+        self.notify(f"Queued {name}: the queue's runner starts it in its turn (7: the Queue tab; r there starts "
+                    "a runner if none is at work).", timeout=8)
+        self.call_from_thread(self._reread_queue)
 
     def _reread_queue(self) -> None:
         if not self._panes_gone():

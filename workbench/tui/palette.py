@@ -90,6 +90,8 @@ def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
         yield "Reset chat", "start the Sample pane's conversation over (ctrl+r)", sample.action_reset_chat
     yield "Save preset", "atomic; shipped presets are saved as a user copy", partial(presets.save, False)
     yield "Save preset as…", "save the editor's preset under a new name", partial(presets.save, True)
+    yield "Add preset to queue", "queue a run of the preset chosen in Presets, as saved (ctrl+l there)", \
+        partial(_in_presets, app, presets.action_queue)
     yield "Preset on other GPUs", "fits, batch, tokens/s and time on common GPUs (ctrl+g toggles)", \
         partial(_in_presets, app, presets.action_toggle_gpus)
     yield "Refresh hardware", "", app.action_refresh_hardware

@@ -14,8 +14,9 @@ from workbench.rundir import PRESET_FILE
 # Most important first. "high": the run is failing or wasting most of its time; "medium": a clear
 # problem worth fixing before the next run; "low": worth knowing, the run is fine without it.
 SEVERITIES = ("high", "medium", "low")
-# Within a severity: what breaks a run before what slows it, before what makes it learn less.
-KINDS = ("unstable", "memory", "slow", "overfitting", "data", "preference")
+# Within a severity: what breaks a run before what slows it, before what makes it learn less; last, the queue
+# around it (runs waiting with no runner: ``workbench.queue.doctor``, added by `workbench doctor` and the TUI).
+KINDS = ("unstable", "memory", "slow", "overfitting", "data", "preference", "queue")
 
 
 @dataclass(frozen=True)

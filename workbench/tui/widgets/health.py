@@ -5,6 +5,10 @@ what else uses the CPU and GPU for ``SAMPLE_SECONDS``), and once more when it en
 only the new lines of metrics.jsonl (one :class:`RunFacts` per run, kept here). The result is posted
 as ``HealthBox.Checked``; it bubbles to the app, which marks the Train tab while a running run has
 findings (the check at its end clears the marker; the box keeps the findings).
+
+Under the findings, the queue (``workbench.queue.doctor``, read every ``INTERVAL`` seconds in a worker of its
+own, whether or not a run is shown): the run shown's place in it (a sweep's trial pruned, a run failed in the
+queue) and what the queue runs, how many runs wait and whether a runner is at work.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from textual.message import Message
 from textual.widgets import Static
 
 from workbench.analysis.doctor import Finding, RunFacts, diagnose
+from workbench.errors import WorkbenchError
 from workbench.machine.activity import take_snapshot
+from workbench.queue.doctor import look
 from workbench.rundir import LIVE_STATES
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
@@ -36,17 +42,41 @@ def marker(findings: list[Finding]) -> tuple[str, str]:
     return f"●{len(findings)}", SEVERITY_STYLE[worst]
 
 
+def queue_lines(run_id: str | None, runs_dir: Path) -> list[Text]:
+    """The run's line in the queue (when it is a queue item or a sweep's trial) and the queue's (when something
+    runs or waits, or a runner is at work); none when nothing was ever queued."""
+    try:
+        q = look(runs_dir)
+    except WorkbenchError as e:
+        return [Text(f"queue: {e}", style="red", no_wrap=True, overflow="ellipsis")]
+    if q is None:
+        return []
+    out = []
+    if run_id is not None and (about := q.about(run_id)):
+        style = "red" if q.state_of(run_id) == "failed" else ""
+        out.append(Text.assemble(("in the queue: ", "bold"), (about, style), no_wrap=True, overflow="ellipsis"))
+    if (line := q.line(tui=True)) is not None:
+        out.append(Text.assemble(("queue: ", "bold"), (line, "yellow" if q.waiting_without_runner() else "dim"),
+                                 no_wrap=True, overflow="ellipsis"))
+    return out
+
+
 def render_health(findings: list[Finding] | None, run_id: str | None, compact: bool = False,
-                  error: str = "") -> Group | Text:
-    """What the box shows: each finding's title and its change, most important first."""
+                  error: str = "", queue: list[Text] | None = None) -> Group | Text:
+    """What the box shows: each finding's title and its change, most important first; then ``queue``'s lines."""
+    queue = queue or []
+
+    def with_queue(line: Text) -> Group | Text:
+        return Group(line, *queue) if queue else line
+
     if run_id is None:
-        return Text("")
+        return Group(*queue) if queue else Text("")
     if error:
-        return Text(f"the check failed: {error}", style="red")
+        return with_queue(Text(f"the check failed: {error}", style="red"))
     if findings is None:
-        return Text("checking…", style="dim")
+        return with_queue(Text("checking…", style="dim"))
     if not findings:
-        return Text("✓ no problems found", style="green")
+        return with_queue(Text("✓ no problems found", style="green"))
     n = SHOWN_COMPACT if compact else SHOWN
     lines: list[Text] = []
     for f in findings[:n]:
@@ -58,7 +88,7 @@ def render_health(findings: list[Finding] | None, run_id: str | None, compact: b
     more = len(findings) - n
     lines.append(Text(f"{'+' + str(more) + ' more; ' if more > 0 else ''}evidence and changes: "
                       f"workbench doctor {run_id}", style="dim", no_wrap=True, overflow="ellipsis"))
-    return Group(*lines)
+    return Group(*lines, *queue)
 
 
 class HealthBox(Static):
@@ -76,6 +106,12 @@ class HealthBox(Static):
         marker: tuple[str, str] = ("", "")
         error: str = ""        # the check itself failed (the run's files unreadable, a bug): why
 
+    @dataclass
+    class QueueLooked(Message):
+        """The queue as it is now, for ``run_id``: the lines the box shows under the findings."""
+        run_id: str | None
+        lines: list[Text]
+
     def __init__(self, runs_dir: Path | None, **kw):
         super().__init__("", **kw)
         self.runs_dir = Path(runs_dir) if runs_dir is not None else None
@@ -83,12 +119,14 @@ class HealthBox(Static):
         self.live = False
         self.findings: list[Finding] | None = None
         self.error = ""
+        self.queue: list[Text] = []
         self._facts: dict[str, RunFacts] = {}
         self._lock = threading.Lock()  # one check at a time (a cancelled worker's thread may still run)
 
     def on_mount(self) -> None:
         self.border_title = "health"
         self.set_interval(self.INTERVAL, self._tick)
+        self.look_queue()
 
     def follow(self, run_id: str | None, state: str) -> None:
         """Show the health of ``run_id`` (in ``state`` now): checked at once when it is new, or when it
@@ -96,7 +134,9 @@ class HealthBox(Static):
         live = state in LIVE_STATES
         if run_id != self.run_id:
             self.run_id, self.live, self.findings, self.error = run_id, live, None, ""
+            self.queue = [line for line in self.queue if line.plain.startswith("queue: ")]  # not the last run's
             self._show()
+            self.look_queue()
             if run_id is not None:
                 self.check()
         elif live != self.live:  # started, or ended: checked again, which sets the tab's marker or clears it
@@ -106,6 +146,23 @@ class HealthBox(Static):
     def _tick(self) -> None:
         if self.live:
             self.check()
+        self.look_queue()
+
+    def look_queue(self) -> None:
+        """Read the queue (in a thread): the run shown's place in it and what it runs and holds."""
+        if self.runs_dir is not None:
+            self._look_queue(self.run_id)
+
+    @work(thread=True, exclusive=True, group="health-queue", exit_on_error=False)
+    def _look_queue(self, run_id: str | None) -> None:
+        self.post_message(self.QueueLooked(run_id, queue_lines(run_id, self.runs_dir)))
+
+    @on(QueueLooked)
+    def _queue_looked(self, msg: QueueLooked) -> None:
+        msg.stop()
+        if msg.run_id == self.run_id:
+            self.queue = msg.lines
+            self._show()
 
     def check(self) -> None:
         """Check the run shown now (in a thread)."""
@@ -141,4 +198,4 @@ class HealthBox(Static):
         self._show()
 
     def _show(self) -> None:
-        self.update(render_health(self.findings, self.run_id, self.app.size.height < 36, self.error))
+        self.update(render_health(self.findings, self.run_id, self.app.size.height < 36, self.error, self.queue))

@@ -2,7 +2,7 @@
 (ctrl+g, in place of the editor) the preset on other GPUs: ``workbench estimate PRESET --compare``.
 
 The pane saves presets itself (atomically; a shipped preset as a user copy); "train with it" asks
-the app to open the new-run form."""
+the app to open the new-run form, "add to queue" (ctrl+l) to queue a run of it, as saved."""
 
 from __future__ import annotations
 
@@ -114,12 +114,18 @@ class PresetsPane(Horizontal, Pane):
         Binding("ctrl+t", "train", "Train with it"),
         Binding("ctrl+r", "revert", "Revert", show=False),
         Binding("ctrl+g", "toggle_gpus", "Other GPUs"),
+        Binding("ctrl+l", "queue", "Queue"),   # (the new-run form's "Add to queue" key too)
     ]
 
     @dataclass
     class TrainRequested(Message):
         """Open the new-run form on this preset (None: the recommended one)."""
         preset: str | None
+
+    @dataclass
+    class QueueRequested(Message):
+        """Queue a run of this preset (``workbench queue add PRESET``; the Queue tab's ``a`` asks the same)."""
+        preset: str
 
     @dataclass
     class GpusCompared(Message):
@@ -313,18 +319,30 @@ class PresetsPane(Horizontal, Pane):
     def action_train(self) -> None:
         """Train with the preset shown, as saved: an error or unsaved changes in the editor are said first (the
         form would start the file on disk, not what the editor shows)."""
+        if self.saved_or_say("train with"):
+            self.post_message(self.TrainRequested(self.current))
+
+    def action_queue(self) -> None:
+        """Queue a run of the preset shown, as saved (``workbench queue add``, as the Queue tab's ``a``)."""
+        if self.current and self.saved_or_say("queue"):
+            self.post_message(self.QueueRequested(self.current))
+
+    def saved_or_say(self, verb: str) -> bool:
+        """Whether the preset shown is what its file holds, so a run of it (``verb``: "train with", "queue")
+        runs what the editor shows; else the user is told, in one line, why not and what to do."""
         name = self.current
-        if name:
-            self.check()
-            if self.valid is None:
-                self.notify(f"{name} has an error (see below the editor): fix it, or revert it with ctrl+r, to train "
-                            "with it.", severity="error")
-                return
-            if self._differs_from_disk(name, self.editor_text()):
-                self.notify(f"{name} has unsaved changes: save them with ctrl+s to train with them, or revert them "
-                            "with ctrl+r.", severity="warning")
-                return
-        self.post_message(self.TrainRequested(name))
+        if not name:
+            return True
+        self.check()
+        if self.valid is None:
+            self.notify(f"{name} has an error (see below the editor): fix it, or revert it with ctrl+r, to {verb} "
+                        "it.", severity="error")
+            return False
+        if self._differs_from_disk(name, self.editor_text()):
+            self.notify(f"{name} has unsaved changes: save them with ctrl+s to {verb} them, or revert them with "
+                        "ctrl+r.", severity="warning")
+            return False
+        return True
 
     def _differs_from_disk(self, name: str, text: str) -> bool:
         try:

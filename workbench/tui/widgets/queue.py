@@ -3,7 +3,8 @@ one, why), the sweeps (trials ended, the best trial and its settings) and the ch
 trials sorted by its metric, the searched keys as columns), read from ``runs/queue.db`` read-only in a worker
 every few seconds. It changes nothing itself: adding, pausing, removing, moving and starting the runner are
 ``workbench queue ...`` commands, saving the best trial as a preset ``workbench sweep save-best``, all run by
-the app (the runner lives on when the TUI quits); ``c`` asks the Loss curves pane for the best trials' curves."""
+the app (the runner lives on when the TUI quits); ``c`` asks the Loss curves pane for the best trials' curves
+(the top 5, 10 or all of them: ``t`` chooses)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from workbench.tui.widgets.pane import Pane
 
 QUEUE_STYLE = {"queued": "cyan", "interrupted": "bold yellow", "pruned": "yellow", "refused": "dim",
                "removed": "dim"}
-TOP_N = 5   # the trials `c` draws together in Loss curves
+# How many of a sweep's best trials `c` draws together in Loss curves: the first, then each `t` the next (None: all)
+TOP_CHOICES: tuple[int | None, ...] = (5, 10, None)
 
 
 @dataclass(frozen=True)
@@ -67,11 +69,17 @@ def short_settings(params: dict) -> str:
     return " ".join(s.split(".", 1)[-1] for s in point_sets(params))
 
 
-def top_trials(results: list[Result], goal: str, n: int = TOP_N) -> list[tuple[str, str]]:
-    """(run id, label) of the best ``n`` trials that trained (finished first, by the metric), for Loss curves."""
+def top_trials(results: list[Result], goal: str, n: int | None = TOP_CHOICES[0]) -> list[tuple[str, str]]:
+    """(run id, label) of the best ``n`` trials that trained (finished first, by the metric; None: every one),
+    for Loss curves."""
     ran = [r for r in by_metric(results, goal) if r.state not in ("refused", "removed", "queued")]
     return [(r.name, f"{f'#{r.rank} ' if r.rank else ''}{r.name} {short_settings(r.params)}"
                      + ("" if r.state == "finished" else f" ({r.state})")) for r in ran[:n]]
+
+
+def top_label(n: int | None) -> str:
+    """"top 5", "top 10" or "all": how many trials `c` draws."""
+    return "all" if n is None else f"top {n}"
 
 
 def state_text(state: str) -> Text:
@@ -90,6 +98,7 @@ class QueuePane(Vertical, Pane):
         Binding("shift+down", "move(1)", "Down", show=False),
         Binding("d", "remove", "Remove"),
         Binding("c", "curves", "Sweep curves"),
+        Binding("t", "cycle_top", "Top 5/10/all"),
         Binding("b", "save_best", "Best→preset"),
         Binding("f", "refresh", "Refresh", show=False),
     ]
@@ -125,6 +134,7 @@ class QueuePane(Vertical, Pane):
         self.runs_dir = Path(runs_dir)
         self.interval = interval
         self.view = QueueView([], [], False, None)
+        self.top_n: int | None = TOP_CHOICES[0]   # how many of the best trials `c` draws (None: all)
 
     def compose(self) -> ComposeResult:
         yield Static("", id="queue-status")
@@ -215,7 +225,11 @@ class QueuePane(Vertical, Pane):
         if 0 < row < t.row_count:
             t.move_cursor(row=row, animate=False)
         t.border_title = (f"sweep {name}: {len(results)} trials by {spec.metric.name} ({spec.metric.goal}); "
-                          f"c: top {TOP_N} in Loss curves, b: save the best as a preset")
+                          f"c: {top_label(self.top_n)} in Loss curves (t: {top_label(self.next_top())}), "
+                          "b: save the best as a preset")
+
+    def next_top(self) -> int | None:
+        return TOP_CHOICES[(TOP_CHOICES.index(self.top_n) + 1) % len(TOP_CHOICES)]
 
     def selected(self) -> str | None:
         return self.cursor_key("#queue-table")
@@ -284,12 +298,19 @@ class QueuePane(Vertical, Pane):
         if (sw := self._chosen_or_say()) is None:
             return
         name, spec, results = sw
-        runs = top_trials(results, spec.metric.goal)
+        runs = top_trials(results, spec.metric.goal, self.top_n)
         if not runs:
             self.notify(f"No trial of sweep {name} has trained yet.", severity="warning")
             return
         title = f"sweep {name}: top {len(runs)} of {len(results)} trials by {spec.metric.name}"
         self.post_message(self.SweepCurvesRequested(title, runs, spec.metric.name))
+
+    def action_cycle_top(self) -> None:
+        """How many of the best trials `c` draws: 5, 10, all, then 5 again."""
+        self.top_n = self.next_top()
+        self.show_results()
+        which = f"the {top_label(self.top_n)} trials" if self.top_n else "all the trials"
+        self.notify(f"c now draws {which} of the sweep in Loss curves (t: {top_label(self.next_top())}).")
 
     def action_save_best(self) -> None:
         if (sw := self._chosen_or_say()) is None:
