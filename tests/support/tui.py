@@ -69,6 +69,14 @@ async def open_sample_on(pilot, app, run_id: str):
     return app.query_one("#sample-pane")
 
 
+async def open_preset(pilot, app, name: str):
+    """The Presets pane (the app opened on it) once it shows a preset, then ``name`` loaded; the pane."""
+    pane = app.query_one("#presets-pane")
+    await wait_for(pilot, lambda: pane.current is not None, what="a preset shown")
+    pane.load(name)
+    return pane
+
+
 def notified(app, message: str) -> bool:
     """Whether the app has shown the user exactly ``message`` (a toast)."""
     return any(str(n.message) == message for n in app._notifications)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import TextArea
 
-from tests.support.tui import make_app, run, text_of, wait_for
+from tests.support.tui import make_app, open_preset, run, text_of, wait_for
 from workbench.config import resolve_preset
 from workbench.fmt import duration
 from workbench.plan.compare import compare
@@ -19,9 +19,7 @@ def test_ctrl_g_shows_the_preset_on_other_gpus_and_back(runs_dir):
     async def go():
         app = make_app(runs_dir, initial_tab="presets")
         async with app.run_test(size=(160, 48)) as pilot:
-            pane = app.query_one("#presets-pane")
-            await wait_for(pilot, lambda: pane.current is not None)
-            pane.load("gpu-8gb")
+            pane = await open_preset(pilot, app, "gpu-8gb")
             await pilot.pause()
             assert "ctrl+g" in text_of(app.query_one("#preset-estimate"))
             app.query_one("#preset-editor", TextArea).focus()  # typing in the editor: the key still works
@@ -62,9 +60,7 @@ def test_at_80_columns_the_table_takes_the_whole_pane(runs_dir):
     async def go():
         app = make_app(runs_dir, initial_tab="presets")
         async with app.run_test(size=(80, 24)) as pilot:
-            pane = app.query_one("#presets-pane")
-            await wait_for(pilot, lambda: pane.current is not None)
-            pane.load("gpu-8gb")
+            await open_preset(pilot, app, "gpu-8gb")
             await pilot.pause()
             await pilot.press("ctrl+g")
             await wait_for(pilot, lambda: "H100 SXM 80GB" in _table(app), what="the GPU table")
@@ -80,9 +76,7 @@ def test_an_invalid_preset_says_to_fix_it_first(runs_dir):
     async def go():
         app = make_app(runs_dir, initial_tab="presets")
         async with app.run_test(size=(160, 48)) as pilot:
-            pane = app.query_one("#presets-pane")
-            await wait_for(pilot, lambda: pane.current is not None)
-            pane.load("cpu-small")
+            pane = await open_preset(pilot, app, "cpu-small")
             editor = app.query_one("#preset-editor", TextArea)
             editor.text = editor.text.replace("[model]", "[model]\nbogus = 1")
             await wait_for(pilot, lambda: pane.valid is None, what="the error")

@@ -81,15 +81,13 @@ def test_presets_save_replaces_the_file_atomically_and_never_with_an_invalid_pre
     as it was, byte for byte."""
     from textual.widgets import TextArea
 
-    from tests.support.tui import make_app, notified, run, text_of, wait_for
+    from tests.support.tui import make_app, notified, open_preset, run, text_of, wait_for
     user = tmp_path / "user-presets" / "cpu-small.toml"
 
     async def go():
         app = make_app(runs_dir, initial_tab="presets")
         async with app.run_test(size=(140, 44)) as pilot:
-            pane = app.query_one("#presets-pane")
-            await wait_for(pilot, lambda: pane.current is not None)
-            pane.load("cpu-small")
+            pane = await open_preset(pilot, app, "cpu-small")
             editor = app.query_one("#preset-editor", TextArea)
             editor.text = editor.text.replace("max_iters = 2000", "max_iters = 1111")
             await pilot.press("ctrl+s")  # a shipped preset: saved as a user copy
@@ -118,16 +116,14 @@ def test_ctrl_t_trains_the_preset_being_edited(runs_dir, tmp_path):
     from textual.widgets import Input, Select, TextArea
 
     from tests.support.runs import wait_running
-    from tests.support.tui import make_app, run, text_of, wait_for
+    from tests.support.tui import make_app, open_preset, run, text_of, wait_for
     from workbench.rundir import LIVE_STATES, read_status
     run_dir = runs_dir / "ct"
 
     async def go():
         app = make_app(runs_dir, initial_tab="presets")
         async with app.run_test(size=(140, 44)) as pilot:
-            pane = app.query_one("#presets-pane")
-            await wait_for(pilot, lambda: pane.current is not None)
-            pane.load("cpu-small")
+            pane = await open_preset(pilot, app, "cpu-small")
             editor = app.query_one("#preset-editor", TextArea)
             editor.text = _tiny(editor.text)
             await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).strip() == "✓ valid")
@@ -165,7 +161,7 @@ def test_the_estimate_box_gives_the_time_workbench_estimate_gives(tmp_path, monk
     import json
 
     from tests.support.cli import TINY, wb
-    from tests.support.tui import make_app, run, text_of, wait_for
+    from tests.support.tui import make_app, open_preset, run, text_of, wait_for
     from workbench.fmt import duration
     presets = tmp_path / "user-presets"
     presets.mkdir()
@@ -186,9 +182,7 @@ def test_the_estimate_box_gives_the_time_workbench_estimate_gives(tmp_path, monk
     async def go():
         app = make_app(runs, initial_tab="presets")
         async with app.run_test(size=(160, 48)) as pilot:
-            pane = app.query_one("#presets-pane")
-            await wait_for(pilot, lambda: pane.current is not None)
-            pane.load("tiny")
+            await open_preset(pilot, app, "tiny")
             box = app.query_one("#preset-estimate")
             await wait_for(pilot, lambda: "time" in text_of(box), what=lambda: f"the time ({text_of(box)!r})")
             rows = {ln.split(None, 1)[0]: ln.split(None, 1)[1].strip()
@@ -211,7 +205,7 @@ def _make_invalid(app):
 def test_an_invalid_draft_shows_no_other_presets_estimate(runs_dir):
     """cpu-small's draft has an error; apple-m4pro shown, then cpu-small again: the estimate box says the draft
     has no estimate, never apple-m4pro's 74.4 M parameters beside cpu-small's editor."""
-    from tests.support.tui import make_app, run, text_of, wait_for
+    from tests.support.tui import make_app, open_preset, run, text_of, wait_for
     from workbench.config import resolve_preset
     from workbench.plan.flops import count_params
     from workbench.tui import display
@@ -220,9 +214,7 @@ def test_an_invalid_draft_shows_no_other_presets_estimate(runs_dir):
     async def go():
         app = make_app(runs_dir, initial_tab="presets")
         async with app.run_test(size=(140, 44)) as pilot:
-            pane = app.query_one("#presets-pane")
-            await wait_for(pilot, lambda: pane.current is not None)
-            pane.load("cpu-small")
+            pane = await open_preset(pilot, app, "cpu-small")
             _make_invalid(app)
             await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).startswith("✗"), what="invalid")
             box = app.query_one("#preset-estimate")
@@ -241,14 +233,12 @@ def test_ctrl_t_with_an_unsaved_draft_says_so_and_opens_no_form(runs_dir):
     for ctrl+s, and opens the form only once the editor is what is on disk."""
     from textual.widgets import TextArea
 
-    from tests.support.tui import make_app, notified, run, text_of, wait_for
+    from tests.support.tui import make_app, notified, open_preset, run, text_of, wait_for
 
     async def go():
         app = make_app(runs_dir, initial_tab="presets")
         async with app.run_test(size=(140, 44)) as pilot:
-            pane = app.query_one("#presets-pane")
-            await wait_for(pilot, lambda: pane.current is not None)
-            pane.load("cpu-small")
+            await open_preset(pilot, app, "cpu-small")
             _make_invalid(app)
             await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).startswith("✗"), what="invalid")
             await pilot.press("ctrl+t")
@@ -274,14 +264,12 @@ def test_ctrl_t_with_an_unsaved_draft_says_so_and_opens_no_form(runs_dir):
 @pytest.mark.parametrize("answer, quits", [("n", False), ("y", True)])
 def test_quitting_with_an_unsaved_draft_asks(runs_dir, answer, quits):
     """An invalid draft (or any unsaved one) would be lost on quit: the app asks first; n keeps it open."""
-    from tests.support.tui import make_app, run, text_of, wait_for
+    from tests.support.tui import make_app, open_preset, run, text_of, wait_for
 
     async def go():
         app = make_app(runs_dir, initial_tab="presets")
         async with app.run_test(size=(140, 44)) as pilot:
-            pane = app.query_one("#presets-pane")
-            await wait_for(pilot, lambda: pane.current is not None)
-            pane.load("cpu-small")
+            pane = await open_preset(pilot, app, "cpu-small")
             _make_invalid(app)
             await wait_for(pilot, lambda: text_of(app.query_one("#preset-status")).startswith("✗"), what="invalid")
             pane.load("medium")   # the draft is kept while another preset is shown

@@ -8,7 +8,7 @@ import time
 
 from textual.widgets import DataTable
 
-from tests.support.tui import make_app, notified, run, text_of, wait_for
+from tests.support.tui import make_app, notified, open_preset, run, text_of, wait_for
 from workbench.queue.store import NewItem, QueueStore
 
 TINY = ("model.dim=64", "model.n_layers=2")
@@ -123,9 +123,7 @@ def test_presets_ctrl_l_queues_the_chosen_preset_as_saved(runs_dir):
     async def go():
         app = make_app(runs_dir, initial_tab="presets")
         async with app.run_test(size=(140, 44)) as pilot:
-            pane = app.query_one("#presets-pane")
-            await wait_for(pilot, lambda: pane.current is not None)
-            pane.load("cpu-small")
+            await open_preset(pilot, app, "cpu-small")
             await pilot.press("ctrl+l")
             await wait_for(pilot, lambda: _queued(runs_dir), timeout=60, what="a run queued")
             [name] = _queued(runs_dir)

@@ -8,7 +8,7 @@ import shutil
 
 from textual.widgets import DataTable, Input, Select
 
-from tests.support.tui import make_app, run, text_of, wait_for
+from tests.support.tui import make_app, open_preset, run, text_of, wait_for
 from workbench.tui import launcher
 from workbench.tui.messages import ResumeRun
 
@@ -137,9 +137,7 @@ def test_presets_train_with_it_opens_the_form_on_that_preset(runs_dir):
     async def go():
         app = make_app(runs_dir, initial_tab="presets")
         async with app.run_test(size=(140, 44)) as pilot:
-            pane = app.query_one("#presets-pane")
-            await wait_for(pilot, lambda: pane.current is not None)
-            pane.load("cpu-small")
+            await open_preset(pilot, app, "cpu-small")
             await pilot.press("ctrl+t")
             await wait_for(pilot, lambda: app.screen.__class__.__name__ == "NewRunScreen")
             assert app.screen.query_one("#nr-preset", Select).value == "cpu-small"
