@@ -80,8 +80,8 @@ def kind(rec: dict) -> str:
     return "reverse" if text.startswith("Reverse") else "sort" if text.startswith("Sort") else "colour"
 
 
-def score(run_dir: Path, step: str | int, held: list[dict]) -> dict[str, float]:
-    """Exact match (%) of the greedy replies of ``run_dir``'s checkpoint ``step``, overall and by kind."""
+def replies(run_dir: Path, step: str | int, recs: list[dict]) -> list[str]:
+    """The greedy reply of ``run_dir``'s checkpoint ``step`` to each conversation without its last message."""
     import torch
 
     from workbench.data.chat_templates import load_chat_template
@@ -92,11 +92,15 @@ def score(run_dir: Path, step: str | int, held: list[dict]) -> dict[str, float]:
     torch.set_num_threads(1)  # one sequence of a 5 M model: faster so, and ~10x faster on a shared CPU
     model, tok = load_run_model(run_dir, step).model, load_tokenizer(run_dir)
     template = load_chat_template("chatml")  # the pretrained run has none of its own; the fine-tunes use it
-    max_tokens = 4 + max(len(tok.encode(r["messages"][-1]["content"])) for r in held)  # the longest answer + 4
+    max_tokens = 4 + max(len(tok.encode(r["messages"][-1]["content"])) for r in recs)  # the longest answer + 4
+    return [reply(model, tok, template, rec["messages"][:-1], max_tokens=max_tokens).text for rec in recs]
+
+
+def score(run_dir: Path, step: str | int, held: list[dict]) -> dict[str, float]:
+    """Exact match (%) of the greedy replies of ``run_dir``'s checkpoint ``step``, overall and by kind."""
     hits: dict[str, list[bool]] = {"all": [], "reverse": [], "sort": [], "colour": []}
-    for rec in held:
-        got = reply(model, tok, template, rec["messages"][:-1], max_tokens=max_tokens).text.strip()
-        ok = got == rec["messages"][-1]["content"].strip()
+    for rec, got in zip(held, replies(run_dir, step, held)):
+        ok = got.strip() == rec["messages"][-1]["content"].strip()
         hits["all"].append(ok)
         hits[kind(rec)].append(ok)
     return {k: 100.0 * sum(v) / max(1, len(v)) for k, v in hits.items()}

@@ -1,20 +1,32 @@
 """Preference tuning teaches: on bench/chat_sft.py's checkable task, a model chat-tuned briefly, then tuned for the
-same number of extra steps three ways from that checkpoint: SFT on the correct answers alone, DPO on pairs of the
-correct and a wrong answer, and SimPO (reference-free) on the same pairs. Greedy exact match on held-out
+same number of extra steps from that checkpoint: SFT on the correct answers alone, against DPO (and a
+reference-free variant) on pairs of the correct answer and a wrong one. Greedy exact match on held-out
 conversations before and after.
 
-    python bench/preference.py [--out DIR] [--pretrain 150] [--sft 200] [--steps 100] [--held 100]
+    python bench/preference.py [--out DIR] [--pretrain 400] [--sft 300] [--steps 100] [--held 200] [--seeds 0 1 2]
 
 1. Pretrains cpu-small (model.seq_len 128) on the built-in corpus, then chat-tunes it (`--init-from`) on 2,000
    generated conversations (tests/support/chat.py, seed 0).
-2. Writes a pair for each of those conversations: the correct answer chosen, a wrong one rejected (generated:
-   the words not reversed, the numbers reversed instead of sorted, another colour of the table).
-3. From the chat-tuned checkpoint, --steps more steps each: SFT on the conversations; train.objective = dpo on
-   the pairs; the same with an SFT term on the chosen answers (``train.pref_sft_weight = 1``, RPO's recipe);
-   train.objective = simpo on the pairs. The same learning rate and seed.
-4. Exact match on --held held-out conversations (seed 1): the chat-tuned checkpoint and each arm's last.
+2. Writes the pairs. ``--pairs synthetic`` (the default): a pair for every conversation, the rejected answer made
+   up (the words not reversed, the numbers sorted the wrong way, another colour of the table). ``--pairs
+   onpolicy``: the chat-tuned model answers each training prompt (greedy, as it is scored); each prompt it gets
+   wrong is a pair, the correct answer chosen and *its own reply* rejected, so preference tuning suppresses the
+   mistakes the model actually makes (neither has beaten SFT yet: README, preference tuning).
+3. From the chat-tuned checkpoint, --steps more steps each, the same learning rate, batch and seed:
+   - ``sft``: SFT on all the training conversations, packed (about 20 conversations a step: more data than the
+     pair arms see, the stronger baseline);
+   - ``sft-pairs``: SFT on the pairs' prompts and chosen answers alone, one a row, --batch a step: the same
+     examples the pair arms see (their chosen halves), so only the rejected answers differ;
+   - ``dpo``: train.objective = dpo on the pairs (train.pref_beta = --beta);
+   - ``dpo-sft``: the same with an SFT term on the chosen answers (train.pref_sft_weight = 1, RPO's recipe);
+   - ``simpo`` / ``orpo``: the reference-free variants on the pairs, at their own default strength.
+   ``--arms`` picks which (default: all but orpo).
+4. Exact match on --held held-out conversations (seed 1): the chat-tuned checkpoint and each arm's last; with
+   several ``--seeds`` (train.seed of the arms; the chat-tuned model and the pairs are the same), each arm's mean
+   and range.
 
-Every run goes through the real CLI in a subprocess; the commands are printed at the end.
+Every run goes through the real CLI in a subprocess; the commands are printed at the end. Runs finished in --out
+are kept (their names say the settings), so a rerun with more seeds or arms trains only what is new.
 """
 
 from __future__ import annotations
@@ -33,14 +45,19 @@ import chat_sft  # noqa: E402
 
 from tests.support.chat import COLOURS, conversations, write_jsonl  # noqa: E402
 
-ARMS = (("SFT on the correct answers", "chats", []),
-        ("DPO on correct vs wrong pairs", "pairs", ["train.objective=dpo"]),
-        ("DPO + an SFT term on the chosen (weight 1)", "pairs", ["train.objective=dpo", "train.pref_sft_weight=1"]),
-        ("SimPO on the same pairs (no reference)", "pairs", ["train.objective=simpo"]))
+# name: (label, corpus, --set)
+ARMS = {"sft": ("SFT on all the correct answers (packed)", "chats", []),
+        "sft-pairs": ("SFT on the pairs' chosen answers (one a row)", "chosen", ["data.packing=false"]),
+        "dpo": ("DPO on the pairs", "pairs", ["train.objective=dpo"]),
+        "dpo-sft": ("DPO + an SFT term (pref_sft_weight 1)", "pairs", ["train.objective=dpo",
+                                                                     "train.pref_sft_weight=1"]),
+        "simpo": ("SimPO on the pairs (no reference)", "pairs", ["train.objective=simpo"]),
+        "orpo": ("ORPO on the pairs (no reference)", "pairs", ["train.objective=orpo"])}
+DEFAULT_ARMS = ("sft", "sft-pairs", "dpo", "dpo-sft", "simpo")
 
 
 def wrong_answer(rec: dict, rng: random.Random) -> str:
-    """A plausible wrong answer to a conversation of the task."""
+    """A plausible wrong answer to a conversation of the task (``--pairs synthetic``)."""
     msgs = rec["messages"]
     ask, ans = msgs[-2]["content"], msgs[-1]["content"]
     if ask.startswith("Reverse the words: "):
@@ -51,49 +68,121 @@ def wrong_answer(rec: dict, rng: random.Random) -> str:
     return rng.choice([c for c in COLOURS if c != ans])          # another colour
 
 
-def pairs_of(recs: list[dict], seed: int = 0) -> list[dict]:
+def pair(rec: dict, rejected: str) -> dict:
+    return {"prompt": rec["messages"][:-1], "chosen": [rec["messages"][-1]], "rejected": rejected}
+
+
+def synthetic_pairs(recs: list[dict], seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
-    return [{"prompt": r["messages"][:-1], "chosen": [r["messages"][-1]], "rejected": wrong_answer(r, rng)}
-            for r in recs]
+    return [pair(r, wrong_answer(r, rng)) for r in recs]
 
 
-def main() -> int:
+def onpolicy_pairs(run_dir: Path, recs: list[dict]) -> tuple[list[dict], dict[str, int]]:
+    """The model's greedy reply to each record's prompt (as chat_sft.score decodes it); a pair for each wrong,
+    non-empty one: the correct answer chosen, the reply rejected. Also the counts (right, wrong, empty)."""
+    replies = chat_sft.replies(run_dir, "latest", recs)
+    pairs, counts = [], {"right": 0, "wrong": 0, "empty": 0}
+    for rec, got in zip(recs, replies):
+        if got.strip() == rec["messages"][-1]["content"].strip():
+            counts["right"] += 1
+        elif not got.strip():
+            counts["empty"] += 1
+        else:
+            counts["wrong"] += 1
+            pairs.append(pair(rec, got.strip()))
+    return pairs, counts
+
+
+def write_pairs(out: Path, kind: str, sft: int, train_recs: list[dict]) -> tuple[Path, Path]:
+    """The pairs file and its chosen halves as conversations (the sft-pairs arm's corpus); made once per --out."""
+    path, chosen = out / f"pairs-{kind}-sft{sft}.jsonl", out / f"chosen-{kind}-sft{sft}.jsonl"
+    if not path.is_file():
+        if kind == "onpolicy":
+            pairs, counts = onpolicy_pairs(out / "runs" / "sft", train_recs)
+            print(f"  on-policy pairs: the chat-tuned model answered {len(train_recs):,} training prompts: "
+                  f"{counts['right']:,} right, {counts['wrong']:,} wrong (pairs), {counts['empty']:,} empty",
+                  flush=True)
+        else:
+            pairs = synthetic_pairs(train_recs)
+        write_jsonl(chosen, [{"messages": [*p["prompt"], *p["chosen"]]} for p in pairs])
+        write_jsonl(path, pairs)   # last: its presence says both are whole
+    return path, chosen
+
+
+def arm_name(arm: str, a: argparse.Namespace, seed: int) -> str:
+    beta = f"-b{a.beta:g}" if arm.startswith("dpo") else ""
+    return f"{arm}-{a.pairs if arm != 'sft' else 'all'}-n{a.steps}-lr{a.lr:g}{beta}-bs{a.batch}-s{seed}"
+
+
+def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pretrain", type=int, default=150, help="pretraining steps; 0: chat-tune from scratch")
-    ap.add_argument("--sft", type=int, default=200, help="chat-tuning steps before the comparison")
+    ap.add_argument("--pretrain", type=int, default=400, help="pretraining steps; 0: chat-tune from scratch")
+    ap.add_argument("--sft", type=int, default=300, help="chat-tuning steps before the comparison")
     ap.add_argument("--steps", type=int, default=100, help="extra steps of each arm")
-    ap.add_argument("--held", type=int, default=100)
-    ap.add_argument("--lr", type=float, default=1e-3, help="each arm's learning rate")
+    ap.add_argument("--held", type=int, default=200)
+    ap.add_argument("--lr", type=float, default=1e-4, help="each arm's learning rate")
+    ap.add_argument("--beta", type=float, default=0.1, help="DPO's beta (train.pref_beta)")
+    ap.add_argument("--batch", type=int, default=8, help="each arm's train.batch_size (pairs, or rows for SFT)")
+    ap.add_argument("--pairs", choices=("onpolicy", "synthetic"), default="synthetic")
+    ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(DEFAULT_ARMS))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="the arms' train.seed, one run each")
     ap.add_argument("--out", type=Path, default=None)
-    a = ap.parse_args()
-    out = a.out or Path(tempfile.mkdtemp(prefix="wb-pref-"))
-    out.mkdir(parents=True, exist_ok=True)
-    train_recs = conversations(2000, seed=0)
-    chats = str(write_jsonl(out / "chats.jsonl", train_recs))
-    pairs = str(write_jsonl(out / "pairs.jsonl", pairs_of(train_recs)))
-    held = conversations(a.held, seed=1)
+    return ap.parse_args()
+
+
+def prepare(a: argparse.Namespace, out: Path, chats: str) -> None:
+    """The pretrained and the chat-tuned runs (kept if --out has them)."""
     base = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", "train.lr=2e-3",
             "train.warmup_iters=20"]
-    print(f"runs in {out}", flush=True)
     if a.pretrain:
         chat_sft.train(out, "pre", "builtin", [*base, f"train.max_iters={a.pretrain}",
                                                f"train.eval_interval={a.pretrain}"])
     chat_sft.train(out, "sft", chats, [*base, f"train.max_iters={a.sft}", f"train.eval_interval={a.sft}",
                                        *([] if a.pretrain else ["model.vocab_size=512", "data.chat_template=chatml"])],
                    init_from="pre" if a.pretrain else None)
-    before = chat_sft.score(out / "runs" / "sft", "latest", held)
-    rows = [("chat-tuned (the starting checkpoint)", before)]
+
+
+def table(rows: list[tuple[str, list[dict]]], seeds: list[int]) -> None:
+    kinds = ("all", "reverse", "sort", "colour")
+    many = len(seeds) > 1
+    print(f"| model | exact match{' (mean; each seed)' if many else ''} | reverse | sort | colour |")
+    print("|---|---|---|---|---|")
+    for label, scores in rows:
+        mean = {k: sum(s[k] for s in scores) / len(scores) for k in kinds}
+        each = " (" + " / ".join(f"{s['all']:.1f}" for s in scores) + ")" if many and len(scores) > 1 else ""
+        print(f"| {label} | {mean['all']:.1f} %{each} | "
+              + " | ".join(f"{mean[k]:.1f} %" for k in kinds[1:]) + " |")
+
+
+def main() -> int:
+    a = parse()
+    out = (a.out or Path(tempfile.mkdtemp(prefix="wb-pref-"))).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    train_recs = conversations(2000, seed=0)
+    chats = str(write_jsonl(out / "chats.jsonl", train_recs))
+    held = conversations(a.held, seed=1)
+    print(f"runs in {out}", flush=True)
+    prepare(a, out, chats)
+    pairs, chosen = write_pairs(out, a.pairs, a.sft, train_recs)
+    n_pairs = sum(1 for _ in pairs.open())
+    corpora = {"chats": chats, "pairs": str(pairs), "chosen": str(chosen)}
+    rows = [("chat-tuned (the starting checkpoint)", [chat_sft.score(out / "runs" / "sft", "latest", held)])]
     arm_sets = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", f"train.lr={a.lr:g}",
                 "train.warmup_iters=10", f"train.max_iters={a.steps}", f"train.eval_interval={a.steps}",
-                "train.batch_size=8"]
-    for k, (label, corpus, sets) in enumerate(ARMS):
-        name = f"arm{k}"
-        chat_sft.train(out, name, chats if corpus == "chats" else pairs, [*arm_sets, *sets], init_from="sft")
-        rows.append((f"+{a.steps} steps: {label}", chat_sft.score(out / "runs" / name, "latest", held)))
-    print(f"\nexact match on {a.held} held-out conversations (greedy):")
-    print(f"  {'model':<52} {'all':>6} {'reverse':>8} {'sort':>6} {'colour':>7}")
-    for label, s in rows:
-        print(f"  {label:<52} {s['all']:>5.1f}% {s['reverse']:>7.1f}% {s['sort']:>5.1f}% {s['colour']:>6.1f}%")
+                f"train.batch_size={a.batch}"]
+    for arm in a.arms:
+        label, corpus, sets = ARMS[arm]
+        sets = [*sets, f"train.pref_beta={a.beta:g}"] if arm.startswith("dpo") else sets
+        scores = []
+        for seed in a.seeds:
+            name = arm_name(arm, a, seed)
+            chat_sft.train(out, name, corpora[corpus], [*arm_sets, *sets, f"train.seed={seed}"], init_from="sft")
+            scores.append(chat_sft.score(out / "runs" / name, "latest", held))
+            print(f"    {name}: exact match {scores[-1]['all']:.1f} %", flush=True)
+        rows.append((f"+{a.steps} steps: {label}", scores))
+    print(f"\n{a.pairs} pairs: {n_pairs:,}; lr {a.lr:g}, batch {a.batch}, DPO beta {a.beta:g}; seeds {a.seeds}")
+    print(f"exact match on {a.held} held-out conversations (greedy):")
+    table(rows, a.seeds)
     print("\ncommands:")
     for c in chat_sft.COMMANDS:
         print("  " + c)
