@@ -48,9 +48,12 @@ def wb(*args: str, env: dict, timeout: float = 3600) -> str:
 
 
 def spec_text(name: str, budget: str, lrs: list[float], pruner: str | None, startup: int,
-              shares: list[float]) -> str:
-    lines = [f'name = "{name}"', 'preset = "cpu-small"', f'time_budget = "{budget}"',
-             "set = [" + ", ".join(json.dumps(s) for s in TINY) + "]"]
+              shares: list[float], steps: int | None = None) -> str:
+    """A trial trains ``budget`` (a time budget) or, with ``steps``, that many steps: then a trial is the same
+    run, bit for bit, in every sweep (a CPU run is deterministic), and the sweeps differ by the pruner alone."""
+    sets = TINY + ([f"train.max_iters={steps}"] if steps else [])
+    lines = [f'name = "{name}"', 'preset = "cpu-small"'] + ([] if steps else [f'time_budget = "{budget}"']) + [
+             "set = [" + ", ".join(json.dumps(s) for s in sets) + "]"]
     if pruner:
         lines.append(f'pruner = {{ type = "{pruner}", startup = {startup}, shares = {json.dumps(shares)} }}')
     lines += ["[parameters]", '"train.lr" = [' + ", ".join(repr(v) for v in lrs) + "]"]
@@ -80,18 +83,23 @@ def summary(res: dict) -> dict:
     rows = res["trials"]
     best = res["best"]
     # training seconds: the budget each trial spent (its own clock: start-up, the first eval and the end left out)
-    trained = sum(rundir.read_status(res["root"] / r["run"]).budget_spent_s or 0.0 for r in rows)
+    status = [rundir.read_status(res["root"] / r["run"]) for r in rows]
+    trained = sum(st.budget_spent_s or 0.0 for st in status)
+    steps = sum(st.step or 0 for st in status)
     return {"best": best["run"].rsplit("-", 1)[-1] if best else "-",
             "lr": best["params"]["train.lr"] if best else None,
             "val_loss": best["metric"] if best else None,
             "finished": sum(r["state"] == "finished" for r in rows),
-            "pruned": sum(r["state"] == "pruned" for r in rows), "trained": trained,
+            "pruned": sum(r["state"] == "pruned" for r in rows), "trained": trained, "steps": steps,
             "spent": res["compute"]["spent_s"], "saved_share": res["compute"]["saved_share"], "wall": res["wall_s"]}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", default="10s", help="each trial's time budget (default 10s)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="each trial trains this many steps instead of a time budget: the same lr trains the same "
+                         "run in every sweep, so the best trial is compared without the machine's timing noise")
     ap.add_argument("--pruners", default="median,halving", help="the pruners to compare with the full sweep")
     ap.add_argument("--startup", type=int, default=2, help="trials that end before a pruner stops any (default 2)")
     ap.add_argument("--shares", default="0.25,0.5,0.75", help="shares of the budget the trials report at")
@@ -106,7 +114,8 @@ def main() -> int:
     random.Random(a.seed).shuffle(lrs)
     shares = [float(s) for s in a.shares.split(",")]
     load0 = os.getloadavg()
-    print(f"out: {out}; 12 trials of {a.budget}, learning rates in this order: {', '.join(f'{v:.3g}' for v in lrs)}")
+    each = f"{a.steps} steps" if a.steps else a.budget
+    print(f"out: {out}; 12 trials of {each}, learning rates in this order: {', '.join(f'{v:.3g}' for v in lrs)}")
     print(f"load average before: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} ({os.cpu_count()} CPUs)", flush=True)
     if not a.tabulate:  # the data cache warmed first, so no sweep's first trial pays for the corpus's preparation
         wb("train", "cpu-small", "--name", "warm", "--runs-dir", str(out / "warm"), "--set", *TINY,
@@ -114,7 +123,8 @@ def main() -> int:
     results = {}
     for pruner in ["", *(p for p in a.pruners.split(",") if p)]:
         name = pruner or "full"
-        res = run_sweep(out, name, spec_text(name, a.budget, lrs, pruner or None, a.startup, shares), env, a.tabulate)
+        text = spec_text(name, a.budget, lrs, pruner or None, a.startup, shares, a.steps)
+        res = run_sweep(out, name, text, env, a.tabulate)
         results[name] = summary(res)
     load1 = os.getloadavg()
     full = results["full"]
@@ -126,10 +136,13 @@ def main() -> int:
              ("trial-seconds", lambda r: f"{r['spent']:,.0f}"),
              ("less than full", lambda r: "-" if r is full else f"{1 - r['spent'] / full['spent']:.0%}"),
              ("saved (sweep show)", lambda r: f"{r['saved_share']:.0%}"),
-             ("training seconds", lambda r: f"{r['trained']:,.0f}"),
-             ("less than full", lambda r: "-" if r is full else f"{1 - r['trained'] / full['trained']:.0%}"),
+             *([("training seconds", lambda r: f"{r['trained']:,.0f}"),
+                ("less than full", lambda r: "-" if r is full else f"{1 - r['trained'] / full['trained']:.0%}")]
+               if full["trained"] else []),   # a step budget: no clock of its own
+             ("steps trained", lambda r: f"{r['steps']:,}"),
+             ("less than full", lambda r: "-" if r is full else f"{1 - r['steps'] / full['steps']:.0%}"),
              ("wall-clock", lambda r: f"{r['wall']:,.0f} s" if r["wall"] is not None else "-")]
-    print(f"\n12-trial sweep, {a.budget} a trial, startup {a.startup}, shares {a.shares}, seed {a.seed}; load average "
+    print(f"\n12-trial sweep, {each} a trial, startup {a.startup}, shares {a.shares}, seed {a.seed}; load average "
           f"{load0[0]:.1f} before, {load1[0]:.1f} after")
     print(f"| {'':<18} | " + " | ".join(f"{n:<18}" for n in names) + " |")
     print("|" + "|".join(["---"] * (len(names) + 1)) + "|")

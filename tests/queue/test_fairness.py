@@ -143,3 +143,23 @@ def test_the_gpu_memory_line_names_the_trial_that_left_the_most_behind():
                                      "within 800 MiB of it (furthest: 79,200 MiB after s-t0002)")
     assert gpu_memory_line([row(1, None, None)]) is None          # a CPU machine measures nothing
     assert gpu_memory_line([row(1, 80_000.0, None)]) is None      # the first trial still running
+
+
+def test_what_a_pruned_step_budgeted_trial_left_is_its_steps_at_its_training_pace(tmp_path):
+    """A trial without a time budget stopped at step 200 of 2,000: what it would still have used is its 1,800 steps
+    at the pace its logged steps trained (2 s for 196 steps), not at the pace of its whole wall-clock, which counts
+    its start-up once per step trained (6 s for 200 would say 54 s); without two logged steps, that pace."""
+    from tests.support.rundirs import RunDir
+    from workbench.config import preset_to_toml, resolve_preset
+    from workbench.queue.outcome import unspent_seconds
+
+    toml = preset_to_toml(resolve_preset("cpu-small", list(TINY)))
+    with RunDir(tmp_path, "t1", toml) as r:
+        r.train(4, 5.0, elapsed_s=1.0)
+        r.train(200, 4.0, elapsed_s=3.0)
+        r.status(state="stopped", step=200, max_iters=2000)
+    assert unspent_seconds(tmp_path / "t1", 6.0) == pytest.approx(1800 * 2.0 / 196)
+    with RunDir(tmp_path, "t2", toml) as r:
+        r.train(200, 4.0, elapsed_s=3.0)
+        r.status(state="stopped", step=200, max_iters=2000)
+    assert unspent_seconds(tmp_path / "t2", 6.0) == pytest.approx(54.0)
