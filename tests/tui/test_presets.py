@@ -310,3 +310,20 @@ def test_a_budgeted_presets_total_tokens_are_what_its_budget_fits():
     assert f"total tokens {want}" in " ".join(console.export_text().split())
     plain = resolve_preset("gpu-8gb", [])
     assert total_tokens(plain, build_report(plain, h100)) == si(plain.tokens_per_step() * plain.train.max_iters)
+
+
+def test_presets_opens_on_the_preset_the_hardware_pane_recommends(runs_dir):
+    """A new user's first ctrl+l (queue) or ctrl+t (train) in Presets is for what fits this machine: the pane opens on
+    the Hardware pane's recommendation, not on the first name of the list (apple-m4pro on a Linux laptop)."""
+    from tests.support.tui import make_app, run, wait_for
+
+    async def go():
+        app = make_app(runs_dir, initial_tab="presets")
+        async with app.run_test(size=(140, 44)) as pilot:
+            pane = app.query_one("#presets-pane")
+            await wait_for(pilot, lambda: pane.current is not None, what="a preset shown")
+            recommended = app.recommended[0]
+            assert recommended != sorted(pane.paths)[0]      # else the test would pass on the old rule too
+            assert pane.current == recommended
+            assert app.query_one("#preset-list").highlighted_option.id == recommended
+    run(go())

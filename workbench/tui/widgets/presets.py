@@ -182,7 +182,11 @@ class PresetsPane(Horizontal, Pane):
         for name, (_path, kind) in sorted(self.paths.items()):
             mark = "*" if name in self.buffers else " "
             ol.add_option(Option(Text.assemble(f"{mark}{name} ", (f"[{kind}]", "dim")), id=name))
-        target = select or self.current or (sorted(self.paths)[0] if self.paths else None)
+        # first the preset the Hardware pane recommends for this machine (a new user's ctrl+l or ctrl+t is then
+        # for what fits here, not for the first name in the list: apple-m4pro on a Linux laptop)
+        recommended = (getattr(self.app, "recommended", None) or ("",))[0]
+        first = recommended if recommended in self.paths else (sorted(self.paths)[0] if self.paths else None)
+        target = select or self.current or first
         if target in self.paths:
             ol.highlighted = ol.get_option_index(target)
             self.load(target)
