@@ -173,6 +173,7 @@ def main() -> int:
     corpora = {"chats": chats, "pairs": str(pairs), "chosen": str(chosen)}
     rows = [("chat-tuned (the starting checkpoint)", [chat_sft.score(out / "runs" / "sft", "latest", held)])]
     arm_sets = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", f"train.lr={a.lr:g}",
+                f"train.min_lr={a.lr:g}",  # cpu-small's min_lr is 1e-4: the arms at 1e-4 ran flat after warmup
                 "train.warmup_iters=10", f"train.max_iters={a.steps}", f"train.eval_interval={a.steps}",
                 f"train.batch_size={a.batch}"]
     for arm in a.arms:
