@@ -19,6 +19,8 @@ conversations before and after.
      examples the pair arms see (their chosen halves), so only the rejected answers differ;
    - ``dpo``: train.objective = dpo on the pairs (train.pref_beta = --beta);
    - ``dpo-sft``: the same with an SFT term on the chosen answers (train.pref_sft_weight = 1, RPO's recipe);
+   - ``dpop``: DPO-Positive (train.dpop_lambda = --dpop, 50 the paper's): DPO with a penalty on the chosen
+     answers' log-prob falling below the reference's, which on-policy pairs push down with the rejected;
    - ``simpo`` / ``orpo``: the reference-free variants on the pairs, at their own default strength.
    ``--arms`` picks which (default: all but orpo).
 4. Exact match on --held held-out conversations (seed 1): the chat-tuned checkpoint and each arm's last; with
@@ -51,6 +53,7 @@ ARMS = {"sft": ("SFT on all the correct answers (packed)", "chats", []),
         "dpo": ("DPO on the pairs", "pairs", ["train.objective=dpo"]),
         "dpo-sft": ("DPO + an SFT term (pref_sft_weight 1)", "pairs", ["train.objective=dpo",
                                                                      "train.pref_sft_weight=1"]),
+        "dpop": ("DPOP on the pairs (dpop_lambda --dpop)", "pairs", ["train.objective=dpo"]),
         "simpo": ("SimPO on the pairs (no reference)", "pairs", ["train.objective=simpo"]),
         "orpo": ("ORPO on the pairs (no reference)", "pairs", ["train.objective=orpo"])}
 DEFAULT_ARMS = ("sft", "sft-pairs", "dpo", "dpo-sft", "simpo")
@@ -111,6 +114,7 @@ def write_pairs(out: Path, kind: str, sft: int, train_recs: list[dict]) -> tuple
 
 def arm_name(arm: str, a: argparse.Namespace, seed: int) -> str:
     beta = f"-b{a.beta:g}" if arm.startswith("dpo") else ""
+    beta += f"-l{a.dpop:g}" if arm == "dpop" else ""
     return f"{arm}-{a.pairs if arm != 'sft' else 'all'}-n{a.steps}-lr{a.lr:g}{beta}-bs{a.batch}-s{seed}"
 
 
@@ -122,6 +126,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--held", type=int, default=200)
     ap.add_argument("--lr", type=float, default=1e-4, help="each arm's learning rate")
     ap.add_argument("--beta", type=float, default=0.1, help="DPO's beta (train.pref_beta)")
+    ap.add_argument("--dpop", type=float, default=50.0, help="the dpop arm's train.dpop_lambda")
     ap.add_argument("--batch", type=int, default=8, help="each arm's train.batch_size (pairs, or rows for SFT)")
     ap.add_argument("--pairs", choices=("onpolicy", "synthetic"), default="synthetic")
     ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(DEFAULT_ARMS))
@@ -168,11 +173,14 @@ def main() -> int:
     corpora = {"chats": chats, "pairs": str(pairs), "chosen": str(chosen)}
     rows = [("chat-tuned (the starting checkpoint)", [chat_sft.score(out / "runs" / "sft", "latest", held)])]
     arm_sets = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", f"train.lr={a.lr:g}",
+                f"train.min_lr={a.lr:g}",  # cpu-small's min_lr is 1e-4: the arms at 1e-4 ran flat after warmup
                 "train.warmup_iters=10", f"train.max_iters={a.steps}", f"train.eval_interval={a.steps}",
                 f"train.batch_size={a.batch}"]
     for arm in a.arms:
         label, corpus, sets = ARMS[arm]
         sets = [*sets, f"train.pref_beta={a.beta:g}"] if arm.startswith("dpo") else sets
+        sets = [*sets, f"train.dpop_lambda={a.dpop:g}"] if arm == "dpop" else sets
+        label = label.replace("--dpop", f"{a.dpop:g}")
         scores = []
         for seed in a.seeds:
             name = arm_name(arm, a, seed)

@@ -60,6 +60,11 @@ BAD = [
     ("model = 3", "[model] must be a table"),
     ("[data]\nval_fraction = 0.0", "data.val_fraction = 0.0 must be > 0"),
     ("[model]\ndim = = 3", "not valid TOML: "),
+    ("[train]\nobjective = \"dpo\"\ndpop_lambda = -1", "train.dpop_lambda = -1.0 must be >= 0"),
+    ("[train]\ndpop_lambda = 50", "train.dpop_lambda = 50 is DPOP's penalty on DPO's chosen answers, but "
+                                  "train.objective = sft; set train.objective = dpo"),
+    ("[train]\nobjective = \"simpo\"\ndpop_lambda = 5", "train.dpop_lambda = 5 is DPOP's penalty on DPO's chosen "
+                                                       "answers, but train.objective = simpo"),
 ]
 
 
@@ -73,6 +78,13 @@ def test_invalid_preset_rule_has_clear_message(tmp_path, text, fragment):
     assert fragment in msg
     assert str(path) in msg  # the message names the file
     assert "\n" not in msg   # one line
+
+
+def test_dpop_with_another_objective_is_refused_on_the_command_line():
+    cp = wb("estimate", "cpu-small", "--set", "train.objective=simpo", "--set", "train.dpop_lambda=50")
+    assert cp.returncode == 2 and "\n" not in cp.stderr.strip()
+    assert "train.dpop_lambda = 50 is DPOP's penalty on DPO's chosen answers, but train.objective = simpo" in cp.stderr
+    assert resolve_preset("cpu-small", ["train.objective=dpo", "train.dpop_lambda=50"]).train.dpop_lambda == 50
 
 
 def test_malformed_toml_names_line_and_column(tmp_path):

@@ -197,3 +197,67 @@ def test_kto_is_the_papers_formula(pairs):
                         else 1.33 * (1 - 1 / (1 + math.exp(-0.1 * (z - r)))))
         assert got.loss.item() == pytest.approx(sum(want) / len(want), abs=1e-6)
         assert got.chosen_rewards.shape == (3,) and got.rejected_rewards.shape == (3,)
+
+
+def random_pairs(seed: int, n: int = 16):
+    """Random answers' log-probs (a chosen and a rejected row per pair, answers of 1-9 tokens) and a reference
+    that is above the policy's chosen answer for about half the pairs, below it for the rest."""
+    g = torch.Generator().manual_seed(seed)
+    per_token = -torch.rand(2 * n, 9, generator=g) * 3
+    mask = (torch.arange(9) < torch.randint(1, 10, (2 * n, 1), generator=g)).float()
+    per_token = (per_token * mask).requires_grad_()
+    lp = answer_logps_of(per_token, mask)
+    ref = lp.total.detach() + torch.randn(2 * n, generator=g) * 4
+    return per_token, lp, ref, n
+
+
+def answer_logps_of(per_token, mask):
+    from workbench.train.preference import AnswerLogps
+    return AnswerLogps(per_token, mask, per_token.sum(-1), mask.sum(-1))
+
+
+@pytest.mark.parametrize("lam", [0.5, 50.0])
+def test_dpop_is_the_papers_formula(lam):
+    """DPOP (Pal et al. 2024, eq. 3) written out pair by pair in float64: −log σ(β [(π_c − ref_c) − (π_r − ref_r)
+    − λ max(0, ref_c − π_c)]), mean over the pairs; loss and gradient to 1e-6 (fp32)."""
+    for seed in range(3):
+        per_token, lp, ref, n = random_pairs(seed)
+        got = dpo_loss(lp.rows(slice(0, n)), lp.rows(slice(n, None)), ref[:n], ref[n:], beta=0.1, dpop=lam)
+        pc, pr = per_token[:n].double().sum(-1), per_token[n:].double().sum(-1)
+        rc, rr = ref[:n].double(), ref[n:].double()
+        assert ((rc > pc).sum() > 2) and ((rc < pc).sum() > 2)   # both sides of the hinge
+        logits = 0.1 * ((pc - rc) - (pr - rr) - lam * torch.maximum(rc - pc, torch.zeros_like(pc)))
+        want = (-torch.log(1 / (1 + torch.exp(-logits)))).mean()
+        assert got.loss.item() == pytest.approx(want.item(), abs=1e-6)
+        g_got, = torch.autograd.grad(got.loss, per_token)
+        g_want, = torch.autograd.grad(want, per_token)
+        torch.testing.assert_close(g_got, g_want.float(), atol=1e-6, rtol=1e-5)
+        # the rewards stay DPO's, β (π − ref)
+        torch.testing.assert_close(got.chosen_rewards, (0.1 * (pc - rc)).float().detach())
+
+
+def test_dpop_zero_is_plain_dpo_and_its_penalty_is_zero_while_the_chosen_have_not_fallen(pairs):
+    per_token, lp, ref, n = random_pairs(5)
+    c, r = lp.rows(slice(0, n)), lp.rows(slice(n, None))
+    for smoothing in (0.0, 0.2):
+        plain = dpo_loss(c, r, ref[:n], ref[n:], 0.1, label_smoothing=smoothing)
+        assert torch.equal(dpo_loss(c, r, ref[:n], ref[n:], 0.1, label_smoothing=smoothing, dpop=0.0).loss,
+                           plain.loss)
+        assert dpo_loss(c, r, ref[:n], ref[n:], 0.1, label_smoothing=smoothing, dpop=50.0).loss > plain.loss
+    # every chosen answer at or above its reference: no penalty, whatever λ
+    above = torch.minimum(ref[:n], c.total.detach())
+    assert torch.equal(dpo_loss(c, r, above, ref[n:], 0.1, dpop=50.0).loss, dpo_loss(c, r, above, ref[n:], 0.1).loss)
+    # the step-0 check: policy = reference gives ln 2 and zero rewards with DPOP too
+    m = llama(0)
+    logits = m(input_ids=pairs["input_ids"]).logits
+    c, r, rc, rr = ours(logits, logits.detach(), pairs)
+    out = dpo_loss(c, r, rc, rr, beta=0.1, dpop=50.0)
+    assert out.loss.item() == pytest.approx(math.log(2), abs=1e-6)
+    assert out.chosen_rewards.abs().max().item() == 0 and out.rejected_rewards.abs().max().item() == 0
+    # ... and its gradient is DPO's: the hinge's subgradient at 0 is 0 (not 1, as clamp's would be), so the first
+    # step is plain DPO's rather than one with λ times the chosen answers' gradient added
+    g_dpop = torch.autograd.grad(out.loss, m.lm_head.weight, retain_graph=True)[0]
+    g_dpo = torch.autograd.grad(dpo_loss(c, r, rc, rr, beta=0.1).loss, m.lm_head.weight)[0]
+    assert g_dpo.abs().max() > 0 and torch.equal(g_dpop, g_dpo)
+    with pytest.raises(ValueError, match="dpop -1"):
+        dpo_loss(c, r, rc, rr, beta=0.1, dpop=-1.0)

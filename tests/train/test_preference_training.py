@@ -178,3 +178,21 @@ def test_kto_and_simpo_train(base, objective, corpus, start):
     else:
         assert "no reference" in cp.stdout
     assert len(prefs(d)) == 4 and all(math.isfinite(r["loss"]) for r in prefs(d))
+
+
+def test_dpop_holds_up_the_chosen_answers_dpo_pushes_down(base):
+    """train.dpop_lambda reaches the loss: the same seed, data and steps as plain DPO; step 1 is DPO's to the bit
+    (policy = reference: no penalty, and the hinge's gradient there is 0), and once plain DPO has pushed the chosen
+    answers below the reference, DPOP's stay higher."""
+    sets = ["train.objective=dpo", "train.max_iters=8", "train.lr=3e-3"]
+    assert train(base, "dpo-plain", "sft", "pairs", *sets).returncode == 0
+    cp = train(base, "dpop", "sft", "pairs", *sets, "train.dpop_lambda=50")
+    assert cp.returncode == 0, cp.stderr
+    plain, dpop = prefs(base["root"] / "dpo-plain"), prefs(base["root"] / "dpop")
+    assert dpop[0]["loss"] == pytest.approx(LN2, abs=1e-6) and dpop[0]["chosen_reward"] == 0
+    assert dpop[0]["loss"] == plain[0]["loss"]
+    # the first update was DPO's: step 2 starts from the same weights (its loss may differ: the penalty)
+    assert [(r["chosen_drift"], r["rejected_drift"]) for r in dpop[:2]] == \
+        [(r["chosen_drift"], r["rejected_drift"]) for r in plain[:2]]
+    assert plain[-1]["chosen_drift"] < 0
+    assert dpop[-1]["chosen_drift"] > plain[-1]["chosen_drift"]

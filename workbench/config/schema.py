@@ -159,6 +159,11 @@ class TrainConfig:
                                      "(its KL rows pair answers by batch). auto: precompute for a full "
                                      "fine-tune's dpo, live otherwise.",
                               choices=("auto", "live", "precompute"))
+    dpop_lambda: float = _f(0.0, "dpo: DPO-Positive's (DPOP, Pal et al. 2024) penalty lambda on the chosen answers' "
+                                 "log-prob falling below the reference's: the margin less lambda * max(0, ref_c - "
+                                 "pi_c) (summed log-probs). It keeps DPO from pushing the chosen answers down with "
+                                 "rejected ones that share most of their tokens; the paper uses 50. 0 = plain DPO.",
+                            min=0.0)
     simpo_gamma: float = _f(1.0, "simpo: the target reward margin gamma (beta / 2 is the paper's advice).", min=0.0)
     kto_desirable_weight: float = _f(1.0, "kto: weight of the desirable (label true) answers' loss.", min=0.0,
                                      min_exclusive=True)

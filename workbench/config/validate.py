@@ -123,6 +123,9 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
     if "train.loss_on" in user_set and p.data.format == "text":
         bad(f"train.loss_on = {t.loss_on} applies to chat data, but data.format = text; set data.format = chat "
             "(or auto) for conversations")
+    if t.dpop_lambda and t.objective != "dpo":
+        bad(f"train.dpop_lambda = {t.dpop_lambda:g} is DPOP's penalty on DPO's chosen answers, but train.objective = "
+            f"{t.objective}; set train.objective = dpo (or train.dpop_lambda = 0)")
     if t.objective != "sft":
         if m.dropout > 0:
             bad(f"train.objective = {t.objective} trains without dropout (its reference and the step-0 check need a "

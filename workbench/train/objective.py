@@ -124,7 +124,7 @@ class Objective:
             table = None if b.ref_chosen is None else torch.cat([b.ref_chosen, b.ref_rejected])
             ref = self.reference.logps(x, y, table)
             res = dpo_loss(chosen, rejected, ref[:n], ref[n:], self.plan.beta, t.pref_label_smoothing,
-                           t.pref_sft_weight)
+                           t.pref_sft_weight, t.dpop_lambda)
         elif o == "simpo":
             res = simpo_loss(chosen, rejected, self.plan.beta, t.simpo_gamma, t.pref_label_smoothing,
                              t.pref_sft_weight)

@@ -7,7 +7,10 @@ implementation (TRL's trainers, tests/train/test_preference.py):
 * **dpo**: sigmoid DPO (Rafailov et al. 2023) on *summed* log-probs against a frozen reference:
   ``-log σ(β [(π_c − ref_c) − (π_r − ref_r)])``; with ``label_smoothing`` ε > 0, robust DPO (Chowdhury et al.
   2024), TRL's ``robust``: ``[−(1−ε) log σ(βΔ) + ε log σ(−βΔ)] / (1 − 2ε)``. Rewards: ``β (π − ref)``. At the
-  first step the policy is the reference, so the loss is ln 2 and both rewards 0 (the trainer checks it).
+  first step the policy is the reference, so the loss is ln 2 and both rewards 0 (the trainer checks it). With
+  ``dpop`` λ > 0, DPO-Positive (Pal et al. 2024, eq. 3): Δ less ``λ · max(0, ref_c − π_c)``, a penalty on the
+  chosen answer's fall below the reference (0 while it has not fallen, so step 0 is still ln 2, its gradient
+  DPO's).
 * **simpo**: reference-free (Meng et al. 2024), on *length-averaged* log-probs: ``−log σ(β (π̄_c − π̄_r) − γ)``
   (with ε, the conservative form, as TRL's CPO trainer: ``−(1−ε) log σ(x) − ε log σ(−x)``). Rewards: ``β π̄``.
 * **orpo**: reference-free (Hong et al. 2024): the chosen answers' SFT loss plus ``−λ log σ(log odds_c − log
@@ -89,12 +92,19 @@ def sft_term(chosen: AnswerLogps) -> torch.Tensor:
 
 
 def dpo_loss(chosen: AnswerLogps, rejected: AnswerLogps, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor,
-             beta: float, label_smoothing: float = 0.0, sft_weight: float = 0.0) -> PreferenceLoss:
-    """Sigmoid DPO (robust DPO with ``label_smoothing``); ``ref_*``: the reference's summed log-probs [B]."""
+             beta: float, label_smoothing: float = 0.0, sft_weight: float = 0.0,
+             dpop: float = 0.0) -> PreferenceLoss:
+    """Sigmoid DPO (robust DPO with ``label_smoothing``, DPOP with ``dpop`` λ); ``ref_*``: the reference's summed
+    log-probs [B]."""
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing {label_smoothing} must be in [0, 0.5)")
+    if dpop < 0:
+        raise ValueError(f"dpop {dpop} must be >= 0")
     chosen_ratio, rejected_ratio = chosen.total - ref_chosen, rejected.total - ref_rejected
-    x = beta * (chosen_ratio - rejected_ratio)
+    delta = chosen_ratio - rejected_ratio
+    if dpop:
+        delta = delta - dpop * torch.relu(-chosen_ratio)   # gradient 0 at the hinge: step 1 is DPO's (clamp: 1)
+    x = beta * delta
     if label_smoothing:
         per_pair = (-(1 - label_smoothing) * F.logsigmoid(x) + label_smoothing * F.logsigmoid(-x)) \
             / (1 - 2 * label_smoothing)
