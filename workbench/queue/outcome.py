@@ -111,7 +111,8 @@ def unspent_seconds(run_dir: Path, seconds: float | None) -> float | None:
         return max(0.0, st.budget_s - st.budget_spent_s)
     if not (st.step and st.max_iters > st.step):
         return None
-    timed = [(r.step, r.elapsed_s) for r in current_timeline(read_metrics(run_dir / rundir.METRICS_FILE))
+    # the file's last 64 KiB (hundreds of logged steps) give the pace; the Queue pane asks every few seconds
+    timed = [(r.step, r.elapsed_s) for r in current_timeline(rundir.last_records(run_dir / rundir.METRICS_FILE))
              if isinstance(r, TrainRecord) and r.elapsed_s is not None]
     if len(timed) >= 2 and timed[-1][0] > timed[0][0]:
         pace = (timed[-1][1] - timed[0][1]) / (timed[-1][0] - timed[0][0])

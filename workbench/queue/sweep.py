@@ -393,12 +393,9 @@ def compute_saved(rows: list[Result]) -> dict[str, float]:
 def gpu_memory_line(rows: list[Result]) -> str | None:
     """What the GPU had free between the trials against before the first: each trial is its own process, so
     its memory should all come back ("within N MiB of the start"); None when no trial measured it (no GPU)."""
-    measured = [r for r in rows if r.gpu_free[0] is not None or r.gpu_free[1] is not None]
-    if not measured:
-        return None
-    start = next((r.gpu_free[0] for r in measured if r.gpu_free[0] is not None), None)
-    after = [(r.name, r.gpu_free[1]) for r in measured if r.gpu_free[1] is not None]
-    if start is None or not after:   # not both ends measured yet
+    start = next((r.gpu_free[0] for r in rows if r.gpu_free[0] is not None), None)
+    after = [(r.name, r.gpu_free[1]) for r in rows if r.gpu_free[1] is not None]
+    if start is None or not after:   # no GPU, or not both ends measured yet
         return None
     name, worst = max(after, key=lambda a: abs(a[1] - start))
     return (f"GPU memory free: {start:,.0f} MiB before the first trial; after each of {len(after)} trial(s) within "
