@@ -80,30 +80,75 @@ def kind(rec: dict) -> str:
     return "reverse" if text.startswith("Reverse") else "sort" if text.startswith("Sort") else "colour"
 
 
-def replies(run_dir: Path, step: str | int, recs: list[dict]) -> list[str]:
-    """The greedy reply of ``run_dir``'s checkpoint ``step`` to each conversation without its last message."""
+def replies(run_dir: Path, step: str | int, recs: list[dict], batch: int = 64, device: str = "cpu") -> list[str]:
+    """The greedy reply of ``run_dir``'s checkpoint ``step`` to each conversation without its last message.
+
+    Prompts of the same token length go through together (a KV cache of ``batch`` rows, no padding, so each row
+    computes what workbench.train.chat_reply.reply computes for it alone; the prompts too long for the context
+    go through reply itself; tests/bench/test_chat_sft_replies.py checks the two agree), which makes scoring a few
+    hundred conversations take seconds, not minutes."""
     import torch
 
+    from workbench.data.chat import ChatEncoder
     from workbench.data.chat_templates import load_chat_template
     from workbench.data.tokenizer import load_tokenizer
     from workbench.train.chat_reply import reply
     from workbench.train.checkpoint import load_run_model
 
-    torch.set_num_threads(1)  # one sequence of a 5 M model: faster so, and ~10x faster on a shared CPU
-    model, tok = load_run_model(run_dir, step).model, load_tokenizer(run_dir)
-    template = load_chat_template("chatml")  # the pretrained run has none of its own; the fine-tunes use it
+    model, tok = load_run_model(run_dir, step, device=device).model, load_tokenizer(run_dir)
+    model.eval()
+    enc = ChatEncoder(load_chat_template("chatml"), tok)  # the pretrained run has none; the fine-tunes use it
+    stops = {enc.end_id, *([tok.eod_id] if tok.eod_id is not None else [])}
     max_tokens = 4 + max(len(tok.encode(r["messages"][-1]["content"])) for r in recs)  # the longest answer + 4
-    return [reply(model, tok, template, rec["messages"][:-1], max_tokens=max_tokens).text for rec in recs]
+    prompts = [enc.prompt_ids(r["messages"][:-1]) for r in recs]
+    by_len: dict[int, list[int]] = {}
+    out: list[list[int]] = [[] for _ in recs]
+    for i, p in enumerate(prompts):
+        if len(p) + max_tokens > model.cfg.seq_len:  # generate's context roll: the one-at-a-time reply
+            out[i] = reply(model, tok, enc.template, recs[i]["messages"][:-1], max_tokens=max_tokens).ids
+        else:
+            by_len.setdefault(len(p), []).append(i)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for n, idx in by_len.items():
+            for lo in range(0, len(idx), batch):
+                rows = idx[lo:lo + batch]
+                cache = model.new_cache(len(rows), device, next(model.parameters()).dtype)
+                logits, _ = model(torch.tensor([prompts[i] for i in rows], device=device), cache=cache)
+                done = [False] * len(rows)
+                for t in range(max_tokens):
+                    nxt = logits[:, -1].argmax(-1)
+                    for j, i in enumerate(rows):
+                        if not done[j]:
+                            tid = int(nxt[j])
+                            done[j] = tid in stops
+                            if not done[j]:
+                                out[i].append(tid)
+                    if all(done) or t + 1 == max_tokens:
+                        break
+                    logits, _ = model(nxt[:, None], cache=cache)
+    return [tok.decode(ids) for ids in out]
 
 
-def score(run_dir: Path, step: str | int, held: list[dict]) -> dict[str, float]:
+def score(run_dir: Path, step: str | int, held: list[dict], device: str = "cpu") -> dict[str, float]:
     """Exact match (%) of the greedy replies of ``run_dir``'s checkpoint ``step``, overall and by kind."""
     hits: dict[str, list[bool]] = {"all": [], "reverse": [], "sort": [], "colour": []}
-    for rec, got in zip(held, replies(run_dir, step, held)):
+    for rec, got in zip(held, replies(run_dir, step, held, device=device)):
         ok = got.strip() == rec["messages"][-1]["content"].strip()
         hits["all"].append(ok)
         hits[kind(rec)].append(ok)
     return {k: 100.0 * sum(v) / max(1, len(v)) for k, v in hits.items()}
+
+
+def score_in_process(run_dir: Path, n_held: int, device: str = "cpu") -> dict[str, float]:
+    """:func:`score` of the run's latest checkpoint on the first ``n_held`` held-out conversations (seed 1), in
+    a process of its own with one thread (benches that train several runs at once score them side by side)."""
+    cp = subprocess.run([sys.executable, __file__, "--score", str(run_dir), "--held", str(n_held), "--device",
+                         device], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                        env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if cp.returncode != 0:
+        raise SystemExit(f"chat_sft: scoring {run_dir} failed ({cp.returncode}):\n{cp.stderr[-2000:]}")
+    return json.loads(cp.stdout.splitlines()[-1])
 
 
 def trained_per_step(run_dir: Path, steps: int) -> list[int]:
@@ -161,7 +206,12 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=None, help="score a checkpoint every this many steps")
     ap.add_argument("--held", type=int, default=None, help="held-out conversations (default 200; quick 60)")
     ap.add_argument("--out", type=Path, default=None, help="runs and cache here (default: a new temp dir)")
+    ap.add_argument("--score", type=Path, default=None, help=argparse.SUPPRESS)  # score_in_process's entry
+    ap.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.score:
+        print(json.dumps(score(a.score, "latest", conversations(a.held, seed=1), device=a.device)))
+        return 0
     pre_steps = a.pretrain or (100 if a.quick else 400)
     steps = a.steps or (60 if a.quick else 400)
     every = a.every or steps // (2 if a.quick else 4)

@@ -37,6 +37,7 @@ import argparse
 import random
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,10 +81,10 @@ def synthetic_pairs(recs: list[dict], seed: int = 0) -> list[dict]:
     return [pair(r, wrong_answer(r, rng)) for r in recs]
 
 
-def onpolicy_pairs(run_dir: Path, recs: list[dict]) -> tuple[list[dict], dict[str, int]]:
+def onpolicy_pairs(run_dir: Path, recs: list[dict], device: str = "cpu") -> tuple[list[dict], dict[str, int]]:
     """The model's greedy reply to each record's prompt (as chat_sft.score decodes it); a pair for each wrong,
     non-empty one: the correct answer chosen, the reply rejected. Also the counts (right, wrong, empty)."""
-    replies = chat_sft.replies(run_dir, "latest", recs)
+    replies = chat_sft.replies(run_dir, "latest", recs, device=device)
     pairs, counts = [], {"right": 0, "wrong": 0, "empty": 0}
     for rec, got in zip(recs, replies):
         if got.strip() == rec["messages"][-1]["content"].strip():
@@ -96,12 +97,13 @@ def onpolicy_pairs(run_dir: Path, recs: list[dict]) -> tuple[list[dict], dict[st
     return pairs, counts
 
 
-def write_pairs(out: Path, kind: str, sft: int, train_recs: list[dict]) -> tuple[Path, Path]:
-    """The pairs file and its chosen halves as conversations (the sft-pairs arm's corpus); made once per --out."""
-    path, chosen = out / f"pairs-{kind}-sft{sft}.jsonl", out / f"chosen-{kind}-sft{sft}.jsonl"
+def write_pairs(out: Path, kind: str, sft: str, train_recs: list[dict], device: str = "cpu") -> tuple[Path, Path]:
+    """The pairs file and its chosen halves as conversations (the sft-pairs arm's corpus); made once per --out
+    and chat-tuned run ``sft``."""
+    path, chosen = out / f"pairs-{kind}-{sft}.jsonl", out / f"chosen-{kind}-{sft}.jsonl"
     if not path.is_file():
         if kind == "onpolicy":
-            pairs, counts = onpolicy_pairs(out / "runs" / "sft", train_recs)
+            pairs, counts = onpolicy_pairs(out / "runs" / sft, train_recs, device)
             print(f"  on-policy pairs: the chat-tuned model answered {len(train_recs):,} training prompts: "
                   f"{counts['right']:,} right, {counts['wrong']:,} wrong (pairs), {counts['empty']:,} empty",
                   flush=True)
@@ -115,7 +117,8 @@ def write_pairs(out: Path, kind: str, sft: int, train_recs: list[dict]) -> tuple
 def arm_name(arm: str, a: argparse.Namespace, seed: int) -> str:
     beta = f"-b{a.beta:g}" if arm.startswith("dpo") else ""
     beta += f"-l{a.dpop:g}" if arm == "dpop" else ""
-    return f"{arm}-{a.pairs if arm != 'sft' else 'all'}-n{a.steps}-lr{a.lr:g}{beta}-bs{a.batch}-s{seed}"
+    return (f"{arm}-{a.pairs if arm != 'sft' else 'all'}-from{a.sft}-n{a.steps}-lr{a.lr:g}{beta}-bs{a.batch}"
+            f"-s{seed}")
 
 
 def parse() -> argparse.Namespace:
@@ -131,8 +134,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--pairs", choices=("onpolicy", "synthetic"), default="synthetic")
     ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(DEFAULT_ARMS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="the arms' train.seed, one run each")
+    ap.add_argument("--jobs", type=int, default=1, help="arms trained at once (each a process; scored after)")
+    ap.add_argument("--device", default=None, help="hardware.device of every run (default: the presets' auto)")
     ap.add_argument("--out", type=Path, default=None)
-    return ap.parse_args()
+    a = ap.parse_args()
+    a.device = [f"hardware.device={a.device}"] if a.device else []
+    return a
 
 
 def prepare(a: argparse.Namespace, out: Path, chats: str) -> None:
@@ -140,11 +147,17 @@ def prepare(a: argparse.Namespace, out: Path, chats: str) -> None:
     base = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", "train.lr=2e-3",
             "train.warmup_iters=20"]
     if a.pretrain:
-        chat_sft.train(out, "pre", "builtin", [*base, f"train.max_iters={a.pretrain}",
-                                               f"train.eval_interval={a.pretrain}"])
-    chat_sft.train(out, "sft", chats, [*base, f"train.max_iters={a.sft}", f"train.eval_interval={a.sft}",
-                                       *([] if a.pretrain else ["model.vocab_size=512", "data.chat_template=chatml"])],
-                   init_from="pre" if a.pretrain else None)
+        chat_sft.train(out, f"pre{a.pretrain}", "builtin", [*base, f"train.max_iters={a.pretrain}",
+                                                            f"train.eval_interval={a.pretrain}", *a.device])
+    chat_sft.train(out, sft_name(a), chats, [*base, f"train.max_iters={a.sft}", f"train.eval_interval={a.sft}",
+                                             *([] if a.pretrain else ["model.vocab_size=512",
+                                                                      "data.chat_template=chatml"]), *a.device],
+                   init_from=f"pre{a.pretrain}" if a.pretrain else None)
+
+
+def sft_name(a: argparse.Namespace) -> str:
+    """The chat-tuned run: named by its steps (and its pretraining's), so one --out holds several."""
+    return f"sft{a.sft}" + (f"-pre{a.pretrain}" if a.pretrain != 400 else "")
 
 
 def table(rows: list[tuple[str, list[dict]]], seeds: list[int]) -> None:
@@ -168,26 +181,35 @@ def main() -> int:
     held = conversations(a.held, seed=1)
     print(f"runs in {out}", flush=True)
     prepare(a, out, chats)
-    pairs, chosen = write_pairs(out, a.pairs, a.sft, train_recs)
+    sft = sft_name(a)
+    score_device = a.device[0].split("=", 1)[1] if a.device else "cpu"
+    pairs, chosen = write_pairs(out, a.pairs, sft, train_recs, score_device)
     n_pairs = sum(1 for _ in pairs.open())
     corpora = {"chats": chats, "pairs": str(pairs), "chosen": str(chosen)}
-    rows = [("chat-tuned (the starting checkpoint)", [chat_sft.score(out / "runs" / "sft", "latest", held)])]
+    rows = [("chat-tuned (the starting checkpoint)", [chat_sft.score(out / "runs" / sft, "latest", held,
+                                                                      device=score_device)])]
     arm_sets = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", f"train.lr={a.lr:g}",
                 f"train.min_lr={a.lr:g}",  # cpu-small's min_lr is 1e-4: the arms at 1e-4 ran flat after warmup
                 "train.warmup_iters=10", f"train.max_iters={a.steps}", f"train.eval_interval={a.steps}",
-                f"train.batch_size={a.batch}"]
+                f"train.batch_size={a.batch}", *a.device]
+    runs = []
     for arm in a.arms:
-        label, corpus, sets = ARMS[arm]
+        _, corpus, sets = ARMS[arm]
         sets = [*sets, f"train.pref_beta={a.beta:g}"] if arm.startswith("dpo") else sets
         sets = [*sets, f"train.dpop_lambda={a.dpop:g}"] if arm == "dpop" else sets
-        label = label.replace("--dpop", f"{a.dpop:g}")
-        scores = []
-        for seed in a.seeds:
-            name = arm_name(arm, a, seed)
-            chat_sft.train(out, name, corpora[corpus], [*arm_sets, *sets, f"train.seed={seed}"], init_from="sft")
-            scores.append(chat_sft.score(out / "runs" / name, "latest", held))
-            print(f"    {name}: exact match {scores[-1]['all']:.1f} %", flush=True)
-        rows.append((f"+{a.steps} steps: {label}", scores))
+        runs += [(arm_name(arm, a, seed), corpora[corpus], [*arm_sets, *sets, f"train.seed={seed}"])
+                 for seed in a.seeds]
+    def train_and_score(run: tuple[str, str, list[str]]) -> dict[str, float]:
+        chat_sft.train(out, run[0], run[1], run[2], init_from=sft)
+        got = chat_sft.score_in_process(out / "runs" / run[0], a.held, score_device)
+        print(f"    {run[0]}: exact match {got['all']:.1f} %", flush=True)
+        return got
+
+    with ThreadPoolExecutor(max(1, a.jobs)) as pool:  # each a subprocess: threads only wait
+        scored = dict(zip((r[0] for r in runs), pool.map(train_and_score, runs)))
+    for arm in a.arms:
+        rows.append((f"+{a.steps} steps: {ARMS[arm][0].replace('--dpop', f'{a.dpop:g}')}",
+                     [scored[arm_name(arm, a, seed)] for seed in a.seeds]))
     print(f"\n{a.pairs} pairs: {n_pairs:,}; lr {a.lr:g}, batch {a.batch}, DPO beta {a.beta:g}; seeds {a.seeds}")
     print(f"exact match on {a.held} held-out conversations (greedy):")
     table(rows, a.seeds)
