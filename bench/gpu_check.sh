@@ -3,7 +3,7 @@
 # precision auto, bf16 / fp16 + GradScaler / fp32, TF32, the fused loss on CUDA, --nproc 1 and NCCL), then a
 # bf16 + compile run, kill -9 / resume agreement on CUDA, throughput and MFU for gpu-8gb and a ~124 M-parameter
 # config, estimated vs measured peak memory. Exits non-zero when a GPU test fails.
-# Usage: bash bench/gpu_check.sh [quick|tests|sweep-memory|numbers|eval|muon|muon-time|medium-time|chat|mfu|profile|savers|recipe|budget|peers|peers-time]   (tests: the GPU tests alone; quick: the GPU
+# Usage: bash bench/gpu_check.sh [quick|tests|sweep-memory|preference|numbers|eval|muon|muon-time|medium-time|chat|mfu|profile|savers|recipe|budget|peers|peers-time]   (tests: the GPU tests alone; quick: the GPU
 # tests, kill -9 / resume and fit's OOM path; numbers: the throughput runs and estimates alone; muon: Muon against AdamW,
 # time a step and the Newton-Schulz share; mfu: the ~124 M config's MFU levers, each one trainer run, and the gpu-8gb
 # defaults; eval: task scores while training on CUDA and `workbench eval` on CUDA and CPU; set WB_LEVERS to choose which;
@@ -84,6 +84,22 @@ if [ "${1:-}" = sweep-memory ]; then  # issue 47: a sweep of gpu-8gb-sized trial
     $PY -m workbench sweep show gmem --runs-dir $S
     $PY -m workbench sweep show gmem --runs-dir $S --tsv
     $PY -m workbench queue ls --runs-dir $S
+    exit 0
+fi
+if [ "${1:-}" = preference ]; then  # issue 46: bench/preference.py on the GPU, its arms WB_JOBS at a time (the
+    # host's 16 cores start them; the tiny models share the card), for each kind of pairs and learning rate, several
+    # seeds. DPO's reference is the frozen copy (live) here; then one DPO run with the default (a precomputed table
+    # on CUDA, bf16) shows whether its start check passes there.
+    P=${WB_PREF_OUT:-/tmp/wbpref}
+    $PY bench/preference.py --out $P --device ${WB_DEVICE:-cuda} --jobs ${WB_JOBS:-16} --pairs ${WB_PAIRS:-onpolicy synthetic} \
+        --lr ${WB_LRS:-1e-4} --sft ${WB_SFT:-300} --steps ${WB_STEPS:-100} --held ${WB_HELD:-500} \
+        --seeds ${WB_SEEDS:-0 1 2 3} --arms ${WB_ARMS:-sft sft-pairs dpo dpo-sft dpop simpo orpo} \
+        --set train.pref_reference=live ${WB_PREF_ARGS:-} | grep -v "^  WORKBENCH_CACHE_DIR"
+    kind=${WB_PAIRS:-onpolicy}; kind=${kind%% *}
+    $PY -m workbench train cpu-small --corpus $P/pairs-$kind-sft${WB_SFT:-300}${WB_SFT_SUFFIX:-}.jsonl --runs-dir $P/runs \
+        --name dpo-precomputed --yes --init-from sft${WB_SFT:-300}${WB_SFT_SUFFIX:-} --set model.seq_len=128 hardware.compile=false \
+        hardware.device=${WB_DEVICE:-cuda} train.objective=dpo train.max_iters=20 train.eval_interval=20 train.warmup_iters=5 \
+        train.lr=1e-4 2>&1 | grep -E "reference|step 0|step 20|error|finished"
     exit 0
 fi
 if [ "${1:-}" = eval ]; then  # task scoring on CUDA: while training (bf16 autocast, per-block compile) and `workbench eval`

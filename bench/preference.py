@@ -114,11 +114,11 @@ def write_pairs(out: Path, kind: str, sft: str, train_recs: list[dict], device: 
     return path, chosen
 
 
-def arm_name(arm: str, a: argparse.Namespace, seed: int) -> str:
+def arm_name(arm: str, a: argparse.Namespace, kind: str, lr: float, seed: int) -> str:
     beta = f"-b{a.beta:g}" if arm.startswith("dpo") else ""
     beta += f"-l{a.dpop:g}" if arm == "dpop" else ""
-    return (f"{arm}-{a.pairs if arm != 'sft' else 'all'}-from{a.sft}-n{a.steps}-lr{a.lr:g}{beta}-bs{a.batch}"
-            f"-s{seed}")
+    return (f"{arm}-{kind if arm != 'sft' else 'all'}-from{a.sft}-n{a.steps}-lr{lr:g}{beta}-bs{a.batch}"
+            f"{'-' + '-'.join(a.set).replace('=', '') if a.set else ''}-s{seed}")
 
 
 def parse() -> argparse.Namespace:
@@ -127,11 +127,14 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--sft", type=int, default=300, help="chat-tuning steps before the comparison")
     ap.add_argument("--steps", type=int, default=100, help="extra steps of each arm")
     ap.add_argument("--held", type=int, default=200)
-    ap.add_argument("--lr", type=float, default=1e-4, help="each arm's learning rate")
+    ap.add_argument("--lr", type=float, nargs="+", default=[1e-4], help="each arm's learning rate (several: each)")
     ap.add_argument("--beta", type=float, default=0.1, help="DPO's beta (train.pref_beta)")
     ap.add_argument("--dpop", type=float, default=50.0, help="the dpop arm's train.dpop_lambda")
     ap.add_argument("--batch", type=int, default=8, help="each arm's train.batch_size (pairs, or rows for SFT)")
-    ap.add_argument("--pairs", choices=("onpolicy", "synthetic"), default="synthetic")
+    ap.add_argument("--pairs", choices=("onpolicy", "synthetic"), nargs="+", default=["synthetic"],
+                    help="which pairs (several: each, in one pool of --jobs)")
+    ap.add_argument("--set", nargs="+", default=[],
+                    help="more overrides for every arm (e.g. train.pref_reference=live)")
     ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(DEFAULT_ARMS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="the arms' train.seed, one run each")
     ap.add_argument("--jobs", type=int, default=1, help="arms trained at once (each a process; scored after)")
@@ -166,6 +169,9 @@ def table(rows: list[tuple[str, list[dict]]], seeds: list[int]) -> None:
     print(f"| model | exact match{' (mean; each seed)' if many else ''} | reverse | sort | colour |")
     print("|---|---|---|---|---|")
     for label, scores in rows:
+        if not scores:
+            print(f"| {label} | failed | | | |")
+            continue
         mean = {k: sum(s[k] for s in scores) / len(scores) for k in kinds}
         each = " (" + " / ".join(f"{s['all']:.1f}" for s in scores) + ")" if many and len(scores) > 1 else ""
         print(f"| {label} | {mean['all']:.1f} %{each} | "
@@ -183,36 +189,49 @@ def main() -> int:
     prepare(a, out, chats)
     sft = sft_name(a)
     score_device = a.device[0].split("=", 1)[1] if a.device else "cpu"
-    pairs, chosen = write_pairs(out, a.pairs, sft, train_recs, score_device)
-    n_pairs = sum(1 for _ in pairs.open())
-    corpora = {"chats": chats, "pairs": str(pairs), "chosen": str(chosen)}
-    rows = [("chat-tuned (the starting checkpoint)", [chat_sft.score(out / "runs" / sft, "latest", held,
-                                                                      device=score_device)])]
-    arm_sets = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", f"train.lr={a.lr:g}",
-                f"train.min_lr={a.lr:g}",  # cpu-small's min_lr is 1e-4: the arms at 1e-4 ran flat after warmup
-                "train.warmup_iters=10", f"train.max_iters={a.steps}", f"train.eval_interval={a.steps}",
-                f"train.batch_size={a.batch}", *a.device]
-    runs = []
-    for arm in a.arms:
-        _, corpus, sets = ARMS[arm]
-        sets = [*sets, f"train.pref_beta={a.beta:g}"] if arm.startswith("dpo") else sets
-        sets = [*sets, f"train.dpop_lambda={a.dpop:g}"] if arm == "dpop" else sets
-        runs += [(arm_name(arm, a, seed), corpora[corpus], [*arm_sets, *sets, f"train.seed={seed}"])
-                 for seed in a.seeds]
-    def train_and_score(run: tuple[str, str, list[str]]) -> dict[str, float]:
-        chat_sft.train(out, run[0], run[1], run[2], init_from=sft)
-        got = chat_sft.score_in_process(out / "runs" / run[0], a.held, score_device)
-        print(f"    {run[0]}: exact match {got['all']:.1f} %", flush=True)
+    corpora, n_pairs = {"chats": chats}, {}
+    for kind in a.pairs:
+        pairs, chosen = write_pairs(out, kind, sft, train_recs, score_device)
+        corpora |= {("pairs", kind): str(pairs), ("chosen", kind): str(chosen)}
+        n_pairs[kind] = sum(1 for _ in pairs.open())
+    start = chat_sft.score(out / "runs" / sft, "latest", held, device=score_device)
+    runs: dict[str, tuple[str, list[str]]] = {}   # name: (corpus, --set); sft's run serves every kind of pairs
+    for kind in a.pairs:
+        for lr in a.lr:
+            for arm in a.arms:
+                _, corpus, sets = ARMS[arm]
+                sets = [*sets, f"train.pref_beta={a.beta:g}"] if arm.startswith("dpo") else sets
+                sets = [*sets, f"train.dpop_lambda={a.dpop:g}"] if arm == "dpop" else sets
+                sets = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", f"train.lr={lr:g}",
+                        f"train.min_lr={lr:g}",  # cpu-small's min_lr is 1e-4: at 1e-4 the arms ran flat after warmup
+                        "train.warmup_iters=10", f"train.max_iters={a.steps}", f"train.eval_interval={a.steps}",
+                        f"train.batch_size={a.batch}", *a.device, *sets, *a.set]
+                for seed in a.seeds:
+                    runs[arm_name(arm, a, kind, lr, seed)] = (
+                        corpora[corpus if corpus == "chats" else (corpus, kind)], [*sets, f"train.seed={seed}"])
+
+    def train_and_score(name: str) -> dict[str, float] | None:
+        try:
+            chat_sft.train(out, name, runs[name][0], runs[name][1], init_from=sft)
+            got = chat_sft.score_in_process(out / "runs" / name, a.held, score_device)
+        except SystemExit as e:  # one run's failure is said and left out of the table; the others go on
+            print(f"    {name}: failed: {str(e)[-600:]}", flush=True)
+            return None
+        print(f"    {name}: exact match {got['all']:.1f} %", flush=True)
         return got
 
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:  # each a subprocess: threads only wait
-        scored = dict(zip((r[0] for r in runs), pool.map(train_and_score, runs)))
-    for arm in a.arms:
-        rows.append((f"+{a.steps} steps: {ARMS[arm][0].replace('--dpop', f'{a.dpop:g}')}",
-                     [scored[arm_name(arm, a, seed)] for seed in a.seeds]))
-    print(f"\n{a.pairs} pairs: {n_pairs:,}; lr {a.lr:g}, batch {a.batch}, DPO beta {a.beta:g}; seeds {a.seeds}")
-    print(f"exact match on {a.held} held-out conversations (greedy):")
-    table(rows, a.seeds)
+        scored = dict(zip(runs, pool.map(train_and_score, runs)))
+    for kind in a.pairs:
+        for lr in a.lr:
+            rows = [("chat-tuned (the starting checkpoint)", [start])]
+            rows += [(f"+{a.steps} steps: {ARMS[arm][0].replace('--dpop', f'{a.dpop:g}')}",
+                      [got for seed in a.seeds if (got := scored[arm_name(arm, a, kind, lr, seed)]) is not None])
+                     for arm in a.arms]
+            print(f"\n{kind} pairs: {n_pairs[kind]:,}; lr {lr:g}, batch {a.batch}, DPO beta {a.beta:g}; "
+                  f"seeds {a.seeds}{'; ' + ' '.join(a.set) if a.set else ''}")
+            print(f"exact match on {a.held} held-out conversations (greedy):")
+            table(rows, a.seeds)
     print("\ncommands:")
     for c in chat_sft.COMMANDS:
         print("  " + c)
