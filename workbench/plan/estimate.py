@@ -397,11 +397,15 @@ def objective_or_none(preset: Preset) -> ObjectivePlan:
 
 
 def reference_bytes(preset: Preset, settings: RunSettings, objective: ObjectivePlan) -> int:
-    """A frozen copy of the weights (a full fine-tune's reference): in the compute dtype (2 bytes a parameter in
-    bf16/fp16, 4 in fp32); the reference of a LoRA run is the model itself with its adapters off (0)."""
+    """A frozen copy of the weights (a full fine-tune's reference): its matrices in the compute dtype (2 bytes a
+    parameter in bf16/fp16, 4 in fp32), its embedding and norms in fp32 as the policy's are (so that it computes
+    what the policy computes under autocast); the reference of a LoRA run is the model itself with its adapters
+    off (0)."""
     if objective.reference != "frozen copy":
         return 0
-    return (2 if settings.precision != "fp32" else 4) * count_params(preset.model)
+    parts = param_breakdown(preset.model)
+    kept = parts["embedding"] + parts["norms"]
+    return (2 if settings.precision != "fp32" else 4) * (count_params(preset.model) - kept) + 4 * kept
 
 
 def fits(mem: MemoryEstimate, available: int | None, headroom: float = HEADROOM) -> bool | None:

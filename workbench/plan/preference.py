@@ -11,8 +11,9 @@ The reference, chosen automatically:
   the weights. Started from a run that itself carried adapters (a chat-tuned LoRA run), workbench merged those
   adapters into the new run's frozen weights (``init/model.pt``), so the reference is that chat-tuned model,
   its adapter frozen into it, not the base under it (TRL keeps a separate frozen copy of the adapter for this).
-* ``frozen copy``: a full fine-tune keeps a frozen copy of the weights it started from (in the compute dtype:
-  fp32 on a CPU, bf16/fp16 on a GPU), counted in the memory estimate (``train.pref_reference = live``, and KTO's).
+* ``frozen copy``: a full fine-tune keeps a frozen copy of the weights it started from (fp32 on a CPU; on a GPU
+  its matrices in bf16/fp16, as autocast casts the policy's, its embedding and norms in fp32), counted in the
+  memory estimate (``train.pref_reference = live``, and KTO's).
 * ``precomputed``: the reference's log-prob of every answer, computed once before training with the starting
   weights (the policy itself, before its first update), cached with the prepared data
   (:mod:`workbench.data.reference_table`) and read beside each batch: no second copy of the weights and no

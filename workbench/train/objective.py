@@ -221,9 +221,9 @@ class Objective:
 def build_objective(p: Preset, plan: ObjectivePlan, model: torch.nn.Module, device: torch.device,
                     init: dict | None, dtype: torch.dtype | None, faults: Faults) -> Objective:
     """The objective of a preference run and its reference, as ``plan`` chose it: ``model`` with its adapters off
-    (LoRA), or a frozen copy of the starting weights ``init`` (a full fine-tune; in the compute ``dtype`` on a
-    GPU), or a table of precomputed values the batches carry (filled by :mod:`workbench.train.reference` before
-    the first step), or none."""
+    (LoRA), or a frozen copy of the starting weights ``init`` (a full fine-tune; its matrices in the compute
+    ``dtype`` on a GPU), or a table of precomputed values the batches carry (filled by
+    :mod:`workbench.train.reference` before the first step), or none."""
     reference = None
     if plan.reference != "none":
         frozen = None
@@ -235,7 +235,11 @@ def build_objective(p: Preset, plan: ObjectivePlan, model: torch.nn.Module, devi
             load_weights(frozen, init, f"{INIT_DIR}/model.pt")
             frozen.requires_grad_(False)
             frozen.eval()
-            frozen = frozen.to(device=device, dtype=dtype) if dtype is not None else frozen.to(device)
+            frozen = frozen.to(device)
+            if dtype is not None:  # the matrices as autocast casts the policy's (the same rounding, half the
+                for m in frozen.modules():  # bytes); the embedding and norms in fp32, as the policy's stay: an
+                    if isinstance(m, torch.nn.Linear):  # all-bf16 copy gave rewards of ~1e-2 at step 0 on CUDA
+                        m.to(dtype)
         reference = Reference(plan.reference, model, frozen, policy_is_reference=faults.reference_is_policy)
     return Objective(plan, p.train, model, reference)
 
