@@ -4,6 +4,8 @@ reference-free variant) on pairs of the correct answer and a wrong one. Greedy e
 conversations before and after.
 
     python bench/preference.py [--out DIR] [--pretrain 400] [--sft 300] [--steps 100] [--held 200] [--seeds 0 1 2]
+        [--pairs onpolicy synthetic] [--lr 1e-4 3e-5] [--jobs 4] [--device cuda] [--set train.pref_reference=live]
+    bash bench/gpu_check.sh preference     # on a GPU: 16 runs at a time, 4 seeds, 500 held-out items (README)
 
 1. Pretrains cpu-small (model.seq_len 128) on the built-in corpus, then chat-tunes it (`--init-from`) on 2,000
    generated conversations (tests/support/chat.py, seed 0).
@@ -28,7 +30,10 @@ conversations before and after.
    and range.
 
 Every run goes through the real CLI in a subprocess; the commands are printed at the end. Runs finished in --out
-are kept (their names say the settings), so a rerun with more seeds or arms trains only what is new.
+are kept (their names say the settings, the chat-tuned run its steps), so a rerun with more seeds or arms trains
+only what is new. Each kind of pairs (--pairs) and learning rate (--lr) is a table of its own; the runs of all of
+them go through one pool of --jobs processes, each scored as it finishes (chat_sft.score_in_process: greedy,
+batched by prompt length), and a run that fails is said and left out of its table.
 """
 
 from __future__ import annotations
