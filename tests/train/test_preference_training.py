@@ -225,3 +225,31 @@ def test_a_frozen_copy_under_bf16_autocast_starts_at_ln2(base):
     held = sum(t.numel() * t.element_size() for t in ref.frozen.parameters())
     assert {t.dtype for t in ref.frozen.parameters()} == {torch.bfloat16, torch.float32}
     assert estimate_memory(p).components["reference"] == held
+
+
+def test_a_full_preference_fine_tune_starts_at_a_fine_tuning_learning_rate(base):
+    """The presets' rates are for training from scratch: a full DPO (KTO, SimPO, ORPO) fine-tune takes lr and min_lr
+    of at most 3e-5 unless --set says otherwise; SFT and LoRA keep the preset's; the start line says which."""
+    from workbench.plan.finetune import PREFERENCE_MAX_LR
+    from workbench.plan.run_plan import NewRun, plan_new_run
+
+    def planned(*sets):
+        return plan_new_run(NewRun("cpu-small", tuple(sets), (str(base["pairs"]),), "sft"), base["root"]).preset.train
+    preset_lr = plan_new_run(NewRun("cpu-small", (), (str(base["chats"]),)), base["root"]).preset.train.lr
+    assert preset_lr > PREFERENCE_MAX_LR  # else this test shows nothing
+    for objective in ("dpo", "kto", "simpo", "orpo"):
+        t = planned(f"train.objective={objective}")
+        assert (t.lr, t.min_lr) == (PREFERENCE_MAX_LR, PREFERENCE_MAX_LR), objective
+    asked = planned("train.objective=dpo", "train.lr=1e-3")
+    assert asked.lr == 1e-3 and asked.min_lr <= 1e-3
+    lower = planned("train.objective=dpo", "train.lr=1e-6", "train.min_lr=1e-7")
+    assert (lower.lr, lower.min_lr) == (1e-6, 1e-7)
+    assert planned("train.objective=dpo", "train.finetune=lora").lr == preset_lr
+    sft = plan_new_run(NewRun("cpu-small", (), (str(base["chats"]),), "sft"), base["root"]).preset.train
+    assert sft.lr == preset_lr
+    cp = train(base, "dpo-lr", "sft", "pairs", "train.objective=dpo", "train.max_iters=4")
+    assert cp.returncode == 0, cp.stderr
+    assert "adamw lr 3e-05 (a full preference fine-tune's at most; --set train.lr to change)" in cp.stdout
+    from workbench.config import load_preset_file
+    saved = load_preset_file(base["root"] / "dpo-lr" / rundir.PRESET_FILE).train  # what a resume will use
+    assert saved.lr == PREFERENCE_MAX_LR

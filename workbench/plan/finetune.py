@@ -101,12 +101,29 @@ def init_preset(p: Preset, src: InitSource, overrides: list[str]) -> Preset:
         # (LoRA's adapters are low-rank factors, not whole matrices; a full fine-tune moves pretrained weights,
         # which Muon's fixed-size updates at muon_lr would overwrite) unless --set train.optimizer=muon says so
         train = dataclasses.replace(train, optimizer="adamw")
+    train = preference_lr(train, overrides)
     init = {"run": src.run, "step": step, **({"adapter": True} if src.lora else {})}
     out = dataclasses.replace(p, model=model, data=data, train=train, init=init,
                               source=source,
                               description=f"{what} fine-tune of {Path(source['model']).name} (run {src.run} step "
                                           f"{step}) with preset {p.name}")
     return preset_from_dict(out.to_dict(), f"{p.name} --init-from {src.run}", name=p.name)  # the rules again
+
+
+# A full preference fine-tune's learning rate at the most (AdamW): the presets' rates are for training from scratch
+# (cpu-small's 3e-3 dropped a DPO run's chosen answers by 57 nats in 20 steps); on bench/preference.py's task
+# plain DPO kept more of the model at 3e-5 than at 1e-4 (three seeds, README: "Preference tuning").
+PREFERENCE_MAX_LR = 3e-5
+
+
+def preference_lr(train: Any, overrides: list[str]) -> Any:
+    """A full fine-tune with a preference objective takes ``lr`` (and ``min_lr``) of at most
+    :data:`PREFERENCE_MAX_LR` unless --set says otherwise: a lower rate the preset chose is kept."""
+    keys = overridden_keys(overrides)
+    if train.objective == "sft" or train.finetune != "full" or "train.lr" in keys:
+        return train
+    lr = min(train.lr, PREFERENCE_MAX_LR)
+    return dataclasses.replace(train, lr=lr, min_lr=train.min_lr if "train.min_lr" in keys else min(train.min_lr, lr))
 
 
 def link_init(run_dir: Path, src: InitSource) -> None:
