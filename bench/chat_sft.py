@@ -108,25 +108,24 @@ def replies(run_dir: Path, step: str | int, recs: list[dict], batch: int = 64, d
             out[i] = reply(model, tok, enc.template, recs[i]["messages"][:-1], max_tokens=max_tokens).ids
         else:
             by_len.setdefault(len(p), []).append(i)
-    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
     with torch.no_grad():
-        for n, idx in by_len.items():
+        for idx in by_len.values():
             for lo in range(0, len(idx), batch):
                 rows = idx[lo:lo + batch]
-                cache = model.new_cache(len(rows), device, next(model.parameters()).dtype)
+                cache = model.new_cache(len(rows), device, dtype)
                 logits, _ = model(torch.tensor([prompts[i] for i in rows], device=device), cache=cache)
-                done = [False] * len(rows)
+                live = set(rows)                       # the rows not yet at their end-of-turn token
                 for t in range(max_tokens):
-                    nxt = logits[:, -1].argmax(-1)
-                    for j, i in enumerate(rows):
-                        if not done[j]:
-                            tid = int(nxt[j])
-                            done[j] = tid in stops
-                            if not done[j]:
-                                out[i].append(tid)
-                    if all(done) or t + 1 == max_tokens:
+                    nxt = logits[:, -1].argmax(-1).tolist()
+                    for i, tid in zip(rows, nxt):
+                        if i in live and tid in stops:
+                            live.discard(i)
+                        elif i in live:
+                            out[i].append(tid)
+                    if not live or t + 1 == max_tokens:
                         break
-                    logits, _ = model(nxt[:, None], cache=cache)
+                    logits, _ = model(torch.tensor(nxt, device=device)[:, None], cache=cache)
     return [tok.decode(ids) for ids in out]
 
 

@@ -142,12 +142,14 @@ def parse() -> argparse.Namespace:
                     help="more overrides for every arm (e.g. train.pref_reference=live)")
     ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(DEFAULT_ARMS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="the arms' train.seed, one run each")
-    ap.add_argument("--jobs", type=int, default=1, help="arms trained at once (each a process; scored after)")
+    ap.add_argument("--jobs", type=int, default=1, help="runs trained at once (each a process, scored as it ends)")
     ap.add_argument("--device", default=None, help="hardware.device of every run (default: the presets' auto)")
     ap.add_argument("--out", type=Path, default=None)
-    a = ap.parse_args()
-    a.device = [f"hardware.device={a.device}"] if a.device else []
-    return a
+    return ap.parse_args()
+
+
+def device_sets(a: argparse.Namespace) -> list[str]:
+    return [f"hardware.device={a.device}"] if a.device else []
 
 
 def prepare(a: argparse.Namespace, out: Path, chats: str) -> None:
@@ -156,10 +158,10 @@ def prepare(a: argparse.Namespace, out: Path, chats: str) -> None:
             "train.warmup_iters=20"]
     if a.pretrain:
         chat_sft.train(out, f"pre{a.pretrain}", "builtin", [*base, f"train.max_iters={a.pretrain}",
-                                                            f"train.eval_interval={a.pretrain}", *a.device])
+                                                            f"train.eval_interval={a.pretrain}", *device_sets(a)])
     chat_sft.train(out, sft_name(a), chats, [*base, f"train.max_iters={a.sft}", f"train.eval_interval={a.sft}",
                                              *([] if a.pretrain else ["model.vocab_size=512",
-                                                                      "data.chat_template=chatml"]), *a.device],
+                                                                      "data.chat_template=chatml"]), *device_sets(a)],
                    init_from=f"pre{a.pretrain}" if a.pretrain else None)
 
 
@@ -193,7 +195,7 @@ def main() -> int:
     print(f"runs in {out}", flush=True)
     prepare(a, out, chats)
     sft = sft_name(a)
-    score_device = a.device[0].split("=", 1)[1] if a.device else "cpu"
+    score_device = a.device or "cpu"
     corpora, n_pairs = {"chats": chats}, {}
     for kind in a.pairs:
         pairs, chosen = write_pairs(out, kind, sft, train_recs, score_device)
@@ -210,7 +212,7 @@ def main() -> int:
                 sets = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", f"train.lr={lr:g}",
                         f"train.min_lr={lr:g}",  # cpu-small's min_lr is 1e-4: at 1e-4 the arms ran flat after warmup
                         "train.warmup_iters=10", f"train.max_iters={a.steps}", f"train.eval_interval={a.steps}",
-                        f"train.batch_size={a.batch}", *a.device, *sets, *a.set]
+                        f"train.batch_size={a.batch}", *device_sets(a), *sets, *a.set]
                 for seed in a.seeds:
                     runs[arm_name(arm, a, kind, lr, seed)] = (
                         corpora[corpus if corpus == "chats" else (corpus, kind)], [*sets, f"train.seed={seed}"])

@@ -116,14 +116,20 @@ def init_preset(p: Preset, src: InitSource, overrides: list[str]) -> Preset:
 PREFERENCE_MAX_LR = 3e-5
 
 
+def preference_lr_rule(train: Any, overrides: list[str]) -> bool:
+    """Whether :func:`preference_lr` caps this run's rate: a full fine-tune with a preference objective whose
+    ``train.lr`` no --set chose."""
+    return train.objective != "sft" and train.finetune == "full" and "train.lr" not in overridden_keys(overrides)
+
+
 def preference_lr(train: Any, overrides: list[str]) -> Any:
     """A full fine-tune with a preference objective takes ``lr`` (and ``min_lr``) of at most
     :data:`PREFERENCE_MAX_LR` unless --set says otherwise: a lower rate the preset chose is kept."""
-    keys = overridden_keys(overrides)
-    if train.objective == "sft" or train.finetune != "full" or "train.lr" in keys:
+    if not preference_lr_rule(train, overrides):
         return train
     lr = min(train.lr, PREFERENCE_MAX_LR)
-    return dataclasses.replace(train, lr=lr, min_lr=train.min_lr if "train.min_lr" in keys else min(train.min_lr, lr))
+    min_lr = train.min_lr if "train.min_lr" in overridden_keys(overrides) else min(train.min_lr, lr)
+    return dataclasses.replace(train, lr=lr, min_lr=min_lr)
 
 
 def link_init(run_dir: Path, src: InitSource) -> None:

@@ -236,10 +236,12 @@ def build_objective(p: Preset, plan: ObjectivePlan, model: torch.nn.Module, devi
             frozen.requires_grad_(False)
             frozen.eval()
             frozen = frozen.to(device)
-            if dtype is not None:  # the matrices as autocast casts the policy's (the same rounding, half the
-                for m in frozen.modules():  # bytes); the embedding and norms in fp32, as the policy's stay: an
-                    if isinstance(m, torch.nn.Linear):  # all-bf16 copy gave rewards of ~1e-2 at step 0 on CUDA
-                        m.to(dtype)
+            # The matrices in the compute dtype, rounded as autocast rounds the policy's (half the bytes); the
+            # embedding and norms in fp32, as the policy's stay: an all-bf16 copy gave step-0 rewards of ~1e-2
+            # on CUDA, and the step-0 check refused every run.
+            for m in frozen.modules() if dtype is not None else ():
+                if isinstance(m, torch.nn.Linear):
+                    m.to(dtype)
         reference = Reference(plan.reference, model, frozen, policy_is_reference=faults.reference_is_policy)
     return Objective(plan, p.train, model, reference)
 
