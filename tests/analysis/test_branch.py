@@ -123,3 +123,22 @@ def test_a_branch_of_a_branch_keeps_the_first_runs_name(tmp_path):
     assert third.name == "p-from-40-3" and lineage(tmp_path, "p-from-40-3")[0] == ("p", 40)
     mine = branch(parent, at40, tmp_path, name="mine")
     assert branch(mine, rundir.select_checkpoint(mine, "40"), tmp_path).name == "mine-from-40"
+
+
+def test_a_branch_at_a_later_step_of_a_branch_names_the_branch_it_came_from(tmp_path):
+    """p-from-20 trained on to 60; its step 40 is not p's step 40: the branch is p-from-20-from-40 (which run, which
+    step, all the way back), never p-from-40, which reads as p's own step 40. The Runs pane proposes the same name."""
+    from workbench.analysis.lineage import branch, branch_name
+    parent = _finished_run(tmp_path)
+    wb("resume", "p", "--checkpoint", "20", "--runs-dir", str(tmp_path), "--set", "train.max_iters=60", check=True)
+    first = tmp_path / "p-from-20"
+    assert branch_name(first, 40) == "p-from-20-from-40"
+    cp = wb("resume", "p-from-20", "--checkpoint", "40", "--runs-dir", str(tmp_path), "--set", "train.max_iters=45",
+            check=True)
+    assert "continuing in a new run p-from-20-from-40" in cp.stdout, cp.stdout
+    child = tmp_path / "p-from-20-from-40"
+    assert lineage(tmp_path, child.name) == [("p", 20), ("p-from-20", 40), ("p-from-20-from-40", None)]
+    # unique: that branch at its own later step again adds its step, and a second one at 40 gets a number
+    assert branch_name(child, 45) == "p-from-20-from-40-from-45"
+    assert branch(first, rundir.select_checkpoint(first, "40"), tmp_path).name == "p-from-20-from-40-2"
+    assert not (tmp_path / "p-from-40").exists() and rundir.select_checkpoint(parent, "latest")["step"] == 60

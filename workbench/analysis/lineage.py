@@ -33,16 +33,22 @@ from workbench.rundir import (
 
 
 def branch_name(run_dir: Path, step: int) -> str:
-    """``<run>-from-<step>``. A branch of a branch named so keeps the first run's name (``p-from-40`` at 55 is
-    ``p-from-55``, at 40 again ``p-from-40-2`` once that exists), never ``p-from-40-from-40``: its [parent]
-    records where it came from. A branch the user named keeps that name."""
-    name = Path(run_dir).name
-    if parent_of(run_dir) is not None and (m := _BRANCH_NAME.fullmatch(name)):
-        name = m.group(1)
-    return f"{name}-from-{step}"
+    """``<run>-from-<step>``: which run and which step, all the way back (``first-from-2`` at 30 is
+    ``first-from-2-from-30``, never ``first-from-30``, which reads as ``first``'s own step 30). At the very step a
+    branch started from, its checkpoint is its parent's: that branch of a branch is named from the parent (``p-from-40``
+    at 40 again is ``p-from-40-2`` once that exists), never ``p-from-40-from-40``. A branch the user named keeps that
+    name (``mine`` at 40 is ``mine-from-40``)."""
+    run_dir = Path(run_dir)
+    for _ in range(32):  # (a chain of branches at one step; a cycle in hand-edited presets ends here too)
+        parent = parent_of(run_dir)
+        m = _BRANCH_NAME.fullmatch(run_dir.name)
+        if parent is None or parent[1] != step or m is None or int(m.group(2)) != step:
+            break
+        run_dir = run_dir.parent / parent[0]
+    return f"{run_dir.name}-from-{step}"
 
 
-_BRANCH_NAME = re.compile(r"(.+?)-from-\d+(?:-\d+)?")
+_BRANCH_NAME = re.compile(r"(.+?)-from-(\d+)(?:-\d+)?")
 
 
 def branch(run_dir: Path, ckpt: dict, root: Path, name: str | None = None,
