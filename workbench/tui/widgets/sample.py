@@ -1,10 +1,13 @@
 """Sample pane: a run, two of its checkpoints side by side, and the samples the trainer wrote at eval time;
 in text mode a prompt's continuation (``sample_text``), in chat mode a conversation (``sample_chat``).
 
-The pane runs the samplers itself: one CLI subprocess per column (``workbench sample``, or ``workbench chat``
-given the column's conversation), each read by the one worker loop (:meth:`SamplePane.stream`) that hands its
-text to the column's reader as it comes. A run with a chat template (``chat_template.jinja``: chat-tuned, or an
-imported model's own) opens in chat mode; any other in text mode."""
+The pane runs the samplers itself: in text mode one CLI subprocess per column (``workbench sample``), read by the
+one worker loop (:meth:`SamplePane.stream`) that hands its text to the column's reader as it comes; in chat mode
+each column's ``workbench chat --serve``, which keeps its checkpoint's model loaded between turns (started on the
+first message, replaced when the column's checkpoint changes, ended when chat mode, the pane or the app ends, or
+after ``chat_server.IDLE_EXIT_S`` idle: ``workbench.tui.chat_server``), each reply read by
+:meth:`SamplePane.converse`. A run with a chat template (``chat_template.jinja``: chat-tuned, or an imported model's
+own) opens in chat mode; any other in text mode."""
 
 from __future__ import annotations
 
@@ -25,8 +28,9 @@ from workbench.errors import WorkbenchError
 from workbench.plan.sampling import Sampling
 from workbench.rundir import SAMPLES_FILE, list_checkpoints, read_jsonl_tail, select_checkpoint
 from workbench.tui import launcher
+from workbench.tui.chat_server import ChatServer, ChatServers, ServerGone
 from workbench.tui.widgets.pane import Pane
-from workbench.tui.widgets.sample_chat import CHAT_HINT, ChatControls
+from workbench.tui.widgets.sample_chat import CHAT_HINT, ChatControls, Reply
 from workbench.tui.widgets.sample_output import Column, Reader, SampleOutput
 from workbench.tui.widgets.sample_text import TextControls
 
@@ -88,6 +92,7 @@ class SamplePane(Vertical, Pane):
         self._shown: tuple = ()  # (run, checkpoint A, checkpoint B) the conversation is with
         self.text = TextControls()
         self.chat = ChatControls()
+        self.servers = ChatServers()  # chat mode: each column's model, kept loaded between turns
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="sample-row"):
@@ -150,6 +155,7 @@ class SamplePane(Vertical, Pane):
 
     def on_unmount(self) -> None:
         self.action_cancel()
+        self.servers.end_all()
 
     # ------------------------------------------------------------------ the run and its checkpoints
 
@@ -280,7 +286,17 @@ class SamplePane(Vertical, Pane):
             self.notify("Still answering the last message (ctrl+k stops it).", severity="warning")
             return
         if (sampling := self._settings(self.chat)) is not None and (columns := self._columns(run)) is not None:
-            self.chat.send(self.runs_dir, run, columns, sampling, self.stream)
+            self.chat.send(run, columns, sampling, lambda col, request, reply: self._ask(run, col, request, reply))
+
+    def _ask(self, run: str, col: Column, request: dict, reply: Reply) -> None:
+        """``request`` to the server of ``col``'s checkpoint (started now if it has none, or one for another
+        checkpoint), its answer to ``reply``."""
+        try:
+            server = self.servers.get(col.out_id, self.runs_dir, run, col.checkpoint)
+        except OSError as e:
+            reply.unstarted(e)
+            return
+        self.converse(server, request, reply)
 
     def _chosen_run(self, to: str) -> str | None:
         """The run chosen, or None with a warning that asks for one (``to``: what it is for)."""
@@ -322,10 +338,33 @@ class SamplePane(Vertical, Pane):
                 self._samplers.remove(proc)
         call(reader.ended, rc, err, worker.is_cancelled, time.monotonic() - started)
 
+    @work(thread=True, group="sample", exit_on_error=False)
+    def converse(self, server: ChatServer, request: dict, reply: Reply) -> None:
+        """One chat turn: ``request`` to ``server`` (a new one loads its model first, and says so), its reply's
+        pieces to ``reply`` on the app's thread as they come, then how it ended."""
+        worker = get_current_worker()
+        call = self.app.call_from_thread
+        started = time.monotonic()
+        rc, err = 0, ""
+        try:
+            for line in server.ask(request):
+                if worker.is_cancelled:
+                    break
+                if line.get("ready"):
+                    call(reply.loaded, float(line.get("load_seconds", 0.0)))
+                elif "text" in line:
+                    call(reply.text, line["text"])
+                elif "error" in line:
+                    rc, err = 1, str(line["error"])
+        except ServerGone as e:
+            rc, err = e.rc or 1, e.err
+        call(reply.ended, rc, err, worker.is_cancelled, time.monotonic() - started)
+
     def action_cancel(self) -> None:
-        """Stop sampling: kill the samplers and cancel their workers."""
+        """Stop sampling: kill the samplers (and the chat servers writing a reply) and cancel their workers."""
         for proc in list(self._samplers):
             proc.kill()
+        self.servers.stop_busy()
         self.workers.cancel_group(self, "sample")
 
     # ------------------------------------------------------------------ chat mode or text mode
@@ -341,14 +380,28 @@ class SamplePane(Vertical, Pane):
             return
         new_run = not self._shown or shown[0] != self._shown[0]
         self._shown = shown
+        self._keep_servers(shown if chat_run else None)
         if new_run or chat_run != self.chat_run:
             self.chat_run = chat_run
             self._set_mode(chat_run)
         elif self.chat_mode:
             self.action_reset_chat()
 
+    def _keep_servers(self, shown: tuple | None) -> None:
+        """End the chat servers that no longer serve a column's checkpoint (``shown``: the run and the columns'
+        choices; None: none at all)."""
+        if shown is None or shown[0] is None:
+            self.servers.end_all()
+            return
+        run, a, b = shown
+        run_dir = self.runs_dir / run
+        self.servers.keep_only({"#smp-out-a": (run, resolve_checkpoint(run_dir, a)),
+                                "#smp-out-b": None if b == NONE else (run, resolve_checkpoint(run_dir, b))})
+
     def _set_mode(self, chat: bool) -> None:
         was, self.chat_mode = self.chat_mode, chat
+        if not chat:
+            self.servers.end_all()  # text mode samples with `workbench sample`: no model kept
         self.query(".smp-text").set(display=not chat)
         self.query(".smp-chat").set(display=chat)
         self.refresh_bindings()

@@ -1,12 +1,13 @@
 """The Sample pane's chat half, for a run with a chat template (``chat_template.jinja``: chat-tuned, or an
 imported model's own): a system prompt, a message, and each column a transcript of its own conversation with
-its checkpoint. Every message goes to both columns; each reply is one ``workbench chat --conversation -`` given
-that column's conversation so far. The settings' defaults are the one definition's (``plan.sampling.CHAT``, as
-``workbench chat`` has them: greedy)."""
+its checkpoint. Every message goes to both columns; each reply is one request to that column's ``workbench chat
+--serve`` (the model kept loaded between turns: ``workbench.tui.chat_server``) given the column's conversation so
+far. The settings' defaults are the one definition's (``plan.sampling.CHAT``, as ``workbench chat`` has them:
+greedy)."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import time
 from pathlib import Path
 from typing import Callable
@@ -17,8 +18,7 @@ from textual.widgets import Button, Input, Label
 
 from workbench.plan.sampling import CHAT, Sampling
 from workbench.rundir import PREFERENCES_FILE, RATINGS_FILE, append_feedback
-from workbench.tui import launcher
-from workbench.tui.widgets.sample_output import Column, Reader, SampleOutput, setting_name
+from workbench.tui.widgets.sample_output import Column, SampleOutput, setting_name
 
 CHAT_HINT = ("Type a message below (enter sends; ctrl+r starts over, ctrl+t samples text instead). With two "
              "checkpoints, F5 / F6 save A's / B's reply as the better one (RUN/preferences.jsonl); F7 / F8 rate A's "
@@ -72,9 +72,10 @@ class ChatControls(Vertical):
         out_a.append(CHAT_HINT, "dim")
         out_b.reset(f"{run} @ {b}  chat" if run and b != no_b else "checkpoint B (choose one to compare)", "")
 
-    def send(self, runs_dir, run: str, columns: list[Column], sampling: Sampling,
-             stream: Callable[[list[str], Reader, str], None]) -> None:
-        """The message to each column's checkpoint, with that column's conversation so far."""
+    def send(self, run: str, columns: list[Column], sampling: Sampling,
+             ask: "Callable[[Column, dict, Reply], None]") -> None:
+        """The message to each column's checkpoint, with that column's conversation so far: ``ask`` hands the
+        request (``workbench chat --serve``'s) to the column's server and its answer to the :class:`Reply`."""
         message = self.query_one("#smp-message", Input)
         text, system = message.value, self.query_one("#smp-system", Input).value.strip()
         message.value = ""
@@ -92,8 +93,8 @@ class ChatControls(Vertical):
             out.append("model> ", "bold cyan")
             self.replying.add(out_id)
             self.checkpoints[out_id] = col.checkpoint
-            argv = launcher.chat_argv(runs_dir, run, col.checkpoint, system, sampling)
-            stream(argv, Reply(self, out, out_id, self.generation), json.dumps({"messages": history}))
+            request = {"messages": list(history), "system": system, "stream": True, **dataclasses.asdict(sampling)}
+            ask(col, request, Reply(self, out, out_id, self.generation))
 
     def last_reply(self, out_id: str) -> tuple[list[dict], str, str] | None:
         """A column's last exchange: the conversation it answered (its system prompt first), its reply and the
@@ -154,13 +155,18 @@ class ChatControls(Vertical):
 
 
 class Reply:
-    """A column's reply as ``workbench chat`` streams it (a :class:`Reader`): shown as it comes (less the newline
-    the CLI ends it with), then kept in the column's conversation."""
+    """A column's reply as its chat server streams it (a :class:`Reader`): shown as it comes (less a newline that
+    ends it), then kept in the column's conversation."""
 
     def __init__(self, chat: ChatControls, out: SampleOutput, out_id: str, gen: int):
         self.chat, self.out, self.out_id, self.gen = chat, out, out_id, gen
         self.got: list[str] = []
-        self.held = ""  # a newline that may be the one the CLI ends the reply with
+        self.held = ""  # a newline that may be the one the reply ends with
+        self.load_seconds: float | None = None  # the model was loaded for this reply, in this long
+
+    def loaded(self, seconds: float) -> None:
+        """The column's server loaded its model for this reply (the turns after it reuse the model)."""
+        self.load_seconds = seconds
 
     def unstarted(self, error: OSError) -> None:
         self.chat.replied(self.gen, self.out, self.out_id, None, f"could not start the chat: {error}")
@@ -179,5 +185,7 @@ class Reply:
         elif rc != 0:
             self.chat.replied(self.gen, self.out, self.out_id, None, f"chat failed: {err or f'exit status {rc}'}")
         else:
+            loaded = ("; model loaded" + (f" in {self.load_seconds:.1f}s" if self.load_seconds else "")
+                      if self.load_seconds is not None else "; model kept loaded")
             self.chat.replied(self.gen, self.out, self.out_id, "".join(self.got).removesuffix("\n"),
-                              f"{seconds:.1f}s")
+                              f"{seconds:.1f}s{loaded}")

@@ -1,0 +1,156 @@
+"""Chat without reloading, on a REAL tiny chat-tuned run: `workbench chat RUN --checkpoint C --serve` loads the model
+once and answers one JSON request a line (the same reply as `workbench chat --message`, the same sampling defaults);
+the Sample pane keeps one such server per column, so the second turn is answered by the same process, and the
+server goes when the column's checkpoint changes, when chat mode ends, when the pane closes, or when it has been
+idle too long (`--idle-exit`).
+
+The run is trained once for this module (60 steps of a tiny model on generated conversations, ~10 s)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from textual.widgets import Input, Select
+
+from tests.support.chat import conversations, write_jsonl
+from tests.support.cli import TINY, wb
+from tests.support.tui import make_app, open_sample_on, run, wait_for
+
+pytestmark = pytest.mark.slow
+
+CHAT = [*TINY, "model.seq_len=64", "model.vocab_size=400", "train.batch_size=8", "train.log_interval=10",
+        "train.max_iters=60", "train.eval_interval=60", "train.ckpt_interval=30", "train.lr=6e-3"]
+TOKENS = "12"
+
+
+@pytest.fixture(scope="module")
+def chat_runs(tmp_path_factory):
+    """A runs directory holding ``sft``: a finished chat-tuned run with checkpoints at steps 30 and 60."""
+    root = tmp_path_factory.mktemp("serve-runs")
+    corpus = write_jsonl(root.parent / "chat.jsonl", conversations(300, seed=1))
+    wb("train", "cpu-small", "--corpus", str(corpus), "--runs-dir", str(root), "--name", "sft", "--set", *CHAT,
+       check=True)
+    assert (root / "sft" / "checkpoints" / "step_0000030" / "meta.json").is_file()
+    return root
+
+
+def serve_argv(root, *args: str) -> list[str]:
+    return [sys.executable, "-m", "workbench", "chat", "sft", "--runs-dir", str(root), *args]
+
+
+def cli_reply(root, checkpoint: str, message: str, *args: str) -> str:
+    """What `workbench chat --message --json` answers (its own defaults unless ``args``)."""
+    cp = wb("chat", "sft", "--runs-dir", str(root), "--checkpoint", checkpoint, "--message", message, "--json", *args,
+            check=True)
+    return json.loads(cp.stdout)["reply"]
+
+
+def test_serve_answers_each_request_line_as_chat_message_does(chat_runs):
+    """Two requests on one server: each reply the one `chat --message` gives (its defaults: greedy, 256 tokens;
+    then with the request's own settings); a bad line gets an error line and the server reads on; end of input
+    ends it (exit 0)."""
+    first, second = "Sort: 3 1 2", "Reverse the words: apple river stone"
+    want1 = cli_reply(chat_runs, "60", first)
+    want2 = cli_reply(chat_runs, "60", second, "--max-new-tokens", "5", "--temperature", "0.8", "--seed", "3")
+    requests = [{"messages": [{"role": "user", "content": first}], "id": 1},
+                "not json",
+                {"messages": [{"role": "assistant", "content": "no user turn"}], "id": "bad"},
+                {"messages": [{"role": "user", "content": second}], "id": 2, "stream": True, "max_new_tokens": 5,
+                 "temperature": 0.8, "seed": 3}]
+    stdin = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in requests)
+    cp = subprocess.run(serve_argv(chat_runs, "--checkpoint", "60", "--serve"), input=stdin, capture_output=True,
+                        text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    lines = [json.loads(x) for x in cp.stdout.splitlines()]
+    print("\n".join(x[:200] for x in cp.stdout.splitlines()))
+    ready, rest = lines[0], lines[1:]
+    assert ready["ready"] and ready["checkpoint"] == "step_0000060" and ready["step"] == 60
+    replies = [x for x in rest if "reply" in x]
+    errors = [x for x in rest if "error" in x]
+    pieces = [x["text"] for x in rest if "text" in x]
+    assert [r["id"] for r in replies] == [1, 2]
+    assert replies[0]["reply"] == want1 and replies[1]["reply"] == want2
+    assert "".join(pieces) == want2  # the second streamed, piece by piece, before its reply line
+    assert [e["id"] for e in errors] == [None, "bad"]
+    assert "one JSON object a line" in errors[0]["error"] and "the last one the user's" in errors[1]["error"]
+
+
+def test_serve_refuses_what_it_cannot_do_and_exits_when_idle(chat_runs):
+    for bad in (["--serve", "--message", "hi"], ["--idle-exit", "5"], ["--serve", "--idle-exit", "0"]):
+        cp = wb("chat", "sft", "--runs-dir", str(chat_runs), *bad)
+        assert cp.returncode == 2 and cp.stderr.strip(), (bad, cp.stderr)
+    # an idle server goes by itself (its stdin still open: the UI alive but not chatting)
+    proc = subprocess.Popen(serve_argv(chat_runs, "--serve", "--idle-exit", "1"), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(proc.stdout.readline())["ready"]
+        t0 = time.monotonic()
+        assert proc.wait(timeout=60) == 0
+        print(f"idle server exited {time.monotonic() - t0:.1f}s after it was ready (--idle-exit 1)")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_pane_keeps_the_model_loaded_between_turns(chat_runs, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
+    first, second = "Sort: 3 1 2", "Colour of Ada?"
+    want = cli_reply(chat_runs, "60", first, "--max-new-tokens", TOKENS)
+    seen: dict = {}
+
+    async def go():
+        app = make_app(chat_runs)
+        async with app.run_test(size=(160, 48)) as pilot:
+            pane = await open_sample_on(pilot, app, "sft")
+            assert pane.chat_mode
+            out_a = app.query_one("#smp-out-a")
+            app.query_one("#smp-ckpt-a", Select).value = "60"
+            app.query_one("#smp-chat-max_new_tokens", Input).value = TOKENS
+            app.query_one("#smp-message", Input).focus()
+
+            async def send(text: str) -> float:
+                app.query_one("#smp-message", Input).value = text
+                t0 = time.monotonic()
+                await pilot.press("enter")
+                await wait_for(pilot, lambda: not pane.chat.replying, timeout=120,
+                               what=lambda: f"the reply: {out_a.text.plain!r}")
+                return time.monotonic() - t0
+
+            seen["first_s"] = await send(first)
+            server = pane.servers.by_column["#smp-out-a"]
+            pid = server.pid
+            assert f"you> {first}\nmodel> {want}  [" in out_a.text.plain, out_a.text.plain
+            assert "model loaded in " in out_a.text.plain.splitlines()[-2]
+
+            seen["second_s"] = await send(second)
+            text = out_a.text.plain
+            assert "failed" not in text, text
+            assert pane.servers.by_column["#smp-out-a"].pid == pid and server.alive()  # the same process: no reload
+            assert server.asked == 2
+            assert text.rstrip().endswith("model kept loaded]"), text
+            seen["note"] = text.rstrip().splitlines()[-1]
+            seen["transcript"] = text
+
+            # another checkpoint: the old server ends, a new one answers
+            app.query_one("#smp-ckpt-a", Select).value = "30"
+            await pilot.pause()
+            await wait_for(pilot, lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie",
+                           timeout=20, what="the step-60 server to end")
+            assert "#smp-out-a" not in pane.servers.by_column
+            seen["third_s"] = await send(first)
+            new = pane.servers.by_column["#smp-out-a"]
+            assert new.pid != pid and new.key == ("sft", "30")
+            # text mode keeps no model
+            await pilot.press("ctrl+t")
+            await pilot.pause()
+            assert pane.servers.by_column == {}
+            await wait_for(pilot, lambda: not new.alive(), timeout=20, what="the step-30 server to end")
+    run(go())
+    print(seen["transcript"])
+    print(f"first turn (loads the model): {seen['first_s']:.2f}s; second turn, same server: {seen['second_s']:.2f}s "
+          f"({seen['note']}); after a checkpoint change: {seen['third_s']:.2f}s")
