@@ -6,6 +6,7 @@ through the CLI (``workbench train --detach``), never through this module.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -107,21 +108,46 @@ def start_detached(run_dir: Path, resume: bool = False, checkpoint: str | None =
     return proc.pid
 
 
+# A foreground run stopped by Ctrl-C exits as shells expect of an interrupted command, 128 + SIGINT, once its
+# checkpoint is saved: `workbench train ... && next` does not go on to `next`.
+INTERRUPTED_EXIT = 128 + signal.SIGINT
+
+
 def run_foreground(run_dir: Path, resume: bool = False, checkpoint: str | None = None,
                    topo: Topology | None = None) -> int:
     topo = topo or Topology()
     if not topo.distributed:
-        from workbench.train.loop import Trainer  # imports torch
-        return Trainer(Path(run_dir), resume=resume, checkpoint=checkpoint, echo=True).run()
+        trainer = _foreground_trainer(Path(run_dir), resume, checkpoint)
+        rc = trainer.run()
+        return INTERRUPTED_EXIT if rc == 0 and trainer.interrupted else rc
     # Several processes: torchrun in this terminal's process group, so Ctrl-C reaches every rank
     # (each finishes its step; rank 0 saves) and torchrun.
     cmd = trainer_command(run_dir, topo, resume, checkpoint, detached=False)
     proc = subprocess.Popen(cmd, env=_env())
+    interrupted = False
     try:
         rc = proc.wait()
     except KeyboardInterrupt:
+        interrupted = True
         rc = proc.wait()
     if rc != 0:
         st = rundir.read_status(run_dir)
         raise TrainingFailed(st.error or f"the trainer processes exited with status {rc}; see train.log")
-    return 0
+    return INTERRUPTED_EXIT if interrupted else 0
+
+
+def _foreground_trainer(run_dir: Path, resume: bool, checkpoint: str | None):
+    """The trainer in this process, which remembers whether a Ctrl-C (SIGINT, not `workbench stop`'s SIGTERM)
+    stopped it, for the exit status."""
+    from workbench.train.loop import Trainer  # imports torch
+
+    class ForegroundTrainer(Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.interrupted = False
+
+        def _on_signal(self, signum, frame) -> None:
+            self.interrupted = self.interrupted or signum == signal.SIGINT
+            super()._on_signal(signum, frame)
+
+    return ForegroundTrainer(run_dir, resume=resume, checkpoint=checkpoint, echo=True)
