@@ -150,7 +150,18 @@ def test_the_pane_keeps_the_model_loaded_between_turns(chat_runs, tmp_path, monk
             await pilot.pause()
             assert pane.servers.by_column == {}
             await wait_for(pilot, lambda: not new.alive(), timeout=20, what="the step-30 server to end")
+            # back to chat: a server again, which the app's end ends
+            await pilot.press("ctrl+t")
+            await pilot.pause()
+            await send(second)
+            seen["last"] = pane.servers.by_column["#smp-out-a"]
+            assert seen["last"].alive()
     run(go())
+    last = seen["last"]
+    deadline = time.monotonic() + 20
+    while last.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not last.alive(), "the chat server outlived the app"
     print(seen["transcript"])
     print(f"first turn (loads the model): {seen['first_s']:.2f}s; second turn, same server: {seen['second_s']:.2f}s "
           f"({seen['note']}); after a checkpoint change: {seen['third_s']:.2f}s")
