@@ -15,11 +15,13 @@ def register(sub) -> None:
                                    "merged into its weights). --format hf: config.json, model.safetensors and the "
                                    "tokenizer, loadable with transformers' AutoModelForCausalLM / AutoTokenizer "
                                    "(Llama, or Qwen2 / Qwen3 for an imported model of theirs). --format gguf: "
-                                   "model.gguf with the tokenizer embedded, for llama.cpp, Ollama, LM Studio. "
+                                   "model.gguf with the tokenizer embedded, for llama.cpp, Ollama, LM Studio (OUT_DIR "
+                                   "ending in .gguf: that file). "
                                    "--format safetensors: the workbench state dict with preset.toml and the "
                                    "tokenizer.")
     add_run_argument(p, checkpoint=True)
-    p.add_argument("out_dir", metavar="OUT_DIR", help="a new or empty directory to write")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="a new or empty directory to write (--format gguf: a new path "
+                                                      "ending in .gguf is the file itself)")
     p.add_argument("--format", dest="fmt", default="hf", metavar="{hf,gguf,safetensors}",
                    help="hf (default): a Hugging Face model directory; gguf: one GGUF file; safetensors: the raw "
                         "workbench state dict")
@@ -30,22 +32,23 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from workbench.interop.export import FORMATS, ExportError, check_out_dir, export_run  # imports torch
+    from workbench.interop.export import FORMATS, ExportError, check_out_dir, export_run, is_gguf_file  # imports torch
 
     # Cheap checks first, before loading torch.
     if args.fmt not in FORMATS:
         raise ExportError(f"unknown export format {args.fmt!r}; choose one of: {', '.join(FORMATS)}")
     if args.gguf_type not in ("f16", "f32"):
         raise ExportError(f"--gguf-type {args.gguf_type!r}: choose f16 or f32")
-    check_out_dir(args.out_dir)
+    check_out_dir(args.out_dir, args.fmt)
     root = args.runs_dir
     run_dir = rundir.resolve_run(root, args.run)
     rundir.select_checkpoint(run_dir, args.checkpoint)
     dest, ckpt = export_run(run_dir, args.out_dir, args.fmt, args.checkpoint, gguf_type=args.gguf_type,
                             log=print_progress if args.progress else None)
+    gguf = dest if is_gguf_file(args.out_dir, args.fmt) else dest / "model.gguf"
     what = {"hf": "Hugging Face " + json.loads((dest / "config.json").read_text())["architectures"][0]
             + " directory" if args.fmt == "hf" else "",
-            "gguf": f"GGUF file ({args.gguf_type}), {dest / 'model.gguf'},",
+            "gguf": f"GGUF file ({args.gguf_type})" + ("" if gguf == dest else f", {gguf},"),
             "safetensors": "safetensors state dict"}[args.fmt]
     vl = ckpt.get("val_loss")
     print(f"exported {run_dir.name} {ckpt['name']}" + (f" (val loss {vl:.4f})" if vl is not None else "")
@@ -54,6 +57,5 @@ def run(args) -> int:
         print(f"load it with: AutoModelForCausalLM.from_pretrained({str(dest)!r}) and "
               f"AutoTokenizer.from_pretrained({str(dest)!r})", file=sys.stderr)
     elif args.fmt == "gguf":
-        print(f"run it with: llama-cli -m {dest / 'model.gguf'} (or `ollama create` with a Modelfile "
-              f"FROM {dest / 'model.gguf'})", file=sys.stderr)
+        print(f"run it with: llama-cli -m {gguf} (or `ollama create` with a Modelfile FROM {gguf})", file=sys.stderr)
     return 0

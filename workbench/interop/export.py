@@ -18,7 +18,8 @@ tokenizer's files unchanged and its BOS/EOS ids in config.json; one with Qwen2's
 Qwen3's QK-norm as Qwen2ForCausalLM / Qwen3ForCausalLM. A LoRA run's adapters are merged into the
 weights (``W + (alpha / r) B A``): the export is a plain model.
 
-``--format gguf`` writes ``model.gguf`` for llama.cpp-family runtimes (``workbench.interop.gguf_export``).
+``--format gguf`` writes ``model.gguf`` for llama.cpp-family runtimes (``workbench.interop.gguf_export``); to a
+path ending in ``.gguf`` it writes that file itself (beside it first, then renamed: no half file under its name).
 
 ``--format safetensors`` writes the workbench state dict unchanged as
 ``model.safetensors`` with the run's ``preset.toml`` and tokenizer files.
@@ -49,14 +50,14 @@ from workbench.data.chat_templates import (
 from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError, load_tokenizer
 from workbench.data.tokenizer_formats import tokenizer_files, tokenizer_json
 from workbench.errors import WorkbenchError
-from workbench.fs import atomic_dir
+from workbench.fs import atomic_dir, fsync_dir, fsync_file
 from workbench.interop.gguf_export import ChatExport, check_gguf, write_gguf
 from workbench.interop.hf_layout import LayoutError, hf_config, hf_state_dict, rope_permute
 from workbench.plan.sampling import TEXT
 from workbench.train.checkpoint import load_run_model
 
 FORMATS = ("hf", "safetensors", "gguf")
-__all__ = ["FORMATS", "ExportError", "export_run", "export_state_dict", "hf_config", "hf_state_dict",
+__all__ = ["FORMATS", "ExportError", "export_run", "export_state_dict", "hf_config", "hf_state_dict", "is_gguf_file",
            "rope_permute", "tokenizer_json"]
 
 
@@ -150,8 +151,19 @@ def write_raw(dest: Path, sd: dict, preset_toml: str | None, tokenizer: AnyToken
         tokenizer.save(dest)
 
 
-def check_out_dir(out: Path) -> Path:
+def is_gguf_file(out: str | os.PathLike, fmt: str) -> bool:
+    """A GGUF export to a path ending in ``.gguf`` is that file; any other path is a directory with model.gguf."""
+    return fmt == "gguf" and Path(out).suffix.lower() == ".gguf"
+
+
+def check_out_dir(out: str | os.PathLike, fmt: str = "hf") -> Path:
+    """``out`` as the export will write it (a new or empty directory; a new file for :func:`is_gguf_file`), or an
+    ExportError saying why not."""
+    as_file = is_gguf_file(out, fmt)
     out = Path(out).expanduser()
+    if as_file and (out.exists() or out.is_symlink()):
+        raise ExportError(f"{out} exists; export never writes over a file: give a new path ending in .gguf "
+                          "(or a new or empty directory)")
     if out.exists():
         if not out.is_dir():
             raise ExportError(f"{out} exists and is not a directory; give a new or empty directory")
@@ -165,13 +177,29 @@ def check_out_dir(out: Path) -> Path:
     return out
 
 
+def _write_gguf_file(final: Path, write: Callable[[Path], None], log: Callable[[str], None]) -> None:
+    """``write(path)`` into a temporary file beside ``final``, made durable, then renamed to ``final``: an
+    interrupted export leaves no half file under the name asked for."""
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    try:
+        log(f"writing {tmp.name}")
+        write(tmp)
+        fsync_file(tmp)
+        log(f"renaming it to {final}")
+        os.rename(tmp, final)
+        fsync_dir(final.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def export_state_dict(sd: dict, cfg, fmt: str, out: Path, *, tokenizer_model: bytes | None = None,
                       tokenizer: AnyTokenizer | None = None, preset_toml: str | None = None,
                       metadata: dict | None = None, max_positions: int | None = None,
                       gguf_type: str = "f16", chat: ChatExport | None = None,
                       log: Callable[[str], None] | None = None) -> Path:
-    """Export a state dict (no run needed) into the new or empty directory ``out``. ``tokenizer`` (or the
-    bytes of a sentencepiece ``tokenizer_model``) goes with it.
+    """Export a state dict (no run needed) into the new or empty directory ``out`` (GGUF: the new file ``out`` where
+    it ends in .gguf); returns the directory (or file) written. ``tokenizer`` (or the bytes of a sentencepiece
+    ``tokenizer_model``) goes with it.
 
     Written into ``.<name>.tmp-<pid>`` beside ``out``, then renamed over it. ``log``: told each step.
     """
@@ -184,8 +212,12 @@ def export_state_dict(sd: dict, cfg, fmt: str, out: Path, *, tokenizer_model: by
         check_gguf(sd, cfg, tokenizer, gguf_type)
         if chat is not None:
             chat.gguf_templates()  # two template names that GGUF would write as one key
-    out = check_out_dir(out)
+    out = check_out_dir(out, fmt)
     try:
+        if is_gguf_file(out, fmt):
+            _write_gguf_file(out.resolve(), lambda path: write_gguf(path, sd, cfg, tokenizer, gguf_type, metadata or {},
+                                                                    max_positions, chat), log)
+            return out.resolve()
         with atomic_dir(out.resolve()) as tmp:  # an existing ``out`` is empty (checked above)
             what = {"hf": "config.json, model.safetensors and the tokenizer", "gguf": f"model.gguf ({gguf_type})",
                     "safetensors": "model.safetensors, preset.toml and the tokenizer"}[fmt]
@@ -205,10 +237,10 @@ def export_state_dict(sd: dict, cfg, fmt: str, out: Path, *, tokenizer_model: by
 def export_run(run_dir: Path, out: Path, fmt: str = "hf", checkpoint: str | int | None = "latest",
                gguf_type: str = "f16", log: Callable[[str], None] | None = None) -> tuple[Path, dict]:
     """Export a run's checkpoint (a LoRA run's adapters merged into its weights); returns (the output
-    directory, the checkpoint's sidecar). ``log``: told each step (the CLI's --progress)."""
+    directory, or the GGUF file, and the checkpoint's sidecar). ``log``: told each step (the CLI's --progress)."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of: {', '.join(FORMATS)}")
-    check_out_dir(out)
+    check_out_dir(out, fmt)
     run_dir = Path(run_dir)
     rundir.select_checkpoint(run_dir, checkpoint)  # no checkpoint: say so before the tokenizer
     try:
