@@ -151,6 +151,7 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
         self.fits: bool | None = None
         self._timer = None
         self.method_chosen = False  # the user chose full or LoRA: the recommendation no longer sets it
+        self._method_shown = "lora"  # what the select shows by the form's doing (its first value, the recommended)
         self.queued = False  # the request was dismissed to be queued (add to queue), not started now
 
     def compose(self) -> ComposeResult:
@@ -202,14 +203,18 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
         if rec is None:
             return f"\nmethod: {why}" if why else ""
         if not self.method_chosen:
+            self._method_shown = "full" if rec == "full" else "lora"
             with self.prevent(Select.Changed):
-                self.query_one("#nr-finetune", Select).value = "full" if rec == "full" else "lora"
+                self.query_one("#nr-finetune", Select).value = self._method_shown
         extra = " (with --set hardware.activation_checkpointing=true)" if rec == "lora+ac" else ""
         return f"\nmethod: {' '.join(method_overrides(rec))} recommended{extra}: {why}"
 
     @on(Select.Changed, "#nr-finetune")
-    def _method_chosen(self) -> None:
-        self.method_chosen = True
+    def _method_chosen(self, event: Select.Changed) -> None:
+        """Only a value the form did not set is the user's choice: the select's own Changed as it mounts (its
+        first value) is not (it was taken for one, so a form opened with `n` never followed the recommendation)."""
+        if event.value != self._method_shown:
+            self.method_chosen = True
 
     def _estimate_soon(self) -> None:
         if self._timer is not None:

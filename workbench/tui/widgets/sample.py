@@ -79,7 +79,7 @@ class SamplePane(Vertical, Pane):
         Binding("f6", "prefer('b')", "B better"),
         Binding("f7", "rate(True)", "A good"),
         Binding("f8", "rate(False)", "A bad"),
-        # in a box, digits are text (a message may hold numbers); escape leaves it, and 1-6 switch tabs again
+        # in a box, digits are text (a message may hold numbers); escape leaves it, and 1-7 switch tabs again
         Binding("escape", "leave_box", "Leave the box"),
     ]
 
@@ -150,7 +150,7 @@ class SamplePane(Vertical, Pane):
         self.notify(line)
 
     def action_leave_box(self) -> None:
-        """Leave the text box for the run choice, where the app's keys (1-6, q) work again."""
+        """Leave the text box for the run choice, where the app's keys (1-7, q) work again."""
         self.focus_main()
 
     def on_unmount(self) -> None:
