@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import IO
 
+from workbench.config.duration import DurationError, budget_seconds
+from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
 from workbench.plan.sampling import Sampling
 
@@ -41,6 +43,19 @@ def print_progress(line: str) -> None:
 def add_set_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a preset value (parsed as TOML), e.g. --set train.max_iters=200 model.dim=128")
+
+
+def time_budget_sets(value: str | None) -> list[str]:
+    """``--time-budget VALUE`` as the setting it stands for (``train.time_budget=VALUE``; none without the flag),
+    checked here: a bad value is the flag's, not the preset's it would go into."""
+    if value is None:
+        return []
+    try:
+        budget_seconds(value)
+    except DurationError as e:
+        raise WorkbenchError(f"--time-budget {value} {e.problem}"
+                             + (" (a bare number is minutes)" if e.not_duration else "")) from None
+    return [f"train.time_budget={value}"]
 
 
 def add_init_from_option(p: argparse.ArgumentParser) -> None:

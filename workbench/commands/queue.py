@@ -8,7 +8,13 @@ import json
 import subprocess
 import sys
 
-from workbench.commands.common import add_corpus_option, add_init_from_option, add_json_option, add_set_option
+from workbench.commands.common import (
+    add_corpus_option,
+    add_init_from_option,
+    add_json_option,
+    add_set_option,
+    time_budget_sets,
+)
 from workbench.machine.detect import Machine, detect
 from workbench.queue.admit import admit
 from workbench.queue.listing import rows
@@ -65,6 +71,7 @@ def _position(text: str) -> int:
 
 
 def cmd_add(args) -> int:
+    time_budget_sets(args.time_budget)  # a bad one is the flag's (checked before anything is estimated)
     info = detect()
     new = NewItem(args.preset, tuple(args.overrides), tuple(args.corpus or ()), args.time_budget, args.init_from,
                   args.yes, args.name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workbench.commands.common import add_corpus_option, add_json_option, add_set_option
+from workbench.commands.common import add_corpus_option, add_json_option, add_set_option, time_budget_sets
 from workbench.machine.detect import Machine, detect
 from workbench.machine.gpus import find_gpu
 from workbench.plan.compare import machine_with
@@ -81,6 +81,7 @@ def run(args) -> int:
         return 0
     if args.sweep:
         raise QueueError(f"unexpected {args.sweep!r} after {args.target}; --set-grid KEY=V1,V2 names what to search")
+    time_budget_sets(args.time_budget)  # a bad one is the flag's, not the spec's or the preset's
     spec = _spec(args)
     info = detect()
     machine = Machine.from_info(info)

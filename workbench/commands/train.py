@@ -7,7 +7,13 @@ import sys
 from workbench import rundir
 from workbench.analysis.history import measured_in
 from workbench.commands import launch
-from workbench.commands.common import TerminalProgress, add_corpus_option, add_init_from_option, add_set_option
+from workbench.commands.common import (
+    TerminalProgress,
+    add_corpus_option,
+    add_init_from_option,
+    add_set_option,
+    time_budget_sets,
+)
 from workbench.config import overridden_keys, preset_to_toml
 from workbench.data.chat_data import check_loss_on, corpus_kind
 from workbench.data.preference import check_corpus_kind
@@ -43,7 +49,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     overrides = list(args.overrides) + ([f"hardware.nproc={args.nproc}"] if args.nproc else []) + \
-        ([f"train.time_budget={args.time_budget}"] if args.time_budget is not None else [])
+        time_budget_sets(args.time_budget)
     info = detect()
     machine = Machine.from_info(info)
     root = args.runs_dir

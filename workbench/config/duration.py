@@ -9,7 +9,13 @@ from workbench.errors import WorkbenchError
 
 
 class DurationError(WorkbenchError):
-    pass
+    """``train.time_budget = 'TEXT' PROBLEM``. ``problem`` alone is for a caller that names where the text came
+    from (``--time-budget 45x is not a duration; ...``); ``not_duration``: the text is no duration at all (the
+    problem lists the forms), not one too short."""
+
+    def __init__(self, text: str, problem: str, not_duration: bool = False):
+        super().__init__(f"train.time_budget = {text!r} {problem}")
+        self.problem, self.not_duration = problem, not_duration
 
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
@@ -25,9 +31,9 @@ def budget_seconds(text: str) -> float | None:
         text += "m"
     m = _DURATION.fullmatch(text)
     if not m or not any(m.groups()):
-        raise DurationError(f"train.time_budget = {text!r} is not a duration; write it like 45m, 2h, 1h30m or 90s")
+        raise DurationError(text, "is not a duration; write it like 45m, 2h, 1h30m or 90s", not_duration=True)
     h, mi, sec = (float(x) if x else 0.0 for x in m.groups())
     seconds = 3600 * h + 60 * mi + sec
     if seconds < 1:
-        raise DurationError(f"train.time_budget = {text!r} is less than a second; give at least 1s (e.g. 10m)")
+        raise DurationError(text, "is less than a second; give at least 1s (e.g. 10m)")
     return seconds
