@@ -111,15 +111,28 @@ def read_toml(path: str | os.PathLike, error: type[Exception], unreadable: str, 
 
 
 def dir_size(path: str | os.PathLike[str]) -> int:
-    """Bytes of every file under ``path`` (links not followed)."""
-    total = 0
+    """Bytes of every file under ``path`` (links not followed), each file once however many hard links to it
+    are there."""
+    return dir_usage(path, set())[0]
+
+
+def dir_usage(path: str | os.PathLike[str], seen: set[tuple[int, int]]) -> tuple[int, int]:
+    """(bytes of the files under ``path`` not in ``seen``, bytes of those that were): each file (device, inode)
+    counted once, across calls that share ``seen`` (this call's files are added to it). Links not followed."""
+    new = old = 0
     for root, _dirs, files in os.walk(path):
         for f in files:
             try:
-                total += os.lstat(os.path.join(root, f)).st_size
+                st = os.lstat(os.path.join(root, f))
             except OSError:
-                pass
-    return total
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in seen:
+                old += st.st_size
+            else:
+                seen.add(key)
+                new += st.st_size
+    return new, old
 
 
 class PidLock:

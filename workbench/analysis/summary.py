@@ -1,6 +1,7 @@
 """One run at a glance, for ``workbench runs`` and the Runs pane: state, progress, losses, memory
 measured beside the estimate, the share of its wall-clock spent in evals and checkpoint saves, checkpoints, disk
-use, the newest task scores. Read from the run directory (no torch)."""
+use, the newest task scores. Read from the run directory (no torch). ``list_runs``: every run, in the one order
+both show (newest first), with each file's bytes counted once."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from workbench.analysis.report_card import latest_headline
 from workbench.analysis.time_spent import latest_time_spent
 from workbench.config import load_preset_file
 from workbench.errors import WorkbenchError
-from workbench.fs import dir_size
+from workbench.fs import dir_size, dir_usage
 from workbench.machine.detect import Machine
 from workbench.plan.estimate import estimate_memory
 from workbench.rundir import (
@@ -23,6 +24,7 @@ from workbench.rundir import (
     TrainRecord,
     best_checkpoint,
     first_event,
+    iter_run_dirs,
     last_records,
     list_checkpoints,
     read_status,
@@ -44,7 +46,8 @@ class RunSummary:
     tokens_per_s: float | None = None
     mem_mb: float | None = None
     checkpoints: list[dict] = field(default_factory=list)
-    disk_bytes: int = 0
+    disk_bytes: int = 0               # its files, each once; in list_runs less those an older run holds too
+    shared_bytes: int = 0             # list_runs: its files an older run holds too (hard links: a branch's checkpoint)
     error: str | None = None
     started: float | None = None
     created: float = 0.0              # when the run was made: its start, a branch's resume, else its preset.toml's
@@ -134,3 +137,49 @@ def summarize_run(run_dir: Path) -> RunSummary:
         s.tasks = {t: {"metric": r.metric, "value": r.value, "n": r.n} for t, r in latest[1].items()}
     s.disk_bytes = dir_size(run_dir)
     return s
+
+
+def list_runs(root: Path) -> list[RunSummary]:
+    """Every run in the runs directory ``root``, newest first (when each was made: an imported model and a branch
+    too, which have no start time), the one order of `workbench runs` and the Runs pane. A file several runs hold
+    (hard links: a branch's first checkpoint is its parent's, a fine-tune's init/ weights its source's) is counted
+    once, in the disk use of the oldest run holding it, and in the others' ``shared_bytes``: the rows add up to
+    what the runs take on the disk."""
+    runs = []
+    for p in iter_run_dirs(Path(root)):
+        try:
+            runs.append(summarize_run(p))
+        except Exception:  # noqa: BLE001 - a run deleted or half-written while read is left out of this listing
+            continue
+    runs.sort(key=lambda s: (s.created, s.id), reverse=True)
+    seen: set[tuple[int, int]] = set()
+    for s in reversed(runs):
+        s.disk_bytes, s.shared_bytes = dir_usage(s.path, seen)
+    return runs
+
+
+def descendants(runs: list[RunSummary], run_id: str) -> list[tuple[RunSummary, str]]:
+    """The runs that come from ``run_id``: its branches and the runs fine-tuned from it (--init-from), then theirs,
+    each with how it came from its origin ("branched from w at step 5", "LoRA from w at step 10"), oldest first
+    at each remove."""
+    out: list[tuple[RunSummary, str]] = []
+    todo, seen = [run_id], {run_id}
+    oldest_first = sorted(runs, key=lambda r: (r.created, r.id))
+    while todo:
+        origin = todo.pop(0)
+        for r in oldest_first:
+            if r.id in seen:
+                continue
+            if r.parent:  # a branch (its preset keeps the [init] of the fine-tune it branched from)
+                if r.parent.rsplit("@", 1)[0] != origin:
+                    continue
+                how = f"branched from {origin} at step {r.parent.rsplit('@', 1)[1]}"
+            elif r.init and r.init.rsplit("@", 1)[0] == origin:
+                how = (f"{'LoRA' if r.finetune == 'lora' else 'full fine-tune'} from {origin} at step "
+                       f"{r.init.rsplit('@', 1)[1]}")
+            else:
+                continue
+            out.append((r, how))
+            seen.add(r.id)
+            todo.append(r.id)
+    return out

@@ -6,8 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from workbench import rundir
-from workbench.analysis.summary import summarize_run
+from workbench.analysis.summary import list_runs
 from workbench.commands.common import add_json_option
 from workbench.fmt import human_bytes
 
@@ -38,7 +37,7 @@ def source_label(r) -> str:
 
 def run(args) -> int:
     root = args.runs_dir
-    runs = [summarize_run(d) for d in rundir.iter_run_dirs(root)]
+    runs = list_runs(root)  # newest first, as the Runs pane
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in runs], indent=1))
         return 0
@@ -63,7 +62,8 @@ def run(args) -> int:
           "(and full or LoRA fine-tuning from which run); "
           "EVAL % / SAVE %: the share of the run's wall-clock spent in evals / saving checkpoints; "
           "MEM MB: peak measured (process RSS on CPU, peak allocated on GPU); EST MB: `workbench estimate` "
-          "for the same preset; ERR: measured vs estimate")
+          "for the same preset; ERR: measured vs estimate; DISK: each file once (a file a branch or fine-tune "
+          "shares with an older run, a hard link, is counted with that run)")
     for r in runs:
         if r.tasks:
             scores = ", ".join(f"{t} {v['value']:.3f}" if v["value"] is not None else f"{t} —"

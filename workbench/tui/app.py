@@ -22,7 +22,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, TabPane
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from workbench.analysis.summary import RunSummary, summarize_run
+from workbench.analysis.summary import RunSummary, list_runs
 from workbench.machine.detect import calibration
 from workbench.rundir import LIVE_STATES, iter_run_dirs, runs_root
 from workbench.tui import hwinfo
@@ -242,15 +242,7 @@ class WorkbenchApp(RunOperations, App[int]):
 
     @work(thread=True, exclusive=True, group="list", exit_on_error=False)
     def _list_runs(self) -> None:
-        runs = []
-        for p in iter_run_dirs(self.runs_dir):
-            try:
-                runs.append(summarize_run(p))
-            except Exception:
-                continue
-        # newest first: when each was made (an imported model and a branch too, which have no start time)
-        runs.sort(key=lambda s: (s.created, s.id), reverse=True)
-        self.post_message(RunsListed(runs))
+        self.post_message(RunsListed(list_runs(self.runs_dir)))  # newest first, as `workbench runs`
 
     def on_runs_listed(self, msg: RunsListed) -> None:
         if self._panes_gone():
@@ -351,6 +343,10 @@ class WorkbenchApp(RunOperations, App[int]):
     def on_runs_pane_fine_tune_requested(self, msg: RunsPane.FineTuneRequested) -> None:
         self.action_new_run(init_from=msg.init_from)
 
+    def on_sample_pane_train_on_picks_requested(self, msg: SamplePane.TrainOnPicksRequested) -> None:
+        self.action_new_run(overrides="train.objective=dpo", init_from=msg.init_from, corpus=msg.corpus,
+                            note=f"DPO on your {msg.picks} picks from {msg.run_id} (F5 / F6 in Sample)")
+
     async def action_quit(self) -> None:
         """Quit; unsaved preset edits (valid or not) would be lost, so the user is asked first."""
         drafts = [] if self._panes_gone() else self.presets_pane.unsaved()
@@ -362,11 +358,12 @@ class WorkbenchApp(RunOperations, App[int]):
                                        "saves a valid one)", "Quit"),
                          lambda yes: self.exit() if yes else None)
 
-    def action_new_run(self, preset: str | None = None, overrides: str = "", init_from: str = "") -> None:
+    def action_new_run(self, preset: str | None = None, overrides: str = "", init_from: str = "",
+                       corpus: str = "builtin", note: str = "") -> None:
         preset = preset or (self.recommended[0] if self.recommended else None)
 
         from workbench.tui.screens.new_run import NewRunScreen  # lazily: the run planner, not before the first frame
-        form = NewRunScreen(preset, overrides, self.machine_now(), self.runs_dir, init_from)
+        form = NewRunScreen(preset, overrides, self.machine_now(), self.runs_dir, init_from, corpus, note)
 
         def done(req: RunRequest | None) -> None:
             if req is not None and form.queued:

@@ -22,7 +22,7 @@ from textual.widgets import DataTable, Static
 
 from workbench.analysis.lineage import branch_name
 from workbench.analysis.report_card import card_lines, report_card
-from workbench.analysis.summary import RunSummary
+from workbench.analysis.summary import RunSummary, descendants
 from workbench.config import load_preset_file
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
@@ -53,6 +53,19 @@ def source_text(run: RunSummary) -> str:
         how = "LoRA" if run.finetune == "lora" else "full fine-tune"
         parts.append(f"{how} from {run.init.replace('@', ' at step ')}")
     return ("  " + "; ".join(parts)) if parts else ""
+
+
+def descendants_text(summaries: dict[str, RunSummary], run_id: str) -> str:
+    """What deleting ``run_id`` means for the runs that come from it (branches, fine-tunes, theirs)."""
+    found = descendants(list(summaries.values()), run_id)
+    if not found:
+        return "No other run descends from it."
+    names = ", ".join(f"[b]{r.id}[/b] ({how})" for r, how in found)
+    if len(found) == 1:
+        return (f"1 run descends from it: {names}. It keeps its own copies of the files it needs (hard links) and "
+                "goes on working, but loses the history it is drawn and compared with.")
+    return (f"{len(found)} runs descend from it: {names}. They keep their own copies of the files they need (hard "
+            "links) and go on working, but lose the history they are drawn and compared with.")
 
 
 def card_inputs(run: RunSummary) -> tuple:
@@ -418,7 +431,8 @@ class RunsPane(Vertical, Pane):
             return
         if checkpoint is None:
             what = f"run {run_id}"
-            question = f"Delete run [b]{run_id}[/b] and all its checkpoints?\n\n{run_dir}\n\nThis cannot be undone."
+            question = (f"Delete run [b]{run_id}[/b] and all its checkpoints?\n\n"
+                        f"{descendants_text(self.summaries, run_id)}\n\n{run_dir}\n\nThis cannot be undone.")
         else:
             name = checkpoint.get("name")
             what = f"checkpoint {name} of {run_id}"
