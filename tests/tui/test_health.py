@@ -51,7 +51,8 @@ def test_a_finding_during_a_run_marks_the_train_tab(live_runs_dir, monkeypatch):
             assert _train_tab(app) == "3 Train"
             with open(live_runs_dir / "delta" / "metrics.jsonl", "a") as f:  # the trainer skips a NaN step
                 f.write(json.dumps({"kind": "event", "event": "nonfinite_skip", "step": 121, "loss": None}) + "\n")
-            await wait_for(pilot, lambda: _train_tab(app) == "3 Train ●1", what=f"the marker; tab {_train_tab(app)!r}")
+            await wait_for(pilot, lambda: _train_tab(app) == "3 Train ●1 finding",
+                           what=f"the marker; tab {_train_tab(app)!r}")
             assert app.query_one("#tabs").active == "hardware"  # marked while the user looks elsewhere
             assert "unstable" in _health(app)
             # the run ends (issue 43: the marker stayed): the findings stay in the box, the tab's marker goes

@@ -274,16 +274,16 @@ def test_the_train_tab_marker_is_coloured_by_the_worst_finding(live_runs_dir, mo
             # a loss far above the median of the records before it (~5.8): unstable.loss_spikes, low
             append({"kind": "train", "step": 130, "loss": 50.0, "lr": 1e-3, "grad_norm": 1.25,
                     "tokens_per_s": 25600.0, "tokens_seen": 130 * 256, "elapsed_s": 13.0, "skipped": 0})
-            await wait_for(pilot, lambda: _marker(app)[0] == "●1", what=lambda: repr(_tab(app)))
-            assert _marker(app) == ("●1", ANSI_CYAN, False)
+            await wait_for(pilot, lambda: _marker(app)[0] == "●1 finding", what=lambda: repr(_tab(app)))
+            assert _marker(app) == ("●1 finding", ANSI_CYAN, False)
             # a non-finite step skipped: unstable.nonfinite, medium
             append({"kind": "event", "event": "nonfinite_skip", "step": 131, "loss": None})
-            await wait_for(pilot, lambda: _marker(app)[0] == "●2", what=lambda: repr(_tab(app)))
-            assert _marker(app) == ("●2", ANSI_YELLOW, False)
+            await wait_for(pilot, lambda: _marker(app)[0] == "●2 findings", what=lambda: repr(_tab(app)))
+            assert _marker(app) == ("●2 findings", ANSI_YELLOW, False)
             # ... that ended in a rollback: high
             append({"kind": "event", "event": "rollback", "step": 133, "from_step": 133, "to": 131, "lr_scale": 0.5})
             await wait_for(pilot, lambda: _marker(app)[1] == ANSI_RED, what=lambda: repr(_tab(app)))
-            assert _marker(app) == ("●2", ANSI_RED, True)
+            assert _marker(app) == ("●2 findings", ANSI_RED, True)
             assert app.query_one("#tabs").active == "hardware"  # marked while another tab is open
     run(go())
 

@@ -83,3 +83,85 @@ def test_the_readme_says_where_the_runs_panes_s_and_l_are_shown(runs_dir):
     if not shown_at[160]:  # the footer never shows them: the README must not say they hide only when narrow
         assert "(hidden from an 80-column footer)" not in section
         assert "`s` and `l` are not in the footer" in section
+
+
+# ---------------------------------------------------------------------------------------------------- bug 8
+
+def _findings(n: int):
+    from workbench.analysis.doctor.finding import Finding
+    return [Finding(kind="unstable", code="unstable.nonfinite", severity="medium", title=f"finding {i}",
+                    evidence=(), change="--set train.lr=1e-4") for i in range(n)]
+
+
+def test_the_train_tabs_marker_says_what_it_counts(runs_dir):
+    """Bug 8: the Train tab showed "3 Train ●2" — two of what? It says "findings" (the run doctor's, in the health
+    box); under 100 columns, where seven tabs and the words would not fit, the count alone as before."""
+    from workbench.tui.widgets.health import HealthBox, marker
+    labels = {}
+
+    async def go(width: int):
+        app = make_app(runs_dir, initial_tab="hardware")
+        async with app.run_test(size=(width, 48)) as pilot:
+            await wait_for(pilot, lambda: len(app.summaries) == 3, what="the run list")
+            for n in (2, 1):
+                app.post_message(HealthBox.Checked("alpha", _findings(n), marker=marker(_findings(n))))
+                await pilot.pause()
+                labels[(width, n)] = app.query_one("#tabs").get_tab("train").label.plain
+    run(go(160))
+    run(go(80))
+    assert labels[(160, 2)] == "3 Train ●2 findings" and labels[(160, 1)] == "3 Train ●1 finding", labels
+    assert labels[(80, 2)] == "3 Train ●2", labels
+
+
+def test_the_checkpoint_b_select_in_chat_mode_shows_every_option(tmp_path, monkeypatch):
+    """Bug 8: the B select's list in chat mode was seen clipped to two options; every option is in its open list
+    and inside the screen (a chat run with six checkpoints: none, latest, best and six steps)."""
+    import json as _json
+
+    from textual.widgets._select import SelectOverlay
+
+    from tests.support.tui import open_sample_on
+    monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
+    d = tmp_path / "runs" / "chat"
+    for step in (10, 20, 30, 40, 50, 60):
+        (d / "checkpoints" / f"step_{step:07d}").mkdir(parents=True)
+        (d / "checkpoints" / f"step_{step:07d}" / "meta.json").write_text(_json.dumps({"step": step, "val_loss": 2.0}))
+    (d / "status.json").write_text(_json.dumps({"state": "finished", "step": 60, "max_iters": 60}))
+    (d / "chat_template.jinja").write_text("{{ messages }}")
+
+    async def go():
+        app = make_app(tmp_path / "runs")
+        async with app.run_test(size=(160, 48)) as pilot:
+            pane = await open_sample_on(pilot, app, "chat")
+            assert pane.chat_mode
+            b = app.query_one("#smp-ckpt-b", Select)
+            b.focus()
+            await pilot.press("enter")
+            await pilot.pause(0.3)
+            overlay = b.query_one(SelectOverlay)
+            assert overlay.option_count == 9
+            assert overlay.region.height >= overlay.option_count + 2, overlay.region  # each option a row, border
+            assert overlay.region.bottom <= app.size.height
+    run(go())
+
+
+def test_the_loss_curves_side_panel_leaves_the_y_axis_labels_alone(tmp_path, monkeypatch):
+    """Bug 8: at 160 columns the side panel (runs, settings) was seen over the plot's y-axis labels: the plot starts
+    where the side panel ends, and every row of it starts with its own text (a label or the axis), not the panel's."""
+    from tests.support.canned_runs import make_runs
+    monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
+    root = make_runs(tmp_path / "runs")
+
+    async def go():
+        app = make_app(root)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: len(app.summaries) == 3, what="the run list")
+            app.open_curves("alpha")
+            plot = app.query_one("#curves-plot")
+            await wait_for(pilot, lambda: plot.series, what="the loss drawn")
+            side = app.query_one("#curves-side")
+            settings = app.query_one("#curves-settings")
+            assert side.region.right <= plot.region.x and settings.region.right <= plot.region.x
+            rows = [line for line in str(plot.render()).splitlines() if "┤" in line]
+            assert rows and all(re.match(r"\s*[-\d.e+]+┤", line) for line in rows), rows[:3]
+    run(go())

@@ -35,11 +35,13 @@ SHOWN_COMPACT = 2  # when the pane is short
 
 
 def marker(findings: list[Finding]) -> tuple[str, str]:
-    """The Train tab's marker for these findings: ("●2", style of the worst), or nothing."""
+    """The Train tab's marker for these findings: ("●2 findings", style of the worst), or nothing. It says what it
+    counts (a bare "●2" did not); the tabs drop the word where it does not fit (:meth:`PaneTabs.mark`)."""
     if not findings:
         return "", ""
     worst = min(findings, key=Finding.sort_key).severity
-    return f"●{len(findings)}", SEVERITY_STYLE[worst]
+    n = len(findings)
+    return f"●{n} finding{'s' if n != 1 else ''}", SEVERITY_STYLE[worst]
 
 
 def queue_lines(run_id: str | None, runs_dir: Path) -> list[Text]:

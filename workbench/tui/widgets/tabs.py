@@ -17,12 +17,17 @@ class PaneTabs(TabbedContent):
         super().__init__(*args, **kw)
         self._labels: dict[str, str] = {}  # tab -> its label without a marker
 
+    WORDS_FROM = 100  # columns from which a marker keeps its words ("●2 findings"); below, its first word ("●2")
+
     def mark(self, tab: str, marker: str = "", style: str = "") -> None:
-        """Show ``marker`` after the tab's label (e.g. "●2" in red: the run shown has findings); "" clears it."""
+        """Show ``marker`` after the tab's label (e.g. "●2 findings" in red: the run shown has findings; under
+        :attr:`WORDS_FROM` columns its first word, so that seven tabs still fit 80); "" clears it."""
         try:
             t = self.get_tab(tab)
         except (NoMatches, ValueError):
             return
+        if marker and self.app.size.width < self.WORDS_FROM:
+            marker = marker.split(" ", 1)[0]
         base = self._labels.setdefault(tab, t.label.plain)
         label = Text.assemble(base, (f" {marker}", style)) if marker else Text(base)
         if t.label.plain != label.plain or marker:
