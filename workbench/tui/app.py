@@ -343,6 +343,12 @@ class WorkbenchApp(RunOperations, App[int]):
     def on_runs_pane_fine_tune_requested(self, msg: RunsPane.FineTuneRequested) -> None:
         self.action_new_run(init_from=msg.init_from)
 
+    def on_sample_pane_train_on_picks_requested(self, msg: SamplePane.TrainOnPicksRequested) -> None:
+        from workbench.config import preset_paths
+        preset = self._presets().get(msg.run_id)  # the run's own preset (its dropout, its batch), where it is one
+        self.action_new_run(preset if preset in preset_paths() else None, "train.objective=dpo", msg.init_from,
+                            msg.corpus, note=f"DPO on your {msg.picks} picks from {msg.run_id} (F5 / F6 in Sample)")
+
     async def action_quit(self) -> None:
         """Quit; unsaved preset edits (valid or not) would be lost, so the user is asked first."""
         drafts = [] if self._panes_gone() else self.presets_pane.unsaved()
@@ -354,11 +360,12 @@ class WorkbenchApp(RunOperations, App[int]):
                                        "saves a valid one)", "Quit"),
                          lambda yes: self.exit() if yes else None)
 
-    def action_new_run(self, preset: str | None = None, overrides: str = "", init_from: str = "") -> None:
+    def action_new_run(self, preset: str | None = None, overrides: str = "", init_from: str = "",
+                       corpus: str = "builtin", note: str = "") -> None:
         preset = preset or (self.recommended[0] if self.recommended else None)
 
         from workbench.tui.screens.new_run import NewRunScreen  # lazily: the run planner, not before the first frame
-        form = NewRunScreen(preset, overrides, self.machine_now(), self.runs_dir, init_from)
+        form = NewRunScreen(preset, overrides, self.machine_now(), self.runs_dir, init_from, corpus, note)
 
         def done(req: RunRequest | None) -> None:
             if req is not None and form.queued:

@@ -139,13 +139,16 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
     DEFAULT_CSS = "#nr-finetune { width: 14; }\n#nr-preview-box { height: auto; max-height: 20; }"
 
     def __init__(self, preset: str | None = None, overrides: str = "", machine_info: dict | None = None,
-                 runs_dir: Path | None = None, init_from: str = ""):
+                 runs_dir: Path | None = None, init_from: str = "", corpus: str = "builtin", note: str = ""):
         """``machine_info``: the hardware the estimate is for (default: detected now); ``init_from``:
-        RUN[:STEP] to start from (fine-tuning), filled in."""
+        RUN[:STEP] to start from (fine-tuning), filled in; ``corpus`` filled in; ``note``: a line under the title
+        saying what the form was opened for (e.g. a DPO run on the Sample pane's picks, and how many)."""
         super().__init__()
         self.preset = preset
         self.overrides = overrides
         self.init_from = init_from
+        self.corpus = corpus
+        self.note = note
         self.machine_info = machine_info
         self.runs_dir = runs_dir
         self.fits: bool | None = None
@@ -159,9 +162,11 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
         initial = self.preset if self.preset in names else (names[0] if names else Select.NULL)
         with Vertical(classes="dialog wide", id="new-run"):
             yield Label("[b]Start a new run[/b]")
+            if self.note:
+                yield Label(Text(self.note, style="bold cyan"), id="nr-note")
             yield form_field("preset", Select([(n, n) for n in names], value=initial, allow_blank=False,
                                               id="nr-preset"))
-            yield form_field("corpus", Input("builtin", placeholder="builtin or a path to text", id="nr-corpus"))
+            yield form_field("corpus", Input(self.corpus, placeholder="builtin or a path to text", id="nr-corpus"))
             yield form_field("name", Input("", placeholder="(automatic)", id="nr-name"))
             yield form_field("budget", Input("", placeholder="(max_iters) or a time: 45m, 2h - the schedule follows "
                                                              "the clock", id="nr-budget"))

@@ -12,6 +12,7 @@ own) opens in chat mode; any other in text mode."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -20,13 +21,14 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.widgets import Button, Collapsible, Input, Select, Static
 from textual.worker import get_current_worker
 
 from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
 from workbench.errors import WorkbenchError
 from workbench.plan.sampling import Sampling
-from workbench.rundir import SAMPLES_FILE, list_checkpoints, read_jsonl_tail, select_checkpoint
+from workbench.rundir import PREFERENCES_FILE, SAMPLES_FILE, list_checkpoints, read_jsonl_tail, select_checkpoint
 from workbench.tui import launcher
 from workbench.tui.chat_server import ChatServer, ChatServers, ServerGone
 from workbench.tui.widgets.pane import Pane
@@ -36,6 +38,20 @@ from workbench.tui.widgets.sample_text import TextControls
 
 NONE = "none"
 NO_B = "checkpoint B (choose one to compare)"
+
+# "Train on my picks" (F9) needs this many preference pairs: the trainer holds at least one pair out for the val
+# loss, so 8 leave 7 to train on; fewer is a run that learns two or three answers by heart, not a preference (the
+# trainer itself takes 2).
+MIN_PICKS = 8
+
+
+def count_picks(run_dir: Path) -> int:
+    """The preference pairs saved in the run's preferences.jsonl (F5 / F6): its non-blank lines; 0 without it."""
+    try:
+        with open(run_dir / PREFERENCES_FILE, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 0
 
 __all__ = ["CHAT_HINT", "NONE", "SampleOutput", "SamplePane", "checkpoint_options", "resolve_checkpoint",
            "trainer_samples"]
@@ -79,9 +95,19 @@ class SamplePane(Vertical, Pane):
         Binding("f6", "prefer('b')", "B better"),
         Binding("f7", "rate(True)", "A good"),
         Binding("f8", "rate(False)", "A bad"),
+        Binding("f9", "train_on_picks", "Train on picks"),  # a DPO run from this run on RUN/preferences.jsonl
         # in a box, digits are text (a message may hold numbers); escape leaves it, and 1-7 switch tabs again
         Binding("escape", "leave_box", "Leave the box"),
     ]
+
+    @dataclass
+    class TrainOnPicksRequested(Message):
+        """Open the new-run form for a DPO run from ``init_from`` (RUN:STEP) on ``corpus`` (the run's
+        preferences.jsonl, ``picks`` pairs)."""
+        run_id: str
+        init_from: str
+        corpus: str
+        picks: int
 
     def __init__(self, runs_dir: Path, **kw):
         super().__init__(**kw)
@@ -115,7 +141,7 @@ class SamplePane(Vertical, Pane):
         """Chat keys only where they apply (a text run's footer stays as it was)."""
         if action == "toggle_chat":
             return self.chat_run
-        if action in ("reset_chat", "prefer", "rate"):
+        if action in ("reset_chat", "prefer", "rate", "train_on_picks"):
             return self.chat_mode
         if action == "leave_box":
             return isinstance(self.app.focused, Input)
@@ -132,6 +158,20 @@ class SamplePane(Vertical, Pane):
     def action_rate(self, good: bool) -> None:
         """Rate column A's last reply good or bad: a KTO row in the run's ratings.jsonl (train.objective = kto)."""
         self._judge(lambda run: self.chat.pick(self.runs_dir, run, "#smp-out-a", None, good), "#smp-out-a")
+
+    def action_train_on_picks(self) -> None:
+        """Open the new-run form for a DPO run from this run's checkpoint A on the picks saved with F5 / F6
+        (RUN/preferences.jsonl); refused in one line below :data:`MIN_PICKS` pairs."""
+        if (run := self._chosen_run("train on its picks")) is None:
+            return
+        run_dir = self.runs_dir / run
+        n = count_picks(run_dir)
+        if n < MIN_PICKS:
+            self.notify(f"{n} pick{'s' if n != 1 else ''} in {run}/{PREFERENCES_FILE}: a DPO run needs at least "
+                        f"{MIN_PICKS} (F5 / F6 on two checkpoints' replies save one each).", severity="warning")
+            return
+        step = resolve_checkpoint(run_dir, str(self.query_one("#smp-ckpt-a", Select).value))
+        self.post_message(self.TrainOnPicksRequested(run, f"{run}:{step}", str(run_dir / PREFERENCES_FILE), n))
 
     def _judge(self, save: Callable[[str], str], column: str) -> None:
         run = self.run_id

@@ -22,7 +22,7 @@ from workbench.tui.widgets.sample_output import Column, SampleOutput, setting_na
 
 CHAT_HINT = ("Type a message below (enter sends; ctrl+r starts over, ctrl+t samples text instead). With two "
              "checkpoints, F5 / F6 save A's / B's reply as the better one (RUN/preferences.jsonl); F7 / F8 rate A's "
-             "good / bad (RUN/ratings.jsonl).")
+             "good / bad (RUN/ratings.jsonl); F9 trains a DPO run on the pairs.")
 
 
 class ChatControls(Vertical):
