@@ -41,7 +41,9 @@ class RunSummary:
     max_iters: int
     train_loss: float | None = None
     val_loss: float | None = None
-    val_bpb: float | None = None      # bits per byte of the last eval (comparable across tokenizers)
+    val_bpb: float | None = None      # bits per byte of the last eval (comparable across tokenizers); None for a
+    #                                   preference run, whose val loss is its objective's (per pair), not a text loss
+    objective: str = "sft"            # train.objective: sft, or a preference objective (dpo, simpo, orpo, kto)
     best_val_loss: float | None = None
     tokens_per_s: float | None = None
     mem_mb: float | None = None
@@ -97,9 +99,11 @@ def summarize_run(run_dir: Path) -> RunSummary:
     except (OSError, ValueError):
         data = {}
     preset = data.get("name", "?")
+    objective = (data.get("train") or {}).get("objective", "sft")
     s = RunSummary(id=run_dir.name, path=str(run_dir), state=st.state, preset=preset,
-                   step=st.step, max_iters=st.max_iters, error=st.error, started=st.started,
-                   best_val_loss=st.best_val_loss, created=st.started or st.resumed or _mtime(run_dir / PRESET_FILE))
+                   objective=objective if isinstance(objective, str) else "sft", step=st.step,
+                   max_iters=st.max_iters, error=st.error, started=st.started, best_val_loss=st.best_val_loss,
+                   created=st.started or st.resumed or _mtime(run_dir / PRESET_FILE))
     evals: list[float] = []
     tail = last_records(run_dir / METRICS_FILE)
     if (ts := latest_time_spent(tail)) is not None:
@@ -111,7 +115,7 @@ def summarize_run(run_dir: Path) -> RunSummary:
             if r.peak_mem_mb is not None:
                 s.mem_mb = max(s.mem_mb or 0.0, r.peak_mem_mb)
         elif isinstance(r, EvalRecord):
-            s.val_loss, s.val_bpb = r.val_loss, r.val_bpb
+            s.val_loss, s.val_bpb = r.val_loss, r.val_bpb if s.objective == "sft" else None
             if r.val_loss is not None:
                 evals.append(r.val_loss)
     start = first_event(run_dir / METRICS_FILE, ("start", "resume"))  # a branch starts with a resume

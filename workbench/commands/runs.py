@@ -62,7 +62,8 @@ def run(args) -> int:
           "(and full or LoRA fine-tuning from which run); "
           "EVAL % / SAVE %: the share of the run's wall-clock spent in evals / saving checkpoints; "
           "MEM MB: peak measured (process RSS on CPU, peak allocated on GPU); EST MB: `workbench estimate` "
-          "for the same preset; ERR: measured vs estimate; DISK: each file once (a file a branch or fine-tune "
+          "for the same preset; ERR: measured vs estimate; VAL of a preference run (dpo, simpo, orpo, kto): its "
+          "objective's loss, not a text loss, so no VAL BPB; DISK: each file once (a file a branch or fine-tune "
           "shares with an older run, a hard link, is counted with that run)")
     for r in runs:
         if r.tasks:

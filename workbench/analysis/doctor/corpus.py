@@ -68,7 +68,13 @@ def check(ctx: Context) -> list[Finding]:
                            change, values, ctx.apply_command(values) if values else "", also=tuple(also),
                            data={"epochs": epochs, "planned_tokens": planned, "train_tokens": train_tokens}))
     per_id = train_tokens / p.model.vocab_size
-    if per_id < TOKENS_PER_ID:
+    # A fine-tune (or an imported model, or a branch of either) keeps its source's tokenizer: a new vocabulary would
+    # be a new model, not a change to this run.
+    inherited = (p.init or {}).get("run") or (p.source or {}).get("model")
+    if per_id < TOKENS_PER_ID and inherited:
+        ctx.note(f"data: {per_id:.1f} training tokens per vocabulary id, but the tokenizer ({p.model.vocab_size:,} "
+                 f"ids) is {inherited}'s, which a fine-tune keeps")
+    elif per_id < TOKENS_PER_ID:
         vocab = 2 ** int(math.log2(max(MIN_VOCAB, train_tokens / TOKENS_PER_ID)))
         if vocab < p.model.vocab_size:
             values = {"model.vocab_size": vocab}

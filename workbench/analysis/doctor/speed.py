@@ -252,6 +252,20 @@ def nice_ceil(x: float) -> int:
     return next(m * k for m in (1, 2, 5, 10) if m * k >= x)
 
 
+def _eval_cadence(f, interval: int, step_s: float, per_eval: float, batches: int) -> str:
+    """How often the run evaluates, as it does: "an eval every 200 steps of ~0.05 s, each ...", or for a run no longer
+    than its interval the evals it made ("2 evals in 17 steps (at steps 0 and 17: ...), each ...": the step-0 eval and
+    the last)."""
+    each = f"each ~{per_eval:.2f} s ({batches or '?'} batches of train and of val)"
+    if interval < f.max_iters or not f.evals:
+        return f"an eval every {interval:,} steps of ~{step_s:.2f} s, {each}"
+    steps = [f"{e.step:,}" for e in f.evals]
+    at = " and ".join([", ".join(steps[:-1]), steps[-1]] if len(steps) > 1 else steps)
+    n = len(steps)
+    return (f"{n} eval{'' if n == 1 else 's'} in {f.step:,} steps (at step{'' if n == 1 else 's'} {at}: the eval "
+            f"interval, {interval:,}, is longer than the run), {each}; a step ~{step_s:.2f} s")
+
+
 def _eval_share(ctx: Context) -> Finding | None:
     f, p, ts = ctx.facts, ctx.facts.preset, ctx.facts.time_spent
     young = f.state in LIVE_STATES and ts is not None and ts.elapsed_s < EVAL_SHARE_MIN_SECONDS
@@ -295,8 +309,7 @@ def _eval_share(ctx: Context) -> Finding | None:
     return Finding("slow", "slow.eval_share", "medium" if ts.eval_share >= EVAL_SHARE_HIGH else "low",
                    f"{percent(ts.eval_share)} of the run's time goes to evals",
                    (f"{num(ts.eval_s)} s of the run's {num(ts.elapsed_s)} s in evals and their samples, as of step "
-                    f"{ts.step}", f"an eval every {t.eval_interval:,} steps of ~{step_s:.2f} s, each ~{per_eval:.2f} s "
-                    f"({batches or '?'} batches of train and of val)"),
+                    f"{ts.step}", _eval_cadence(f, t.eval_interval, step_s, per_eval, batches)),
                    f"{set_line(values)} ({why})" if values else why, values,
                    ctx.apply_command(values) if values else "", step=ts.step, also=also,
                    data={"eval_share": ts.eval_share, "eval_s": ts.eval_s, "elapsed_s": ts.elapsed_s,
