@@ -19,8 +19,8 @@ from tests.support.cli import REPO, TINY, wb
 from tests.support.runs import read_jsonl, records_since_last_start, wait_until
 from workbench import rundir
 from workbench.config import load_preset_file
-from workbench.plan.cost import budget_steps, tokens_per_s_from_flops
-from workbench.plan.horizon import Horizon, extension
+from workbench.plan.cost import tokens_per_s_from_flops
+from workbench.plan.horizon import Horizon, budget_plan_at, extension
 from workbench.plan.report import ASSUMED_EFFICIENCY
 from workbench.plan.run_plan import ResumeRequest, plan_resume
 from workbench.train.budget import Budget
@@ -80,6 +80,36 @@ def test_a_budgeted_run_ends_at_its_budget_and_its_decay_follows_the_clock(budge
     assert all(a >= b for a, b in zip(decaying, decaying[1:])) and decaying[0] < 1e-3
     assert decaying[-1] < 0.3e-3                                         # on its way to min_lr at the end
     assert f"finished at step {st.step}" in (d / "train.log").read_text()
+
+
+def test_a_budgeted_run_is_complete_its_evals_within_their_share_at_the_shares_its_plan_chose(budget_run):
+    """Issue 53: a budget of any length buys a complete run. Its evals (step 0, on the way, the last), planned from
+    an eval batch it timed, take at most EVAL_SHARE of it (the step-0 eval paid from it too); the evals on the way
+    fall at even shares of the budget; its first step is logged whatever log_interval says; the end shown moves
+    smoothly from the estimate's to the pace's (never 2/7 after 1/28); it ends at min_lr."""
+    d = budget_run / "b"
+    log = (d / "train.log").read_text()
+    m = re.search(r"an eval batch timed at [\d.e-]+ s: warmup (\d+); evals at step 0, (?:at ([\d/]+) % and )?at the "
+                  r"end, (\d+) batch(?:es)? each", log)
+    assert m, log[:3000]
+    warmup, shares, batches = int(m[1]), [int(x) / 100 for x in (m[2] or "").split("/") if x], int(m[3])
+    assert batches == 2 and warmup == 2 and len(shares) >= 3                  # TINY sets eval_iters 2, warmup 2
+    recs = read_jsonl(d / "metrics.jsonl")
+    evals = [r for r in recs if r["kind"] == "eval"]
+    st = rundir.read_status(d)
+    assert [e["step"] for e in evals][0] == 0 and evals[-1]["step"] == st.step
+    assert len(evals) == 2 + len(shares), [e["step"] for e in evals]
+    # on the way at the budget's shares: with a steady pace, at about that share of the steps
+    for e, share in zip(evals[1:-1], shares):
+        assert abs(e["step"] / st.step - share) < 0.15, ([x["step"] for x in evals], shares)
+    finish = next(r for r in recs if r.get("event") == "finish")
+    assert finish["eval_s"] <= 0.1 * BUDGET + 0.2, finish                  # the share (plus a sample's 64 tokens)
+    train = [r for r in recs if r["kind"] == "train"]
+    # logged at once; ended at min_lr (the last step's rate is the share spent before it: within a step of it)
+    assert train[0]["step"] == 1 and 1e-5 <= train[-1]["lr"] <= 1e-5 + 0.05 * (1e-3 - 1e-5), train[-1]
+    totals = [int(t) for t in re.findall(r"step \d+/(\d+):", log)]
+    jumps = [abs(b - a) / a for a, b in zip(totals, totals[1:])]
+    assert max(jumps) < 0.2, max(zip(jumps, zip(totals, totals[1:])))
 
 
 def test_the_doctor_counts_the_steps_the_budget_ran_not_the_presets_first_guess(budget_run):
@@ -196,9 +226,10 @@ def test_until_it_has_timed_a_step_a_budgeted_run_shows_the_steps_the_estimate_f
     assert st.step == 1, st                           # killed after its first step: no pace yet
     start = next(r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "start")
     p = load_preset_file(d / "preset.toml")
-    # the new-run form's estimate: this machine's peak at the assumed efficiency, its evals counted
+    # the new-run form's estimate (and `train`'s first line): this machine's peak at the assumed efficiency, the
+    # budget's evals paid for (plan.horizon.plan_budget)
     tps = tokens_per_s_from_flops(p.model, start["peak_flops"], ASSUMED_EFFICIENCY["cpu"])
-    want = round(budget_steps(p, tps, 90.0, start["eval_iters"]))
+    want = budget_plan_at(p, tps, 90.0).steps
     assert st.max_iters == start["budget_steps"] == want, (st.max_iters, start["budget_steps"], want)
     assert 10 < want < 100_000
     assert f"time budget 1m 30s: ~{want:,} steps by the estimate" in (d / "train.log").read_text()
@@ -264,35 +295,37 @@ def test_the_estimate_gives_the_steps_that_fit_the_budget():
     t, b = plain["time"], budget["time"]
     assert b["total_s"] == b["budget_s"] == 2700 and t["budget_s"] is None
     step_s = t["train_s"] / t["steps"]
-    assert b["one_eval_s"] == t["one_eval_s"] > 0
-    # the steps and the evals fill the budget: the step-0 eval, one every eval_interval steps and the last
-    assert b["steps"] * step_s + b["eval_s"] == pytest.approx(2700, rel=1e-9)
-    assert b["eval_s"] == pytest.approx(b["one_eval_s"] * (2 + b["steps"] / 200), rel=1e-9)   # cpu-small: every 200
+    # the steps and the evals fill the budget, the evals within their share (plan.horizon.EVAL_SHARE)
+    assert b["steps"] * step_s + b["eval_s"] == pytest.approx(2700, abs=step_s)
+    plan = budget_plan_at(load_preset_file(REPO / "presets" / "cpu-small.toml"), 5000.0, 2700.0)
+    assert b["steps"] == plan.steps and b["eval_s"] == pytest.approx(plan.eval_s) and b["eval_s"] <= 0.1 * 2700
     assert b["tokens"] == pytest.approx(b["steps"] * 2048, rel=1e-9) and budget["budget_warning"] == ""
     text = wb("estimate", "cpu-small", "--tokens-per-s", "5000", "--set", "train.time_budget=45m", check=True).stdout
     assert f"time budget: 45m 00s, ~{b['steps']:,.0f} steps (" in text and "warning" not in text
 
 
-def test_a_budget_that_is_mostly_evals_is_told_what_to_change():
-    """40 s of cpu-small at 5,000 tokens/s: the step-0 and last evals alone take half of it (on a busy laptop such a
-    run trained 2 steps). The estimate (and with it the new-run form and `train`) says so with a --set that fixes
-    it, and with that --set the warning goes."""
-    short = ["--tokens-per-s", "5000", "--set", "train.time_budget=40s"]
-    text = wb("estimate", "cpu-small", *short, check=True).stdout
-    warning = next(x for x in text.splitlines() if x.startswith("warning: "))
-    assert re.fullmatch(r"warning: evals would take ~\d+% of the budget: give more time, or fewer eval batches "
-                        r"\(--set train.eval_iters=\d+\)", warning), warning
-    fix = re.search(r"--set (train.eval_iters=\d+)", warning)[1]
-    fixed = json.loads(wb("estimate", "cpu-small", *short, fix, "--json", check=True).stdout)
-    assert fixed["budget_warning"] == "" and fixed["time"]["eval_s"] < 0.25 * 40
+def test_a_budget_too_short_for_a_complete_run_is_refused_before_anything_starts(tmp_path):
+    """5 s of cpu-small at 5,000 tokens/s cannot pay for its evals and ten steps: the estimate says what to give,
+    and `train` refuses it (exit 2, nothing written) unless --yes; a set eval_iters dearer than the share is warned
+    with the --set that fixes it."""
     tiny = json.loads(wb("estimate", "cpu-small", "--tokens-per-s", "5000", "--json", "--set",
                          "train.time_budget=5s", check=True).stdout)
-    assert tiny["time"]["steps"] == 0 and tiny["budget_warning"].startswith(
-        "the budget is spent on the first and last evals before a step trains")
-    warm = json.loads(wb("estimate", "medium", "--tokens-per-s", "5000", "--json", "--set",
-                         "train.time_budget=10m", "train.eval_iters=2", check=True).stdout)
-    assert re.fullmatch(r"~[\d,]+ steps leave little after the 200-step warmup: give more time, or a shorter warmup "
-                        r"\(--set train.warmup_iters=\d+\)", warm["budget_warning"]), warm["budget_warning"]
+    assert re.fullmatch(r"a 5s budget (cannot pay for its first and last evals|buys ~\d+ steps here after its evals)"
+                        r".*: give at least \d.*", tiny["budget_warning"]), tiny["budget_warning"]
+    dear = ["--tokens-per-s", "5000", "--set", "train.time_budget=40s", "train.eval_iters=30"]
+    warning = next(x for x in wb("estimate", "cpu-small", *dear, check=True).stdout.splitlines()
+                   if x.startswith("warning: "))
+    assert re.fullmatch(r"warning: evals of train.eval_iters = 30 batches take ~\d+% of the budget, more than the "
+                        r"10% it keeps for them: set train.eval_iters=0 \(sized to the budget\) or \d+", warning)
+    fixed = json.loads(wb("estimate", "cpu-small", *dear, "train.eval_iters=0", "--json", check=True).stdout)
+    assert fixed["budget_warning"] == "" and fixed["time"]["eval_s"] <= 0.1 * 40
+    runs = tmp_path / "runs"
+    # cpu-small itself (its evals cost what a new user's do), refused before its corpus is read
+    cp = wb("train", "cpu-small", "--runs-dir", str(runs), "--time-budget", "1s")
+    assert cp.returncode == 2 and not runs.exists(), cp.stdout + cp.stderr
+    err = cp.stderr.strip().splitlines()
+    assert len(err) == 1 and re.fullmatch(r"workbench: error: a 1s budget .*: give at least \d.* \(or start it "
+                                          r"anyway with --yes\)", err[0]), err
 
 
 @pytest.mark.parametrize("value, why", [("soon", "is not a duration; write it like 45m, 2h, 1h30m or 90s"),

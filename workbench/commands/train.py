@@ -14,7 +14,7 @@ from workbench.commands.common import (
     add_set_option,
     time_budget_sets,
 )
-from workbench.config import overridden_keys, preset_to_toml
+from workbench.config import budget_seconds, overridden_keys, preset_to_toml
 from workbench.data.chat_data import check_loss_on, corpus_kind
 from workbench.data.preference import check_corpus_kind
 from workbench.data.tokens import check_chat_template, open_data_corpus, prepare_data
@@ -42,9 +42,19 @@ def register(sub) -> None:
                         "(train.time_budget)")
     p.add_argument("--detach", action="store_true", help="start in the background and print the run id")
     p.add_argument("--yes", action="store_true",
-                   help="start even when the estimate says the run will not fit this machine's memory")
+                   help="start even when the estimate says the run will not fit this machine's memory, or that its "
+                        "time budget is too short to buy a complete run")
     launch.add_topology_options(p)
     p.set_defaults(func=run)
+
+
+def budget_peak(p):
+    """With a time budget, this machine's measured peak for the estimate (the steps a budget buys need the speed;
+    the trainer asks the same, so `train`'s first line and the trainer's say one number); None without one."""
+    if not budget_seconds(p.train.time_budget):
+        return None
+    from workbench.machine.probe import measured_peak  # imports torch: only where a budget needs the speed
+    return measured_peak
 
 
 def run(args) -> int:
@@ -68,8 +78,10 @@ def run(args) -> int:
                  if preference_lr_rule(p.train, overrides) and p.train.lr == PREFERENCE_MAX_LR else ""), flush=True)
     if (objective := objective_plan(p)).preference:
         print(objective.describe(), flush=True)
-    check = fit_check(p, machine, measured_in(root))
+    check = fit_check(p, machine, measured_in(root), peak=budget_peak(p))
     print("estimate: " + "; ".join(check.lines()), flush=True)
+    if check.budget_problem and not args.yes:
+        raise rundir.RunError(f"{check.budget_problem} (or start it anyway with --yes)")
     if check.fits is False and not args.yes:
         advice = f" ({check.suggestion})" if check.suggestion else ""
         if not (sys.stdin.isatty() and input("start anyway? [y/N] ").strip().lower() in ("y", "yes")):

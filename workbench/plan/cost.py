@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from workbench.config import ModelConfig, Preset, budget_seconds
+from workbench.config import ModelConfig, Preset
 from workbench.errors import WorkbenchError
-from workbench.fmt import duration
 from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
+from workbench.plan.horizon import budget_plan_at
 
 
 def tokens_per_s_from_flops(model_cfg: ModelConfig, flops_per_s: float, efficiency: float) -> float:
@@ -47,68 +47,24 @@ def estimate_time(preset: Preset, tokens_per_s: float) -> TimeEstimate:
     one_eval_s = eval_seconds(preset, eval_batches(preset)[0], tokens_per_s)
     train_s = train_tokens / tokens_per_s
     eval_s = n_evals * one_eval_s
-    budget = budget_seconds(t.time_budget)
-    if budget is None:
+    plan = budget_plan_at(preset, tokens_per_s)
+    if plan is None:
         return {"tokens": float(train_tokens), "train_s": train_s, "eval_s": eval_s, "total_s": train_s + eval_s,
                 "steps": float(t.max_iters), "budget_s": None, "one_eval_s": one_eval_s}
-    # The budget is the time; the steps are what fits in it at this rate. A budgeted run evaluates at step 0,
-    # every eval_interval steps and once more at its end, whatever the budget: a short one is mostly evals.
-    step_s = train_s / t.max_iters
-    steps = budget_steps(preset, tokens_per_s, budget)
-    return {"tokens": steps * preset.tokens_per_step(), "train_s": steps * step_s, "eval_s": budget - steps * step_s,
-            "total_s": budget, "steps": steps, "budget_s": budget, "one_eval_s": one_eval_s}
+    # The budget is the time; the steps are what fits in it at this rate once its evals are paid for: sized to
+    # stay within horizon.EVAL_SHARE of it (plan.horizon.plan_budget, the trainer's plan too).
+    steps = float(plan.steps or 0)
+    return {"tokens": steps * preset.tokens_per_step(), "train_s": steps * train_s / t.max_iters,
+            "eval_s": plan.eval_s or 0.0, "total_s": plan.seconds, "steps": steps, "budget_s": plan.seconds,
+            "one_eval_s": eval_seconds(preset, plan.eval_iters, tokens_per_s)}
 
 
-def budget_steps(preset: Preset, tokens_per_s: float, seconds: float, eval_iters: int | None = None) -> float:
-    """The steps that fit in ``seconds`` of a time budget at ``tokens_per_s``: a budgeted run evaluates at its start,
-    every eval_interval steps and once more at its end, whatever the budget (the estimate's count, and the trainer's
-    guess at its end step until it has timed its own steps). ``eval_iters``: the batches an eval scores, when the
-    val split is known (auto's count for one that does not limit it otherwise)."""
-    t = preset.train
-    one_eval_s = eval_seconds(preset, eval_iters or eval_batches(preset)[0], tokens_per_s)
-    step_s = preset.tokens_per_step() / tokens_per_s
-    return max(0.0, (seconds - 2 * one_eval_s) / (step_s + one_eval_s / t.eval_interval))
-
-
-# A budget whose evals would take more than this share of it gets a warning (the form, `train`, `estimate`).
-BUDGET_EVAL_SHARE_WARN = 0.25
-
-
-def budget_warning(preset: Preset, time: TimeEstimate) -> str:
-    """What is wrong with a time budget for this run at the estimated speed (``time``: :func:`estimate_time`'s),
-    in one line with the fix, or "" (no budget, or one that trains)."""
-    budget, t = time.get("budget_s"), preset.train
-    if not budget:
-        return ""
-    steps, share = time["steps"] or 0.0, (time["eval_s"] or 0.0) / budget
-    # eval batches for which the step-0 and last evals take ~5 % of the budget
-    fewer = max(1, int(eval_batches(preset)[0] * 0.025 * budget / (time["one_eval_s"] or budget)))
-    if steps < 1:
-        return ("the budget is spent on the first and last evals before a step trains: give more time, or fewer "
-                f"eval batches (--set train.eval_iters={fewer})")
-    if share > BUDGET_EVAL_SHARE_WARN:
-        return (f"evals would take ~{share:.0%} of the budget: give more time, or fewer eval batches "
-                f"(--set train.eval_iters={fewer})")
-    if steps < 2 * t.warmup_iters:
-        return (f"~{steps:,.0f} steps leave little after the {t.warmup_iters}-step warmup: give more time, or a "
-                f"shorter warmup (--set train.warmup_iters={max(1, int(steps) // 10)})")
-    return ""
-
-
-def unmeasured_budget_warning(preset: Preset) -> str:
-    """What to say of a time budget when this machine's speed is not known yet (no rate measured here, no run of the
-    preset): not the evals' share of it, which needs the speed, but their size, which does not; "" without a
-    budget. A 60 s budget took 1 min 58 s of wall-clock on a busy CPU (a 42 s step-0 eval, a 25 s last one)
-    with no word."""
-    budget, t = budget_seconds(preset.train.time_budget), preset.train
-    if not budget:
-        return ""
-    n = eval_batches(preset)[0]
-    fewer = 2 if n > 2 else 1
-    return (f"a {duration(budget)} budget, and its step-0 and last evals score {n} batches of train and of val each "
-            f"(the step-0 eval before the budget's clock starts), {n * t.batch_size * preset.model.seq_len:,} tokens "
-            "a split: on a slow or busy machine they can take as long as the budget; fewer eval batches (--set "
-            f"train.eval_iters={fewer}), or `workbench estimate {preset.name}` first, which measures this machine")
+def budget_warning(preset: Preset, tokens_per_s: float) -> str:
+    """What is wrong with a time budget for this run at ``tokens_per_s``, in one line with the fix, or "" (no
+    budget, or one that buys a complete run): its plan's problem (too short for its evals and a run that warms up
+    and decays) or warning (evals a set train.eval_iters makes dearer than their share)."""
+    plan = budget_plan_at(preset, tokens_per_s)
+    return (plan.problem or plan.warning) if plan is not None else ""
 
 
 def estimate_cost(seconds: float, watts: float | None = None, usd_per_hour: float | None = None,

@@ -16,6 +16,13 @@ With ``train.time_budget``, the schedule follows the share of the budget spent (
 budget), the end step is re-estimated after every step from the run's pace, and the wsd decay's first step
 is known only once the clock gets there (``decay_step``). A warmup the budget cuts short yields to the
 decay (the lower of the two), so a budgeted run always ends at ``min_lr``.
+
+A budget's run is complete whatever its length (:func:`plan_budget`, decided here for the estimate, the CLI's
+first line, ``sweep`` and the trainer alike): its evals (the step-0 eval, the evals on the way and the last one)
+are sized so that together they take at most ``EVAL_SHARE`` of the budget at the measured speed, fewer eval
+batches before fewer evals; the evals on the way fall at even shares of the budget (25/50/75 % with three, the
+sweep pruner's rungs); its warmup is at most ``WARMUP_SHARE`` of the steps the budget buys; a budget that cannot
+buy ``MIN_BUDGET_STEPS`` steps after its evals is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -26,6 +33,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.config import Preset, budget_seconds
+from workbench.fmt import duration
+from workbench.plan.evals import eval_batches
+
+# A budget's evals (step 0, on the way, the last), together, take at most this share of it (plan_budget).
+EVAL_SHARE = 0.10
+# A budget's warmup is at most this share of the steps it buys (the preset's warmup_iters when that is fewer).
+WARMUP_SHARE = 0.10
+# Fewer steps than this after the evals is not a run (warmup, the peak rate, a decay): refused before it starts.
+MIN_BUDGET_STEPS = 10
+# Evals on the way a budget pays for when it can (more when the steps bought pass more eval_intervals): three
+# give the loss curve a middle and the sweep pruner its rungs at 25, 50 and 75 % of the budget.
+MIN_EVALS_ON_THE_WAY = 3
+# A training step's seconds as forward passes of an eval batch (forward + backward ~3x, the optimizer the rest):
+# the step's time when nothing else estimates it (no run measured here, no peak known) but an eval batch was timed.
+STEP_PER_EVAL_BATCH = 3.5
 
 
 @dataclass(frozen=True)
@@ -40,6 +62,8 @@ class Horizon:
     budget_s: float | None = None  # train.time_budget in seconds; None: counted in steps
     progress: float = 0.0          # budgeted: the share of the budget spent, as every rank agreed (never back)
     decay_step: int | None = None  # budgeted wsd: the step its decay began, once the clock got there
+    eval_iters: int = 0            # budgeted: the batches each eval scores, as planned (0: not planned yet)
+    evals_on_the_way: int = 0      # budgeted: evals between the step-0 and the last one, at even shares of it
 
     # ------------------------------------------------------------------ made once
 
@@ -63,12 +87,24 @@ class Horizon:
         if h.budget_s is None or not state:
             return h
         decay = state.get("decay_step")
+        # a budget's plan as its start made it (checkpoints from before plans: the preset's warmup, evals unplanned)
+        planned = {k: int(state[k]) for k in ("warmup", "eval_iters", "evals_on_the_way") if state.get(k) is not None}
         return dataclasses.replace(h, decay_step=int(decay) if decay is not None else None,
-                                   progress=float(state.get("budget_progress") or 0.0))
+                                   progress=float(state.get("budget_progress") or 0.0), **planned)
+
+    def planned(self, plan: "BudgetPlan") -> "Horizon":
+        """A budgeted run's horizon with its plan (its start's: the warmup, the eval batches, the evals on the way;
+        the end stays the first guess, the estimate's, until the run's own pace moves it)."""
+        return dataclasses.replace(self, warmup=plan.warmup, eval_iters=plan.eval_iters,
+                                   evals_on_the_way=plan.evals_on_the_way)
 
     def to_state(self) -> dict[str, Any]:
         """What a checkpoint keeps of it (beside the trainer state's other fields)."""
-        return {"end_step": self.end_step, "decay_step": self.decay_step, "budget_progress": self.progress}
+        out: dict[str, Any] = {"end_step": self.end_step, "decay_step": self.decay_step,
+                               "budget_progress": self.progress}
+        if self.budgeted and self.eval_iters:
+            out |= {"warmup": self.warmup, "eval_iters": self.eval_iters, "evals_on_the_way": self.evals_on_the_way}
+        return out
 
     # ------------------------------------------------------------------ stepped
 
@@ -81,7 +117,20 @@ class Horizon:
         if (self.budgeted and self.schedule == "wsd" and decay is None
                 and prog >= 1.0 - self.decay_fraction):
             decay = step
-        return dataclasses.replace(self, end_step=end_step, progress=prog, decay_step=decay)
+        warmup = self.warmup
+        if self.budgeted and self.eval_iters and step < warmup:
+            # the end's estimate came down (a slower pace than the estimate's): the warmup keeps its share of it
+            # (never longer: the ramp only goes up)
+            warmup = min(warmup, budget_warmup(self.warmup, end_step))
+        return dataclasses.replace(self, end_step=end_step, progress=prog, decay_step=decay, warmup=warmup)
+
+    def eval_between(self, before: float, after: float) -> bool:
+        """Budgeted: whether an eval on the way falls due between the shares of the budget ``before`` and
+        ``after`` a step (at 1/(n+1), 2/(n+1), ... of it, n the evals on the way; the last eval is the end's)."""
+        n = self.evals_on_the_way
+        if not n or after >= 1.0:
+            return False
+        return math.floor(after * (n + 1) + 1e-9) > math.floor(before * (n + 1) + 1e-9)
 
     def ended_at(self, step: int) -> "Horizon":
         """The run ends at ``step`` (a budget spent before this process trained anything)."""
@@ -141,6 +190,109 @@ class Horizon:
     def lr_at(self, step: int) -> float:
         """AdamW's learning rate for the update after ``step`` steps."""
         return self.lr * self.lr_factor(step)
+
+
+# ----------------------------------------------------------------------------- a budget's plan
+
+def budget_warmup(preset_warmup: int, steps: int | None) -> int:
+    """A budget's warmup: at most WARMUP_SHARE of the ``steps`` it buys, the preset's when that is fewer."""
+    if steps is None:
+        return preset_warmup
+    return min(preset_warmup, max(1, round(WARMUP_SHARE * steps)))
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """What a time budget buys at a speed: its evals sized to stay within EVAL_SHARE of it, the steps left, the
+    warmup. ``problem``: why it cannot buy a complete run ("" when it can); ``warning``: what is off but runs
+    (evals a set train.eval_iters makes dearer than the share)."""
+    seconds: float
+    eval_iters: int                # batches of train and of val each eval scores
+    auto_iters: int                # what plan.evals asks for (the level's noise), before the budget's share
+    evals_on_the_way: int          # evals between the step-0 and the last one (at even shares of the budget)
+    eval_s: float | None           # all the evals' seconds by the estimate (None: speed unknown)
+    steps: int | None              # the training steps the rest buys (None: speed unknown)
+    warmup: int
+    problem: str = ""
+    warning: str = ""
+
+    @property
+    def evals(self) -> int:
+        return 2 + self.evals_on_the_way
+
+    def describe(self) -> str:
+        """One line for train.log and the CLI: the steps, the warmup, the evals (and their share)."""
+        steps = f"~{self.steps:,} steps by the estimate, " if self.steps is not None else ""
+        return f"time budget {duration(self.seconds)}: {steps}warmup {self.warmup}; {self.evals_line()}"
+
+    def evals_line(self) -> str:
+        """Where the evals fall, their batches and their share of the budget."""
+        n = self.evals_on_the_way
+        way = f"at {'/'.join(f'{100 * (i + 1) / (n + 1):.0f}' for i in range(n))} % and " if n else ""
+        at = f"at step 0, {way}" if n else "at step 0 and "
+        cut = f" (auto asks {self.auto_iters})" if self.eval_iters != self.auto_iters else ""
+        share = (f": ~{duration(self.eval_s)}, {self.eval_s / self.seconds:.0%} of the budget"
+                 if self.eval_s is not None else "")
+        return (f"evals {at}at the end, {self.eval_iters} batch{'' if self.eval_iters == 1 else 'es'} each{cut}"
+                f"{share} (at most {EVAL_SHARE:.0%})")
+
+
+def plan_budget(p: Preset, seconds: float, step_s: float | None, batch_eval_s: float | None,
+                val_tokens: int | None = None) -> BudgetPlan:
+    """What ``seconds`` of budget buy for ``p`` at ``step_s`` a training step and ``batch_eval_s`` an eval batch's
+    forward (the estimate's, or timed): eval batches as many as plan.evals asks for, fewer when the step-0 and last
+    evals would take more than EVAL_SHARE (a set train.eval_iters is kept, with a warning when it is dearer);
+    evals on the way at even shares as many as the rest of the share pays for (MIN_EVALS_ON_THE_WAY, or one an
+    eval_interval of the steps bought); the steps the rest buys; the warmup a share of them."""
+    t = p.train
+    auto, _ = eval_batches(p, val_tokens)
+    allowance = EVAL_SHARE * seconds
+    if batch_eval_s is None or step_s is None or batch_eval_s <= 0 or step_s <= 0:
+        return BudgetPlan(seconds, auto, auto, MIN_EVALS_ON_THE_WAY, None, None, t.warmup_iters)
+    pair = 2 * batch_eval_s                       # one batch of train and one of val
+    # as many batches as the level's noise asks for, with MIN_EVALS_ON_THE_WAY on the way; fewer evals on the way
+    # before fewer than one batch
+    for n in range(MIN_EVALS_ON_THE_WAY, -1, -1):
+        k = t.eval_iters or min(auto, math.floor(allowance / ((2 + n) * pair)))
+        if k >= 1:
+            break
+    need = 2 * pair / EVAL_SHARE                  # the budget whose step-0 and last evals of one batch fit the share
+    if k < 1:
+        return BudgetPlan(seconds, 0, auto, 0, 2 * pair, 0, 1, problem=(
+            f"a {duration(seconds)} budget cannot pay for its first and last evals within {EVAL_SHARE:.0%} of it "
+            f"(one batch of train and of val takes ~{pair:.2g} s here): give at least {duration(math.ceil(need))}"))
+    one = k * pair
+    rough = (seconds - 2 * one) / step_s
+    want = max(MIN_EVALS_ON_THE_WAY, int(rough // t.eval_interval))
+    on_the_way = max(0, min(want, math.floor(allowance / one) - 2))
+    eval_s = (2 + on_the_way) * one
+    steps = max(0, math.floor((seconds - eval_s) / step_s))
+    warmup = budget_warmup(t.warmup_iters, steps)
+    problem = warning = ""
+    if steps < MIN_BUDGET_STEPS:
+        more = math.ceil(MIN_BUDGET_STEPS * step_s + eval_s)
+        problem = (f"a {duration(seconds)} budget buys ~{steps} steps here after its evals, fewer than the "
+                   f"{MIN_BUDGET_STEPS} a run needs to warm up, train at its peak rate and decay: give at least "
+                   f"{duration(more)}")
+    elif eval_s > allowance:
+        fewer = max(1, math.floor(allowance / (2 * pair)))
+        warning = (f"evals of train.eval_iters = {t.eval_iters} batches take ~{eval_s / seconds:.0%} of the budget, "
+                   f"more than the {EVAL_SHARE:.0%} it keeps for them: set train.eval_iters=0 (sized to the budget) "
+                   f"or {fewer}")
+    return BudgetPlan(seconds, k, auto, on_the_way, eval_s, steps, warmup, problem, warning)
+
+
+def budget_plan_at(p: Preset, tokens_per_s: float | None, seconds: float | None = None,
+                   val_tokens: int | None = None) -> BudgetPlan | None:
+    """The plan of ``p``'s budget (or ``seconds`` of one) at an estimated ``tokens_per_s``: a step's tokens at that
+    rate, an eval batch's forward at a third of a step's work a token. None without a budget."""
+    seconds = budget_seconds(p.train.time_budget) if seconds is None else seconds
+    if seconds is None:
+        return None
+    if not tokens_per_s:
+        return plan_budget(p, seconds, None, None)
+    return plan_budget(p, seconds, p.tokens_per_step() / tokens_per_s,
+                       p.train.batch_size * p.model.seq_len / (3.0 * tokens_per_s))
 
 
 # ----------------------------------------------------------------------------- going on for more steps

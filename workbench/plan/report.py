@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from workbench.config import Preset
+from workbench.config import Preset, budget_seconds
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
 from workbench.machine.detect import Machine
@@ -21,6 +21,7 @@ from workbench.plan import cost, throughput
 from workbench.plan import estimate as est
 from workbench.plan.estimate import HEADROOM
 from workbench.plan.flops import count_params, flops_per_token, param_breakdown
+from workbench.plan.horizon import EVAL_SHARE, budget_plan_at
 from workbench.plan.recommend import fitting_savers, suggest_changes
 from workbench.plan.settings import RunSettings
 
@@ -71,6 +72,27 @@ def hardware_speed(p: Preset, settings: RunSettings, machine: Machine, device: s
     return tps, source, f"estimate from {how}"
 
 
+def estimated_speed(p: Preset, settings: RunSettings, machine: Machine, device: str, prev: dict | None,
+                    is_here: bool = True) -> tuple[float | None, str | None, str | None]:
+    """(tokens/s, where it comes from, its basis in a few words) as the estimate has it without a given rate: an
+    earlier run of the preset here (``prev``: a History's answer), else this machine's hardware
+    (:func:`hardware_speed`). The estimate's, the CLI's first line's and a budgeted run's first guess at its end
+    (the trainer asks the same with the same runs directory, so they say one number)."""
+    if prev:
+        source = f"measured: median of {prev['records']} log records of run {prev['run']}"
+        if prev.get("match") == "model":  # a fine-tune of the same model under another preset's name
+            source += f" (preset {prev['preset']}: the same model, batch, method and hardware settings)"
+        basis = "measured"
+        if (prev.get("others_busy") or 0.0) >= BUSY_SHARE:  # no quiet run of it here: say the number is low
+            source += (f", which started with other processes using {prev['others_busy']:.0%} of the CPU (this "
+                       "machine alone is likely faster)")
+            basis = "measured beside other processes"
+        return prev["tokens_per_s"], source, basis
+    if is_here:
+        return hardware_speed(p, settings, machine, device)
+    return None, None, None
+
+
 def build_report(preset: Preset, machine: Machine, *, device: str | None = None, precision: str | None = None,
                  tokens_per_s: float | None = None, history: History | None = None,
                  peak: Callable[[str, str], float | None] | None = None, watts: float | None = None,
@@ -113,26 +135,16 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
     # throughput: given > a previous run here > calibration
     prev = history(p, kind) if history else None
     report["previous_run"] = prev
-    # basis: what the number rests on, in a few words (the new-run form's time line)
-    tps, source, basis = None, None, None
     if tokens_per_s:
         tps, source, basis = tokens_per_s, "given with --tokens-per-s", "given"
-    elif prev:
-        tps, source = prev["tokens_per_s"], f"measured: median of {prev['records']} log records of run {prev['run']}"
-        if prev.get("match") == "model":  # a fine-tune of the same model under another preset's name
-            source += f" (preset {prev['preset']}: the same model, batch, method and hardware settings)"
-        basis = "measured"
-        if (prev.get("others_busy") or 0.0) >= BUSY_SHARE:  # no quiet run of it here: say the number is low
-            source += (f", which started with other processes using {prev['others_busy']:.0%} of the CPU (this "
-                       "machine alone is likely faster)")
-            basis = "measured beside other processes"
-    elif is_here:
-        tps, source, basis = hardware_speed(p, settings, machine, device)
+    else:
+        tps, source, basis = estimated_speed(p, settings, machine, device, prev, is_here)
     report["tokens_per_s"], report["tokens_per_s_source"], report["tokens_per_s_basis"] = tps, source, basis
-    report["budget_warning"] = cost.unmeasured_budget_warning(p)  # (the share of it, below, once the speed is known)
+    # (unknown speed: nothing to say of a budget; the trainer sizes its evals from an eval batch it times)
+    report["budget_warning"] = ""
     if tps:
         report["time"] = cost.estimate_time(p, tps)
-        report["budget_warning"] = cost.budget_warning(p, report["time"])
+        report["budget_warning"] = cost.budget_warning(p, tps)
         watts_src = "given"
         if watts is None:
             if kind == "cuda" and power_limit_w:
@@ -152,14 +164,18 @@ class FitCheck:
     time: str                  # "~3m 20s for 2,000 steps at 4,700 tokens/s (measured by run X)"
     suggestion: str = ""       # what would make it fit
     options: tuple[dict[str, Any], ...] = ()   # every way it would fit (recommend.fitting_savers), cheapest first
+    budget_problem: str = ""   # a time budget too short to buy a complete run at the estimated speed
 
     def lines(self) -> list[str]:
         return [self.memory + (f"; try {self.suggestion}" if self.suggestion else ""), self.time]
 
 
-def fit_check(preset: Preset, machine: Machine, history: History | None = None) -> FitCheck:
-    """The estimate a new run is shown before it starts (the new-run dialog, `workbench train`)."""
-    r = build_report(preset, machine, history=history)
+def fit_check(preset: Preset, machine: Machine, history: History | None = None,
+              peak: Callable[[str, str], float | None] | None = None) -> FitCheck:
+    """The estimate a new run is shown before it starts (the new-run dialog, `workbench train`, `sweep`); with a
+    time budget, its plan (horizon.plan_budget: the steps, warmup and evals it buys), and ``budget_problem`` when
+    it cannot buy a complete run. ``peak``: as for build_report (a budget's steps need this machine's speed)."""
+    r = build_report(preset, machine, history=history, peak=peak)
     m, avail = r["memory"], r["available"]
     total = human_bytes(m.total)
     if r["fits"] is None:
@@ -168,17 +184,21 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None) 
     else:
         memory = (f"{'fits' if r['fits'] else 'does not fit'}: ~{total} of {human_bytes(avail)} "
                   f"{r['available_what']} (estimate, {HEADROOM:.0%} kept free)")
+    problem = ""
     if r.get("time") and r["time"]["budget_s"]:
-        time = (f"time budget {duration(r['time']['budget_s'])}: ~{r['time']['steps']:,.0f} steps at "
-                f"{r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_basis']})")
-        if r["budget_warning"]:
-            time += f"; {r['budget_warning']}"
+        plan = budget_plan_at(preset, r["tokens_per_s"])
+        assert plan is not None
+        problem = plan.problem
+        time = plan.problem or f"{plan.describe()}; at {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_basis']})"
+        if plan.warning:
+            time += f"; warning: {plan.warning}"
     elif r.get("time"):
         steps = preset.train.max_iters
         time = (f"~{duration(r['time']['total_s'])} for {steps:,} steps at {r['tokens_per_s']:,.0f} tokens/s "
                 f"({r['tokens_per_s_basis']})")
     else:
         time = "time: unknown until this machine's speed is measured (after a first run, or `workbench estimate`)"
-        if r["budget_warning"]:
-            time += f"; warning: {r['budget_warning']}"
-    return FitCheck(r["fits"], memory, time, r.get("suggestion", ""), tuple(r.get("savers", ())))
+        if budget_seconds(preset.train.time_budget):
+            time += (f"; the budget's evals are sized to at most {EVAL_SHARE:.0%} of it from an eval batch the run "
+                     "times before its step-0 eval")
+    return FitCheck(r["fits"], memory, time, r.get("suggestion", ""), tuple(r.get("savers", ())), problem)

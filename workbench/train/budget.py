@@ -1,44 +1,54 @@
 """train.time_budget: the run ends when its budget is spent, on the trainer's own clock.
 
-The clock of a process starts when its first steps are done (set-up, the step-0 eval and the compile are left
-out) and counts everything after it, evals and checkpoints included; training stops early enough for the last
-eval to end at the budget (``reserve``: that eval's time, as measured or estimated). A resumed run goes on from
-the budget its checkpoint had spent (the time between that checkpoint and a crash is spent again). The schedule
-follows the share of the budget spent (the trainer hands it to its ``plan.horizon.Horizon``), so it needs no step
-count; the step the budget will end at is re-estimated from this process's pace and handed over the same way.
+The clock of a process starts when its first step is done (set-up and the compile are left out) and counts
+everything after it, evals and checkpoints included; the step-0 eval before it is paid from the budget too (its
+seconds count as spent: the budget's evals are sized to a share of it, ``plan.horizon.plan_budget``); training
+stops early enough for the last eval to end at the budget (``reserve``: that eval's time, as measured or
+estimated). A resumed run goes on from the budget its checkpoint had spent (the time between that checkpoint and a
+crash is spent again). The schedule follows the share of the budget spent (the trainer hands it to its
+``plan.horizon.Horizon``), so it needs no step count; the step the budget will end at is re-estimated from this
+process's pace (blended with the estimate's, ``smoothed_pace``) and handed over the same way.
 This module keeps the clock alone; where the run ends and its learning rate are the horizon's."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
+from workbench.analysis.history import measured_in
 from workbench.config import Preset
 from workbench.fmt import duration
 from workbench.machine.detect import Machine
-from workbench.plan.cost import budget_steps
-from workbench.plan.report import hardware_speed
+from workbench.plan.horizon import BudgetPlan, budget_plan_at
+from workbench.plan.report import estimated_speed
 from workbench.plan.settings import RunSettings
 
+# How many seconds of this process's own pace the estimate's pace weighs as, at most (a tenth of the budget when
+# that is less): the end shown moves from the estimate's to the pace's over the first seconds instead of jumping
+# with the first steps' noise (a 45 s run showed 1/28, 2/7, 3/9).
+PRIOR_SECONDS = 10.0
 
-def first_guess(p: Preset, settings: RunSettings, machine: Machine, seconds: float, spent: float, step: int,
-                eval_iters: int) -> int:
-    """The step a budgeted run will end at, before it has timed a step: what fits in the ``seconds - spent`` left
-    at the tokens/s the new-run form estimates from this machine's hardware (plan.report), or max_iters without
-    one. Not the preset's max_iters alone: a 90 s budget showed "step 0 / 2,000" through its step-0 eval, and
-    the doctor counted 2,000 steps."""
-    tps = hardware_speed(p, settings, machine, settings.device)[0]
-    if not tps:
-        return p.train.max_iters
-    return step + max(1, round(budget_steps(p, tps, seconds - spent, eval_iters)))
+
+def estimated_plan(p: Preset, settings: RunSettings, machine: Machine, seconds: float, runs_dir: Path
+                   ) -> tuple[BudgetPlan, float | None]:
+    """(the budget's plan, the tokens/s it rests on) before the run has timed anything: at the speed the estimate
+    and `workbench train`'s first line take (a run of the preset measured in ``runs_dir``, else this machine's
+    hardware), so the trainer's first guess at its end is the number the CLI showed."""
+    tps = estimated_speed(p, settings, machine, settings.device, measured_in(runs_dir)(p, settings.device_type))[0]
+    plan = budget_plan_at(p, tps, seconds)
+    assert plan is not None
+    return plan, tps
 
 
 class Budget:
-    def __init__(self, seconds: float, spent_before: float, first_guess: int, now: float):
+    def __init__(self, seconds: float, spent_before: float, first_guess: int, now: float,
+                 prior_rate: float | None = None):
         self.seconds = seconds
         self.spent_before = spent_before   # what the run had spent before this process (its checkpoint's)
         self.t0: float | None = None       # this process's clock start: the end of its first step
         self.step0 = 0
         self.first_guess = first_guess     # the end step shown until this process has a pace (train.max_iters)
+        self.prior_rate = prior_rate       # steps a second by the estimate (None: unknown), blended into the pace
         self.reserve = 0.0                 # kept for the eval after the last step
         self.first_eval: float | None = None  # the step-0 eval's seconds (before the clock: a bound until timed)
         self.last_eval: float | None = None   # the last eval's on this clock, its sample and checkpoint included
@@ -54,6 +64,15 @@ class Budget:
         if self.t0 is None or step <= self.step0 or now <= self.t0:
             return None
         return (step - self.step0) / (now - self.t0)
+
+    def smoothed_pace(self, step: int, now: float) -> float | None:
+        """The pace the end is estimated from: this process's, with the estimate's weighing as PRIOR_SECONDS of it
+        (a tenth of the budget when less), so the end shown moves smoothly from the estimate's to the measured."""
+        rate = self.pace(step, now)
+        if rate is None or not self.prior_rate:
+            return rate
+        tau, ran = min(PRIOR_SECONDS, 0.1 * self.seconds), now - self.t0
+        return (step - self.step0 + self.prior_rate * tau) / (ran + tau)
 
     def start(self, now: float, step: int) -> None:
         """After each step: the first one starts this process's clock."""
@@ -77,13 +96,15 @@ class Budget:
         elif estimated is not None:
             self.reserve = min(estimated, first_eval or estimated)
 
-    def after_step(self, step: int, now: float, *, clock_runs: bool, eval_due: bool,
+    def after_step(self, step: int, now: float, *, clock_runs: bool,
+                   eval_due: bool | Callable[[float, float], bool],
                    eval_estimate: Callable[[float], float],
                    agree: Callable[[tuple[float, float]], tuple[float, float]] | None = None) -> int:
         """After a step: start the clock (``clock_runs``: once any compile is done), the reserve, the share of the
         budget spent (``agreed``, the next step's schedule) and the step the run ends at, returned (``step``: this
         one is its last). ``eval_estimate(tokens/s)`` is an eval's seconds at that pace; ``agree`` hands rank 0's
-        (spent, reserve) to every rank, so all use the same learning rate and end at the same step."""
+        (spent, reserve) to every rank, so all use the same learning rate and end at the same step. ``eval_due``:
+        whether an eval is due after this step, or a function of the share spent before and after it that says."""
         if clock_runs:
             self.start(now, step)
         rate = self.pace(step, now)
@@ -93,8 +114,9 @@ class Budget:
             spent, self.reserve = agree((spent, self.reserve))
         # never back: the reserve changes as evals are timed (a slower first eval, then faster ones), and a
         # larger usable share must not raise the learning rate again
-        self.agreed = max(self.agreed, min(1.0, spent / self.usable))
-        return step if self.ends_at(spent, eval_due) else self.end_step(step, now)
+        before, self.agreed = self.agreed, max(self.agreed, min(1.0, spent / self.usable))
+        due = eval_due(before, self.agreed) if callable(eval_due) else eval_due
+        return step if self.ends_at(spent, due) else self.end_step(step, now)
 
     def describe(self, step: int, now: float) -> str:
         """The budget at the start of a process, for train.log."""
@@ -122,7 +144,7 @@ class Budget:
         """The step the budget will end at, by this process's pace so far; more than ``step`` until it is spent."""
         if self.done(now):
             return step
-        rate = self.pace(step, now)
+        rate = self.smoothed_pace(step, now)
         if rate is None:
             return max(step + 1, self.first_guess)
         return max(step + 1, step + round((self.usable - self.spent(now)) * rate))

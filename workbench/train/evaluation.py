@@ -86,3 +86,20 @@ def evaluate(model: torch.nn.Module, evals: EvalBatches, dist: Dist, autocast: c
     model.train()
     return EvalRecord(step=step, train_loss=loss[0], val_loss=loss[1], time=time.time(), train_bpb=bpb[0],
                       val_bpb=bpb[1], extra={"preference": prefs} if prefs else {})
+
+
+@torch.no_grad()
+def time_eval_batch(model: torch.nn.Module, evals: EvalBatches, autocast: contextlib.AbstractContextManager,
+                    objective: Objective | None = None) -> float:
+    """Seconds of one eval batch's forward on this device now (the first train batch, twice: the second timed,
+    the first paying for any first-call cost), which sizes a time budget's evals (plan.horizon.plan_budget)."""
+    b = evals.parts["train"].batches[0]
+    model.eval()
+    try:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            with autocast:
+                batch_loss(model, b, loss_tokens=1.0, objective=objective).float().item()  # .item(): synced
+        return time.perf_counter() - t0
+    finally:
+        model.train()

@@ -33,11 +33,12 @@ from workbench import rundir
 from workbench.data.train_data import Batch, Sampler, step_targets
 from workbench.errors import WorkbenchError
 from workbench.plan.cost import eval_seconds
+from workbench.plan.horizon import STEP_PER_EVAL_BATCH, plan_budget
 from workbench.plan.sampling import TEXT
 from workbench.rundir import EvalRecord, PreferenceRecord, TrainRecord
 from workbench.train import runtime
 from workbench.train.batches import batch_loss, on_device
-from workbench.train.evaluation import EvalBatches, evaluate
+from workbench.train.evaluation import EvalBatches, evaluate, time_eval_batch
 from workbench.train.generate import generate_text
 from workbench.train.reporter import failure_message
 from workbench.train.start import TrainerParts
@@ -88,14 +89,18 @@ class Trainer(TrainerParts):
         self.built.model.train()
         self.report.status(state="running", compiling=self.settings.compile, step=self.state.step)
         if self.state.step == 0 and not self.resume:
-            ev = self.evaluate()
             if self.budget is not None:
+                self.size_budget_evals()
+            ev = self.evaluate()
+            if self.budget is not None:  # the budget pays for its step-0 eval: its seconds are spent
                 self.budget.first_eval = ev.seconds
+                self.budget.spent_before += ev.seconds
             self.report.record(ev)
             self.report.log(f"step 0: train loss {ev.train_loss:.4f}, val loss {ev.val_loss:.4f} "
                             f"({ev.val_bpb:.3f} bits/byte)")
             self.maybe_score_tasks()
         self.throughput.reset()
+        first = self.state.step + 1  # this process's first step is logged whatever log_interval says
         while not self.horizon.is_end(self.state.step):
             self.train_step()
             if self.budget is not None:
@@ -114,7 +119,8 @@ class Trainer(TrainerParts):
                 self.report.event("compile_done", self.state.step, seconds=round(now - self.started, 1),
                                   cache=runtime.compile_cache_counts())
                 self.report.status(compiling=False)
-            if self.state.step % t.log_interval == 0 or self.horizon.is_end(self.state.step):
+            if self.state.step % t.log_interval == 0 or self.horizon.is_end(self.state.step) \
+                    or self.state.step == first:
                 r = self.skips.result  # this step's: settled above
                 self.log_step(r.lr, r.loss if r.finite else None, r.grad_norm, now)
             self.faults.after_step(self.state.step)
@@ -217,16 +223,33 @@ class Trainer(TrainerParts):
         every rank) and the step it now ends at; the horizon takes both (the next step's learning rate, and with
         wsd where the decay began, which the checkpointer saves)."""
         t, st, b = self.preset.train, self.state, self.budget
+
+        def eval_due(before: float, after: float) -> bool:
+            """An eval on the way falls due: at the budget's shares its plan put them (a run started before
+            budgets planned their evals: every eval_interval steps)."""
+            self.eval_now = (self.horizon.eval_between(before, after) if self.horizon.eval_iters
+                             else st.step % t.eval_interval == 0)
+            return self.eval_now
+
         end = b.after_step(
             st.step, time.time(), clock_runs=not self.settings.compile or self.compile_reported,
-            eval_due=st.step % t.eval_interval == 0,
+            eval_due=eval_due,
             eval_estimate=lambda rate: eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate),
             agree=self.dist.broadcast)
         self.horizon = self.horizon.after_step(st.step, end, b.agreed)
 
+    def eval_due(self, step: int) -> bool:
+        """Whether ``step`` is followed by an eval: the run's last; on a budget, the shares of it its plan chose
+        (``budget_tick`` says); counted in steps, every eval_interval."""
+        if self.horizon.is_end(step):
+            return True
+        if self.budget is not None:
+            return self.eval_now
+        return step % self.preset.train.eval_interval == 0
+
     def settle_due(self, step: int) -> bool:
         t = self.preset.train
-        return (step % t.log_interval == 0 or self.horizon.is_end(step) or step % t.eval_interval == 0
+        return (step % t.log_interval == 0 or self.horizon.is_end(step) or self.eval_due(step)
                 or self.checkpointer.due(step) is not None or self.stop_requested)
 
     def log_step(self, lr: float, loss: float | None, gn: float, now: float) -> None:
@@ -257,7 +280,7 @@ class Trainer(TrainerParts):
         """At an eval step: the losses, the best so far, a sample, a checkpoint if it is the best or
         due, early stopping. Returns (evaluated, saved, early stop)."""
         t, st = self.preset.train, self.state
-        if not (st.step % t.eval_interval == 0 or self.horizon.is_end(st.step)):
+        if not self.eval_due(st.step):
             return False, False, False
         began = time.time()
         ev = self.evaluate()
@@ -272,7 +295,8 @@ class Trainer(TrainerParts):
         else:
             st.bad_evals += 1
         t0 = time.time()
-        self.write_sample()
+        if self.budget is None or self.horizon.is_end(st.step):  # a budget's evals on the way are its share's alone
+            self.write_sample()
         self.state.eval_s += time.time() - t0  # an eval's sample is part of its cost
         saved = self.maybe_save(vl, reason="best" if improved else None)
         if self.budget is not None and self.budget.t0 is not None:
@@ -312,6 +336,23 @@ class Trainer(TrainerParts):
         self.report.log(f"rolled back to {to} with learning rate x{kept[0]:g} after {t.max_skips} non-finite steps")
 
     # ------------------------------------------------------------------ evaluation and samples
+
+    def size_budget_evals(self) -> None:
+        """A new budgeted run's evals sized to its budget at this machine's speed now, before its step-0 eval: one
+        eval batch's forward timed (rank 0's for every rank), the budget planned again with it (plan.horizon:
+        the batches each eval scores, the evals on the way, the warmup), the horizon given the plan."""
+        t, seconds = self.preset.train, self.budget.seconds
+        one = EvalBatches.draw(self.preset, self.data, 1, self.token_bytes, self.device, self.next_batch)
+        batch_s = self.dist.broadcast(time_eval_batch(self.built.model, one, self.autocast, self.objective))
+        prior = self.budget.prior_rate
+        step_s = 1.0 / prior if prior else STEP_PER_EVAL_BATCH * batch_s * t.grad_accum
+        plan = plan_budget(self.preset, seconds, step_s, batch_s, self.data.split_tokens()[1])
+        if plan.eval_iters < 1:  # too short (the CLI refused it unless --yes): one batch, no eval on the way
+            self.report.log(f"warning: {plan.problem}; it goes on with evals of one batch")
+            plan = dataclasses.replace(plan, eval_iters=1, evals_on_the_way=0)
+        self.budget_plan, self.eval_iters = plan, plan.eval_iters
+        self.horizon = self.horizon.planned(plan)
+        self.report.log(f"an eval batch timed at {batch_s:.3g} s: warmup {plan.warmup}; {plan.evals_line()}")
 
     def evaluate(self) -> EvalRecord:
         """The eval record of this step, with its seconds and the run's time totals (the first eval of a process

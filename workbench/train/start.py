@@ -30,13 +30,13 @@ from workbench.machine.probe import calibration_here, measured_peak, this_machin
 from workbench.machine.rates import Calibration
 from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
-from workbench.plan.horizon import Horizon
+from workbench.plan.horizon import BudgetPlan, Horizon
 from workbench.plan.preference import PRECOMPUTED, ObjectivePlan, objective_plan
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.rundir import CKPT_MODEL, INIT_DIR
 from workbench.rundir.records import StartRecord
 from workbench.train import runtime, stateful
-from workbench.train.budget import Budget, first_guess
+from workbench.train.budget import Budget, estimated_plan
 from workbench.train.build import Built, build
 from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
 from workbench.train.checkpointer import Checkpointer
@@ -75,18 +75,22 @@ def keep_data_files(run_dir: Path, data: TrainData, resume: bool) -> None:
 
 
 def run_horizon(p: Preset, s: RunSettings, machine: Machine, state: TrainerState, trainer_state: dict | None,
-                eval_iters: int, now: float) -> tuple[Budget | None, Horizon]:
+                now: float, runs_dir: Path) -> tuple[Budget | None, Horizon, BudgetPlan | None]:
     """Where the run ends, as it starts (``state``: the trainer's, restored; ``trainer_state``: its checkpoint's):
-    with a time budget, its clock and the step it is first guessed to end at; the horizon, from the checkpoint's
-    record of it. A budget spent already ends the run where it is."""
-    budget, guess = None, None
+    with a time budget, its clock, its plan at the estimated speed (the steps the budget left buys, as `workbench
+    train`'s first line said them; the warmup and evals of a new run, re-sized from a timed eval batch before its
+    step-0 eval) and the step it is first guessed to end at; the horizon, from the checkpoint's record of it. A
+    budget spent already ends the run where it is."""
+    budget, guess, plan = None, None, None
     if (seconds := budget_seconds(p.train.time_budget)) is not None:
-        guess = first_guess(p, s, machine, seconds, state.budget_spent, state.step, eval_iters)
-        budget = Budget(seconds, state.budget_spent, guess, now)
+        plan, tps = estimated_plan(p, s, machine, max(1.0, seconds - state.budget_spent), runs_dir)
+        guess = state.step + max(1, plan.steps) if plan.steps is not None else p.train.max_iters
+        budget = Budget(seconds, state.budget_spent, guess, now,
+                        prior_rate=tps / p.tokens_per_step() if tps else None)
     horizon = Horizon.from_state(p, trainer_state, guess)
     if budget is not None and budget.done(now):
         horizon = horizon.ended_at(state.step)  # spent already: nothing left to train
-    return budget, horizon
+    return budget, horizon, plan
 
 
 def start_record(p: Preset, s: RunSettings, built: Built, data: TrainData, sampler: Sampler, device: torch.device,
@@ -148,6 +152,8 @@ class TrainerParts:
         self.stop_agreed = False                    # ... by some rank (every rank stops at the same step)
         self.clean_exit = False
         self.budget: Budget | None = None           # train.time_budget
+        self.budget_plan: BudgetPlan | None = None  # ... what it buys at the estimated speed (plan.horizon)
+        self.eval_now = False                       # a budgeted run: an eval on the way fell due at this step
         self.horizon: Horizon | None = None         # where the run ends and its learning rate (plan.horizon)
         self.calibration: Calibration | None = None  # the CPU's (or an unlisted GPU's) measured MFU peak
         self.eval_iters = 0                         # batches of train and of val an eval scores (plan.evals)
@@ -281,8 +287,11 @@ class TrainerParts:
         restore_rng = self.load_state_dict(ckpt) if ckpt else None
         if ckpt:
             self.elapsed_before = self.state.elapsed_s
-        self.budget, self.horizon = run_horizon(p, self.settings, self.machine, self.state,
-                                                ckpt.trainer_state if ckpt else None, self.eval_iters, time.time())
+        self.budget, self.horizon, self.budget_plan = run_horizon(
+            p, self.settings, self.machine, self.state, ckpt.trainer_state if ckpt else None, time.time(),
+            self.run_dir.parent)
+        if self.horizon.eval_iters:  # a budgeted run's evals as its start planned them (a resume keeps them)
+            self.eval_iters = self.horizon.eval_iters
         if self.budget is not None:
             self.report.status(max_iters=self.horizon.end_step)  # the end as estimated, until its steps are timed
         return restore_rng
@@ -296,7 +305,9 @@ class TrainerParts:
         if self.plan.preference:
             self.report.log(self.plan.describe())
         if self.budget is not None:
-            self.report.log(self.budget.describe(self.state.step, time.time()))
+            fresh = self.budget_plan is not None and not self.resume
+            self.report.log(self.budget_plan.describe() if fresh and self.budget_plan.steps is not None
+                            else self.budget.describe(self.state.step, time.time()))
         start = start_record(p, s, b, self.data, self.sampler, self.device, self.dist.world, self.eval_iters,
                              self.budget, self.calibration, ckpt, self.plan)
         self.report.record(start.event(self.resume, self.state.step, time.time()))
