@@ -78,10 +78,14 @@ def test_deleting_a_run_names_the_runs_that_descend_from_it(family):
     assert all((family / r).is_dir() for r in ("w", "w-from-5", "ft", "ft-from-2", "other"))
 
 
-def test_the_export_folder_the_tui_suggests_in_the_checkout_is_ignored_by_git():
+def test_the_export_folder_the_tui_suggests_in_the_checkout_is_ignored_by_git(tmp_path):
+    """Asked of git with the checkout's .gitignore, in a repository of its own (the checkout may be a tarball)."""
     from workbench.tui.screens.run_jobs import ExportScreen
     out = Path(ExportScreen(REPO / "runs", "w", "10").default_out("gguf"))
     assert out.parent == REPO / "exports"
-    cp = subprocess.run(["git", "check-ignore", "-v", str(out)], cwd=REPO, capture_output=True, text=True)
-    assert cp.returncode == 0, f"git does not ignore {out}: {cp.stdout}{cp.stderr}"
+    (tmp_path / ".gitignore").write_bytes((REPO / ".gitignore").read_bytes())
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    rel = out.relative_to(REPO)
+    cp = subprocess.run(["git", "check-ignore", "-v", str(rel)], cwd=tmp_path, capture_output=True, text=True)
+    assert cp.returncode == 0, f"git does not ignore {rel}: {cp.stdout}{cp.stderr}"
     assert "exports" in cp.stdout
