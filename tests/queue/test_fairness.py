@@ -89,6 +89,7 @@ def test_the_trial_that_ran_beside_a_cpu_hog_is_flagged_and_the_other_is_not(tmp
     try:  # the hog spins from the second trial's start to the runner's end: beside that trial only
         wait_until(lambda: (second / rundir.STATUS_FILE).is_file() and rundir.read_status(second).live,
                    timeout=180, what="the second trial training", every=0.2)
+        hog_started = time.time()
         with cpu_hog() as hog:
             log, _ = runner.communicate(timeout=180)
     finally:
@@ -111,21 +112,29 @@ def test_the_trial_that_ran_beside_a_cpu_hog_is_flagged_and_the_other_is_not(tmp
     assert busy["beside"].startswith(f"ran beside other processes ({busy['others_cpu'] * 100:.0f} % of the CPU; "
                                      "busiest: "), busy["beside"]
     assert f"fair-t0002 {busy['beside']}: not comparable" in log and "trial(s) ran beside other processes" in log
-    # the other trial: the hog was not there, so it is not named, and the trial is not flagged, unless other
-    # processes of this machine (another test worker) did use that much of it, and then they are the ones named
+    # the other trial, decided from what was recorded, whatever else this machine was doing: the hog started after
+    # it ended (the queue's end time, the hogs' start times), so no hog is named in its record; it is flagged
+    # exactly when its own recorded share reaches BUSY_SHARE (another test worker may have used that much), and
+    # then by the processes its sampler named, whose shares are part of that figure
+    assert quiet["ended"] <= hog_started, (quiet["ended"], hog_started)
     assert not named["fair-t0001"] & hogs, (quiet, busy)
-    if quiet["others_cpu"] < BUSY_SHARE:
-        assert quiet["beside"] == "" and "fair-t0001 ran beside" not in log
-    else:
-        assert quiet["beside"] and named["fair-t0001"], quiet
+    for t in (quiet, busy):
+        flagged = t["others_cpu"] >= BUSY_SHARE
+        assert bool(t["beside"]) == flagged and (f"{t['name']} ran beside" in log) == flagged, t
+        assert sum(o["cpu_share"] for o in t["others"]) <= t["others_cpu"] + 1e-3, t
+        assert not flagged or t["others"], t   # a flag names the busiest
 
     res = json.loads(wb("sweep", "show", "fair", "--json", "--runs-dir", str(root), check=True).stdout)
     flagged = [t["run"] for t in res["trials"] if t["beside"]]
     assert "fair-t0002" in flagged and res["beside_others"] == len(flagged)
     assert [t["others_cpu"] for t in res["trials"]] == [quiet["others_cpu"], busy["others_cpu"]]
     text = wb("sweep", "show", "fair", "--runs-dir", str(root), check=True).stdout
-    assert (f"{len(flagged)} of 2 trial(s) ran beside other processes ({', '.join(flagged)}): their results are "
-            "not comparable with the others'") in text
+    # one of two is not comparable with the other; both ran beside others: the ranking may be noise (the walk's
+    # "2 of 2 ... not comparable with the others'")
+    who = ", ".join(flagged)
+    assert (f"1 of 2 finished trials ran beside other processes ({who}): not comparable with the others'"
+            if len(flagged) == 1 else
+            f"all 2 finished trials ran beside other processes ({who}): the ranking may be noise") in text
     assert f"    {busy['beside']}" in text
     tsv = [ln.split("\t") for ln in wb("sweep", "show", "fair", "--tsv", "--runs-dir", str(root),
                                        check=True).stdout.strip().splitlines()]
