@@ -3,10 +3,12 @@ and show its results. The sweep is ``workbench.queue.sweep``; this parses and pr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from workbench.commands.common import add_corpus_option, add_json_option, add_set_option, time_budget_sets
+from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
 from workbench.machine.gpus import find_gpu
 from workbench.plan.compare import machine_with
@@ -15,7 +17,16 @@ from workbench.queue.outcome import others_text, parse_metric
 from workbench.queue.runner import runner_pid
 from workbench.queue.spec import METHODS, PRUNERS, SpecError, build_spec, load_spec, parse_set_grid, point_sets
 from workbench.queue.store import QueueError, QueueStore, trial_name
-from workbench.queue.sweep import best, compute_saved, create_sweep, gpu_memory_line, load, print_commands, results
+from workbench.queue.sweep import (
+    best,
+    caveats,
+    compute_saved,
+    create_sweep,
+    gpu_memory_line,
+    load,
+    print_commands,
+    results,
+)
 
 
 def register(sub) -> None:
@@ -44,6 +55,9 @@ def register(sub) -> None:
                    help="median: stop a trial whose eval is worse than the median of earlier ones at the same "
                         "share of the budget; halving: successive halving, keep the best half at each rung")
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed (random, tpe)")
+    p.add_argument("--force", action="store_true",
+                   help="queue trials whose time budget is too short to buy a complete run (evals within their "
+                        "share, a warmup, ten steps), as `train --yes` starts one; they are marked in `sweep show`")
     p.add_argument("--print-commands", action="store_true",
                    help="queue nothing: print one `workbench train` line per trial (for Slurm, GNU parallel, ...)")
     p.add_argument("--gpu", metavar="NAME", default=None,
@@ -82,8 +96,10 @@ def run(args) -> int:
     if args.sweep:
         raise QueueError(f"unexpected {args.sweep!r} after {args.target}; --set-grid KEY=V1,V2 names what to search")
     time_budget_sets(args.time_budget)  # a bad one is the flag's, not the spec's or the preset's
-    spec = _spec(args)
+    spec = dataclasses.replace(_spec(args), force=args.force)
     info = detect()
+    if spec.time_budget and not args.gpu:  # the steps a budget buys need this machine's speed, as `train` asks it
+        info = calibrated(info, spec.preset)
     machine = Machine.from_info(info)
     if args.gpu:
         if not args.print_commands:
@@ -108,6 +124,23 @@ def run(args) -> int:
     runner = "" if runner_pid(root) else "; `workbench queue run` runs them"
     print(f"{len(queued)} trial(s) queued{more}{runner}; `workbench sweep show {spec.name}` ranks them")
     return 0
+
+
+def calibrated(info: dict, preset: str) -> dict:
+    """``detect()``'s view of this machine with its matmul rate for ``preset``'s device and precision measured
+    and remembered when none was (a new machine): the trials' budgets are then planned at the speed `train`'s
+    first line and the trainer use."""
+    from workbench.config import resolve_preset
+    from workbench.plan.estimate import estimate_settings
+    try:
+        s = estimate_settings(resolve_preset(preset), Machine.from_info(info))
+    except WorkbenchError:
+        return info  # (the trials' own admission says what is wrong with the preset)
+    if s.peak_flops:
+        return info
+    from workbench.machine.probe import measured_peak  # imports torch: only on a machine never measured
+    measured_peak(s.device, s.precision)
+    return detect()
 
 
 def _spec(args):
@@ -159,7 +192,7 @@ def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
     if as_json:
         print(json.dumps({"sweep": spec.to_dict(), "trials": [r.to_dict() for r in rows],
                           "best": top.to_dict() if top else None, "compute": compute_saved(rows),
-                          "beside_others": len(beside)}, indent=1))
+                          "beside_others": len(beside), "caveats": caveats(rows)}, indent=1))
         return 0
     if as_tsv:
         print("\t".join(["run", *keys, spec.metric.name, "rank", "state", "seconds", "others_cpu", "gpu_free_mib",
@@ -170,15 +203,12 @@ def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
                              "" if r.seconds is None else f"{r.seconds:.1f}",
                              "" if r.others_cpu is None else f"{r.others_cpu:.3f}",
                              "" if r.gpu_free[1] is None else f"{r.gpu_free[1]:.0f}",
-                             "; ".join(n for n in (r.fit, r.note, r.beside) if n).replace("\t", " ")]))
+                             "; ".join(n for n in (r.fit, r.note, r.short, r.beside) if n).replace("\t", " ")]))
         return 0
     print(f"sweep {name}: {spec.method} over {', '.join(p.describe() for p in spec.params)}; {spec.preset}"
           + (f", {spec.time_budget} a trial" if spec.time_budget else "")
           + f"; ranked by {spec.metric.name} ({spec.metric.goal})"
           + (f"; {spec.pruner} pruner" if spec.pruner != "none" else ""))
-    if beside:
-        print(f"{len(beside)} of {len(rows)} trial(s) ran beside other processes ({', '.join(r.name for r in beside)}"
-              "): their results are not comparable with the others'")
     head = ["trial", *keys, "state", spec.metric.name, "rank", "seconds", "others"]
     table = [[r.name, *(_fmt(r.params.get(k, "")) for k in keys), r.state,
               "" if r.metric is None else f"{r.metric:.4f}", str(r.rank or ""),
@@ -187,7 +217,7 @@ def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
     print("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     for r, t in zip(rows, table):
         print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
-        for note in (r.fit, r.note if r.state in ("refused", "failed", "pruned") else "", r.beside):
+        for note in (r.fit, r.note if r.state in ("refused", "failed", "pruned") else "", r.short, r.beside):
             if note:
                 print(f"    {note}")
     counts = {s: sum(r.state == s for r in rows) for s in dict.fromkeys(r.state for r in rows)}
@@ -197,10 +227,10 @@ def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
     print(", ".join(f"{n} {s}" for s, n in counts.items()) + f"; {c['spent_s']:,.0f} trial-seconds" + saved)
     if (gpu := gpu_memory_line(rows)):
         print(gpu)
+    for line in caveats(rows):
+        print(line)
     if top:
-        print(f"best: {top.name} ({' '.join(point_sets(top.params))}): {spec.metric.name} {top.metric:.4f}"
-              + ("; it ran beside other processes: train it again on a quiet machine to compare" if top.beside
-                 else ""))
+        print(f"best: {top.name} ({' '.join(point_sets(top.params))}): {spec.metric.name} {top.metric:.4f}")
     else:
         print("best: none yet (no trial has finished with the metric)")
     return 0

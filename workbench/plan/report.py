@@ -165,6 +165,7 @@ class FitCheck:
     suggestion: str = ""       # what would make it fit
     options: tuple[dict[str, Any], ...] = ()   # every way it would fit (recommend.fitting_savers), cheapest first
     budget_problem: str = ""   # a time budget too short to buy a complete run at the estimated speed
+    budget_warning: str = ""   # ... or one whose set train.eval_iters costs more than the evals' share
 
     def lines(self) -> list[str]:
         return [self.memory + (f"; try {self.suggestion}" if self.suggestion else ""), self.time]
@@ -184,11 +185,11 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None,
     else:
         memory = (f"{'fits' if r['fits'] else 'does not fit'}: ~{total} of {human_bytes(avail)} "
                   f"{r['available_what']} (estimate, {HEADROOM:.0%} kept free)")
-    problem = ""
+    problem = warning = ""
     if r.get("time") and r["time"]["budget_s"]:
         plan = budget_plan_at(preset, r["tokens_per_s"])
         assert plan is not None
-        problem = plan.problem
+        problem, warning = plan.problem, plan.warning
         time = plan.problem or f"{plan.describe()}; at {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_basis']})"
         if plan.warning:
             time += f"; warning: {plan.warning}"
@@ -201,4 +202,4 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None,
         if budget_seconds(preset.train.time_budget):
             time += (f"; the budget's evals are sized to at most {EVAL_SHARE:.0%} of it from an eval batch the run "
                      "times before its step-0 eval")
-    return FitCheck(r["fits"], memory, time, r.get("suggestion", ""), tuple(r.get("savers", ())), problem)
+    return FitCheck(r["fits"], memory, time, r.get("suggestion", ""), tuple(r.get("savers", ())), problem, warning)

@@ -14,6 +14,7 @@ from workbench.analysis.report_card import HEADLINE, LOWER_IS_BETTER, task_score
 from workbench.errors import WorkbenchError
 from workbench.machine.activity import HardwareSnapshot
 from workbench.machine.rates import BUSY_SHARE
+from workbench.plan.horizon import MIN_BUDGET_STEPS
 from workbench.rundir import EvalRecord, RunStatus, TrainRecord, current_timeline, read_metrics
 
 # A metric is one of these, or task:NAME[:METRIC] (a task score from the run's report card).
@@ -123,6 +124,21 @@ def unspent_seconds(run_dir: Path, seconds: float | None) -> float | None:
 def others_text(share: float | None) -> str:
     """Other processes' share of the CPU while a run trained, as the tables show it ('' not recorded)."""
     return "" if share is None else f"{share * 100:.0f} %"
+
+
+def short_note(st: RunStatus) -> str:
+    """The flag of a budgeted run that ended having trained too little to compare: inside its warmup (its searched
+    learning rate never reached) or fewer than plan.horizon.MIN_BUDGET_STEPS steps; '' otherwise, for a live run,
+    or a run counted in steps (it trains what it was asked)."""
+    if st.budget_s is None or st.live:
+        return ""
+    if st.warmup and st.step <= st.warmup:
+        return (f"never left its warmup ({st.step:,} of {st.warmup:,} steps): its settings never took full effect; "
+                "give the trials more time")
+    if st.step < MIN_BUDGET_STEPS:
+        return (f"trained {st.step:,} steps, fewer than the {MIN_BUDGET_STEPS} a comparable run needs; give the "
+                "trials more time")
+    return ""
 
 
 def beside_note(others_cpu: float | None, others: tuple[dict, ...] | list[dict] = ()) -> str:

@@ -90,20 +90,21 @@ class SweepSpec:
     prune_startup: int = DEFAULT_STARTUP
     prune_shares: tuple[float, ...] = DEFAULT_SHARES
     seed: int = 0
+    force: bool = False                    # queue trials whose time budget is too short to buy a complete run
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "preset": self.preset, "method": self.method,
                 "params": [p.to_dict() for p in self.params], "trials": self.trials, "time_budget": self.time_budget,
                 "sets": list(self.sets), "corpus": list(self.corpus), "metric": self.metric.name,
                 "goal": self.metric.goal, "pruner": self.pruner, "prune_startup": self.prune_startup,
-                "prune_shares": list(self.prune_shares), "seed": self.seed}
+                "prune_shares": list(self.prune_shares), "seed": self.seed, "force": self.force}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SweepSpec":
         return cls(d["name"], d["preset"], d["method"], tuple(Param.from_dict(p) for p in d["params"]), d["trials"],
                    d.get("time_budget"), tuple(d.get("sets", ())), tuple(d.get("corpus", ())),
                    Metric(d["metric"], d["goal"]), d.get("pruner", "none"), d.get("prune_startup", DEFAULT_STARTUP),
-                   tuple(d.get("prune_shares", DEFAULT_SHARES)), d.get("seed", 0))
+                   tuple(d.get("prune_shares", DEFAULT_SHARES)), d.get("seed", 0), bool(d.get("force", False)))
 
     def grid(self) -> list[dict[str, Value]]:
         """Every point of a grid, the first key slowest (the order the trials are numbered in)."""

@@ -33,7 +33,7 @@ from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.queue.admit import admit_fitted
 from workbench.queue.launch import train_args
-from workbench.queue.outcome import Metric, beside_note, eval_curve, final_metric, unspent_seconds
+from workbench.queue.outcome import Metric, beside_note, eval_curve, final_metric, short_note, unspent_seconds
 from workbench.queue.spec import Param, SweepSpec, point_sets
 from workbench.queue.store import ENDED, Item, NewItem, QueueError, QueueStore, Trial, trial_name
 from workbench.rundir import RunStatus
@@ -108,14 +108,23 @@ class Made:
 
 def _admit(root: Path, spec: SweepSpec, point: dict[str, Any], machine: Machine, info: dict
            ) -> tuple[NewItem | None, str | None]:
-    """(the trial's run, auto-fitted if need be, and how) or (None, why it is refused). Bad values are a
-    WorkbenchError naming the trial's settings."""
+    """(the trial's run, auto-fitted if need be, and how, with what its budget's plan warns of) or (None, why it is
+    refused: it does not fit, or its time budget cannot buy a complete run, the plan `train` would refuse, unless
+    the sweep was forced). Bad values are a WorkbenchError naming the trial's settings."""
     try:
         adm, fitted = admit_fitted(root, _new_item(spec, point), machine, info)
     except WorkbenchError as e:
         shown = " ".join(point_sets(point))
         raise type(e)(f"trial {shown}: {e}") from None
-    return (None, adm.refused) if adm.refused else (adm.item, fitted or None)
+    if adm.refused:
+        return None, adm.refused
+    problem, warning = adm.check.budget_problem, adm.check.budget_warning
+    if problem and not spec.force:
+        return None, f"{problem} (`sweep --force` queues it anyway)"
+    notes = [n for n in (fitted, f"warning: {problem}" if problem else "", f"warning: {warning}" if warning else "")
+             if n]
+    # forced past its budget's problem: its `train` is told so too (--yes; its memory was admitted above)
+    return dataclasses.replace(adm.item, force=True) if problem else adm.item, "; ".join(notes) or None
 
 
 def _ask(study, spec: SweepSpec, root: Path, machine: Machine, info: dict) -> Made:
@@ -195,8 +204,9 @@ def create_sweep(root: Path, spec: SweepSpec, machine: Machine, info: dict) -> l
             while not any(m.item for m in made) and len(made) < spec.trials:
                 made.append(_ask(study, spec, root, machine, info))
         if not any(m.item for m in made):
-            raise QueueError(f"no trial of sweep {spec.name} fits this machine by the estimate (first: "
-                             f"{made[0].note}); nothing was queued")
+            why = "fits this machine by the estimate" if "does not fit" in (made[0].note or "") else \
+                "can be queued"
+            raise QueueError(f"no trial of sweep {spec.name} {why} (first: {made[0].note}); nothing was queued")
         return store.add_sweep(spec.name, spec.to_dict(), [(m.params, m.item, m.optuna, m.note) for m in made])
     except BaseException:
         optuna.delete_study(study_name=spec.name, storage=storage_url(root))
@@ -265,10 +275,9 @@ def trial_ended(store: QueueStore, item: Item, info: dict, say: Callable[[str], 
     rows = results(store, item.sweep)
     if all(r.state in ENDED + ("refused", "removed") for r in rows):
         best = next((r for r in rows if r.rank == 1), None)
-        beside = sum(bool(r.beside) for r in rows)
         say(f"sweep {item.sweep} done: " + (f"best {best.name} ({' '.join(point_sets(best.params))}), "
                                              f"{best.metric:.4f}" if best else "no trial recorded the metric")
-            + (f"; {beside} trial(s) ran beside other processes (not comparable)" if beside else ""))
+            + "".join(f"; {line}" for line in caveats(rows)))
 
 
 # ----------------------------------------------------------------------------- the pruner
@@ -347,12 +356,14 @@ class Result:
     unspent: float | None = None   # a pruned trial: the seconds of its budget it did not use (what pruning saved)
     others_cpu: float | None = None   # other processes' mean share of the CPU while it trained
     beside: str = ""           # "ran beside other processes (...)": not comparable with the others ('' ran alone)
+    short: str = ""            # "never left its warmup (...)": trained too little to compare ('' a complete run)
     gpu_free: tuple[float | None, float | None] = (None, None)   # its GPU's free MiB before it started, after it
 
     def to_dict(self) -> dict[str, Any]:
         return {"trial": self.number, "run": self.name, "params": self.params, "state": self.state,
                 "metric": self.metric, "rank": self.rank, "seconds": self.seconds, "note": self.note,
                 "fit": self.fit, "unspent_s": self.unspent, "others_cpu": self.others_cpu, "beside": self.beside,
+                "short": self.short,
                 "gpu_free_before_mib": self.gpu_free[0], "gpu_free_after_mib": self.gpu_free[1]}
 
 
@@ -372,8 +383,9 @@ def results(store: QueueStore, name: str, now: float | None = None) -> list[Resu
             metric = final_metric(store.root / it.name, spec.metric)
         secs = ((it.ended or now or time.time()) - it.started) if it.started else None
         unspent = unspent_seconds(store.root / it.name, secs) if it.state == "pruned" else None
+        short = short_note(rundir.read_status(store.root / it.name)) if it.state == "finished" else ""
         out.append(Result(t.number, it.name, t.params, it.state, metric, None, secs, it.note or "", t.note or "",
-                          unspent, it.others_cpu, beside_note(it.others_cpu, it.others),
+                          unspent, it.others_cpu, beside_note(it.others_cpu, it.others), short,
                           (it.gpu_free_before, it.gpu_free_after)))
     done = [r for r in out if r.state == "finished" and r.metric is not None]
     done.sort(key=lambda r: r.metric if spec.metric.goal == "minimize" else -r.metric)
@@ -404,6 +416,31 @@ def gpu_memory_line(rows: list[Result]) -> str | None:
 
 def best(rows: list[Result]) -> Result | None:
     return next((r for r in rows if r.rank == 1), None)
+
+
+def caveats(rows: list[Result]) -> list[str]:
+    """What keeps a sweep's ranking from meaning what it says, one line each ([] for none): trials that trained
+    too little to compare, trials that ran beside other processes (every one of them: then their times and
+    results are comparable with no quiet machine's); the best trial among either named as such."""
+    out = []
+    ranked = [r for r in rows if r.state == "finished"]
+    for flag, what in (("short", "trained too little to compare (inside their warmup, or fewer steps than a "
+                                 "complete run)"),
+                       ("beside", "ran beside other processes")):
+        hit = [r for r in ranked if getattr(r, flag)]
+        if not hit:
+            continue
+        who = ", ".join(r.name for r in hit)
+        if len(hit) == len(ranked):
+            out.append(f"all {len(hit)} finished trials {what} ({who}): the ranking may be noise")
+        else:
+            out.append(f"{len(hit)} of {len(ranked)} finished trials {what} ({who}): not comparable with the "
+                       "others'")
+    top = best(rows)
+    if top is not None and (top.short or top.beside):
+        out.append(f"the best, {top.name}, is one of them: train it again "
+                   + ("with more time" if top.short else "on a quiet machine") + " before trusting it")
+    return out
 
 
 def sweep_states(store: QueueStore) -> list[tuple[str, SweepSpec, list[Result]]]:

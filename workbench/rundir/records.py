@@ -277,6 +277,7 @@ class RunStatus:
     max_iters: int = 0                 # with a time budget: the step it should end at, re-estimated as it goes
     budget_s: float | None = None      # train.time_budget in seconds, and how much of it is spent
     budget_spent_s: float | None = None
+    warmup: int | None = None          # with a time budget: the warmup steps its plan gave it (plan.horizon)
     tokens_seen: int | None = None
     error: str | None = None           # the one line a failed or crashed run says
     compiling: bool = False
@@ -302,7 +303,7 @@ class RunStatus:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field; a run without a time budget leaves its two out."""
-        unset = {"budget_s", "budget_spent_s"} if self.budget_s is None else set()
+        unset = {"budget_s", "budget_spent_s", "warmup"} if self.budget_s is None else set()
         return {**{f: getattr(self, f) for f in self.fields() if f not in unset}, **self.extra}
 
     @classmethod
@@ -314,7 +315,8 @@ class RunStatus:
         return cls(state=text(d.get("state")) or "?", pid=pid if isinstance(pid, int) and pid > 0 else None,
                    pid_start=_num(d.get("pid_start")), step=_int(d.get("step")), max_iters=_int(d.get("max_iters")),
                    budget_s=_num(d.get("budget_s")), budget_spent_s=_num(d.get("budget_spent_s")),
-                   tokens_seen=_opt_int(d.get("tokens_seen")), error=text(d.get("error")),
+                   warmup=_opt_int(d.get("warmup")), tokens_seen=_opt_int(d.get("tokens_seen")),
+                   error=text(d.get("error")),
                    compiling=d.get("compiling") is True,
                    world_size=_opt_int(d.get("world_size")),
                    started=_num(d.get("started")), resumed=_num(d.get("resumed")), finished=_num(d.get("finished")),

@@ -127,9 +127,11 @@ class Budget:
         return (f"time budget {duration(self.seconds)}: {left}~{self.first_guess - step:,} steps by the estimate; "
                 "the end is re-estimated from the run's own pace, and the schedule follows the clock")
 
-    def status(self, max_iters: int, now: float) -> dict:
-        """status.json's view: the step it should end at (max_iters), its seconds and those spent."""
-        return {"max_iters": max_iters, "budget_s": self.seconds, "budget_spent_s": round(self.spent(now), 1)}
+    def status(self, max_iters: int, now: float, warmup: int | None = None) -> dict:
+        """status.json's view: the step it should end at (max_iters), its seconds and those spent, its warmup (what a
+        sweep reads to tell a trial that never left it)."""
+        return {"max_iters": max_iters, "budget_s": self.seconds, "budget_spent_s": round(self.spent(now), 1)} | (
+            {"warmup": warmup} if warmup is not None else {})
 
     def ends_at(self, spent: float, eval_due: bool) -> bool:
         """Whether the step just taken, with ``spent`` seconds of the budget gone, is the run's last: the budget is

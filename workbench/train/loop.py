@@ -274,7 +274,7 @@ class Trainer(TrainerParts):
         self.throughput.after_log(now)
 
     def budget_status(self, now: float) -> dict:
-        return self.budget.status(self.horizon.end_step, now) if self.budget is not None else {}
+        return self.budget.status(self.horizon.end_step, now, self.horizon.warmup) if self.budget is not None else {}
 
     def maybe_evaluate(self) -> tuple[bool, bool, bool]:
         """At an eval step: the losses, the best so far, a sample, a checkpoint if it is the best or

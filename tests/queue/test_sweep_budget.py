@@ -1,0 +1,48 @@
+"""Sweeps that say when they are noise (issue 53): `sweep` plans every trial's budget as `train` does
+(plan.horizon.plan_budget) and refuses trials that cannot buy a complete run unless --force; `sweep show` marks the
+trials that trained too little to compare and does not name a best among them without saying so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.cli import wb
+from workbench import rundir
+from workbench.plan.horizon import MIN_BUDGET_STEPS
+
+# cpu-small's model on a small corpus, 32 sequences a step: a 1 s budget buys a step or two on any CPU
+SHORT = ["data.builtin_mb=0.3", "data.tokenizer_sample_mb=0.3", "model.vocab_size=512", "hardware.nproc=1",
+         "hardware.compile=false", "train.batch_size=32", "train.log_interval=1"]
+
+
+@pytest.mark.slow
+def test_trials_too_short_to_compare_are_refused_unless_forced_then_marked_and_no_best_named_without_saying(tmp_path):
+    root = tmp_path / "runs"
+    args = ["sweep", "cpu-small", "--set-grid", "train.lr=1e-3,3e-3", "--time-budget", "1s", "--name", "short",
+            "--runs-dir", str(root), "--set", *SHORT]
+    cp = wb(*args)
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    err = cp.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("workbench: error: no trial of sweep short can be queued (first: a 1s "
+                                               "budget ") and "(`sweep --force` queues it anyway)" in err[0], err
+    assert json.loads(wb("queue", "ls", "--json", "--runs-dir", str(root), check=True).stdout)["runs"] == []
+    cp = wb(*args, "--force", check=True)
+    lines = [ln for ln in cp.stdout.splitlines() if ln.strip().startswith("short-t")]
+    assert len(lines) == 2 and all("queued (warning: a 1s budget" in ln for ln in lines), cp.stdout
+    wb("queue", "run", "--runs-dir", str(root), timeout=300, check=True)
+    res = json.loads(wb("sweep", "show", "short", "--json", "--runs-dir", str(root), check=True).stdout)
+    for t in res["trials"]:
+        st = rundir.read_status(root / t["run"])
+        assert t["state"] == "finished" and st.budget_s == 1.0
+        # marked from what the run recorded: its steps against its warmup and the floor
+        assert st.step < MIN_BUDGET_STEPS or (st.warmup and st.step <= st.warmup), st
+        assert t["short"].startswith(("never left its warmup (", f"trained {st.step:,} steps, fewer than the 10")), t
+    assert res["caveats"][0].startswith("all 2 finished trials trained too little to compare")
+    assert res["caveats"][-1].startswith(f"the best, {res['best']['run']}, is one of them: train it again with more "
+                                         "time")
+    text = wb("sweep", "show", "short", "--runs-dir", str(root), check=True).stdout
+    assert "the ranking may be noise" in text and f"    {res['trials'][0]['short']}" in text
+    # the best is named after the caveat that it is one of them
+    assert text.index("is one of them") < text.index("best: short-t")
