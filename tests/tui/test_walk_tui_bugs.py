@@ -8,13 +8,46 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 
 from textual.widgets import Input, Select
 
 from tests.support.cli import REPO
 from tests.support.tui import make_app, run, text_of, wait_for
-from tests.tui.test_finetune_ui import add_imported_run
+
+SMOL_PRESET = """name = "SmolTest"
+[source]
+model = "/models/SmolTest-135M"
+architecture = "LlamaForCausalLM"
+model_type = "llama"
+max_position_embeddings = 2048
+
+[model]
+vocab_size = 512
+dim = 64
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+seq_len = 64
+tie_embeddings = true
+
+[data]
+tokenizer = "{root}/smol/tokenizer.json"
+"""
+
+
+def add_imported_run(root) -> None:
+    """``smol``: an imported model (step-0 checkpoint, its tokenizer, status imported), laid out as the importer
+    writes it (as tests/tui/test_finetune_ui.py makes it)."""
+    d = root / "smol"
+    (d / "checkpoints" / "step_0000000").mkdir(parents=True)
+    (d / "preset.toml").write_text(SMOL_PRESET.format(root=root))
+    (d / "tokenizer.json").write_text("{}")
+    (d / "status.json").write_text(json.dumps({"state": "imported", "step": 0, "max_iters": 0}))
+    (d / "checkpoints" / "step_0000000" / "meta.json").write_text(json.dumps({"step": 0, "reason": "import",
+                                                                             "bytes": 1000}))
 
 
 def test_the_method_select_follows_the_recommendation_in_the_form_opened_with_n(runs_dir):
@@ -96,17 +129,19 @@ def _findings(n: int):
 def test_the_train_tabs_marker_says_what_it_counts(runs_dir):
     """Bug 8: the Train tab showed "3 Train ●2" — two of what? It says "findings" (the run doctor's, in the health
     box); under 100 columns, where seven tabs and the words would not fit, the count alone as before."""
-    from workbench.tui.widgets.health import HealthBox, marker
+    from workbench.tui.widgets.health import marker
+    from workbench.tui.widgets.tabs import PaneTabs
     labels = {}
 
     async def go(width: int):
         app = make_app(runs_dir, initial_tab="hardware")
         async with app.run_test(size=(width, 48)) as pilot:
             await wait_for(pilot, lambda: len(app.summaries) == 3, what="the run list")
+            tabs = app.query_one(PaneTabs)
             for n in (2, 1):
-                app.post_message(HealthBox.Checked("alpha", _findings(n), marker=marker(_findings(n))))
-                await pilot.pause()
-                labels[(width, n)] = app.query_one("#tabs").get_tab("train").label.plain
+                tabs.mark("train", *marker(_findings(n)))  # as the app marks it for the health box's findings
+                labels[(width, n)] = tabs.get_tab("train").label.plain
+            await pilot.pause()
     run(go(160))
     run(go(80))
     assert labels[(160, 2)] == "3 Train ●2 findings" and labels[(160, 1)] == "3 Train ●1 finding", labels
@@ -116,24 +151,25 @@ def test_the_train_tabs_marker_says_what_it_counts(runs_dir):
 def test_the_checkpoint_b_select_in_chat_mode_shows_every_option(tmp_path, monkeypatch):
     """Bug 8: the B select's list in chat mode was seen clipped to two options; every option is in its open list
     and inside the screen (a chat run with six checkpoints: none, latest, best and six steps)."""
-    import json as _json
-
     from textual.widgets._select import SelectOverlay
 
-    from tests.support.tui import open_sample_on
+    from tests.support.canned_runs import make_runs
     monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
-    d = tmp_path / "runs" / "chat"
-    for step in (10, 20, 30, 40, 50, 60):
-        (d / "checkpoints" / f"step_{step:07d}").mkdir(parents=True)
-        (d / "checkpoints" / f"step_{step:07d}" / "meta.json").write_text(_json.dumps({"step": step, "val_loss": 2.0}))
-    (d / "status.json").write_text(_json.dumps({"state": "finished", "step": 60, "max_iters": 60}))
+    root = make_runs(tmp_path / "runs")
+    d = root / "alpha"  # with a chat template (the pane opens it in chat mode) and six checkpoints
+    for step in (100, 300, 350, 380):
+        shutil.copytree(d / "checkpoints" / "step_0000200", d / "checkpoints" / f"step_{step:07d}")
+        meta = d / "checkpoints" / f"step_{step:07d}" / "meta.json"
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "step": step}))
     (d / "chat_template.jinja").write_text("{{ messages }}")
 
     async def go():
-        app = make_app(tmp_path / "runs")
+        app = make_app(root)
         async with app.run_test(size=(160, 48)) as pilot:
-            pane = await open_sample_on(pilot, app, "chat")
-            assert pane.chat_mode
+            await wait_for(pilot, lambda: len(app.summaries) == 3, what="the run list")
+            app.open_sample("alpha")
+            pane = app.query_one("#sample-pane")
+            await wait_for(pilot, lambda: pane.chat_mode, what="chat mode")
             b = app.query_one("#smp-ckpt-b", Select)
             b.focus()
             await pilot.press("enter")

@@ -10,6 +10,7 @@ Where things live:
 - ``watcher.py``    the tailer thread: new bytes of metrics.jsonl / train.log, status.json, tasks.jsonl
 - ``rundata.py``    what is known about one run (series, task scores, latest numbers, rate and ETA)
 - ``launcher.py``   the CLI subprocesses: train / resume / stop --detach, streaming sample
+- ``chat_server.py`` the Sample pane's chat models kept loaded between turns (``workbench chat --serve``)
 - ``hwinfo.py``     hardware facts and capabilities without torch
 - ``display.py``    how numbers and run states read on screen
 - ``plot.py``       plotext loss curves and task scores as ANSI text
