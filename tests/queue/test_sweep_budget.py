@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from textual.widgets import DataTable
 
 from tests.support.cli import wb
+from tests.support.tui import make_app, run, wait_for
 from workbench import rundir
 from workbench.plan.horizon import MIN_BUDGET_STEPS
 
@@ -46,3 +48,16 @@ def test_trials_too_short_to_compare_are_refused_unless_forced_then_marked_and_n
     assert "the ranking may be noise" in text and f"    {res['trials'][0]['short']}" in text
     # the best is named after the caveat that it is one of them
     assert text.index("is one of them") < text.index("best: short-t")
+
+    # the Queue tab marks them too: the note column, and the best named with its flag
+
+    async def go():
+        app = make_app(root, initial_tab="queue")
+        async with app.run_test(size=(160, 48)) as pilot:
+            table = app.query_one("#sweep-results", DataTable)
+            await wait_for(pilot, lambda: table.row_count == 2, what="the sweep's results")
+            notes = [str(table.get_row_at(i)[-1]) for i in range(2)]
+            assert all(n.startswith(("never left its warmup", "trained ")) for n in notes), notes
+            sweeps = app.query_one("#sweeps-table", DataTable)
+            assert str(sweeps.get_row_at(0)[3]) == f"{res['best']['run']} (too short)"
+    run(go())

@@ -189,7 +189,10 @@ class QueuePane(Vertical, Pane):
         for name, spec, results in view.sweeps:
             top = best(results)
             ended = sum(r.state not in ("queued", "running") for r in results)
-            s.add_row(name, spec.method, f"{ended}/{len(results)}", top.name if top else "—",
+            # a best that trained too little, or beside other processes, is named as such (sweep show's caveats)
+            flag = " (too short)" if top and top.short else " (beside others)" if top and top.beside else ""
+            s.add_row(name, spec.method, f"{ended}/{len(results)}", Text(top.name + flag, style="yellow" if flag
+                                                                          else "") if top else "—",
                       f"{spec.metric.name} {top.metric:.4f}" if top else "",
                       " ".join(point_sets(top.params)) if top else "", key=name)
         if chosen and chosen in s.rows:
@@ -220,7 +223,8 @@ class QueuePane(Vertical, Pane):
             t.add_row(str(r.rank or ""), r.name, *(_value(r.params.get(k)) for k in keys),
                       "" if r.metric is None else f"{r.metric:.4f}", state_text(r.state),
                       "" if r.seconds is None else f"{r.seconds:.0f}", others_text(r.others_cpu),
-                      Text("; ".join(n for n in (r.beside, r.note) if n), style="yellow" if r.beside else ""),
+                      Text("; ".join(n for n in (r.short, r.beside, r.note) if n),
+                           style="yellow" if r.beside or r.short else ""),
                       key=r.name)
         if 0 < row < t.row_count:
             t.move_cursor(row=row, animate=False)
