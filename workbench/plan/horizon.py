@@ -88,9 +88,12 @@ class Horizon:
             return h
         decay = state.get("decay_step")
         # a budget's plan as its start made it (checkpoints from before plans: the preset's warmup, evals unplanned)
-        planned = {k: int(state[k]) for k in ("warmup", "eval_iters", "evals_on_the_way") if state.get(k) is not None}
+        planned = state.get("eval_iters") is not None
         return dataclasses.replace(h, decay_step=int(decay) if decay is not None else None,
-                                   progress=float(state.get("budget_progress") or 0.0), **planned)
+                                   progress=float(state.get("budget_progress") or 0.0),
+                                   warmup=int(state["warmup"]) if planned else h.warmup,
+                                   eval_iters=int(state["eval_iters"]) if planned else 0,
+                                   evals_on_the_way=int(state["evals_on_the_way"]) if planned else 0)
 
     def planned(self, plan: "BudgetPlan") -> "Horizon":
         """A budgeted run's horizon with its plan (its start's: the warmup, the eval batches, the evals on the way;

@@ -135,6 +135,9 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
     # throughput: given > a previous run here > calibration
     prev = history(p, kind) if history else None
     report["previous_run"] = prev
+    tps: float | None
+    source: str | None
+    basis: str | None
     if tokens_per_s:
         tps, source, basis = tokens_per_s, "given with --tokens-per-s", "given"
     else:

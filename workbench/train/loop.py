@@ -100,7 +100,7 @@ class Trainer(TrainerParts):
                             f"({ev.val_bpb:.3f} bits/byte)")
             self.maybe_score_tasks()
         self.throughput.reset()
-        first = self.state.step + 1  # this process's first step is logged whatever log_interval says
+        self.first_step = self.state.step + 1  # this process's first step is logged whatever log_interval says
         while not self.horizon.is_end(self.state.step):
             self.train_step()
             if self.budget is not None:
@@ -120,7 +120,7 @@ class Trainer(TrainerParts):
                                   cache=runtime.compile_cache_counts())
                 self.report.status(compiling=False)
             if self.state.step % t.log_interval == 0 or self.horizon.is_end(self.state.step) \
-                    or self.state.step == first:
+                    or self.state.step == self.first_step:
                 r = self.skips.result  # this step's: settled above
                 self.log_step(r.lr, r.loss if r.finite else None, r.grad_norm, now)
             self.faults.after_step(self.state.step)
@@ -249,8 +249,8 @@ class Trainer(TrainerParts):
 
     def settle_due(self, step: int) -> bool:
         t = self.preset.train
-        return (step % t.log_interval == 0 or self.horizon.is_end(step) or self.eval_due(step)
-                or self.checkpointer.due(step) is not None or self.stop_requested)
+        return (step % t.log_interval == 0 or step == self.first_step or self.horizon.is_end(step)
+                or self.eval_due(step) or self.checkpointer.due(step) is not None or self.stop_requested)
 
     def log_step(self, lr: float, loss: float | None, gn: float, now: float) -> None:
         st, max_iters = self.state, self.horizon.end_step

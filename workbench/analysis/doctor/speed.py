@@ -8,7 +8,7 @@ import dataclasses
 import math
 import statistics
 
-from workbench.analysis.doctor.facts import Context
+from workbench.analysis.doctor.facts import Context, RunFacts
 from workbench.analysis.doctor.finding import Finding, env_path_hint, num, percent, set_line
 from workbench.errors import WorkbenchError
 from workbench.fmt import millions
@@ -252,7 +252,7 @@ def nice_ceil(x: float) -> int:
     return next(m * k for m in (1, 2, 5, 10) if m * k >= x)
 
 
-def _eval_cadence(f, interval: int, step_s: float, per_eval: float, batches: int) -> str:
+def _eval_cadence(f: RunFacts, interval: int, step_s: float, per_eval: float, batches: int) -> str:
     """How often the run evaluates, as it does: "an eval every 200 steps of ~0.05 s, each ...", or for a run no longer
     than its interval the evals it made ("2 evals in 17 steps (at steps 0 and 17: ...), each ...": the step-0 eval and
     the last)."""
