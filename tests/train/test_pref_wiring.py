@@ -72,8 +72,6 @@ ZERO = torch.zeros(1, dtype=torch.float64)
 def test_dpo_beta_and_label_smoothing_reach_the_loss(base):
     d = train(base, "dpo", "pairs", "train.objective=dpo", "train.max_iters=3", "train.pref_beta=0.3",
               "train.pref_label_smoothing=0.2")
-    start = next(r for r in read_jsonl(d / rundir.METRICS_FILE) if r.get("event") == "start")
-    assert start["objective"]["beta"] == 0.3
     moved = [r for r in prefs(d) if r["step"] > 1]   # step 1's pair was scored before any update: all zero
     assert [r["step"] for r in moved] == [2, 3]
     for r in moved:
@@ -84,6 +82,8 @@ def test_dpo_beta_and_label_smoothing_reach_the_loss(base):
             r["rejected_reward"] == pytest.approx(0.3 * j, rel=1e-5)
         want = dpo_loss(one(c), one(j), ZERO, ZERO, beta=0.3, label_smoothing=0.2).loss.item()
         assert r["loss"] == pytest.approx(want, rel=1e-5, abs=1e-6), (r, want)
+    start = next(r for r in read_jsonl(d / rundir.METRICS_FILE) if r.get("event") == "start")
+    assert start["objective"]["beta"] == 0.3   # and the start line says so
 
 
 def test_simpo_gamma_beta_and_label_smoothing_reach_the_loss(base):
