@@ -307,6 +307,7 @@ class Extension:
     end_step: int         # where the longer run ends
     note: str             # the one line the CLI prints and the "+ more steps" dialog shows
     budget_cleared: bool  # a budgeted run's extension is counted in steps
+    problem: str = ""     # why resume refuses it (it would end inside its warmup: the preset's check), or ""
 
 
 def extension(p: Preset, state: dict[str, Any] | None, ckpt_step: int, more: int) -> Extension:
@@ -314,25 +315,40 @@ def extension(p: Preset, state: dict[str, Any] | None, ckpt_step: int, more: int
     checkpoint's trainer state, where a budgeted run recorded its decay step): the run goes on from that
     checkpoint, or, for a wsd run whose decay had begun, from the decay start (the stable phase continues, a
     new decay ends the longer run; the decayed run is kept), for ``more`` steps counted from ``ckpt_step``.
-    ``plan_resume`` (what runs) and the TUI's dialog (what is said) both ask this."""
+    ``plan_resume`` (what runs) and the TUI's dialog (what is said) both ask this. The note describes the longer
+    run's own horizon (counted in steps, with the preset's train.warmup_iters) from where it goes on: through the
+    rest of its warmup when it starts inside it."""
     h = Horizon.from_state(p, state)
     end = ckpt_step + more
     longer_p = dataclasses.replace(p, train=dataclasses.replace(p.train, max_iters=end, time_budget=""))
     longer = Horizon.of(longer_p)
     budget = h.budgeted
-    # wsd: where the decay began; a budget whose clock never got there goes on from the checkpoint (stable phase)
-    start = (ckpt_step if h.decay_start is None else h.decay_start) if h.schedule == "wsd" else ckpt_step
+    # wsd past its decay: from where the decay began; before it (a budget whose clock never got there, too), and
+    # cosine: from the checkpoint
+    decay = h.decay_start if h.schedule == "wsd" else None
+    decayed = decay is not None and ckpt_step > decay
+    start = decay if decay is not None and decayed else ckpt_step
     counted = (f"; train.time_budget = {p.train.time_budget} is spent, so the {more:,} more steps are counted in "
                "steps") if budget else ""
-    if h.schedule == "wsd" and ckpt_step > start:
-        note = (f"wsd: it goes on from step {start:,}, where the decay began (a new run, the decayed one kept), so "
-                f"the learning rate stays at {p.train.lr:.2e} until step {longer.steps_decay_start:,}, then decays to "
-                f"{p.train.min_lr:.2e} by step {end:,}")
+    branch = (f"wsd: it goes on from step {start:,}, where the decay began (a new run, the decayed one kept), so "
+              if decayed else "")
+    if start < longer.warmup:  # the longer run trains inside its warmup at first: say where that ends, and then
+        lead = branch or ("wsd: " if h.schedule == "wsd" else "cosine schedule: ")
+        note, problem = _through_warmup(longer, start, ckpt_step, end, h.warmup)
+        return Extension(start, end, lead + note + counted, budget, problem)
+    if decayed:
+        note = (f"{branch}the learning rate stays at {p.train.lr:.2e} until step {longer.steps_decay_start:,}, then "
+                f"decays to {p.train.min_lr:.2e} by step {end:,}")
         return Extension(start, end, note + counted, budget)
     after, final = longer.lr_at(ckpt_step), longer.lr_at(end - 1)
     if h.schedule == "wsd":
         note = (f"wsd: the stable phase goes on at {after:.2e} until step {longer.steps_decay_start:,}, then the "
                 f"learning rate decays to {final:.2e}")
+    elif p.train.lr_decay_iters and ckpt_step < p.train.lr_decay_iters:
+        to = min(end, p.train.lr_decay_iters)
+        note = (f"the cosine decay ends at step {p.train.lr_decay_iters} (train.lr_decay_iters), so the learning "
+                f"rate goes on from {after:.2e} down to {longer.lr_at(to - 1):.2e} by step {to:,}"
+                + (", then stays there" if end > to else ""))
     elif p.train.lr_decay_iters:
         note = (f"the cosine decay ends at step {p.train.lr_decay_iters} (train.lr_decay_iters), so the learning "
                 f"rate stays at {after:.2e} for the {more:,} new steps")
@@ -343,3 +359,32 @@ def extension(p: Preset, state: dict[str, Any] | None, ckpt_step: int, more: int
         note = (f"cosine schedule: its decay is stretched to end at step {end:,}, so the learning rate {went} "
                 f"{after:.2e}, then decays to {final:.2e}")
     return Extension(ckpt_step, end, note + counted, budget)
+
+
+def _through_warmup(run: Horizon, start: int, ckpt_step: int, end: int, own_warmup: int) -> tuple[str, str]:
+    """The learning rate of ``run`` (an extension's, counted in steps) from ``start``, inside its warmup, to
+    ``end``: the rest of the warmup, then the peak and the decay; and why resume refuses it when it would end
+    inside the warmup (the preset's own check). ``own_warmup``: the warmup of the run before (a budget's is a
+    share of its steps, shorter than train.warmup_iters, which the extension takes: it warms up again)."""
+    w, first = run.warmup, run.lr_at(start)
+    rise = (f"the learning rate warms up again to step {w:,} (train.warmup_iters; the budget's warmup was "
+            f"{own_warmup:,} steps)" if start >= own_warmup else f"the warmup goes on to step {w:,}")
+    if end <= w:
+        note = (f"{rise}, past the new end: the learning rate rises from {first:.2e} to {run.lr_at(end - 1):.2e} by "
+                f"step {end:,}, short of its peak {run.lr:.2e}, and does not decay (more than {w - ckpt_step:,} more "
+                "steps leave the warmup)")
+        return note, (f"the run would end inside its warmup (train.warmup_iters = {w:,}, to step {w:,}): give more "
+                      f"than {w - ckpt_step:,} more steps")
+    peak = f", where the learning rate reaches its peak {run.lr:.2e} (from {first:.2e})"
+    if run.schedule == "wsd":
+        d = run.steps_decay_start
+        if d > w:
+            return f"{rise}{peak}, stays there until step {d:,}, then decays to {run.min_lr:.2e} by step {end:,}", ""
+        # no stable phase left: the decay takes over at the warmup's end, short of the peak
+        top = max(run.lr_at(w - 1), run.lr_at(w))
+        return (f"{rise}: the learning rate rises from {first:.2e} to {top:.2e}, then decays to {run.min_lr:.2e} "
+                f"by step {end:,}"), ""
+    if run.lr_decay_iters and run.lr_decay_iters < end:
+        return (f"{rise}{peak}, then decays to {run.min_lr:.2e} by step {run.lr_decay_iters:,} "
+                "(train.lr_decay_iters) and stays there"), ""
+    return f"{rise}{peak}, then decays to {run.lr_at(end - 1):.2e} by step {end:,}", ""
