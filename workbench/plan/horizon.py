@@ -63,6 +63,7 @@ class Horizon:
     progress: float = 0.0          # budgeted: the share of the budget spent, as every rank agreed (never back)
     decay_step: int | None = None  # budgeted wsd: the step its decay began, once the clock got there
     eval_iters: int = 0            # budgeted: the batches each eval scores, as planned (0: not planned yet)
+    step_share: float = 0.0        # budgeted: the share of the budget the next step takes, at the run's pace
     evals_on_the_way: int = 0      # budgeted: evals between the step-0 and the last one, at even shares of it
 
     # ------------------------------------------------------------------ made once
@@ -111,10 +112,12 @@ class Horizon:
 
     # ------------------------------------------------------------------ stepped
 
-    def after_step(self, step: int, end_step: int, progress: float | None = None) -> "Horizon":
+    def after_step(self, step: int, end_step: int, progress: float | None = None,
+                   step_share: float | None = None) -> "Horizon":
         """After ``step``: the end step as now estimated (a budget's), the share of the budget spent (the next
-        step's schedule; it never goes back) and, for a budgeted wsd run, the decay's first step once the
-        budget reaches it."""
+        step's schedule; it never goes back), the share the next step will take (its learning rate is the
+        schedule's where that step ends, so the step that ends the budget runs at min_lr) and, for a budgeted wsd
+        run, the decay's first step once the budget reaches it."""
         prog = self.progress if progress is None else max(self.progress, min(1.0, progress))
         decay = self.decay_step
         if (self.budgeted and self.schedule == "wsd" and decay is None
@@ -125,7 +128,8 @@ class Horizon:
             # the end's estimate came down (a slower pace than the estimate's): the warmup keeps its share of it
             # (never longer: the ramp only goes up)
             warmup = min(warmup, budget_warmup(self.warmup, end_step))
-        return dataclasses.replace(self, end_step=end_step, progress=prog, decay_step=decay, warmup=warmup)
+        return dataclasses.replace(self, end_step=end_step, progress=prog, decay_step=decay, warmup=warmup,
+                                   step_share=self.step_share if step_share is None else step_share)
 
     def eval_between(self, before: float, after: float) -> bool:
         """Budgeted: whether an eval on the way falls due between the shares of the budget ``before`` and
@@ -171,7 +175,7 @@ class Horizon:
         floor = self.min_lr / self.lr
         ramp = (step + 1) / (self.warmup + 1) if step < self.warmup else 1.0
         if self.budgeted:
-            progress = min(1.0, max(0.0, self.progress))
+            progress = min(1.0, max(0.0, self.progress + self.step_share))
             if self.schedule == "wsd":
                 frac = max(0.0, (progress - (1.0 - self.decay_fraction)) / self.decay_fraction)
                 return min(ramp, 1.0 - frac * (1.0 - floor))

@@ -65,6 +65,11 @@ class Budget:
             return None
         return (step - self.step0) / (now - self.t0)
 
+    def step_share(self, step: int, now: float) -> float:
+        """The share of the budget's training time the next step will take, at the smoothed pace (0: no pace yet)."""
+        rate = self.smoothed_pace(step, now)
+        return min(1.0, 1.0 / (rate * self.usable)) if rate else 0.0
+
     def smoothed_pace(self, step: int, now: float) -> float | None:
         """The pace the end is estimated from: this process's, with the estimate's weighing as PRIOR_SECONDS of it
         (a tenth of the budget when less), so the end shown moves smoothly from the estimate's to the measured."""

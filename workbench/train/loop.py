@@ -236,7 +236,7 @@ class Trainer(TrainerParts):
             eval_due=eval_due,
             eval_estimate=lambda rate: eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate),
             agree=self.dist.broadcast)
-        self.horizon = self.horizon.after_step(st.step, end, b.agreed)
+        self.horizon = self.horizon.after_step(st.step, end, b.agreed, b.step_share(st.step, time.time()))
 
     def eval_due(self, step: int) -> bool:
         """Whether ``step`` is followed by an eval: the run's last; on a budget, the shares of it its plan chose
