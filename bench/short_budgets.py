@@ -4,12 +4,13 @@ types it, for several budgets, on a quiet machine and beside one CPU hog (issue 
     python bench/short_budgets.py                          # 20s, 45s, 2m and 10m, quiet then beside a hog
     python bench/short_budgets.py --budgets 20s,45s --conditions quiet
 
-For each budget and condition, one run after the other (the corpus prepared once before, so the start-up is the
-command's own): the wall-clock of the whole command; its start-up (the command's start to the step-0 eval's
-start: the estimate, torch, the model, the timed eval batch); the budgeted part (the step-0 eval's start to the
-run's end), against the budget; the steps, the warmup its plan gave it and whether it left it; the evals (how
-many, their seconds with their samples and their share of the budget); the last step's learning rate against
-min_lr; the last val loss. A hog is one process spinning on one core for the whole run.
+For each budget and condition, one run after the other (the corpus prepared and this machine's matmul rate
+measured once before, with `workbench estimate`, so the start-up is the command's own): the wall-clock of the
+whole command; its start-up (the command's start to the step-0 eval's start: the estimate, torch, the model, the
+timed eval batch); the budgeted part (the step-0 eval's start to the run's end), against the budget; the steps,
+the warmup its plan gave it and whether it left it; the evals (how many, their seconds with their samples and
+their share of the budget); the last step's learning rate against min_lr; the last val loss. A hog is one
+process spinning on one core for the whole run.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def main() -> int:
     env = dict(os.environ, WORKBENCH_CACHE_DIR=str(out / "cache"))
     subprocess.run([sys.executable, "-m", "workbench", "data", "prepare", "builtin", "--preset", "cpu-small"],
                    cwd=ROOT, env=env, check=True, capture_output=True)
+    # this machine's matmul rate measured before any hog (a new user's machine has one from `estimate` or a run)
+    subprocess.run([sys.executable, "-m", "workbench", "estimate", "cpu-small"], cwd=ROOT, env=env, check=True,
+                   capture_output=True)
     rows = []
     for condition in args.conditions.split(","):
         for budget in args.budgets.split(","):
