@@ -221,8 +221,8 @@ def test_kill_minus_nine_then_resume_goes_on_against_what_is_left(tmp_path):
 def test_until_it_has_timed_a_step_a_budgeted_run_shows_the_steps_the_estimate_fits_not_max_iters(tmp_path):
     """status.json's max_iters is what the progress bar and the doctor read: a 90 s budget of cpu-small showed
     "step 0 / 2,000" through its step-0 eval, and the doctor said the run would read its text 2.5 times."""
-    wb("train", "cpu-small", "--runs-dir", str(tmp_path), "--name", "k", "--time-budget", "90s",
-       "--set", *SETS, "train.max_iters=100000", env={"WORKBENCH_TEST_KILL_AT_STEP": "1"})
+    cp = wb("train", "cpu-small", "--runs-dir", str(tmp_path), "--name", "k", "--time-budget", "90s",
+            "--set", *SETS, "train.max_iters=100000", env={"WORKBENCH_TEST_KILL_AT_STEP": "1"})
     d = tmp_path / "k"
     st = rundir.read_status(d)
     assert st.step == 1, st                           # killed after its first step: no pace yet
@@ -235,6 +235,9 @@ def test_until_it_has_timed_a_step_a_budgeted_run_shows_the_steps_the_estimate_f
     assert st.max_iters == start["budget_steps"] == want, (st.max_iters, start["budget_steps"], want)
     assert 10 < want < 100_000
     assert f"time budget 1m 30s: ~{want:,} steps by the estimate" in (d / "train.log").read_text()
+    # ... and `train`'s first line said the same number before anything started (one estimate, issue 53)
+    first = cp.stdout.splitlines()[0]
+    assert first.startswith("estimate: ") and f"time budget 1m 30s: ~{want:,} steps by the estimate" in first, first
 
 
 def test_an_eval_that_would_run_past_the_budget_is_made_the_last_one():
