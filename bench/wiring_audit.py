@@ -230,20 +230,36 @@ def cli_flags() -> list[tuple[tuple[str, ...], list[str]]]:
 
 def arg_groups(files: list[TestFile]) -> list[tuple[str, list[str]]]:
     """The string arguments of every call and list in the tests, in order (a shell line split into its words):
-    where a subcommand's name and its flags stand together."""
+    where a subcommand's name and its flags stand together. A call to a helper function the tests define (one
+    that runs ``chat RUN ...`` with the caller's flags) counts the strings of the helper's body as its own."""
+    helpers = {fn.name: strings(fn) for tf in files for fn in ast.walk(tf.tree)
+               if isinstance(fn, ast.FunctionDef) and not fn.name.startswith("test")}
     out = []
     for tf in files:
+        # a list spliced in (``*extra``, ``*tiny(...)``): its words, from the lists the file assigns to that name
+        lists: dict[str, list[str]] = defaultdict(list)
         for n in ast.walk(tf.tree):
-            elts = n.args if isinstance(n, ast.Call) else n.elts if isinstance(n, (ast.List, ast.Tuple)) else None
-            if not elts:
-                continue
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+                lists[n.targets[0].id] += [c for c in strings(n.value)]
+
+        def words_of(elts: list[ast.expr]) -> list[str]:
             words: list[str] = []
             for e in elts:
                 if isinstance(e, ast.Constant) and isinstance(e.value, str):
                     words += e.value.split() if " " in e.value.strip() else [e.value]
                 elif isinstance(e, ast.JoinedStr):
                     words += " ".join(v.value for v in e.values if isinstance(v, ast.Constant)).split()
-            if words:
+                elif isinstance(e, ast.Starred) and isinstance(e.value, ast.Name):
+                    words += lists.get(e.value.id, [])
+                elif isinstance(e, ast.Starred) and isinstance(e.value, ast.Call) and callee(e.value) == "tiny":
+                    words += ["--set", *strings(e.value)]   # tests.support.cli.tiny: --set TINY ...
+            return words
+
+        for n in ast.walk(tf.tree):
+            elts = n.args if isinstance(n, ast.Call) else n.elts if isinstance(n, (ast.List, ast.Tuple)) else None
+            if elts and (words := words_of(elts)):
+                if isinstance(n, ast.Call) and callee(n) in helpers:   # a test's helper that names the command
+                    words = helpers[callee(n)] + words
                 out.append((tf.rel, words))
         for s in strings(tf.tree):  # a shell line in one string (the tmux tests)
             if s.count(" ") >= 2 and " --" in s:

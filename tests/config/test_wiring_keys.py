@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import tiny, wb
 from tests.support.runs import read_jsonl
 
@@ -168,3 +169,18 @@ def test_num_threads_sets_the_trainers_threads(runs):
     processes run with one)."""
     run = runs("threads", "hardware.num_threads=2")
     assert start_record(run)["calibration"]["threads"] == 2
+
+
+def test_messages_field_reads_the_conversations_from_that_field(tmp_path):
+    """data.messages_field on the smallest call that reads a chat corpus (`data inspect --chat`, the reader a
+    run uses): conversations under "dialog" are rendered with it and refused without it."""
+    corpus = write_jsonl(tmp_path / "dialog.jsonl", [{"dialog": c["messages"]} for c in conversations(20, seed=1)])
+    args = ["data", "inspect", str(corpus), "--chat", "--json", "-n", "2"]
+    refused = wb(*args, cwd=tmp_path)
+    assert refused.returncode != 0 and "dialog" in refused.stderr
+    cp = wb(*args, "--set", "data.messages_field=dialog", cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    shown = json.loads(cp.stdout)["shown"]
+    first = conversations(20, seed=1)[0]["messages"]
+    assert len(shown) == 2 and all(m["content"] in shown[0]["text"] for m in first)
+    assert shown[0]["trained_spans"]   # the assistant's answer is what trains

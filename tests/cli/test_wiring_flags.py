@@ -1,0 +1,179 @@
+"""CLI flags that change what a command computes reach it (issue 54, round 4): each flag no test passed before
+(bench/wiring_audit.py lists them) is given a value other than its default on the smallest real call that reaches
+it, and its effect is read from what the command wrote (the estimate's JSON, a preset file, the queue's entries,
+the run the queue started, the sweep's record, the eval's scores), not only its exit status."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import tiny, wb
+from tests.support.runs import read_jsonl
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """A runs directory holding ``src``: a finished two-step tiny run with its checkpoint."""
+    d = tmp_path_factory.mktemp("wiring-flags") / "runs"
+    wb("train", "cpu-small", "--name", "src", "--runs-dir", str(d),
+       *tiny("train.max_iters=2", "train.warmup_iters=0", "train.eval_interval=2", "train.ckpt_interval=2",
+             "train.eval_iters=1"), check=True)
+    return d
+
+
+def ok(cp) -> str:
+    assert cp.returncode == 0, (cp.stdout, cp.stderr)
+    return cp.stdout
+
+
+def queue(runs: Path) -> dict[str, dict]:
+    return {r["name"]: r for r in json.loads(ok(wb("queue", "ls", "--json", "--runs-dir", str(runs))))["runs"]}
+
+
+# ----------------------------------------------------------------------------- estimate
+
+def test_estimate_precision_watts_and_prices_change_the_estimate(tmp_path):
+    base = ["estimate", "cpu-small", "--json", "--no-calibrate", "--tokens-per-s", "10000"]
+    plain = json.loads(ok(wb(*base, cwd=tmp_path)))
+    bf16 = json.loads(ok(wb(*base, "--precision", "bf16", "--watts", "200", cwd=tmp_path)))
+    assert (plain["settings"]["precision"], bf16["settings"]["precision"]) == ("fp32", "bf16")
+    assert bf16["memory"]["precision"] == "bf16" and bf16["settings"]["autocast"] == "bf16"
+    # bf16 activations and logits: a smaller estimate than fp32's
+    assert bf16["memory"]["total"] < plain["memory"]["total"]
+    assert (plain["cost"]["watts"], bf16["cost"]["watts"], bf16["cost"]["watts_source"]) == (65.0, 200.0, "given")
+    assert bf16["cost"]["kwh"] == pytest.approx(plain["cost"]["kwh"] * 200 / 65, rel=1e-6)
+
+    prices = tmp_path / "prices.toml"
+    prices.write_text('"H100 SXM" = 1.5\n')
+    gpu = json.loads(ok(wb("estimate", "cpu-small", "--gpu", "H100 SXM", "--prices", str(prices), "--json",
+                           "--no-calibrate", cwd=tmp_path)))
+    assert gpu["cost"]["usd"] == pytest.approx(gpu["cost"]["hours"] * 1.5, rel=1e-9)
+    prices.write_text('"H100 SXM" = 3.0\n')
+    again = json.loads(ok(wb("estimate", "cpu-small", "--gpu", "H100 SXM", "--prices", str(prices), "--json",
+                             "--no-calibrate", cwd=tmp_path)))
+    assert again["cost"]["usd"] == pytest.approx(2 * gpu["cost"]["usd"], rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- presets and fit
+
+def test_presets_show_set_shows_the_overridden_value(tmp_path):
+    out = ok(wb("presets", "show", "cpu-small", "--set", "train.lr=0.0123", "model.dim=96", cwd=tmp_path))
+    lines = {ln.split("=")[0].strip(): ln.split("=")[1].split("#")[0].strip() for ln in out.splitlines() if "=" in ln}
+    assert (lines["lr"], lines["dim"]) == ("0.0123", "96")
+
+
+def test_fit_out_names_the_preset_and_force_overwrites_it(tmp_path):
+    ok(wb("fit", "cpu-small", "--out", "mine", "--device", "cpu", cwd=tmp_path))
+    written = tmp_path / "presets" / "mine.toml"
+    assert tomllib.loads(written.read_text())["name"] == "mine"
+    assert not (tmp_path / "presets" / "cpu-small-fit.toml").exists()
+    before = written.read_bytes()
+    refused = wb("fit", "cpu-small", "--out", "mine", "--device", "cpu", "--set", "train.batch_size=2", cwd=tmp_path)
+    assert refused.returncode != 0 and "--force" in refused.stderr and written.read_bytes() == before
+    ok(wb("fit", "cpu-small", "--out", "mine", "--device", "cpu", "--set", "train.batch_size=2", "--force",
+          cwd=tmp_path))
+    assert tomllib.loads(written.read_text())["train"]["batch_size"] == 2
+
+
+# ----------------------------------------------------------------------------- the queue
+
+def test_queue_add_yes_queues_what_does_not_fit(tmp_path):
+    runs = tmp_path / "runs"
+    huge = ["--set", "model.dim=16384", "model.n_layers=64", "model.n_heads=64", "model.n_kv_heads=64"]
+    refused = wb("queue", "add", "cpu-small", "--name", "big", "--runs-dir", str(runs), *huge)
+    assert refused.returncode != 0 and "--yes" in refused.stderr
+    assert "big" not in (queue(runs) if (runs / "queue.db").exists() else {})
+    ok(wb("queue", "add", "cpu-small", "--name", "big", "--yes", "--runs-dir", str(runs), *huge))
+    assert queue(runs)["big"]["force"] is True
+
+
+def test_queue_add_init_from_starts_the_queued_run_from_that_checkpoint(root):
+    ok(wb("queue", "add", "cpu-small", "--name", "ft", "--init-from", "src", "--runs-dir", str(root),
+          *tiny("train.max_iters=2", "train.warmup_iters=0", "train.eval_interval=2", "train.ckpt_interval=2",
+                 "train.eval_iters=1")))
+    assert queue(root)["ft"]["init_from"] == "src"
+    ok(wb("queue", "run", "--runs-dir", str(root), timeout=300))
+    assert queue(root)["ft"]["state"] == "finished"
+    ft = root / "ft"
+    assert tomllib.loads((ft / "preset.toml").read_text())["init"] == {"run": "src", "step": 2}
+    # its first eval scores src's last weights on the same eval batches: the same loss (a fresh model's is ~6.2)
+    src_last = [r["val_loss"] for r in read_jsonl(root / "src" / "metrics.jsonl") if r["kind"] == "eval"][-1]
+    ft_first = next(r["val_loss"] for r in read_jsonl(ft / "metrics.jsonl") if r["kind"] == "eval")
+    assert ft_first == pytest.approx(src_last, abs=1e-4)
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+def sweep_show(runs: Path, name: str) -> dict:
+    return json.loads(ok(wb("sweep", "show", name, "--json", "--runs-dir", str(runs))))
+
+
+def test_sweep_method_trials_seed_metric_and_pruner_reach_the_sweep(tmp_path):
+    runs = tmp_path / "runs"
+    grid = ["--set-grid", "train.lr=1e-3,3e-3,1e-2", "train.warmup_iters=0,5", "--time-budget", "30s"]
+    common = ["--set", "model.dim=64", "model.n_layers=2", "--runs-dir", str(runs), "--print-commands"]
+
+    def trials(*flags: str) -> list[str]:
+        out = ok(wb("sweep", "cpu-small", *grid, *common, *flags))
+        return [ln.split("--set ")[1].split(" model.dim")[0] for ln in out.splitlines() if "--name" in ln]
+
+    assert len(trials()) == 6                                 # grid (the default): every combination
+    r5 = trials("--method", "random", "--trials", "3", "--seed", "5")
+    assert len(r5) == 3 and r5 == trials("--method", "random", "--trials", "3", "--seed", "5")
+    assert any(r5 != trials("--method", "random", "--trials", "3", "--seed", str(s)) for s in (6, 7, 8))
+    assert len(trials("--method", "random", "--trials", "4", "--seed", "5")) == 4
+
+    ok(wb("sweep", "cpu-small", *grid, "--set", "model.dim=64", "model.n_layers=2", "--runs-dir", str(runs),
+          "--name", "s", "--method", "random", "--trials", "2", "--seed", "5", "--metric", "val_bpb",
+          "--pruner", "median"))
+    spec = sweep_show(runs, "s")["sweep"]
+    assert (spec["method"], spec["trials"], spec["seed"], spec["metric"], spec["pruner"]) == \
+        ("random", 2, 5, "val_bpb", "median")
+    assert sorted(n for n, r in queue(runs).items() if r["sweep"] == "s") == ["s-t0001", "s-t0002"]
+
+
+def test_sweep_force_queues_trials_too_short_to_compare(tmp_path):
+    runs = tmp_path / "runs"
+    args = ["sweep", "cpu-small", "--set-grid", "train.lr=1e-3,3e-3", "--time-budget", "1s", "--runs-dir", str(runs)]
+    refused = wb(*args, "--name", "short")
+    assert refused.returncode != 0 and "--force" in refused.stderr
+    ok(wb(*args, "--name", "short", "--force"))
+    q = queue(runs)
+    assert {q["short-t0001"]["force"], q["short-t0002"]["force"]} == {True}
+
+
+# ----------------------------------------------------------------------------- eval and data
+
+def test_eval_set_maps_a_task_files_fields(root, tmp_path):
+    """Each item holds its gold answer twice, under idx and (the other choice) under alt: the two readings' accuracies
+    add up to one, so the gold field the eval used is the one --set named."""
+    task = tmp_path / "odd.jsonl"
+    rows = [{"q": f"{i} plus one is", "opts": [f" {i + 1}", f" {i + 7}"], "idx": i % 2, "alt": 1 - i % 2}
+            for i in range(6)]
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ["eval", "src", "--task", str(task), "--json", "--no-save", "--runs-dir", str(root)]
+    assert wb(*base).returncode != 0   # no "context" / "choices" / "gold" fields: nothing to score
+
+    def score(gold: str) -> dict:
+        out = json.loads(ok(wb(*base, "--set", "context_field=q", "choices_field=opts", f"gold_field={gold}",
+                               "name=mapped")))
+        (sc,) = out["checkpoints"][0]["tasks"]
+        assert (sc["task"], sc["n"], sc["kind"]) == ("mapped", 6, "mc")
+        return sc
+
+    assert score("idx")["acc"] + score("alt")["acc"] == pytest.approx(1.0)
+
+
+def test_data_inspect_preset_reads_with_that_presets_data_section(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"body": f"document number {i} under body", "text": f"other {i}"}) + "\n"
+                              for i in range(40)))
+    preset = tmp_path / "bodies.toml"
+    preset.write_text('name = "bodies"\n[data]\ntext_field = "body"\n[model]\nvocab_size = 64\n')
+    shown = json.loads(ok(wb("data", "inspect", str(corpus), "--preset", str(preset), "--json", "-n", "2",
+                             cwd=tmp_path)))
+    assert "document number 0 under body" in json.dumps(shown) and "other 0" not in json.dumps(shown)
