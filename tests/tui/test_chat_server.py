@@ -9,6 +9,8 @@ The run is trained once for this module (60 steps of a tiny model on generated c
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ from textual.widgets import Input, Select
 
 from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import TINY, wb
+from tests.support.tmux import Tmux
 from tests.support.tui import make_app, open_sample_on, run, wait_for
 
 pytestmark = pytest.mark.slow
@@ -165,3 +168,37 @@ def test_the_pane_keeps_the_model_loaded_between_turns(chat_runs, tmp_path, monk
     print(seen["transcript"])
     print(f"first turn (loads the model): {seen['first_s']:.2f}s; second turn, same server: {seen['second_s']:.2f}s "
           f"({seen['note']}); after a checkpoint change: {seen['third_s']:.2f}s")
+
+
+def test_chat_in_tmux_the_second_turn_comes_from_the_loaded_model_and_f9_says_what_it_needs(chat_runs, tmp_path):
+    """As a user sees it (issue 53): tmux, the Sample pane in chat mode, two turns typed; the second is answered by
+    the model kept loaded (its seconds, as the pane and this test measured them, are printed: the log is the
+    evidence, not an assertion on a time); F9 with no picks says in one line what a DPO run needs."""
+    env = dict(os.environ, WORKBENCH_PRESETS_DIR=str(tmp_path / "user-presets"))
+    tmux = Tmux(f"wb-chat-{os.getpid()}", tmp_path, env)
+    tmux.open_tui(chat_runs)
+    try:
+        tmux.wait_screen(r"1 Hardware")
+        tmux.keys("5")
+        tmux.wait_screen(r"sft @ latest\s+chat")
+        for _ in range(6):          # the run, checkpoint A and B, the system prompt, temp, tokens: then the message
+            tmux.keys("Tab")
+            time.sleep(0.3)
+        seconds = []
+        for k, message in enumerate(("Sort: 3 1 2", "Reverse the words: apple river stone"), 1):
+            tmux.type(message)
+            t0 = time.monotonic()
+            tmux.keys("Enter")
+            tmux.wait_screen(r"(?s)" + r".*\[[\d.]+s; model (loaded in [\d.]+s|kept loaded)\]" * k, timeout=120)
+            seconds.append(time.monotonic() - t0)
+        screen = tmux.screen()
+        notes = re.findall(r"\[([\d.]+)s; model (loaded in [\d.]+s|kept loaded)\]", screen)
+        assert [n[1].split(" in ")[0] for n in notes] == ["loaded", "kept loaded"], screen
+        print(f"\nchat in tmux: first turn {seconds[0]:.2f} s ({notes[0][0]} s by the pane, model "
+              f"{notes[0][1]}), second {seconds[1]:.2f} s ({notes[1][0]} s by the pane, model kept loaded)")
+        print("\n".join(line for line in screen.splitlines() if "you>" in line or "model" in line))
+        tmux.keys("F9")
+        m = tmux.wait_screen(r"0 picks in sft/preferences\.jsonl: a DPO run needs at")
+        print(tmux.screen()[m.start() - 200:])
+    finally:
+        tmux.kill_server()
