@@ -72,12 +72,19 @@ def test_the_form_takes_a_time_budget(runs_dir, monkeypatch):
                              Machine.from_info(app.machine_info)).time
             assert want.startswith("time budget 45m 00s: ~")
             await wait_for(pilot, lambda: want in text_of(est), what=lambda: f"the budget's estimate {text_of(est)!r}")
-            # a budget that is mostly evals says so, with the change that fixes it
+            # a budget too short to buy a complete run says so, with the budget that would, and the form asks
+            # before starting it (`train` refuses it unless --yes; issue 53)
             app.screen.query_one("#nr-budget", Input).value = "3s"
             short = fit_check(resolve_preset("gpu-8gb", ["train.time_budget=3s"]),
-                              Machine.from_info(app.machine_info)).time
-            assert "give more time, or fewer eval batches (--set train.eval_iters=" in short, short
-            await wait_for(pilot, lambda: short in text_of(est), what=lambda: f"the warning {text_of(est)!r}")
+                              Machine.from_info(app.machine_info))
+            assert short.budget_problem.startswith("a 3s budget ") and "give at least" in short.time, short.time
+            await wait_for(pilot, lambda: short.time in text_of(est), what=lambda: f"the problem {text_of(est)!r}")
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "ConfirmScreen", what="the question")
+            assert "cannot buy a complete run in its time budget" in text_of(app.screen.query_one("#confirm-question"))
+            await pilot.press("n")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "NewRunScreen")
+            assert started == []
             app.screen.query_one("#nr-budget", Input).value = "45m"
             await wait_for(pilot, lambda: want in text_of(est), what="the 45m estimate again")
             await pilot.press("ctrl+s")

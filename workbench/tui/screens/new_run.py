@@ -121,14 +121,16 @@ def recommended_method(req: RunRequest, machine_info: dict | None, runs_dir: Pat
     return mt["recommended"], mt["why"]
 
 
-def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | None) -> tuple[bool | None, str]:
-    """(fits, what to show) for the run ``req`` describes on this machine: memory and time, by estimate."""
+def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | None
+                  ) -> tuple[bool | None, str, str]:
+    """(fits, what to show, why its time budget cannot buy a complete run or "") for the run ``req`` describes on
+    this machine: memory and time, by estimate (a budget's plan: plan.horizon.plan_budget, as `train` says it)."""
     try:
         check = fit_check(request_preset(req, runs_dir), Machine.from_info(machine_info or detect()),
                           measured_in(runs_dir))
     except (WorkbenchError, OSError) as e:
-        return None, f"estimate: {e}"
-    return check.fits, "\n".join(check.lines())
+        return None, f"estimate: {e}", ""
+    return check.fits, "\n".join(check.lines()), check.budget_problem
 
 
 class NewRunScreen(ModalScreen["RunRequest | None"]):
@@ -194,8 +196,8 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
         if not self.is_attached or not self.query("#nr-estimate"):  # dismissed meanwhile
             return
         advice = self._recommend_method()
-        self.fits, text = estimate_text(self.request(), self.machine_info, self.runs_dir)
-        style = {True: "green", False: "bold red"}.get(self.fits, "dim")
+        self.fits, text, problem = estimate_text(self.request(), self.machine_info, self.runs_dir)
+        style = "bold red" if problem else {True: "green", False: "bold red"}.get(self.fits, "dim")
         self.query_one("#nr-estimate", Static).update(Text(text + advice, style=style))
 
     def _recommend_method(self) -> str:
@@ -297,8 +299,8 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
         if err:
             self.query_one("#nr-error", Static).update(err)
             return
-        self.fits, text = estimate_text(req, self.machine_info, self.runs_dir)
-        if self.fits is not False:
+        self.fits, text, problem = estimate_text(req, self.machine_info, self.runs_dir)
+        if self.fits is not False and not problem:
             self.queued = queue
             self.dismiss(req)
             return
@@ -309,7 +311,9 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
                 self.dismiss(req)
 
         what = "Queue" if queue else "Start"
-        self.app.push_screen(ConfirmScreen(f"By the estimate, [b]{req.preset}[/b] does not fit this machine:\n\n"
+        why = ("does not fit this machine" if self.fits is False else
+               "cannot buy a complete run in its time budget")  # `train` refuses both unless --yes
+        self.app.push_screen(ConfirmScreen(f"By the estimate, [b]{req.preset}[/b] {why}:\n\n"
                                            f"{text}\n\n{what} it anyway?", f"{what} anyway"), answer)
 
     def action_cancel(self) -> None:
