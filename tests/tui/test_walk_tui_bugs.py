@@ -201,3 +201,30 @@ def test_the_loss_curves_side_panel_leaves_the_y_axis_labels_alone(tmp_path, mon
             rows = [line for line in str(plot.render()).splitlines() if "┤" in line]
             assert rows and all(re.match(r"\s*[-\d.e+]+┤", line) for line in rows), rows[:3]
     run(go())
+
+
+def test_the_loss_curves_settings_fit_the_side_panel_at_160_columns(tmp_path, monkeypatch):
+    """Bug 8, as a user saw it in tmux at 160 x 48 after `l`, `x`, `b` (log y, tokens, bits per byte): the side
+    panel's first settings line, "x: tokens   y: log, bits/byte", is 29 characters in a panel of 28 inside its
+    padding, so it ran to the plot's edge and into its y-axis labels ("bits/byte2.08┤"). Every settings line fits
+    the panel, the padding before the plot kept."""
+    from tests.support.canned_runs import make_runs
+    monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
+    root = make_runs(tmp_path / "runs")
+
+    async def go():
+        app = make_app(root)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: len(app.summaries) == 3, what="the run list")
+            app.open_curves("alpha")
+            plot = app.query_one("#curves-plot")
+            await wait_for(pilot, lambda: plot.series, what="the loss drawn")
+            app.query_one("#curves-plot").focus()
+            await pilot.press("l", "x", "b")
+            settings = app.query_one("#curves-settings")
+            await wait_for(pilot, lambda: "bits/byte" in text_of(settings), what=lambda: text_of(settings))
+            lines = text_of(settings).splitlines()
+            room = settings.content_region
+            assert all(len(line.rstrip()) <= room.width for line in lines), (room.width, lines)
+            assert room.right < plot.region.x, (room, plot.region)   # a column of padding between
+    run(go())

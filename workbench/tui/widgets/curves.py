@@ -271,7 +271,8 @@ class CurvesPane(Horizontal, Pane):
         y = "task" if self.plot_task is not None else "bits/byte" if self.metric == "bpb" else "loss"
         task = f"task: {self.plot_task}\n" if self.plot_task is not None else ""
         self.query_one("#curves-settings", Label).update(
-            f"x: {self.x_axis}   y: {'log' if self.log_y else 'linear'}, {y}\n{task}"
+            # one setting a line: "x: tokens   y: log, bits/byte" on one was wider than the panel (bug 8)
+            f"x: {self.x_axis}\ny: {'log' if self.log_y else 'linear'}, {y}\n{task}"
             f"smoothing: {self.smoothing:g}\nshow: {self.show}\nancestors: {'drawn' if self.lineage else 'not drawn'}")
 
     def _changed(self) -> None:
