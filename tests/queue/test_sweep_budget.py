@@ -61,3 +61,20 @@ def test_trials_too_short_to_compare_are_refused_unless_forced_then_marked_and_n
             sweeps = app.query_one("#sweeps-table", DataTable)
             assert str(sweeps.get_row_at(0)[3]) == f"{res['best']['run']} (too short)"
     run(go())
+
+
+def test_queue_add_refuses_a_budget_train_would_refuse_unless_yes(tmp_path):
+    """`queue add` says now what `train` would say when the runner starts it hours later: a 1 s budget of cpu-small
+    cannot buy a complete run (one line, exit 2, nothing queued); --yes queues it, and its train gets --yes."""
+    root = tmp_path / "runs"
+    args = ["queue", "add", "cpu-small", "--time-budget", "1s", "--name", "tiny", "--runs-dir", str(root),
+            "--set", *SHORT]
+    cp = wb(*args)
+    err = cp.stderr.strip().splitlines()
+    assert cp.returncode == 2 and len(err) == 1 and err[0].startswith("workbench: error: a 1s budget ") \
+        and err[0].endswith("(queue it anyway with --yes)"), cp.stdout + cp.stderr
+    assert not (root / "queue.db").exists() or json.loads(
+        wb("queue", "ls", "--json", "--runs-dir", str(root), check=True).stdout)["runs"] == []
+    wb(*args, "--yes", check=True)
+    runs = json.loads(wb("queue", "ls", "--json", "--runs-dir", str(root), check=True).stdout)["runs"]
+    assert [r["name"] for r in runs] == ["tiny"]

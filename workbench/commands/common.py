@@ -6,9 +6,12 @@ import argparse
 import sys
 from typing import IO
 
+from workbench.config import resolve_preset
 from workbench.config.duration import DurationError, budget_seconds
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
+from workbench.machine.detect import Machine, detect
+from workbench.plan.estimate import estimate_settings
 from workbench.plan.sampling import Sampling
 
 RUN_HELP = "run id or run directory"
@@ -114,3 +117,18 @@ class TerminalProgress:
         if self.tty and self.last is not None:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def calibrated(info: dict, preset: str) -> dict:
+    """``detect()``'s view of this machine with its matmul rate for ``preset``'s device and precision measured
+    and remembered when none was (a new machine): a time budget queued (`queue add`, a sweep's trials) is then
+    planned at the speed `train`'s first line and the trainer use, and refused now for what they would refuse."""
+    try:
+        s = estimate_settings(resolve_preset(preset), Machine.from_info(info))
+    except WorkbenchError:
+        return info  # (the trials' own admission says what is wrong with the preset)
+    if s.peak_flops:
+        return info
+    from workbench.machine.probe import measured_peak  # imports torch: only on a machine never measured
+    measured_peak(s.device, s.precision)
+    return detect()

@@ -13,6 +13,7 @@ from workbench.commands.common import (
     add_init_from_option,
     add_json_option,
     add_set_option,
+    calibrated,
     time_budget_sets,
 )
 from workbench.machine.detect import Machine, detect
@@ -72,13 +73,15 @@ def _position(text: str) -> int:
 
 def cmd_add(args) -> int:
     time_budget_sets(args.time_budget)  # a bad one is the flag's (checked before anything is estimated)
-    info = detect()
+    info = calibrated(detect(), args.preset) if args.time_budget else detect()
     new = NewItem(args.preset, tuple(args.overrides), tuple(args.corpus or ()), args.time_budget, args.init_from,
                   args.yes, args.name)
     adm = admit(args.runs_dir, new, Machine.from_info(info), info)
     if adm.refused:
         raise QueueError(f"{args.preset} {adm.refused}; queue it anyway with --yes, or `workbench fit` a preset "
                          "that fits")
+    if adm.check.budget_problem and not args.yes:  # what `train` would refuse when the runner starts it
+        raise QueueError(f"{adm.check.budget_problem} (queue it anyway with --yes)")
     store = QueueStore(args.runs_dir)
     item = store.add(adm.item)
     queued = store.items(("queued",))

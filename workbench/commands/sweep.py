@@ -7,8 +7,13 @@ import dataclasses
 import json
 from pathlib import Path
 
-from workbench.commands.common import add_corpus_option, add_json_option, add_set_option, time_budget_sets
-from workbench.errors import WorkbenchError
+from workbench.commands.common import (
+    add_corpus_option,
+    add_json_option,
+    add_set_option,
+    calibrated,
+    time_budget_sets,
+)
 from workbench.machine.detect import Machine, detect
 from workbench.machine.gpus import find_gpu
 from workbench.plan.compare import machine_with
@@ -124,23 +129,6 @@ def run(args) -> int:
     runner = "" if runner_pid(root) else "; `workbench queue run` runs them"
     print(f"{len(queued)} trial(s) queued{more}{runner}; `workbench sweep show {spec.name}` ranks them")
     return 0
-
-
-def calibrated(info: dict, preset: str) -> dict:
-    """``detect()``'s view of this machine with its matmul rate for ``preset``'s device and precision measured
-    and remembered when none was (a new machine): the trials' budgets are then planned at the speed `train`'s
-    first line and the trainer use."""
-    from workbench.config import resolve_preset
-    from workbench.plan.estimate import estimate_settings
-    try:
-        s = estimate_settings(resolve_preset(preset), Machine.from_info(info))
-    except WorkbenchError:
-        return info  # (the trials' own admission says what is wrong with the preset)
-    if s.peak_flops:
-        return info
-    from workbench.machine.probe import measured_peak  # imports torch: only on a machine never measured
-    measured_peak(s.device, s.precision)
-    return detect()
 
 
 def _spec(args):
