@@ -61,7 +61,6 @@ WRITES = {
     ("RunsPane", "delete"): "deletes a run or a checkpoint",
     ("MonitorPane", "stop"): "the run stopped (its last checkpoint, status)",
     ("MonitorPane", "resume"): "the run resumed",
-    ("SamplePane", "generate"): "samples.jsonl",
     ("SamplePane", "prefer('a')"): "preferences.jsonl (A chosen)",
     ("SamplePane", "prefer('b')"): "preferences.jsonl (B chosen)",
     ("SamplePane", "rate(True)"): "preferences.jsonl (a good label)",
@@ -70,10 +69,10 @@ WRITES = {
 }
 
 # What puts a test function on a class's pane or screen, besides the class's own name: the tab's key, its ids.
-PANE_TAB = {"HardwarePane": ("1", "hardware"), "PresetsPane": ("2", "presets"), "MonitorPane": ("3", "monitor"),
+PANE_TAB = {"HardwarePane": ("1", "hardware"), "PresetsPane": ("2", "presets"), "MonitorPane": ("3", "train"),
             "CurvesPane": ("4", "curves"), "SamplePane": ("5", "sample"), "RunsPane": ("6", "runs"),
             "QueuePane": ("7", "queue")}
-HELPERS = {"PresetsPane": ("open_preset",), "SamplePane": ("open_sample_on",), "NewRunScreen": ("new_run",),
+HELPERS = {"NewRunScreen": ("new_run",),
            "RunJobsScreen": ("RunJobs",), "ImportModelScreen": ("ImportModel",)}
 
 
@@ -305,39 +304,68 @@ def bindings() -> list[dict]:
     return out
 
 
-def presses(files: list[TestFile]) -> list[tuple[str, set[str], set[str]]]:
-    """(test, keys it presses, words that place it: names, attributes and strings) for each test function."""
+TAB_KEYS = {digit: name for digit, name in PANE_TAB.values()}
+TAB_HELPERS = {"open_preset": "presets", "open_sample_on": "sample"}
+
+
+def presses(files: list[TestFile]) -> list[tuple[str, list[tuple[str, str | None]], set[str]]]:
+    """For each test function: the keys it presses, each with the tab shown then (the last tab key pressed, tab
+    helper called or ``action_show_tab`` before it, else the app's ``initial_tab``; None when the function never
+    says), and the words that place it on a screen (names, attributes, strings)."""
     out = []
     for tf in files:
         if not tf.rel.startswith("tests/tui/"):
             continue
         for fn in (n for n in ast.walk(tf.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                    and n.name.startswith("test")):
-            keys, words = set(), set()
+            events: list[tuple[tuple[int, int], str, str]] = []   # (where, "press" | "tab", value)
+            words: set[str] = set()
             for n in ast.walk(fn):
-                if isinstance(n, ast.Call) and callee(n) == "press":
-                    for a in n.args:
-                        if isinstance(a, ast.Constant) and isinstance(a.value, str):
-                            keys.add(a.value)
-                        elif isinstance(a, ast.Starred) and isinstance(a.value, ast.Constant):
-                            keys |= set(a.value.value)
+                if isinstance(n, ast.Call):
+                    where = (n.lineno, n.col_offset)
+                    c = callee(n)
+                    if c == "press":
+                        for a in n.args:
+                            ks = [a.value] if isinstance(a, ast.Constant) and isinstance(a.value, str) else \
+                                list(a.value.value) if isinstance(a, ast.Starred) \
+                                and isinstance(a.value, ast.Constant) \
+                                else []
+                            for k in ks:
+                                events.append((where, "press", k))
+                                if k in TAB_KEYS:
+                                    events.append(((where[0], where[1] + 1), "tab", TAB_KEYS[k]))
+                    elif c in TAB_HELPERS:
+                        events.append((where, "tab", TAB_HELPERS[c]))
+                    elif c in ("action_show_tab", "show_tab") and n.args and isinstance(n.args[0], ast.Constant):
+                        events.append((where, "tab", n.args[0].value))
+                    for kw in n.keywords:
+                        if kw.arg == "initial_tab" and isinstance(kw.value, ast.Constant):
+                            events.append(((0, 0), "tab", kw.value.value))
                 elif isinstance(n, ast.Name):
                     words.add(n.id)
                 elif isinstance(n, ast.Attribute):
                     words.add(n.attr)
             words |= set(strings(fn))
+            tab, keys = None, []
+            for _, kind, value in sorted(events):
+                if kind == "tab":
+                    tab = value
+                else:
+                    keys.append((value, tab))
             if keys:
                 out.append((f"{tf.rel}::{fn.name}", keys, words))
     return out
 
 
-def on_class(cls: str, keys: set[str], words: set[str]) -> bool:
-    if cls in words or any(h in w for h in HELPERS.get(cls, ()) for w in words):
-        return True
+def on_class(cls: str, key: str, tab: str | None, words: set[str]) -> bool:
+    """Whether pressing ``key`` with ``tab`` shown reaches ``cls``: a pane when its tab is shown (or, in a test
+    that never names a tab, when the test names the pane); a screen when the test names it."""
     if cls in PANE_TAB:
-        digit, name = PANE_TAB[cls]
-        return digit in keys or name in words or f"{name}_pane" in words or any(f"{name}-pane" in w for w in words)
-    return False
+        name = PANE_TAB[cls][1]
+        if tab is not None:
+            return tab == name
+        return cls in words or f"{name}_pane" in words or any(f"{name}-pane" in w for w in words)
+    return cls in words or any(h in w for h in HELPERS.get(cls, ()) for w in words)
 
 
 def audit_bindings(files: list[TestFile]) -> list[dict]:
@@ -347,7 +375,8 @@ def audit_bindings(files: list[TestFile]) -> list[dict]:
         what = WRITES.get((b["class"], b["action"]))
         if what is None:
             continue
-        hits = sorted(t for t, keys, words in tests if set(b["keys"]) & keys and on_class(b["class"], keys, words))
+        hits = sorted({t for t, keys, words in tests for k, tab in keys
+                       if k in b["keys"] and on_class(b["class"], k, tab, words)})
         rows.append({"class": b["class"], "key": ",".join(b["keys"]), "action": b["action"], "writes": what,
                      "pressed": bool(hits), "where": hits})
     return rows
