@@ -375,6 +375,28 @@ class WorkbenchApp(RunOperations, App[int]):
 
         self.push_screen(form, done)
 
+    def on_presets_pane_sweep_requested(self, msg: PresetsPane.SweepRequested) -> None:
+        self.open_sweep_form(msg.preset)
+
+    def on_queue_pane_sweep_requested(self, msg: QueuePane.SweepRequested) -> None:
+        presets = self.presets_pane   # the preset chosen there, as the Queue tab's `a` takes it
+        if presets.current and not presets.saved_or_say("sweep"):
+            return
+        self.open_sweep_form(presets.current or (self.recommended[0] if self.recommended else None))
+
+    def open_sweep_form(self, preset: str | None) -> None:
+        """The sweep form; once it has queued the sweep (`workbench sweep`), the Queue tab shows it."""
+        from workbench.tui.screens.sweep_form import SweepFormScreen, SweepQueued  # lazily, as the new-run form
+
+        def done(queued: SweepQueued | None) -> None:
+            if queued is None or self._panes_gone():
+                return
+            self.notify(f"Sweep {queued.name}: {queued.said}", timeout=max(10, self.NOTIFICATION_TIMEOUT))
+            self.queue_pane.choose_sweep(queued.name)
+            self.action_show_tab("queue")
+
+        self.push_screen(SweepFormScreen(preset, self.runs_dir, self.machine_now()), done)
+
     def action_train_recommended(self) -> None:
         if not self.recommended:
             self.notify("Still reading the hardware…", severity="warning")

@@ -2,7 +2,8 @@
 (ctrl+g, in place of the editor) the preset on other GPUs: ``workbench estimate PRESET --compare``.
 
 The pane saves presets itself (atomically; a shipped preset as a user copy); "train with it" asks
-the app to open the new-run form, "add to queue" (ctrl+l) to queue a run of it, as saved."""
+the app to open the new-run form, "add to queue" (ctrl+l) to queue a run of it, as saved, and ctrl+f the sweep
+form on it."""
 
 from __future__ import annotations
 
@@ -115,6 +116,7 @@ class PresetsPane(Horizontal, Pane):
         Binding("ctrl+r", "revert", "Revert", show=False),
         Binding("ctrl+g", "toggle_gpus", "Other GPUs"),
         Binding("ctrl+l", "queue", "Queue"),   # (the new-run form's "Add to queue" key too)
+        Binding("ctrl+f", "sweep", "Sweep"),   # (the editor keeps ctrl+w, ctrl+e... for itself)
     ]
 
     @dataclass
@@ -125,6 +127,11 @@ class PresetsPane(Horizontal, Pane):
     @dataclass
     class QueueRequested(Message):
         """Queue a run of this preset (``workbench queue add PRESET``; the Queue tab's ``a`` asks the same)."""
+        preset: str
+
+    @dataclass
+    class SweepRequested(Message):
+        """Open the sweep form on this preset (``workbench sweep PRESET --set-grid ...``; the Queue tab's ``s``)."""
         preset: str
 
     @dataclass
@@ -330,6 +337,11 @@ class PresetsPane(Horizontal, Pane):
         """Queue a run of the preset shown, as saved (``workbench queue add``, as the Queue tab's ``a``)."""
         if self.current and self.saved_or_say("queue"):
             self.post_message(self.QueueRequested(self.current))
+
+    def action_sweep(self) -> None:
+        """Open the sweep form on the preset shown, as saved (its trials are runs of the file on disk)."""
+        if self.current and self.saved_or_say("sweep"):
+            self.post_message(self.SweepRequested(self.current))
 
     def saved_or_say(self, verb: str) -> bool:
         """Whether the preset shown is what its file holds, so a run of it (``verb``: "train with", "queue")

@@ -2,7 +2,8 @@
 one, why), the sweeps (trials ended, the best trial and its settings) and the chosen sweep's results (its
 trials sorted by its metric, the searched keys as columns), read from ``runs/queue.db`` read-only in a worker
 every few seconds. It changes nothing itself: adding, pausing, removing, moving and starting the runner are
-``workbench queue ...`` commands, saving the best trial as a preset ``workbench sweep save-best``, all run by
+``workbench queue ...`` commands, saving the best trial as a preset ``workbench sweep save-best``, a new sweep
+(``s``: the sweep form) ``workbench sweep PRESET --set-grid ...``, all run by
 the app (the runner lives on when the TUI quits); ``c`` asks the Loss curves pane for the best trials' curves
 (the top 5, 10 or all of them: ``t`` chooses)."""
 
@@ -92,6 +93,7 @@ class QueuePane(Vertical, Pane):
     MAIN_WIDGET = "#queue-table"
     BINDINGS = [
         Binding("a", "add", "Add preset"),
+        Binding("s", "sweep", "New sweep"),
         Binding("p", "pause", "Pause/resume"),
         Binding("r", "run", "Run queue"),
         Binding("shift+up", "move(-1)", "Up", show=False),
@@ -106,6 +108,10 @@ class QueuePane(Vertical, Pane):
     @dataclass
     class AddRequested(Message):
         """Queue a run of the preset chosen in the Presets pane (``workbench queue add``)."""
+
+    @dataclass
+    class SweepRequested(Message):
+        """Open the sweep form on the preset chosen in the Presets pane (``workbench sweep PRESET ...``)."""
 
     @dataclass
     class CommandRequested(Message):
@@ -135,6 +141,7 @@ class QueuePane(Vertical, Pane):
         self.interval = interval
         self.view = QueueView([], [], False, None)
         self.top_n: int | None = TOP_CHOICES[0]   # how many of the best trials `c` draws (None: all)
+        self._choose: str | None = None   # a sweep to move the sweeps table's cursor to once it is listed
 
     def compose(self) -> ComposeResult:
         yield Static("", id="queue-status")
@@ -181,10 +188,12 @@ class QueuePane(Vertical, Pane):
         status = Text.assemble((f"{queued} queued", "bold"), "  ", ("paused  " if view.paused else "", "bold yellow"),
                                (runner, "green" if view.runner else "yellow"))
         if not view.rows:
-            status.append("   a: queue the preset chosen in Presets")
+            status.append("   a: queue the preset chosen in Presets; s: a sweep of it")
         self.query_one("#queue-status", Static).update(status)
         s = self.query_one("#sweeps-table", DataTable)
         chosen = self.sweep_chosen()
+        if self._choose and any(sw[0] == self._choose for sw in view.sweeps):
+            chosen, self._choose = self._choose, None
         s.clear()
         for name, spec, results in view.sweeps:
             top = best(results)
@@ -271,6 +280,14 @@ class QueuePane(Vertical, Pane):
 
     def action_add(self) -> None:
         self.post_message(self.AddRequested())
+
+    def action_sweep(self) -> None:
+        self.post_message(self.SweepRequested())
+
+    def choose_sweep(self, name: str) -> None:
+        """Show sweep ``name`` (just queued) in the results table once it is read."""
+        self._choose = name
+        self.refresh_queue()
 
     def action_pause(self) -> None:
         if self.view.paused:
