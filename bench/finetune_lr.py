@@ -1,0 +1,126 @@
+"""The fine-tuning learning rate: chat-tune ONE pretrained cpu-small checkpoint with `--init-from` at several rates,
+full fine-tune and LoRA, the same steps, data and seed for each, and score each on held-out conversations.
+
+    python bench/finetune_lr.py [--out DIR]          # ~30 minutes on a busy 2-core CPU
+    python bench/finetune_lr.py --quick              # fewer steps, rates and held-out conversations
+
+Everything but the rates is bench/chat_sft.py's (imported, not copied): its pretraining of cpu-small on the
+built-in corpus (model.seq_len 128; never sees the chat template), its 2,000 generated training conversations
+(tests/support/chat.py, seed 0) and held-out ones (seed 1), its real CLI in a subprocess (`chat_sft.train`) and its
+greedy exact match (`chat_sft.score`).
+
+What "the rate" is: a fine-tune trains with AdamW even where the preset says Muon (workbench/plan/finetune.py:
+Muon's fixed-size updates at muon_lr would overwrite pretrained weights; LoRA's adapters are not whole matrices), so
+each run's one rate is AdamW's `train.lr`, over every trained weight; `train.min_lr` is scaled with it (the preset's
+ratio, cpu-small's 1e-4 / 3e-3), so every run has the preset's wsd shape (stable, then linear over the last 40 %) and
+only the scale differs. Full and LoRA both keep the preset's wsd (what `train --init-from` gives them); LoRA at the
+preset's rank 8, alpha 16.
+
+Per run it reports the held-out exact match of the last checkpoint (overall and by kind) and the final val loss
+(the loss on the held-out answers' tokens of the training corpus's val split), then a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import chat_sft  # noqa: E402
+
+from tests.support.chat import conversations, write_jsonl  # noqa: E402
+
+FULL = (3e-3, 1e-3, 3e-4, 1e-4, 3e-5)
+LORA = (3e-3, 1e-3, 3e-4)
+
+
+def preset_rates() -> tuple[float, float]:
+    """cpu-small's own (lr, min_lr): the from-scratch rate a fine-tune took until now, and its decay's floor."""
+    from workbench.config import resolve_preset
+    t = resolve_preset("cpu-small", []).train
+    return t.lr, t.min_lr
+
+
+def pretrain(out: Path, steps: int) -> float:
+    """chat_sft's pretraining step (its run named "pre", the sets its main() gives it), kept in --out."""
+    return chat_sft.train(out, "pre", "builtin", [*chat_sft.COMMON, f"train.max_iters={steps}", "train.log_interval=50",
+                                         f"train.warmup_iters={min(40, steps // 4)}", f"train.eval_interval={steps}"])
+
+
+def fine_tune(out: Path, name: str, corpus: str, method: str, lr: float, min_ratio: float, steps: int,
+              held: list[dict]) -> dict:
+    """One chat fine-tune of the pretrained run at ``lr`` (min_lr at the preset's ratio), scored at its end."""
+    sets = [*chat_sft.COMMON, f"train.finetune={method}", f"train.lr={lr:g}", f"train.min_lr={lr * min_ratio:.3g}",
+            f"train.max_iters={steps}", f"train.warmup_iters={max(1, steps // 10)}", f"train.eval_interval={steps}",
+            f"train.ckpt_interval={steps}", "train.log_interval=50"]
+    wall = chat_sft.train(out, name, corpus, sets, init_from="pre")
+    from workbench.config import load_preset_file
+    run_dir = out / "runs" / name
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in recs if r.get("kind") == "eval"]
+    return dict(method=method, lr=lr, wall=wall, val0=evals[0]["val_loss"], val=evals[-1]["val_loss"],
+                optimizer=load_preset_file(run_dir / "preset.toml").train.optimizer,
+                scores=chat_sft.score(run_dir, "latest", held))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps, rates and held-out conversations")
+    ap.add_argument("--pretrain", type=int, default=None, help="pretraining steps (default 300; quick 100)")
+    ap.add_argument("--steps", type=int, default=None, help="fine-tuning steps, every run (default 200; quick 60)")
+    ap.add_argument("--held", type=int, default=None, help="held-out conversations (default 100; quick 40)")
+    ap.add_argument("--full", default=None, help="full fine-tune rates, comma-separated (default "
+                                                 + ",".join(f"{x:g}" for x in FULL) + ")")
+    ap.add_argument("--lora", default=None, help="LoRA rates (default " + ",".join(f"{x:g}" for x in LORA) + ")")
+    ap.add_argument("--out", type=Path, default=None, help="runs and cache here (default: a new temp dir); runs "
+                                                           "finished in it are kept")
+    a = ap.parse_args()
+    pre_steps = a.pretrain or (100 if a.quick else 300)
+    steps = a.steps or (60 if a.quick else 200)
+    n_held = a.held or (40 if a.quick else 100)
+    full = [float(x) for x in a.full.split(",")] if a.full else list(FULL[::2] if a.quick else FULL)
+    lora = [float(x) for x in a.lora.split(",")] if a.lora else list(LORA[::2] if a.quick else LORA)
+    out = (a.out or Path(tempfile.mkdtemp(prefix="wb-ft-lr-"))).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    corpus = str(write_jsonl(out / "train.jsonl", conversations(2000, seed=0)))
+    held = conversations(n_held, seed=1)
+    preset_lr, preset_min = preset_rates()
+    ratio = preset_min / preset_lr
+    print(f"finetune_lr in {out}: pretrain {pre_steps} steps, fine-tunes {steps} steps, {n_held} held out; "
+          f"full at {', '.join(f'{x:g}' for x in full)}; LoRA at {', '.join(f'{x:g}' for x in lora)}; "
+          f"min_lr = lr x {ratio:.3g} (cpu-small's {preset_min:g} / {preset_lr:g})", flush=True)
+    pre_s = pretrain(out, pre_steps)
+    before = chat_sft.score(out / "runs" / "pre", "latest", held)
+    results = []
+    for method, rates in (("full", full), ("lora", lora)):
+        for lr in rates:
+            r = fine_tune(out, f"{method}-{lr:g}", corpus, method, lr, ratio, steps, held)
+            print(f"  {method} lr {lr:g} ({r['optimizer']}): exact match {r['scores']['all']:.1f} %, "
+                  f"val loss {r['val0']:.3f} -> {r['val']:.3f}", flush=True)
+            results.append(r)
+    print(f"\npretrained cpu-small ({pre_steps} steps of builtin, {pre_s:.0f} s): exact match {before['all']:.1f} % "
+          f"on {n_held} held-out conversations; each fine-tune {steps} steps (warmup {max(1, steps // 10)}, wsd), "
+          "AdamW, the same seed, batch 8 packed rows of 128\n")
+    print("| method | lr (min_lr) | held-out exact match | reverse / sort / colour | val loss (step 0 -> end) | wall |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        s = r["scores"]
+        print(f"| {'full' if r['method'] == 'full' else 'LoRA r8'} | {r['lr']:g} ({r['lr'] * ratio:.2g}) | "
+              f"{s['all']:.1f} % | {s['reverse']:.0f} / {s['sort']:.0f} / {s['colour']:.0f} % | "
+              f"{r['val0']:.3f} -> {r['val']:.3f} | {r['wall']:.0f} s |")
+    print(f"\ntotal {time.time() - t_start:.0f} s; commands:")
+    for c in chat_sft.COMMANDS:
+        print("  " + c)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
