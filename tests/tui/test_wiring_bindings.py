@@ -32,7 +32,9 @@ def test_the_new_run_forms_ctrl_l_queues_the_run_with_the_forms_settings(runs_di
             app.screen.query_one("#nr-name", Input).value = "formq"
             app.screen.query_one("#nr-overrides", Input).value = "model.dim=64 model.n_layers=2 train.max_iters=40"
             await pilot.press("ctrl+l")
-            await wait_for(pilot, lambda: "formq" in queued(runs_dir), timeout=60, what="formq queued")
+            await wait_for(pilot, lambda: "formq" in queued(runs_dir), timeout=60,
+                           what=lambda: f"formq queued (screen {app.screen.__class__.__name__}, "
+                                        f"{[n.message for n in app._notifications]})")
             store = QueueStore(runs_dir)
             item = store.find("formq")
             store.close()
