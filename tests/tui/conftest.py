@@ -1,13 +1,24 @@
-"""Fixtures for the TUI tests: canned run directories (the app factory and waits: tests.support.tui)."""
+"""Fixtures for the TUI tests: canned run directories, and one real tiny run for the panes that run the real
+subprocesses (the app factory and waits: tests.support.tui)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 
 import psutil
 import pytest
 
 from tests.support.canned_runs import make_runs
+from tests.support.cli import wb
+
+# The real run of the Sample pane's and the Runs pane's eval/export tests (test_sample_real, test_eval_export_real):
+# ~20 steps of a tiny model on the built-in corpus, checkpoints at 10 and 20, the trainer's samples of "import".
+REAL_RUN = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.seq_len=32",
+            "model.vocab_size=512", "train.batch_size=4", "train.warmup_iters=2", "train.eval_iters=2",
+            "train.max_iters=20", "train.eval_interval=10", "train.ckpt_interval=10", "data.builtin_mb=0.3",
+            "data.tokenizer_sample_mb=0.3", "train.sample_prompt=import", "train.sample_tokens=8",
+            "hardware.compile=false"]
 
 
 @pytest.fixture
@@ -23,3 +34,19 @@ def live_runs_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
     me = psutil.Process(os.getpid())
     return make_runs(tmp_path / "runs", live_pid=me.pid, live_pid_start=me.create_time())
+
+
+@pytest.fixture(scope="session")
+def real_run_once(tmp_path_factory):
+    """``t``, trained once for the session (each module trained its own, the same run: issue 54's CI time)."""
+    root = tmp_path_factory.mktemp("real-run") / "runs"
+    wb("train", "cpu-small", "--name", "t", "--runs-dir", str(root), "--set", *REAL_RUN, check=True)
+    assert (root / "t" / "checkpoints" / "step_0000010" / "meta.json").is_file()
+    return root
+
+
+@pytest.fixture
+def real_runs(real_run_once, tmp_path):
+    """A runs directory of this test's own holding a copy of ``t`` (a finished real run, checkpoints at steps 10 and
+    20): the tests write into it (task scores, exports beside it, samples)."""
+    return shutil.copytree(real_run_once, tmp_path / "runs")

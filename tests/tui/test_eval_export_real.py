@@ -1,6 +1,7 @@
 """Evaluate and export from the Runs pane on a REAL tiny run: the dialogs run `workbench eval` / `workbench export`
 (real subprocesses, torch in them) as the CLI runs them, show their progress and result, and refuse bad input in
-one line with nothing written (issue 43: eval and export were CLI-only)."""
+one line with nothing written (issue 43: eval and export were CLI-only). The real run is trained once for the
+session and copied for each test (``real_runs``, tests/tui/conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,19 +15,6 @@ from tests.support.runs import read_jsonl, tree
 from tests.support.tui import make_app, run, text_of, wait_for
 
 pytestmark = pytest.mark.slow
-
-TINY_RUN = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.seq_len=32",
-            "model.vocab_size=512", "train.batch_size=4", "train.warmup_iters=2", "train.eval_iters=2",
-            "train.max_iters=20", "train.eval_interval=10", "train.ckpt_interval=10", "data.builtin_mb=0.3",
-            "data.tokenizer_sample_mb=0.3", "hardware.compile=false"]
-
-
-@pytest.fixture(scope="module")
-def real_runs(tmp_path_factory):
-    """A runs directory holding ``t``: a finished real run with checkpoints at steps 10 and 20."""
-    root = tmp_path_factory.mktemp("jobs") / "runs"
-    wb("train", "cpu-small", "--name", "t", "--runs-dir", str(root), "--set", *TINY_RUN, check=True)
-    return root
 
 
 def _note(app) -> str:

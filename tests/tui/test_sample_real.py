@@ -1,8 +1,8 @@
 """The Sample pane on a REAL tiny run: the real `workbench sample` subprocesses (torch, in
 their own processes) stream text from two checkpoints side by side into the pane.
 
-The run is trained once for this module (about 20 steps of a tiny model on the built-in
-corpus; the tokenizer and corpus come from the session's shared cache).
+The run is trained once for the session and copied for each test (``real_runs``, tests/tui/conftest.py: about 20
+steps of a tiny model on the built-in corpus; the tokenizer and corpus come from the session's shared cache).
 """
 
 from __future__ import annotations
@@ -14,20 +14,6 @@ from tests.support.cli import wb
 from tests.support.tui import make_app, open_sample_on, run, text_of, wait_for
 
 pytestmark = pytest.mark.slow
-
-TINY_RUN = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.seq_len=32",
-            "model.vocab_size=512", "train.batch_size=4", "train.warmup_iters=2", "train.eval_iters=2",
-            "train.max_iters=20", "train.eval_interval=10", "train.ckpt_interval=10", "data.builtin_mb=0.3",
-            "data.tokenizer_sample_mb=0.3", "train.sample_prompt=import", "train.sample_tokens=8"]
-
-
-@pytest.fixture(scope="module")
-def real_runs(tmp_path_factory):
-    """A runs directory holding ``t``: a finished real run with checkpoints at steps 10 and 20."""
-    root = tmp_path_factory.mktemp("real-runs")
-    wb("train", "cpu-small", "--name", "t", "--runs-dir", str(root), "--set", *TINY_RUN, check=True)
-    assert (root / "t" / "checkpoints" / "step_0000010" / "meta.json").is_file()
-    return root
 
 
 def test_sample_pane_streams_real_text_from_two_checkpoints(real_runs, tmp_path, monkeypatch):
