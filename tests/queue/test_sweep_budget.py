@@ -78,3 +78,33 @@ def test_queue_add_refuses_a_budget_train_would_refuse_unless_yes(tmp_path):
     wb(*args, "--yes", check=True)
     runs = json.loads(wb("queue", "ls", "--json", "--runs-dir", str(root), check=True).stdout)["runs"]
     assert [r["name"] for r in runs] == ["tiny"]
+
+
+@pytest.mark.slow
+def test_every_trial_is_reported_at_each_rung_with_its_eval_at_that_share_of_its_budget(tmp_path):
+    """The pruner compares trials at the same share of their budgets: each rung's value is the trial's eval at or
+    before that share (the eval records' budget_share), whenever the runner happened to look, and a trial that
+    ended between two looks still has every rung it passed (issue 54's audit: it was the last eval when polled, and
+    a rung passed between looks was lost). A budget plans three evals on the way at 25/50/75 %, the rungs."""
+    import optuna
+
+    from tests.support.cli import TINY
+    from tests.support.runs import read_jsonl
+    root = tmp_path / "runs"
+    wb("sweep", "cpu-small", "--set-grid", "train.lr=1e-3,3e-3,1e-2", "--time-budget", "3s", "--pruner", "median",
+       "--name", "rungs", "--runs-dir", str(root), "--set", *TINY, "train.min_lr=1e-7", check=True)
+    wb("queue", "run", "--runs-dir", str(root), timeout=300, check=True)
+    study = optuna.load_study(study_name="rungs", storage=f"sqlite:///{root / 'optuna.db'}")
+    res = json.loads(wb("sweep", "show", "rungs", "--json", "--runs-dir", str(root), check=True).stdout)
+    for t, row in zip(study.trials, res["trials"]):
+        evs = [r for r in read_jsonl(root / row["run"] / "metrics.jsonl") if r["kind"] == "eval"]
+        assert all("budget_share" in e for e in evs) and evs[0]["budget_share"] == 0.0, evs
+        shares = [e["budget_share"] for e in evs]
+        assert shares == sorted(shares) and shares[-1] <= 1.0
+        for rung, value in t.intermediate_values.items():
+            at = [e for e in evs if e["step"] > 0 and e["budget_share"] <= rung / 100 + 1e-9]
+            assert value == pytest.approx(at[-1]["val_loss"], abs=1e-6), (row["run"], rung, value, shares)
+        if row["state"] == "finished":   # every rung it passed, however the runner's looks fell
+            passed = {round(s * 100) for s in (0.25, 0.5, 0.75)
+                      if any(e["step"] > 0 and e["budget_share"] <= s for e in evs)}
+            assert set(t.intermediate_values) == passed and passed, (row["run"], shares)

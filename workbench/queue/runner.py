@@ -167,6 +167,8 @@ class Runner:
                 time.sleep(self.poll)
                 continue
             load.sample(st.pid, last=True)
+            if pruner is not None and st.state in ("finished", "early_stopped", "stopped"):
+                pruner.report_rungs(run_dir, st)  # the rungs it passed since the last look, each at its own eval
             if st.state in ("finished", "early_stopped"):
                 note = f"early stopped at step {st.step:,}" if st.state == "early_stopped" else None
                 if stop_asked:  # the pruner's stop came as the run was ending: what it reached stands

@@ -33,10 +33,10 @@ from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.queue.admit import admit_fitted
 from workbench.queue.launch import train_args
-from workbench.queue.outcome import Metric, beside_note, eval_curve, final_metric, short_note, unspent_seconds
+from workbench.queue.outcome import Metric, beside_note, final_metric, short_note, unspent_seconds
 from workbench.queue.spec import Param, SweepSpec, point_sets
 from workbench.queue.store import ENDED, Item, NewItem, QueueError, QueueStore, Trial, trial_name
-from workbench.rundir import RunStatus
+from workbench.rundir import EvalRecord, RunStatus, current_timeline, read_metrics
 
 OPTUNA_FILE = "optuna.db"
 
@@ -300,23 +300,39 @@ class Pruning:
             return st.budget_spent_s / st.budget_s
         return st.step / st.max_iters if st.max_iters else None
 
-    def should_prune(self, run_dir: Path, st: RunStatus) -> bool:
+    def report_rungs(self, run_dir: Path, st: RunStatus) -> tuple[float, int, float] | None:
+        """Report to Optuna every rung the trial has passed and not reported yet, each with the eval at or before
+        that share of its budget (of its steps), so trials are compared at the same share whenever the runner
+        looked; (the last rung, its eval's step, its value) when one was reported now, else None. Also called as
+        a trial ends, so a rung passed between two looks is not lost."""
         share = self.share(st)
         due = [s for s in self.spec.prune_shares if share is not None and s <= share and s not in self.reported]
         if not due:
-            return False
-        curve = eval_curve(run_dir, self.spec.metric.name)
-        if not curve:
-            return False
-        step, value = curve[-1]
+            return None
+        evals = [r for r in current_timeline(read_metrics(Path(run_dir) / rundir.METRICS_FILE))
+                 if isinstance(r, EvalRecord) and getattr(r, self.spec.metric.name) is not None and r.step > 0]
+        last = None
         for s in due:
+            at = [r for r in evals if (r.budget_share if r.budget_share is not None else
+                                       r.step / st.max_iters if st.max_iters else 0.0) <= s + 1e-9]
+            if not at:  # (no eval past step 0 by this rung: every trial's loss there is the same)
+                continue
+            value = float(getattr(at[-1], self.spec.metric.name))
             self.trial.report(value, round(s * 100))
             self.reported.add(s)
+            last = (s, at[-1].step, value)
+        return last
+
+    def should_prune(self, run_dir: Path, st: RunStatus) -> bool:
+        reported = self.report_rungs(run_dir, st)
+        if reported is None:
+            return False
+        share, step, value = reported
         # (asked during halving's startup too: it records the trial's value at each rung it reaches)
         if self.trial.should_prune() and self._past_startup():
             than = ("worse than the median of the trials before it there" if self.spec.pruner == "median" else
                     f"not in the best 1/{HALVING_FACTOR} of the trials there (successive halving)")
-            self.reason = (f"{self.spec.metric.name} {value:.4f} (step {step:,}) at {due[-1]:.0%} of its budget is "
+            self.reason = (f"{self.spec.metric.name} {value:.4f} (step {step:,}) at {share:.0%} of its budget is "
                            + than)
             return True
         return False

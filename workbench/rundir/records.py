@@ -108,24 +108,29 @@ class EvalRecord:
     elapsed_s: float | None = None
     eval_s: float | None = None
     ckpt_s: float | None = None
+    # a budgeted run: the share of its budget spent when the eval began (what a sweep's pruner compares trials at)
+    budget_share: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         bpb = {"train_bpb": self.train_bpb, "val_bpb": self.val_bpb} if self.val_bpb is not None else {}
         times = {"seconds": self.seconds, **self.time_spent()} if self.seconds is not None else {}
+        share = {"budget_share": self.budget_share} if self.budget_share is not None else {}
         return {"kind": self.kind, "step": self.step, "train_loss": self.train_loss, "val_loss": self.val_loss,
-                "time": self.time, **bpb, **times, **self.extra}
+                "time": self.time, **bpb, **times, **share, **self.extra}
 
     def time_spent(self) -> dict[str, float | None]:
         return {k: getattr(self, k) for k in TIME_KEYS}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalRecord":
-        known = {"kind", "step", "train_loss", "val_loss", "time", "train_bpb", "val_bpb", "seconds", *TIME_KEYS}
+        known = {"kind", "step", "train_loss", "val_loss", "time", "train_bpb", "val_bpb", "seconds", "budget_share",
+                 *TIME_KEYS}
         return cls(step=_int(d.get("step")), train_loss=_num(d.get("train_loss")), val_loss=_num(d.get("val_loss")),
                    time=_num(d.get("time")), train_bpb=_num(d.get("train_bpb")), val_bpb=_num(d.get("val_bpb")),
                    seconds=_num(d.get("seconds")), elapsed_s=_num(d.get("elapsed_s")), eval_s=_num(d.get("eval_s")),
-                   ckpt_s=_num(d.get("ckpt_s")), extra={k: v for k, v in d.items() if k not in known})
+                   ckpt_s=_num(d.get("ckpt_s")), budget_share=_num(d.get("budget_share")),
+                   extra={k: v for k, v in d.items() if k not in known})
 
 
 @dataclass

@@ -358,6 +358,7 @@ class Trainer(TrainerParts):
         """The eval record of this step, with its seconds and the run's time totals (the first eval of a process
         draws the fixed batches every eval scores, and keeps them on the device)."""
         t0 = time.time()
+        share = round(self.budget.spent(t0) / self.budget.seconds, 4) if self.budget is not None else None
         if self.eval_batches is None:
             self.eval_batches = EvalBatches.draw(self.preset, self.data, self.eval_iters, self.token_bytes,
                                                  self.device, self.next_batch)
@@ -366,7 +367,7 @@ class Trainer(TrainerParts):
         for pref in ev.extra.pop("preference", []):  # an eval's preference records, beside its losses
             self.report.record(pref)
         self.state.eval_s += now - t0
-        return dataclasses.replace(ev, seconds=round(now - t0, 3), **self.time_spent())
+        return dataclasses.replace(ev, seconds=round(now - t0, 3), budget_share=share, **self.time_spent())
 
     def time_spent(self) -> dict[str, float]:
         """The run's wall-clock so far and its seconds in evals and in checkpoint saves (rundir.TIME_KEYS)."""
