@@ -96,7 +96,7 @@ def test_a_grid_typed_in_the_form_is_queued_as_workbench_sweep_queues_it(roots):
                            what=lambda: estimate_of(app) + error_of(app))
             shown = estimate_of(app)
             print(shown)
-            assert shown.startswith("4 trial(s) (2 x 2 grid) of cpu-small, 20s each, ranked by val_loss (minimize)")
+            assert shown.startswith("4 trial(s) (grid 2 x 2) of cpu-small, 20s each, ranked by val_loss (minimize)")
             assert re.search(r"each trial: time budget 20s: ~[\d,]+ steps by the estimate, warmup \d+; evals .* at "
                              r"[\d,]+ tokens/s \(", shown), shown
             for k in range(1, 5):
@@ -236,7 +236,7 @@ def test_the_sweep_form_in_tmux_shows_the_estimate_and_the_warning(roots, tmp_pa
         tm.keys("C-f")
         tm.wait_screen(r"New sweep", 30)
         tm.type("train.lr = 1e-3, 3e-3")
-        tm.wait_screen(r"2 trial\(s\) \(2 grid\) of a-tiny, max_iters each", 30)
+        tm.wait_screen(r"2 trial\(s\) \(grid 2\) of a-tiny, max_iters each", 30)
         for _ in range(4):   # method, trials, pruner, budget: one Tab at a time (two together move it once)
             tm.keys("Tab")
             time.sleep(0.5)

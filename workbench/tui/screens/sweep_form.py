@@ -146,7 +146,7 @@ def estimate(spec: SweepSpec, root: Path, info: dict) -> tuple[Text, int]:
     machine = Machine.from_info(info)
     size = math.prod(len(p.values) for p in spec.params)
     shape = " x ".join(str(len(p.values)) for p in spec.params)
-    head = (f"{spec.trials} trial(s) " + (f"({shape} grid)" if spec.method == "grid" else
+    head = (f"{spec.trials} trial(s) " + (f"(grid {shape})" if spec.method == "grid" else
                                          f"drawn by {spec.method} from {size} point(s)")
             + f" of {spec.preset}" + (f", {spec.time_budget} each" if spec.time_budget else ", max_iters each")
             + f", ranked by {spec.metric.name} ({spec.metric.goal})"
