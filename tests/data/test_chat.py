@@ -6,14 +6,13 @@ assistant turn's end-of-turn token trained, ``last_assistant`` training the last
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import re
 from pathlib import Path
 
 import pytest
-import zstandard
 
+from tests.support.files import zst_open
 from workbench.data.chat import (
     BadRecord,
     ChatEncoder,
@@ -51,10 +50,6 @@ def _write(path: Path, rows: list, opener=open) -> Path:
     return path
 
 
-def _zst_open(path, mode, encoding):
-    return io.TextIOWrapper(zstandard.ZstdCompressor().stream_writer(open(path, "wb")), encoding=encoding)
-
-
 def _read(path: Path, **options) -> list[Conversation]:
     return list(ChatReader(ChatOptions(**options)).conversations(expand(str(path))))
 
@@ -83,7 +78,7 @@ SHAPES = {
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("compression", ["", ".gz", ".zst"])
 def test_every_shape_reads_the_same_conversation(tmp_path, shape, compression):
-    opener = {"": open, ".gz": gzip.open, ".zst": _zst_open}[compression]
+    opener = {"": open, ".gz": gzip.open, ".zst": zst_open}[compression]
     path = _write(tmp_path / f"chat.jsonl{compression}", [SHAPES[shape]] * 2, opener)
     convs = _read(path)
     assert [_roles(c) for c in convs] == [WANT, WANT]

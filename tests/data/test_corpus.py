@@ -21,6 +21,7 @@ import pytest
 import zstandard
 
 from tests.support.cli import REPO, wb
+from tests.support.files import tokens_path
 from workbench.config import DataConfig
 from workbench.data.documents import CorpusError, open_corpus
 from workbench.data.tokens import prepare_data
@@ -331,17 +332,13 @@ def _prepare_in_subprocess(corpus: Path, cache: Path, workers: int, env: dict | 
     return out
 
 
-def _tokens_path(out: str) -> Path:
-    return Path(next(ln for ln in out.splitlines() if ln.startswith("TOKENS")).split(" ", 1)[1])
-
-
 @pytest.mark.slow
 def test_parallel_equals_serial_and_a_killed_preparation_resumes_bit_for_bit(tmp_path):
     corpus = tmp_path / "r.jsonl"
     write_jsonl(corpus, make_docs(4000))  # ~1.5 MB: about 24 shards of 64 K characters
-    serial = _tokens_path(_prepare_in_subprocess(corpus, tmp_path / "c1", workers=1)).read_bytes()
+    serial = tokens_path(_prepare_in_subprocess(corpus, tmp_path / "c1", workers=1)).read_bytes()
     parallel_out = _prepare_in_subprocess(corpus, tmp_path / "c2", workers=2)
-    assert _tokens_path(parallel_out).read_bytes() == serial
+    assert tokens_path(parallel_out).read_bytes() == serial
     # kill -9 once 5 shards are on disk, then start again: it continues and ends with the same tokens
     marker = tmp_path / "paused"
     proc = _prepare_in_subprocess(corpus, tmp_path / "c3", workers=2, wait=False, env={
@@ -358,10 +355,10 @@ def test_parallel_equals_serial_and_a_killed_preparation_resumes_bit_for_bit(tmp
     assert len(finished) >= 5 and not list((tmp_path / "c3").rglob("tokens.bin"))
     kept = {str(f): [f.stat().st_ino, f.stat().st_mtime_ns] for s in finished for f in (s, s.with_suffix(".bin"))}
     out = _prepare_in_subprocess(corpus, tmp_path / "c3", workers=2, env={"KEPT_SHARD_FILES": json.dumps(kept)})
-    assert f"continuing after {len(finished)} finished shard(s)" in out and _tokens_path(out).read_bytes() == serial
+    assert f"continuing after {len(finished)} finished shard(s)" in out and tokens_path(out).read_bytes() == serial
     # It encoded only the shards not finished before, and left each finished one as it was (same inode, same
     # modification time) while it encoded the rest.
-    n_shards = len(json.loads((_tokens_path(out).parent / "index.json").read_text())["shards"])
+    n_shards = len(json.loads((tokens_path(out).parent / "index.json").read_text())["shards"])
     encoded = [ln.split()[1:] for ln in out.splitlines() if ln.startswith("ENCODED")]
     assert not {name for line in encoded for name in line[1:]}, f"finished shards rewritten: {encoded}"
     assert [int(line[0]) for line in encoded] == list(range(1, n_shards - len(finished) + 1)), \

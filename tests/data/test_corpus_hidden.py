@@ -9,7 +9,7 @@ import json
 from tests.support.cli import wb
 
 
-def _tree(root):
+def _write_project(root):
     visible = {
         "a.txt": "def visible_one():\n    return 1\n" * 40,
         "sub/b.md": "Visible two: a paragraph of prose.\n" * 40,
@@ -30,7 +30,7 @@ def _tree(root):
 
 def test_hidden_files_and_directories_are_not_read(tmp_path):
     corpus = tmp_path / "project"
-    visible = _tree(corpus)
+    visible = _write_project(corpus)
     cache = {"WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}
     shown = wb("data", "inspect", str(corpus), "-n", "10", env=cache, check=True).stdout
     assert "SECRET" not in shown

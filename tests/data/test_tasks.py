@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import zstandard
 
 from tests.support.cli import wb
+from tests.support.files import zst_open
 from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task
 from workbench.data.documents import Stats, builtin_documents, builtin_pieces
 from workbench.data.listing import builtin_source
@@ -28,11 +28,6 @@ def _write(path: Path, rows: list[dict], opener=open) -> Path:
     return path
 
 
-def _zst_open(path, mode, encoding):
-    import io
-    return io.TextIOWrapper(zstandard.ZstdCompressor().stream_writer(open(path, "wb")), encoding=encoding)
-
-
 SHAPES = {
     "plain": ([{"query": c, "choices": ch, "gold": g} for c, ch, g in ITEMS], "multiple choice", "acc"),
     "context_label": ([{"context": c, "choices": ch, "label": str(g)} for c, ch, g in ITEMS], "multiple choice", "acc"),
@@ -45,7 +40,7 @@ SHAPES = {
 @pytest.mark.parametrize("compression", ["", ".gz", ".zst"])
 def test_every_multiple_choice_shape_reads_the_same_items(tmp_path, shape, compression):
     rows, name, metric = SHAPES[shape]
-    opener = {"": open, ".gz": gzip.open, ".zst": _zst_open}[compression]
+    opener = {"": open, ".gz": gzip.open, ".zst": zst_open}[compression]
     task = read_task_file(_write(tmp_path / f"t.jsonl{compression}", rows, opener))
     assert task.kind == "mc" and task.shape == name and task.metric == metric and task.name == "t"
     assert [(it.context, list(it.choices), it.gold) for it in task.items] == ITEMS

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.runs import tree
 from workbench.fs import atomic_dir
-
-
-def _tree(root) -> dict[str, str]:
-    return {str(p.relative_to(root)): p.read_text() if p.is_file() else "<dir>" for p in sorted(root.rglob("*"))}
 
 
 def test_atomic_dir_creates_then_replaces_whole_and_leaves_nothing_beside(tmp_path):
@@ -16,10 +13,10 @@ def test_atomic_dir_creates_then_replaces_whole_and_leaves_nothing_beside(tmp_pa
     with atomic_dir(out) as tmp:
         assert tmp.parent == tmp_path and tmp != out and not out.exists()   # nothing visible while writing
         (tmp / "a.txt").write_text("one")
-    assert _tree(tmp_path) == {"export": "<dir>", "export/a.txt": "one"}
+    assert tree(tmp_path, text=True) == {"export": "<dir>", "export/a.txt": "one"}
     with atomic_dir(out) as tmp:
         (tmp / "b.txt").write_text("two")
-    assert _tree(tmp_path) == {"export": "<dir>", "export/b.txt": "two"}     # replaced whole: a.txt is gone
+    assert tree(tmp_path, text=True) == {"export": "<dir>", "export/b.txt": "two"}     # replaced whole: a.txt is gone
 
 
 def test_atomic_dir_that_fails_leaves_the_old_directory_and_no_temporary(tmp_path):
@@ -30,4 +27,4 @@ def test_atomic_dir_that_fails_leaves_the_old_directory_and_no_temporary(tmp_pat
         with atomic_dir(out, tmp_name=".tmp_ckpt_1") as tmp:
             (tmp / "model.pt").write_text("half of the new")
             raise OSError("disk full")
-    assert _tree(tmp_path) == {"ckpt": "<dir>", "ckpt/model.pt": "old weights"}
+    assert tree(tmp_path, text=True) == {"ckpt": "<dir>", "ckpt/model.pt": "old weights"}

@@ -59,11 +59,12 @@ def wait_running(run_dir: Path, min_step: int, timeout: float = 120) -> RunStatu
     return st
 
 
-def tree(root: Path) -> dict[str, str]:
-    """Every file under ``root`` (its SHA-256) and every directory ("<dir>"), by relative path: equal
-    snapshots mean nothing was written, changed, or left behind, not even an empty directory."""
+def tree(root: Path, text: bool = False) -> dict[str, str]:
+    """Every file under ``root`` (its SHA-256, or with ``text`` its text) and every directory ("<dir>"), by
+    relative path: equal snapshots mean nothing was written, changed, or left behind, not even an empty
+    directory."""
     root = Path(root)
     if not root.exists():
         return {}
-    return {str(p.relative_to(root)): "<dir>" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))}
+    return {str(p.relative_to(root)): "<dir>" if p.is_dir() else p.read_text() if text
+            else hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))}

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ import torch
 
 from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import TINY, wb
+from tests.support.files import tokens_path
 from tests.support.runs import losses, read_jsonl
 from workbench import rundir
 from workbench.config import DataConfig, ModelConfig, TrainConfig, preset_to_toml, resolve_preset
@@ -619,18 +619,14 @@ def _prepare_in_subprocess(corpus, cache, workers: int, env: dict | None = None,
     return out
 
 
-def _tokens_path(out: str):
-    return Path(next(ln for ln in out.splitlines() if ln.startswith("TOKENS")).split(" ", 1)[1])
-
-
 @pytest.mark.slow
 def test_chat_preparation_is_parallel_and_a_killed_one_resumes_bit_for_bit(tmp_path):
     """Shards of ~64 K characters: 2 workers give the bytes 1 worker gives; kill -9 after 3 shards, start again:
     it continues after the finished shards and ends with the same tokens and labels."""
     corpus = write_jsonl(tmp_path / "c.jsonl", conversations(3000, seed=5))
-    serial_dir = _tokens_path(_prepare_in_subprocess(corpus, tmp_path / "c1", workers=1)).parent
+    serial_dir = tokens_path(_prepare_in_subprocess(corpus, tmp_path / "c1", workers=1)).parent
     serial = [(serial_dir / f).read_bytes() for f in ("tokens.bin", "labels.bin", "lengths.bin")]
-    par_dir = _tokens_path(_prepare_in_subprocess(corpus, tmp_path / "c2", workers=2)).parent
+    par_dir = tokens_path(_prepare_in_subprocess(corpus, tmp_path / "c2", workers=2)).parent
     assert [(par_dir / f).read_bytes() for f in ("tokens.bin", "labels.bin", "lengths.bin")] == serial
     assert json.loads((par_dir / "index.json").read_text())["conversations"] == 3000
     marker = tmp_path / "paused"
@@ -648,6 +644,6 @@ def test_chat_preparation_is_parallel_and_a_killed_one_resumes_bit_for_bit(tmp_p
     assert len(finished) >= 3 and not list((tmp_path / "c3").rglob("tokens.bin"))
     out = _prepare_in_subprocess(corpus, tmp_path / "c3", workers=2)
     assert f"continuing after {len(finished)} finished shard(s)" in out
-    again = _tokens_path(out).parent
+    again = tokens_path(out).parent
     assert [(again / f).read_bytes() for f in ("tokens.bin", "labels.bin", "lengths.bin")] == serial
     assert not list((tmp_path / "c3" / "data").glob("chat-*.shards"))
