@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.chat import conversations, write_jsonl
+from tests.support.chat import conversations, pair_records, write_jsonl
 from tests.support.cli import tiny, wb
 from tests.support.runs import read_jsonl
 
@@ -184,3 +184,20 @@ def test_messages_field_reads_the_conversations_from_that_field(tmp_path):
     first = conversations(20, seed=1)[0]["messages"]
     assert len(shown) == 2 and all(m["content"] in shown[0]["text"] for m in first)
     assert shown[0]["trained_spans"]   # the assistant's answer is what trains
+
+
+def test_pref_sft_weight_adds_the_chosen_answers_nll_to_the_loss(runs, tmp_path_factory):
+    """train.pref_sft_weight on a SimPO run (reference-free, so from scratch), one pair a step: each step's
+    recorded loss is SimPO's (beta 2, gamma 1: the defaults) plus the weight times the chosen answer's token-mean
+    NLL, which for one pair is minus its length-averaged log-prob (the record's chosen_logps)."""
+    pairs = write_jsonl(tmp_path_factory.mktemp("pairs") / "pairs.jsonl", pair_records(120))
+    run = runs("sft-weight", "train.objective=simpo", "train.pref_sft_weight=0.5", "train.batch_size=1",
+               "model.seq_len=64", "model.vocab_size=400", "train.max_iters=2", "train.ckpt_interval=2",
+               args=("--corpus", str(pairs)))
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "pref" and r["split"] == "train"]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        c, j = r["chosen_logps"], r["rejected_logps"]
+        simpo = -torch.nn.functional.logsigmoid(torch.tensor(2.0 * (c - j) - 1.0, dtype=torch.float64)).item()
+        assert r["loss"] == pytest.approx(simpo + 0.5 * -c, rel=1e-5, abs=1e-6), (r, simpo)
+        assert abs(0.5 * c) > 1   # the term is large: without it the loss would be ~1.3, not ~4
