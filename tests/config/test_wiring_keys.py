@@ -29,14 +29,16 @@ class Runs:
 
     def __init__(self, root: Path):
         self.root = root
-        self.made: dict[str, Path] = {}
+        self.made: dict[str, tuple[Path, tuple]] = {}
 
     def __call__(self, name: str, *sets: str, args: tuple[str, ...] = ()) -> Path:
-        if name not in self.made:
+        if name in self.made:   # a name stands for one set of settings
+            assert self.made[name][1] == (sets, args), (name, self.made[name][1], (sets, args))
+        else:
             wb("train", "cpu-small", "--name", name, "--runs-dir", str(self.root), *args, *tiny(*ONE_STEP, *sets),
                check=True)
-            self.made[name] = self.root / name
-        return self.made[name]
+            self.made[name] = (self.root / name, (sets, args))
+        return self.made[name][0]
 
     def base(self) -> Path:
         """Every key at TINY's values (AdamW, seed 1337, no RoPE scaling)."""
@@ -70,8 +72,8 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 
 # ----------------------------------------------------------------------------- the optimizers
 
-def test_adamw_beta1_beta2_and_weight_decay_reach_adamw(runs):
-    run = runs("adamw", "train.beta1=0.5", "train.beta2=0.9", "train.weight_decay=0.3")
+def test_adamw_beta1_beta2_weight_decay_and_grad_clip_reach_adamw(runs):
+    run = runs("adamw", "train.beta1=0.5", "train.beta2=0.9", "train.weight_decay=0.3", "train.grad_clip=0.05")
     opt = optimizer(run)   # AdamW alone: its own state dict (with Muon: one per part)
     decay, no_decay = opt["param_groups"]
     assert decay["betas"] == (0.5, 0.9) and no_decay["betas"] == (0.5, 0.9)
@@ -85,6 +87,11 @@ def test_adamw_beta1_beta2_and_weight_decay_reach_adamw(runs):
         ratios.append((m[nz] ** 2 / v[nz]))
     r = torch.cat([x.flatten() for x in ratios])
     assert r.numel() > 1000 and torch.allclose(r, torch.full_like(r, 2.5), rtol=1e-3), (r.min(), r.max())
+    # grad_clip: the step's gradient (norm ~1.5, recorded before clipping) was scaled to norm 0.05, so m's norm
+    # over every parameter is (1 - beta1) x 0.05 (AdamW's update hardly shows a clip: it divides the scale out)
+    (step1,) = [r["grad_norm"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+    m_norm = torch.cat([st["exp_avg"].double().flatten() for st in opt["state"].values()]).norm().item()
+    assert step1 > 0.5 and m_norm == pytest.approx(0.5 * 0.05, rel=1e-3), (step1, m_norm)
 
 
 def test_muon_lr_momentum_and_weight_decay_reach_muon(runs):
@@ -97,11 +104,28 @@ def test_muon_lr_momentum_and_weight_decay_reach_muon(runs):
                                     / optimizer(run)["adamw"]["param_groups"][0]["base_lr"])
 
 
+def test_muon_ns_changes_the_update(runs):
+    """The same Muon run with Keller Jordan's coefficients instead of cpu-small's polar-express: the same first
+    eval (the same weights), another loss once Muon has stepped."""
+    sets = ("train.optimizer=muon", "train.muon_lr=0.01", "train.muon_momentum=0.8", "train.muon_weight_decay=0.05",
+            "train.max_iters=2", "train.ckpt_interval=2")
+    polar, jordan = runs("muon", *sets), runs("muon-jordan", *sets, "train.muon_ns=jordan")
+    assert first_eval(jordan) == first_eval(polar)
+    after = [{r["step"]: r["val_loss"] for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "eval"}[1]
+             for d in (polar, jordan)]
+    assert after[0] != pytest.approx(after[1], abs=1e-6), after
+
+
 # ----------------------------------------------------------------------------- the model's shape
 
-def test_head_size_sets_each_heads_width(runs):
-    run = runs("heads", "model.head_size=32")
+def test_head_size_attn_bias_and_qk_norm_shape_the_attention(runs):
+    run = runs("heads", "model.head_size=32", "model.attn_bias=true", "model.qk_norm=false")
     w = weights(run)
+    # attn_bias: q, k and v have biases (o has none); qk_norm off (cpu-small's is on): no q_norm / k_norm
+    assert tuple(w["layers.0.attn.wq.bias"].shape) == (128,) and tuple(w["layers.1.attn.wv.bias"].shape) == (64,)
+    assert "layers.0.attn.wo.bias" not in w
+    assert not [k for k in w if "q_norm" in k or "k_norm" in k]
+    assert [k for k in weights(runs.base()) if "q_norm" in k] and not [k for k in weights(runs.base()) if "bias" in k]
     # 4 query heads and 2 KV heads of 32 (not dim / n_heads = 16): wq [128, 64], wk [64, 64], wo [64, 128]
     assert tuple(w["layers.0.attn.wq.weight"].shape) == (128, 64)
     assert tuple(w["layers.0.attn.wk.weight"].shape) == (64, 64)
