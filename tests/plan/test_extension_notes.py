@@ -79,17 +79,18 @@ def test_a_cosine_run_inside_its_warmup_extended_short_of_its_end_does_not_decay
     assert_true_to_the_run(e.note, run, 10, 100)
 
 
-def test_a_budgeted_run_past_its_own_short_warmup_is_told_it_warms_up_again():
-    """A budget plans its own warmup (a share of the steps it buys: 4 here); the extension is counted in steps with
-    the preset's train.warmup_iters (30), so a branch from step 20 warms up again (what the trainer does:
-    Horizon.of the branch's preset); the note says so rather than "stays at the peak"."""
+def test_a_budgeted_runs_extension_keeps_the_warmup_its_budget_planned():
+    """A budget plans its own warmup (a share of the steps it buys: 4 here); the extension, counted in steps, keeps
+    it (resume --more sets train.warmup_iters to it), so a branch from step 20 does not warm up again to the
+    preset's 30: it stays at the peak, then decays, and the note says so."""
     p = resolve_preset("cpu-small", ["train.time_budget=20s"])
     state = {"step": 36, "decay_step": 20, "budget_progress": 1.0, "warmup": 4, "eval_iters": 2,
              "evals_on_the_way": 3}
     e = extension(p, state, 36, 20)
-    run = longer_run(p, 56)
-    assert (e.from_step, e.end_step) == (20, 56)
-    assert "warms up again to step 30 (train.warmup_iters; the budget's warmup was 4 steps)" in e.note, e.note
+    assert (e.from_step, e.end_step, e.warmup) == (20, 56, 4)
+    run = longer_run(resolve_preset("cpu-small", ["train.warmup_iters=4"]), 56)
+    assert "warms up again" not in e.note and "stays at 3.00e-03 until step 34, then decays to 1.00e-04 by step 56" \
+        in e.note, e.note
     assert_true_to_the_run(e.note, run, 20, 56)
 
 

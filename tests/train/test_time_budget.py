@@ -389,3 +389,20 @@ def test_a_budgeted_run_never_writes_its_preset_and_every_reader_agrees_on_its_e
     last = seen[-1]
     assert last[0] == last[1] == rundir.read_status(run_dir).step          # it ended where the horizon said
     assert trainer.horizon.end_step < 100000                                 # the budget's end, not max_iters
+
+
+def test_more_steps_after_a_budget_keep_the_warmup_its_plan_gave_it(tmp_path):
+    """A budget's warmup is a share of the steps it buys (here fewer than the preset's 400); `resume --more` counts
+    the longer run in steps and keeps that warmup (its preset says so), so the branch does not warm up again."""
+    sets = [s for s in SETS if not s.startswith("train.warmup_iters")] + ["train.warmup_iters=400"]
+    wb("train", "cpu-small", "--runs-dir", str(tmp_path), "--name", "w", "--time-budget", "3s", "--set", *sets,
+       check=True)
+    st = rundir.read_status(tmp_path / "w")
+    assert st.warmup is not None and 1 <= st.warmup < 400 and st.step > st.warmup, st
+    wb("resume", "w", "--runs-dir", str(tmp_path), "--more", "30", check=True)
+    decay = next(c["step"] for c in rundir.list_checkpoints(tmp_path / "w") if "decay start" in c["reason"])
+    branch = tmp_path / f"w-from-{decay}"
+    p = load_preset_file(branch / "preset.toml")
+    assert p.train.warmup_iters == st.warmup and p.train.max_iters == st.step + 30
+    lrs = [r["lr"] for r in records_since_last_start(branch) if r["kind"] == "train"]
+    assert lrs[0] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-5)     # the peak, then the decay

@@ -312,6 +312,7 @@ class Extension:
     note: str             # the one line the CLI prints and the "+ more steps" dialog shows
     budget_cleared: bool  # a budgeted run's extension is counted in steps
     problem: str = ""     # why resume refuses it (it would end inside its warmup: the preset's check), or ""
+    warmup: int | None = None  # a budgeted run's: the warmup its plan gave it, which the longer run keeps
 
 
 def extension(p: Preset, state: dict[str, Any] | None, ckpt_step: int, more: int) -> Extension:
@@ -324,7 +325,10 @@ def extension(p: Preset, state: dict[str, Any] | None, ckpt_step: int, more: int
     rest of its warmup when it starts inside it."""
     h = Horizon.from_state(p, state)
     end = ckpt_step + more
-    longer_p = dataclasses.replace(p, train=dataclasses.replace(p.train, max_iters=end, time_budget=""))
+    # a budget's planned warmup (a share of its steps) is the longer run's too: it does not warm up again
+    kept = h.warmup if h.budgeted and h.eval_iters else None
+    longer_p = dataclasses.replace(p, train=dataclasses.replace(
+        p.train, max_iters=end, time_budget="", warmup_iters=p.train.warmup_iters if kept is None else kept))
     longer = Horizon.of(longer_p)
     budget = h.budgeted
     # wsd past its decay: from where the decay began; before it (a budget whose clock never got there, too), and
@@ -339,11 +343,11 @@ def extension(p: Preset, state: dict[str, Any] | None, ckpt_step: int, more: int
     if start < longer.warmup:  # the longer run trains inside its warmup at first: say where that ends, and then
         lead = branch or ("wsd: " if h.schedule == "wsd" else "cosine schedule: ")
         note, problem = _through_warmup(longer, start, ckpt_step, end, h.warmup)
-        return Extension(start, end, lead + note + counted, budget, problem)
+        return Extension(start, end, lead + note + counted, budget, problem, kept)
     if decayed:
         note = (f"{branch}the learning rate stays at {p.train.lr:.2e} until step {longer.steps_decay_start:,}, then "
                 f"decays to {p.train.min_lr:.2e} by step {end:,}")
-        return Extension(start, end, note + counted, budget)
+        return Extension(start, end, note + counted, budget, warmup=kept)
     after, final = longer.lr_at(ckpt_step), longer.lr_at(end - 1)
     if h.schedule == "wsd":
         note = (f"wsd: the stable phase goes on at {after:.2e} until step {longer.steps_decay_start:,}, then the "
@@ -362,7 +366,7 @@ def extension(p: Preset, state: dict[str, Any] | None, ckpt_step: int, more: int
             if before is not None else "restarts at"
         note = (f"cosine schedule: its decay is stretched to end at step {end:,}, so the learning rate {went} "
                 f"{after:.2e}, then decays to {final:.2e}")
-    return Extension(ckpt_step, end, note + counted, budget)
+    return Extension(ckpt_step, end, note + counted, budget, warmup=kept)
 
 
 def _through_warmup(run: Horizon, start: int, ckpt_step: int, end: int, own_warmup: int) -> tuple[str, str]:

@@ -193,6 +193,8 @@ def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
         overrides.append(f"train.max_iters={ext.end_step}")
         if budgeted:  # more steps, not more time: the extension is counted in steps (the note says so)
             overrides.append("train.time_budget=")
+            if ext.warmup is not None and ext.warmup != old.train.warmup_iters:  # the budget's warmup, kept
+                overrides.append(f"train.warmup_iters={ext.warmup}")
     data = apply_overrides(parse_toml(path.read_text(encoding="utf-8"), str(path)), overrides)
     p = preset_from_dict(data, str(path), name=data.get("name"), user_set=overridden_keys(overrides))
     diffs = model_differences(data.get("model", {}), ckpt.get("model") or {})
