@@ -6,6 +6,9 @@ the run the queue started, the sweep's record, the eval's scores), not only its 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 
 from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import tiny, wb
-from tests.support.runs import read_jsonl
+from tests.support.runs import read_jsonl, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +91,24 @@ def test_queue_add_yes_queues_what_does_not_fit(tmp_path):
     assert queue(runs)["big"]["force"] is True
 
 
-def test_queue_add_init_from_starts_the_queued_run_from_that_checkpoint(root):
+def test_queue_add_init_from_starts_the_queued_run_from_that_checkpoint_and_follow_keeps_the_runner(root):
     ok(wb("queue", "add", "cpu-small", "--name", "ft", "--init-from", "src", "--runs-dir", str(root),
           *tiny("train.max_iters=2", "train.warmup_iters=0", "train.eval_interval=2", "train.ckpt_interval=2",
                  "train.eval_iters=1")))
     assert queue(root)["ft"]["init_from"] == "src"
-    ok(wb("queue", "run", "--runs-dir", str(root), timeout=300))
-    assert queue(root)["ft"]["state"] == "finished"
+    # a runner with --follow: it trains ft, then stays for more (without it, the runner ends with the queue: the
+    # Queue tab's r, tests/tui/test_wiring_bindings.py)
+    runner = subprocess.Popen([sys.executable, "-m", "workbench", "queue", "run", "--follow", "--runs-dir", str(root)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    try:
+        wait_until(lambda: queue(root)["ft"]["state"] in ("finished", "failed"), timeout=180, every=0.5,
+                   what="the queued run to end")
+        time.sleep(2)   # more than a poll of the empty queue
+        assert runner.poll() is None, runner.communicate()[0]
+    finally:
+        runner.terminate()
+        out = runner.communicate(timeout=60)[0]
+    assert queue(root)["ft"]["state"] == "finished", out
     ft = root / "ft"
     assert tomllib.loads((ft / "preset.toml").read_text())["init"] == {"run": "src", "step": 2}
     # its first eval scores src's last weights on the same eval batches: the same loss (a fresh model's is ~6.2)
@@ -198,3 +212,4 @@ def test_chat_top_k_and_top_p_narrow_the_sampling_to_the_greedy_token(tmp_path):
     assert reply(*hot, "--top-k", "0", "--top-p", "1") != greedy
     assert reply(*hot, "--top-k", "1", "--top-p", "1") == greedy
     assert reply(*hot, "--top-k", "0", "--top-p", "0.0001") == greedy
+
