@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 TESTS = REPO / "tests"
+TEST_ROOT = REPO   # what the table's paths are relative to
 TUI = REPO / "workbench" / "tui"
 
 # Bindings whose action writes something (a preset file, a run directory, a queue entry, a delete, a pick), by
@@ -85,7 +86,13 @@ class TestFile:
 
     @property
     def rel(self) -> str:
-        return str(self.path.relative_to(REPO))
+        return str(self.path.relative_to(TEST_ROOT))
+
+
+def set_tests(path: Path) -> None:
+    """Read the tests under ``path`` (paths in the table stay relative to its parent, as tests/...)."""
+    global TESTS, TEST_ROOT
+    TESTS, TEST_ROOT = path.resolve(), path.resolve().parent
 
 
 def test_files() -> list[TestFile]:
@@ -200,7 +207,7 @@ def audit_keys(files: list[TestFile]) -> list[dict]:
                                 where[(k.value, kk.value)].add(f"{tf.rel} (dict)")
     for p in sorted(TESTS.rglob("*.toml")):
         for sk in toml_keys(p.read_text()):
-            where[sk].add(f"{p.relative_to(REPO)} (fixture)")
+            where[sk].add(f"{p.relative_to(TEST_ROOT)} (fixture)")
     return [{"key": f"{sec}.{k}", "set": bool(where.get((sec, k))), "where": sorted(where.get((sec, k), ()))}
             for sec, names in keys.items() for k in names]
 
@@ -400,7 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--missing", action="store_true", help="only the knobs no test sets")
+    ap.add_argument("--tests", type=Path, default=TESTS,
+                    help="the tests directory to read (default: this checkout's; e.g. an older commit's, from "
+                         "`git archive COMMIT tests | tar -x -C DIR`, for a before/after)")
     args = ap.parse_args(argv)
+    set_tests(args.tests)
     files = test_files()
     out = {"keys": audit_keys(files), "flags": audit_flags(files), "bindings": audit_bindings(files)}
     if args.json:
