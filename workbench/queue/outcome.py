@@ -80,8 +80,8 @@ def final_metric(run_dir: Path, metric: Metric) -> float | None:
         at = scores[step]
         keys = [which] if which else list(HEADLINE) + sorted({m for t, m in at if t == name})
         for m in keys:
-            if (name, m) in at:
-                return float(at[(name, m)].value)
+            if (name, m) in at and (v := at[(name, m)].value) is not None:
+                return float(v)
     return None
 
 

@@ -69,7 +69,7 @@ class RunnerLock(PidLock):
     def __enter__(self) -> "RunnerLock":
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
@@ -105,13 +105,13 @@ class Runner:
                 self.watch(item, recovering=True)
             self._sweeps_catch_up()
             while True:
-                item = self.store.claim_next()
-                if item is None:
+                claimed = self.store.claim_next()
+                if claimed is None:
                     if self.follow:
                         time.sleep(max(self.poll, 1.0))
                         continue
                     break
-                self.launch(item)
+                self.launch(claimed)
             queued = len(self.store.items(("queued",)))
             why = "the queue is paused" if queued and self.store.paused() else "nothing left to start"
             self.say(f"{why}: {self.ran} run(s) ended here, {queued} queued")
@@ -171,7 +171,7 @@ class Runner:
                 pruner.report_rungs(run_dir, st)  # the rungs it passed since the last look, each at its own eval
             if st.state in ("finished", "early_stopped"):
                 note = f"early stopped at step {st.step:,}" if st.state == "early_stopped" else None
-                if stop_asked:  # the pruner's stop came as the run was ending: what it reached stands
+                if stop_asked and pruner is not None:  # the pruner's stop came as the run was ending: it stands
                     note = f"reached its end before the pruner's stop ({pruner.reason})"
                 self.end(item, "finished", note)
             elif st.state == "stopped":
@@ -255,7 +255,7 @@ class Runner:
             return VAL_LOSS
         return sweep.sweep_metric(self.store, item.sweep)
 
-    def _pruner(self, item: Item):
+    def _pruner(self, item: Item) -> sweep.Pruning | None:
         if not item.sweep:
             return None
         return sweep.pruner_for(self.store, item)

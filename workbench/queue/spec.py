@@ -24,6 +24,7 @@ import difflib
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,7 +186,8 @@ def _range_param(key: str, d: dict, method: str) -> Param:
         raise SpecError(f"parameters.{key!r}: a grid takes values (\"{key}\" = [a, b, c]), not a range; use "
                         "method = \"random\" or \"tpe\" for a range")
     lo, hi = d.get("min"), d.get("max")
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (lo, hi)):
+    if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float))) or isinstance(lo, bool) \
+            or isinstance(hi, bool):
         raise SpecError(f"parameters.{key!r}: a range needs numbers min and max, e.g. {{ min = 1e-4, max = 1e-2 }}")
     if not lo < hi:
         raise SpecError(f"parameters.{key!r}: min {lo} is not below max {hi}")
@@ -240,7 +242,7 @@ def build_spec(*, name: str, preset: str, method: str = "grid", params: list[Par
             raise SpecError(f"a grid of {size} points runs {size} trials; drop trials = {trials} (or use "
                             "method = \"random\" to run some of them)")
         trials = size
-    elif trials is None or trials < 1:
+    if trials is None or trials < 1:
         raise SpecError(f"method {method} needs the number of trials (trials = 12, or --trials 12)")
     if trials > 10_000:
         raise SpecError(f"{trials:,} trials is more than a queue should hold; search fewer points")
@@ -259,7 +261,7 @@ def build_spec(*, name: str, preset: str, method: str = "grid", params: list[Par
                      pruner, prune_startup, tuple(sorted(prune_shares)), seed)
 
 
-def _dym(word: str, options) -> str:
+def _dym(word: str, options: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(options), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -286,6 +286,7 @@ class QueueStore:
             "trial, added) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (name, pos, new.preset, json.dumps(list(new.sets)), json.dumps(list(new.corpus)), new.time_budget,
              new.init_from, int(new.force), new.sweep, new.trial, time.time()))
+        assert cur.lastrowid is not None  # (an INSERT's)
         return self.by_id(cur.lastrowid)
 
     def remove(self, name: str) -> Item:

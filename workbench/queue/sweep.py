@@ -41,7 +41,7 @@ from workbench.rundir import EvalRecord, RunStatus, current_timeline, read_metri
 OPTUNA_FILE = "optuna.db"
 
 
-def _optuna():
+def _optuna() -> Any:
     import optuna  # lazily: the queue's other commands (and the TUI) never need it
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -53,7 +53,7 @@ def storage_url(root: Path) -> str:
     return f"sqlite:///{Path(root).resolve() / OPTUNA_FILE}"
 
 
-def _sampler(spec: SweepSpec, made: int):
+def _sampler(spec: SweepSpec, made: int) -> Any:
     optuna = _optuna()
     if spec.method == "tpe":
         return optuna.samplers.TPESampler(seed=spec.seed + made, n_startup_trials=min(10, max(2, spec.trials // 3)))
@@ -63,7 +63,7 @@ def _sampler(spec: SweepSpec, made: int):
 HALVING_FACTOR = 2   # successive halving keeps the best 1/2 of the trials at each rung (Optuna's default is 4)
 
 
-def _pruner(spec: SweepSpec):
+def _pruner(spec: SweepSpec) -> Any:
     """Optuna's pruner for the spec. Trials report at ``round(share * 100)``; successive halving's rungs are at
     the first share and then at each doubling of it (shares 0.25, 0.5, 0.75: rungs at 25 % and 50 %)."""
     optuna = _optuna()
@@ -75,7 +75,7 @@ def _pruner(spec: SweepSpec):
     return optuna.pruners.NopPruner()
 
 
-def open_study(root: Path, spec: SweepSpec, made: int = 0, create: bool = False):
+def open_study(root: Path, spec: SweepSpec, made: int = 0, create: bool = False) -> Any:
     optuna = _optuna()
     return optuna.create_study(storage=storage_url(root), study_name=spec.name, direction=spec.metric.goal,
                                sampler=_sampler(spec, made), pruner=_pruner(spec), load_if_exists=not create)
@@ -88,8 +88,10 @@ def _distributions(params: tuple[Param, ...]) -> dict[str, Any]:
         if p.values:
             out[p.key] = d.CategoricalDistribution(list(p.values))
         elif p.integer:
+            assert p.low is not None and p.high is not None  # (a range: spec.parse_param made both)
             out[p.key] = d.IntDistribution(int(p.low), int(p.high), log=p.log)
         else:
+            assert p.low is not None and p.high is not None
             out[p.key] = d.FloatDistribution(float(p.low), float(p.high), log=p.log)
     return out
 
@@ -127,7 +129,7 @@ def _admit(root: Path, spec: SweepSpec, point: dict[str, Any], machine: Machine,
     return dataclasses.replace(adm.item, force=True) if problem else adm.item, "; ".join(notes) or None
 
 
-def _ask(study, spec: SweepSpec, root: Path, machine: Machine, info: dict) -> Made:
+def _ask(study: Any, spec: SweepSpec, root: Path, machine: Machine, info: dict) -> Made:
     """One trial drawn by the sampler, admitted or refused (Optuna told it failed)."""
     optuna = _optuna()
     trial = study.ask(_distributions(spec.params))
@@ -141,7 +143,7 @@ def _ask(study, spec: SweepSpec, root: Path, machine: Machine, info: dict) -> Ma
     return Made(dict(trial.params), item, trial.number, why)
 
 
-def plan_trials(root: Path, spec: SweepSpec, machine: Machine, info: dict, study=None) -> list[Made]:
+def plan_trials(root: Path, spec: SweepSpec, machine: Machine, info: dict, study: Any = None) -> list[Made]:
     """The trials to make now: every grid point, every random draw, or TPE's first."""
     if spec.method == "grid":
         made = []
@@ -228,7 +230,7 @@ def sweep_metric(store: QueueStore, name: str) -> Metric:
 
 # ----------------------------------------------------------------------------- as trials end
 
-def _tell(store: QueueStore, study, trial: Trial, item: Item) -> None:
+def _tell(store: QueueStore, study: Any, trial: Trial, item: Item) -> None:
     optuna = _optuna()
     if trial.optuna is not None:
         if item.state == "finished" and item.metric is not None:
@@ -271,6 +273,7 @@ def catch_up(store: QueueStore, name: str, info: dict, say: Callable[[str], None
 
 
 def trial_ended(store: QueueStore, item: Item, info: dict, say: Callable[[str], None]) -> None:
+    assert item.sweep is not None  # (the runner asks for a sweep's trials alone)
     catch_up(store, item.sweep, info, say)
     rows = results(store, item.sweep)
     if all(r.state in ENDED + ("refused", "removed") for r in rows):
@@ -347,6 +350,8 @@ class Pruning:
 
 
 def pruner_for(store: QueueStore, item: Item) -> Pruning | None:
+    if item.sweep is None:
+        return None
     spec = load(store, item.sweep)
     if spec.pruner == "none":
         return None
@@ -404,7 +409,8 @@ def results(store: QueueStore, name: str, now: float | None = None) -> list[Resu
                           unspent, it.others_cpu, beside_note(it.others_cpu, it.others), short,
                           (it.gpu_free_before, it.gpu_free_after)))
     done = [r for r in out if r.state == "finished" and r.metric is not None]
-    done.sort(key=lambda r: r.metric if spec.metric.goal == "minimize" else -r.metric)
+    sign = 1.0 if spec.metric.goal == "minimize" else -1.0
+    done.sort(key=lambda r: sign * (r.metric or 0.0))  # (done: every metric is a number)
     ranks = {r.number: k for k, r in enumerate(done, 1)}
     return [dataclasses.replace(r, rank=ranks.get(r.number)) for r in out]
 

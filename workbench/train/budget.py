@@ -135,7 +135,9 @@ class Budget:
     def status(self, max_iters: int, now: float, warmup: int | None = None) -> dict:
         """status.json's view: the step it should end at (max_iters), its seconds and those spent, its warmup (what a
         sweep reads to tell a trial that never left it)."""
-        return {"max_iters": max_iters, "budget_s": self.seconds, "budget_spent_s": round(self.spent(now), 1)} | (
+        # to the millisecond: a sweep's pruner compares it with the evals' budget_share (a 3 s budget's eval that began
+        # at 0.4997 of it read as begun after a status rounded to 1.5 s, and the rung took the eval before it)
+        return {"max_iters": max_iters, "budget_s": self.seconds, "budget_spent_s": round(self.spent(now), 3)} | (
             {"warmup": warmup} if warmup is not None else {})
 
     def ends_at(self, spent: float, eval_due: bool) -> bool:
