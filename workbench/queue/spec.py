@@ -23,6 +23,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import random
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -113,6 +114,17 @@ class SweepSpec:
         for p in self.params:
             points = [{**pt, p.key: v} for pt in points for v in p.values]
         return points
+
+    def points(self) -> list[dict[str, Value]] | None:
+        """The trials' settings when they are known before any trial runs: a grid's every point; a random search
+        over values alone (no range), ``trials`` of the grid's points drawn without replacement by the seed (a
+        sampler drawing each value on its own repeated points: 2 of 3 trials alike on a 6-point grid); None for
+        a random search over a range and for TPE (Optuna draws them)."""
+        if self.method == "grid":
+            return self.grid()
+        if self.method == "random" and all(p.values for p in self.params):
+            return random.Random(self.seed).sample(self.grid(), self.trials)
+        return None
 
 
 def toml_literal(v: Value) -> str:
@@ -246,6 +258,10 @@ def build_spec(*, name: str, preset: str, method: str = "grid", params: list[Par
         raise SpecError(f"method {method} needs the number of trials (trials = 12, or --trials 12)")
     if trials > 10_000:
         raise SpecError(f"{trials:,} trials is more than a queue should hold; search fewer points")
+    points = math.prod(len(p.values) for p in params)
+    if method == "random" and all(p.values for p in params) and trials > points:
+        raise SpecError(f"a random search over {points} points cannot draw {trials} different trials; ask for "
+                        f"{points} or fewer, or use method = \"grid\"")
     metric = metric or Metric("val_loss", "minimize")
     if pruner not in PRUNERS:
         raise SpecError(f"pruner {pruner!r} is not one of {', '.join(PRUNERS)}{_dym(pruner, PRUNERS)}")

@@ -145,9 +145,9 @@ def _ask(study: Any, spec: SweepSpec, root: Path, machine: Machine, info: dict) 
 
 def plan_trials(root: Path, spec: SweepSpec, machine: Machine, info: dict, study: Any = None) -> list[Made]:
     """The trials to make now: every grid point, every random draw, or TPE's first."""
-    if spec.method == "grid":
+    if (points := spec.points()) is not None:  # known ahead: each queued as Optuna's next trial, in order
         made = []
-        for point in spec.grid():
+        for point in points:
             item, note = _admit(root, spec, point, machine, info)
             number = None
             if study is not None and item is not None:
@@ -164,9 +164,8 @@ def print_commands(root: Path, spec: SweepSpec, machine: Machine, info: dict) ->
     if spec.method == "tpe":
         raise QueueError("a TPE sweep learns from each result before it draws the next trial: its trials cannot be "
                          "written out ahead; use method = \"random\" or \"grid\" with --print-commands")
-    if spec.method == "grid":
-        points = spec.grid()
-    else:
+    points = spec.points()
+    if points is None:
         sampler = _sampler(spec, 0)
         optuna = _optuna()
         study = optuna.create_study(sampler=sampler, direction=spec.metric.goal)  # in memory: nothing is kept
