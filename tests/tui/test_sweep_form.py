@@ -110,7 +110,9 @@ def test_a_grid_typed_in_the_form_is_queued_as_workbench_sweep_queues_it(roots):
             await wait_for(pilot, lambda: "grid" in sweeps.rows, what="the sweep listed")
             res = app.query_one("#sweep-results", DataTable)
             await wait_for(pilot, lambda: res.row_count == 4, what="its trials")
-            assert any("Sweep grid: 4 trial(s) queued" in str(n.message) for n in app._notifications)
+            # the toast says what `workbench sweep` said last
+            await wait_for(pilot, lambda: any(str(n.message).startswith("Sweep grid: 4 trial(s) queued")
+                                              for n in app._notifications), what="the toast")
 
     run(go())
     assert queued(root) == queued(cli_root) and len(queued(root)) == 4

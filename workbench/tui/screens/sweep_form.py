@@ -344,7 +344,13 @@ class SweepFormScreen(ModalScreen["SweepQueued | None"]):
         except launcher.LaunchError as e:
             self.app.call_from_thread(self._refused, str(e))
             return
-        self.app.call_from_thread(self.dismiss, SweepQueued(spec.name, said))
+        self.app.call_from_thread(self._queued, SweepQueued(spec.name, said))
+
+    def _queued(self, queued: SweepQueued) -> None:
+        if self.is_attached and self.app.screen is self:
+            self.dismiss(queued)
+        else:  # closed (esc) while `workbench sweep` ran: it went on, and the toast says what it did
+            self.app.notify(f"Sweep {queued.name}: {queued.said}")
 
     def _say(self, text: Text | str) -> None:
         if self.is_attached and self.query("#sw-error"):
@@ -355,6 +361,8 @@ class SweepFormScreen(ModalScreen["SweepQueued | None"]):
         if self.is_attached and self.query("#sw-error"):
             self.query_one("#queue", Button).disabled = False
             self.query_one("#sw-error", Static).update(why)
+        else:
+            self.app.notify(f"The sweep was not queued: {why}", severity="error")
 
     def action_cancel(self) -> None:
         self.dismiss(None)
