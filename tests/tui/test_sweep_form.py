@@ -259,3 +259,41 @@ def test_the_sweep_form_in_tmux_shows_the_estimate_and_the_warning(roots, tmp_pa
     form_text = shots["the sweep form"]
     assert "queued (warning: evals of train.eval_iters" in form_text
     assert [r["name"] for r in queued(root)] == ["a-tiny-sweep-t0001", "a-tiny-sweep-t0002"]
+
+
+def test_tpe_with_a_trial_count_and_a_pruner_is_queued_as_workbench_sweep_queues_it(roots):
+    """The method and the pruner: tpe draws its first trial now (the runner draws the rest as trials end), as the
+    CLI's `--method tpe --trials 3 --pruner median` does; the estimate shows each point a draw may take."""
+    from textual.widgets import Select
+    root, cli_root = roots
+    wb("sweep", "cpu-small", "--set-grid", "train.lr=1e-3,3e-3", "--time-budget", "20s", "--method", "tpe",
+       "--trials", "3", "--pruner", "median", "--name", "tpe", "--set", *TINY, "--runs-dir", str(cli_root),
+       check=True)
+
+    async def go():
+        app = make_app(root, initial_tab="presets", hardware_info=detect())
+        async with app.run_test(size=(160, 48)) as pilot:
+            await open_preset(pilot, app, "cpu-small")
+            await pilot.press("ctrl+f")
+            await wait_for(pilot, lambda: form(app) is not None, what="the sweep form")
+            scr = form(app)
+            scr.query_one("#sw-method", Select).value = "tpe"
+            scr.query_one("#sw-pruner", Select).value = "median"
+            await fill(pilot, app, ["train.lr = 1e-3, 3e-3"], "20s", "tpe", TINY)
+            scr.query_one("#sw-trials", Input).focus()
+            await pilot.press("3")
+            await wait_for(pilot, lambda: "2 of 2 point(s) can be queued" in estimate_of(app),
+                           what=lambda: estimate_of(app) + error_of(app))
+            shown = estimate_of(app)
+            print(shown)
+            assert shown.startswith("3 trial(s) drawn by tpe from 2 point(s) of cpu-small, 20s each, ranked by "
+                                    "val_loss (minimize), median pruner")
+            assert "point 1  train.lr=0.001  queued" in shown
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: form(app) is None, timeout=120,
+                           what=lambda: error_of(app) if form(app) else "")
+
+    run(go())
+    assert sweep_spec(root, "tpe") == sweep_spec(cli_root, "tpe")
+    mine, theirs = queued(root), queued(cli_root)
+    assert len(mine) == len(theirs) == 1 and mine == theirs   # the same seed draws the same first point
