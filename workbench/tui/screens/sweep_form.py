@@ -24,7 +24,9 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
 from textual.screen import ModalScreen
+from textual.timer import Timer
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
 from workbench.config import preset_paths
@@ -213,7 +215,7 @@ class SweepFormScreen(ModalScreen["SweepQueued | None"]):
         self.machine_info = machine_info
         self.queued: int | None = None   # how many trials the estimate shown would queue (None: not estimated)
         self.busy = False
-        self._timer = None
+        self._timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
         names = sorted(preset_paths())
@@ -272,7 +274,7 @@ class SweepFormScreen(ModalScreen["SweepQueued | None"]):
     @on(TextArea.Changed)
     @on(Checkbox.Changed)
     @on(Select.Changed)
-    def _changed(self, event) -> None:
+    def _changed(self, event: Message) -> None:
         if isinstance(event, Select.Changed) and event.select.id == "sw-preset":
             self._name_hint()
         if self._timer is not None:
