@@ -246,7 +246,11 @@ class SweepFormScreen(ModalScreen["SweepQueued | None"]):
                 yield Button("Cancel (esc)", id="cancel")
 
     def on_mount(self) -> None:
-        self.query_one("#sweep-form").styles.width = self.WIDTH
+        dialog = self.query_one("#sweep-form")
+        dialog.styles.width = self.WIDTH
+        # a short terminal (80 x 24) scrolls the form rather than cut off its estimate and buttons
+        dialog.styles.max_height = "100%"
+        dialog.styles.overflow_y = "auto"
         self.query_one("#sw-params", TextArea).focus()
         self._name_hint()
         self.show_estimate()
