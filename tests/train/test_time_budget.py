@@ -91,10 +91,11 @@ def test_a_budgeted_run_is_complete_its_evals_within_their_share_at_the_shares_i
     smoothly from the estimate's to the pace's (never 2/7 after 1/28); it ends at min_lr."""
     d = budget_run / "b"
     log = (d / "train.log").read_text()
-    m = re.search(r"an eval batch timed at [\d.e-]+ s: warmup (\d+); evals at step 0, (?:at ([\d/]+) % and )?at the "
-                  r"end, (\d+) batch(?:es)? each", log)
+    m = re.search(r"an eval batch timed at [\d.e-]+ s: warmup (\d+); evals at step 0, (?:at ([\d/]+) % and |(\d+) on "
+                  r"the way \(every [\d.]+ % of it\) and )?at the end, (\d+) batch(?:es)? each", log)
     assert m, log[:3000]
-    warmup, shares, batches = int(m[1]), [int(x) / 100 for x in (m[2] or "").split("/") if x], int(m[3])
+    n = len(m[2].split("/")) if m[2] else int(m[3] or 0)
+    warmup, shares, batches = int(m[1]), [(i + 1) / (n + 1) for i in range(n)], int(m[4])
     assert batches == 2 and warmup == 2 and len(shares) >= 3                  # TINY sets eval_iters 2, warmup 2
     recs = read_jsonl(d / "metrics.jsonl")
     evals = [r for r in recs if r["kind"] == "eval"]

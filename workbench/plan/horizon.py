@@ -235,7 +235,9 @@ class BudgetPlan:
     def evals_line(self) -> str:
         """Where the evals fall, their batches and their share of the budget."""
         n = self.evals_on_the_way
-        way = f"at {'/'.join(f'{100 * (i + 1) / (n + 1):.0f}' for i in range(n))} % and " if n else ""
+        shares = "/".join(f"{100 * (i + 1) / (n + 1):.0f}" for i in range(n))
+        way = (f"at {shares} % and " if n <= 5 else f"{n} on the way (every {100 / (n + 1):.3g} % of it) and "
+               if n else "")
         at = f"at step 0, {way}" if n else "at step 0 and "
         cut = f" (auto asks {self.auto_iters})" if self.eval_iters != self.auto_iters else ""
         share = (f": ~{duration(self.eval_s)}, {self.eval_s / self.seconds:.0%} of the budget"
