@@ -67,6 +67,9 @@ CASES = {
     "constraint": Case(["train", "presets/bad.toml"], "model.dim = 100 must be divisible by model.n_heads = 8 "
                        "(e.g. n_heads = 10)", _write("presets/bad.toml", "[model]\ndim = 100\n")),
     "unknown_preset": Case(["train", "cpu-smal"], "unknown preset 'cpu-smal' (did you mean 'cpu-small'?)"),
+    # a --set value is blamed on --set, not on the preset file it was applied to (the walk's bug 6, for any key)
+    "set_wrong_type": Case(["train", "cpu-small", "--set", "train.lr=fast"],
+                           "workbench: error: --set: train.lr = 'fast' must be a number"),
     "set_unknown_key": Case(["train", "cpu-small", "--set", "train.lrr=1e-3"],
                             "--set 'train.lrr=1e-3': unknown key train.lrr (did you mean 'lr'?)"),
     "missing_corpus": Case(["train", "cpu-small", "--corpus", "nope.txt", *T],

@@ -225,7 +225,8 @@ def preset_from_dict(data: dict[str, Any], where: str = "preset", name: str | No
             if key not in known:
                 hint = did_you_mean(key, known)
                 raise PresetError(f"{where}: unknown key {sec}.{key}{hint}; see `workbench presets show` for the keys")
-            vals[key] = _check_value(where, sec, known[key], value)
+            # a value given with --set is blamed on --set, not on the preset file it was applied to
+            vals[key] = _check_value("--set" if f"{sec}.{key}" in user_set else where, sec, known[key], value)
         kwargs[sec] = cls(**vals)
     if name is not None:
         kwargs["name"] = name
