@@ -41,7 +41,8 @@ def test_others_load_counts_other_processes_not_the_run_nor_the_sampler(tmp_path
         load.sample(run.pid)
         time.sleep(1.0)
         load.sample(run.pid, last=True)
-    named = {u.pid for u in load.busiest(n=len(hog))}
+    # every process it names (not only the top few: on a busy machine other processes can outrank the hogs)
+    named = {u.pid for u in load.busiest(n=10_000)}
     assert load.share is not None and load.share >= BUSY_SHARE and load.wall_s >= 1.0, load.share
     assert run.pid not in named and named & others, (named, run.pid, others)
 

@@ -59,7 +59,7 @@ def test_the_device_check_skips_the_same_steps_and_trains_the_same_weights(tmp_p
     host = _run(tmp_path, "host", "host", *args, nan="6,7")
     dev = _run(tmp_path, "dev", "device", *args, nan="6,7")
     assert host["skips"] == dev["skips"] == [(6, 1), (7, 2)]
-    assert host["train"] == dev["train"] and sorted(dev["train"]) == [5, 10, 12]
+    assert host["train"] == dev["train"] and sorted(dev["train"]) == [1, 5, 10, 12]  # (the first step: logged at once)
     assert dev["train"][10][1] == 2
     assert host["last"] == dev["last"] == 12 and _same_weights(host["weights"], dev["weights"])
 

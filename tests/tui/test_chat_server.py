@@ -179,8 +179,14 @@ def test_chat_in_tmux_the_second_turn_comes_from_the_loaded_model_and_f9_says_wh
     tmux.open_tui(chat_runs)
     try:
         tmux.wait_screen(r"1 Hardware")
-        tmux.keys("5")
-        tmux.wait_screen(r"sft @ latest\s+chat")
+        for _ in range(10):          # a key sent while the app is still starting up can be lost: press again
+            tmux.keys("5")
+            try:
+                tmux.wait_screen(r"sft @ latest\s+chat", timeout=6)
+                break
+            except AssertionError:
+                continue
+        tmux.wait_screen(r"sft @ latest\s+chat", timeout=1)
         for _ in range(6):          # the run, checkpoint A and B, the system prompt, temp, tokens: then the message
             tmux.keys("Tab")
             time.sleep(0.3)

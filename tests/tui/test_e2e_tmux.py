@@ -133,7 +133,7 @@ def test_start_quit_reopen_stop_resume_in_tmux(tmp_path, tmux_env):
         wait_until(lambda: read_status(run_dir).state == "running", 60, "the resumed run")
         after = wait_until(lambda: [r["step"] for r in _records(run_dir)[n_records:] if r.get("kind") == "train"], 60,
                       "a step after the resume")
-        assert after[0] == (stopped // 5 + 1) * 5, after  # the next logged step (log_interval 5)
+        assert after[0] == stopped + 1, after  # the resumed process's first step, logged at once (issue 53, bug 10)
         tm.keys("3")
         tm.wait_screen(r"e2e.*running", 30)
     finally:
