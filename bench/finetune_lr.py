@@ -3,6 +3,7 @@ full fine-tune and LoRA, the same steps, data and seed for each, and score each 
 
     python bench/finetune_lr.py [--out DIR]          # ~30 minutes on a busy 2-core CPU
     python bench/finetune_lr.py --quick              # fewer steps, rates and held-out conversations
+    python bench/finetune_lr.py --jobs 4             # fine-tunes 4 at a time, one thread each (a busy machine)
 
 Everything but the rates is bench/chat_sft.py's (imported, not copied): its pretraining of cpu-small on the
 built-in corpus (model.seq_len 128; never sees the chat template), its 2,000 generated training conversations
@@ -16,17 +17,22 @@ ratio, cpu-small's 1e-4 / 3e-3), so every run has the preset's wsd shape (stable
 only the scale differs. Full and LoRA both keep the preset's wsd (what `train --init-from` gives them); LoRA at the
 preset's rank 8, alpha 16.
 
-Per run it reports the held-out exact match of the last checkpoint (overall and by kind) and the final val loss
-(the loss on the held-out answers' tokens of the training corpus's val split), then a markdown table.
+Per run it reports the held-out exact match of the last checkpoint (overall and by kind), the final val loss (on the
+answers of the training conversations' val split) and the loss on the built-in text the model was pretrained on
+(`workbench eval --corpus builtin`, its first 50 windows: how much of the pretraining the rate kept), then a markdown
+table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,9 +60,21 @@ def pretrain(out: Path, steps: int) -> float:
                                          f"train.warmup_iters={min(40, steps // 4)}", f"train.eval_interval={steps}"])
 
 
+def text_loss(out: Path, run_dir: Path, windows: int = 50) -> float:
+    """The latest checkpoint's loss on the built-in corpus (`workbench eval --corpus builtin`, its first ``windows``
+    windows): what the pretraining taught, kept or forgotten."""
+    cp = subprocess.run([sys.executable, "-m", "workbench", "eval", str(run_dir), "--corpus", "builtin", "--limit",
+                         str(windows), "--json", "--no-save"], cwd=ROOT, capture_output=True, text=True,
+                        stdin=subprocess.DEVNULL, env=dict(os.environ, WORKBENCH_CACHE_DIR=str(out / "cache")))
+    if cp.returncode != 0:
+        raise SystemExit(f"finetune_lr: eval of {run_dir} failed ({cp.returncode}):\n{cp.stderr[-2000:]}")
+    return float(json.loads(cp.stdout)["checkpoints"][0]["text"]["loss"])
+
+
 def fine_tune(out: Path, name: str, corpus: str, method: str, lr: float, min_ratio: float, steps: int,
-              held: list[dict]) -> dict:
-    """One chat fine-tune of the pretrained run at ``lr`` (min_lr at the preset's ratio), scored at its end."""
+              n_held: int) -> dict:
+    """One chat fine-tune of the pretrained run at ``lr`` (min_lr at the preset's ratio), its last checkpoint scored
+    on the first ``n_held`` held-out conversations (in a process of its own: fine-tunes may run side by side)."""
     sets = [*chat_sft.COMMON, f"train.finetune={method}", f"train.lr={lr:g}", f"train.min_lr={lr * min_ratio:.3g}",
             f"train.max_iters={steps}", f"train.warmup_iters={max(1, steps // 10)}", f"train.eval_interval={steps}",
             f"train.ckpt_interval={steps}", "train.log_interval=50"]
@@ -67,7 +85,7 @@ def fine_tune(out: Path, name: str, corpus: str, method: str, lr: float, min_rat
     evals = [r for r in recs if r.get("kind") == "eval"]
     return dict(method=method, lr=lr, wall=wall, val0=evals[0]["val_loss"], val=evals[-1]["val_loss"],
                 optimizer=load_preset_file(run_dir / "preset.toml").train.optimizer,
-                scores=chat_sft.score(run_dir, "latest", held))
+                scores=chat_sft.score_in_process(run_dir, n_held), text=text_loss(out, run_dir))
 
 
 def main() -> int:
@@ -79,6 +97,8 @@ def main() -> int:
     ap.add_argument("--full", default=None, help="full fine-tune rates, comma-separated (default "
                                                  + ",".join(f"{x:g}" for x in FULL) + ")")
     ap.add_argument("--lora", default=None, help="LoRA rates (default " + ",".join(f"{x:g}" for x in LORA) + ")")
+    ap.add_argument("--jobs", type=int, default=1, help="fine-tunes at once, each a process of one thread (scores at a "
+                                                        "fixed number of steps do not depend on the machine's load)")
     ap.add_argument("--out", type=Path, default=None, help="runs and cache here (default: a new temp dir); runs "
                                                            "finished in it are kept")
     a = ap.parse_args()
@@ -99,23 +119,31 @@ def main() -> int:
           f"min_lr = lr x {ratio:.3g} (cpu-small's {preset_min:g} / {preset_lr:g})", flush=True)
     pre_s = pretrain(out, pre_steps)
     before = chat_sft.score(out / "runs" / "pre", "latest", held)
-    results = []
-    for method, rates in (("full", full), ("lora", lora)):
-        for lr in rates:
-            r = fine_tune(out, f"{method}-{lr:g}", corpus, method, lr, ratio, steps, held)
-            print(f"  {method} lr {lr:g} ({r['optimizer']}): exact match {r['scores']['all']:.1f} %, "
-                  f"val loss {r['val0']:.3f} -> {r['val']:.3f}", flush=True)
-            results.append(r)
+    before_text = text_loss(out, out / "runs" / "pre")
+    if a.jobs > 1:  # one thread each (the runs inherit it): only the order of float sums differs
+        os.environ["OMP_NUM_THREADS"] = "1"
+    arms = [(method, lr) for method, rates in (("full", full), ("lora", lora)) for lr in rates]
+
+    def one(arm: tuple[str, float]) -> dict:
+        method, lr = arm
+        r = fine_tune(out, f"{method}-{lr:g}", corpus, method, lr, ratio, steps, n_held)
+        print(f"  {method} lr {lr:g} ({r['optimizer']}): exact match {r['scores']['all']:.1f} %, "
+              f"val loss {r['val0']:.3f} -> {r['val']:.3f}, built-in text loss {r['text']:.3f}", flush=True)
+        return r
+
+    with ThreadPoolExecutor(max(1, a.jobs)) as pool:  # each a subprocess: threads only wait
+        results = list(pool.map(one, arms))
     print(f"\npretrained cpu-small ({pre_steps} steps of builtin, {pre_s:.0f} s): exact match {before['all']:.1f} % "
-          f"on {n_held} held-out conversations; each fine-tune {steps} steps (warmup {max(1, steps // 10)}, wsd), "
-          "AdamW, the same seed, batch 8 packed rows of 128\n")
-    print("| method | lr (min_lr) | held-out exact match | reverse / sort / colour | val loss (step 0 -> end) | wall |")
-    print("|---|---|---|---|---|---|")
+          f"on {n_held} held-out conversations, loss {before_text:.3f} on the built-in text; each fine-tune {steps} "
+          f"steps (warmup {max(1, steps // 10)}, wsd), AdamW, the same seed, batch 8 packed rows of 128\n")
+    print("| method | lr (min_lr) | held-out exact match | reverse / sort / colour | val loss (step 0 -> end) | "
+          "built-in text loss | wall |")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         s = r["scores"]
         print(f"| {'full' if r['method'] == 'full' else 'LoRA r8'} | {r['lr']:g} ({r['lr'] * ratio:.2g}) | "
               f"{s['all']:.1f} % | {s['reverse']:.0f} / {s['sort']:.0f} / {s['colour']:.0f} % | "
-              f"{r['val0']:.3f} -> {r['val']:.3f} | {r['wall']:.0f} s |")
+              f"{r['val0']:.3f} -> {r['val']:.3f} | {r['text']:.3f} | {r['wall']:.0f} s |")
     print(f"\ntotal {time.time() - t_start:.0f} s; commands:")
     for c in chat_sft.COMMANDS:
         print("  " + c)

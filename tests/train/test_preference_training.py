@@ -229,8 +229,9 @@ def test_a_frozen_copy_under_bf16_autocast_starts_at_ln2(base):
 
 def test_a_full_preference_fine_tune_starts_at_a_fine_tuning_learning_rate(base):
     """The presets' rates are for training from scratch: a full DPO (KTO, SimPO, ORPO) fine-tune takes lr and min_lr
-    of at most 3e-5 unless --set says otherwise; SFT and LoRA keep the preset's; the start line says which."""
-    from workbench.plan.finetune import PREFERENCE_MAX_LR
+    of at most 3e-5 unless --set says otherwise; a LoRA one keeps the preset's; SFT takes its own fine-tuning rate
+    (tests/plan/test_finetune_lr.py); the start line says which."""
+    from workbench.plan.finetune import PREFERENCE_MAX_LR, SFT_MAX_LR
     from workbench.plan.run_plan import NewRun, plan_new_run
 
     def planned(*sets):
@@ -246,7 +247,7 @@ def test_a_full_preference_fine_tune_starts_at_a_fine_tuning_learning_rate(base)
     assert (lower.lr, lower.min_lr) == (1e-6, 1e-7)
     assert planned("train.objective=dpo", "train.finetune=lora").lr == preset_lr
     sft = plan_new_run(NewRun("cpu-small", (), (str(base["chats"]),), "sft"), base["root"]).preset.train
-    assert sft.lr == preset_lr
+    assert sft.lr == SFT_MAX_LR  # was the preset's from-scratch rate: issue 53's "Fine-tuning defaults"
     cp = train(base, "dpo-lr", "sft", "pairs", "train.objective=dpo", "train.max_iters=4")
     assert cp.returncode == 0, cp.stderr
     assert "adamw lr 3e-05 (a full preference fine-tune's at most; --set train.lr to change)" in cp.stdout

@@ -19,7 +19,7 @@ from workbench.data.chat_data import check_loss_on, corpus_kind
 from workbench.data.preference import check_corpus_kind
 from workbench.data.tokens import check_chat_template, open_data_corpus, prepare_data
 from workbench.machine.detect import Machine, detect
-from workbench.plan.finetune import PREFERENCE_MAX_LR, link_init, preference_lr_rule
+from workbench.plan.finetune import finetune_lr_note, link_init
 from workbench.plan.preference import objective_plan
 from workbench.plan.report import fit_check
 from workbench.plan.run_plan import NewRun, plan_new_run
@@ -74,8 +74,7 @@ def run(args) -> int:
             "every weight of"
         print(f"fine-tuning {what} {src.run} {src.ckpt['name']} ({p.source.get('model', src.run)}); "
               f"model.seq_len {p.model.seq_len}; {p.train.optimizer} lr {p.train.lr:g}"
-              + (" (a full preference fine-tune's at most; --set train.lr to change)"
-                 if preference_lr_rule(p.train, overrides) and p.train.lr == PREFERENCE_MAX_LR else ""), flush=True)
+              + finetune_lr_note(p.train, overrides), flush=True)  # which rule set the rate (plan/finetune.py)
     if (objective := objective_plan(p)).preference:
         print(objective.describe(), flush=True)
     check = fit_check(p, machine, measured_in(root), peak=budget_peak(p))

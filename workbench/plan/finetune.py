@@ -101,7 +101,7 @@ def init_preset(p: Preset, src: InitSource, overrides: list[str]) -> Preset:
         # (LoRA's adapters are low-rank factors, not whole matrices; a full fine-tune moves pretrained weights,
         # which Muon's fixed-size updates at muon_lr would overwrite) unless --set train.optimizer=muon says so
         train = dataclasses.replace(train, optimizer="adamw")
-    train = preference_lr(train, overrides)
+    train = finetune_lr(train, overrides)  # a fine-tuning rate, not the preset's from-scratch one
     init = {"run": src.run, "step": step, **({"adapter": True} if src.lora else {})}
     out = dataclasses.replace(p, model=model, data=data, train=train, init=init,
                               source=source,
@@ -110,26 +110,75 @@ def init_preset(p: Preset, src: InitSource, overrides: list[str]) -> Preset:
     return preset_from_dict(out.to_dict(), f"{p.name} --init-from {src.run}", name=p.name)  # the rules again
 
 
-# A full preference fine-tune's learning rate at the most (AdamW): the presets' rates are for training from scratch
-# (cpu-small's 3e-3 dropped a DPO run's chosen answers by 57 nats in 20 steps); on bench/preference.py's task
-# plain DPO kept more of the model at 3e-5 than at 1e-4 (three seeds, README: "Preference tuning").
+# A fine-tune's learning rate. The presets' rates are for training from scratch, and a full fine-tune at them
+# overwrites what the model knew:
+# - preference (DPO, KTO, SimPO, ORPO), full: cpu-small's 3e-3 dropped a DPO run's chosen answers by 57 nats in 20
+#   steps; on bench/preference.py's task plain DPO kept more of the model at 3e-5 than at 1e-4 (three seeds, README:
+#   "Preference tuning"). Flat after warmup.
+# - SFT: bench/finetune_lr.py (one pretrained cpu-small chat-tuned 150 steps at each rate, full and LoRA rank 8;
+#   README: "Fine-tuning") took the rate with the best held-out exact match (100 conversations), which was also one
+#   that kept the pretraining: full 3e-4 (12 % against 3e-3's 11 %, 1e-3's 9 %, 1e-4's 7 %; its loss on the
+#   pretraining text +0.45 nats, 3e-3's +6.3: worse than guessing), LoRA 1e-3 (6 % against 3e-3's 5 % and 3e-4's 0 %;
+#   +0.79 nats, 3e-3's +1.54). Higher rates reached a lower val loss on the task in those 150 steps (full 3e-3 0.87,
+#   3e-4 1.29) at that cost to what the model knew. min_lr is scaled with the rate (the preset's decay kept).
+# - LoRA with a preference objective: the preset's (not measured here).
 PREFERENCE_MAX_LR = 3e-5
+SFT_MAX_LR = 3e-4
+LORA_SFT_MAX_LR = 1e-3
 
 
-def preference_lr_rule(train: Any, overrides: list[str]) -> bool:
-    """Whether :func:`preference_lr` caps this run's rate: a full fine-tune with a preference objective whose
-    ``train.lr`` no --set chose."""
-    return train.objective != "sft" and train.finetune == "full" and "train.lr" not in overridden_keys(overrides)
+@dataclasses.dataclass(frozen=True)
+class FineTuneRate:
+    """One row of :data:`FINETUNE_RATES`: the rate a fine-tune of this objective and method takes."""
+    objective: str          # "sft", or "preference" (dpo, kto, simpo, orpo)
+    finetune: str           # full | lora
+    max_lr: float | None    # train.lr at the most (a lower rate the preset chose is kept); None: the preset's
+    flat: bool              # min_lr at most the rate (flat after warmup), else scaled with it (the preset's decay)
+    said: str               # in the fine-tune's first line: "adamw lr 3e-05 (SAID; --set train.lr to change)"
 
 
-def preference_lr(train: Any, overrides: list[str]) -> Any:
-    """A full fine-tune with a preference objective takes ``lr`` (and ``min_lr``) of at most
-    :data:`PREFERENCE_MAX_LR` unless --set says otherwise: a lower rate the preset chose is kept."""
-    if not preference_lr_rule(train, overrides):
+FINETUNE_RATES = (
+    FineTuneRate("preference", "full", PREFERENCE_MAX_LR, True, "a full preference fine-tune's at most"),
+    FineTuneRate("sft", "full", SFT_MAX_LR, False, "a full fine-tune's at most"),
+    FineTuneRate("sft", "lora", LORA_SFT_MAX_LR, False, "a LoRA fine-tune's at most"),
+    FineTuneRate("preference", "lora", None, False, "the preset's: a LoRA preference fine-tune keeps it"),
+)
+
+
+def finetune_lr_rule(train: Any, overrides: list[str]) -> FineTuneRate | None:
+    """The row of :data:`FINETUNE_RATES` for this fine-tune (its objective and method), or None where a --set chose
+    ``train.lr``."""
+    if "train.lr" in overridden_keys(overrides):
+        return None
+    kind = "sft" if train.objective == "sft" else "preference"
+    return next((r for r in FINETUNE_RATES if (r.objective, r.finetune) == (kind, train.finetune)), None)
+
+
+def finetune_lr(train: Any, overrides: list[str]) -> Any:
+    """A fine-tune's ``train`` with ``lr`` at most its rule's (:func:`finetune_lr_rule`) unless --set says otherwise;
+    a lower rate the preset chose is kept. The rest of the schedule follows by one factor: ``min_lr`` (at most the
+    new rate for a flat rule; unless --set chose it) and, where Muon was asked for, ``muon_lr`` (unless --set chose
+    it), so "the rate" is the scale of the whole schedule."""
+    rule = finetune_lr_rule(train, overrides)
+    if rule is None or rule.max_lr is None or train.lr <= rule.max_lr:
         return train
-    lr = min(train.lr, PREFERENCE_MAX_LR)
-    min_lr = train.min_lr if "train.min_lr" in overridden_keys(overrides) else min(train.min_lr, lr)
-    return dataclasses.replace(train, lr=lr, min_lr=min_lr)
+    factor, asked = rule.max_lr / train.lr, overridden_keys(overrides)
+
+    def scaled(x: float) -> float:  # 3 significant figures: 1e-05 in preset.toml, not 1.0000000000000002e-05
+        return float(f"{x * factor:.3g}")
+    min_lr = (train.min_lr if "train.min_lr" in asked
+              else min(train.min_lr, rule.max_lr) if rule.flat else scaled(train.min_lr))
+    muon_lr = scaled(train.muon_lr) if train.optimizer == "muon" and "train.muon_lr" not in asked else train.muon_lr
+    return dataclasses.replace(train, lr=rule.max_lr, min_lr=min_lr, muon_lr=muon_lr)
+
+
+def finetune_lr_note(train: Any, overrides: list[str]) -> str:
+    """What the fine-tune's first line says after its rate: " (a full fine-tune's at most; --set train.lr to change)"
+    where its rule set the rate, "" where --set or a lower preset rate did."""
+    rule = finetune_lr_rule(train, overrides)
+    if rule is None or (rule.max_lr is not None and train.lr != rule.max_lr):
+        return ""
+    return f" ({rule.said}; --set train.lr to change)"
 
 
 def link_init(run_dir: Path, src: InitSource) -> None:
