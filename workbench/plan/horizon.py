@@ -291,6 +291,19 @@ def plan_budget(p: Preset, seconds: float, step_s: float | None, batch_eval_s: f
     return BudgetPlan(seconds, k, auto, on_the_way, eval_s, steps, warmup, problem, warning)
 
 
+# A budget is refused before it starts only when it would be too short at this many times the estimated speed: the
+# estimate (a matmul rate at an assumed efficiency, or a run measured beside other processes) was 1.5-4x slow for
+# cpu-small's evals on this CPU (an eval batch estimated at 0.21 s took 0.135 s; a rate calibrated under load, 4x),
+# and the trainer sizes the evals from a batch it times; short at the estimate alone is a warning.
+ESTIMATE_SLACK = 2.0
+
+
+def budget_too_short_at_best(p: Preset, tokens_per_s: float | None) -> bool:
+    """Whether ``p``'s budget cannot buy a complete run even at ESTIMATE_SLACK times ``tokens_per_s``."""
+    plan = budget_plan_at(p, tokens_per_s * ESTIMATE_SLACK if tokens_per_s else None)
+    return bool(plan and plan.problem)
+
+
 def budget_plan_at(p: Preset, tokens_per_s: float | None, seconds: float | None = None,
                    val_tokens: int | None = None) -> BudgetPlan | None:
     """The plan of ``p``'s budget (or ``seconds`` of one) at an estimated ``tokens_per_s``: a step's tokens at that

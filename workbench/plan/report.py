@@ -21,7 +21,7 @@ from workbench.plan import cost, throughput
 from workbench.plan import estimate as est
 from workbench.plan.estimate import HEADROOM
 from workbench.plan.flops import count_params, flops_per_token, param_breakdown
-from workbench.plan.horizon import EVAL_SHARE, budget_plan_at
+from workbench.plan.horizon import EVAL_SHARE, budget_plan_at, budget_too_short_at_best
 from workbench.plan.recommend import fitting_savers, suggest_changes
 from workbench.plan.settings import RunSettings
 
@@ -193,9 +193,13 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None,
         plan = budget_plan_at(preset, r["tokens_per_s"])
         assert plan is not None
         problem, warning = plan.problem, plan.warning
-        time = plan.problem or f"{plan.describe()}; at {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_basis']})"
-        if plan.warning:
-            time += f"; warning: {plan.warning}"
+        if problem and not budget_too_short_at_best(preset, r["tokens_per_s"]):
+            # short by the estimate, not by twice its speed: said, and the run sizes its evals from a timed batch
+            problem, warning = "", (f"{plan.problem} by the estimate ({r['tokens_per_s']:,.0f} tokens/s, "
+                                    f"{r['tokens_per_s_basis']}); the run sizes its evals from an eval batch it times")
+        time = problem or f"{plan.describe()}; at {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_basis']})"
+        if warning:
+            time += f"; warning: {warning}"
     elif r.get("time"):
         steps = preset.train.max_iters
         time = (f"~{duration(r['time']['total_s'])} for {steps:,} steps at {r['tokens_per_s']:,.0f} tokens/s "
