@@ -226,14 +226,17 @@ def test_until_it_has_timed_a_step_a_budgeted_run_shows_the_steps_the_estimate_f
             "--set", *SETS, "train.max_iters=100000", env={"WORKBENCH_TEST_KILL_AT_STEP": "1"})
     d = tmp_path / "k"
     st = rundir.read_status(d)
-    assert st.step == 1, st                           # killed after its first step: no pace yet
+    assert st.step == 1, st                           # killed after its first step
     start = next(r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "start")
     p = load_preset_file(d / "preset.toml")
     # the new-run form's estimate (and `train`'s first line): this machine's peak at the assumed efficiency, the
     # budget's evals paid for (plan.horizon.plan_budget)
     tps = tokens_per_s_from_flops(p.model, start["peak_flops"], ASSUMED_EFFICIENCY["cpu"])
     want = budget_plan_at(p, tps, 90.0).steps
-    assert st.max_iters == start["budget_steps"] == want, (st.max_iters, start["budget_steps"], want)
+    assert start["budget_steps"] == want, (start["budget_steps"], want)
+    # after its first step (timed: the clock runs from it when nothing compiles) the end shown is the estimate's
+    # blended with one step's pace (the estimate weighing as seconds of it): near the estimate, not 2,000 or a jump
+    assert abs(st.max_iters - want) <= 0.1 * want, (st.max_iters, want)
     assert 10 < want < 100_000
     assert f"time budget 1m 30s: ~{want:,} steps by the estimate" in (d / "train.log").read_text()
     # ... and `train`'s first line said the same number before anything started (one estimate, issue 53)

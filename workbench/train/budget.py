@@ -1,9 +1,9 @@
 """train.time_budget: the run ends when its budget is spent, on the trainer's own clock.
 
-The clock of a process starts when its first step is done (set-up and the compile are left out) and counts
-everything after it, evals and checkpoints included; the step-0 eval before it is paid from the budget too (its
-seconds count as spent: the budget's evals are sized to a share of it, ``plan.horizon.plan_budget``); training
-stops early enough for the last eval to end at the budget (``reserve``: that eval's time, as measured or
+The clock of a process starts as its first step begins (with a compile: when that step, which compiles, is done;
+set-up and the compile are left out) and counts everything after it, evals and checkpoints included; the step-0
+eval before it is paid from the budget too (its seconds count as spent: the budget's evals are sized to a share of
+it, ``plan.horizon.plan_budget``); training stops early enough for the last eval to end at the budget (``reserve``: that eval's time, as measured or
 estimated). A resumed run goes on from the budget its checkpoint had spent (the time between that checkpoint and a
 crash is spent again). The schedule follows the share of the budget spent (the trainer hands it to its
 ``plan.horizon.Horizon``), so it needs no step count; the step the budget will end at is re-estimated from this
@@ -80,7 +80,7 @@ class Budget:
         return (step - self.step0 + self.prior_rate * tau) / (ran + tau)
 
     def start(self, now: float, step: int) -> None:
-        """After each step: the first one starts this process's clock."""
+        """Start this process's clock (once): before its first step, or, with a compile, after it."""
         if self.t0 is None:
             self.t0, self.step0 = now, step
 

@@ -100,6 +100,10 @@ class Trainer(TrainerParts):
                             f"({ev.val_bpb:.3f} bits/byte)")
             self.maybe_score_tasks()
         self.throughput.reset()
+        if self.budget is not None and not self.settings.compile:
+            # nothing to compile: the budget's clock runs from the first step on (with a compile, from its end: a
+            # first step of 8 s on a busy CPU was left out of a 20 s budget)
+            self.budget.start(time.time(), self.state.step)
         self.first_step = self.state.step + 1  # this process's first step is logged whatever log_interval says
         while not self.horizon.is_end(self.state.step):
             self.train_step()
