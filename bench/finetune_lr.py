@@ -1,9 +1,8 @@
 """The fine-tuning learning rate: chat-tune ONE pretrained cpu-small checkpoint with `--init-from` at several rates,
 full fine-tune and LoRA, the same steps, data and seed for each, and score each on held-out conversations.
 
-    python bench/finetune_lr.py [--out DIR]          # ~30 minutes on a busy 2-core CPU
+    python bench/finetune_lr.py --out DIR --steps 150 --jobs 4   # the README's table: ~13 minutes beside other jobs
     python bench/finetune_lr.py --quick              # fewer steps, rates and held-out conversations
-    python bench/finetune_lr.py --jobs 4             # fine-tunes 4 at a time, one thread each (a busy machine)
 
 Everything but the rates is bench/chat_sft.py's (imported, not copied): its pretraining of cpu-small on the
 built-in corpus (model.seq_len 128; never sees the chat template), its 2,000 generated training conversations

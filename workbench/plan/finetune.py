@@ -14,6 +14,9 @@ Methods (``compare_methods``): full fine-tuning (every weight trained: fp32 weig
 states, ~16 bytes a parameter before activations), LoRA (the frozen weights in the training precision,
 adapters and their optimizer state), and LoRA with activation checkpointing. The first that fits is
 recommended: full when it fits (it adapts every weight), else LoRA, else LoRA with checkpointing.
+
+Its learning rate (``finetune_lr``, one table ``FINETUNE_RATES`` for every objective and method): a fine-tuning rate,
+not the preset's from-scratch one, unless --set train.lr; said in ``train``'s first line (``finetune_lr_note``).
 """
 
 from __future__ import annotations
