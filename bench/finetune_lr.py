@@ -1,7 +1,7 @@
 """The fine-tuning learning rate: chat-tune ONE pretrained cpu-small checkpoint with `--init-from` at several rates,
 full fine-tune and LoRA, the same steps, data and seed for each, and score each on held-out conversations.
 
-    python bench/finetune_lr.py --out DIR --steps 150 --jobs 4   # the README's table: ~13 minutes beside other jobs
+    python bench/finetune_lr.py --out DIR --steps 150 --jobs 4   # the README table (its fine-tunes: 12 min here)
     python bench/finetune_lr.py --quick              # fewer steps, rates and held-out conversations
 
 Everything but the rates is bench/chat_sft.py's (imported, not copied): its pretraining of cpu-small on the
