@@ -109,7 +109,7 @@ def test_a_budgeted_run_is_complete_its_evals_within_their_share_at_the_shares_i
     assert finish["eval_s"] <= 0.1 * BUDGET + 0.2, finish                  # the share (plus a sample's 64 tokens)
     train = [r for r in recs if r["kind"] == "train"]
     # logged at once; ended at min_lr (a step's rate is the schedule's where the step ends, at the run's pace)
-    assert train[0]["step"] == 1 and train[-1]["lr"] == pytest.approx(1e-5, rel=0.02), train[-1]
+    assert train[0]["step"] == 1 and 1e-5 - 1e-12 <= train[-1]["lr"] <= 1e-5 + 0.01 * (1e-3 - 1e-5), train[-1]
     totals = [int(t) for t in re.findall(r"step \d+/(\d+):", log)]
     jumps = [abs(b - a) / a for a, b in zip(totals, totals[1:])]
     assert max(jumps) < 0.2, max(zip(jumps, zip(totals, totals[1:])))
