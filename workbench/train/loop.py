@@ -33,7 +33,7 @@ from workbench import rundir
 from workbench.data.train_data import Batch, Sampler, step_targets
 from workbench.errors import WorkbenchError
 from workbench.plan.cost import eval_seconds
-from workbench.plan.horizon import EVAL_SHARE, STEP_PER_EVAL_BATCH, plan_budget
+from workbench.plan.horizon import STEP_PER_EVAL_BATCH, plan_budget
 from workbench.plan.sampling import TEXT
 from workbench.rundir import EvalRecord, PreferenceRecord, TrainRecord
 from workbench.train import runtime
@@ -248,23 +248,8 @@ class Trainer(TrainerParts):
         if self.horizon.is_end(step):
             return True
         if self.budget is not None:
-            return self.eval_now and self.budget_eval_fits(step)
+            return self.eval_now
         return step % self.preset.train.eval_interval == 0
-
-    def budget_eval_fits(self, step: int) -> bool:
-        """Whether an eval on the way still fits the budget's share for evals with the last one after it, at the
-        last eval's seconds (the plan timed one batch before the step-0 eval; a machine that got busier since
-        makes them dearer): one that does not is skipped, and said once."""
-        b = self.budget
-        one = b.last_eval or b.first_eval or 0.0
-        if self.state.eval_s + 2 * one <= EVAL_SHARE * b.seconds:
-            return True
-        if not self.evals_skipped:
-            self.report.log(f"step {step}: the evals on the way from here are skipped: evals took "
-                            f"{self.state.eval_s:.1f} s of the budget's {EVAL_SHARE:.0%} "
-                            f"({EVAL_SHARE * b.seconds:.1f} s) and one takes {one:.1f} s now")
-        self.evals_skipped += 1
-        return False
 
     def settle_due(self, step: int) -> bool:
         t = self.preset.train
@@ -378,7 +363,6 @@ class Trainer(TrainerParts):
         draws the fixed batches every eval scores, and keeps them on the device)."""
         t0 = time.time()
         share = round(self.budget.spent(t0) / self.budget.seconds, 4) if self.budget is not None else None
-        self.faults.in_eval(self.state.step)
         if self.eval_batches is None:
             self.eval_batches = EvalBatches.draw(self.preset, self.data, self.eval_iters, self.token_bytes,
                                                  self.device, self.next_batch)

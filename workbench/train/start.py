@@ -155,7 +155,6 @@ class TrainerParts:
         self.budget_plan: BudgetPlan | None = None  # ... what it buys at the estimated speed (plan.horizon)
         self.eval_now = False                       # a budgeted run: an eval on the way fell due at this step
         self.first_step = 0                         # this process's first step (logged at once)
-        self.evals_skipped = 0                      # a budget's evals on the way skipped to keep their share
         self.horizon: Horizon | None = None         # where the run ends and its learning rate (plan.horizon)
         self.calibration: Calibration | None = None  # the CPU's (or an unlisted GPU's) measured MFU peak
         self.eval_iters = 0                         # batches of train and of val an eval scores (plan.evals)
