@@ -114,6 +114,11 @@ class TrainConfig:
     eval_iters: int = _f(0, "Batches of train and of val each eval scores (the same ones every eval); 0 = auto: "
                             "enough that the val loss is within ~0.05 nats of the whole split's (changes from eval "
                             "to eval within ~0.01), never more than the val split's distinct windows.", min=0)
+    eval_shares: str | list[float] = _f("", "Shares of the run (of a time budget, or of max_iters) to evaluate at on "
+                                            "the way, e.g. [0.25, 0.5] or \"0.25,0.5\"; '' = a budget's plan "
+                                            "places them (even shares), a run counted in steps every eval_interval. "
+                                            "A sweep's pruner sets its rungs here, so every trial is compared at the "
+                                            "same shares.")
     log_interval: int = _f(10, "Write a train record to metrics.jsonl every this many steps.", min=1)
     ckpt_interval: int = _f(500, "Save a checkpoint every this many steps (and at the end).", min=1)
     keep_last: int = _f(3, "Checkpoints kept besides the best one (older ones are deleted).", min=1)

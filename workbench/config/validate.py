@@ -21,7 +21,8 @@ from workbench.config.schema import SECTIONS, Preset, PresetError
 
 def _type_name(t: Any) -> str:
     return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-            "str | list[str]": "a string or a list of strings"}[t]
+            "str | list[str]": "a string or a list of strings",
+            "str | list[float]": "a list of numbers or a comma-separated string of them"}[t]
 
 
 def _check_value(where: str, section: str, f: dataclasses.Field, value: Any) -> Any:
@@ -50,6 +51,8 @@ def _check_value(where: str, section: str, f: dataclasses.Field, value: Any) -> 
         ok = isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value))
         if not ok:
             raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
+    elif t == "str | list[float]":
+        value = _share_list(where, key, value)
     m = f.metadata
     if m["choices"] and value not in m["choices"]:
         raise PresetError(f"{where}: {key} = {value!r} is not one of {', '.join(m['choices'])}")
@@ -163,6 +166,34 @@ def chat_role_map(roles: str | list[str]) -> dict[str, str]:
                               "assistant (e.g. 'bot=assistant')")
         out[name] = role
     return out
+
+
+def _share_list(where: str, key: str, value: Any) -> str | list[float]:
+    """A list of shares in (0, 1), from a number, a list of numbers or "0.25,0.5" (sorted, without repeats);
+    '' or [] stays '' (none)."""
+    items: list[Any]
+    if isinstance(value, str):
+        items = [v for v in re.split(r"[,\s]+", value.strip()) if v]
+    elif isinstance(value, list):
+        items = value
+    else:
+        items = [value]
+    shares = []
+    for v in items:
+        try:
+            x = float(v) if not isinstance(v, bool) else None
+        except (TypeError, ValueError):
+            x = None
+        if x is None or not 0 < x < 1:
+            raise PresetError(f"{where}: {key} = {value!r}: {v!r} is not a share between 0 and 1 (exclusive); "
+                              f"give e.g. {key.split('.')[1]} = [0.25, 0.5]")
+        shares.append(x)
+    return sorted(set(shares)) or ""
+
+
+def eval_share_list(value: str | list[float]) -> tuple[float, ...]:
+    """train.eval_shares as validated (a list of shares, or '' for none) -> a tuple."""
+    return tuple(value) if isinstance(value, list) else ()
 
 
 def lora_target_list(targets: str | list[str]) -> list[str]:
