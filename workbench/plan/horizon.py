@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config import Preset, budget_seconds
+from workbench.config import Preset, budget_seconds, eval_share_list
 from workbench.fmt import duration
 from workbench.plan.evals import eval_batches
 
@@ -65,6 +65,7 @@ class Horizon:
     eval_iters: int = 0            # budgeted: the batches each eval scores, as planned (0: not planned yet)
     step_share: float = 0.0        # budgeted: the share of the budget the next step takes, at the run's pace
     evals_on_the_way: int = 0      # budgeted: evals between the step-0 and the last one, at even shares of it
+    eval_shares: tuple[float, ...] = ()  # train.eval_shares: the shares the evals on the way fall at instead
 
     # ------------------------------------------------------------------ made once
 
@@ -76,7 +77,8 @@ class Horizon:
         budget = budget_seconds(t.time_budget)
         end = first_guess if budget is not None and first_guess is not None else t.max_iters
         return cls(schedule=t.schedule, lr=t.lr, min_lr=t.min_lr, warmup=t.warmup_iters, end_step=end,
-                   decay_fraction=t.decay_fraction, lr_decay_iters=t.lr_decay_iters, budget_s=budget)
+                   decay_fraction=t.decay_fraction, lr_decay_iters=t.lr_decay_iters, budget_s=budget,
+                   eval_shares=eval_share_list(t.eval_shares))
 
     @classmethod
     def from_state(cls, p: Preset, state: dict[str, Any] | None, first_guess: int | None = None) -> "Horizon":
@@ -133,11 +135,19 @@ class Horizon:
 
     def eval_between(self, before: float, after: float) -> bool:
         """Budgeted: whether an eval on the way falls due between the shares of the budget ``before`` and
-        ``after`` a step (at 1/(n+1), 2/(n+1), ... of it, n the evals on the way; the last eval is the end's)."""
+        ``after`` a step (at train.eval_shares, else at 1/(n+1), 2/(n+1), ... of it, n the evals on the way; the
+        last eval is the end's)."""
         n = self.evals_on_the_way
         if not n or after >= 1.0:
             return False
+        if self.eval_shares:
+            return any(before + 1e-9 < s <= after + 1e-9 for s in self.eval_shares)
         return math.floor(after * (n + 1) + 1e-9) > math.floor(before * (n + 1) + 1e-9)
+
+    def eval_at_share(self, step: int) -> bool:
+        """Counted in steps: whether train.eval_shares puts an eval after ``step`` (the first step at or past each
+        share of the end step)."""
+        return not self.budgeted and any(step == math.ceil(s * self.end_step - 1e-9) for s in self.eval_shares)
 
     def ended_at(self, step: int) -> "Horizon":
         """The run ends at ``step`` (a budget spent before this process trained anything)."""
@@ -222,6 +232,7 @@ class BudgetPlan:
     warmup: int
     problem: str = ""
     warning: str = ""
+    shares: tuple[float, ...] = ()  # train.eval_shares: where the evals on the way fall (else even shares)
 
     @property
     def evals(self) -> int:
@@ -235,7 +246,8 @@ class BudgetPlan:
     def evals_line(self) -> str:
         """Where the evals fall, their batches and their share of the budget."""
         n = self.evals_on_the_way
-        shares = "/".join(f"{100 * (i + 1) / (n + 1):.0f}" for i in range(n))
+        shares = "/".join(f"{100 * s:.3g}" for s in self.shares) if self.shares else "/".join(
+            f"{100 * (i + 1) / (n + 1):.0f}" for i in range(n))
         way = (f"at {shares} % and " if n <= 5 else f"{n} on the way (every {100 / (n + 1):.3g} % of it) and "
                if n else "")
         at = f"at step 0, {way}" if n else "at step 0 and "
@@ -252,17 +264,23 @@ def plan_budget(p: Preset, seconds: float, step_s: float | None, batch_eval_s: f
     forward (the estimate's, or timed): eval batches as many as plan.evals asks for, fewer when the step-0 and last
     evals would take more than EVAL_SHARE (a set train.eval_iters is kept, with a warning when it is dearer);
     evals on the way at even shares as many as the rest of the share pays for (MIN_EVALS_ON_THE_WAY, or one an
-    eval_interval of the steps bought); the steps the rest buys; the warmup a share of them."""
+    eval_interval of the steps bought), or at train.eval_shares, one each whatever they cost (a sweep's rungs);
+    the steps the rest buys; the warmup a share of them."""
     t = p.train
     auto, _ = eval_batches(p, val_tokens)
     allowance = EVAL_SHARE * seconds
+    fixed = eval_share_list(t.eval_shares)
     if batch_eval_s is None or step_s is None or batch_eval_s <= 0 or step_s <= 0:
-        return BudgetPlan(seconds, auto, auto, MIN_EVALS_ON_THE_WAY, None, None, t.warmup_iters)
+        return BudgetPlan(seconds, auto, auto, len(fixed) if fixed else MIN_EVALS_ON_THE_WAY, None, None,
+                          t.warmup_iters, shares=fixed)
     pair = 2 * batch_eval_s                       # one batch of train and one of val
     # as many batches as the level's noise asks for, with MIN_EVALS_ON_THE_WAY on the way; fewer evals on the way
-    # before fewer than one batch
-    for n in range(MIN_EVALS_ON_THE_WAY, -1, -1):
+    # before fewer than one batch (the shares set: that many on the way, one batch at least when the first and
+    # last fit)
+    for n in [len(fixed)] if fixed else range(MIN_EVALS_ON_THE_WAY, -1, -1):
         k = t.eval_iters or min(auto, math.floor(allowance / ((2 + n) * pair)))
+        if fixed and 2 * pair <= allowance:
+            k = max(1, k)
         if k >= 1:
             break
     need = 2 * pair / EVAL_SHARE                  # the budget whose step-0 and last evals of one batch fit the share
@@ -273,7 +291,7 @@ def plan_budget(p: Preset, seconds: float, step_s: float | None, batch_eval_s: f
     one = k * pair
     rough = (seconds - 2 * one) / step_s
     want = max(MIN_EVALS_ON_THE_WAY, int(rough // t.eval_interval))
-    on_the_way = max(0, min(want, math.floor(allowance / one) - 2))
+    on_the_way = len(fixed) if fixed else max(0, min(want, math.floor(allowance / one) - 2))
     eval_s = (2 + on_the_way) * one
     steps = max(0, math.floor((seconds - eval_s) / step_s))
     warmup = budget_warmup(t.warmup_iters, steps)
@@ -283,12 +301,15 @@ def plan_budget(p: Preset, seconds: float, step_s: float | None, batch_eval_s: f
         problem = (f"a {duration(seconds)} budget buys ~{steps} steps here after its evals, fewer than the "
                    f"{MIN_BUDGET_STEPS} a run needs to warm up, train at its peak rate and decay: give at least "
                    f"{duration(more)}")
+    elif eval_s > allowance and fixed and not t.eval_iters:
+        warning = (f"evals at train.eval_shares ({len(fixed)} on the way) take ~{eval_s / seconds:.0%} of the budget, "
+                   f"more than the {EVAL_SHARE:.0%} it keeps for them: give fewer shares or a longer budget")
     elif eval_s > allowance:
         fewer = max(1, math.floor(allowance / (2 * pair)))
         warning = (f"evals of train.eval_iters = {t.eval_iters} batches take ~{eval_s / seconds:.0%} of the budget, "
                    f"more than the {EVAL_SHARE:.0%} it keeps for them: set train.eval_iters=0 (sized to the budget) "
                    f"or {fewer}")
-    return BudgetPlan(seconds, k, auto, on_the_way, eval_s, steps, warmup, problem, warning)
+    return BudgetPlan(seconds, k, auto, on_the_way, eval_s, steps, warmup, problem, warning, fixed)
 
 
 # A budget is refused before it starts only when it would be too short at this many times the estimated speed: the

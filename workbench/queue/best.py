@@ -17,7 +17,7 @@ from workbench.config import (
     write_user_preset,
 )
 from workbench.plan.run_plan import corpus_values
-from workbench.queue.spec import point_sets
+from workbench.queue.spec import point_sets, rung_sets
 from workbench.queue.store import QueueError, QueueStore
 from workbench.queue.sweep import Result, best, load, results
 
@@ -54,7 +54,8 @@ def save_best(root: Path, sweep: str, as_name: str | None = None) -> SavedBest:
     found = preset_paths().get(name)
     if found and found[1] == "shipped":
         raise PresetError(f"{name!r} is a shipped preset's name (a user preset would hide it); {hint}")
-    p = resolve_preset(item.preset, list(item.sets), corpus_values(item.corpus))
+    sets = [s for s in item.sets if s not in rung_sets(spec)]  # (the pruner's rungs: the sweep's, not the trial's)
+    p = resolve_preset(item.preset, sets, corpus_values(item.corpus))
     p.name = name
     p.description = (f"the best trial of sweep {sweep}: {top.name} ({' '.join(point_sets(top.params))}), "
                      f"{spec.metric.name} {top.metric:.4f}")
@@ -62,7 +63,7 @@ def save_best(root: Path, sweep: str, as_name: str | None = None) -> SavedBest:
               f"--time-budget {item.time_budget} to train as the trial did)\n" if item.time_budget else "")
     header = (f"saved by `workbench sweep save-best {sweep}`: trial {top.name}, rank 1 of the finished trials by "
               f"{spec.metric.name} ({spec.metric.goal}) = {top.metric:.6g}\n"
-              f"its preset {item.preset} with: {' '.join(item.sets) or '(nothing set)'}\n{budget}")
+              f"its preset {item.preset} with: {' '.join(sets) or '(nothing set)'}\n{budget}")
     text = "".join(f"# {line}\n" for line in header.splitlines()) + preset_to_toml(p)
     path = write_user_preset(name, text, exists_hint=f"it is never overwritten; {hint}")
     return SavedBest(name, path, top, spec.metric.name)

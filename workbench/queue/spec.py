@@ -139,6 +139,14 @@ def toml_literal(v: Value) -> str:
     return json.dumps(v)
 
 
+def rung_sets(spec: "SweepSpec") -> tuple[str, ...]:
+    """A pruned sweep's trials evaluate at its rungs (train.eval_shares), so every trial's value at a rung is an
+    eval at that share of its budget (of its steps), however many evals its own plan would have chosen."""
+    if spec.pruner == "none":
+        return ()
+    return (f"train.eval_shares=[{','.join(f'{s:g}' for s in spec.prune_shares)}]",)
+
+
 def point_sets(point: dict[str, Value]) -> tuple[str, ...]:
     """A trial's --set values."""
     return tuple(f"{k}={toml_literal(v)}" for k, v in point.items())

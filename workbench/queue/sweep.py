@@ -34,7 +34,7 @@ from workbench.machine.detect import Machine
 from workbench.queue.admit import admit_fitted
 from workbench.queue.launch import train_args
 from workbench.queue.outcome import Metric, beside_note, final_metric, short_note, unspent_seconds
-from workbench.queue.spec import Param, SweepSpec, point_sets
+from workbench.queue.spec import Param, SweepSpec, point_sets, rung_sets
 from workbench.queue.store import ENDED, Item, NewItem, QueueError, QueueStore, Trial, trial_name
 from workbench.rundir import EvalRecord, RunStatus, current_timeline, read_metrics
 
@@ -97,7 +97,8 @@ def _distributions(params: tuple[Param, ...]) -> dict[str, Any]:
 
 
 def _new_item(spec: SweepSpec, point: dict[str, Any]) -> NewItem:
-    return NewItem(spec.preset, point_sets(point) + spec.sets, spec.corpus, spec.time_budget, sweep=spec.name)
+    return NewItem(spec.preset, point_sets(point) + spec.sets + rung_sets(spec), spec.corpus, spec.time_budget,
+                   sweep=spec.name)
 
 
 @dataclass(frozen=True)
@@ -303,10 +304,12 @@ class Pruning:
         return st.step / st.max_iters if st.max_iters else None
 
     def report_rungs(self, run_dir: Path, st: RunStatus) -> tuple[float, int, float] | None:
-        """Report to Optuna every rung the trial has passed and not reported yet, each with the eval at or before
-        that share of its budget (of its steps), so trials are compared at the same share whenever the runner
-        looked; (the last rung, its eval's step, its value) when one was reported now, else None. Also called as
-        a trial ends, so a rung passed between two looks is not lost."""
+        """Report to Optuna every rung the trial has passed and not reported yet, each with the trial's first eval
+        at or past that share of its budget (of its steps): the eval its rung put there (train.eval_shares, which
+        the sweep sets on every trial), so trials are compared at the same share whenever the runner looked; (the
+        last rung, its eval's step, its value) when one was reported now, else None. A rung whose eval is not
+        written yet waits for the next look; also called as a trial ends, so a rung passed between looks is not
+        lost."""
         share = self.share(st)
         due = [s for s in self.spec.prune_shares if share is not None and s <= share and s not in self.reported]
         if not due:
@@ -316,13 +319,13 @@ class Pruning:
         last = None
         for s in due:
             at = [r for r in evals if (r.budget_share if r.budget_share is not None else
-                                       r.step / st.max_iters if st.max_iters else 0.0) <= s + 1e-9]
-            if not at:  # (no eval past step 0 by this rung: every trial's loss there is the same)
+                                       r.step / st.max_iters if st.max_iters else 0.0) >= s - 1e-6]
+            if not at:  # (its eval not written yet, or the trial ended before its rung)
                 continue
-            value = float(getattr(at[-1], self.spec.metric.name))
+            value = float(getattr(at[0], self.spec.metric.name))
             self.trial.report(value, round(s * 100))
             self.reported.add(s)
-            last = (s, at[-1].step, value)
+            last = (s, at[0].step, value)
         return last
 
     def should_prune(self, run_dir: Path, st: RunStatus) -> bool:

@@ -108,7 +108,8 @@ class EvalRecord:
     elapsed_s: float | None = None
     eval_s: float | None = None
     ckpt_s: float | None = None
-    # a budgeted run: the share of its budget spent when the eval began (what a sweep's pruner compares trials at)
+    # a budgeted run: the share of its budget's training done when the eval began (the schedule's progress, the share
+    # its evals on the way are placed at: train.eval_shares, a sweep's rungs, where its pruner compares trials)
     budget_share: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

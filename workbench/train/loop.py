@@ -244,12 +244,12 @@ class Trainer(TrainerParts):
 
     def eval_due(self, step: int) -> bool:
         """Whether ``step`` is followed by an eval: the run's last; on a budget, the shares of it its plan chose
-        (``budget_tick`` says); counted in steps, every eval_interval."""
+        (``budget_tick`` says); counted in steps, every eval_interval and at train.eval_shares of the steps."""
         if self.horizon.is_end(step):
             return True
         if self.budget is not None:
             return self.eval_now
-        return step % self.preset.train.eval_interval == 0
+        return step % self.preset.train.eval_interval == 0 or self.horizon.eval_at_share(step)
 
     def settle_due(self, step: int) -> bool:
         t = self.preset.train
@@ -362,7 +362,7 @@ class Trainer(TrainerParts):
         """The eval record of this step, with its seconds and the run's time totals (the first eval of a process
         draws the fixed batches every eval scores, and keeps them on the device)."""
         t0 = time.time()
-        share = round(self.budget.spent(t0) / self.budget.seconds, 4) if self.budget is not None else None
+        share = round(self.horizon.progress, 6) if self.budget is not None else None
         if self.eval_batches is None:
             self.eval_batches = EvalBatches.draw(self.preset, self.data, self.eval_iters, self.token_bytes,
                                                  self.device, self.next_batch)
