@@ -17,7 +17,7 @@ from textual.widgets import Checkbox, DataTable, Input, Static, TextArea
 
 from tests.support.cli import TINY, wb
 from tests.support.tmux import Tmux
-from tests.support.tui import make_app, open_preset, run, text_of, wait_for
+from tests.support.tui import make_app, open_preset, paste, run, text_of, wait_for
 from workbench.machine.detect import detect
 
 pytestmark = pytest.mark.slow
@@ -56,17 +56,24 @@ def form(app):
 
 
 async def fill(pilot, app, params: list[str], budget: str = "", name: str = "", sets: list[str] = ()):
-    """Type into the open form as a user does: the searched keys (focused first), then the other fields."""
+    """Fill the open form as a user does: the searched keys (focused first) typed, the long line of --set overrides
+    pasted (a terminal's paste: typed, its 315 characters took 25 s of the pilot's time), then the budget and the name
+    typed. The name last: an estimate that lists the trials by the full name was made from every field."""
     scr = form(app)
     assert scr is not None and app.focused is scr.query_one("#sw-params", TextArea)
     for k, line in enumerate(params):
         if k:
             await pilot.press("enter")
         await pilot.press(*line)
-    for field, text in (("#sw-budget", budget), ("#sw-name", name), ("#sw-sets", " ".join(sets))):
+    for field, text in (("#sw-sets", " ".join(sets)), ("#sw-budget", budget), ("#sw-name", name)):
         if text:
-            scr.query_one(field, Input).focus()
-            await pilot.press(*text)
+            box = scr.query_one(field, Input)
+            box.focus()
+            if field == "#sw-sets":
+                await paste(pilot, text)
+            else:
+                await pilot.press(*text)
+            await wait_for(pilot, lambda: box.value == text, what=lambda: f"{field} to read {text!r}: {box.value!r}")
 
 
 def estimate_of(app) -> str:
@@ -92,7 +99,8 @@ def test_a_grid_typed_in_the_form_is_queued_as_workbench_sweep_queues_it(roots):
             await wait_for(pilot, lambda: form(app) is not None, what="the sweep form")
             await fill(pilot, app, GRID, budget, name, TINY)
             # each trial's estimate (its budget's plan at this machine's measured rate) and what sweep does with it
-            await wait_for(pilot, lambda: "4 of 4 trial(s) would be queued" in estimate_of(app),
+            await wait_for(pilot, lambda: "4 of 4 trial(s) would be queued" in estimate_of(app)
+                           and "grid-t0004" in estimate_of(app),
                            what=lambda: estimate_of(app) + error_of(app))
             shown = estimate_of(app)
             print(shown)
@@ -129,7 +137,8 @@ def test_a_budget_too_short_is_refused_in_one_line_and_queued_only_when_forced(r
             await wait_for(pilot, lambda: form(app) is not None, what="the sweep form")
             form(app).query_one("#sw-preset").value = "cpu-small"
             await fill(pilot, app, ["train.lr = 1e-3, 3e-3"], "1s", "short", SHORT)
-            await wait_for(pilot, lambda: "0 of 2 trial(s) would be queued" in estimate_of(app),
+            await wait_for(pilot, lambda: "0 of 2 trial(s) would be queued" in estimate_of(app)
+                           and "short-t0002" in estimate_of(app),
                            what=lambda: estimate_of(app) + error_of(app))
             shown = estimate_of(app)
             print(shown)
@@ -282,7 +291,8 @@ def test_tpe_with_a_trial_count_and_a_pruner_is_queued_as_workbench_sweep_queues
             await fill(pilot, app, ["train.lr = 1e-3, 3e-3"], "20s", "tpe", TINY)
             scr.query_one("#sw-trials", Input).focus()
             await pilot.press("3")
-            await wait_for(pilot, lambda: "2 of 2 point(s) can be queued" in estimate_of(app),
+            await wait_for(pilot, lambda: "2 of 2 point(s) can be queued" in estimate_of(app)
+                           and estimate_of(app).startswith("3 trial(s)"),
                            what=lambda: estimate_of(app) + error_of(app))
             shown = estimate_of(app)
             print(shown)
