@@ -13,8 +13,8 @@ from workbench.config import PresetError, resolve_preset
 from workbench.plan.horizon import EVAL_SHARE, Horizon, plan_budget
 
 
-@pytest.mark.parametrize("given,shares", [("0.2", [0.2]), ('"0.5, 0.25"', [0.25, 0.5]), ("[0.75,0.25,0.75]", [0.25, 0.75]),
-                                          ('""', "")])
+@pytest.mark.parametrize("given,shares", [("0.2", [0.2]), ('"0.5, 0.25"', [0.25, 0.5]),
+                                          ("[0.75,0.25,0.75]", [0.25, 0.75]), ('""', "")])
 def test_shares_are_read_from_a_number_a_list_or_a_string(given, shares):
     assert resolve_preset("cpu-small", [f"train.eval_shares={given}"]).train.eval_shares == shares
 

@@ -13,6 +13,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -269,13 +270,17 @@ pruner = {{ type = "{pruner}", startup = 2, shares = [0.2] }}
     # recorded past step 0, worse than both others' (so above their median, and not in the best half)
     study = optuna.load_study(study_name="prune", storage=f"sqlite:///{root / 'optuna.db'}")
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2 + [optuna.trial.TrialState.PRUNED]
-    # (a finished trial the runner did not see at the rung, on a starved machine, has no value there: the pruner
-    # compared with the values it had, and so does this)
+    # every trial has its value there, an eval its rung placed (train.eval_shares, set by the sweep on each trial)
     at_rung = [t.intermediate_values.get(20) for t in study.trials]
+    assert None not in at_rung, at_rung
     step = int(rows[2]["note"].split("(step ")[1].split(")")[0].replace(",", ""))
     assert step > 0 and evals(root / "prune-t0003")[step] == pytest.approx(at_rung[2], abs=5e-5), (step, at_rung)
-    others = [v for v in at_rung[:2] if v is not None]
-    assert others and at_rung[2] > max(others), at_rung
+    assert at_rung[2] > max(at_rung[:2]), at_rung
+    # the rungs are the sweep's, not the best trial's: its saved preset evaluates where its own plan says
+    wb("sweep", "save-best", "prune", "--runs-dir", str(root), check=True,
+       env={"WORKBENCH_PRESETS_DIR": str(tmp_path / "presets")})
+    saved = (tmp_path / "presets" / "prune-best.toml").read_text()
+    assert tomllib.loads(saved)["train"].get("eval_shares", "") == "" and "eval_shares" not in saved.split("\n[")[0]
     text = wb("sweep", "show", "prune", "--runs-dir", str(root), check=True).stdout
     assert "2 finished, 1 pruned" in text
     assert f"pruning saved {c['saved_share']:.0%}: {c['saved_s']:,.0f} of the {c['full_s']:,.0f}" in text

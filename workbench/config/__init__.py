@@ -35,7 +35,11 @@ from workbench.config.schema import (
     field_doc,
 )
 from workbench.config.validate import (
-    chat_role_map, eval_share_list, lora_projections, lora_target_list, preset_from_dict,
+    chat_role_map,
+    eval_share_list,
+    lora_projections,
+    lora_target_list,
+    preset_from_dict,
 )
 
 __all__ = ["SECTIONS", "DataConfig", "HardwareConfig", "ModelConfig", "Preset", "PresetError", "TrainConfig",
