@@ -17,7 +17,8 @@ command decides is asked of the layers below), wired together by ``workbench.cli
 - ``chat_preview``   what ``data inspect|prepare`` show of a chat corpus (rendered, the trained part marked)
 - ``sample``         stream text from a checkpoint
 - ``chat``           talk with a chat-tuned checkpoint
-- ``eval``           score checkpoints on tasks and held-out text
+- ``eval``           score checkpoints on tasks and held-out text, and on a reward over prompts (pass@k)
+- ``pairs``          preference pairs from a checkpoint's own samples, scored by a reward
 - ``export``         a checkpoint as a Hugging Face directory, safetensors or GGUF
 - ``import_model``   ``workbench import``: a local Hugging Face model as a run to fine-tune from
 - ``tui``            the terminal UI (also bare ``workbench``)

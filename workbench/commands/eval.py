@@ -1,16 +1,22 @@
-"""`workbench eval RUN`: a run's checkpoints scored on tasks (multiple choice, exact match) and held-out text.
+"""`workbench eval RUN`: a run's checkpoints scored on tasks (multiple choice, exact match) and held-out text, and
+with ``--reward R --prompts FILE --samples N`` on a reward: N completions of each prompt sampled (as ``workbench
+pairs`` samples them, prompt i with seed + i) and scored, reported as the mean reward, pass@1 and pass@k
+(:mod:`workbench.reward.scoring`; a sample passes at a reward >= --pass-threshold, default 1.0).
 
-Everything is read and checked before torch loads (tasks, checkpoints, the corpus); scores are written to
-the run's ``tasks.jsonl`` only when every checkpoint was scored, so a bad input leaves the run as it was.
+Everything is read and checked before torch loads (tasks, checkpoints, the corpus, the reward and its prompts);
+scores are written to the run's ``tasks.jsonl`` only when every checkpoint was scored, so a bad input leaves the
+run as it was.
 ``--json`` prints one object (see :func:`json_result`; ``version`` says its layout).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
@@ -21,8 +27,11 @@ from workbench.commands.common import (
     add_json_option,
     add_progress_option,
     add_run_argument,
+    add_sampling_options,
     print_progress,
+    sampling_of,
 )
+from workbench.commands.pairs import REWARDS, add_reward_options, check_sampling, sampler_for
 from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task
 from workbench.data.chat_templates import ChatTemplate, ChatTemplateError, run_template
 from workbench.data.documents import open_corpus
@@ -30,7 +39,9 @@ from workbench.data.tasks import Task, TaskError, expand_task_specs, load_task, 
 from workbench.data.tokenizer import load_tokenizer
 from workbench.fmt import duration
 from workbench.machine.detect import Machine
+from workbench.plan.sampling import TEXT
 from workbench.plan.settings import resolve_device
+from workbench.reward import THRESHOLD, Prompts, Reward, RewardError, parse_reward, read_prompts, summarize
 
 JSON_VERSION = 1
 
@@ -54,8 +65,10 @@ task files (JSONL, plain, .gz, .zst or .xz; one record a line; the shape from th
 def register(sub) -> None:
     p = sub.add_parser("eval", help="score a run's checkpoints on tasks and on held-out text",
                        description="Score a run's checkpoints on tasks (multiple choice, exact match, chat) and on "
-                                   "held-out text (bits per byte); the scores go to the run's tasks.jsonl.",
-                       epilog=TASK_FORMATS, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   "held-out text (bits per byte), or on a reward over prompts (--reward: mean "
+                                   "reward, pass@1, pass@k); the scores go to the run's tasks.jsonl.",
+                       epilog=TASK_FORMATS + "\n" + REWARDS,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_argument(p, nargs="?", checkpoint="latest (default), best, a step number, or all")
     p.add_argument("--task", dest="tasks", action="extend", nargs="+", default=[], metavar="TASK",
                    help="a JSONL task file (plain, .gz, .zst) or a built-in task (builtin = all of them; "
@@ -76,6 +89,15 @@ def register(sub) -> None:
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
     p.add_argument("--list-tasks", action="store_true", help="list the built-in tasks and exit")
     add_progress_option(p, "TASK DONE/TOTAL (CHECKPOINT)", "as items are scored")
+    g = p.add_argument_group("a reward over prompts", "N completions of each prompt sampled and scored by a reward: "
+                             "the mean reward, pass@1 and pass@k (Chen et al. 2021's unbiased estimator)")
+    add_reward_options(g, prompts_required=False)
+    g.add_argument("--samples", type=int, default=1, metavar="N", help="completions sampled a prompt (default 1)")
+    g.add_argument("--pass-k", type=int, default=None, metavar="K",
+                   help="the k of pass@k, at most --samples (default: --samples)")
+    g.add_argument("--pass-threshold", type=float, default=THRESHOLD, metavar="T",
+                   help=f"a sample passes when its reward is at least T (default {THRESHOLD:g}: exact's right answer)")
+    add_sampling_options(g, TEXT)
     p.set_defaults(func=run)
 
 
@@ -134,15 +156,16 @@ def run(args) -> int:
         return list_tasks()
     if not args.run:
         raise rundir.RunError("name the run to score: workbench eval RUN --task builtin (`workbench runs` lists them)")
-    if not args.tasks and not args.corpus:
+    if not args.tasks and not args.corpus and not args.reward and not args.prompts:
         raise TaskError("give --task (a JSONL file or a built-in task: builtin, " + ", ".join(BUILTIN_TASKS)
-                        + ") or --corpus PATH")
+                        + "), --corpus PATH or --reward R --prompts FILE")
     if args.limit is not None and args.limit < 1:
         raise TaskError("--limit must be at least 1")
     run_dir = rundir.resolve_run(args.runs_dir, args.run)
     ckpts = checkpoints(run_dir, args.checkpoint)
     tasks, template = load_tasks(args, run_dir)
     corpus = open_corpus(list(args.corpus)) if args.corpus else None
+    scoring = reward_scoring(args)
 
     # lazily: torch and the engine load only once the inputs are known to be good
     import torch
@@ -174,8 +197,13 @@ def run(args) -> int:
                                     max_windows=args.limit or 200)
             text = {"corpus": corpus.description, "bpb": bpb, "loss": loss, "tokens": n,
                     "seconds": time.time() - t1}
-        results.append(json_result_checkpoint(ck, scored, text))
-        records += task_records(ck, scored, text, corpus)
+        rewarded = None
+        if scoring is not None:
+            rewarded = score_reward(scoring, sampler_for(run_dir, model, tok, scoring.sampling, str(device)), ck,
+                                    args.progress)
+            dumps += rewarded.pop("per_prompt")
+        results.append(dict(json_result_checkpoint(ck, scored, text), reward=rewarded))
+        records += task_records(ck, scored, text, corpus) + reward_records(ck, rewarded)
         del model, loaded
     if args.dump:
         with open(args.dump, "w", encoding="utf-8") as f:
@@ -192,6 +220,70 @@ def run(args) -> int:
     if args.dump:
         print(f"wrote {len(dumps)} exact-match records to {args.dump}", file=sys.stderr)
     return 0
+
+
+class RewardScoring:
+    """What ``--reward`` asks for, read and checked before torch loads."""
+
+    def __init__(self, reward: Reward, prompts: Prompts, args) -> None:
+        self.reward, self.prompts = reward, prompts
+        self.samples, self.threshold = args.samples, args.pass_threshold
+        self.k = args.pass_k if args.pass_k is not None else args.samples
+        self.sampling = sampling_of(args)
+
+
+def reward_scoring(args) -> RewardScoring | None:
+    """``--reward`` and ``--prompts`` read and checked (None without them); one line for anything wrong."""
+    if not args.reward and not args.prompts:
+        return None
+    if not args.reward or not args.prompts:
+        raise RewardError("--reward and --prompts go together: the reward scores completions of the prompts")
+    if args.pass_k is not None and not 1 <= args.pass_k <= args.samples:
+        raise RewardError(f"--pass-k {args.pass_k} must be between 1 and --samples ({args.samples}): pass@k is "
+                          "estimated from at least k samples a prompt")
+    check_sampling(sampling_of(args), args.samples, "pass@k would be pass@1")
+    reward = parse_reward(args.reward, args.reward_timeout)
+    prompts = read_prompts(args.prompts, args.limit)
+    for p in prompts.items:
+        reward.check_record(p.record, p.where)
+    return RewardScoring(reward, prompts, args)
+
+
+def score_reward(s: RewardScoring, sampler, ck: dict, progress: bool) -> dict:
+    """The reward's summary over the prompts at one checkpoint, as ``--json`` gives it (with ``per_prompt``: the
+    completions and rewards, for --dump)."""
+    t0 = time.time()
+    name = f"reward:{s.reward.short}"
+    show = progress_printer(name, len(s.prompts.items), ck["name"]) if progress else None
+    rewards, per_prompt = [], []
+    for i, p in enumerate(s.prompts.items):
+        completions = sampler.complete(p, s.samples, s.sampling.seed + i)
+        got = [s.reward.score(p.text, c, p.record) for c in completions]
+        rewards.append(got)
+        per_prompt.append({"task": name, "checkpoint": ck["name"], "prompt": p.text, "completions": completions,
+                           "rewards": got})
+        if show:
+            show(i + 1)
+    summary = summarize(rewards, s.k, s.threshold)
+    return {"task": name, "reward": s.reward.describe(), "prompts_file": s.prompts.path,
+            "prompts_sha256": s.prompts.sha256, "chat": sampler.chat, "sampling": asdict(s.sampling),
+            **summary.to_dict(), "seconds": round(time.time() - t0, 3), "per_prompt": per_prompt}
+
+
+def reward_records(ck: dict, r: dict | None) -> list:
+    """The reward's scores for tasks.jsonl: mean_reward, pass@1 and pass@k (once when k is 1), each with what made
+    it (the reward's name and digest, the prompts' digest, the samples, the sampling) and a digest of those, so a
+    report card compares only like with like."""
+    if r is None:
+        return []
+    made = {"reward": r["reward"], "prompts_sha256": r["prompts_sha256"], "samples": r["samples"],
+            "threshold": r["threshold"], "sampling": r["sampling"]}
+    digest = hashlib.sha256(json.dumps(made, sort_keys=True).encode()).hexdigest()[:16]
+    now = time.time()
+    metrics = ["mean_reward", "pass@1"] + ([f"pass@{r['k']}"] if r["k"] != 1 else [])
+    return [rundir.TaskRecord(step=ck["step"], task=r["task"], metric=m, value=r[m], n=r["prompts"], time=now,
+                              extra={"source": r["prompts_file"], "checkpoint": ck["name"], "digest": digest, **made})
+            for m in metrics]
 
 
 def progress_printer(task: str, total: int, checkpoint: str, every_s: float = 0.5):
@@ -255,6 +347,12 @@ def print_checkpoint(run_dir: Path, res: dict, saved: bool) -> None:
         n = sum(1 for t in res["tasks"] if t["kind"] == "mc")
         print(f"  mean centered accuracy over {n} multiple-choice task{'s' if n != 1 else ''}: "
               f"{res['mean_centered']:.3f}  (* the metric each task reports; centered: 0 = chance, 1 = all right)")
+    if res["reward"]:
+        x = res["reward"]
+        print(f"  {x['task']} on {x['prompts']:,} prompts x {x['samples']}: mean reward {x['mean_reward']:.3f} "
+              f"(sd {x['reward_sd']:.3f}), pass@1 {x['pass@1']:.3f}" + (f", pass@{x['k']} {x['pass@k']:.3f}"
+                                                                       if x['k'] != 1 else "")
+              + f"  (a pass: reward >= {x['threshold']:g}; {duration(x['seconds'])})")
     if res["text"]:
         x = res["text"]
         print(f"  text {x['corpus']}: {x['bpb']:.4f} bits/byte, loss {x['loss']:.4f} over {x['tokens']:,} tokens "
