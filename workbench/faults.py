@@ -13,6 +13,8 @@ each point is a cheap attribute check.
     WORKBENCH_TEST_PAUSE_SECONDS=S     for S seconds (default 30), so a test can kill us there
     WORKBENCH_TEST_PAUSE_AFTER_SHARD=N corpus preparation: pause (as above) once N token shards are written
     WORKBENCH_TEST_REFERENCE_IS_POLICY=1 a preference run's reference is the policy itself (TRL #1107's bug)
+    WORKBENCH_TEST_SLOW_EVALS=S        every eval after step 0 takes S seconds longer (a machine busier than when
+                                       a time budget's plan timed its eval batch)
 
 No torch here: corpus preparation (``workbench data prepare``) uses it too.
 """
@@ -45,6 +47,7 @@ class Faults:
     pause_seconds: float = 30.0
     pause_after_shard: int | None = None
     reference_is_policy: bool = False
+    slow_evals: float = 0.0
     _poisoned: set[int] = field(default_factory=set)
 
     @classmethod
@@ -61,7 +64,8 @@ class Faults:
                    pause_marker=env.get("WORKBENCH_TEST_PAUSE_MARKER") or None,
                    pause_seconds=float(env.get("WORKBENCH_TEST_PAUSE_SECONDS", "30")),
                    reference_is_policy=env.get("WORKBENCH_TEST_REFERENCE_IS_POLICY") == "1",
-                   pause_after_shard=_int(env, "WORKBENCH_TEST_PAUSE_AFTER_SHARD"))
+                   pause_after_shard=_int(env, "WORKBENCH_TEST_PAUSE_AFTER_SHARD"),
+                   slow_evals=float(env.get("WORKBENCH_TEST_SLOW_EVALS") or 0.0))
 
     def poison_step(self, step: int) -> bool:
         """Whether the loss of optimizer step ``step`` (1-based) is to be made NaN."""
@@ -90,6 +94,11 @@ class Faults:
             self._pause()
         if point == "after_model" and step == self.fail_save_at:
             raise OSError(errno.ENOSPC, "No space left on device")
+
+    def in_eval(self, step: int) -> None:
+        """An eval after step 0: slower, as on a machine that got busier."""
+        if self.slow_evals and step > 0:
+            time.sleep(self.slow_evals)
 
     def after_shard(self, shards_written: int) -> None:
         """Corpus preparation: pause (to be killed there) once this many token shards are on disk."""

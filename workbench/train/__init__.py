@@ -22,6 +22,7 @@ The loop and what it keeps:
 - ``objective``     a preference run's objective on its batches: the reference, the measures logged, the checks
 - ``reference``     a precomputed reference: the pass over every answer before training, re-checked at each start
 - ``budget``        ``train.time_budget``'s clock
+- ``budget_steps``  the trainer's side of it: evals sized to the budget, the clock read after each step
 - ``state``         the trainer's own state (step, tokens seen, the data sampler, RNGs) with
                     ``to_dict`` / ``from_dict``
 - ``stateful``      the trainer's ``state_dict`` / ``load_state_dict`` pair (the horizon's state kept with it)

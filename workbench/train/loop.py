@@ -32,16 +32,14 @@ import torch
 from workbench import rundir
 from workbench.data.train_data import Batch, Sampler, step_targets
 from workbench.errors import WorkbenchError
-from workbench.plan.cost import eval_seconds
-from workbench.plan.horizon import STEP_PER_EVAL_BATCH, plan_budget
 from workbench.plan.sampling import TEXT
 from workbench.rundir import EvalRecord, PreferenceRecord, TrainRecord
 from workbench.train import runtime
 from workbench.train.batches import batch_loss, on_device
-from workbench.train.evaluation import EvalBatches, evaluate, time_eval_batch
+from workbench.train.budget_steps import BudgetSteps
+from workbench.train.evaluation import EvalBatches, evaluate
 from workbench.train.generate import generate_text
 from workbench.train.reporter import failure_message
-from workbench.train.start import TrainerParts
 
 
 def preference_summary(r: PreferenceRecord) -> str:
@@ -70,7 +68,7 @@ ROLLBACK_LR_FACTOR = 0.5
 MAX_ROLLBACKS = 2
 
 
-class Trainer(TrainerParts):
+class Trainer(BudgetSteps):
     """The loop over a run's steps (its parts and their setup: ``TrainerParts``)."""
 
     # ------------------------------------------------------------------ signals
@@ -222,26 +220,6 @@ class Trainer(TrainerParts):
         self.state.step += 1
         self.state.tokens_seen += self.tokens_per_step
 
-    def budget_tick(self) -> None:
-        """After a step of a budgeted run: the budget's clock says how much of it is spent (on rank 0's clock for
-        every rank) and the step it now ends at; the horizon takes both (the next step's learning rate, and with
-        wsd where the decay began, which the checkpointer saves)."""
-        t, st, b = self.preset.train, self.state, self.budget
-
-        def eval_due(before: float, after: float) -> bool:
-            """An eval on the way falls due: at the budget's shares its plan put them (a run started before
-            budgets planned their evals: every eval_interval steps)."""
-            self.eval_now = (self.horizon.eval_between(before, after) if self.horizon.eval_iters
-                             else st.step % t.eval_interval == 0)
-            return self.eval_now
-
-        end = b.after_step(
-            st.step, time.time(), clock_runs=not self.settings.compile or self.compile_reported,
-            eval_due=eval_due,
-            eval_estimate=lambda rate: eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate),
-            agree=self.dist.broadcast)
-        self.horizon = self.horizon.after_step(st.step, end, b.agreed, b.step_share(st.step, time.time()))
-
     def eval_due(self, step: int) -> bool:
         """Whether ``step`` is followed by an eval: the run's last; on a budget, the shares of it its plan chose
         (``budget_tick`` says); counted in steps, every eval_interval and at train.eval_shares of the steps."""
@@ -276,9 +254,6 @@ class Trainer(TrainerParts):
                         f"{f'{tps:,.0f} tok/s' if tps else 'warming up'}, mem {mem:.0f} MB"
                         + (preference_summary(pref) if pref is not None else ""))
         self.throughput.after_log(now)
-
-    def budget_status(self, now: float) -> dict:
-        return self.budget.status(self.horizon.end_step, now, self.horizon.warmup) if self.budget is not None else {}
 
     def maybe_evaluate(self) -> tuple[bool, bool, bool]:
         """At an eval step: the losses, the best so far, a sample, a checkpoint if it is the best or
@@ -341,28 +316,12 @@ class Trainer(TrainerParts):
 
     # ------------------------------------------------------------------ evaluation and samples
 
-    def size_budget_evals(self) -> None:
-        """A new budgeted run's evals sized to its budget at this machine's speed now, before its step-0 eval: one
-        eval batch's forward timed (rank 0's for every rank), the budget planned again with it (plan.horizon:
-        the batches each eval scores, the evals on the way, the warmup), the horizon given the plan."""
-        t, seconds = self.preset.train, self.budget.seconds
-        one = EvalBatches.draw(self.preset, self.data, 1, self.token_bytes, self.device, self.next_batch)
-        batch_s = self.dist.broadcast(time_eval_batch(self.built.model, one, self.autocast, self.objective))
-        prior = self.budget.prior_rate
-        step_s = 1.0 / prior if prior else STEP_PER_EVAL_BATCH * batch_s * t.grad_accum
-        plan = plan_budget(self.preset, seconds, step_s, batch_s, self.data.split_tokens()[1])
-        if plan.eval_iters < 1:  # too short (the CLI refused it unless --yes): one batch, no eval on the way
-            self.report.log(f"warning: {plan.problem}; it goes on with evals of one batch")
-            plan = dataclasses.replace(plan, eval_iters=1, evals_on_the_way=0)
-        self.budget_plan, self.eval_iters = plan, plan.eval_iters
-        self.horizon = self.horizon.planned(plan)
-        self.report.log(f"an eval batch timed at {batch_s:.3g} s: warmup {plan.warmup}; {plan.evals_line()}")
-
     def evaluate(self) -> EvalRecord:
         """The eval record of this step, with its seconds and the run's time totals (the first eval of a process
         draws the fixed batches every eval scores, and keeps them on the device)."""
         t0 = time.time()
         share = round(self.horizon.progress, 6) if self.budget is not None else None
+        self.faults.in_eval(self.state.step)
         if self.eval_batches is None:
             self.eval_batches = EvalBatches.draw(self.preset, self.data, self.eval_iters, self.token_bytes,
                                                  self.device, self.next_batch)

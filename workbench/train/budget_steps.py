@@ -1,0 +1,78 @@
+"""The trainer's time budget, step by step: its evals sized to the budget before the step-0 eval, the clock read
+after every step (the share spent, the step it now ends at, whether an eval on the way is due and still fits its
+share), and what status.json says of it. The budget's arithmetic is ``workbench.train.budget`` and the plan
+``workbench.plan.horizon``; this is the trainer's side of them (``workbench.train.loop.Trainer`` runs it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from workbench.plan.cost import eval_seconds
+from workbench.plan.horizon import EVAL_SHARE, STEP_PER_EVAL_BATCH, plan_budget
+from workbench.train.evaluation import EvalBatches, time_eval_batch
+from workbench.train.start import TrainerParts
+
+
+class BudgetSteps(TrainerParts):
+    """A budgeted run's steps (nothing here runs without ``train.time_budget``)."""
+
+    evals_skipped = 0  # a budget's evals on the way skipped to keep their share (budget_eval_fits)
+
+    def size_budget_evals(self) -> None:
+        """A new budgeted run's evals sized to its budget at this machine's speed now, before its step-0 eval: one
+        eval batch's forward timed (rank 0's for every rank), the budget planned again with it (plan.horizon:
+        the batches each eval scores, the evals on the way, the warmup), the horizon given the plan."""
+        t, seconds = self.preset.train, self.budget.seconds
+        one = EvalBatches.draw(self.preset, self.data, 1, self.token_bytes, self.device, self.next_batch)
+        batch_s = self.dist.broadcast(time_eval_batch(self.built.model, one, self.autocast, self.objective))
+        prior = self.budget.prior_rate
+        step_s = 1.0 / prior if prior else STEP_PER_EVAL_BATCH * batch_s * t.grad_accum
+        plan = plan_budget(self.preset, seconds, step_s, batch_s, self.data.split_tokens()[1])
+        if plan.eval_iters < 1:  # too short (the CLI refused it unless --yes): one batch, no eval on the way
+            self.report.log(f"warning: {plan.problem}; it goes on with evals of one batch")
+            plan = dataclasses.replace(plan, eval_iters=1, evals_on_the_way=0)
+        self.budget_plan, self.eval_iters = plan, plan.eval_iters
+        self.horizon = self.horizon.planned(plan)
+        self.report.log(f"an eval batch timed at {batch_s:.3g} s: warmup {plan.warmup}; {plan.evals_line()}")
+
+    def budget_tick(self) -> None:
+        """After a step of a budgeted run: the budget's clock says how much of it is spent (on rank 0's clock for
+        every rank) and the step it now ends at; the horizon takes both (the next step's learning rate, and with
+        wsd where the decay began, which the checkpointer saves)."""
+        t, st, b = self.preset.train, self.state, self.budget
+
+        def eval_due(before: float, after: float) -> bool:
+            """An eval on the way falls due: at the budget's shares its plan put them (a run started before
+            budgets planned their evals: every eval_interval steps), unless it no longer fits their share."""
+            self.eval_now = (self.horizon.eval_between(before, after) if self.horizon.eval_iters
+                             else st.step % t.eval_interval == 0)
+            if self.eval_now and self.horizon.eval_iters and not self.horizon.eval_shares:
+                self.eval_now = self.budget_eval_fits(st.step)
+            return self.eval_now
+
+        end = b.after_step(
+            st.step, time.time(), clock_runs=not self.settings.compile or self.compile_reported,
+            eval_due=eval_due,
+            eval_estimate=lambda rate: eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate),
+            agree=self.dist.broadcast)
+        self.horizon = self.horizon.after_step(st.step, end, b.agreed, b.step_share(st.step, time.time()))
+
+    def budget_eval_fits(self, step: int) -> bool:
+        """Whether an eval on the way still fits the budget's share for evals with the last one after it, at the
+        last eval's seconds (the plan timed one batch before the step-0 eval; a machine that got busier since makes
+        them dearer: beside a CPU hog they took 10-12 % of the budget): one that does not is skipped, said once.
+        Rank 0 decides for every rank. Evals at train.eval_shares (a sweep's rungs) are never skipped."""
+        b = self.budget
+        one = b.last_eval or b.first_eval or 0.0
+        fits = bool(self.dist.broadcast(self.state.eval_s + 2 * one <= EVAL_SHARE * b.seconds))
+        if not fits:
+            if not self.evals_skipped:
+                self.report.log(f"step {step}: the evals on the way from here are skipped: evals took "
+                                f"{self.state.eval_s:.1f} s of the budget's {EVAL_SHARE:.0%} "
+                                f"({EVAL_SHARE * b.seconds:.1f} s) and one takes {one:.1f} s now")
+            self.evals_skipped += 1
+        return fits
+
+    def budget_status(self, now: float) -> dict:
+        return self.budget.status(self.horizon.end_step, now, self.horizon.warmup) if self.budget is not None else {}
