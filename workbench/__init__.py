@@ -7,6 +7,7 @@ The layers, lowest first (each imports only those below it; README's Architectur
 - ``rundir``     the run-directory contract: file names, the one writer, status, records, checkpoint listing
 - ``machine``    what this machine has; the GPU table
 - ``data``       corpora, conversations and eval tasks, read, tokenized and prepared (no torch)
+- ``reward``     rewards (built-in checks or the user's function), pairs from scored samples, pass@k (no torch)
 - ``plan``       every ``auto`` resolved, what will run, estimates, a run's horizon (no torch)
 - ``analysis``   past runs: summaries, lineage, report cards, the run doctor (no torch)
 - ``queue``      the run queue and sweeps: many runs one after the other, Optuna's search (no torch)

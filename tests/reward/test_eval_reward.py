@@ -54,11 +54,12 @@ def test_mean_reward_pass_at_1_and_pass_at_k_are_those_of_the_samples(facts_run,
         ("mean_reward", r["mean_reward"], 12), ("pass@1", r["pass@1"], 12), ("pass@2", r["pass@2"], 12)]
     assert all(x["reward"]["sha256"] == digest and x["step"] == 150 and x["samples"] == 5 for x in recs)
 
-    # the table: the same numbers, --limit taking the first prompts
+    # the table: --limit takes the first prompts; --progress says how far it is
     text = wb("eval", str(run), "--prompts", str(prompts / "prompts.jsonl"), "--reward", "contains:e",
-              "--samples", "3", "--limit", "4", "--no-save", *SAMPLING)
+              "--samples", "3", "--limit", "4", "--no-save", "--progress", *SAMPLING)
     assert text.returncode == 0, text.stderr
     assert "reward:contains:e on 4 prompts x 3: mean reward " in text.stdout and ", pass@3 " in text.stdout
+    assert "progress: reward:contains:e 4/4 (step_0000150)" in text.stderr.splitlines()
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -52,7 +52,7 @@ def inputs(tmp_path_factory) -> Path:
     return d
 
 
-def pairs(run: Path, out: Path, *extra: str, cwd: Path | None = None):
+def pairs_cli(run: Path, out: Path, *extra: str, cwd: Path | None = None):
     return wb("pairs", run.name, "--runs-dir", str(run.parent), "--out", str(out), *extra, cwd=cwd)
 
 
@@ -68,7 +68,7 @@ def errors(cp) -> list[str]:
 
 def test_the_pairs_are_every_two_samples_with_different_rewards(facts_run, inputs, tmp_path):
     out = tmp_path / "pairs.jsonl"
-    stdout = ok(pairs(facts_run, out, "--prompts", str(inputs / "prompts.jsonl"), "--reward", "exact:answer",
+    stdout = ok(pairs_cli(facts_run, out, "--prompts", str(inputs / "prompts.jsonl"), "--reward", "exact:answer",
                       "--samples", "4", *SAMPLING))
     # the same samples, as eval shows them: prompt i sampled with seed + i, K rows together
     dump = tmp_path / "dump.jsonl"
@@ -100,11 +100,11 @@ def test_a_stopped_run_continues_to_the_file_one_go_writes(facts_run, inputs, tm
     args = ["--prompts", str(inputs / "prompts.jsonl"), "--reward", str(inputs / "reward.py") + ":right",
             "--samples", "3", "--reward-timeout", "3", "--checkpoint", "150", *SAMPLING]
     whole = tmp_path / "whole.jsonl"
-    ok(pairs(facts_run, whole, *args))
+    ok(pairs_cli(facts_run, whole, *args))
     part = tmp_path / "part.jsonl"
     (inputs / "stop-at").write_text(FACTS[5][0])
     try:
-        cp = pairs(facts_run, part, *args)
+        cp = pairs_cli(facts_run, part, *args)
     finally:
         (inputs / "stop-at").unlink()
     assert cp.returncode == 2 and len(errors(cp)) == 1, cp.stderr
@@ -116,18 +116,18 @@ def test_a_stopped_run_continues_to_the_file_one_go_writes(facts_run, inputs, tm
         (tmp_path / "whole.jsonl.meta.json").read_text())["settings"]["reward"]["sha256"]
     with part.open("ab") as f:
         f.write(b'{"prompt": "code 005 means", "cho')      # a prompt half written when the process died
-    cp = pairs(facts_run, part, *args)
+    cp = pairs_cli(facts_run, part, *args)
     ok(cp)
     assert "continuing " + str(part) + " after 5 of 12 prompts" in cp.stderr
     assert part.read_bytes() == whole.read_bytes()
-    assert "is complete" in ok(pairs(facts_run, part, *args))
+    assert "is complete" in ok(pairs_cli(facts_run, part, *args))
 
     before = tree(tmp_path)
     for changed, said in [(["--samples", "4"], "samples: 3 then, 4 now"),
                           (["--temperature", "1.0"], "sampling.temperature: 1.5 then, 1.0 now"),
                           (["--reward", "contains:apple"], 'reward.name: "' + str(inputs / "reward.py") + ':right" '
                                                           'then, "contains:apple" now')]:
-        cp = pairs(facts_run, part, *args, *changed)
+        cp = pairs_cli(facts_run, part, *args, *changed)
         assert cp.returncode == 2 and len(errors(cp)) == 1 and said in cp.stderr, cp.stderr
         assert f"delete {part} and part.jsonl.meta.json (or give another --out) to start over" in cp.stderr
     assert tree(tmp_path) == before
