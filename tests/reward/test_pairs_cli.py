@@ -154,6 +154,7 @@ BAD = {
     "one sample": (["--samples", "1"], "--samples must be at least 2: a pair needs two samples of a prompt"),
     "greedy": (["--temperature", "0"], "--temperature 0 is greedy: the 4 samples of a prompt would be the same"),
     "not our file": (["--out", "{d}/notes.jsonl"], "notes.jsonl exists and was not written by `workbench pairs`"),
+    "no such directory": (["--out", "{d}/new/p.jsonl"], "--out {d}/new/p.jsonl: there is no directory {d}/new"),
 }
 
 

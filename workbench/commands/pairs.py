@@ -219,6 +219,8 @@ def run(args) -> int:
     out = Path(args.out or f"{run_dir.name}-{ckpt['name']}-pairs.jsonl")
     if out.is_dir():
         raise RewardError(f"--out {out} is a directory; give a file name, e.g. {out / 'pairs.jsonl'}")
+    if not out.parent.is_dir():
+        raise RewardError(f"--out {out}: there is no directory {out.parent}; make it first, or give another path")
     settings = {"run": run_dir.name, "checkpoint": ckpt["name"], "step": ckpt["step"],
                 "prompts_sha256": prompts.sha256, "reward": {k: v for k, v in reward.describe().items()
                                                              if k != "timeout_s"},
