@@ -1,7 +1,8 @@
 """Presets: the [model] / [train] / [data] / [hardware] sections as dataclasses (``schema``: each key's
 documentation, type and limits; ``validate``: a preset from parsed TOML, checked against them and the
 rules between keys, every failure a :class:`PresetError` that names the file, the key, the value and
-what is allowed), TOML text and --set items (``overrides``), ``train.time_budget``'s durations such as
+what is allowed), the table of objectives, one row of facts for each ``train.objective`` that every
+layer asks (``objectives``), TOML text and --set items (``overrides``), ``train.time_budget``'s durations such as
 "1h30m" (``duration``) and
 the preset files (``files``: found by name, loaded, and the one writer of user presets), and a preset's
 text as the editor holds it (``editing``). Plain data:

@@ -13,6 +13,16 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from workbench.config.objectives import (
+    DEFAULT_SIMPO_GAMMA,
+    KTO,
+    OBJECTIVE_NAMES,
+    OBJECTIVES,
+    PAIRS,
+    SFT,
+    objective_spec,
+    objectives_on,
+)
 from workbench.errors import WorkbenchError
 
 
@@ -24,6 +34,16 @@ def _f(default: Any, doc: str, *, choices: tuple | None = None, min: float | Non
        max: float | None = None, min_exclusive: bool = False) -> Any:
     meta = {"doc": doc, "choices": choices, "min": min, "max": max, "min_exclusive": min_exclusive}
     return field(default=default, metadata=meta)
+
+
+def _objective_doc() -> str:
+    """train.objective's documentation, each objective's line from the table (workbench.config.objectives)."""
+    paired = ", ".join(f"{o} ({OBJECTIVES[o].summary})" for o in objectives_on(PAIRS))
+    labelled = ", ".join(objectives_on(KTO))
+    return (f"What the run optimises. {SFT}: {OBJECTIVES[SFT].summary}. On preference data (records of "
+            f"prompt/chosen/rejected, or prompt/completion/label): {paired} or, on labelled answers, {labelled}. "
+            f"batch_size counts pairs ({labelled}: answers). The reference is chosen for the run and stated at its "
+            "start and in `workbench estimate`.")
 
 
 @dataclass
@@ -140,14 +160,7 @@ class TrainConfig:
                                    "assistant message and its end-of-turn token; last_assistant: the last one of "
                                    "each conversation; all: every token.",
                       choices=("assistant", "last_assistant", "all"))
-    objective: str = _f("sft", "What the run optimises. sft: next-token cross-entropy (text, or chat answers). On "
-                               "preference data (records of prompt/chosen/rejected, or prompt/completion/label): "
-                               "dpo (sigmoid DPO against a frozen reference: summed answer log-probs), simpo "
-                               "(reference-free, length-averaged, margin simpo_gamma), orpo (reference-free: the "
-                               "chosen answers' SFT loss plus an odds-ratio term) or, on labelled answers, kto. "
-                               "batch_size counts pairs (kto: answers). The reference is chosen for the run and "
-                               "stated at its start and in `workbench estimate`.",
-                        choices=("sft", "dpo", "simpo", "orpo", "kto"))
+    objective: str = _f(SFT, _objective_doc(), choices=OBJECTIVE_NAMES)
     pref_beta: float = _f(0.0, "Preference objectives: the strength beta (orpo: lambda); 0 = the objective's own "
                                "default: dpo 0.1, kto 0.1, simpo 2.0, orpo 0.1.", min=0.0)
     pref_label_smoothing: float = _f(0.0, "dpo and simpo: the share of pairs assumed mislabelled (robust DPO; "
@@ -169,7 +182,8 @@ class TrainConfig:
                                  "pi_c) (summed log-probs). It keeps DPO from pushing the chosen answers down with "
                                  "rejected ones that share most of their tokens; the paper uses 50. 0 = plain DPO.",
                             min=0.0)
-    simpo_gamma: float = _f(1.0, "simpo: the target reward margin gamma (beta / 2 is the paper's advice).", min=0.0)
+    simpo_gamma: float = _f(DEFAULT_SIMPO_GAMMA, "simpo: the target reward margin gamma (beta / 2 is the paper's "
+                                                 "advice).", min=0.0)
     kto_desirable_weight: float = _f(1.0, "kto: weight of the desirable (label true) answers' loss.", min=0.0,
                                      min_exclusive=True)
     kto_undesirable_weight: float = _f(1.0, "kto: weight of the undesirable (label false) answers' loss.", min=0.0,
@@ -317,7 +331,7 @@ class Preset:
 
     def tokens_per_step(self) -> int:
         """Positions a step trains on: a preference pair is two rows (its chosen and its rejected answer)."""
-        rows = 2 if self.train.objective in ("dpo", "simpo", "orpo") else 1
+        rows = objective_spec(self.train.objective).rows_per_item
         return rows * self.train.batch_size * self.train.grad_accum * self.model.seq_len
 
 

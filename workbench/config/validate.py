@@ -16,6 +16,7 @@ from dataclasses import fields
 from typing import Any, Iterable
 
 from workbench.config.duration import DurationError, budget_seconds
+from workbench.config.objectives import key_readers, objective_spec
 from workbench.config.schema import SECTIONS, Preset, PresetError
 
 
@@ -126,17 +127,18 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
     if "train.loss_on" in user_set and p.data.format == "text":
         bad(f"train.loss_on = {t.loss_on} applies to chat data, but data.format = text; set data.format = chat "
             "(or auto) for conversations")
-    if t.dpop_lambda and t.objective != "dpo":
+    objective = objective_spec(t.objective)
+    if t.dpop_lambda and "dpop_lambda" not in objective.keys:
         bad(f"train.dpop_lambda = {t.dpop_lambda:g} is DPOP's penalty on DPO's chosen answers, but train.objective = "
-            f"{t.objective}; set train.objective = dpo (or train.dpop_lambda = 0)")
-    if t.objective != "sft":
+            f"{t.objective}; set train.objective = {' or '.join(key_readers('dpop_lambda'))} (or "
+            "train.dpop_lambda = 0)")
+    if objective.preference:
         if m.dropout > 0:
             bad(f"train.objective = {t.objective} trains without dropout (its reference and the step-0 check need a "
                 f"forward that gives the same log-probs twice, as TRL's disable_dropout); set model.dropout = 0 "
                 f"(--set model.dropout=0)")
-        if t.pref_reference == "precompute" and t.objective == "kto":
-            bad("train.pref_reference = precompute cannot serve kto: its KL estimate pairs each prompt with another "
-                "answer of its batch, which a table of each answer's log-prob cannot hold; set "
+        if t.pref_reference == "precompute" and objective.reference and objective.no_precompute:
+            bad(f"train.pref_reference = precompute cannot serve {t.objective}: {objective.no_precompute}; set "
                 "train.pref_reference = live (or auto)")
         if h.shard:
             bad(f"train.objective = {t.objective} is not supported with hardware.shard = true (FSDP2) yet; use "
