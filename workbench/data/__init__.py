@@ -26,7 +26,8 @@ Conversations:
 
 Preference data:
 
-- ``kinds``            the corpus kinds and which objective trains on which (names only, importing nothing)
+- ``kinds``            the corpus kinds as messages name them and the objective each suggests (from the table of
+                       objectives, ``workbench.config.objectives``; no reader loaded)
 - ``preference``       preference records (prompt/chosen/rejected pairs, KTO's prompt/completion/label) read into
                        conversations
 - ``preference_data``  the prepared pairs or labelled answers drawn in resumable batches (PairBatch, AnswerBatch)

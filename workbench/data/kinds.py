@@ -1,14 +1,17 @@
-"""The kinds of corpus a run trains on and which objective trains on which: names only, importing nothing, so
-the planner (and the TUI's first frame, through it) can ask without loading the readers, the tokenizer or numpy.
-The readers are :mod:`workbench.data.preference` and :mod:`workbench.data.chat`."""
+"""The kinds of corpus a run trains on, as the data layer names them: which are preference records, how each is
+described in a message, and which objective a corpus of each kind suggests. The kinds themselves and which
+objective trains on which are the table of objectives' (:mod:`workbench.config.objectives`); this module asks it
+and loads no reader, so the planner (and the TUI's first frame, through it) can ask without the readers, the
+tokenizer or numpy. The readers are :mod:`workbench.data.preference` and :mod:`workbench.data.chat`."""
 
 from __future__ import annotations
 
-PAIRS, KTO = "pairs", "kto"
-KINDS = (PAIRS, KTO)
-# What each objective trains on, and which objective trains on a corpus of each kind.
-PAIRED = {"dpo": True, "simpo": True, "orpo": True, "kto": False}
-DATA_KIND = {"dpo": PAIRS, "simpo": PAIRS, "orpo": PAIRS, "kto": KTO}
-OBJECTIVE_FOR = {PAIRS: "dpo", KTO: "kto"}
-DESCRIBE = {"text": "text", "chat": "conversations", PAIRS: "preference pairs (prompt, chosen, rejected)",
+from workbench.config.objectives import CHAT, KTO, PAIRS, TEXT, objectives_on
+
+KINDS = (PAIRS, KTO)    # preference records: a file's first record says which (workbench.data.preference)
+# The objective a corpus of each preference kind suggests: the table's first that trains on it.
+OBJECTIVE_FOR = {kind: objectives_on(kind)[0] for kind in KINDS}
+DESCRIBE = {TEXT: "text", CHAT: "conversations", PAIRS: "preference pairs (prompt, chosen, rejected)",
             KTO: "labelled answers (prompt, completion, label)"}
+
+__all__ = ["DESCRIBE", "KINDS", "KTO", "OBJECTIVE_FOR", "PAIRS"]

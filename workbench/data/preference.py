@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from workbench.config.objectives import objective_spec, objectives_on
 from workbench.data.chat import BadRecord, ChatOptions, ChatReader, Conversation, Message, _check, _messages
-from workbench.data.kinds import DATA_KIND, DESCRIBE, KINDS, KTO, OBJECTIVE_FOR, PAIRED, PAIRS
+from workbench.data.kinds import DESCRIBE, KINDS, KTO, OBJECTIVE_FOR, PAIRS
 from workbench.data.listing import CorpusError, Source
 from workbench.data.records import Stats, json_type
 
@@ -146,18 +147,21 @@ def check_corpus_kind(objective: str, kind: str, where: str) -> None:
     """Refuse, in one line, a corpus of ``kind`` (text, chat, pairs, kto) that ``train.objective`` cannot train
     on: preference records with sft, pairs with kto or labelled answers with a paired objective, text or
     conversations with a preference objective."""
-    if objective == "sft" and kind in KINDS:
-        also = " (or simpo, orpo)" if kind == PAIRS else ""
-        raise PreferenceError(f"{where} holds {DESCRIBE[kind]}, which train.objective = sft cannot train on; set "
-                              f"train.objective = {OBJECTIVE_FOR[kind]}{also} (--set train.objective="
-                              f"{OBJECTIVE_FOR[kind]})")
-    if objective != "sft" and kind != DATA_KIND[objective]:
+    spec = objective_spec(objective)
+    if kind in spec.data:
+        return
+    if not spec.preference and kind in KINDS:
+        first, *others = objectives_on(kind)
+        also = f" (or {', '.join(others)})" if others else ""
+        raise PreferenceError(f"{where} holds {DESCRIBE[kind]}, which train.objective = {objective} cannot train on; "
+                              f"set train.objective = {first}{also} (--set train.objective={first})")
+    if spec.preference:
         hint = f"; set train.objective = {OBJECTIVE_FOR[kind]}" if kind in OBJECTIVE_FOR else \
             "; give a file of such records (README: preference tuning)"
-        raise PreferenceError(f"train.objective = {objective} trains on {DESCRIBE[DATA_KIND[objective]]}, but "
+        raise PreferenceError(f"train.objective = {objective} trains on {DESCRIBE[spec.data[0]]}, but "
                               f"{where} holds {DESCRIBE[kind]}{hint}")
 
 
-__all__ = ["CHOSEN", "DATA_KIND", "DESCRIBE", "KINDS", "KTO", "OBJECTIVE_FOR", "PAIRED", "PAIRS", "REJECTED",
+__all__ = ["CHOSEN", "DESCRIBE", "KINDS", "KTO", "OBJECTIVE_FOR", "PAIRS", "REJECTED",
            "PreferenceError", "PreferenceReader", "check_corpus_kind", "detect_kind", "kto_conversation",
            "pair_conversations"]

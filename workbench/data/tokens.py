@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from workbench.config import DataConfig, Preset
+from workbench.config.objectives import SFT
 from workbench.data.chat import ChatEncoder
 from workbench.data.chat_data import corpus_kind, load_chat, template_for
 from workbench.data.chat_prepare import prepare_chat
@@ -200,7 +201,7 @@ def check_chat_template(cfg: DataConfig, vocab_size: int, loss_on: str = "assist
 def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[str], None] = print,
                  progress: Progress | None = None, workers: int | None = None, shard_chars: int = SHARD_CHARS,
                  faults: Faults = NO_FAULTS, run_dir: Path | None = None, loss_on: str = "assistant",
-                 objective: str = "sft") -> TrainData:
+                 objective: str = SFT) -> TrainData:
     """The tokenizer and tokens of a preset's corpus, ready to train on (prepared now unless cached): a
     :class:`TokenData` of documents, a :class:`~workbench.data.chat_data.ChatData` of conversations (data.format),
     or a :class:`~workbench.data.preference_data.PreferenceData` of preference records, refused first when

@@ -9,7 +9,8 @@
 - ``evals``      how many eval batches auto takes
 - ``sampling``   the sampling defaults (text and chat) every sampler reads: the CLI, the TUI, the trainer
 - ``finetune``   ``--init-from``: the fine-tune's preset, its link to the source weights, which method fits
-- ``preference`` a preference run's objective decided once: its beta, summed or averaged log-probs, its reference
+- ``preference`` a preference run's objective decided once from its row of the table (config.objectives): its beta,
+  summed or averaged log-probs, its reference
 - ``cost``       run time, energy and cost
 - ``run_plan``   what will run: a new run's preset and a resume's, with every refusal
 - ``batch``      the micro-batch search and gradient-accumulation plan ``fit`` uses

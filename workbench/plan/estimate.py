@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.config import Preset, PresetError
-from workbench.data.kinds import PAIRED
+from workbench.config.objectives import SFT, objective_spec
 from workbench.fmt import GiB as GB
 from workbench.fmt import MiB as MB
 from workbench.machine.detect import Machine, detect
@@ -141,7 +141,7 @@ class MemoryEstimate:
     activations_total: int
     checkpoint_bytes: int      # a checkpoint's model.pt + state.pt: the trained weights and the optimizer's states
     host_offload: int = 0      # hardware.optimizer_states = offload: pinned host memory (weights, gradients, moments)
-    objective: str = "sft"     # train.objective (plan.preference)
+    objective: str = SFT       # train.objective (plan.preference)
     reference: str = "none"    # a preference run's reference: none | adapters off | frozen copy
     reference_why: str = ""
 
@@ -393,7 +393,7 @@ def objective_or_none(preset: Preset) -> ObjectivePlan:
         return objective_plan(preset)
     except PresetError:
         o = preset.train.objective
-        return ObjectivePlan(o, rows_per_item=2 if PAIRED.get(o) else 1)
+        return ObjectivePlan(o, rows_per_item=objective_spec(o).rows_per_item)
 
 
 def reference_bytes(preset: Preset, settings: RunSettings, objective: ObjectivePlan) -> int:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import Preset, PresetError, load_preset_file, overridden_keys, parse_override, preset_from_dict
+from workbench.config.objectives import PREFERENCE_FAMILY, SFT_FAMILY, objective_spec
 from workbench.data.tokenizer import tokenizer_file
 from workbench.fs import fsync_dir
 from workbench.machine.detect import Machine
@@ -133,7 +134,7 @@ LORA_SFT_MAX_LR = 1e-3
 @dataclasses.dataclass(frozen=True)
 class FineTuneRate:
     """One row of :data:`FINETUNE_RATES`: the rate a fine-tune of this objective and method takes."""
-    objective: str          # "sft", or "preference" (dpo, kto, simpo, orpo)
+    family: str             # the objective's family (workbench.config.objectives): SFT_FAMILY or PREFERENCE_FAMILY
     finetune: str           # full | lora
     max_lr: float | None    # train.lr at the most (a lower rate the preset chose is kept); None: the preset's
     flat: bool              # min_lr at most the rate (flat after warmup), else scaled with it (the preset's decay)
@@ -141,10 +142,10 @@ class FineTuneRate:
 
 
 FINETUNE_RATES = (
-    FineTuneRate("preference", "full", PREFERENCE_MAX_LR, True, "a full preference fine-tune's at most"),
-    FineTuneRate("sft", "full", SFT_MAX_LR, False, "a full fine-tune's at most"),
-    FineTuneRate("sft", "lora", LORA_SFT_MAX_LR, False, "a LoRA fine-tune's at most"),
-    FineTuneRate("preference", "lora", None, False, "the preset's: a LoRA preference fine-tune keeps it"),
+    FineTuneRate(PREFERENCE_FAMILY, "full", PREFERENCE_MAX_LR, True, "a full preference fine-tune's at most"),
+    FineTuneRate(SFT_FAMILY, "full", SFT_MAX_LR, False, "a full fine-tune's at most"),
+    FineTuneRate(SFT_FAMILY, "lora", LORA_SFT_MAX_LR, False, "a LoRA fine-tune's at most"),
+    FineTuneRate(PREFERENCE_FAMILY, "lora", None, False, "the preset's: a LoRA preference fine-tune keeps it"),
 )
 
 
@@ -153,8 +154,8 @@ def finetune_lr_rule(train: Any, overrides: list[str]) -> FineTuneRate | None:
     ``train.lr``."""
     if "train.lr" in overridden_keys(overrides):
         return None
-    kind = "sft" if train.objective == "sft" else "preference"
-    return next((r for r in FINETUNE_RATES if (r.objective, r.finetune) == (kind, train.finetune)), None)
+    family = objective_spec(train.objective).family
+    return next((r for r in FINETUNE_RATES if (r.family, r.finetune) == (family, train.finetune)), None)
 
 
 def finetune_lr(train: Any, overrides: list[str]) -> Any:

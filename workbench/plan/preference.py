@@ -30,23 +30,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from workbench.config import Preset, PresetError
-from workbench.data.kinds import DATA_KIND, PAIRED
+from workbench.config.objectives import OBJECTIVES, ObjectiveSpec, objective_spec
 
-OBJECTIVES = ("sft", "dpo", "simpo", "orpo", "kto")
-# Each objective's default strength (train.pref_beta = 0 takes it): DPO's and KTO's β 0.1 (the papers', TRL's);
-# SimPO's β 2.0 with γ = 1.0 (γ/β = 0.5, the paper's recommendation); ORPO's λ 0.1 (TRL's beta).
-DEFAULT_BETA = {"dpo": 0.1, "simpo": 2.0, "orpo": 0.1, "kto": 0.1}
-DEFAULT_SIMPO_GAMMA = 1.0
-# Which log-probability each objective takes: the sum over the answer's tokens, or their mean.
-AVERAGED = {"dpo": False, "kto": False, "simpo": True, "orpo": True}
-NEEDS_REFERENCE = {"dpo": True, "kto": True, "simpo": False, "orpo": False}
+# Each objective's facts (its default beta, summed or averaged log-probs, whether it needs a reference, its data)
+# are the table's: workbench.config.objectives. This module decides, from them and the preset, the reference.
 PRECOMPUTED = "precomputed"   # the reference of a table of log-probs (train.pref_reference)
 
 
 @dataclass(frozen=True)
 class ObjectivePlan:
     """What a run of ``objective`` optimises, decided once."""
-    objective: str                 # sft | dpo | simpo | orpo | kto
+    objective: str                 # train.objective: a name of the table (workbench.config.objectives)
     beta: float = 0.0              # resolved (pref_beta, or the default)
     averaged: bool = False         # length-averaged log-probs (SimPO, ORPO) instead of summed
     reference: str = "none"        # none | adapters off | frozen copy | precomputed
@@ -60,18 +54,18 @@ class ObjectivePlan:
                                            "computed once before training; no second copy of the weights")
 
     @property
-    def preference(self) -> bool:
-        return self.objective != "sft"
+    def spec(self) -> ObjectiveSpec:
+        """The objective's row of the table."""
+        return objective_spec(self.objective)
 
     @property
-    def data_kind(self) -> str:
-        """The corpus kind it trains on: text/chat (sft), pairs or kto."""
-        return DATA_KIND.get(self.objective, "sft")
+    def preference(self) -> bool:
+        return self.spec.preference
 
     def describe(self) -> str:
         """One line for the start log, ``estimate`` and the run header."""
         if not self.preference:
-            return "objective sft"
+            return f"objective {self.objective}"
         what = f"objective {self.objective} (beta {self.beta:g}, {'length-averaged' if self.averaged else 'summed'} " \
                f"log-probs)"
         ref = "no reference" if self.reference == "none" else f"reference: {self.reference} ({self.reference_why})"
@@ -82,20 +76,22 @@ def objective_plan(p: Preset) -> ObjectivePlan:
     """The objective of a run of ``p`` and its reference; a PresetError for a reference objective with nothing to
     compare with (a run from random weights)."""
     t = p.train
-    o = t.objective
-    if o == "sft":
-        return ObjectivePlan("sft")
-    beta = t.pref_beta or DEFAULT_BETA[o]
-    rows = 2 if PAIRED[o] else 1
-    if not NEEDS_REFERENCE[o]:
-        return ObjectivePlan(o, beta, AVERAGED[o], "none", f"{o} is reference-free", rows)
+    o, spec = t.objective, objective_spec(t.objective)
+    if not spec.preference:
+        return ObjectivePlan(o)
+    beta = t.pref_beta or spec.default_beta
+    rows, averaged = spec.rows_per_item, spec.averaged
+    if not spec.reference:
+        return ObjectivePlan(o, beta, averaged, "none", f"{o} is reference-free", rows)
     if p.init is None:
+        free = [n for n, other in OBJECTIVES.items() if other.preference and not other.reference]
         raise PresetError(f"train.objective = {o} compares the model with the one it started from: start from a "
-                          "trained model with --init-from RUN (a chat-tuned run, or an imported model); simpo and "
-                          "orpo need no reference")
+                          "trained model with --init-from RUN (a chat-tuned run, or an imported model); "
+                          f"{' and '.join(free)} need no reference")
     src = f"run {p.init['run']} step {p.init['step']}"
-    if t.pref_reference == "precompute" or (t.pref_reference == "auto" and t.finetune == "full" and o == "dpo"):
-        return ObjectivePlan(o, beta, AVERAGED[o], PRECOMPUTED,
+    if t.pref_reference == "precompute" or (t.pref_reference == "auto" and t.finetune == "full"
+                                            and not spec.no_precompute):
+        return ObjectivePlan(o, beta, averaged, PRECOMPUTED,
                              f"every answer's log-prob under {src}, computed once before training and cached with the "
                              "prepared data; no second copy of the weights", rows, src)
     if t.finetune == "lora":
@@ -103,10 +99,9 @@ def objective_plan(p: Preset) -> ObjectivePlan:
             why = f"{src}'s own adapter, merged into the frozen weights: no extra weights"
         else:
             why = f"{src} itself, the frozen weights under the adapters: no extra weights"
-        return ObjectivePlan(o, beta, AVERAGED[o], "adapters off", why, rows)
-    return ObjectivePlan(o, beta, AVERAGED[o], "frozen copy",
+        return ObjectivePlan(o, beta, averaged, "adapters off", why, rows)
+    return ObjectivePlan(o, beta, averaged, "frozen copy",
                          f"of {src}'s weights, kept beside the trained ones", rows)
 
 
-__all__ = ["AVERAGED", "DEFAULT_BETA", "DEFAULT_SIMPO_GAMMA", "NEEDS_REFERENCE", "OBJECTIVES", "ObjectivePlan",
-           "PRECOMPUTED", "objective_plan"]
+__all__ = ["ObjectivePlan", "PRECOMPUTED", "objective_plan"]

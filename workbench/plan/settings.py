@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from workbench.config import DataConfig, Preset, budget_seconds
+from workbench.config.objectives import objective_spec
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.plan.flops import flops_per_token
@@ -296,7 +297,7 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
     else:
         reason = "auto: off on MPS"
     fused = fused_optimizer_wanted(h.fused_adamw, device, machine)
-    packed = p.train.objective == "sft" and _packed_rows(p.data)  # preference pairs: one answer a row
+    packed = not objective_spec(p.train.objective).preference and _packed_rows(p.data)  # preference: an answer a row
     if packed and kind == "cuda" and h.attention_kernel == "flash":
         raise SettingsError("hardware.attention_kernel = 'flash' cannot mask packed conversations (the flash kernel "
                             "takes no mask); use hardware.attention_kernel = auto, or data.packing = false")

@@ -19,7 +19,8 @@ The loop and what it keeps:
 - ``batches``       what a step draws: token windows of text, packed rows of conversations
 - ``skips``         each step's loss read back, non-finite steps skipped, when a rollback is due
 - ``preference``    the preference objectives (DPO, SimPO, ORPO, KTO) as losses on answer log-probabilities
-- ``objective``     a preference run's objective on its batches: the reference, the measures logged, the checks
+- ``objective``     a preference run's objective on its batches: the losses by the table's names (config.objectives),
+                    the reference, the measures logged, the checks
 - ``reference``     a precomputed reference: the pass over every answer before training, re-checked at each start
 - ``budget``        ``train.time_budget``'s clock
 - ``budget_steps``  the trainer's side of it: evals sized to the budget, the clock read after each step

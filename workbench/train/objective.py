@@ -34,6 +34,36 @@ from workbench.train.preference import LN2, AnswerLogps, PreferenceLoss, dpo_los
 # the difference is rounding (0 in fp32 on a CPU; a few 1e-4 in bf16).
 STEP0_TOLERANCE = 2e-3
 
+# Each preference objective's loss, keyed by the names of the table of objectives (workbench.config.objectives),
+# whose row says the rest (its data, its reference, its beta): a paired objective's on the chosen and the rejected
+# answers (with the reference's summed log-probs of each where its row has a reference), an unpaired one's on
+# labelled answers. sft's loss is the model's own next-token loss (workbench.train.batches).
+RefPair = tuple[torch.Tensor, torch.Tensor] | None
+PairLoss = Callable[[AnswerLogps, AnswerLogps, RefPair, float, TrainConfig], PreferenceLoss]
+AnswerLoss = Callable[[AnswerLogps, torch.Tensor, torch.Tensor, torch.Tensor, float, TrainConfig], PreferenceLoss]
+
+
+def _dpo(chosen: AnswerLogps, rejected: AnswerLogps, ref: RefPair, beta: float, t: TrainConfig) -> PreferenceLoss:
+    assert ref is not None
+    return dpo_loss(chosen, rejected, ref[0], ref[1], beta, t.pref_label_smoothing, t.pref_sft_weight, t.dpop_lambda)
+
+
+def _simpo(chosen: AnswerLogps, rejected: AnswerLogps, ref: RefPair, beta: float, t: TrainConfig) -> PreferenceLoss:
+    return simpo_loss(chosen, rejected, beta, t.simpo_gamma, t.pref_label_smoothing, t.pref_sft_weight)
+
+
+def _orpo(chosen: AnswerLogps, rejected: AnswerLogps, ref: RefPair, beta: float, t: TrainConfig) -> PreferenceLoss:
+    return orpo_loss(chosen, rejected, beta)
+
+
+def _kto(answers: AnswerLogps, ref: torch.Tensor, good: torch.Tensor, kl: torch.Tensor, beta: float,
+         t: TrainConfig) -> PreferenceLoss:
+    return kto_loss(answers, ref, good, kl, beta, t.kto_desirable_weight, t.kto_undesirable_weight)
+
+
+PAIR_LOSSES: dict[str, PairLoss] = {"dpo": _dpo, "simpo": _simpo, "orpo": _orpo}
+ANSWER_LOSSES: dict[str, AnswerLoss] = {"kto": _kto}
+
 
 class ObjectiveCheckError(WorkbenchError):
     exit_code = 1
@@ -79,6 +109,11 @@ class Objective:
 
     def __init__(self, plan: ObjectivePlan, t: TrainConfig, model: torch.nn.Module, reference: Reference | None):
         self.plan, self.t, self.model, self.reference = plan, t, model, reference
+        self.spec = plan.spec
+        self.pair_loss, self.answer_loss = PAIR_LOSSES.get(plan.objective), ANSWER_LOSSES.get(plan.objective)
+        if self.pair_loss is None and self.answer_loss is None:
+            raise ObjectiveCheckError(f"train.objective = {plan.objective} has no loss in the trainer "
+                                      "(workbench.train.objective's PAIR_LOSSES, ANSWER_LOSSES)")
         self.pending: list[dict[str, torch.Tensor]] = []        # training micro-batches since the last take
         self.eval_pending: list[dict[str, torch.Tensor]] = []   # an eval's batches (no gradient)
         self.check_start = False       # the next training batch is a fresh run's first: ln 2 and zero rewards
@@ -98,10 +133,10 @@ class Objective:
     def loss(self, forward: Callable, batch: Batch[torch.Tensor], loss_tokens: float | None) -> torch.Tensor:
         """The objective's mean loss over the batch's pairs (or answers); with ``loss_tokens``, their sum over it
         (an eval sums its batches)."""
-        if isinstance(batch, PairBatch):
-            res, stats = self._pairs(forward, batch)
-        elif isinstance(batch, AnswerBatch):
-            res, stats = self._answers(forward, batch)
+        if isinstance(batch, PairBatch) and self.pair_loss is not None:
+            res, stats = self._pairs(forward, batch, self.pair_loss)
+        elif isinstance(batch, AnswerBatch) and self.answer_loss is not None:
+            res, stats = self._answers(forward, batch, self.answer_loss)
         else:
             raise TypeError(f"train.objective = {self.plan.objective} takes preference batches, not {type(batch)}")
         (self.pending if torch.is_grad_enabled() else self.eval_pending).append(stats)
@@ -110,26 +145,20 @@ class Objective:
         n = len(batch.inputs)
         return res.loss if loss_tokens is None else res.loss * n / loss_tokens
 
-    def _pairs(self, forward: Callable, b: PairBatch) -> tuple[PreferenceLoss, dict[str, torch.Tensor]]:
+    def _pairs(self, forward: Callable, b: PairBatch,
+               pair_loss: PairLoss) -> tuple[PreferenceLoss, dict[str, torch.Tensor]]:
         x = torch.cat([b.inputs, b.rejected_inputs])
         y = torch.cat([b.targets, b.rejected_targets])
         _, lp = forward(x, y, logps=True)  # one forward of both answers (a DDP step is one forward)
         ans = answer_logps(lp, y)
         n = len(b.inputs)
         chosen, rejected = ans.rows(slice(0, n)), ans.rows(slice(n, None))
-        o, t = self.plan.objective, self.t
         ref = None
-        if o == "dpo":
+        if self.spec.reference:
             assert self.reference is not None
             table = None if b.ref_chosen is None else torch.cat([b.ref_chosen, b.ref_rejected])
             ref = self.reference.logps(x, y, table)
-            res = dpo_loss(chosen, rejected, ref[:n], ref[n:], self.plan.beta, t.pref_label_smoothing,
-                           t.pref_sft_weight, t.dpop_lambda)
-        elif o == "simpo":
-            res = simpo_loss(chosen, rejected, self.plan.beta, t.simpo_gamma, t.pref_label_smoothing,
-                             t.pref_sft_weight)
-        else:
-            res = orpo_loss(chosen, rejected, self.plan.beta)
+        res = pair_loss(chosen, rejected, None if ref is None else (ref[:n], ref[n:]), self.plan.beta, self.t)
         pc, pr = chosen.take(self.plan.averaged).detach(), rejected.take(self.plan.averaged).detach()
         stats = {"loss": res.loss.detach(), "chosen_reward": res.chosen_rewards.mean(),
                  "rejected_reward": res.rejected_rewards.mean(), "margin": res.margin.mean(),
@@ -139,7 +168,8 @@ class Objective:
                       "rejected_drift": (rejected.total.detach() - ref[n:]).mean()}
         return res, stats
 
-    def _answers(self, forward: Callable, b: AnswerBatch) -> tuple[PreferenceLoss, dict[str, torch.Tensor]]:
+    def _answers(self, forward: Callable, b: AnswerBatch,
+                 answer_loss: AnswerLoss) -> tuple[PreferenceLoss, dict[str, torch.Tensor]]:
         assert self.reference is not None
         _, lp = forward(b.inputs, b.targets, logps=True)
         ans = answer_logps(lp, b.targets)
@@ -149,8 +179,7 @@ class Objective:
             ref = self.reference.logps(torch.cat([b.inputs, b.kl_inputs]), torch.cat([b.targets, b.kl_targets]))
             kl = (kl_lp.sum(-1) - ref[n:]).mean()
         good = b.desirable.bool()
-        res = kto_loss(ans, ref[:n], good, kl, self.plan.beta, self.t.kto_desirable_weight,
-                       self.t.kto_undesirable_weight)
+        res = answer_loss(ans, ref[:n], good, kl, self.plan.beta, self.t)
         drift = ans.total.detach() - ref[:n]
         nan = torch.tensor(float("nan"), device=lp.device)
 
@@ -170,7 +199,7 @@ class Objective:
             self.check_start = False
             rewards = torch.cat([res.chosen_rewards, res.rejected_rewards]).abs()
             worst = float(rewards.max()) if rewards.numel() else 0.0
-            if self.plan.objective == "dpo":
+            if self.spec.reference_margin:
                 dpo_part = float(-torch.nn.functional.logsigmoid(res.margin).mean())
                 bad = abs(dpo_part - LN2) > STEP0_TOLERANCE or worst > STEP0_TOLERANCE
                 what = f"DPO loss {dpo_part:.6f} (ln 2 = {LN2:.6f}), largest |reward| {worst:.2e}"
@@ -246,4 +275,5 @@ def build_objective(p: Preset, plan: ObjectivePlan, model: torch.nn.Module, devi
     return Objective(plan, p.train, model, reference)
 
 
-__all__ = ["ObjectiveCheckError", "Objective", "Reference", "STEP0_TOLERANCE", "answer_logps", "build_objective"]
+__all__ = ["ANSWER_LOSSES", "ObjectiveCheckError", "Objective", "PAIR_LOSSES", "Reference", "STEP0_TOLERANCE",
+           "answer_logps", "build_objective"]

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from workbench.plan.preference import AVERAGED, DEFAULT_BETA, DEFAULT_SIMPO_GAMMA, NEEDS_REFERENCE
+from workbench.config.objectives import DEFAULT_SIMPO_GAMMA
 
 LN2 = math.log(2.0)
-# The defaults (each objective's β, SimPO's γ, summed or averaged log-probs, which need a reference) are decided
-# once, torch-free, in workbench.plan.preference, and re-exported here for the losses' readers.
+# Each objective's defaults (its β, summed or averaged log-probs, whether it needs a reference) are the table's,
+# torch-free: workbench.config.objectives. The trainer picks these losses by its names (workbench.train.objective).
 
 
 @dataclass(frozen=True)
@@ -149,5 +149,5 @@ def kto_loss(answers: AnswerLogps, ref: torch.Tensor, desirable: torch.Tensor, k
     return PreferenceLoss(losses.mean(), rewards[good], rewards[~good])
 
 
-__all__ = ["AVERAGED", "AnswerLogps", "DEFAULT_BETA", "DEFAULT_SIMPO_GAMMA", "LN2", "NEEDS_REFERENCE", "PreferenceLoss",
-           "answer_logps", "dpo_loss", "kto_loss", "orpo_loss", "sft_term", "simpo_loss"]
+__all__ = ["AnswerLogps", "LN2", "PreferenceLoss", "answer_logps", "dpo_loss", "kto_loss", "orpo_loss", "sft_term",
+           "simpo_loss"]

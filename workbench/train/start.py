@@ -18,6 +18,7 @@ import torch
 
 from workbench import rundir
 from workbench.config import Preset, budget_seconds, load_preset_file
+from workbench.config.objectives import SFT
 from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
 from workbench.data.preference_data import PreferenceData
 from workbench.data.tokenizer import tokenizer_file
@@ -159,7 +160,7 @@ class TrainerParts:
         self.calibration: Calibration | None = None  # the CPU's (or an unlisted GPU's) measured MFU peak
         self.eval_iters = 0                         # batches of train and of val an eval scores (plan.evals)
         self.eval_batches: EvalBatches | None = None  # those batches, drawn at the first eval and kept
-        self.plan = ObjectivePlan("sft")            # what the run optimises and its reference (plan.preference)
+        self.plan = ObjectivePlan(SFT)              # what the run optimises and its reference (plan.preference)
         self.objective: Objective | None = None     # a preference run's loss, its reference and its checks
 
     # ------------------------------------------------------------------ setup
