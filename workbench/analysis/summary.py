@@ -13,6 +13,7 @@ from workbench.analysis.lineage import parent_of
 from workbench.analysis.report_card import latest_headline
 from workbench.analysis.time_spent import latest_time_spent
 from workbench.config import load_preset_file
+from workbench.config.objectives import OBJECTIVES, SFT
 from workbench.errors import WorkbenchError
 from workbench.fs import dir_size, dir_usage
 from workbench.machine.detect import Machine
@@ -43,7 +44,7 @@ class RunSummary:
     val_loss: float | None = None
     val_bpb: float | None = None      # bits per byte of the last eval (comparable across tokenizers); None for a
     #                                   preference run, whose val loss is its objective's (per pair), not a text loss
-    objective: str = "sft"            # train.objective: sft, or a preference objective (dpo, simpo, orpo, kto)
+    objective: str = SFT              # train.objective: a name of the table of objectives (config.objectives)
     best_val_loss: float | None = None
     tokens_per_s: float | None = None
     mem_mb: float | None = None
@@ -99,12 +100,14 @@ def summarize_run(run_dir: Path) -> RunSummary:
     except (OSError, ValueError):
         data = {}
     preset = data.get("name", "?")
-    objective = (data.get("train") or {}).get("objective", "sft")
+    objective = (data.get("train") or {}).get("objective", SFT)
     s = RunSummary(id=run_dir.name, path=str(run_dir), state=st.state, preset=preset,
-                   objective=objective if isinstance(objective, str) else "sft", step=st.step,
+                   objective=objective if isinstance(objective, str) else SFT, step=st.step,
                    max_iters=st.max_iters, error=st.error, started=st.started, best_val_loss=st.best_val_loss,
                    created=st.started or st.resumed or _mtime(run_dir / PRESET_FILE))
     evals: list[float] = []
+    spec = OBJECTIVES.get(s.objective)  # a past run's may be a name this version does not know: no text loss then
+    text_loss = spec is not None and not spec.preference
     tail = last_records(run_dir / METRICS_FILE)
     if (ts := latest_time_spent(tail)) is not None:
         s.elapsed_s, s.eval_s, s.ckpt_s = ts.elapsed_s, ts.eval_s, ts.ckpt_s
@@ -115,7 +118,7 @@ def summarize_run(run_dir: Path) -> RunSummary:
             if r.peak_mem_mb is not None:
                 s.mem_mb = max(s.mem_mb or 0.0, r.peak_mem_mb)
         elif isinstance(r, EvalRecord):
-            s.val_loss, s.val_bpb = r.val_loss, r.val_bpb if s.objective == "sft" else None
+            s.val_loss, s.val_bpb = r.val_loss, r.val_bpb if text_loss else None
             if r.val_loss is not None:
                 evals.append(r.val_loss)
     start = first_event(run_dir / METRICS_FILE, ("start", "resume"))  # a branch starts with a resume

@@ -13,7 +13,7 @@ from workbench.data.chat import ChatReader
 from workbench.data.chat_data import ChatData, chat_options, conversation_pieces, pack, template_for, trained_count
 from workbench.data.chat_templates import trained_spans
 from workbench.data.documents import Corpus
-from workbench.data.preference import OBJECTIVE_FOR
+from workbench.data.preference import KTO, OBJECTIVE_FOR
 from workbench.data.preference_data import PreferenceData
 from workbench.data.tokenizer import CorpusTooSmall
 from workbench.data.tokens import open_data_corpus, prepare_data
@@ -151,7 +151,7 @@ def inspect_preference(p: Preset, kind: str, n: int, as_json: bool) -> int:
         answers = ["".join(t for t, _ in runs)[len(prompt):] for runs in convs]
         items.append({"index": i, "prompt": prompt, "answers": answers,
                       "trained": [[t for t, trained in runs if trained] for runs in convs],
-                      "label": bool(data.tags[i]) if data.kind == "kto" else None, "runs": convs})
+                      "label": bool(data.tags[i]) if data.kind == KTO else None, "runs": convs})
     if as_json:
         print(json.dumps({"format": data.kind, "source": data.source, "items": data.items,
                           "template": data.template.source,

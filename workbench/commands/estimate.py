@@ -9,6 +9,7 @@ from typing import Any
 
 from workbench.analysis.history import measured_in
 from workbench.commands.common import add_init_from_option, add_json_option, add_set_option
+from workbench.config.objectives import objective_spec
 from workbench.errors import WorkbenchError
 from workbench.fmt import GiB, duration, human_bytes, millions
 from workbench.machine.detect import Machine, detect
@@ -196,10 +197,10 @@ def print_setup(r: dict[str, Any]) -> None:
               f"{g['bandwidth_gbs']:g} GB/s, {g['power_w']:g} W; {g['source']})")
         if r.get("gpu_note"):
             print(f"note: {r['gpu_note']}")
-    if m.objective != "sft":
+    if (objective := objective_spec(m.objective)).preference:
         ref = "no reference" if m.reference == "none" else f"reference: {m.reference} ({m.reference_why})"
-        print(f"objective {m.objective}: a pair is two rows a forward; {ref}" if m.objective != "kto" else
-              f"objective kto: {ref}")
+        pair = "a pair is two rows a forward; " if objective.rows_per_item == 2 else ""
+        print(f"objective {m.objective}: {pair}{ref}")
     label = r["preset"]
     if im := r.get("init_model"):  # a fine-tune: the model is its source's, in the source's own shape
         label += (f" with {r['init']['run']}'s model (dim {im['dim']}, {im['n_layers']} layers, {im['n_heads']}/"
@@ -247,7 +248,7 @@ def print_memory(r: dict[str, Any]) -> None:
     ]
     if c.get("workspace"):
         rows.append(("cuBLAS workspaces", c["workspace"], ""))
-    if m.objective != "sft":
+    if objective_spec(m.objective).preference:
         rows.append((f"reference ({m.reference})", c.get("reference", 0), m.reference_why))
     print(f"\nmemory at the peak ({m.peak_phase}), estimate:")
     for name, v, note in rows:

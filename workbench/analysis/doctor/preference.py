@@ -9,6 +9,7 @@ import math
 
 from workbench.analysis.doctor.facts import Context
 from workbench.analysis.doctor.finding import Finding, set_line
+from workbench.config.objectives import objective_spec
 
 LN2 = math.log(2)
 # A DPO loss within this of ln 2 is one whose rewards never parted: |margin| under ~0.01 nats at β 0.1 is ~0.1
@@ -29,15 +30,14 @@ def _num(v: float | None) -> str:
 
 def check(ctx: Context) -> list[Finding]:
     f, p = ctx.facts, ctx.facts.preset
-    if p is None or p.train.objective == "sft" or not f.prefs_recent:
+    if p is None or not (spec := objective_spec(p.train.objective)).preference or not f.prefs_recent:
         return []
-    o = p.train.objective
     first, recent = f.prefs_first, list(f.prefs_recent)
     everything = first + [r for r in recent if r.step > first[-1].step] if first else recent
     out: list[Finding] = []
     last = recent[-1]
     losses = [r.loss for r in everything if r.loss is not None]
-    if o == "dpo" and len(losses) >= MIN_RECORDS and not p.train.pref_sft_weight \
+    if spec.reference_margin and len(losses) >= MIN_RECORDS and not p.train.pref_sft_weight \
             and all(abs(v - LN2) < LN2_BAND for v in losses):
         values = {"train.lr": p.train.lr * 3}
         out.append(Finding(
@@ -67,9 +67,9 @@ def check(ctx: Context) -> list[Finding]:
     drift = last.chosen_drift
     if drift is None and first and first[0].chosen_logps is not None and last.chosen_logps is not None:
         drift = last.chosen_logps - first[0].chosen_logps
-    limit = CHOSEN_COLLAPSE_PER_TOKEN if p.train.objective in ("simpo", "orpo") else CHOSEN_COLLAPSE_NATS
+    limit = CHOSEN_COLLAPSE_PER_TOKEN if spec.averaged else CHOSEN_COLLAPSE_NATS
     if drift is not None and drift < -limit:
-        values = {"train.pref_sft_weight": 1.0} if o in ("dpo", "simpo") else {"train.lr": p.train.lr / 3}
+        values = {"train.pref_sft_weight": 1.0} if "pref_sft_weight" in spec.keys else {"train.lr": p.train.lr / 3}
         out.append(Finding(
             "preference", "preference.chosen_collapse", "medium", "the chosen answers' log-probs are collapsing",
             (f"the chosen answers' log-prob is {drift:+.2f} nats from where it started at step {last.step}"
@@ -80,7 +80,7 @@ def check(ctx: Context) -> list[Finding]:
                                 in values else ""),
             values, ctx.apply_command(values), also=(set_line({"train.lr": p.train.lr / 3}) + " (smaller steps)",),
             step=last.step, data={"chosen_drift": drift}))
-    elif o == "dpo" and last.chosen_reward is not None and last.rejected_reward is not None \
+    elif spec.reference_margin and last.chosen_reward is not None and last.rejected_reward is not None \
             and last.chosen_reward < 0 and last.rejected_reward < 0 and (last.margin or 0) > 0:
         values = {"train.pref_sft_weight": 0.5}
         out.append(Finding(

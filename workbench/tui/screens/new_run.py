@@ -21,6 +21,7 @@ from workbench.config import (
     preset_paths,
 )
 from workbench.data.chat_data import check_loss_on
+from workbench.data.kinds import KINDS, PAIRS
 from workbench.data.tokens import open_data_corpus
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
@@ -63,7 +64,7 @@ def preview_text(out: dict) -> Text:
     """``data inspect --json`` as the form shows it: a conversation's trained text in bold green, a
     document's first lines."""
     t = Text()
-    if out.get("format") in ("pairs", "kto"):
+    if out.get("format") in KINDS:
         return preference_preview(out)
     if out.get("format") == "chat" and out.get("tokenizer", "") is None:  # shown by characters: no tokenizer fits
         t.append(f"template {out['template']}; loss on {out['loss_on']} (bold green); {out['note']}", style="dim")
@@ -91,7 +92,7 @@ def preview_text(out: dict) -> Text:
 def preference_preview(out: dict) -> Text:
     """Preference records as ``data inspect --json`` gives them: each prompt once, then its chosen and rejected
     answers (or the rated answer and its label), their trained tokens in bold green."""
-    pairs = out["format"] == "pairs"
+    pairs = out["format"] == PAIRS
     t = Text(f"{out['items']:,} {'pairs' if pairs else 'labelled answers'}; template {out['template']}; the answers' "
              "trained tokens in bold green", style="dim")
     for item in out["shown"]:
