@@ -408,6 +408,8 @@ class WorkbenchApp(RunOperations, App[int]):
     def on_hardware_pane_read(self, msg: HardwarePane.Read) -> None:
         self.recommended = msg.recommended
         self.machine_info = msg.info
+        if not self._panes_gone() and self.query("#presets-pane"):
+            self.presets_pane.recommendation_known(msg.recommended[0])
         if not self._mounting_panes:
             self.call_after_refresh(self._mount_other_panes)  # once the machine is on the screen
 

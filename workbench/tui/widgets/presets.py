@@ -194,12 +194,25 @@ class PresetsPane(Horizontal, Pane):
         recommended = (getattr(self.app, "recommended", None) or ("",))[0]
         first = recommended if recommended in self.paths else (sorted(self.paths)[0] if self.paths else None)
         target = select or self.current or first
+        # the machine not read yet (the app opened on another tab): the recommended one once it is known
+        self.awaiting_recommendation = not select and not self.current and not recommended
         if target in self.paths:
             ol.highlighted = ol.get_option_index(target)
             self.load(target)
 
+    def recommendation_known(self, name: str) -> None:
+        """The Hardware pane read the machine after this pane showed its first preset (the app opened on another
+        tab): the recommended one is shown instead, so the Queue tab's `a` and `s` and ctrl+t are for what fits
+        here (a walk's sweep form opened on apple-m4pro), unless the user has chosen one since."""
+        if getattr(self, "awaiting_recommendation", False) and name in self.paths and name != self.current \
+                and not self.buffers:
+            self.awaiting_recommendation = False
+            self.reload(select=name)
+        self.awaiting_recommendation = False
+
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         if event.option.id and event.option.id != self.current:
+            self.awaiting_recommendation = False   # the user chose
             self.load(event.option.id)
 
     def load(self, name: str) -> None:
