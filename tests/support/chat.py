@@ -7,6 +7,8 @@ import json
 import random
 from pathlib import Path
 
+from tests.support.cli import TINY
+
 WORDS = ("apple", "river", "stone", "cloud", "tiger", "lamp", "green", "bread", "salt", "piano", "ocean", "chair",
          "ember", "violet", "maple", "copper", "frost", "honey", "kite", "lemon")
 NAMES = ("Ada", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lea")
@@ -31,6 +33,13 @@ def conversation(rng: random.Random) -> dict:
     return {"messages": [{"role": "system", "content": system},
                          {"role": "user", "content": f"Colour of {who}?"},
                          {"role": "assistant", "content": table[who]}]}
+
+
+# The Sample pane's chat tests' run (tests/tui/conftest.py chat_sft_once): 60 steps of a tiny model on 300 of these
+# conversations (seed 1), a checkpoint every 10 steps, all kept (the tests pick replies of steps 30, 40 and 60).
+CHAT_SFT = [*TINY, "model.seq_len=64", "model.vocab_size=400", "train.batch_size=8", "train.log_interval=10",
+            "train.max_iters=60", "train.eval_interval=60", "train.ckpt_interval=10", "train.keep_last=6",
+            "train.lr=6e-3"]
 
 
 def conversations(n: int, seed: int = 0) -> list[dict]:

@@ -7,33 +7,20 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from textual.widgets import Input, Select
 
-from tests.support.chat import conversations, write_jsonl
-from tests.support.cli import TINY, wb
+from tests.support.chat import CHAT_SFT
+from tests.support.cli import wb
 from tests.support.tui import make_app, open_sample_on, run, wait_for
 
-CHAT = [*TINY, "model.seq_len=64", "model.vocab_size=400", "train.batch_size=8", "train.log_interval=10",
-        "train.max_iters=60", "train.eval_interval=60", "train.ckpt_interval=10", "train.lr=6e-3"]
 
-
-@pytest.fixture(scope="module")
-def chat_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ab-runs")
-    corpus = write_jsonl(root.parent / "chat.jsonl", conversations(300, seed=1))
-    wb("train", "cpu-small", "--corpus", str(corpus), "--runs-dir", str(root), "--name", "sft", "--set", *CHAT,
-       check=True)
-    return root
-
-
-def test_picks_in_the_ab_chat_become_preference_data_a_dpo_run_trains_on(chat_run, tmp_path, monkeypatch):
+def test_picks_in_the_ab_chat_become_preference_data_a_dpo_run_trains_on(chat_sft, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
-    prefs, ratings = chat_run / "sft" / "preferences.jsonl", chat_run / "sft" / "ratings.jsonl"
+    prefs, ratings = chat_sft / "sft" / "preferences.jsonl", chat_sft / "sft" / "ratings.jsonl"
     shown = {}
 
     async def go():
-        app = make_app(chat_run)
+        app = make_app(chat_sft)
         async with app.run_test(size=(160, 48)) as pilot:
             pane = await open_sample_on(pilot, app, "sft")
             assert pane.chat_mode
@@ -75,7 +62,7 @@ def test_picks_in_the_ab_chat_become_preference_data_a_dpo_run_trains_on(chat_ru
     assert [r["label"] for r in rates] == [True, False] and rates[0]["completion"][0]["role"] == "assistant"
     # the picks train a DPO run
     cp = wb("train", "cpu-small", "--init-from", "sft", "--name", "dpo", "--corpus", str(prefs), "--runs-dir",
-            str(chat_run), "--set", *[x for x in CHAT if not x.startswith("model.")], "model.seq_len=256",
+            str(chat_sft), "--set", *[x for x in CHAT_SFT if not x.startswith("model.")], "model.seq_len=256",
             "train.objective=dpo", "train.max_iters=3", "train.eval_interval=3",
             "data.val_fraction=0.5", "train.batch_size=1")
     assert cp.returncode == 0, cp.stderr

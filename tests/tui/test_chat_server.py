@@ -4,7 +4,8 @@ the Sample pane keeps one such server per column, so the second turn is answered
 server goes when the column's checkpoint changes, when chat mode ends, when the pane closes, or when it has been
 idle too long (`--idle-exit`).
 
-The run is trained once for this module (60 steps of a tiny model on generated conversations, ~10 s)."""
+The run, ``sft`` (60 steps of a tiny model on generated conversations), is trained once for the session and copied
+for this module (tests/tui/conftest.py chat_sft)."""
 
 from __future__ import annotations
 
@@ -19,27 +20,13 @@ import psutil
 import pytest
 from textual.widgets import Input, Select
 
-from tests.support.chat import conversations, write_jsonl
-from tests.support.cli import TINY, wb
+from tests.support.cli import wb
 from tests.support.tmux import Tmux
 from tests.support.tui import make_app, open_sample_on, run, wait_for
 
 pytestmark = pytest.mark.slow
 
-CHAT = [*TINY, "model.seq_len=64", "model.vocab_size=400", "train.batch_size=8", "train.log_interval=10",
-        "train.max_iters=60", "train.eval_interval=60", "train.ckpt_interval=30", "train.lr=6e-3"]
 TOKENS = "12"
-
-
-@pytest.fixture(scope="module")
-def chat_runs(tmp_path_factory):
-    """A runs directory holding ``sft``: a finished chat-tuned run with checkpoints at steps 30 and 60."""
-    root = tmp_path_factory.mktemp("serve-runs")
-    corpus = write_jsonl(root.parent / "chat.jsonl", conversations(300, seed=1))
-    wb("train", "cpu-small", "--corpus", str(corpus), "--runs-dir", str(root), "--name", "sft", "--set", *CHAT,
-       check=True)
-    assert (root / "sft" / "checkpoints" / "step_0000030" / "meta.json").is_file()
-    return root
 
 
 def serve_argv(root, *args: str) -> list[str]:
@@ -53,20 +40,20 @@ def cli_reply(root, checkpoint: str, message: str, *args: str) -> str:
     return json.loads(cp.stdout)["reply"]
 
 
-def test_serve_answers_each_request_line_as_chat_message_does(chat_runs):
+def test_serve_answers_each_request_line_as_chat_message_does(chat_sft):
     """Two requests on one server: each reply the one `chat --message` gives (its defaults: greedy, 256 tokens;
     then with the request's own settings); a bad line gets an error line and the server reads on; end of input
     ends it (exit 0)."""
     first, second = "Sort: 3 1 2", "Reverse the words: apple river stone"
-    want1 = cli_reply(chat_runs, "60", first)
-    want2 = cli_reply(chat_runs, "60", second, "--max-new-tokens", "5", "--temperature", "0.8", "--seed", "3")
+    want1 = cli_reply(chat_sft, "60", first)
+    want2 = cli_reply(chat_sft, "60", second, "--max-new-tokens", "5", "--temperature", "0.8", "--seed", "3")
     requests = [{"messages": [{"role": "user", "content": first}], "id": 1},
                 "not json",
                 {"messages": [{"role": "assistant", "content": "no user turn"}], "id": "bad"},
                 {"messages": [{"role": "user", "content": second}], "id": 2, "stream": True, "max_new_tokens": 5,
                  "temperature": 0.8, "seed": 3}]
     stdin = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in requests)
-    cp = subprocess.run(serve_argv(chat_runs, "--checkpoint", "60", "--serve"), input=stdin, capture_output=True,
+    cp = subprocess.run(serve_argv(chat_sft, "--checkpoint", "60", "--serve"), input=stdin, capture_output=True,
                         text=True, timeout=300)
     assert cp.returncode == 0, cp.stderr
     lines = [json.loads(x) for x in cp.stdout.splitlines()]
@@ -83,12 +70,12 @@ def test_serve_answers_each_request_line_as_chat_message_does(chat_runs):
     assert "one JSON object a line" in errors[0]["error"] and "the last one the user's" in errors[1]["error"]
 
 
-def test_serve_refuses_what_it_cannot_do_and_exits_when_idle(chat_runs):
+def test_serve_refuses_what_it_cannot_do_and_exits_when_idle(chat_sft):
     for bad in (["--serve", "--message", "hi"], ["--idle-exit", "5"], ["--serve", "--idle-exit", "0"]):
-        cp = wb("chat", "sft", "--runs-dir", str(chat_runs), *bad)
+        cp = wb("chat", "sft", "--runs-dir", str(chat_sft), *bad)
         assert cp.returncode == 2 and cp.stderr.strip(), (bad, cp.stderr)
     # an idle server goes by itself (its stdin still open: the UI alive but not chatting)
-    proc = subprocess.Popen(serve_argv(chat_runs, "--serve", "--idle-exit", "1"), stdin=subprocess.PIPE,
+    proc = subprocess.Popen(serve_argv(chat_sft, "--serve", "--idle-exit", "1"), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert json.loads(proc.stdout.readline())["ready"]
@@ -100,14 +87,14 @@ def test_serve_refuses_what_it_cannot_do_and_exits_when_idle(chat_runs):
             proc.kill()
 
 
-def test_the_pane_keeps_the_model_loaded_between_turns(chat_runs, tmp_path, monkeypatch):
+def test_the_pane_keeps_the_model_loaded_between_turns(chat_sft, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
     first, second = "Sort: 3 1 2", "Colour of Ada?"
-    want = cli_reply(chat_runs, "60", first, "--max-new-tokens", TOKENS)
+    want = cli_reply(chat_sft, "60", first, "--max-new-tokens", TOKENS)
     seen: dict = {}
 
     async def go():
-        app = make_app(chat_runs)
+        app = make_app(chat_sft)
         async with app.run_test(size=(160, 48)) as pilot:
             pane = await open_sample_on(pilot, app, "sft")
             assert pane.chat_mode
@@ -170,13 +157,13 @@ def test_the_pane_keeps_the_model_loaded_between_turns(chat_runs, tmp_path, monk
           f"({seen['note']}); after a checkpoint change: {seen['third_s']:.2f}s")
 
 
-def test_chat_in_tmux_the_second_turn_comes_from_the_loaded_model_and_f9_says_what_it_needs(chat_runs, tmp_path):
+def test_chat_in_tmux_the_second_turn_comes_from_the_loaded_model_and_f9_says_what_it_needs(chat_sft, tmp_path):
     """As a user sees it (issue 53): tmux, the Sample pane in chat mode, two turns typed; the second is answered by
     the model kept loaded (its seconds, as the pane and this test measured them, are printed: the log is the
     evidence, not an assertion on a time); F9 with no picks says in one line what a DPO run needs."""
     env = dict(os.environ, WORKBENCH_PRESETS_DIR=str(tmp_path / "user-presets"))
     tmux = Tmux(f"wb-chat-{os.getpid()}", tmp_path, env)
-    tmux.open_tui(chat_runs)
+    tmux.open_tui(chat_sft)
     try:
         tmux.wait_screen(r"1 Hardware")
         for _ in range(10):          # a key sent while the app is still starting up can be lost: press again

@@ -8,27 +8,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from textual.widgets import Input, Select
 
-from tests.support.chat import conversations, write_jsonl
-from tests.support.cli import TINY, wb
 from tests.support.tui import make_app, open_sample_on, run, wait_for
 
-CHAT = [*TINY, "model.seq_len=64", "model.vocab_size=400", "train.batch_size=8", "train.log_interval=10",
-        "train.max_iters=60", "train.eval_interval=60", "train.ckpt_interval=20", "train.lr=6e-3"]
 MESSAGES = ["Sort: 3 1 2", "Reverse the words: apple river stone", "Sort: 9 4 7", "Colour of Ada?", "Sort: 5 2 8 1",
             "Reverse the words: stone maple", "Sort: 6 3"]
-
-
-@pytest.fixture(scope="module")
-def chat_run(tmp_path_factory):
-    """A runs directory holding ``sft``: a chat-tuned run with checkpoints at steps 20, 40 and 60."""
-    root = tmp_path_factory.mktemp("pick-runs")
-    corpus = write_jsonl(root.parent / "chat.jsonl", conversations(300, seed=1))
-    wb("train", "cpu-small", "--corpus", str(corpus), "--runs-dir", str(root), "--name", "sft", "--set", *CHAT,
-       check=True)
-    return root
 
 
 def last_reply(pane, column: str) -> str:
@@ -37,13 +22,13 @@ def last_reply(pane, column: str) -> str:
     return history[-1]["content"]
 
 
-def test_f6_saves_bs_reply_as_the_better_one_and_f5_as_the_worse(chat_run, tmp_path, monkeypatch):
+def test_f6_saves_bs_reply_as_the_better_one_and_f5_as_the_worse(chat_sft, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
-    prefs = chat_run / "sft" / "preferences.jsonl"
+    prefs = chat_sft / "sft" / "preferences.jsonl"
     shown: list[tuple[str, str, str]] = []   # (key, A's reply, B's reply) for each pick saved
 
     async def go():
-        app = make_app(chat_run)
+        app = make_app(chat_sft)
         async with app.run_test(size=(160, 48)) as pilot:
             pane = await open_sample_on(pilot, app, "sft")
             assert pane.chat_mode

@@ -11,28 +11,16 @@ import time
 import pytest
 from textual.widgets import Input, Select
 
-from tests.support.chat import conversations, pair_records, write_jsonl
-from tests.support.cli import TINY, wb
+from tests.support.chat import pair_records, write_jsonl
 from tests.support.tui import make_app, open_sample_on, run, text_of, wait_for
 from workbench.tui.widgets.sample import MIN_PICKS
 
 pytestmark = pytest.mark.slow
 
-CHAT = [*TINY, "model.seq_len=64", "model.vocab_size=400", "train.batch_size=8", "train.log_interval=10",
-        "train.max_iters=40", "train.eval_interval=40", "train.ckpt_interval=20", "train.lr=6e-3"]
 # the DPO run the form starts: a few steps (as tests/tui/test_ab_picks.py trains the picks from the CLI)
 DPO = ["train.max_iters=3", "train.eval_interval=3", "train.eval_iters=2", "data.val_fraction=0.5",
        "train.batch_size=1", "model.seq_len=256", "train.optimizer=adamw", "train.schedule=cosine",
        "train.warmup_iters=1", "data.tokenizer_sample_mb=0.3", "hardware.compile=false"]
-
-
-@pytest.fixture(scope="module")
-def chat_runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("picks-runs")
-    corpus = write_jsonl(root.parent / "chat.jsonl", conversations(300, seed=1))
-    wb("train", "cpu-small", "--corpus", str(corpus), "--runs-dir", str(root), "--name", "sft", "--set", *CHAT,
-       check=True)
-    return root
 
 
 def write_picks(path, n: int) -> None:
@@ -45,14 +33,14 @@ def write_picks(path, n: int) -> None:
     write_jsonl(path, rows)
 
 
-def test_f9_opens_a_dpo_run_on_the_picks_or_says_why_not(chat_runs, tmp_path, monkeypatch):
+def test_f9_opens_a_dpo_run_on_the_picks_or_says_why_not(chat_sft, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
-    prefs = chat_runs / "sft" / "preferences.jsonl"
+    prefs = chat_sft / "sft" / "preferences.jsonl"
     write_picks(prefs, 3)
     seen: dict = {}
 
     async def go():
-        app = make_app(chat_runs)
+        app = make_app(chat_sft)
         async with app.run_test(size=(160, 48)) as pilot:
             pane = await open_sample_on(pilot, app, "sft")
             assert pane.chat_mode
@@ -94,15 +82,15 @@ def test_f9_opens_a_dpo_run_on_the_picks_or_says_why_not(chat_runs, tmp_path, mo
     run(go())
     print(seen["refused"])
     print(seen["form"])
-    status = chat_runs / "picks-dpo" / "status.json"
+    status = chat_sft / "picks-dpo" / "status.json"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if status.is_file() and json.loads(status.read_text()).get("state") in ("finished", "failed", "crashed"):
             break
         time.sleep(1)
     st = json.loads(status.read_text())
-    log = (chat_runs / "picks-dpo" / "train.log").read_text()
+    log = (chat_sft / "picks-dpo" / "train.log").read_text()
     assert st["state"] == "finished", log[-2000:]
-    preset = (chat_runs / "picks-dpo" / "preset.toml").read_text()
+    preset = (chat_sft / "picks-dpo" / "preset.toml").read_text()
     assert 'objective = "dpo"' in preset and 'run = "sft"' in preset and "step = 40" in preset, preset
     print("\n".join(log.splitlines()[:3]))
