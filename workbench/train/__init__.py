@@ -19,6 +19,8 @@ The loop and what it keeps:
 - ``batches``       what a step draws: token windows of text, packed rows of conversations
 - ``skips``         each step's loss read back, non-finite steps skipped, when a rollback is due
 - ``preference``    the preference objectives (DPO, SimPO, ORPO, KTO) as losses on answer log-probabilities
+- ``grpo``          GRPO's loss: group-normalised advantages, the clipped token-level ratio, the k3 KL, TRL's four
+                    normalisations (dapo, grpo, bnpo, dr_grpo)
 - ``objective``     a preference run's objective on its batches: the losses by the table's names (config.objectives),
                     the reference, the measures logged, the checks
 - ``reference``     a precomputed reference: the pass over every answer before training, re-checked at each start
