@@ -20,7 +20,7 @@ from tests.support.runs import wait_until
 from workbench import rundir
 from workbench.machine.activity import OthersLoad
 from workbench.machine.rates import BUSY_SHARE
-from workbench.queue.sweep import Result, gpu_memory_line
+from workbench.queue.sweep_results import Result, gpu_memory_line
 
 # queue.db's items table as the first queue wrote it (schema 1), before others_cpu and others
 OLD_ITEMS = """CREATE TABLE items (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE, position INTEGER

@@ -18,7 +18,7 @@
   (the run doctor's top finding).
 - ``sweep``, ``spec``  sweeps: a spec (TOML, or ``--set-grid``), trials made and estimated before anything is
   queued, the search and the pruners (median, successive halving) from Optuna (its own SQLite storage beside
-  the queue's), the results table and the compute pruning saved.
+  the queue's); ``sweep_results``: the results table, the compute pruning saved and the ranking's caveats.
 - ``best``    a sweep's best trial kept as a user preset (``sweep save-best``), through config's one writer.
 
 What lives where (see README, "Queues and sweeps"): the queue and the sweeps survive the TUI quitting, the

@@ -19,7 +19,7 @@ from workbench.config import (
 from workbench.plan.run_plan import corpus_values
 from workbench.queue.spec import point_sets, rung_sets
 from workbench.queue.store import QueueError, QueueStore
-from workbench.queue.sweep import Result, best, load, results
+from workbench.queue.sweep_results import Result, best, load, results
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from workbench.queue import sweep
 from workbench.queue.launch import CliLauncher, LaunchFailed
 from workbench.queue.outcome import Metric, beside_note, failure_line, final_metric
 from workbench.queue.store import Item, QueueError, QueueStore
+from workbench.queue.sweep_results import sweep_metric
 
 LOCK_FILE = "queue.lock"
 MAX_LAUNCHES = 3          # starts and resumes of one run before it is failed
@@ -253,7 +254,7 @@ class Runner:
     def _metric(self, item: Item) -> Metric:
         if not item.sweep:
             return VAL_LOSS
-        return sweep.sweep_metric(self.store, item.sweep)
+        return sweep_metric(self.store, item.sweep)
 
     def _pruner(self, item: Item) -> sweep.Pruning | None:
         if not item.sweep:

@@ -24,9 +24,9 @@ from textual.widgets import DataTable, Static
 from workbench.queue.listing import Row, rows
 from workbench.queue.outcome import others_text
 from workbench.queue.runner import runner_pid
-from workbench.queue.spec import point_sets
+from workbench.queue.spec import SweepSpec, point_sets
 from workbench.queue.store import QueueStore
-from workbench.queue.sweep import Result, SweepSpec, best, sweep_states
+from workbench.queue.sweep_results import Result, best, sweep_states
 from workbench.tui import display
 from workbench.tui.screens.dialogs import ConfirmScreen
 from workbench.tui.widgets.pane import Pane
