@@ -186,22 +186,23 @@ def test_the_k_row_sampler_is_generates_loop(facts_run):
     """One row of the batched sampler gives `generate`'s tokens for the same seed, through a full KV cache rebuilt
     (40 tokens past a 32-token context); K rows sample K different completions, the same again for the same seed,
     each cut at its own stop."""
-    from workbench.commands.pairs import sample_rows
     from workbench.plan.sampling import TEXT
     from workbench.train.checkpoint import load_run_model
-    from workbench.train.generate import generate, sample_next
+    from workbench.train.generate import generate, sample_rows
 
     model = load_run_model(facts_run, "latest", "cpu").model
     prompt = [5, 9, 12]
     s = TEXT.replace(max_new_tokens=40, temperature=1.2)
-    one = sample_rows(model, prompt, 1, s, 11, frozenset(), sample_next)
+    one = sample_rows(model, prompt, 1, s, 11, frozenset())
     assert one[0] == list(generate(model, prompt, 40, **s.replace(seed=11).generate_args()))
-    rows = sample_rows(model, prompt, 4, s, 11, frozenset(), sample_next)
+    rows = sample_rows(model, prompt, 4, s, 11, frozenset())
     assert len({tuple(r) for r in rows}) == 4 and all(len(r) == 40 for r in rows)
-    assert rows == sample_rows(model, prompt, 4, s, 11, frozenset(), sample_next)   # the seed fixes all K
+    assert rows == sample_rows(model, prompt, 4, s, 11, frozenset())   # the seed fixes all K
     stop = rows[2][5]
-    cut = sample_rows(model, prompt, 4, s, 11, frozenset({stop}), sample_next)
+    cut = sample_rows(model, prompt, 4, s, 11, frozenset({stop}))
     assert cut == [r[:r.index(stop)] if stop in r else r for r in rows]   # each row cut before its first stop id
+    kept = sample_rows(model, prompt, 4, s, 11, frozenset({stop}), keep_stop=True)
+    assert kept == [r[:r.index(stop) + 1] if stop in r else r for r in rows]   # ... or just after it
 
 
 @pytest.fixture(scope="module")

@@ -123,50 +123,9 @@ class Sampler:
 
     def complete(self, prompt: Prompt, k: int, seed: int) -> list[str]:
         """``k`` completions of ``prompt``, sampled together with one generator seeded ``seed``."""
-        from workbench.train.generate import sample_next  # the one sampling rule (plan.sampling's settings)
+        from workbench.train.generate import sample_rows  # generation's batched case (torch: imported here)
         return [self.tok.decode(ids) for ids in sample_rows(self.model, self.prompt_ids(prompt), k, self.sampling,
-                                                             seed, self.stops, sample_next)]
-
-
-def sample_rows(model: Any, prompt_ids: list[int], k: int, sampling: Sampling, seed: int, stops: frozenset[int],
-                sample_next: Any) -> list[list[int]]:
-    """``k`` completions of one prompt as ids (each cut before its first stop id): the generation loop of
-    ``workbench.train.generate.generate`` (a prompt cropped from the left to the context, the KV cache rebuilt from
-    the last half of the context when full) over a batch of ``k`` rows, one generator for the batch. One row
-    gives ``generate``'s tokens for the same seed."""
-    import torch
-
-    args = sampling.replace(seed=seed).generate_args()
-    model.eval()
-    device = next(model.parameters()).device
-    ctx = model.cfg.seq_len
-    gen = torch.Generator(device=device if device.type != "mps" else "cpu")
-    gen.manual_seed(args["seed"])
-    ids = list(prompt_ids)[-(ctx - 1):] if prompt_ids else [0]
-    rows = [list(ids) for _ in range(k)]
-    out: list[list[int]] = [[] for _ in range(k)]
-    done = [False] * k
-    dtype = next(model.parameters()).dtype
-    with torch.no_grad(), torch.autocast(device.type, enabled=False):
-        cache = model.new_cache(k, device, dtype)
-        logits, _ = model(torch.tensor(rows, device=device), cache=cache)
-        for _ in range(sampling.max_new_tokens):
-            nxt = sample_next(logits[:, -1], args["temperature"], args["top_k"], args["top_p"], gen)
-            for r, t in enumerate(nxt[:, 0].tolist()):
-                rows[r].append(t)
-                if not done[r]:
-                    if t in stops:
-                        done[r] = True
-                    else:
-                        out[r].append(t)
-            if all(done):
-                break
-            if cache.pos >= ctx:
-                cache = model.new_cache(k, device, dtype)
-                logits, _ = model(torch.tensor([r[-(ctx // 2):] for r in rows], device=device), cache=cache)
-            else:
-                logits, _ = model(nxt, cache=cache)
-    return out
+                                                             seed, self.stops)]
 
 
 def sampler_for(run_dir: Path, model: Any, tok: Any, sampling: Sampling, device: str) -> Sampler:

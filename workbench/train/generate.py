@@ -2,7 +2,8 @@
 
 A prompt longer than the context is cropped from the left. When the cache is
 full, it is rebuilt from the last half of the context (one recomputation per
-seq_len/2 new tokens), so generation can run past seq_len.
+seq_len/2 new tokens), so generation can run past seq_len. ``sample_rows`` is the batched case: K
+completions of one prompt as K rows of one cache (``workbench pairs``, ``eval --reward``, GRPO's rollouts).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from workbench.plan.sampling import TEXT
+from workbench.plan.sampling import TEXT, Sampling
 from workbench.train.model import GPT
 
 
@@ -73,6 +74,49 @@ def generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, temperature
                 logits, _ = model(torch.tensor([keep], device=device), cache=cache)
             else:
                 logits, _ = model(torch.tensor([[nxt]], device=device), cache=cache)
+
+
+@torch.no_grad()
+def sample_rows(model: GPT, prompt_ids: list[int], k: int, sampling: Sampling, seed: int, stops: frozenset[int],
+                keep_stop: bool = False) -> list[list[int]]:
+    """``k`` completions of one prompt as ids, each cut before its first stop id (``keep_stop``: after it, the stop
+    id kept, as a trainer that must learn to stop needs it): :func:`generate`'s loop (a prompt cropped from the left
+    to the context, the KV cache rebuilt from the last half of the context when full) over a batch of ``k`` rows,
+    one generator seeded ``seed`` for the batch. One row gives ``generate``'s tokens for the same seed. Used by
+    ``workbench pairs``, ``workbench eval --reward`` and GRPO's rollouts (:mod:`workbench.train.grpo_step`)."""
+    args = sampling.replace(seed=seed).generate_args()
+    model.eval()
+    device = next(model.parameters()).device
+    ctx = model.cfg.seq_len
+    gen = torch.Generator(device=device if device.type != "mps" else "cpu")
+    gen.manual_seed(args["seed"])
+    ids = list(prompt_ids)[-(ctx - 1):] if prompt_ids else [0]
+    rows = [list(ids) for _ in range(k)]
+    out: list[list[int]] = [[] for _ in range(k)]
+    done = [False] * k
+    dtype = next(model.parameters()).dtype
+    with torch.autocast(device.type, enabled=False):
+        cache = model.new_cache(k, device, dtype)
+        logits, _ = model(torch.tensor(rows, device=device), cache=cache)
+        for _ in range(sampling.max_new_tokens):
+            nxt = sample_next(logits[:, -1], args["temperature"], args["top_k"], args["top_p"], gen)
+            for r, t in enumerate(nxt[:, 0].tolist()):
+                rows[r].append(t)
+                if not done[r]:
+                    if t in stops:
+                        done[r] = True
+                        if keep_stop:
+                            out[r].append(t)
+                    else:
+                        out[r].append(t)
+            if all(done):
+                break
+            if cache.pos >= ctx:
+                cache = model.new_cache(k, device, dtype)
+                logits, _ = model(torch.tensor([r[-(ctx // 2):] for r in rows], device=device), cache=cache)
+            else:
+                logits, _ = model(nxt, cache=cache)
+    return out
 
 
 def generate_text(model: GPT, tokenizer, prompt: str, max_new_tokens: int,
