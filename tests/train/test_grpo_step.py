@@ -13,9 +13,10 @@ import copy
 import pytest
 import torch
 
-from workbench.config import ModelConfig
+from workbench.config import ModelConfig, TrainConfig
 from workbench.data.train_data import IGNORE
-from workbench.train.grpo_step import GRPOSettings, rollout, rollout_loss, rollout_seed
+from workbench.train.grpo_step import GRPOSettings, reference_logps, rollout, rollout_loss, rollout_seed
+from workbench.train.lora import apply_lora
 from workbench.train.model import GPT
 
 GOOD = set(range(3, 11))       # 8 of 64 tokens: a completion's reward is its share of these
@@ -60,6 +61,32 @@ def test_the_kl_to_a_reference_that_is_the_policy_is_zero():
     assert stats.kl == 0.0 and stats.clipped == 0.0
     assert stats.completion_len == 6.0 and 0 <= stats.no_signal <= 1
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_the_reference_is_the_starting_model_and_the_kl_grows_once_the_policy_moves(kind):
+    """A LoRA run's reference is the model with its adapters off, a full run's a frozen copy: 0 at step 0, above
+    0 after two updates, and the reference itself never moves."""
+    model, s = tiny(2), GRPOSettings(group=4, max_new_tokens=6, beta=0.04)
+    if kind == "lora":
+        apply_lora(model, TrainConfig(finetune="lora", lora_rank=4))
+        ref = reference_logps(model)
+    else:
+        ref = reference_logps(model, copy.deepcopy(model).requires_grad_(False))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    kls, first = [], None
+    for step in range(3):
+        r = rollout(model, PROMPTS, share_good, s, seed=5, step=step, stops=frozenset())
+        if first is None:
+            first, start = r, ref(r.inputs, r.targets)
+        model.train()
+        loss, stats = rollout_loss(model, r, s, ref)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        kls.append(stats.kl)
+    assert kls[0] == 0.0 and kls[-1] > 0, kls
+    assert torch.equal(ref(first.inputs, first.targets), start)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo"])

@@ -28,6 +28,7 @@ from workbench.data.train_data import IGNORE
 from workbench.plan.sampling import Sampling
 from workbench.train.generate import sample_rows
 from workbench.train.grpo import group_advantages, grpo_loss
+from workbench.train.lora import adapters_off
 
 # A completion's score: (the prompt's index in the batch, the completion's ids without its stop id) -> reward.
 Score = Callable[[int, list[int]], float]
@@ -52,6 +53,18 @@ class GRPOSettings:
 def rollout_seed(seed: int, step: int, index: int) -> int:
     """The seed of prompt ``index``'s rollouts at ``step`` of a run seeded ``seed`` (63 bits)."""
     return int.from_bytes(hashlib.sha256(f"grpo:{seed}:{step}:{index}".encode()).digest()[:8], "little") >> 1
+
+
+def reference_logps(model: torch.nn.Module, frozen: torch.nn.Module | None = None) -> RefLogps:
+    """The reference a preference run gets, per token: ``model`` with its adapters off (a LoRA run: the weights
+    it started from, no second copy), or ``frozen``, a frozen copy of the starting weights (a full fine-tune)."""
+    @torch.no_grad()
+    def logps(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if frozen is not None:
+            return frozen(inputs, targets, logps=True)[1]
+        with adapters_off(model):
+            return model(inputs, targets, logps=True)[1]
+    return logps
 
 
 @dataclass(frozen=True)
@@ -130,4 +143,5 @@ def rollout_loss(forward: Callable, r: Rollouts, s: GRPOSettings,
     return res.loss, stats
 
 
-__all__ = ["GRPOSettings", "GRPOStats", "RefLogps", "Rollouts", "Score", "rollout", "rollout_loss", "rollout_seed"]
+__all__ = ["GRPOSettings", "GRPOStats", "RefLogps", "Rollouts", "Score", "reference_logps", "rollout", "rollout_loss",
+           "rollout_seed"]
