@@ -3,6 +3,7 @@
 The layers, lowest first (each imports only those below it; README's Architecture table says more):
 
 - ``errors``, ``fs``, ``fmt``, ``faults``   the one exception, atomic files, formats, test fault injection
+- ``cli_client``  the CLI run as a child process: the one client of the queue's runner and the TUI
 - ``config``     presets: the sections as documented dataclasses, TOML and ``--set``
 - ``rundir``     the run-directory contract: file names, the one writer, status, records, checkpoint listing
 - ``machine``    what this machine has; the GPU table

@@ -145,7 +145,7 @@ def test_fine_tune_a_checkpoint_from_the_runs_pane(runs_dir, monkeypatch):
 
 def test_start_run_passes_init_from_and_the_method(monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr(launcher, "_run", lambda argv, timeout: calls.append(argv) or "tuned\n")
+    monkeypatch.setattr(launcher, "run_cli", lambda argv, timeout: calls.append(argv) or "tuned\n")
     launcher.start_run(tmp_path, RunRequest("cpu-small", init_from="smol:0", finetune="full"))
     argv = calls[0]
     assert argv[argv.index("--init-from") + 1] == "smol:0"

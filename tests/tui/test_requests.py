@@ -9,6 +9,7 @@ import shutil
 from textual.widgets import DataTable, Input, Select
 
 from tests.support.tui import make_app, open_preset, run, text_of, wait_for
+from workbench.cli_client import CliError
 from workbench.tui import launcher
 from workbench.tui.messages import ResumeRun
 
@@ -104,7 +105,7 @@ def test_new_run_form_starts_the_run_it_describes(runs_dir, monkeypatch, tmp_pat
 
 def test_a_failed_start_says_why(runs_dir, monkeypatch):
     def failing(root, req, timeout=120):
-        raise launcher.LaunchError("no space left on device")
+        raise CliError("no space left on device")
 
     monkeypatch.setattr(launcher, "start_run", failing)
 

@@ -7,24 +7,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 from workbench import rundir
-from workbench.errors import WorkbenchError
+from workbench.cli_client import CliError, cli_argv, cli_env, run_cli
 from workbench.queue.store import Item
 
 # `train --detach` plans the run and checks the corpus's first records; the trainer prepares the corpus itself
 LAUNCH_TIMEOUT_S = 300.0
-
-
-class LaunchFailed(WorkbenchError):
-    pass
-
-
-def cli_argv(root: Path, command: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "workbench", command, *args, "--runs-dir", str(root)]
 
 
 def train_args(item: Item) -> list[str]:
@@ -44,26 +34,15 @@ def train_args(item: Item) -> list[str]:
 
 
 class CliLauncher:
-    """The runner's hands: each call runs one CLI command and returns, or raises LaunchFailed with its
-    one-line error."""
+    """The runner's hands: each call runs one CLI command (through the one client, ``workbench.cli_client``) and
+    returns, or raises CliError with its one-line error."""
 
     def __init__(self, root: Path, env: dict[str, str] | None = None):
         self.root = Path(root)
-        self.env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+        self.env = cli_env(env)
 
     def _run(self, argv: list[str]) -> str:
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL, env=self.env)
-        except subprocess.TimeoutExpired:
-            raise LaunchFailed(f"`workbench {argv[3]}` did not return within {LAUNCH_TIMEOUT_S:.0f} s") from None
-        except OSError as e:
-            raise LaunchFailed(f"could not run {argv[0]}: {e.strerror}") from None
-        if proc.returncode != 0:
-            lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
-            msg = lines[-1] if lines else f"`workbench {argv[3]}` exited with status {proc.returncode}"
-            raise LaunchFailed(msg.removeprefix("workbench: ").removeprefix("error: "))
-        return proc.stdout
+        return run_cli(argv, LAUNCH_TIMEOUT_S, self.env)
 
     def start(self, item: Item) -> None:
         self._run(cli_argv(self.root, "train", *train_args(item), "--detach"))
@@ -77,8 +56,8 @@ class CliLauncher:
         budget may be seconds, and the stop must not wait for an interpreter to start."""
         st = rundir.read_status(self.root / name)
         if not st.live or not st.pid:
-            raise LaunchFailed(f"{name} is not running (state: {st.state})")
+            raise CliError(f"{name} is not running (state: {st.state})")
         try:
             os.kill(st.pid, signal.SIGTERM)
         except ProcessLookupError:
-            raise LaunchFailed(f"{name}: its trainer (pid {st.pid}) is gone") from None
+            raise CliError(f"{name}: its trainer (pid {st.pid}) is gone") from None

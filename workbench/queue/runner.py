@@ -31,12 +31,13 @@ from typing import Callable
 import psutil
 
 from workbench import rundir
+from workbench.cli_client import CliError
 from workbench.errors import WorkbenchError
 from workbench.fs import PidLock
 from workbench.machine.activity import OthersLoad
 from workbench.machine.detect import detect, gpu_free_mib
 from workbench.queue import sweep
-from workbench.queue.launch import CliLauncher, LaunchFailed
+from workbench.queue.launch import CliLauncher
 from workbench.queue.outcome import Metric, beside_note, failure_line, final_metric
 from workbench.queue.store import Item, QueueError, QueueStore
 from workbench.queue.sweep_results import sweep_metric
@@ -131,7 +132,7 @@ class Runner:
             item = self.store.update(item.id, gpu_free_before=round(free, 1))
         try:
             self.launcher.start(item)
-        except LaunchFailed as e:
+        except CliError as e:
             self.end(item, "failed", str(e))
             return
         self.watch(item)
@@ -163,7 +164,7 @@ class Runner:
                     try:
                         self.launcher.stop(item.name)
                         stop_asked = True
-                    except LaunchFailed as e:
+                    except CliError as e:
                         self.say(f"could not stop {item.name}: {e}")
                 time.sleep(self.poll)
                 continue
@@ -198,7 +199,7 @@ class Runner:
             self.say(f"resuming {item.name} from {ckpts[-1]['name']} ({why})")
             try:
                 self.launcher.resume(item.name)
-            except LaunchFailed as e:
+            except CliError as e:
                 self.end(item, "failed", f"could not resume: {e}")
                 return
             self.watch(item)

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from workbench.tui import launcher
+from workbench.cli_client import cli_argv
 
 IDLE_EXIT_S = 600  # a server with no request for this long exits (its model's memory goes back)
 
@@ -41,7 +41,7 @@ class ChatServer:
 
     def __init__(self, runs_dir: Path, run: str, step: str, idle_exit: float = IDLE_EXIT_S):
         self.key = (run, step)
-        argv = launcher.cli_argv(runs_dir, "chat", run, "--checkpoint", step, "--serve",
+        argv = cli_argv(runs_dir, "chat", run, "--checkpoint", step, "--serve",
                                  "--idle-exit", f"{idle_exit:g}")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)

@@ -1,8 +1,8 @@
 """The CLI commands the TUI runs as subprocesses (it never imports torch itself).
 
-Everything goes through ``sys.executable -m workbench ... --runs-dir DIR`` so it
-uses the same interpreter and venv as the TUI. These functions block: call them
-from thread workers.
+Everything goes through ``sys.executable -m workbench ... --runs-dir DIR`` (the one
+client, ``workbench.cli_client``, which the queue's runner uses too) so it uses the same
+interpreter and venv as the TUI. These functions block: call them from thread workers.
 """
 
 from __future__ import annotations
@@ -11,47 +11,16 @@ import codecs
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from workbench.errors import WorkbenchError
+from workbench.cli_client import cli_argv, cli_env, error_line, last_line, run_cli
 
 if TYPE_CHECKING:
     from workbench.plan.run_plan import NewRun
     from workbench.plan.sampling import Sampling
-
-
-class LaunchError(WorkbenchError):
-    pass
-
-
-def cli_argv(runs_dir: Path, command: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "workbench", command, *args, "--runs-dir", str(runs_dir)]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-def _run(argv: list[str], timeout: float) -> str:
-    """Run a CLI command; its stdout, or a LaunchError with its last stderr line."""
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, env=_env())
-    except subprocess.TimeoutExpired:
-        raise LaunchError(f"`{' '.join(argv[2:])}` did not finish within {timeout:.0f}s") from None
-    except OSError as e:
-        raise LaunchError(f"could not run {argv[0]}: {e}") from None
-    if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
-        msg = lines[-1] if lines else f"exit status {proc.returncode}"
-        raise LaunchError(msg.removeprefix("workbench: ").removeprefix("error: "))
-    return proc.stdout
 
 
 @dataclass
@@ -94,8 +63,8 @@ class RunRequest:
 def start_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
     """``workbench train PRESET ... --detach``; returns the new run id (its last stdout line)."""
     # --yes: the new-run form has shown the estimate and asked already when the run will not fit
-    out = _run(cli_argv(runs_dir, "train", *req.cli_args(), "--detach", "--yes"), timeout)
-    return _last_line(out)
+    out = run_cli(cli_argv(runs_dir, "train", *req.cli_args(), "--detach", "--yes"), timeout)
+    return last_line(out)
 
 
 def inspect_data(runs_dir: Path, req: RunRequest, documents: int = 2, timeout: float = 600) -> dict:
@@ -108,13 +77,13 @@ def inspect_data(runs_dir: Path, req: RunRequest, documents: int = 2, timeout: f
         args += ["--init-from", req.init_from]
     for item in req.sets():
         args += ["--set", item]
-    return json.loads(_run(cli_argv(runs_dir, "data", "inspect", *args), timeout))
+    return json.loads(run_cli(cli_argv(runs_dir, "data", "inspect", *args), timeout))
 
 
 def import_model(runs_dir: Path, model_dir: str, name: str = "", timeout: float = 1800) -> str:
     """``workbench import MODEL_DIR [--name NAME]``; returns the new run id (its last stdout line)."""
     extra = ["--name", name] if name else []
-    return _last_line(_run(cli_argv(runs_dir, "import", model_dir, *extra), timeout))
+    return last_line(run_cli(cli_argv(runs_dir, "import", model_dir, *extra), timeout))
 
 
 def resume_run(runs_dir: Path, run_id: str, checkpoint: str = "latest", timeout: float = 120,
@@ -122,35 +91,30 @@ def resume_run(runs_dir: Path, run_id: str, checkpoint: str = "latest", timeout:
     """``workbench resume RUN --checkpoint C [--more N] --detach``; returns the id of the run that goes on
     (the run itself, or the new branch when C is not its latest checkpoint)."""
     extra = ["--more", str(more)] if more else []
-    out = _run(cli_argv(runs_dir, "resume", run_id, "--checkpoint", checkpoint, *extra, "--detach"), timeout)
-    return _last_line(out) or run_id
+    out = run_cli(cli_argv(runs_dir, "resume", run_id, "--checkpoint", checkpoint, *extra, "--detach"), timeout)
+    return last_line(out) or run_id
 
 
 def stop_run(runs_dir: Path, run_id: str, timeout: float = 30) -> str:
     """Send the stop (SIGTERM) and return at once: the save that follows can take longer than
     any timeout here, and the monitor shows the state change when the trainer writes it."""
-    return _last_line(_run(cli_argv(runs_dir, "stop", run_id, "--no-wait"), timeout))
+    return last_line(run_cli(cli_argv(runs_dir, "stop", run_id, "--no-wait"), timeout))
 
 
 def queue_command(runs_dir: Path, *args: str, timeout: float = 120) -> str:
     """``workbench queue ARGS...`` (add, pause, resume, rm, move, run --detach); its last line of output."""
-    return _last_line(_run(cli_argv(runs_dir, "queue", *args), timeout))
+    return last_line(run_cli(cli_argv(runs_dir, "queue", *args), timeout))
 
 
 def queue_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
     """``workbench queue add PRESET ... --yes`` for the new-run form's request (the form has asked already when
     it will not fit); its last line of output."""
-    return _last_line(_run(cli_argv(runs_dir, "queue", "add", *req.cli_args(queued=True), "--yes"), timeout))
+    return last_line(run_cli(cli_argv(runs_dir, "queue", "add", *req.cli_args(queued=True), "--yes"), timeout))
 
 
 def sweep_command(runs_dir: Path, *args: str, timeout: float = 120) -> str:
     """``workbench sweep ARGS...`` (save-best NAME); its last line of output."""
-    return _last_line(_run(cli_argv(runs_dir, "sweep", *args), timeout))
-
-
-def _last_line(out: str) -> str:
-    lines = [ln.strip() for ln in out.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
+    return last_line(run_cli(cli_argv(runs_dir, "sweep", *args), timeout))
 
 
 def sample_argv(runs_dir: Path, run_id: str, checkpoint: str, prompt: str, sampling: Sampling) -> list[str]:
@@ -192,7 +156,7 @@ class CliJob:
     def __init__(self, argv: list[str]):
         self._out = tempfile.TemporaryFile()  # (a pipe the job fills while stderr is read could block it)
         self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                     env=_env(), start_new_session=True)
+                                     env=cli_env(), start_new_session=True)
         self.errors: list[str] = []
 
     def lines(self) -> Iterator[str]:
@@ -210,7 +174,7 @@ class CliJob:
         out = self._out.read().decode("utf-8", "replace")
         self._out.close()
         last = next((ln for ln in reversed(self.errors) if not ln.startswith("progress: ")), "")
-        return rc, out, last.removeprefix("workbench: ").removeprefix("error: ")
+        return rc, out, error_line(last)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -245,7 +209,7 @@ class SampleProcess:
 
     def __init__(self, argv: list[str], stdin: str | None = None):
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE, env=_env(),
+                                     stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE, env=cli_env(),
                                      start_new_session=True)
         if stdin is not None:
             try:

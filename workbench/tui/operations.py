@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from textual import work
 
+from workbench.cli_client import CliError
 from workbench.rundir import LIVE_STATES, RunError, delete_run
 from workbench.tui import launcher
 from workbench.tui.messages import ResumeRun, RunStarted, StartRun, StopRun
@@ -145,7 +146,7 @@ class RunOperations:
         ``what`` failed."""
         try:
             return call(*args)
-        except launcher.LaunchError as e:
+        except CliError as e:
             self.notify(f"{what} failed: {e}", severity="error", timeout=10)
             return None
 

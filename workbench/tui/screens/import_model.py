@@ -14,6 +14,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Static
 
+from workbench.cli_client import CliError
 from workbench.rundir import RunError, sanitize_run_name
 from workbench.tui import launcher
 from workbench.tui.screens.dialogs import StartDialog, form_field
@@ -78,7 +79,7 @@ class ImportModelScreen(StartDialog["str | None"]):
     def _import(self, model_dir: str, name: str) -> None:
         try:
             rid = launcher.import_model(self.runs_dir, model_dir, name)
-        except launcher.LaunchError as e:
+        except CliError as e:
             self.app.call_from_thread(self._failed, str(e))
             return
         self.app.call_from_thread(self._done, rid)

@@ -29,6 +29,7 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
+from workbench.cli_client import CliError
 from workbench.config import preset_paths
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
@@ -347,7 +348,7 @@ class SweepFormScreen(ModalScreen["SweepQueued | None"]):
                                                   style="dim"))
         try:
             said = launcher.sweep_command(self.root, *sweep_args(spec), timeout=300)
-        except launcher.LaunchError as e:
+        except CliError as e:
             self.app.call_from_thread(self._refused, str(e))
             return
         self.app.call_from_thread(self._queued, SweepQueued(spec.name, said))
