@@ -139,7 +139,7 @@ def test_fine_tune_a_checkpoint_from_the_runs_pane(runs_dir, monkeypatch):
             await wait_for(pilot, lambda: requests, what="the start")
             req = requests[0]
             assert (req.init_from, req.finetune, req.preset) == ("smol:0", "lora", "cpu-small")
-            assert req.sets() == ["train.max_iters=500", "train.finetune=lora"]
+            assert list(req.new_run().preset_sets()) == ["train.max_iters=500", "train.finetune=lora"]
     run(go())
 
 

@@ -89,7 +89,7 @@ def test_the_form_takes_a_time_budget(runs_dir, monkeypatch):
             await wait_for(pilot, lambda: want in text_of(est), what="the 45m estimate again")
             await pilot.press("ctrl+s")
             await wait_for(pilot, lambda: len(started) == 1, what="the start")
-            assert started[0].sets() == ["train.time_budget=45m"]
+            assert list(started[0].new_run().preset_sets()) == ["train.time_budget=45m"]
     run(go())
 
 

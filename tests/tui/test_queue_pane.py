@@ -9,6 +9,7 @@ import time
 from textual.widgets import DataTable
 
 from tests.support.tui import make_app, notified, open_preset, run, text_of, wait_for
+from workbench.config.duration import TimeBudget
 from workbench.queue.store import NewItem, QueueStore
 
 TINY = ("model.dim=64", "model.n_layers=2")
@@ -24,7 +25,7 @@ def make_queue(root):
                  note="out of memory at step 3; doctor: the run ran out of memory (--set train.batch_size=2)")
     gone = store.add(NewItem("cpu-small", TINY, name="delta"))   # running, but no runner and no trainer
     store.update(gone.id, state="running", started=now - 10)
-    store.add(NewItem("cpu-small", TINY, time_budget="60s", name="q1"))
+    store.add(NewItem("cpu-small", TINY, time_budget=TimeBudget.parse("60s"), name="q1"))
     store.add(NewItem("cpu-small", TINY, name="q2"))
     store.add_sweep("sw", {"name": "sw", "preset": "cpu-small", "method": "grid",
                            "params": [{"key": "train.lr", "values": [0.001, 0.01]}], "trials": 2,

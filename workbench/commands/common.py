@@ -7,7 +7,7 @@ import sys
 from typing import IO
 
 from workbench.config import resolve_preset
-from workbench.config.duration import DurationError, budget_seconds
+from workbench.config.duration import DurationError, TimeBudget
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
 from workbench.machine.detect import Machine, detect
@@ -48,17 +48,14 @@ def add_set_option(p: argparse.ArgumentParser) -> None:
                    help="override a preset value (parsed as TOML), e.g. --set train.max_iters=200 model.dim=128")
 
 
-def time_budget_sets(value: str | None) -> list[str]:
-    """``--time-budget VALUE`` as the setting it stands for (``train.time_budget=VALUE``; none without the flag),
-    checked here: a bad value is the flag's, not the preset's it would go into."""
-    if value is None:
-        return []
+def time_budget_arg(value: str | None) -> TimeBudget | None:
+    """``--time-budget VALUE`` as the run request's typed budget (None without the flag), checked here: a bad
+    value is the flag's, not the preset's it would go into."""
     try:
-        budget_seconds(value)
+        return TimeBudget.parse(value)
     except DurationError as e:
         raise WorkbenchError(f"--time-budget {value} {e.problem}"
                              + (" (a bare number is minutes)" if e.not_duration else "")) from None
-    return [f"train.time_budget={value}"]
 
 
 def add_init_from_option(p: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ from workbench.commands.common import (
     add_json_option,
     add_set_option,
     calibrated,
-    time_budget_sets,
+    time_budget_arg,
 )
 from workbench.machine.detect import Machine, detect
 from workbench.queue.admit import admit
@@ -72,10 +72,10 @@ def _position(text: str) -> int:
 
 
 def cmd_add(args) -> int:
-    time_budget_sets(args.time_budget)  # a bad one is the flag's (checked before anything is estimated)
-    info = calibrated(detect(), args.preset) if args.time_budget else detect()
-    new = NewItem(args.preset, tuple(args.overrides), tuple(args.corpus or ()), args.time_budget, args.init_from,
-                  args.yes, args.name)
+    budget = time_budget_arg(args.time_budget)  # a bad one is the flag's (checked before anything is estimated)
+    info = calibrated(detect(), args.preset) if budget else detect()
+    new = NewItem(args.preset, tuple(args.overrides), tuple(args.corpus or ()), budget, args.init_from, args.yes,
+                  args.name)
     adm = admit(args.runs_dir, new, Machine.from_info(info), info)
     if adm.refused:
         raise QueueError(f"{args.preset} {adm.refused}; queue it anyway with --yes, or `workbench fit` a preset "

@@ -12,7 +12,7 @@ from workbench.commands.common import (
     add_json_option,
     add_set_option,
     calibrated,
-    time_budget_sets,
+    time_budget_arg,
 )
 from workbench.machine.detect import Machine, detect
 from workbench.machine.gpus import find_gpu
@@ -92,7 +92,7 @@ def run(args) -> int:
         return 0
     if args.sweep:
         raise QueueError(f"unexpected {args.sweep!r} after {args.target}; --set-grid KEY=V1,V2 names what to search")
-    time_budget_sets(args.time_budget)  # a bad one is the flag's, not the spec's or the preset's
+    time_budget_arg(args.time_budget)  # a bad one is the flag's, not the spec's or the preset's
     spec = dataclasses.replace(_spec(args), force=args.force)
     info = detect()
     if spec.time_budget and not args.gpu:  # the steps a budget buys need this machine's speed, as `train` asks it

@@ -12,7 +12,7 @@ from workbench.commands.common import (
     add_corpus_option,
     add_init_from_option,
     add_set_option,
-    time_budget_sets,
+    time_budget_arg,
 )
 from workbench.config import budget_seconds, overridden_keys, preset_to_toml
 from workbench.data.chat_data import check_loss_on, corpus_kind
@@ -58,12 +58,14 @@ def budget_peak(p):
 
 
 def run(args) -> int:
-    overrides = list(args.overrides) + ([f"hardware.nproc={args.nproc}"] if args.nproc else []) + \
-        time_budget_sets(args.time_budget)
+    req = NewRun(args.preset, tuple(args.overrides) + ((f"hardware.nproc={args.nproc}",) if args.nproc else ()),
+                 tuple(args.corpus or ()), args.init_from, time_budget=time_budget_arg(args.time_budget),
+                 name=args.name, force=args.yes)
+    overrides = list(req.preset_sets())
     info = detect()
     machine = Machine.from_info(info)
     root = args.runs_dir
-    plan = plan_new_run(NewRun(args.preset, tuple(overrides), tuple(args.corpus or ()), args.init_from), root, info)
+    plan = plan_new_run(req, root, info)
     p, src = plan.preset, plan.source
     topo = launch.topology_from_args(args, p, machine)
     # What the run asks of this machine is checked before anything is written (the trainer decides
@@ -79,9 +81,9 @@ def run(args) -> int:
         print(objective.describe(), flush=True)
     check = fit_check(p, machine, measured_in(root), peak=budget_peak(p))
     print("estimate: " + "; ".join(check.lines()), flush=True)
-    if check.budget_problem and not args.yes:
+    if check.budget_problem and not req.force:
         raise rundir.RunError(f"{check.budget_problem} (or start it anyway with --yes)")
-    if check.fits is False and not args.yes:
+    if check.fits is False and not req.force:
         advice = f" ({check.suggestion})" if check.suggestion else ""
         if not (sys.stdin.isatty() and input("start anyway? [y/N] ").strip().lower() in ("y", "yes")):
             raise rundir.RunError(f"{p.name} does not fit this machine's memory by the estimate{advice}; "
@@ -108,7 +110,7 @@ def run(args) -> int:
         finally:
             progress.close()
         data.check(p)  # e.g. conversations that fill no row (all dropped as overlong) are bad input too
-    with rundir.create_run(root, p.name, args.name) as run_dir:
+    with rundir.create_run(root, p.name, req.name) as run_dir:
         try:
             if src is not None:  # the weights it starts from, before preset.toml makes it a run
                 link_init(run_dir, src)

@@ -8,7 +8,7 @@ the preset files (``files``: found by name, loaded, and the one writer of user p
 text as the editor holds it (``editing``). Plain data:
 no "auto" is decided here (see ``workbench.plan.settings``). Imports neither torch nor textual."""
 
-from workbench.config.duration import budget_seconds
+from workbench.config.duration import TimeBudget, budget_seconds
 from workbench.config.editing import validate_preset_text, with_name
 from workbench.config.files import (
     check_preset_name,
@@ -43,8 +43,9 @@ from workbench.config.validate import (
     preset_from_dict,
 )
 
-__all__ = ["SECTIONS", "DataConfig", "HardwareConfig", "ModelConfig", "Preset", "PresetError", "TrainConfig",
-           "apply_overrides", "budget_seconds", "chat_role_map", "check_preset_name", "eval_share_list", "field_doc",
+__all__ = ["SECTIONS", "DataConfig", "HardwareConfig", "ModelConfig", "Preset", "PresetError", "TimeBudget",
+           "TrainConfig", "apply_overrides", "budget_seconds", "chat_role_map", "check_preset_name", "eval_share_list",
+           "field_doc",
            "load_preset_file", "lora_projections", "lora_target_list", "overridden_keys", "parse_override",
            "parse_toml", "preset_from_dict", "preset_paths", "preset_source_path", "preset_to_toml",
            "resolve_preset", "save_user_preset", "shipped_presets_dir", "toml_string", "user_preset_path",

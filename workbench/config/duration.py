@@ -4,6 +4,7 @@ write one."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from workbench.errors import WorkbenchError
 
@@ -37,3 +38,17 @@ def budget_seconds(text: str) -> float | None:
     if seconds < 1:
         raise DurationError(text, "is less than a second; give at least 1s (e.g. 10m)")
     return seconds
+
+
+@dataclass(frozen=True)
+class TimeBudget:
+    """A run's time budget, parsed once where a run is asked for: the text as written (what the preset keeps,
+    ``--time-budget`` passes on and the queue shows) and its seconds."""
+    text: str
+    seconds: float
+
+    @classmethod
+    def parse(cls, text: str | None) -> "TimeBudget | None":
+        """``text`` (``45m``, ``2h``, ``90``) as a budget; None for None or ""; a DurationError for a bad one."""
+        seconds = budget_seconds(text) if text is not None else None
+        return None if seconds is None or text is None else cls(text, seconds)

@@ -15,6 +15,7 @@ from workbench import rundir
 from workbench.config import (
     Preset,
     PresetError,
+    TimeBudget,
     apply_overrides,
     overridden_keys,
     parse_override,
@@ -33,11 +34,45 @@ from workbench.plan.recommend import recommend_preset
 
 @dataclass(frozen=True)
 class NewRun:
-    """A new run as ``workbench train`` (or the new-run form) is asked for it."""
+    """A run to start, as ``workbench train``, ``queue add``, a sweep's trial or the new-run form asks for it: the
+    one request the run plan takes, and the one builder of the arguments that ask for it (:meth:`cli_args`)."""
     preset: str | None = None          # a name or a .toml path; None: the preset that suits this machine
     overrides: tuple[str, ...] = ()    # --set section.key=value
     corpus: tuple[str, ...] = ()       # --corpus paths and globs (or builtin); empty: the preset's data.corpus
     init_from: str | None = None       # RUN[:CKPT]: start from that checkpoint's weights
+    finetune: str = ""                 # with init_from: full | lora (train.finetune); "": the preset's or --set's
+    time_budget: TimeBudget | None = None   # --time-budget, parsed where the request is made (train.time_budget)
+    name: str | None = None            # the run's id; None: <preset>-<date>-<time>
+    force: bool = False                # start (or queue) it even when the estimate says it will not fit (--yes)
+
+    def preset_sets(self) -> tuple[str, ...]:
+        """The ``--set`` values the run's preset is made with: the request's own, then the fine-tuning method and
+        the time budget (the one place a budget becomes ``train.time_budget``)."""
+        budget = (f"train.time_budget={self.time_budget.text}",) if self.time_budget else ()
+        return self.set_args() + budget
+
+    def set_args(self) -> tuple[str, ...]:
+        """Its ``--set`` arguments: the request's own, then the fine-tuning method (with init_from)."""
+        return tuple(self.overrides) + ((f"train.finetune={self.finetune}",) if self.init_from and self.finetune
+                                        else ())
+
+    def cli_args(self) -> list[str]:
+        """The request as ``workbench train`` takes it, and ``workbench queue add`` (the same arguments; without
+        --detach and --runs-dir): the one place a budget becomes ``--time-budget``."""
+        args = [self.preset] if self.preset else []
+        if self.name:
+            args += ["--name", self.name]
+        if self.corpus:
+            args += ["--corpus", *self.corpus]
+        if self.init_from:
+            args += ["--init-from", self.init_from]
+        if self.time_budget:
+            args += ["--time-budget", self.time_budget.text]
+        if self.set_args():
+            args += ["--set", *self.set_args()]
+        if self.force:
+            args.append("--yes")
+        return args
 
 
 @dataclass(frozen=True)
@@ -82,7 +117,8 @@ def plan_new_run(req: NewRun, runs_root: Path, info: dict | None = None) -> RunP
     if req.preset is None and info is None:
         raise PresetError("name a preset (`workbench presets list`)")
     name = req.preset or default_preset_name(info or {})
-    p = resolve_preset(name, list(req.overrides), corpus_values(req.corpus))
+    sets = list(req.preset_sets())
+    p = resolve_preset(name, sets, corpus_values(req.corpus))
     p.data.corpus = absolute_corpus(p.data.corpus)
     p.train.eval_tasks = checked_eval_tasks(p.train.eval_tasks, p.train.task_limit)
     if not req.init_from:
@@ -92,7 +128,7 @@ def plan_new_run(req: NewRun, runs_root: Path, info: dict | None = None) -> RunP
                               "with --init-from RUN (a run of yours, or a model brought in by `workbench import`)")
         return RunPlan(p, None)
     src = parse_init_from(runs_root, req.init_from)
-    p = init_preset(p, src, list(req.overrides))
+    p = init_preset(p, src, sets)
     objective_plan(p)
     return RunPlan(p, src)
 

@@ -19,7 +19,7 @@ from workbench.config import Preset
 from workbench.data.tokens import open_data_corpus
 from workbench.machine.detect import Machine
 from workbench.plan.report import FitCheck, fit_check
-from workbench.plan.run_plan import NewRun, absolute_corpus, plan_new_run
+from workbench.plan.run_plan import absolute_corpus, plan_new_run
 from workbench.queue.store import NewItem
 
 
@@ -48,8 +48,7 @@ def preset_argument(preset: str) -> str:
 
 def admit(root: Path, new: NewItem, machine: Machine, info: dict) -> Admission:
     """The checked run (a WorkbenchError, one line, for a request `train` would refuse)."""
-    sets = tuple(new.sets) + ((f"train.time_budget={new.time_budget}",) if new.time_budget else ())
-    plan = plan_new_run(NewRun(new.preset, sets, tuple(new.corpus), new.init_from), root, info)
+    plan = plan_new_run(new.new_run(), root, info)
     open_data_corpus(plan.preset.data)  # a path or glob that names nothing is refused now
     corpus = tuple(absolute_corpus(list(new.corpus))) if new.corpus else ()
     item = NewItem(preset_argument(new.preset), tuple(new.sets), corpus, new.time_budget, new.init_from,

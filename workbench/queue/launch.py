@@ -17,22 +17,6 @@ from workbench.queue.store import Item
 LAUNCH_TIMEOUT_S = 300.0
 
 
-def train_args(item: Item) -> list[str]:
-    """``workbench train``'s arguments for ``item`` (without --detach and --runs-dir)."""
-    args = [item.preset, "--name", item.name]
-    if item.corpus:
-        args += ["--corpus", *item.corpus]
-    if item.init_from:
-        args += ["--init-from", item.init_from]
-    if item.time_budget:
-        args += ["--time-budget", item.time_budget]
-    if item.sets:
-        args += ["--set", *item.sets]
-    if item.force:
-        args.append("--yes")
-    return args
-
-
 class CliLauncher:
     """The runner's hands: each call runs one CLI command (through the one client, ``workbench.cli_client``) and
     returns, or raises CliError with its one-line error."""
@@ -45,7 +29,7 @@ class CliLauncher:
         return run_cli(argv, LAUNCH_TIMEOUT_S, self.env)
 
     def start(self, item: Item) -> None:
-        self._run(cli_argv(self.root, "train", *train_args(item), "--detach"))
+        self._run(cli_argv(self.root, "train", *item.new_run().cli_args(), "--detach"))
 
     def resume(self, name: str) -> None:
         self._run(cli_argv(self.root, "resume", name, "--detach"))

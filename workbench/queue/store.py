@@ -18,10 +18,14 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
+from workbench.config.duration import TimeBudget
 from workbench.errors import WorkbenchError
 from workbench.rundir import sanitize_run_name
+
+if TYPE_CHECKING:  # (the planner is loaded where a run is planned or started, not with the TUI's queue view)
+    from workbench.plan.run_plan import NewRun
 
 DB_FILE = "queue.db"
 STATES = ("queued", "running", "finished", "failed", "stopped", "pruned")
@@ -85,16 +89,22 @@ class QueueError(WorkbenchError):
 
 @dataclass(frozen=True)
 class NewItem:
-    """A run to add: ``workbench train``'s arguments."""
+    """A run to add: ``workbench train``'s arguments (the run request, :meth:`new_run`), and its sweep's."""
     preset: str
     sets: tuple[str, ...] = ()
     corpus: tuple[str, ...] = ()
-    time_budget: str | None = None
+    time_budget: TimeBudget | None = None
     init_from: str | None = None
     force: bool = False
     name: str | None = None           # None: <preset>-<date>-<time>, made unique
     sweep: str | None = None
     trial: int | None = None
+
+    def new_run(self) -> NewRun:
+        """The run request it makes (the run plan's, and the arguments `workbench train` is given)."""
+        from workbench.plan.run_plan import NewRun
+        return NewRun(self.preset, tuple(self.sets), tuple(self.corpus), self.init_from, time_budget=self.time_budget,
+                      name=self.name, force=self.force)
 
 
 @dataclass(frozen=True)
@@ -130,6 +140,12 @@ class Item:
         d["force"] = bool(d["force"])
         d["others"] = tuple(json.loads(d.get("others") or "[]"))
         return cls(**d)
+
+    def new_run(self) -> NewRun:
+        """The run request the runner starts it with (its budget was checked when it was added)."""
+        from workbench.plan.run_plan import NewRun
+        return NewRun(self.preset, self.sets, self.corpus, self.init_from,
+                      time_budget=TimeBudget.parse(self.time_budget), name=self.name, force=self.force)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -284,7 +300,8 @@ class QueueStore:
         cur = self.conn.execute(
             "INSERT INTO items (name, position, state, preset, sets, corpus, time_budget, init_from, force, sweep, "
             "trial, added) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (name, pos, new.preset, json.dumps(list(new.sets)), json.dumps(list(new.corpus)), new.time_budget,
+            (name, pos, new.preset, json.dumps(list(new.sets)), json.dumps(list(new.corpus)),
+             new.time_budget.text if new.time_budget else None,
              new.init_from, int(new.force), new.sweep, new.trial, time.time()))
         assert cur.lastrowid is not None  # (an INSERT's)
         return self.by_id(cur.lastrowid)

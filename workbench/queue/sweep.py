@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workbench import rundir
+from workbench.config.duration import TimeBudget
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.queue.admit import admit_fitted
-from workbench.queue.launch import train_args
 from workbench.queue.spec import Param, SweepSpec, point_sets, rung_sets
 from workbench.queue.store import ENDED, Item, NewItem, QueueError, QueueStore, Trial, trial_name
 from workbench.queue.sweep_results import caveats, load, results
@@ -95,7 +95,8 @@ def _distributions(params: tuple[Param, ...]) -> dict[str, Any]:
 
 
 def _new_item(spec: SweepSpec, point: dict[str, Any]) -> NewItem:
-    return NewItem(spec.preset, point_sets(point) + spec.sets + rung_sets(spec), spec.corpus, spec.time_budget,
+    return NewItem(spec.preset, point_sets(point) + spec.sets + rung_sets(spec), spec.corpus,
+                   TimeBudget.parse(spec.time_budget),
                    sweep=spec.name)
 
 
@@ -175,9 +176,8 @@ def print_commands(root: Path, spec: SweepSpec, machine: Machine, info: dict) ->
         if item is None:
             lines.append(f"# {trial_name(spec.name, k)} refused: {note}")
             continue
-        fake = Item(0, trial_name(spec.name, k), 0, "queued", item.preset, item.sets, item.corpus, item.time_budget,
-                    None, False, spec.name, k, 0.0, None, None, None, 0, None, None)
-        lines.append(" ".join(["workbench", "train", *(_quote(a) for a in train_args(fake)), "--runs-dir",
+        trial = dataclasses.replace(item.new_run(), name=trial_name(spec.name, k), init_from=None, force=False)
+        lines.append(" ".join(["workbench", "train", *(_quote(a) for a in trial.cli_args()), "--runs-dir",
                                _quote(str(root))]) + (f"  # {note}" if note else ""))
     return lines
 

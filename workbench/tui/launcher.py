@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class RunRequest:
-    """A new run as the new-run form describes it: the arguments of ``workbench train``."""
+    """A new run as the new-run form holds it (its fields' text); :meth:`new_run` is the run request it makes."""
     preset: str
     corpus: str = ""
     name: str = ""
@@ -34,36 +34,21 @@ class RunRequest:
     finetune: str = ""      # with init_from: full | lora (train.finetune)
     time_budget: str = ""   # train for this long instead of max_iters (train.time_budget): 45m, 2h
 
-    def new_run(self) -> NewRun:
-        """The request as the run plan takes it (what `workbench train` is given for it)."""
+    def new_run(self, force: bool = False) -> NewRun:
+        """The run request the form makes: what the run plan takes and `workbench train` or `queue add` is given
+        (its time budget parsed here: a bad one is a DurationError, the line the form shows)."""
+        from workbench.config.duration import TimeBudget
         from workbench.plan.run_plan import NewRun  # lazily: the planner loads with the new-run form, not at start
 
-        return NewRun(self.preset, tuple(self.sets()), (self.corpus,) if self.corpus else (), self.init_from or None)
-
-    def sets(self, budget: bool = True) -> list[str]:
-        """The --set values of the request (the fine-tuning method and, with ``budget``, the time budget are
-        ones)."""
-        method = [f"train.finetune={self.finetune}"] if self.init_from and self.finetune else []
-        timed = [f"train.time_budget={self.time_budget}"] if self.time_budget and budget else []
-        return list(self.overrides) + method + timed
-
-    def cli_args(self, queued: bool = False) -> list[str]:
-        """The request as `workbench train` takes it (the time budget a --set), or, ``queued``, as
-        `workbench queue add` does (the time budget its --time-budget)."""
-        args = [self.preset]
-        for flag, value in (("--corpus", self.corpus), ("--name", self.name), ("--init-from", self.init_from),
-                            ("--time-budget", self.time_budget if queued else "")):
-            if value:
-                args += [flag, value]
-        for item in self.sets(budget=not queued):
-            args += ["--set", item]
-        return args
+        return NewRun(self.preset, tuple(self.overrides), (self.corpus,) if self.corpus else (),
+                      self.init_from or None, self.finetune if self.init_from else "",
+                      TimeBudget.parse(self.time_budget), self.name or None, force)
 
 
 def start_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
     """``workbench train PRESET ... --detach``; returns the new run id (its last stdout line)."""
     # --yes: the new-run form has shown the estimate and asked already when the run will not fit
-    out = run_cli(cli_argv(runs_dir, "train", *req.cli_args(), "--detach", "--yes"), timeout)
+    out = run_cli(cli_argv(runs_dir, "train", *req.new_run(force=True).cli_args(), "--detach"), timeout)
     return last_line(out)
 
 
@@ -75,7 +60,7 @@ def inspect_data(runs_dir: Path, req: RunRequest, documents: int = 2, timeout: f
             "-n", str(documents)]
     if req.init_from:
         args += ["--init-from", req.init_from]
-    for item in req.sets():
+    for item in req.new_run().preset_sets():
         args += ["--set", item]
     return json.loads(run_cli(cli_argv(runs_dir, "data", "inspect", *args), timeout))
 
@@ -109,7 +94,7 @@ def queue_command(runs_dir: Path, *args: str, timeout: float = 120) -> str:
 def queue_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
     """``workbench queue add PRESET ... --yes`` for the new-run form's request (the form has asked already when
     it will not fit); its last line of output."""
-    return last_line(run_cli(cli_argv(runs_dir, "queue", "add", *req.cli_args(queued=True), "--yes"), timeout))
+    return last_line(run_cli(cli_argv(runs_dir, "queue", "add", *req.new_run(force=True).cli_args()), timeout))
 
 
 def sweep_command(runs_dir: Path, *args: str, timeout: float = 120) -> str:

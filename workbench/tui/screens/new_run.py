@@ -49,7 +49,7 @@ def check_request(req: RunRequest, runs_dir: Path | None = None) -> str | None:
         if req.name:
             sanitize_run_name(req.name)
         corpus = open_data_corpus(p.data)
-        asked = "train.loss_on" in overridden_keys(list(req.new_run().overrides))
+        asked = "train.loss_on" in overridden_keys(list(req.new_run().preset_sets()))
         check_loss_on(p.data, corpus, p.train.loss_on if asked else None)
     except (WorkbenchError, OSError) as e:
         return str(e)
