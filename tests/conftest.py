@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ if "torch" in sys.modules:
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 from tests.support.cli import FACTS, tiny, wb  # noqa: E402
+from tests.support.shared import built_once  # noqa: E402
 
 # CI: a skip not marked gpu fails (tests/support/strict_skips.py)
 pytest_plugins = ["tests.support.strict_skips"]
@@ -40,11 +42,13 @@ def shared_cache(tmp_path_factory):
 def trained_run(tmp_path_factory) -> Path:
     """One tiny real run on the built-in corpus, shared by the tests that only read it. In a fresh interpreter, as
     a user starts it: its peak RSS is held to the estimate (a forked child's leaves out untouched library pages)."""
-    root = tmp_path_factory.mktemp("runs")
-    wb("train", "cpu-small", "--name", "tiny", "--runs-dir", str(root),
-       *tiny("train.max_iters=60", "train.eval_interval=20", "train.ckpt_interval=20", "model.dropout=0.1",
-             "train.lr=3e-3"), check=True, fresh=True)
-    return root / "tiny"
+    def train(out: Path) -> None:
+        wb("train", "cpu-small", "--name", "tiny", "--runs-dir", str(out / "runs"),
+           *tiny("train.max_iters=60", "train.eval_interval=20", "train.ckpt_interval=20", "model.dropout=0.1",
+                 "train.lr=3e-3"), check=True, fresh=True)
+    # trained once whatever the number of test workers (each trained it: issue 54's CI time); each worker its copy
+    built = built_once(tmp_path_factory, "trained-run", train)
+    return shutil.copytree(built / "runs", tmp_path_factory.mktemp("runs"), dirs_exist_ok=True) / "tiny"
 
 
 @pytest.fixture(scope="session")
@@ -53,18 +57,22 @@ def facts_run(tmp_path_factory) -> Path:
     its greedy answers are known, for exact-match scoring (150 steps, ~5 s). 322 pieces: the 320 it was tuned at plus
     the two ChatML control pieces every tokenizer now reserves (the same merges, so the same facts learned)."""
     import random
-    d = tmp_path_factory.mktemp("facts")
-    rng = random.Random(0)
-    lines = [f"{q} {a}." for q, a in FACTS]
-    blocks = []
-    for _ in range(400):
-        rng.shuffle(lines)
-        blocks.append("\n".join(lines) + "\n")
-    (d / "facts.txt").write_text("\n".join(blocks))
-    wb("train", "cpu-small", "--name", "facts", "--runs-dir", str(d / "runs"), "--corpus", str(d / "facts.txt"),
-       *tiny("model.vocab_size=322", "train.batch_size=8", "train.warmup_iters=5", "train.log_interval=10",
-             "train.max_iters=150", "train.eval_interval=50", "train.ckpt_interval=50", "train.lr=3e-3"), check=True)
-    return d / "runs" / "facts"
+
+    def train(d: Path) -> None:
+        rng = random.Random(0)
+        lines = [f"{q} {a}." for q, a in FACTS]
+        blocks = []
+        for _ in range(400):
+            rng.shuffle(lines)
+            blocks.append("\n".join(lines) + "\n")
+        (d / "facts.txt").write_text("\n".join(blocks))
+        wb("train", "cpu-small", "--name", "facts", "--runs-dir", str(d / "runs"), "--corpus", str(d / "facts.txt"),
+           *tiny("model.vocab_size=322", "train.batch_size=8", "train.warmup_iters=5", "train.log_interval=10",
+                 "train.max_iters=150", "train.eval_interval=50", "train.ckpt_interval=50", "train.lr=3e-3"),
+           check=True)
+    # trained once whatever the number of test workers; each worker its copy (its corpus stays where it was trained)
+    built = built_once(tmp_path_factory, "facts-run", train)
+    return shutil.copytree(built / "runs", tmp_path_factory.mktemp("facts") / "runs") / "facts"
 
 
 # ----------------------------------------------------------------------------- fine-tuning (tests.support.hf)
