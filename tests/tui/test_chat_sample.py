@@ -3,8 +3,8 @@ subprocess (torch in its own process) with the column's whole conversation so fa
 transcript, and it is exactly what the CLI answers for the same conversation (greedy). A/B: each checkpoint
 keeps its own replies. A text run keeps text sampling.
 
-The run is trained once for this module (120 steps of a tiny model on generated conversations, ~20 s; the
-tokenizer comes from the session's shared cache)."""
+The run is the Sample pane's chat tests' ``sft`` (60 steps of a tiny model on generated conversations; trained once
+for the session, this module's copy: tests/tui/conftest.py chat_sft), its checkpoints 60 and 30 in columns A and B."""
 
 from __future__ import annotations
 
@@ -17,21 +17,7 @@ from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import TINY, wb
 from tests.support.tui import make_app, open_sample_on, run, wait_for
 
-CHAT = [*TINY, "model.seq_len=64", "model.vocab_size=400", "train.batch_size=8", "train.log_interval=10",
-        "train.max_iters=120", "train.eval_interval=60", "train.ckpt_interval=60", "train.lr=6e-3"]
 TOKENS = "16"
-
-
-@pytest.fixture(scope="module")
-def chat_runs(tmp_path_factory):
-    """A runs directory holding ``sft``: a finished chat-tuned run with checkpoints at steps 60 and 120."""
-    root = tmp_path_factory.mktemp("chat-runs")
-    corpus = write_jsonl(root.parent / "chat.jsonl", conversations(400, seed=1))
-    wb("train", "cpu-small", "--corpus", str(corpus), "--runs-dir", str(root), "--name", "sft", "--set", *CHAT,
-       check=True)
-    assert (root / "sft" / "chat_template.jinja").is_file()
-    assert (root / "sft" / "checkpoints" / "step_0000060" / "meta.json").is_file()
-    return root
 
 
 def shown(app, selector: str) -> bool:
@@ -53,14 +39,15 @@ def cli_reply(root, checkpoint: str, *args: str, stdin: str | None = None) -> st
 
 
 @pytest.mark.slow
-def test_chat_mode_answers_as_the_cli_does_and_resets(chat_runs, tmp_path, monkeypatch):
+def test_chat_mode_answers_as_the_cli_does_and_resets(chat_sft, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "user-presets"))
+    assert (chat_sft / "sft" / "chat_template.jinja").is_file()
     first, second = "Sort: 3 1 2", "Reverse the words: apple river stone"
-    want_a1, want_b1 = cli_reply(chat_runs, "120", "--message", first), cli_reply(chat_runs, "60", "--message", first)
+    want_a1, want_b1 = cli_reply(chat_sft, "60", "--message", first), cli_reply(chat_sft, "30", "--message", first)
     assert want_a1.strip() and want_a1 != want_b1  # two checkpoints, two answers: a mixed-up column cannot pass
 
     async def go():
-        app = make_app(chat_runs)
+        app = make_app(chat_sft)
         async with app.run_test(size=(160, 48)) as pilot:
             pane = await open_sample_on(pilot, app, "sft")
             # a chat-tuned run opens in chat mode: the chat rows shown, the text prompt hidden, the keys offered
@@ -70,8 +57,8 @@ def test_chat_mode_answers_as_the_cli_does_and_resets(chat_runs, tmp_path, monke
             assert {"ctrl+r", "ctrl+t"} <= keys
             out_a, out_b = app.query_one("#smp-out-a"), app.query_one("#smp-out-b")
             assert "Type a message" in out_a.text.plain
-            app.query_one("#smp-ckpt-a", Select).value = "120"
-            app.query_one("#smp-ckpt-b", Select).value = "60"
+            app.query_one("#smp-ckpt-a", Select).value = "60"
+            app.query_one("#smp-ckpt-b", Select).value = "30"
             app.query_one("#smp-chat-max_new_tokens", Input).value = TOKENS
             app.query_one("#smp-message", Input).focus()
 
@@ -86,17 +73,17 @@ def test_chat_mode_answers_as_the_cli_does_and_resets(chat_runs, tmp_path, monke
             assert "failed" not in text_a + text_b, (text_a, text_b)
             assert f"you> {first}\nmodel> {want_a1}  [" in text_a
             assert f"you> {first}\nmodel> {want_b1}  [" in text_b
-            assert "sft @ 120" in str(out_a.border_title) and "sft @ 60" in str(out_b.border_title)
+            assert "sft @ 60" in str(out_a.border_title) and "sft @ 30" in str(out_b.border_title)
             assert app.query_one("#smp-message", Input).value == ""
 
             # the second message goes with each column's own conversation: its own first reply
             await send(second)
-            for out, ck, first_reply in ((out_a, "120", want_a1), (out_b, "60", want_b1)):
+            for out, ck, first_reply in ((out_a, "60", want_a1), (out_b, "30", want_b1)):
                 history = [{"role": "user", "content": first}, {"role": "assistant", "content": first_reply},
                            {"role": "user", "content": second}]
-                want = cli_reply(chat_runs, ck, stdin=json.dumps({"messages": history}))
+                want = cli_reply(chat_sft, ck, stdin=json.dumps({"messages": history}))
                 assert f"you> {second}\nmodel> {want}  [" in out.text.plain, (out.text.plain, want)
-                assert pane.chat.conversations[f"#smp-out-{'a' if ck == '120' else 'b'}"] == [
+                assert pane.chat.conversations[f"#smp-out-{'a' if ck == '60' else 'b'}"] == [
                     *history, {"role": "assistant", "content": want}]
 
             # ctrl+r: a new conversation (the transcripts cleared, nothing remembered)
