@@ -13,8 +13,7 @@ import json
 import pytest
 from textual.widgets import Input, Select
 
-from tests.support.chat import conversations, write_jsonl
-from tests.support.cli import TINY, wb
+from tests.support.cli import wb
 from tests.support.tui import make_app, open_sample_on, run, wait_for
 
 TOKENS = "16"
@@ -122,17 +121,12 @@ def test_a_text_run_keeps_text_sampling(runs_dir):
 
 
 @pytest.fixture(scope="module")
-def young_chat_run(tmp_path_factory):
-    """A finished tiny chat run (4 steps), copied into a runs directory without its chat_template.jinja: the run
-    as the pane first lists it, before the trainer's start has written the template."""
+def young_chat_run(chat_sft_once, tmp_path_factory):
+    """A finished chat run (the session's ``sft``), copied into a runs directory without its chat_template.jinja:
+    the run as the pane first lists it, before the trainer's start has written the template."""
     import shutil
-    trained = tmp_path_factory.mktemp("chat-trained")
-    corpus = write_jsonl(trained / "chat.jsonl", conversations(100, seed=2))
-    wb("train", "cpu-small", "--corpus", str(corpus), "--runs-dir", str(trained), "--name", "sft", "--set", *TINY,
-       "model.seq_len=64", "model.vocab_size=400", "train.max_iters=4", "train.eval_interval=4",
-       "train.ckpt_interval=4", check=True)
     root = tmp_path_factory.mktemp("chat-young")
-    shutil.copytree(trained / "sft", root / "sft")
+    shutil.copytree(chat_sft_once / "sft", root / "sft")
     template = root / "sft" / "chat_template.jinja"
     return root, template, template.read_bytes()
 
