@@ -13,6 +13,7 @@ from workbench.config.objectives import (
     OBJECTIVE_NAMES,
     OBJECTIVES,
     PAIRS,
+    PROMPTS,
     SFT,
     TEXT,
     UnknownObjectiveError,
@@ -28,7 +29,7 @@ from workbench.train.objective import ANSWER_LOSSES, PAIR_LOSSES
 
 def test_the_schema_takes_its_choices_and_defaults_from_the_table():
     train = {f.name: f for f in TrainConfig.__dataclass_fields__.values()}
-    assert train["objective"].metadata["choices"] == OBJECTIVE_NAMES == ("sft", "dpo", "simpo", "orpo", "kto")
+    assert train["objective"].metadata["choices"] == OBJECTIVE_NAMES == ("sft", "dpo", "simpo", "orpo", "kto", "grpo")
     assert TrainConfig().objective == SFT
     doc = field_doc("train", "objective")
     for name, spec in OBJECTIVES.items():
@@ -53,6 +54,9 @@ def test_every_objective_has_a_loss_data_and_a_reference_rule():
     assert losses == {n for n, s in OBJECTIVES.items() if s.preference}, "a preference objective without a loss"
     for name, spec in OBJECTIVES.items():
         assert spec.data and set(spec.data) <= set(DESCRIBE), name   # kinds the data layer can describe
+        if spec.samples:                         # GRPO: prompts, a reward, its own samples (train/grpo_run.py)
+            assert spec.data == (PROMPTS,) and spec.takes_reward and not spec.reference, name
+            continue
         if not spec.preference:                  # the model's own loss (train/batches.py) on text or chat
             assert set(spec.data) == {TEXT, CHAT} and not spec.reference and spec.default_beta == 0, name
             continue
@@ -69,16 +73,17 @@ def test_every_objective_has_a_loss_data_and_a_reference_rule():
 def test_an_unknown_objective_is_one_line():
     with pytest.raises(UnknownObjectiveError) as e:
         objective_spec("ppo")
-    assert str(e.value) == "train.objective = 'ppo' is not one of sft, dpo, simpo, orpo, kto"
+    assert str(e.value) == "train.objective = 'ppo' is not one of sft, dpo, simpo, orpo, kto, grpo"
     with pytest.raises(PresetError) as e2:
         resolve_preset("cpu-small", ["train.objective=ppo"])
-    assert "\n" not in str(e2.value) and "is not one of sft, dpo, simpo, orpo, kto" in str(e2.value)
+    assert "\n" not in str(e2.value) and "is not one of sft, dpo, simpo, orpo, kto, grpo" in str(e2.value)
 
 
 @pytest.mark.parametrize("name", OBJECTIVE_NAMES)
 def test_the_plan_and_the_data_check_follow_the_row(name):
     spec = OBJECTIVES[name]
-    p = resolve_preset("cpu-small", [f"train.objective={name}", "model.dropout=0"])
+    reward = ["train.reward=exact:answer"] if spec.takes_reward else []   # grpo refuses to start without one
+    p = resolve_preset("cpu-small", [f"train.objective={name}", "model.dropout=0", *reward])
     p.init = {"run": "base", "step": 10}   # a reference objective compares with the model it started from
     plan = objective_plan(p)
     assert plan.preference == spec.preference and plan.rows_per_item == spec.rows_per_item
@@ -105,3 +110,22 @@ def test_the_hints_name_the_objectives_on_each_kind():
         check_corpus_kind("dpo", KTO, "rated.jsonl")
     assert str(e.value) == ("train.objective = dpo trains on preference pairs (prompt, chosen, rejected), but "
                             "rated.jsonl holds labelled answers (prompt, completion, label); set train.objective = kto")
+
+
+def test_grpo_takes_a_reward_and_its_reference_only_with_a_kl_term():
+    with pytest.raises(PresetError) as e:
+        resolve_preset("cpu-small", ["train.objective=grpo", "model.dropout=0"])
+    assert "\n" not in str(e.value) and "train.reward is not set" in str(e.value)
+    with pytest.raises(PresetError) as e:
+        resolve_preset("cpu-small", ["train.reward=exact:answer"])
+    assert "train.objective = sft trains on given data; set train.objective = grpo" in str(e.value)
+    p = resolve_preset("cpu-small", ["train.objective=grpo", "model.dropout=0", "train.reward=exact:answer"])
+    with pytest.raises(PresetError) as e:
+        objective_plan(p)   # it samples from a trained model
+    assert "--init-from RUN" in str(e.value)
+    p.init = {"run": "base", "step": 10}
+    assert objective_plan(p).reference == "none"
+    p.train.grpo_beta = 0.04
+    assert objective_plan(p).reference == "frozen copy"
+    p.train.finetune = "lora"
+    assert objective_plan(p).reference == "adapters off"

@@ -92,9 +92,13 @@ def run(args) -> int:
     # foreground the tokens are prepared here, with progress on the terminal; a detached run
     # prepares them itself (its status and the TUI show the progress), so only the listing and the
     # first records are checked here.
-    corpus = open_data_corpus(p.data)
-    check_loss_on(p.data, corpus, p.train.loss_on if "train.loss_on" in overridden_keys(overrides) else None)
-    if args.detach:
+    prompts = objective.samples  # GRPO trains on a prompts file, read and checked by plan_new_run (not a corpus)
+    corpus = None if prompts else open_data_corpus(p.data)
+    if not prompts:
+        check_loss_on(p.data, corpus, p.train.loss_on if "train.loss_on" in overridden_keys(overrides) else None)
+    if prompts:
+        pass
+    elif args.detach:
         kind = corpus_kind(p.data, corpus)  # (its first record was read to tell)
         check_corpus_kind(p.train.objective, kind, corpus.description)
         if kind != "text":  # conversations and preference records: the template they render through

@@ -21,10 +21,17 @@ from workbench.errors import WorkbenchError
 # The kinds of corpus a run trains on. data.format's own (text, chat) and the preference records'; their readers
 # and descriptions are the data layer's (workbench.data.kinds).
 TEXT, CHAT, PAIRS, KTO = "text", "chat", "pairs", "kto"
+# GRPO's: a prompts file (JSONL records with a ``prompt`` and the fields its reward reads, or text one prompt a
+# line), read by the reward package's reader (workbench.reward.prompts), not prepared into tokens.
+PROMPTS = "prompts"
 
 # The two families the one training loop knows: the next-token loss of the model (text, or chat answers), and the
-# preference losses on answer log-probs (workbench.train.objective). The rewards issue adds a third.
-SFT_FAMILY, PREFERENCE_FAMILY = "sft", "preference"
+# preference losses on answer log-probs (workbench.train.objective), and the policy gradient on the model's own
+# scored samples (GRPO: workbench.train.grpo_step).
+SFT_FAMILY, PREFERENCE_FAMILY, REWARD_FAMILY = "sft", "preference", "reward"
+
+# GRPO's loss normalisations (TRL's loss_type names; the formulas are workbench.train.grpo's LOSS_TYPES).
+GRPO_LOSSES = ("dapo", "grpo", "bnpo", "dr_grpo")
 
 # SimPO's target margin γ (train.simpo_gamma): 1.0 with its default β 2.0, the paper's γ/β = 0.5.
 DEFAULT_SIMPO_GAMMA = 1.0
@@ -35,18 +42,19 @@ class ObjectiveSpec:
     """One objective's facts."""
     name: str                   # train.objective's value
     summary: str                # what it optimises, in a few words (help, docs)
-    family: str                 # SFT_FAMILY or PREFERENCE_FAMILY
-    data: tuple[str, ...]       # the corpus kinds it trains on (TEXT, CHAT, PAIRS, KTO)
+    family: str                 # SFT_FAMILY, PREFERENCE_FAMILY or REWARD_FAMILY
+    data: tuple[str, ...]       # the corpus kinds it trains on (TEXT, CHAT, PAIRS, KTO, PROMPTS)
     rows_per_item: int = 1      # forward rows a batch item costs: a pair is two (its chosen and rejected answer)
     averaged: bool = False      # length-averaged answer log-probs, rather than summed over the answer
-    reference: bool = False     # compares the policy with a reference: the model the run started from
+    reference: bool = False     # compares the policy with a reference: the model the run started from (GRPO's
+                                # only with train.grpo_beta > 0: plan.preference decides)
     default_beta: float = 0.0   # its strength when train.pref_beta = 0
     keys: tuple[str, ...] = ()  # the objective-specific train.* keys it reads (pref_beta, simpo_gamma, kto_*, ...)
     # DPO's form: −log σ of the margin of rewards taken against the reference, so its loss at step 0 (the policy
     # its own reference, every reward 0) is ln 2, and both rewards may fall while the margin widens.
     reference_margin: bool = False
     no_precompute: str = ""     # why a table of precomputed reference log-probs cannot serve it ("": it can)
-    # Room for the rewards issue (56): GRPO takes prompts and a reward function, and samples its answers on-policy.
+    # GRPO takes prompts and a reward function (train.reward), and samples its answers on-policy.
     takes_reward: bool = False  # scored by a reward function (workbench.reward), not by labelled data
     samples: bool = False       # generates its own answers while it trains (on-policy)
 
@@ -75,6 +83,11 @@ _ROWS = (
                   keys=("pref_beta", "pref_reference", "kto_desirable_weight", "kto_undesirable_weight"),
                   no_precompute="its KL estimate pairs each prompt with another answer of its batch, which a table "
                                 "of each answer's log-prob cannot hold"),
+    ObjectiveSpec("grpo", "group-relative policy gradient on the model's own samples, scored by train.reward",
+                  REWARD_FAMILY, (PROMPTS,),
+                  keys=("reward", "grpo_group", "grpo_clip", "grpo_clip_high", "grpo_beta", "grpo_max_new_tokens",
+                        "grpo_loss", "grpo_scale_std"),
+                  takes_reward=True, samples=True),
 )
 OBJECTIVES: dict[str, ObjectiveSpec] = {o.name: o for o in _ROWS}
 OBJECTIVE_NAMES = tuple(OBJECTIVES)
@@ -103,6 +116,6 @@ def key_readers(key: str) -> tuple[str, ...]:
     return tuple(o.name for o in _ROWS if key in o.keys)
 
 
-__all__ = ["CHAT", "DEFAULT_SIMPO_GAMMA", "KTO", "OBJECTIVES", "OBJECTIVE_NAMES", "ObjectiveSpec", "PAIRS",
-           "PREFERENCE_FAMILY", "SFT", "SFT_FAMILY", "TEXT", "UnknownObjectiveError", "key_readers",
-           "objective_spec", "objectives_on"]
+__all__ = ["CHAT", "DEFAULT_SIMPO_GAMMA", "GRPO_LOSSES", "KTO", "OBJECTIVES", "OBJECTIVE_NAMES", "ObjectiveSpec",
+           "PAIRS", "PREFERENCE_FAMILY", "PROMPTS", "REWARD_FAMILY", "SFT", "SFT_FAMILY", "TEXT",
+           "UnknownObjectiveError", "key_readers", "objective_spec", "objectives_on"]

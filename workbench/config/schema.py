@@ -15,6 +15,7 @@ from typing import Any
 
 from workbench.config.objectives import (
     DEFAULT_SIMPO_GAMMA,
+    GRPO_LOSSES,
     KTO,
     OBJECTIVE_NAMES,
     OBJECTIVES,
@@ -42,8 +43,9 @@ def _objective_doc() -> str:
     labelled = ", ".join(objectives_on(KTO))
     return (f"What the run optimises. {SFT}: {OBJECTIVES[SFT].summary}. On preference data (records of "
             f"prompt/chosen/rejected, or prompt/completion/label): {paired} or, on labelled answers, {labelled}. "
-            f"batch_size counts pairs ({labelled}: answers). The reference is chosen for the run and stated at its "
-            "start and in `workbench estimate`.")
+            f"batch_size counts pairs ({labelled}: answers). grpo: {OBJECTIVES['grpo'].summary} (data.corpus a "
+            "prompts file, batch_size prompts a step, train.grpo_group completions each). The reference is chosen "
+            "for the run and stated at its start and in `workbench estimate`.")
 
 
 @dataclass
@@ -188,6 +190,26 @@ class TrainConfig:
                                      min_exclusive=True)
     kto_undesirable_weight: float = _f(1.0, "kto: weight of the undesirable (label false) answers' loss.", min=0.0,
                                        min_exclusive=True)
+    reward: str = _f("", "grpo: the reward that scores each completion (as `workbench pairs --reward`): exact[:FIELD], "
+                         "regex:PATTERN, contains:TEXT, length:TARGET, lexicon:POS[,NEG], or FILE.py:FUNCTION "
+                         "(FUNCTION(prompt, completion, record) -> float). Required by grpo; '' = none.")
+    grpo_group: int = _f(8, "grpo: completions sampled for each prompt, G (TRL's num_generations; advantages are "
+                            "normalised within each prompt's group).", min=2)
+    grpo_clip: float = _f(0.2, "grpo: the ratio's clip epsilon (PPO's, DeepSeekMath's and TRL's 0.2).", min=0.0,
+                          max=1.0, min_exclusive=True)
+    grpo_clip_high: float = _f(0.0, "grpo: the clip's upper epsilon (DAPO's clip-higher: 0.28); 0 = grpo_clip.",
+                               min=0.0)
+    grpo_beta: float = _f(0.0, "grpo: weight of the k3 KL to the reference (the model the run started from); 0 = "
+                               "none and no reference forward (TRL's default; DeepSeekMath used 0.04).", min=0.0)
+    grpo_max_new_tokens: int = _f(0, "grpo: the longest completion sampled, in tokens (must be < model.seq_len; "
+                                     "the prompt keeps the rest of the window); 0 = auto: 64, at most half of "
+                                     "model.seq_len.", min=0)
+    grpo_loss: str = _f("dapo", "grpo: how the tokens' losses are averaged (TRL's loss_type): dapo (over the "
+                                "step's completion tokens: no length bias), grpo (each completion's mean, then the "
+                                "mean), bnpo (over the micro-batch's tokens), dr_grpo (over completions x "
+                                "grpo_max_new_tokens).", choices=GRPO_LOSSES)
+    grpo_scale_std: bool = _f(True, "grpo: divide each advantage by its group's reward std (false: Dr. GRPO's "
+                                    "mean-centred rewards).")
     finetune: str = _f("full", "full: train every weight. lora: (a run started with --init-from) freeze the "
                                "weights and train low-rank adapters on lora_targets; checkpoints hold only the "
                                "adapters, and export merges them.", choices=("full", "lora"))

@@ -132,7 +132,21 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
         bad(f"train.dpop_lambda = {t.dpop_lambda:g} is DPOP's penalty on DPO's chosen answers, but train.objective = "
             f"{t.objective}; set train.objective = {' or '.join(key_readers('dpop_lambda'))} (or "
             "train.dpop_lambda = 0)")
-    if objective.preference:
+    if objective.takes_reward and not t.reward.strip():
+        bad(f"train.objective = {t.objective} learns from a reward of its own samples, and train.reward is not set; "
+            "set train.reward = exact:answer (or regex:, contains:, length:, lexicon:, FILE.py:FUNCTION) "
+            "(--set train.reward=exact:answer)")
+    if t.reward.strip() and not objective.takes_reward:
+        bad(f"train.reward = {t.reward!r} scores samples, but train.objective = {t.objective} trains on given data; "
+            f"set train.objective = {' or '.join(key_readers('reward'))} (or train.reward = '')")
+    if objective.samples and t.grpo_max_new_tokens and t.grpo_max_new_tokens >= m.seq_len:
+        bad(f"train.grpo_max_new_tokens = {t.grpo_max_new_tokens} must be < model.seq_len = {m.seq_len} (a prompt "
+            f"and its completion share one window); set train.grpo_max_new_tokens = {max(1, m.seq_len // 2)} "
+            f"(--set train.grpo_max_new_tokens={max(1, m.seq_len // 2)})")
+    if objective.samples and t.time_budget:
+        bad(f"train.objective = {t.objective} does not take a time budget yet; set train.max_iters instead "
+            "(and train.time_budget = '')")
+    if objective.preference or objective.samples:
         if m.dropout > 0:
             bad(f"train.objective = {t.objective} trains without dropout (its reference and the step-0 check need a "
                 f"forward that gives the same log-probs twice, as TRL's disable_dropout); set model.dropout = 0 "

@@ -6,12 +6,12 @@ tokenizer or numpy. The readers are :mod:`workbench.data.preference` and :mod:`w
 
 from __future__ import annotations
 
-from workbench.config.objectives import CHAT, KTO, PAIRS, TEXT, objectives_on
+from workbench.config.objectives import CHAT, KTO, PAIRS, PROMPTS, TEXT, objectives_on
 
 KINDS = (PAIRS, KTO)    # preference records: a file's first record says which (workbench.data.preference)
 # The objective a corpus of each preference kind suggests: the table's first that trains on it.
 OBJECTIVE_FOR = {kind: objectives_on(kind)[0] for kind in KINDS}
 DESCRIBE = {TEXT: "text", CHAT: "conversations", PAIRS: "preference pairs (prompt, chosen, rejected)",
-            KTO: "labelled answers (prompt, completion, label)"}
+            KTO: "labelled answers (prompt, completion, label)", PROMPTS: "prompts (a reward scores their completions)"}
 
 __all__ = ["DESCRIBE", "KINDS", "KTO", "OBJECTIVE_FOR", "PAIRS"]

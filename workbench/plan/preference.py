@@ -62,8 +62,16 @@ class ObjectivePlan:
     def preference(self) -> bool:
         return self.spec.preference
 
+    @property
+    def samples(self) -> bool:
+        """GRPO: the run samples its own answers and scores them with train.reward."""
+        return self.spec.samples
+
     def describe(self) -> str:
         """One line for the start log, ``estimate`` and the run header."""
+        if self.samples:
+            ref = "no reference" if self.reference == "none" else f"reference: {self.reference} ({self.reference_why})"
+            return f"objective {self.objective} (KL beta {self.beta:g}); {ref}"
         if not self.preference:
             return f"objective {self.objective}"
         what = f"objective {self.objective} (beta {self.beta:g}, {'length-averaged' if self.averaged else 'summed'} " \
@@ -77,6 +85,8 @@ def objective_plan(p: Preset) -> ObjectivePlan:
     compare with (a run from random weights)."""
     t = p.train
     o, spec = t.objective, objective_spec(t.objective)
+    if spec.samples:
+        return _sampling_plan(p)
     if not spec.preference:
         return ObjectivePlan(o)
     beta = t.pref_beta or spec.default_beta
@@ -102,6 +112,24 @@ def objective_plan(p: Preset) -> ObjectivePlan:
         return ObjectivePlan(o, beta, averaged, "adapters off", why, rows)
     return ObjectivePlan(o, beta, averaged, "frozen copy",
                          f"of {src}'s weights, kept beside the trained ones", rows)
+
+
+def _sampling_plan(p: Preset) -> ObjectivePlan:
+    """GRPO's: it samples from a trained model (--init-from), and compares with the model it started from only
+    when train.grpo_beta > 0 (the k3 KL's weight): adapters off for LoRA, a frozen copy for a full fine-tune (no
+    precomputed table: its answers are sampled as it trains)."""
+    t, o = p.train, p.train.objective
+    if p.init is None:
+        raise PresetError(f"train.objective = {o} learns from the samples of a trained model: start it from a run "
+                          "with --init-from RUN (a pretrained or chat-tuned run, or an imported model)")
+    if t.grpo_beta == 0:
+        return ObjectivePlan(o, 0.0, False, "none", "train.grpo_beta = 0: no KL term")
+    src = f"run {p.init['run']} step {p.init['step']}"
+    if t.finetune == "lora":
+        return ObjectivePlan(o, t.grpo_beta, False, "adapters off", f"{src} itself, under the adapters: no extra "
+                                                                     "weights", 1, src)
+    return ObjectivePlan(o, t.grpo_beta, False, "frozen copy", f"of {src}'s weights, kept beside the trained ones",
+                         1, src)
 
 
 __all__ = ["ObjectivePlan", "PRECOMPUTED", "objective_plan"]

@@ -30,6 +30,8 @@ from workbench.plan.finetune import InitSource, init_preset, parse_init_from
 from workbench.plan.horizon import extension
 from workbench.plan.preference import objective_plan
 from workbench.plan.recommend import recommend_preset
+from workbench.reward import RewardError, parse_reward, read_prompts
+from workbench.reward.spec import is_file_spec
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,27 @@ def plan_new_run(req: NewRun, runs_root: Path, info: dict | None = None) -> RunP
         return RunPlan(p, None)
     src = parse_init_from(runs_root, req.init_from)
     p = init_preset(p, src, sets)
-    objective_plan(p)
+    if objective_plan(p).samples:
+        p.train.reward = checked_reward(p)
     return RunPlan(p, src)
+
+
+def checked_reward(p: Preset) -> str:
+    """A GRPO run's train.reward (a file's path made absolute, as the corpus's), checked before its run directory
+    exists: the reward parsed (a user file loaded), the prompts file read by the reward package's reader, each
+    record holding the field the reward reads; a RewardError (one line) for each way it can fail."""
+    spec = p.train.reward.strip()
+    if is_file_spec(spec):
+        file, name = spec.rsplit(":", 1)
+        spec = f"{Path(file).expanduser().absolute()}:{name}"
+    reward = parse_reward(spec)
+    corpus = p.data.corpus
+    if not isinstance(corpus, str) or corpus == "builtin":
+        raise RewardError(f"train.objective = {p.train.objective} trains on one prompts file (JSONL records with a "
+                          "'prompt', or text one prompt a line); give it with --corpus PROMPTS.jsonl")
+    for prompt in read_prompts(corpus).items:
+        reward.check_record(prompt.record, prompt.where)
+    return spec
 
 
 # ----------------------------------------------------------------------------- resuming

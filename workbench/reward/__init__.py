@@ -19,6 +19,8 @@ are recorded beside every result.
 - ``spec``      ``--reward SPEC`` made into a :class:`Reward`: a built-in or a user file loaded; each call guarded
                 (exceptions, non-numbers, NaN, the time limit as a SIGALRM timer)
 - ``prompts``   the prompts file (JSONL records with a ``prompt``, or text one prompt a line), read as corpora are
+- ``prompt_data`` a prompts file as a GRPO run's data: encoded with the run's tokenizer (and chat template), split,
+                drawn in the data layer's epoch order (resumable)
 - ``pairs``     a prompt's samples into preference pairs (every two with different rewards), and the pairs file
                 with its sidecar: written a prompt at a time, continued after a stop, refused with other settings
 - ``scoring``   mean reward, pass@1 and pass@k (Chen et al.'s unbiased estimator)

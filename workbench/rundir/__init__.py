@@ -100,6 +100,7 @@ from workbench.rundir.records import (
     EventRecord,
     PreferenceRecord,
     Record,
+    RewardRecord,
     RunStatus,
     RunView,
     TaskRecord,
@@ -219,5 +220,5 @@ __all__ = ["PREFERENCES_FILE", "RATINGS_FILE", "append_feedback", "append_jsonl"
            "new_run_dir", "NullWriter", "parse_record", "pid_alive", "PRESET_FILE", "process_start_time",
            "read_jsonl_tail", "read_metrics", "read_status", "Record", "resolve_run", "RunError", "RunLock",
            "runs_root", "RunStatus", "RunView", "SAMPLES_FILE", "sanitize_run_name", "select_checkpoint", "STATES",
-           "STATUS_FILE", "PreferenceRecord", "TaskRecord", "TASKS_FILE", "TEMPLATES_DIR", "TIME_KEYS",
+           "STATUS_FILE", "PreferenceRecord", "RewardRecord", "TaskRecord", "TASKS_FILE", "TEMPLATES_DIR", "TIME_KEYS",
            "TIMELINE_EVENTS", "TMP_PREFIX", "TOKENIZER_FILES", "TrainRecord", "write_preset", "write_status"]

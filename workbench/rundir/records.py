@@ -172,6 +172,40 @@ class PreferenceRecord:
 
 
 @dataclass
+class RewardRecord:
+    """A GRPO run's rollouts as they scored (train: every ``train.log_interval`` steps, the mean over the steps
+    since the last; val: at each eval, the held-out prompts' completions from fixed seeds): the mean reward, its
+    spread over the completions, the share of groups whose rewards were all equal (no signal: every advantage 0),
+    the k3 KL to the reference (``train.grpo_beta`` > 0), the mean completion length in tokens and the share of
+    tokens whose ratio was clipped."""
+    kind: ClassVar[str] = "reward"
+    step: int
+    split: str                          # train | val
+    reward: float | None = None
+    reward_std: float | None = None
+    no_signal: float | None = None
+    kl: float | None = None
+    completion_len: float | None = None
+    clipped: float | None = None
+    loss: float | None = None
+    time: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("reward", "reward_std", "no_signal", "kl", "completion_len", "clipped",
+                                         "loss")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "step": self.step, "split": self.split,
+                **{k: getattr(self, k) for k in self.FIELDS}, "time": self.time, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RewardRecord":
+        known = {"kind", "step", "split", "time", *cls.FIELDS}
+        return cls(step=_int(d.get("step")), split=str(d.get("split") or "train"), time=_num(d.get("time")),
+                   **{k: _num(d.get(k)) for k in cls.FIELDS}, extra={k: v for k, v in d.items() if k not in known})
+
+
+@dataclass
 class TaskRecord:
     kind: ClassVar[str] = "task"
     step: int
@@ -260,7 +294,7 @@ class StartRecord:
                                                                           if k not in known})
 
 
-Record = Union[TrainRecord, EvalRecord, TaskRecord, EventRecord, PreferenceRecord]
+Record = Union[TrainRecord, EvalRecord, TaskRecord, EventRecord, PreferenceRecord, RewardRecord]
 
 # Events after which the run continues from the event's step: a resume from a checkpoint, or a rollback
 # to one. Train, eval and task records logged before such an event for later steps belong to the timeline it
@@ -363,14 +397,16 @@ def current_timeline(records: list[Record]) -> list[Record]:
     out: list[Record] = []
     for r in records:
         if isinstance(r, EventRecord) and r.event in TIMELINE_EVENTS:
-            kept = [x for x in out if not (isinstance(x, (TrainRecord, EvalRecord, TaskRecord, PreferenceRecord))
+            kept = [x for x in out if not (isinstance(x, (TrainRecord, EvalRecord, TaskRecord, PreferenceRecord,
+                                                          RewardRecord))
                                            and x.step > r.step)]
             out = kept
         out.append(r)
     return out
-RecordClass = Union[type[TrainRecord], type[EvalRecord], type[TaskRecord], type[EventRecord], type[PreferenceRecord]]
+RecordClass = Union[type[TrainRecord], type[EvalRecord], type[TaskRecord], type[EventRecord], type[PreferenceRecord],
+                    type[RewardRecord]]
 RECORD_KINDS: dict[str, RecordClass] = {c.kind: c for c in (TrainRecord, EvalRecord, TaskRecord, EventRecord,
-                                                            PreferenceRecord)}
+                                                            PreferenceRecord, RewardRecord)}
 
 
 def parse_record(d: Any) -> Record | None:
@@ -386,5 +422,6 @@ def parse_record(d: Any) -> Record | None:
 
 
 __all__ = ["current_timeline", "EvalRecord", "EventRecord", "LIVE_STATES", "MEMORY_KEYS", "parse_record",
-           "PreferenceRecord", "Record", "RECORD_KINDS", "RunStatus", "RunView", "StartRecord", "STATES", "TaskRecord",
+           "PreferenceRecord", "Record", "RECORD_KINDS", "RewardRecord",
+           "RunStatus", "RunView", "StartRecord", "STATES", "TaskRecord",
            "TIME_KEYS", "TIMELINE_EVENTS", "TrainRecord"]

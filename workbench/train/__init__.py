@@ -22,6 +22,8 @@ The loop and what it keeps:
 - ``grpo``          GRPO's loss: group-normalised advantages, the clipped token-level ratio, the k3 KL, TRL's four
                     normalisations (dapo, grpo, bnpo, dr_grpo)
 - ``grpo_step``     GRPO's step: G completions a prompt from the current policy, scored, and one policy-gradient loss
+- ``grpo_run``      a GRPO run (``train.objective = grpo``) in the loop: each step's prompts rolled out and scored by
+                    ``train.reward``, the loss, the reward records, the held-out prompts' reward as its eval
 - ``objective``     a preference run's objective on its batches: the losses by the table's names (config.objectives),
                     the reference, the measures logged, the checks
 - ``reference``     a precomputed reference: the pass over every answer before training, re-checked at each start

@@ -79,6 +79,11 @@ class Rollouts:
     def mask(self) -> torch.Tensor:
         return (self.targets != IGNORE).to(torch.float32)
 
+    def rows(self, start: int, stop: int) -> Rollouts:
+        """Rows ``[start, stop)`` (whole groups: a micro-batch of a step's rollouts)."""
+        return Rollouts(self.inputs[start:stop], self.targets[start:stop], self.rewards[start:stop],
+                        self.completions[start:stop])
+
 
 @torch.no_grad()
 def rollout(model: torch.nn.Module, prompts: list[list[int]], score: Score, s: GRPOSettings, seed: int, step: int,
@@ -125,16 +130,17 @@ class GRPOStats:
                 "kl": self.kl, "completion_len": self.completion_len, "clipped": self.clipped}
 
 
-def rollout_loss(forward: Callable, r: Rollouts, s: GRPOSettings,
-                 reference: RefLogps | None = None) -> tuple[torch.Tensor, GRPOStats]:
-    """The loss of one policy-gradient step on ``r`` (``forward``: the model's, with gradient) and its stats."""
+def rollout_loss(forward: Callable, r: Rollouts, s: GRPOSettings, reference: RefLogps | None = None,
+                 tokens: torch.Tensor | float | None = None) -> tuple[torch.Tensor, GRPOStats]:
+    """The loss of one policy-gradient step on ``r`` (``forward``: the model's, with gradient) and its stats;
+    ``tokens``: dapo's count of the whole step's completion tokens, when ``r`` is one micro-batch of several."""
     _, logps = forward(r.inputs, r.targets, logps=True)
     old = logps.detach()            # one inner iteration: the sampling policy is this one
     ref = reference(r.inputs, r.targets) if s.beta > 0 and reference is not None else None
     adv = group_advantages(r.rewards, s.group, s.scale_std)
     mask = r.mask
     res = grpo_loss(logps, old, adv.advantages, mask, ref, s.beta, s.clip, s.clip_high, s.loss_type,
-                    max_completion=s.max_new_tokens)
+                    max_completion=s.max_new_tokens, tokens=tokens)
     rewards = r.rewards.float()
     stats = GRPOStats(loss=float(res.loss.detach()), reward_mean=float(rewards.mean()),
                       reward_std=float(rewards.std()) if rewards.numel() > 1 else 0.0,

@@ -33,12 +33,14 @@ from workbench import rundir
 from workbench.data.train_data import Batch, Sampler, step_targets
 from workbench.errors import WorkbenchError
 from workbench.plan.sampling import TEXT
+from workbench.reward import RewardError
 from workbench.rundir import EvalRecord, PreferenceRecord, TrainRecord
 from workbench.train import runtime
 from workbench.train.batches import batch_loss, on_device
 from workbench.train.budget_steps import BudgetSteps
 from workbench.train.evaluation import EvalBatches, evaluate
 from workbench.train.generate import generate_text
+from workbench.train.grpo_run import reward_summary
 from workbench.train.reporter import failure_message
 
 
@@ -86,7 +88,9 @@ class Trainer(BudgetSteps):
         t = self.preset.train
         self.built.model.train()
         self.report.status(state="running", compiling=self.settings.compile, step=self.state.step)
-        if self.state.step == 0 and not self.resume:
+        if self.state.step == 0 and not self.resume and self.grpo is not None:
+            self.evaluate_reward()   # GRPO's eval: the held-out prompts' reward, not a loss
+        elif self.state.step == 0 and not self.resume:
             if self.budget is not None:
                 self.size_budget_evals()
             ev = self.evaluate()
@@ -192,6 +196,8 @@ class Trainer(BudgetSteps):
         loss_sum = torch.zeros((), device=self.device)
         t_data = time.perf_counter()
         batches = [self.sampler.next_batch() for _ in range(t.grad_accum)]
+        if self.grpo is not None:  # GRPO: the prompts' rollouts, scored, and one policy-gradient loss (grpo_run)
+            return self.grpo.forward_backward(b, batches, self.state.step, self.autocast, poison)
         # masked targets (chat): the loss is the mean over the trained targets of the whole step (every micro-batch
         # and rank: all ranks draw the global batch), so each token weighs the same however ragged the masks are
         per_step = step_targets(batches, self.dist.world)
@@ -248,11 +254,14 @@ class Trainer(BudgetSteps):
         self.report.status(step=st.step, tokens_seen=st.tokens_seen, **self.budget_status(now))
         shown = loss if loss is not None else float("nan")
         pref = self.objective.take(st.step, now=now) if self.objective is not None else None
-        if pref is not None:
-            self.report.record(pref)
+        rew = self.grpo.take(st.step, now=now) if self.grpo is not None else None
+        for rec in (pref, rew):
+            if rec is not None:
+                self.report.record(rec)
         self.report.log(f"step {st.step}/{max_iters}: loss {shown:.4f}, lr {lr:.2e}, grad norm {gn:.3f}, "
                         f"{f'{tps:,.0f} tok/s' if tps else 'warming up'}, mem {mem:.0f} MB"
-                        + (preference_summary(pref) if pref is not None else ""))
+                        + (preference_summary(pref) if pref is not None else "")
+                        + (reward_summary(rew) if rew is not None else ""))
         self.throughput.after_log(now)
 
     def maybe_evaluate(self) -> tuple[bool, bool, bool]:
@@ -261,6 +270,9 @@ class Trainer(BudgetSteps):
         t, st = self.preset.train, self.state
         if not self.eval_due(st.step):
             return False, False, False
+        if self.grpo is not None:  # no val loss: no best checkpoint, no early stop by it
+            self.evaluate_reward()
+            return True, self.maybe_save(), False
         began = time.time()
         ev = self.evaluate()
         self.report.record(ev)
@@ -332,6 +344,15 @@ class Trainer(BudgetSteps):
         self.state.eval_s += now - t0
         return dataclasses.replace(ev, seconds=round(now - t0, 3), budget_share=share, **self.time_spent())
 
+    def evaluate_reward(self) -> None:
+        """A GRPO run's eval: the held-out prompts' reward (GRPORun.evaluate), its seconds counted as an eval's."""
+        t0 = time.time()
+        rec, line = self.grpo.evaluate(self.built.model, self.state.step)
+        if rec is not None:
+            self.report.record(rec)
+        self.report.log(line)
+        self.state.eval_s += time.time() - t0
+
     def time_spent(self) -> dict[str, float]:
         """The run's wall-clock so far and its seconds in evals and in checkpoint saves (rundir.TIME_KEYS)."""
         return {"elapsed_s": round(self.elapsed(), 3), "eval_s": round(self.state.eval_s, 3),
@@ -401,7 +422,9 @@ class Trainer(BudgetSteps):
                 except OSError:
                     pass
                 self.report.log(f"error: {msg}")
-            raise TrainError(msg, e.exit_code if starting and isinstance(e, WorkbenchError) else 1) from None
+            # bad input (exit 2): found as it starts, or a reward that failed on a completion (its one line)
+            bad_input = isinstance(e, WorkbenchError) and (starting or isinstance(e, RewardError))
+            raise TrainError(msg, e.exit_code if bad_input else 1) from None
         finally:
             if self.lock:
                 self.lock.release()

@@ -255,25 +255,31 @@ def build_objective(p: Preset, plan: ObjectivePlan, model: torch.nn.Module, devi
     :mod:`workbench.train.reference` before the first step), or none."""
     reference = None
     if plan.reference != "none":
-        frozen = None
-        if plan.reference == "frozen copy":
-            if init is None:
-                raise ObjectiveCheckError(f"train.objective = {plan.objective} needs the weights the run started from "
-                                          f"({INIT_DIR}/model.pt), which this run does not have")
-            frozen = GPT(p.model)
-            load_weights(frozen, init, f"{INIT_DIR}/model.pt")
-            frozen.requires_grad_(False)
-            frozen.eval()
-            frozen = frozen.to(device)
-            # The matrices in the compute dtype, rounded as autocast rounds the policy's (half the bytes); the
-            # embedding and norms in fp32, as the policy's stay: an all-bf16 copy gave step-0 rewards of ~1e-2
-            # on CUDA, and the step-0 check refused every run.
-            for m in frozen.modules() if dtype is not None else ():
-                if isinstance(m, torch.nn.Linear):
-                    m.to(dtype)
+        frozen = frozen_copy(p, plan, device, init, dtype) if plan.reference == "frozen copy" else None
         reference = Reference(plan.reference, model, frozen, policy_is_reference=faults.reference_is_policy)
     return Objective(plan, p.train, model, reference)
 
 
+def frozen_copy(p: Preset, plan: ObjectivePlan, device: torch.device, init: dict | None,
+                dtype: torch.dtype | None) -> GPT:
+    """A full fine-tune's reference: a frozen copy of the weights ``init`` the run started from (its matrices in
+    the compute ``dtype`` on a GPU). The preference objectives' and GRPO's (train.grpo_beta > 0)."""
+    if init is None:
+        raise ObjectiveCheckError(f"train.objective = {plan.objective} needs the weights the run started from "
+                                  f"({INIT_DIR}/model.pt), which this run does not have")
+    frozen = GPT(p.model)
+    load_weights(frozen, init, f"{INIT_DIR}/model.pt")
+    frozen.requires_grad_(False)
+    frozen.eval()
+    frozen = frozen.to(device)
+    # The matrices in the compute dtype, rounded as autocast rounds the policy's (half the bytes); the
+    # embedding and norms in fp32, as the policy's stay: an all-bf16 copy gave step-0 rewards of ~1e-2
+    # on CUDA, and the step-0 check refused every run.
+    for m in frozen.modules() if dtype is not None else ():
+        if isinstance(m, torch.nn.Linear):
+            m.to(dtype)
+    return frozen
+
+
 __all__ = ["ANSWER_LOSSES", "ObjectiveCheckError", "Objective", "PAIR_LOSSES", "Reference", "STEP0_TOLERANCE",
-           "answer_logps", "build_objective"]
+           "answer_logps", "build_objective", "frozen_copy"]

@@ -18,7 +18,7 @@ import torch
 
 from workbench import rundir
 from workbench.config import Preset, budget_seconds, load_preset_file
-from workbench.config.objectives import SFT
+from workbench.config.objectives import SFT, objective_spec
 from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
 from workbench.data.preference_data import PreferenceData
 from workbench.data.tokenizer import tokenizer_file
@@ -34,6 +34,7 @@ from workbench.plan.flops import flops_per_token
 from workbench.plan.horizon import BudgetPlan, Horizon
 from workbench.plan.preference import PRECOMPUTED, ObjectivePlan, objective_plan
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
+from workbench.reward.prompt_data import prompt_data
 from workbench.rundir import CKPT_MODEL, INIT_DIR
 from workbench.rundir.records import StartRecord
 from workbench.train import runtime, stateful
@@ -43,6 +44,7 @@ from workbench.train.checkpoint import Checkpoint, load_init_weights, read_check
 from workbench.train.checkpointer import Checkpointer
 from workbench.train.dist import Dist
 from workbench.train.evaluation import EvalBatches
+from workbench.train.grpo_run import GRPORun
 from workbench.train.objective import Objective, build_objective
 from workbench.train.reference import precompute_reference
 from workbench.train.reporter import Reporter, Throughput, savers_line, start_line
@@ -106,7 +108,7 @@ def start_record(p: Preset, s: RunSettings, built: Built, data: TrainData, sampl
         "checkpoint": ckpt.meta["name"] if ckpt else None, "parent": p.parent or None, "init": p.init or None,
         "objective": {"objective": plan.objective, "beta": plan.beta, "averaged": plan.averaged,
                       "reference": plan.reference, "reference_why": plan.reference_why}
-        if plan is not None and plan.preference else None}
+        if plan is not None and (plan.preference or plan.samples) else None}
     return StartRecord(
         params=built.model.num_params(), device=str(device), precision=s.precision, compile=s.compile,
         compile_mode=s.compile_mode, loss_chunk_tokens=s.loss_chunk_tokens,
@@ -162,6 +164,7 @@ class TrainerParts:
         self.eval_batches: EvalBatches | None = None  # those batches, drawn at the first eval and kept
         self.plan = ObjectivePlan(SFT)              # what the run optimises and its reference (plan.preference)
         self.objective: Objective | None = None     # a preference run's loss, its reference and its checks
+        self.grpo: GRPORun | None = None            # a GRPO run's rollouts, reward, reference and stats
 
     # ------------------------------------------------------------------ setup
 
@@ -203,7 +206,11 @@ class TrainerParts:
 
     def prepare_data(self, p: Preset) -> None:
         """The data first (a no-op when it is cached): a detached run prepares its corpus here, with its progress
-        in status.json. Every rank asks; one prepares, the others wait for it (a file lock)."""
+        in status.json. Every rank asks; one prepares, the others wait for it (a file lock). GRPO's prompts file is
+        read by the reward package (nothing to prepare)."""
+        if objective_spec(p.train.objective).samples:
+            self.data = prompt_data(p, self.run_dir)
+            return
         self.data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=self.report.log,
                                  progress=lambda pr: self.report.status(preparing=pr.to_dict()), faults=self.faults,
                                  run_dir=self.run_dir, loss_on=p.train.loss_on, objective=p.train.objective)
@@ -257,6 +264,8 @@ class TrainerParts:
         if self.plan.preference:
             self.objective = build_objective(p, self.plan, self.built.model, self.device, init,
                                              runtime.amp_dtype(s), self.faults)
+        if self.plan.samples:
+            self.grpo = GRPORun(p, self.plan, self.data, self.built.model, self.device, init, runtime.amp_dtype(s))
         del init
         if self.plan.reference == PRECOMPUTED:
             self.precompute_reference(p)
@@ -269,7 +278,9 @@ class TrainerParts:
         self.tokens_per_step = p.tokens_per_step()
         self.flops_per_token = flops_per_token(p.model)
         self.eval_iters, eval_why = eval_batches(p, data.split_tokens()[1])
-        if not p.train.eval_iters:
+        if self.grpo is not None:
+            self.eval_iters, eval_why = 0, "the held-out prompts' reward (a GRPO run has no val loss)"
+        if not p.train.eval_iters or self.grpo is not None:
             self.report.log(f"eval: {eval_why}")
 
     def precompute_reference(self, p: Preset) -> None:
@@ -304,7 +315,7 @@ class TrainerParts:
         self.report.log(start_line(self.run_dir.name, p, s, self.device, self.dist.world, b.model.num_params(),
                                    b.trainable, self.tokens_per_step, self.data.source, self.data.cached))
         self.report.log(savers_line(s))
-        if self.plan.preference:
+        if self.plan.preference or self.plan.samples:
             self.report.log(self.plan.describe())
         if self.budget is not None:
             fresh = self.budget_plan is not None and not self.resume

@@ -1,0 +1,142 @@
+"""A GRPO run in the trainer (``train.objective = grpo``): the component the loop asks when its objective samples.
+
+Each step draws ``batch_size`` prompts a micro-batch (:class:`~workbench.reward.prompt_data.PromptSampler`: the
+epoch order a checkpoint keeps), rolls out ``train.grpo_group`` completions of each from the policy as it is
+(:func:`~workbench.train.grpo_step.rollout`, every micro-batch's prompts together, each seeded by the run's seed,
+the step and its place in the step), scores them with ``train.reward`` (decoded; the prompt's whole record goes to
+the reward), and takes one policy-gradient loss a micro-batch (:func:`~workbench.train.grpo_step.rollout_loss`;
+dapo's count of completion tokens is the whole step's). With ``train.grpo_beta`` > 0 the k3 KL is taken against
+the reference the plan chose: the model with its adapters off (LoRA) or a frozen copy of the starting weights.
+
+A reward that fails (raises, returns what is not a finite number, runs past its time limit) stops the run with
+its one line (exit 2); the checkpoints before stay.
+
+What it logs (:class:`~workbench.rundir.RewardRecord`): each logged step, the mean over the steps since the last
+of the mean reward, its spread, the share of groups without signal, the KL (beta > 0), the completion length and
+the share of clipped tokens. **Its eval** is the reward, not a loss (a GRPO run has no targets to score): the
+held-out prompts (``data.val_fraction`` of the file, at most :data:`EVAL_PROMPTS`), ``grpo_group`` completions
+each from seeds fixed for the run, so evals differ only by the weights; a split ``val`` record. No val loss, so no
+"best" checkpoint and no early stopping by it: checkpoints follow ``train.ckpt_interval`` and the run's end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from workbench.config import Preset
+from workbench.plan.preference import ObjectivePlan
+from workbench.reward import parse_reward
+from workbench.reward.prompt_data import PromptData
+from workbench.rundir import RewardRecord
+from workbench.train.build import Built
+from workbench.train.grpo_step import GRPOSettings, GRPOStats, Rollouts, reference_logps, rollout, rollout_loss
+from workbench.train.objective import frozen_copy
+
+EVAL_PROMPTS = 32       # held-out prompts an eval rolls out (the first of them)
+AUTO_MAX_NEW_TOKENS = 64   # train.grpo_max_new_tokens = 0: this, at most half the window
+EVAL_STEP = -1          # the "step" of the eval's rollout seeds: the same at every eval
+
+
+def grpo_settings(p: Preset) -> GRPOSettings:
+    t = p.train
+    new = t.grpo_max_new_tokens or min(AUTO_MAX_NEW_TOKENS, p.model.seq_len // 2)   # 0: auto (the schema's doc)
+    return GRPOSettings(group=t.grpo_group, max_new_tokens=new, clip=t.grpo_clip,
+                        clip_high=t.grpo_clip_high or None, beta=t.grpo_beta, loss_type=t.grpo_loss,
+                        scale_std=t.grpo_scale_std)
+
+
+def reward_summary(r: RewardRecord) -> str:
+    """The log line's tail for a GRPO step: reward and spread, groups without signal, KL, completion length."""
+    out = f", reward {r.reward:.3f} (sd {r.reward_std:.3f}), no signal {r.no_signal:.0%}"
+    if r.kl is not None:
+        out += f", kl {r.kl:.4f}"
+    return out + f", len {r.completion_len:.1f}"
+
+
+class GRPORun:
+    """GRPO's side of a run: the settings, the reward, the reference, the stats since the last log line."""
+
+    def __init__(self, p: Preset, plan: ObjectivePlan, data: PromptData, model: torch.nn.Module,
+                 device: torch.device, init: dict | None, dtype: torch.dtype | None):
+        self.settings = grpo_settings(p)
+        self.seed = p.train.seed
+        self.data = data
+        self.reward = parse_reward(p.train.reward)
+        frozen = frozen_copy(p, plan, device, init, dtype) if plan.reference == "frozen copy" else None
+        self.reference = reference_logps(model, frozen) if plan.reference != "none" else None
+        self.pending: list[GRPOStats] = []      # each step's stats since the last log line
+
+    def score(self, indices: list[int]):
+        """The score of a completion of the ``i``-th prompt of ``indices``: the reward of its text."""
+        def one(i: int, ids: list[int]) -> float:
+            prompt = self.data.items[indices[i]]
+            return self.reward.score(prompt.text, self.data.tokenizer.decode(ids), prompt.record)
+        return one
+
+    def rollouts(self, model: torch.nn.Module, indices: list[int], step: int) -> Rollouts:
+        r = rollout(model, [self.data.ids[i] for i in indices], self.score(indices), self.settings, self.seed, step,
+                    self.data.stops)
+        model.train()   # sampling put it in eval mode
+        return r
+
+    def forward_backward(self, built: Built, batches: list[list[int]], step: int,
+                         autocast: contextlib.AbstractContextManager, poison: bool = False) -> torch.Tensor:
+        """One step: the rollouts of every micro-batch's prompts, then each micro-batch's loss forward and
+        backward; their loss, summed (``poison``: a test's non-finite loss)."""
+        r = self.rollouts(built.model, [i for b in batches for i in b], step)
+        tokens = r.mask.sum()
+        rows = len(batches[0]) * self.settings.group
+        loss_sum = torch.zeros((), device=r.inputs.device)
+        stats = []
+        for k in range(len(batches)):
+            with autocast:
+                loss, st = rollout_loss(built.train_forward, r.rows(k * rows, (k + 1) * rows), self.settings,
+                                        self.reference, tokens=tokens)
+            if poison:
+                loss = loss * float("nan")
+            if self.settings.loss_type != "dapo":   # dapo's sum is over the step's tokens already
+                loss = loss / len(batches)
+            built.scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+            stats.append(st)
+        self.pending.append(_mean_stats(stats))
+        return loss_sum
+
+    def take(self, step: int, now: float | None = None) -> RewardRecord | None:
+        """The train record of the steps since the last (None if none)."""
+        if not self.pending:
+            return None
+        m, self.pending = _mean_stats(self.pending), []
+        return RewardRecord(step=step, split="train", reward=m.reward_mean, reward_std=m.reward_std,
+                            no_signal=m.no_signal, kl=m.kl, completion_len=m.completion_len, clipped=m.clipped,
+                            loss=m.loss, time=now)
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, step: int) -> tuple[RewardRecord | None, str]:
+        """The held-out prompts' reward (a ``val`` record) and the log line; None without held-out prompts."""
+        held = list(range(self.data.n_train, len(self.data.ids)))[:EVAL_PROMPTS]
+        if not held:
+            return None, f"step {step}: no held-out prompts to score (a prompts file of one prompt)"
+        t0 = time.time()
+        r = self.rollouts(model, held, EVAL_STEP)
+        rewards = r.rewards.float()
+        groups = rewards.view(-1, self.settings.group)
+        no_signal = float((groups.max(1).values == groups.min(1).values).float().mean())
+        rec = RewardRecord(step=step, split="val", reward=float(rewards.mean()), reward_std=float(rewards.std()),
+                           no_signal=no_signal, completion_len=float(r.mask.sum(-1).mean()), time=time.time(),
+                           extra={"prompts": len(held), "seconds": round(time.time() - t0, 3)})
+        return rec, (f"step {step}: held-out reward {rec.reward:.4f} (sd {rec.reward_std:.3f}, {len(held)} prompts "
+                     f"x {self.settings.group}, no signal {no_signal:.0%})")
+
+
+def _mean_stats(stats: list[GRPOStats]) -> GRPOStats:
+    def mean(xs: list[float | None]) -> float | None:
+        xs = [x for x in xs if x is not None]
+        return sum(xs) / len(xs) if xs else None
+    return GRPOStats(**{k: mean([getattr(s, k) for s in stats]) for k in GRPOStats.__dataclass_fields__})
+
+
+__all__ = ["EVAL_PROMPTS", "GRPORun", "grpo_settings", "reward_summary"]
