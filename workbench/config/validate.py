@@ -146,6 +146,9 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
     if objective.samples and t.time_budget:
         bad(f"train.objective = {t.objective} does not take a time budget yet; set train.max_iters instead "
             "(and train.time_budget = '')")
+    if objective.samples and h.nproc > 1:  # every rank would roll out the whole batch: not yet split by rank
+        bad(f"train.objective = {t.objective} runs in one process for now; set hardware.nproc = 1 "
+            "(--set hardware.nproc=1)")
     if objective.preference or objective.samples:
         if m.dropout > 0:
             bad(f"train.objective = {t.objective} trains without dropout (its reference and the step-0 check need a "
