@@ -27,10 +27,11 @@ def _finished_run(root: Path, name: str = "p") -> Path:
 def test_resuming_an_older_checkpoint_branches_and_leaves_the_parent_as_it_was(tmp_path):
     parent = _finished_run(tmp_path)
     before = tree(parent)
-    # no interval checkpoints in the branch: a tiny model runs ~100 steps/s, so before the stop below lands it
-    # could pass three more (keep_last) and drop its copy of step 40 (seen once in a fresh-clone CI run)
+    # no interval checkpoints and no evals (each may save a best) in the branch: a tiny model runs ~100 steps/s, so
+    # before the stop below lands it could pass three more (keep_last) and drop its copy of step 40 (seen in
+    # fresh-clone CI runs: interval checkpoints once, then best ones at evals every 20 steps on a loaded machine)
     cp = wb("resume", "p", "--runs-dir", str(tmp_path), "--checkpoint", "40", "--set", "train.max_iters=100000",
-            "train.ckpt_interval=100000", "--detach", check=True)
+            "train.ckpt_interval=100000", "train.eval_interval=100000", "--detach", check=True)
     assert "step_0000040 is not the latest checkpoint of p (step_0000060): continuing in a new run p-from-40" \
         in cp.stdout
     child = tmp_path / "p-from-40"
