@@ -15,6 +15,7 @@ from workbench.rundir import (
     EventRecord,
     MetricsWriter,
     PreferenceRecord,
+    RewardRecord,
     TaskRecord,
     TrainRecord,
     ckpt_name,
@@ -55,6 +56,11 @@ class RunDir:
     def pref(self, step: int, split: str = "train", **values: float | None) -> None:
         """A preference run's record (rewards, margin, accuracy, drift) as the trainer writes it."""
         self.metrics.write(PreferenceRecord(step=step, split=split, **values))
+
+    def reward(self, step: int, split: str = "train", **values: float | None) -> None:
+        """A GRPO run's record (mean reward, its sd, groups without signal, KL, completion length) as the trainer
+        writes it."""
+        self.metrics.write(RewardRecord(step=step, split=split, **values))
 
     def task(self, step: int, task: str, metric: str, value: float | None, n: int = 100, **extra: Any) -> None:
         """A task score as the trainer writes it (``train.eval_tasks``) into metrics.jsonl."""

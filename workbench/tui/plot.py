@@ -20,6 +20,11 @@ SMOOTHING = [0.0, 0.6, 0.9, 0.97]
 # what a task metric is, in words (the y axis and the pane's title)
 METRIC_NAMES = {"centered": "centered accuracy", "acc": "accuracy", "acc_norm": "accuracy (length-normalised)",
                 "exact": "exact match", "contains": "answer contained", "bpb": "bits per byte", "loss": "loss"}
+# a GRPO run's measures (its reward records' fields), in the order the Loss curves pane's r steps through them,
+# with what each is in words (the y axis)
+REWARD_MEASURES = {"reward": "mean reward", "reward_std": "reward std (within a step)",
+                   "no_signal": "groups without signal (share)", "kl": "KL to the reference (nats a token)",
+                   "completion_len": "completion length (tokens)"}
 
 
 
@@ -84,6 +89,29 @@ def loss_series(runs: list[RunData], width: int, x_axis: str = "step", smoothing
     return out
 
 
+def reward_series(runs: list[RunData], measure: str, width: int, x_axis: str = "step", smoothing: float = 0.0,
+                  show: str = "both", labels: dict[str, str] | None = None) -> list[Series]:
+    """The lines of a GRPO measure (``REWARD_MEASURES``): each run's train records (every logged step, smoothed
+    as the loss is) and its held-out ones (split ``val``, at each eval: "held-out", as the trainer's log says);
+    runs without reward records draw nothing."""
+    out: list[Series] = []
+    several = len(runs) > 1
+    for i, d in enumerate(runs):
+        color = COLORS[i % len(COLORS)]
+        name = (labels or {}).get(d.run_id, d.run_id)
+        steps, ys = d.reward_points(measure, "train")
+        if show in ("both", "train") and steps:
+            xs, ys = downsample(_tokens_at(d, steps) if x_axis == "tokens" else steps, ema(ys, smoothing),
+                                max(50, width * 2))
+            out.append(Series(name if several else "train", [float(x) for x in xs], list(ys), color))
+        steps, ys = d.reward_points(measure, "val")
+        if show in ("both", "val") and steps:
+            xs = _tokens_at(d, steps) if x_axis == "tokens" else [float(s) for s in steps]
+            out.append(Series(f"{name} held-out" if several else "held-out", xs, ys,
+                              color if several else "orange", VAL_MARKERS[i % len(VAL_MARKERS)] if several else "hd"))
+    return out
+
+
 def render_loss_plot(series: list[Series], width: int, height: int, x_axis: str = "step", log_y: bool = False,
                      metric: str = "loss", title: str = "") -> str:
     """``series`` from ``loss_series`` drawn ("" when there is nothing to draw)."""
@@ -102,6 +130,8 @@ def render_loss_plot(series: list[Series], width: int, height: int, x_axis: str 
     plt.xlabel("tokens seen" if x_axis == "tokens" else "step")
     if metric == "bpb":
         plt.ylabel("bits per byte")
+    elif metric in REWARD_MEASURES:
+        plt.ylabel(REWARD_MEASURES[metric])
     return plt.build()
 
 

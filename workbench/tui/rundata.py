@@ -19,6 +19,7 @@ from workbench.rundir import (
     EvalRecord,
     EventRecord,
     Record,
+    RewardRecord,
     RunStatus,
     RunView,
     TaskRecord,
@@ -55,6 +56,8 @@ class RunData(RunView):
     events: list[EventRecord] = field(default_factory=list)
     task_fed: Scores = field(default_factory=dict)    # task scores from metrics.jsonl (current timeline)
     task_file: Scores = field(default_factory=dict)   # ... from tasks.jsonl (workbench eval)
+    # a GRPO run's reward records by split (train: each logged step; val: the held-out prompts at each eval)
+    rewards: dict[str, list[RewardRecord]] = field(default_factory=lambda: {"train": [], "val": []})
     last_train: TrainRecord | None = None
     last_eval: EvalRecord | None = None
     status: RunStatus = field(default_factory=RunStatus)
@@ -78,6 +81,8 @@ class RunData(RunView):
                 self.eval_val_bpb.append(r.val_bpb)
                 self.eval_train_bpb.append(r.train_bpb)
                 self.last_eval = r
+            elif isinstance(r, RewardRecord):
+                self.rewards.setdefault(r.split, []).append(r)
             elif isinstance(r, TaskRecord):
                 self.task_fed.setdefault(r.step, {})[(r.task, r.metric, r.n)] = r
             elif isinstance(r, EventRecord):
@@ -105,6 +110,8 @@ class RunData(RunView):
             self.eval_train_bpb.pop()
         for s in [s for s in self.task_fed if s > step]:
             del self.task_fed[s]
+        for split, recs in self.rewards.items():
+            self.rewards[split] = [r for r in recs if r.step <= step]
 
     def set_task_file(self, records: list[Record | dict]) -> None:
         """Every record of ``tasks.jsonl`` (the whole file: it replaces what was read before)."""
@@ -125,6 +132,17 @@ class RunData(RunView):
     def task_names(self) -> list[str]:
         """The tasks scored in this run, in the order first seen (by step)."""
         return list(dict.fromkeys(t for at in self.task_scores().values() for t, _m, _n in at))
+
+    def last_reward(self, split: str = "train") -> RewardRecord | None:
+        """The latest reward record of ``split`` (None for a run that is not GRPO, or before its first)."""
+        recs = self.rewards.get(split)
+        return recs[-1] if recs else None
+
+    def reward_points(self, measure: str, split: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of one of a reward record's measures (``RewardRecord.FIELDS``) in ``split``, the
+        records without it (KL with beta 0, the held-out records' KL and clip share) left out."""
+        pts = [(r.step, v) for r in self.rewards.get(split, []) if (v := getattr(r, measure)) is not None]
+        return [s for s, _ in pts], [v for _, v in pts]
 
     def task_points(self, task: str, metric: str) -> dict[int, tuple[list[int], list[float]]]:
         """items scored -> (steps, values) of one task's metric: one series per number of items, so that
@@ -239,6 +257,8 @@ def joined(parts: list[tuple[RunData, int | None]]) -> RunData:
         out.eval_val_bpb += [d.eval_val_bpb[i] for i in keep]
         out.eval_train_bpb += [d.eval_train_bpb[i] for i in keep]
         out.task_fed.update({s: at for s, at in d.task_scores().items() if upto is None or s <= upto})
+        for split, recs in d.rewards.items():
+            out.rewards.setdefault(split, []).extend(r for r in recs if upto is None or r.step <= upto)
     last = parts[-1][0]
     out.status, out.last_train, out.last_eval, out.events = last.status, last.last_train, last.last_eval, last.events
     return out

@@ -24,6 +24,8 @@ The checks, one module each, every threshold a named constant with the reason fo
 - ``chat``            chat data: a tiny trained share, conversations cut at seq_len, rows mostly padding
 - ``preference``      preference runs: a loss that never leaves ln 2, reward accuracy stuck at 0 or 1, the chosen
                       answers' log-probs collapsing; and why both rewards falling under DPO is expected
+- ``reward``          GRPO runs: reward hacking (reward up while KL or completion length explodes), most groups
+                      without signal (too easy or too hard), a reward that never moves
 
 ``workbench doctor RUN`` prints it; the TUI's Train pane shows it in its Health box as the run goes
 (keeping one :class:`RunFacts` per run, which reads only the new lines of metrics.jsonl).
@@ -35,13 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.analysis.doctor import chat, corpus, generalization, memory, preference, speed, stability
+from workbench.analysis.doctor import chat, corpus, generalization, memory, preference, reward, speed, stability
 from workbench.analysis.doctor.facts import Context, RunFacts, read_run
 from workbench.analysis.doctor.finding import KINDS, SEVERITIES, Finding
 from workbench.machine.activity import HardwareSnapshot
 
 CHECKS = (stability.check, memory.check, speed.check, generalization.check, corpus.check, chat.check,
-          preference.check)
+          preference.check, reward.check)
 
 
 def diagnose(facts: RunFacts, snapshot: HardwareSnapshot, notes: list[str] | None = None) -> list[Finding]:

@@ -29,6 +29,7 @@ from workbench.rundir import (
     MetricsTail,
     PreferenceRecord,
     Record,
+    RewardRecord,
     RunStatus,
     RunView,
     TrainRecord,
@@ -41,6 +42,8 @@ from workbench.rundir import (
 RECENT_TRAIN = 200
 # A preference run's train records kept: its first ones (how it started) and the recent ones (where it is).
 PREFS_FIRST, PREFS_RECENT = 20, 50
+# A GRPO run's train reward records kept, the same way.
+REWARDS_FIRST, REWARDS_RECENT = 20, 50
 
 
 @dataclass
@@ -63,6 +66,8 @@ class RunFacts(RunView):
     time_spent: TimeSpent | None = None       # the newest time totals: wall-clock, evals, saves
     prefs_first: list[PreferenceRecord] = field(default_factory=list)   # a preference run's first train records
     prefs_recent: deque[PreferenceRecord] = field(default_factory=lambda: deque(maxlen=PREFS_RECENT))
+    rewards_first: list[RewardRecord] = field(default_factory=list)     # a GRPO run's first train reward records
+    rewards_recent: deque[RewardRecord] = field(default_factory=lambda: deque(maxlen=REWARDS_RECENT))
     _tail: MetricsTail | None = None
 
     @property
@@ -126,6 +131,11 @@ class RunFacts(RunView):
                 if len(self.prefs_first) < PREFS_FIRST:
                     self.prefs_first.append(r)
                 self.prefs_recent.append(r)
+        elif isinstance(r, RewardRecord):
+            if r.split == "train":
+                if len(self.rewards_first) < REWARDS_FIRST:
+                    self.rewards_first.append(r)
+                self.rewards_recent.append(r)
         elif isinstance(r, EvalRecord):
             if r.val_loss is not None and r.train_loss is not None:
                 self.evals.append(r)
@@ -139,6 +149,9 @@ class RunFacts(RunView):
                 self.grad_spikes.rewind(r.step)
                 self.prefs_first = [x for x in self.prefs_first if x.step <= r.step]
                 self.prefs_recent = deque((x for x in self.prefs_recent if x.step <= r.step), maxlen=PREFS_RECENT)
+                self.rewards_first = [x for x in self.rewards_first if x.step <= r.step]
+                self.rewards_recent = deque((x for x in self.rewards_recent if x.step <= r.step),
+                                            maxlen=REWARDS_RECENT)
                 self.loss_spikes.rewind(r.step)
 
 

@@ -16,7 +16,7 @@ from workbench.rundir import PRESET_FILE
 SEVERITIES = ("high", "medium", "low")
 # Within a severity: what breaks a run before what slows it, before what makes it learn less; last, the queue
 # around it (runs waiting with no runner: ``workbench.queue.doctor``, added by `workbench doctor` and the TUI).
-KINDS = ("unstable", "memory", "slow", "overfitting", "data", "preference", "queue")
+KINDS = ("unstable", "memory", "slow", "overfitting", "data", "preference", "reward", "queue")
 
 
 @dataclass(frozen=True)

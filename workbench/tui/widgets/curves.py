@@ -1,5 +1,7 @@
 """Loss curves pane: train/val loss of one or several runs, step or tokens, log, smoothing; or, one key
-away, each task's score (``train.eval_tasks``, ``workbench eval``) on the same axes. A sweep's best trials
+away, each task's score (``train.eval_tasks``, ``workbench eval``) on the same axes; or, for a GRPO run, each
+measure of its reward records (mean reward, train and held-out; its spread; the share of groups without signal;
+KL to the reference; completion length), ``r`` stepping through them. A sweep's best trials
 (the Queue pane's ``c``) are drawn together, each labelled with its trial and settings, by what the sweep
 ranks them by."""
 
@@ -27,11 +29,13 @@ from textual.widgets.option_list import OptionDoesNotExist
 
 from workbench.analysis.lineage import lineage
 from workbench.tui.plot import (
+    REWARD_MEASURES,
     SMOOTHING,
     Series,
     loss_series,
     render_loss_plot,
     render_task_plot,
+    reward_series,
     task_series,
     task_title,
 )
@@ -82,12 +86,25 @@ class LossPlot(Static):
         if pane.plot_task is not None:
             self.draw_task(pane.plot_task, runs, w, h)
             return
+        if pane.reward_measure is not None:
+            self.draw_reward(pane.reward_measure, runs, w, h)
+            return
         self.series = loss_series(runs, w, x_axis=pane.x_axis, smoothing=pane.smoothing, show=pane.show,
                                   metric=pane.metric, labels=pane.labels)
         text = render_loss_plot(self.series, w, h, x_axis=pane.x_axis, log_y=pane.log_y, metric=pane.metric,
                                 title=pane.overlay_title())
         self.update(Text.from_ansi(text, no_wrap=True) if text else
                     Text("No loss recorded yet for the selected runs.", style="dim"))
+
+    def draw_reward(self, measure: str, runs: list[RunData], w: int, h: int) -> None:
+        pane = self.query_ancestor(CurvesPane)
+        self.series = reward_series(runs, measure, w, x_axis=pane.x_axis, smoothing=pane.smoothing, show=pane.show,
+                                    labels=pane.labels)
+        text = render_loss_plot(self.series, w, h, x_axis=pane.x_axis, log_y=pane.log_y, metric=measure,
+                                title=f"GRPO: {REWARD_MEASURES[measure]} (r: the next measure)")
+        self.update(Text.from_ansi(text, no_wrap=True) if text else
+                    Text(f"No {REWARD_MEASURES[measure]} in the selected runs (r: the next measure, or the loss).",
+                         style="dim"))
 
     def draw_task(self, task: str, runs: list[RunData], w: int, h: int) -> None:
         pane = self.query_ancestor(CurvesPane)
@@ -110,6 +127,7 @@ class CurvesPane(Horizontal, Pane):
         Binding("b", "toggle_metric", "Loss/bpb"),
         Binding("k", "cycle_task", "Task"),
         Binding("a", "toggle_lineage", "Ancestors"),
+        Binding("r", "cycle_reward", "Reward"),   # a GRPO run's measures, then the loss again
     ]
 
     log_y: reactive[bool] = reactive(False, init=False)
@@ -119,6 +137,7 @@ class CurvesPane(Horizontal, Pane):
     metric: reactive[str] = reactive("loss", init=False)   # loss (nats/token) or bpb (bits/byte, at evals)
     lineage: reactive[bool] = reactive(False, init=False)  # a branched run drawn with its ancestors, as one line
     plot_task: reactive[str | None] = reactive(None, init=False)  # a task's score is drawn in place of the loss
+    reward_measure: reactive[str | None] = reactive(None, init=False)  # a GRPO measure (REWARD_MEASURES) in its place
 
     @dataclass
     class RunsTicked(Message):
@@ -208,6 +227,7 @@ class CurvesPane(Horizontal, Pane):
             sl.deselect_all()
             for rid, _ in runs:
                 sl.select(rid)
+        self.reward_measure = None
         if metric.startswith("task:"):
             self.plot_task = metric.split(":")[1]
         else:
@@ -268,7 +288,8 @@ class CurvesPane(Horizontal, Pane):
             self.query_one(LossPlot).draw()
 
     def _show_settings(self) -> None:
-        y = "task" if self.plot_task is not None else "bits/byte" if self.metric == "bpb" else "loss"
+        y = ("task" if self.plot_task is not None else REWARD_MEASURES[self.reward_measure] if self.reward_measure
+             else "bits/byte" if self.metric == "bpb" else "loss")
         task = f"task: {self.plot_task}\n" if self.plot_task is not None else ""
         self.query_one("#curves-settings", Label).update(
             # one setting a line: "x: tokens   y: log, bits/byte" on one was wider than the panel (bug 8)
@@ -280,12 +301,12 @@ class CurvesPane(Horizontal, Pane):
         self.redraw()
 
     watch_log_y = watch_x_axis = watch_smoothing = watch_show = watch_metric = watch_plot_task = \
-        lambda self, _v: self._changed()
+        watch_reward_measure = lambda self, _v: self._changed()
 
     def action_toggle_metric(self) -> None:
         """Loss or bits per byte (from a task's score: back to the loss, toggled)."""
         self.metric = "bpb" if self.metric == "loss" else "loss"
-        self.plot_task = None
+        self.plot_task = self.reward_measure = None
 
     def action_cycle_task(self) -> None:
         """Loss, then each task scored in the runs plotted (its headline metric), then the loss again."""
@@ -297,7 +318,23 @@ class CurvesPane(Horizontal, Pane):
             return
         order: list[str | None] = [None, *names]
         i = order.index(self.plot_task) if self.plot_task in order else 0
+        self.reward_measure = None
         self.plot_task = order[(i + 1) % len(order)]
+
+    def action_cycle_reward(self) -> None:
+        """The loss, then each GRPO measure the runs plotted have (a run with beta 0 logs no KL), then the loss."""
+        runs = self.selected_data()
+        have = [m for m in REWARD_MEASURES if any(d.reward_points(m, split)[0] for d in runs
+                                                  for split in ("train", "val"))]
+        if not have:
+            self.reward_measure = None
+            self.notify("No reward records in the runs plotted: a GRPO run logs them (train.objective=grpo).",
+                        severity="warning")
+            return
+        order: list[str | None] = [None, *have]
+        i = order.index(self.reward_measure) if self.reward_measure in order else 0
+        self.plot_task = None
+        self.reward_measure = order[(i + 1) % len(order)]
 
     def watch_lineage(self, _v: bool) -> None:
         self._watch_ticked()

@@ -73,6 +73,19 @@ def mfu_text(mfu: float | None, start: EventRecord | None) -> str:
     return f"{100 * mfu:.1f}%" + (" (uncertain)" if isinstance(cal, dict) and cal.get("uncertain") else "")
 
 
+def reward_cells(d: RunData) -> list[tuple[str, str]]:
+    """A GRPO run's latest numbers (its reward records): the train reward and its spread, the held-out reward,
+    the share of groups without signal, KL to the reference (beta > 0) and the completion length."""
+    r, v = d.last_reward("train"), d.last_reward("val")
+    reward = "—" if r is None or r.reward is None else (
+        f"{r.reward:.3f}" + (f" ± {r.reward_std:.3f}" if r.reward_std is not None else ""))
+    return [("reward", reward),
+            ("held-out reward", display.num(v.reward if v else None, ".3f")),
+            ("no signal", "—" if r is None or r.no_signal is None else f"{100 * r.no_signal:.0f}% of groups"),
+            ("KL", display.num(r.kl if r else None, ".4f")),
+            ("completion len", display.num(r.completion_len if r else None, ".1f"))]
+
+
 def stats_table(d: RunData, wide: bool) -> Table:
     r = d.last_train or TrainRecord.from_dict({})
     labels = (("mem_allocated_mb", "alloc"), ("mem_reserved_mb", "reserved"), ("mem_device_used_mb", "device"),
@@ -99,6 +112,11 @@ def stats_table(d: RunData, wide: bool) -> Table:
         # bits per byte: compares runs with different tokenizers (the events have their own list)
         ("val bpb", display.num(d.last_eval.val_bpb if d.last_eval else None, ".4f")),
     ]
+    if d.last_reward("train") or d.last_reward("val"):
+        # a GRPO run: no targets, so no val loss or bits per byte (its eval is the held-out reward); its numbers
+        # take their places, after the loss
+        cells = [c for c in cells if c[0] not in ("val loss", "best val", "val bpb")]
+        cells[3:3] = reward_cells(d)
     ncols = 3 if wide else 2
     t = Table.grid(padding=(0, 1), expand=True)
     for _ in range(ncols):
