@@ -39,7 +39,8 @@ def test_a_budget_evaluates_at_the_shares_set_whatever_its_plan_would_have_chose
     slow = plan_budget(resolve_preset("cpu-small", ["train.time_budget=45s", "train.eval_shares=[0.2,0.4,0.6,0.8]"]),
                        45.0, 0.5, 0.6)
     assert slow.evals_on_the_way == 4 and slow.eval_iters == 1 and slow.problem == ""
-    assert slow.warning.startswith("evals at train.eval_shares (4 on the way) take ~") and "give fewer" in slow.warning
+    assert slow.warning.startswith("evals at train.eval_shares (4 on the way, 1 batch each) take ~16.0% of the "
+                                   "budget, more than the 10% it keeps") and "give fewer shares" in slow.warning
 
 
 def test_counted_in_steps_the_evals_fall_at_the_first_step_past_each_share(tmp_path):

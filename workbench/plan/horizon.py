@@ -302,8 +302,9 @@ def plan_budget(p: Preset, seconds: float, step_s: float | None, batch_eval_s: f
                    f"{MIN_BUDGET_STEPS} a run needs to warm up, train at its peak rate and decay: give at least "
                    f"{duration(more)}")
     elif eval_s > allowance and fixed and not t.eval_iters:
-        warning = (f"evals at train.eval_shares ({len(fixed)} on the way) take ~{eval_s / seconds:.0%} of the budget, "
-                   f"more than the {EVAL_SHARE:.0%} it keeps for them: give fewer shares or a longer budget")
+        warning = (f"evals at train.eval_shares ({len(fixed)} on the way, {k} batch{'' if k == 1 else 'es'} each) take "
+                   f"~{eval_s / seconds:.1%} of the budget, more than the {EVAL_SHARE:.0%} it keeps for them: give "
+                   "fewer shares (a sweep's pruner rungs: its shares) or a longer budget")
     elif eval_s > allowance:
         fewer = max(1, math.floor(allowance / (2 * pair)))
         warning = (f"evals of train.eval_iters = {t.eval_iters} batches take ~{eval_s / seconds:.0%} of the budget, "
