@@ -18,6 +18,7 @@ class BudgetSteps(TrainerParts):
     """A budgeted run's steps (nothing here runs without ``train.time_budget``)."""
 
     evals_skipped = 0  # a budget's evals on the way skipped to keep their share (budget_eval_fits)
+    slowest_eval = 0.0  # this process's slowest eval after step 0 (what budget_eval_fits expects the next to take)
 
     def size_budget_evals(self) -> None:
         """A new budgeted run's evals sized to its budget at this machine's speed now, before its step-0 eval: one
@@ -60,11 +61,12 @@ class BudgetSteps(TrainerParts):
 
     def budget_eval_fits(self, step: int) -> bool:
         """Whether an eval on the way still fits the budget's share for evals with the last one after it, at the
-        last eval's seconds (the plan timed one batch before the step-0 eval; a machine that got busier since makes
-        them dearer: beside a CPU hog they took 10-12 % of the budget): one that does not is skipped, said once.
-        Rank 0 decides for every rank. Evals at train.eval_shares (a sweep's rungs) are never skipped."""
+        slowest eval's seconds so far (the plan timed one batch before the step-0 eval; a machine that got busier
+        since makes them dearer: beside a CPU hog they took 10-12 % of the budget, and one eval took 2.1 s, the next
+        3.3 s): one that does not is skipped, said once. Rank 0 decides for every rank. Evals at train.eval_shares
+        (a sweep's rungs) are never skipped."""
         b = self.budget
-        one = b.last_eval or b.first_eval or 0.0
+        one = max(self.slowest_eval, b.last_eval or 0.0) or b.first_eval or 0.0
         fits = bool(self.dist.broadcast(self.state.eval_s + 2 * one <= EVAL_SHARE * b.seconds))
         if not fits:
             if not self.evals_skipped:

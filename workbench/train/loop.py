@@ -342,6 +342,8 @@ class Trainer(BudgetSteps):
         for pref in ev.extra.pop("preference", []):  # an eval's preference records, beside its losses
             self.report.record(pref)
         self.state.eval_s += now - t0
+        if self.state.step > 0:  # (step 0's also draws the batches)
+            self.slowest_eval = max(self.slowest_eval, now - t0)
         return dataclasses.replace(ev, seconds=round(now - t0, 3), budget_share=share, **self.time_spent())
 
     def evaluate_reward(self) -> None:
