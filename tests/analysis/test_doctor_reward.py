@@ -13,16 +13,17 @@ CPU = {"cpu": {"physical_cores": 2, "logical_cores": 2, "ram_total": 16 * 2**30,
                "native_bf16": False}, "nvidia": [], "mps": False, "cxx": True, "calibration": {"cpu:fp32": 2e10}}
 
 
-def run(tmp_path, rid, *sets, steps=20, **curve):
-    """A GRPO run whose train reward record at step s has each ``curve[name](s)``; the findings of kind reward."""
+def run(tmp_path, rid, *sets, steps=20, tokens=(10**4, 10**3), kind="reward", **curve):
+    """A GRPO run whose train reward record at step s has each ``curve[name](s)``, its prompts ``tokens`` (train,
+    val) long; the findings of ``kind``."""
     p = resolve_preset("cpu-small", ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
                                      "model.vocab_size=512", "model.seq_len=64", "train.max_iters=20",
                                      "train.warmup_iters=2", "train.objective=grpo", "train.reward=exact:answer",
                                      "model.dropout=0", *sets])
     p.init = {"run": "sft", "step": 100}
     with RunDir(tmp_path, rid, preset_to_toml(p)) as r:
-        r.event("start", 0, device="cpu", precision="fp32", params=131_392, train_tokens=10**4, val_tokens=10**3,
-                tokens_per_step=p.tokens_per_step(), corpus="prompts.jsonl", pid=1, world_size=1)
+        r.event("start", 0, device="cpu", precision="fp32", params=131_392, train_tokens=tokens[0],
+                val_tokens=tokens[1], tokens_per_step=p.tokens_per_step(), corpus="prompts.jsonl", pid=1, world_size=1)
         for s in range(1, steps + 1):
             vals = {k: f(s) for k, f in curve.items()}
             r.train(s, 0.01, tokens_per_s=5000.0 if s > 1 else None, tokens_seen=s * 512,
@@ -32,7 +33,7 @@ def run(tmp_path, rid, *sets, steps=20, **curve):
                 r.reward(s, "val", reward=vals["reward"], reward_std=vals["reward_std"], no_signal=vals["no_signal"],
                          completion_len=vals["completion_len"])
         r.status(state="finished", step=steps, max_iters=20, pid=1)
-    return [f for f in diagnose(read_run(r.path), HardwareSnapshot(info=CPU)) if f.kind == "reward"]
+    return [f for f in diagnose(read_run(r.path), HardwareSnapshot(info=CPU)) if f.kind == kind]
 
 
 def learning(s):  # a healthy GRPO run: the reward climbs, half the groups keep a signal, KL small, length steady
@@ -91,3 +92,16 @@ def test_a_reward_that_never_moves(tmp_path):
     f = next(f for f in found if f.code == "reward.flat")
     assert f.severity == "medium" and "never moves" in f.title and "train.lr" in f.set
     assert f.step == 20 and "sd 0.400" in f.evidence[0]
+
+
+def test_a_grpo_runs_few_prompts_are_not_a_corpus_too_small(tmp_path):
+    """A GRPO run draws its prompts again every epoch by design and has no val loss: the data findings a text run
+    with 45 tokens of corpus gets (read 68 times, a tiny val split; seen on a walk's 12-prompt run) are not its."""
+    assert run(tmp_path, "few", tokens=(45, 5), kind="data", **curves()) == []
+    p = resolve_preset("cpu-small", ["model.vocab_size=512", "train.max_iters=20", "train.warmup_iters=2"])
+    with RunDir(tmp_path, "text", preset_to_toml(p)) as r:   # the same sizes on a text run: both findings
+        r.event("start", 0, device="cpu", precision="fp32", params=131_392, train_tokens=45, val_tokens=5,
+                tokens_per_step=p.tokens_per_step(), corpus="tiny.txt", pid=1, world_size=1)
+        r.status(state="finished", step=20, max_iters=20, pid=1)
+    found = [f for f in diagnose(read_run(r.path), HardwareSnapshot(info=CPU)) if f.kind == "data"]
+    assert any("read its training text" in f.title for f in found) and any("tiny" in f.title for f in found), found

@@ -1,5 +1,7 @@
 """Data: a corpus much smaller than what the run will read (epochs), a vocabulary large for the corpus,
-a validation split too small to measure anything. From the run's start event (train_tokens, val_tokens)."""
+a validation split too small to measure anything. From the run's start event (train_tokens, val_tokens). Not for
+an objective that trains on its own samples (GRPO: its prompts are drawn again every epoch, by design, and it has
+no val loss; the reward findings are its own)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import math
 
 from workbench.analysis.doctor.facts import Context
 from workbench.analysis.doctor.finding import Finding, num, set_line
+from workbench.config.objectives import objective_spec
 from workbench.fmt import human_bytes
 
 # Epochs: over one pass every token is seen again (worth noting); up to ~4 passes, repeated tokens train
@@ -39,6 +42,8 @@ def bytes_per_token(ctx: Context) -> float | None:
 def check(ctx: Context) -> list[Finding]:
     f, p = ctx.facts, ctx.facts.preset
     train_tokens, val_tokens = f.start_value("train_tokens"), f.start_value("val_tokens")
+    if p is not None and objective_spec(p.train.objective).samples:
+        return []
     if p is None or not train_tokens:
         if f.start is not None:
             ctx.note("data: the start event has no corpus sizes (a run from before they were recorded)")
