@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import re
 from dataclasses import fields
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, NoReturn
 
 from workbench.config.duration import DurationError, budget_seconds
 from workbench.config.objectives import key_readers, objective_spec
@@ -70,12 +70,15 @@ def _check_value(where: str, section: str, f: dataclasses.Field, value: Any) -> 
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
-def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozenset()) -> None:
-    """Rules between keys. Where a pair conflicts, the message suggests a value for the key the user did
-    not set just now (with --set), since that is the one they did not mean to change."""
-    m, t, h = p.model, p.train, p.hardware
+Bad = Callable[[str], NoReturn]
+Fix = Callable[[str, str, Any], str]
 
-    def bad(msg: str) -> None:
+
+def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozenset()) -> None:
+    """Rules between keys, in named parts (the first broken rule is the message). Where a pair conflicts, the
+    message suggests a value for the key the user did not set just now (with --set), since that is the one they
+    did not mean to change."""
+    def bad(msg: str) -> NoReturn:
         raise PresetError(f"{where}: {msg}")
 
     def fix(chosen: str, other: str, value: Any) -> str:
@@ -84,6 +87,20 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
         v = value[key] if isinstance(value, dict) else value
         return f"; set {key} = {v} (--set {key}={v})"
 
+    _model_rules(p, bad, user_set)
+    _schedule_rules(p, bad, fix)
+    _data_rules(p, bad, user_set)
+    _objective_rules(p, bad)
+    m, h = p.model, p.hardware
+    if m.vocab_size > 2**31:
+        bad(f"model.vocab_size = {m.vocab_size} is too large")
+    if not _DEVICE_RE.match(h.device):
+        bad(f"hardware.device = {h.device!r} must be auto, cpu, cuda, cuda:N or mps")
+
+
+def _model_rules(p: Preset, bad: Bad, user_set: frozenset[str]) -> None:
+    """The model's shape (heads, GQA, RoPE) and LoRA's adapters on it."""
+    m, t = p.model, p.train
     if m.dim % m.n_heads and not m.head_size:
         bad(f"model.dim = {m.dim} must be divisible by model.n_heads = {m.n_heads} "
             f"(e.g. n_heads = {_nearest_divisor(m.dim, m.n_heads)})")
@@ -104,6 +121,11 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
         if t.optimizer == "muon" and "train.optimizer" in user_set:  # a preset's own Muon: the fine-tune takes AdamW
             bad("train.optimizer = muon does not apply to LoRA adapters (low-rank factors, not whole matrices); "
                 "use train.optimizer = adamw with train.finetune = lora")
+
+
+def _schedule_rules(p: Preset, bad: Bad, fix: Fix) -> None:
+    """Warmup, the learning rates and the decay against each other."""
+    t = p.train
     if t.warmup_iters >= t.max_iters:
         bad(f"train.warmup_iters = {t.warmup_iters} must be < train.max_iters = {t.max_iters}"
             + fix("train.max_iters", "train.warmup_iters", {"train.warmup_iters": max(0, t.max_iters // 10),
@@ -116,6 +138,11 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
             "(or 0 for max_iters)"
             + fix("train.lr_decay_iters", "train.warmup_iters", {"train.warmup_iters": t.lr_decay_iters // 10,
                                                                  "train.lr_decay_iters": 0}))
+
+
+def _data_rules(p: Preset, bad: Bad, user_set: frozenset[str]) -> None:
+    """Chat roles, the time budget's duration, loss_on against the data's format."""
+    t = p.train
     try:
         chat_role_map(p.data.chat_roles)
     except PresetError as e:
@@ -127,6 +154,12 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
     if "train.loss_on" in user_set and p.data.format == "text":
         bad(f"train.loss_on = {t.loss_on} applies to chat data, but data.format = text; set data.format = chat "
             "(or auto) for conversations")
+
+
+def _objective_rules(p: Preset, bad: Bad) -> None:
+    """What the objective's row of the table (config.objectives) allows: its own keys, a reward, the model and
+    hardware it runs with."""
+    m, t, h = p.model, p.train, p.hardware
     objective = objective_spec(t.objective)
     if t.dpop_lambda and "dpop_lambda" not in objective.keys:
         bad(f"train.dpop_lambda = {t.dpop_lambda:g} is DPOP's penalty on DPO's chosen answers, but train.objective = "
@@ -160,10 +193,6 @@ def _check_constraints(p: Preset, where: str, user_set: frozenset[str] = frozens
         if h.shard:
             bad(f"train.objective = {t.objective} is not supported with hardware.shard = true (FSDP2) yet; use "
                 "hardware.shard = false (DDP)")
-    if m.vocab_size > 2**31:
-        bad(f"model.vocab_size = {m.vocab_size} is too large")
-    if not _DEVICE_RE.match(h.device):
-        bad(f"hardware.device = {h.device!r} must be auto, cpu, cuda, cuda:N or mps")
 
 
 # LoRA target names: workbench's projection names, Hugging Face's, and the two groups.
