@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from tests.support.runs import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tui_env(tmp_path: Path) -> dict[str, str]:
+    """The environment a TUI in tmux runs in (its cache, its user presets, this checkout, a 256-colour terminal,
+    outside any tmux). tmux missing is a failure, not a skip: CI must not go green without the end-to-end tests."""
+    assert shutil.which("tmux"), "tmux is not installed; the end-to-end tests need it (apt-get install tmux)"
+    env = dict(os.environ)
+    env["WORKBENCH_CACHE_DIR"] = env.get("WORKBENCH_CACHE_DIR") or str(tmp_path / "cache")
+    env["WORKBENCH_PRESETS_DIR"] = str(tmp_path / "presets")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["TERM"] = "xterm-256color"
+    env.pop("TMUX", None)
+    return env
 
 
 class Tmux:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,12 +22,11 @@ import pytest
 
 from tests.support.cli import wb
 from tests.support.runs import wait_running, wait_until
-from tests.support.tmux import Tmux
+from tests.support.tmux import Tmux, tui_env
 from workbench.rundir import RunStatus, pid_alive, read_status
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = ("model.dim=64 model.n_layers=2 model.n_heads=4 model.n_kv_heads=2 model.seq_len=64 "
         "model.vocab_size=512 train.batch_size=4 train.max_iters=5000 data.builtin_mb=0.3 "
         "data.tokenizer_sample_mb=0.3 train.warmup_iters=2 train.eval_interval=25 train.eval_iters=2 "
@@ -37,16 +35,8 @@ TINY = ("model.dim=64 model.n_layers=2 model.n_heads=4 model.n_kv_heads=2 model.
 
 @pytest.fixture
 def tmux_env(tmp_path):
-    """The environment the TUIs run in. tmux missing is a failure, not a skip: CI must not go green
-    without the only end-to-end tests of quit/reopen, stop and resume."""
-    assert shutil.which("tmux"), "tmux is not installed; these end-to-end tests need it (apt-get install tmux)"
-    env = dict(os.environ)
-    env["WORKBENCH_CACHE_DIR"] = env.get("WORKBENCH_CACHE_DIR") or str(tmp_path / "cache")
-    env["WORKBENCH_PRESETS_DIR"] = str(tmp_path / "presets")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["TERM"] = "xterm-256color"
-    env.pop("TMUX", None)
-    return env
+    """The environment the TUIs run in (tests/support/tmux.tui_env)."""
+    return tui_env(tmp_path)
 
 
 def _records(run_dir: Path) -> list[dict]:

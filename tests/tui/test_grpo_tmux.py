@@ -7,18 +7,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 
 from tests.support.cli import FACTS, TINY, wb
 from tests.support.runs import read_jsonl
-from tests.support.tmux import Tmux
+from tests.support.tmux import Tmux, tui_env
 from workbench import rundir
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 GRPO = [*(s for s in TINY if not s.startswith("model.")), "model.seq_len=32", "model.dropout=0",
         "train.objective=grpo", "train.reward=exact:answer", "train.grpo_group=4", "train.grpo_max_new_tokens=6",
         "train.batch_size=3", "train.warmup_iters=1", "train.eval_interval=2", "train.ckpt_interval=4",
@@ -26,17 +24,11 @@ GRPO = [*(s for s in TINY if not s.startswith("model.")), "model.seq_len=32", "m
 
 
 def test_a_grpo_runs_reward_curves_and_numbers_in_tmux(tmp_path, facts_run):
-    assert shutil.which("tmux"), "tmux is not installed; this end-to-end test needs it (apt-get install tmux)"
+    env = tui_env(tmp_path)
     runs = tmp_path / "runs"
     shutil.copytree(facts_run, runs / "facts")
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": q, "answer": f"{a}."}) + "\n"
                                                     for q, a in FACTS))
-    env = dict(os.environ)
-    env["WORKBENCH_CACHE_DIR"] = env.get("WORKBENCH_CACHE_DIR") or str(tmp_path / "cache")
-    env["WORKBENCH_PRESETS_DIR"] = str(tmp_path / "presets")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["TERM"] = "xterm-256color"
-    env.pop("TMUX", None)
     cp = wb("train", "cpu-small", "--init-from", "facts", "--name", "grpo", "--corpus", str(tmp_path / "prompts.jsonl"),
             "--runs-dir", str(runs), "--set", *GRPO, env=env)
     assert cp.returncode == 0, (cp.stdout, cp.stderr)
