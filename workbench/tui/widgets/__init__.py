@@ -5,8 +5,8 @@
 - ``curves``    loss curves of one or several runs (step or tokens, log axis, smoothing), or task scores
 - ``runs``      every run with its state and checkpoints, the report card; resume, branch, delete
 - ``sample``    two checkpoints side by side, streamed (or a chat with a chat-tuned run): the run, its checkpoints,
-  the mode and the one worker loop; its halves ``sample_text`` and ``sample_chat``, and ``sample_output``, the
-  columns they share
+  the mode and the one worker loop; its halves ``sample_text`` and ``sample_chat``, ``sample_output``, the
+  columns they share, and ``sample_sources``, what it reads from a run directory (checkpoints, picks, samples)
 - ``queue``     the Queue tab: the run queue and sweeps, read from ``queue.db``
 - ``presets``   shipped and user presets, the TOML editor validated as you type, the estimate
 - ``hardware``  CPU, RAM, GPUs (live), capabilities, the recommended preset

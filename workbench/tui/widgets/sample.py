@@ -28,12 +28,18 @@ from textual.worker import get_current_worker
 from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
 from workbench.errors import WorkbenchError
 from workbench.plan.sampling import Sampling
-from workbench.rundir import PREFERENCES_FILE, SAMPLES_FILE, list_checkpoints, read_jsonl_tail, select_checkpoint
+from workbench.rundir import PREFERENCES_FILE
 from workbench.tui import launcher
 from workbench.tui.chat_server import ChatServer, ChatServers, ServerGone
 from workbench.tui.widgets.pane import Pane
 from workbench.tui.widgets.sample_chat import CHAT_HINT, ChatControls, Reply
 from workbench.tui.widgets.sample_output import Column, Reader, SampleOutput
+from workbench.tui.widgets.sample_sources import (
+    checkpoint_options,
+    count_picks,
+    resolve_checkpoint,
+    trainer_samples,
+)
 from workbench.tui.widgets.sample_text import TextControls
 
 NONE = "none"
@@ -44,43 +50,8 @@ NO_B = "checkpoint B (choose one to compare)"
 # trainer itself takes 2).
 MIN_PICKS = 8
 
-
-def count_picks(run_dir: Path) -> int:
-    """The preference pairs saved in the run's preferences.jsonl (F5 / F6): its non-blank lines; 0 without it."""
-    try:
-        with open(run_dir / PREFERENCES_FILE, "rb") as f:
-            return sum(1 for line in f if line.strip())
-    except FileNotFoundError:
-        return 0
-
 __all__ = ["CHAT_HINT", "NONE", "SampleOutput", "SamplePane", "checkpoint_options", "resolve_checkpoint",
            "trainer_samples"]
-
-
-def checkpoint_options(run_dir: Path) -> list[tuple[str, str]]:
-    opts = [("latest", "latest"), ("best", "best")]
-    for c in reversed(list_checkpoints(run_dir)):
-        val = c.get("val_loss")
-        label = f"step {c['step']}" + (f" (val {val:.3f})" if isinstance(val, (int, float)) else "")
-        opts.append((label, str(c["step"])))
-    return opts
-
-
-def resolve_checkpoint(run_dir: Path, choice: str) -> str:
-    """``latest`` / ``best`` as the step they mean now (a step stays as it is); the choice
-    itself when it cannot be resolved, so that the sampler reports why."""
-    if choice not in ("latest", "best"):
-        return choice
-    try:
-        return str(select_checkpoint(run_dir, choice)["step"])
-    except Exception:
-        return choice
-
-
-def trainer_samples(run_dir: Path, limit: int = 20) -> list[dict]:
-    """The last ``limit`` entries of samples.jsonl (reads only the file's tail)."""
-    recs = read_jsonl_tail(run_dir / SAMPLES_FILE, tail_bytes=32768)
-    return recs[-limit:]
 
 
 class SamplePane(Vertical, Pane):
