@@ -82,9 +82,8 @@ def test_the_method_select_follows_the_recommendation_in_the_form_opened_with_n(
 # ---------------------------------------------------------------------------------------------------- bug 13
 
 def readme_tui_section() -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    start = text.index("## The terminal UI")
-    return text[start:text.index("\n## ", start + 1)]
+    """The terminal UI's reference page (the README's section, moved into the docs)."""
+    return (REPO / "docs" / "reference" / "tui.md").read_text(encoding="utf-8")
 
 
 def test_the_readme_names_every_tab_key_the_app_has():

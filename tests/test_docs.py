@@ -1,0 +1,126 @@
+"""The documentation: the site in docs/ builds with MkDocs with warnings as errors (a broken link or anchor fails it),
+its generated reference pages follow the code (the schema's keys, the CLI's commands), and the README stays a front
+page whose test command is the one CI runs. One strict build is shared by the module (~1.5 s), one more is broken on
+purpose (~1.5 s)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+
+
+def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict` in a subprocess, as a user or CI would run it; it needs no network (no web fonts,
+    no plugin that fetches)."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def reference_module():
+    spec = importlib.util.spec_from_file_location("docs_reference", DOCS / "gen" / "reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    cp = mkdocs_build(REPO / "mkdocs.yml", out)
+    assert cp.returncode == 0, cp.stderr
+    assert "WARNING" not in cp.stderr, cp.stderr
+    return out
+
+
+def test_the_site_builds_strict_with_every_page_in_the_nav(site):
+    pages = {p.relative_to(DOCS).with_suffix("").as_posix() for p in DOCS.rglob("*.md")
+             if "gen" not in p.relative_to(DOCS).parts}
+    for page in pages:
+        html = site / (page.removesuffix("index") if page.endswith("index") else page + "/") / "index.html"
+        assert html.exists(), page
+    # offline: nothing on a page is fetched from elsewhere (fonts, scripts, styles)
+    fetched = [p for p in site.rglob("*.html")
+               if re.search(r'<(?:link|script)[^>]+(?:href|src)="https?://', p.read_text(encoding="utf-8"))]
+    assert fetched == []
+
+
+def test_the_preset_keys_page_lists_every_schema_key_with_its_doc(site):
+    from workbench.config.schema import SECTIONS
+    html = (site / "reference" / "preset-keys" / "index.html").read_text(encoding="utf-8")
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            assert f"<code>{section}.{f.name}</code>" in html, f"{section}.{f.name}"
+    assert "Tokenizer vocabulary size (sentencepiece BPE trained on the corpus)." in html
+
+
+def test_a_key_added_to_the_schema_shows_up_on_the_generated_page(monkeypatch):
+    from workbench.config import schema
+    extra = dataclasses.make_dataclass(
+        "TrainWithExtra", [("new_knob", int, schema._f(7, "A knob added after the docs were written.", min=1))],
+        bases=(schema.TrainConfig,))
+    monkeypatch.setitem(schema.SECTIONS, "train", extra)
+    page = reference_module().preset_keys_page()
+    row = next(line for line in page.splitlines() if line.startswith("| `train.new_knob` |"))
+    assert row == "| `train.new_knob` | `7` | ≥ 1 | A knob added after the docs were written. |"
+
+
+def test_the_cli_options_page_has_every_command_and_option(site):
+    from workbench.cli import build_parser
+    html = (site / "reference" / "cli-options" / "index.html").read_text(encoding="utf-8")
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, p in sub.choices.items():
+        assert f"<h2 id=\"workbench-{name.replace('_', '')}" in html or f">workbench {name}<" in html, name
+        for action in p._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    assert flag in html, (name, flag)
+    assert "workbench queue add" in html and "workbench sweep" in html
+
+
+def test_a_broken_link_fails_the_build(tmp_path):
+    """The same site with one link to a section that does not exist: the strict build refuses it and names it."""
+    shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    shutil.copytree(DOCS, tmp_path / "docs")
+    (tmp_path / "workbench").symlink_to(REPO / "workbench")  # the hook generates from this tree's code
+    page = tmp_path / "docs" / "recipes" / "sweep.md"
+    page.write_text(page.read_text(encoding="utf-8") + "\nSee [the queue](../reference/queues-and-sweeps.md#no-such)."
+                    "\n", encoding="utf-8")
+    cp = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert cp.returncode != 0
+    said = cp.stdout + cp.stderr
+    assert "does not contain an anchor '#no-such'" in said and "Aborted with 1 warnings in strict mode" in said, said
+
+
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_readme_is_a_front_page_whose_test_command_is_the_one_ci_runs():
+    assert len(README.splitlines()) <= 250
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
+    assert ci[-2] == "# The README's test command, verbatim:"
+    assert ci[-1] in README.splitlines()
+    # the CPU-only install comes before the line it stands in for, and pastes as it is (one line, no placeholder)
+    lines = README.splitlines()
+    cpu = next(i for i, ln in enumerate(lines) if "download.pytorch.org/whl/cpu" in ln)
+    gpu = next(i for i, ln in enumerate(lines) if ln == "python3 -m venv .venv && .venv/bin/pip install -e . && "
+               ".venv/bin/workbench")
+    assert cpu < gpu and lines[cpu].startswith("python3 -m venv .venv && ")
+
+
+def test_the_readmes_links_reach_files_in_the_repository():
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+    assert targets
+    assert [t for t in targets if not t.startswith("http") and not (REPO / t).exists()] == []
