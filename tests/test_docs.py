@@ -50,6 +50,9 @@ def test_the_site_builds_strict_with_every_page_in_the_nav(site):
     for page in pages:
         html = site / (page.removesuffix("index") if page.endswith("index") else page + "/") / "index.html"
         assert html.exists(), page
+    # every picture of the app (docs/gen/screenshots.py) is on a page
+    shown = "".join(p.read_text(encoding="utf-8") for p in DOCS.rglob("*.md"))
+    assert [p.name for p in (DOCS / "images").glob("*.svg") if f"images/{p.name}" not in shown] == []
     # offline: nothing on a page is fetched from elsewhere (fonts, scripts, styles)
     fetched = [p for p in site.rglob("*.html")
                if re.search(r'<(?:link|script)[^>]+(?:href|src)="https?://', p.read_text(encoding="utf-8"))]
