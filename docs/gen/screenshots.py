@@ -100,8 +100,19 @@ async def shoot(runs: Path, out: Path) -> list[Path]:
         app.query_one("#curves-pane").redraw()
         await save("curves")
 
-        app.open_sample(best)
-        await pilot.pause(1.0)
+        app.open_sample(best)  # two checkpoints side by side, real text from `workbench sample` subprocesses
+        from textual.widgets import Input, Select
+        a, b = app.query_one("#smp-ckpt-a", Select), app.query_one("#smp-ckpt-b", Select)
+        await wait_for(pilot, lambda: any(v == "36" for _p, v in a._options), f"{best}'s checkpoints")
+        a.value, b.value = "36", "60"  # the decay-start checkpoint and the last
+        app.query_one("#smp-prompt", Input).value = "def "
+        app.query_one("#smp-max_new_tokens", Input).value = "120"
+        app.query_one("#smp-prompt", Input).focus()
+        await pilot.press("enter")
+        outs = [app.query_one("#smp-out-a"), app.query_one("#smp-out-b")]
+        await wait_for(pilot, lambda: all("s]" in o.text.plain.splitlines()[-1] for o in outs), "both samples",
+                       timeout=120)
+        app.query_one("#smp-trainer").collapsed = False
         await save("sample")
 
         app.action_show_tab("runs")
