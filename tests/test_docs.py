@@ -5,10 +5,13 @@ purpose (~1.5 s)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+import io
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -127,3 +130,46 @@ def test_the_readmes_links_reach_files_in_the_repository():
     targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
     assert targets
     assert [t for t in targets if not t.startswith("http") and not (REPO / t).exists()] == []
+
+
+def _commands(text: str) -> list[str]:
+    """The `workbench ...` command lines in a page's code (fenced or indented blocks), continuation lines joined."""
+    commands, fence, line = [], False, ""
+    for raw in text.splitlines():
+        if raw.lstrip().startswith("```"):
+            fence = not fence
+            continue
+        if not (fence or raw.startswith("    ")):
+            continue
+        s = raw.strip()
+        if line:
+            line += " " + s
+        elif re.match(r"(\.venv/bin/)?workbench( |$)", s):
+            line = s
+        else:
+            continue
+        if line.endswith("\\"):
+            line = line[:-1]
+            continue
+        commands.append(line)
+        line = ""
+    return commands
+
+
+def test_every_workbench_command_in_the_docs_parses():
+    """Each example command on the front page and in the docs is one the CLI accepts (its parser: nothing runs), so
+    a renamed flag or command fails here, not in a reader's terminal. `[--json]`-style optional parts are left out."""
+    from workbench.cli import build_parser
+    parser = build_parser()
+    pages = [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+    refused, seen = [], 0
+    for page in pages:
+        for command in _commands(page.read_text(encoding="utf-8")):
+            argv = [a for a in shlex.split(command, comments=True)[1:] if not re.fullmatch(r"\[.*\]", a)]
+            seen += 1
+            try:
+                with contextlib.redirect_stderr(io.StringIO()) as said:
+                    parser.parse_args(argv)
+            except SystemExit:
+                refused.append(f"{page.relative_to(REPO)}: {command}: {said.getvalue().strip().splitlines()[-1]}")
+    assert seen > 50 and refused == []
