@@ -173,3 +173,18 @@ def test_every_workbench_command_in_the_docs_parses():
             except SystemExit:
                 refused.append(f"{page.relative_to(REPO)}: {command}: {said.getvalue().strip().splitlines()[-1]}")
     assert seen > 50 and refused == []
+
+
+def test_every_finding_the_doctor_makes_is_in_the_doctors_table():
+    """Each code a `Finding(kind, code, ...)` in workbench/analysis/doctor/ can carry is a row of the findings table on
+    docs/reference/doctor.md, so a new finding without its documentation fails here."""
+    import ast
+    codes = set()
+    for source in (REPO / "workbench" / "analysis" / "doctor").glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding" and len(node.args) > 1:
+                codes |= {c.value for c in ast.walk(node.args[1]) if isinstance(c, ast.Constant)}
+    assert len(codes) > 30
+    table = [ln for ln in (DOCS / "reference" / "doctor.md").read_text(encoding="utf-8").splitlines()
+             if ln.startswith("| ")]
+    assert sorted(c for c in codes if not any(f"`{c}`" in row.split("|")[2] for row in table)) == []
