@@ -18,8 +18,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 if "torch" in sys.modules:
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+from tests.support import spawner  # noqa: E402
 from tests.support.cli import FACTS, tiny, wb  # noqa: E402
 from tests.support.shared import built_once  # noqa: E402
+
+# Detached trainers (the TUI's, the queue's, a sweep's trials) forked from a server with torch imported, not each
+# a fresh interpreter (tests/support/spawner.py); every process the tests start inherits the variable.
+if "WORKBENCH_TEST_SPAWN" not in os.environ and (_spawn := spawner.start()):
+    os.environ["WORKBENCH_TEST_SPAWN"] = _spawn
 
 # CI: a skip not marked gpu fails (tests/support/strict_skips.py)
 pytest_plugins = ["tests.support.strict_skips"]

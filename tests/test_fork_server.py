@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 import pytest
 
 from tests.support import zygote
 from tests.support.cli import tiny, wb
+from tests.support.runs import wait_until
 from workbench import rundir
 
 
@@ -47,3 +49,41 @@ def test_a_command_while_the_server_is_busy_starts_a_fresh_interpreter():
         assert zygote.run(["--help"], None, dict(os.environ), timeout=60) is None
         cp = wb("presets", "list")
     assert cp.returncode == 0 and "cpu-small" in cp.stdout
+
+
+def _ppid(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_detached_trainer_is_forked_by_the_spawn_server_as_the_product_would_start_it(tmp_path):
+    """`train --detach` through the spawn server (tests/support/spawner.py): the trainer is a process in a session
+    of its own, its output in the run's train.log, the command's OMP_NUM_THREADS its torch threads, and `workbench
+    stop` stops it; with WORKBENCH_TEST_SPAWN empty the product starts it itself (a fresh interpreter)."""
+    from tests.support import spawner
+    if spawner._proc is None:  # a worker of a session whose server the controller started: ask that one
+        assert os.environ.get("WORKBENCH_TEST_SPAWN"), "no spawn server in this test session"
+    long = tiny("train.max_iters=1000000", "train.eval_interval=1000000", "train.log_interval=1")
+    started = {}
+    for name, env in (("forked", {"OMP_NUM_THREADS": "2"}), ("fresh", {"WORKBENCH_TEST_SPAWN": ""})):
+        wb("train", "cpu-small", "--name", name, "--runs-dir", str(tmp_path), "--detach", "--yes", *long,
+           env=env, check=True)
+        st = rundir.read_status(tmp_path / name)
+        started[name] = st.pid
+        t0 = time.monotonic()
+        while "step 2/" not in (tmp_path / name / "train.log").read_text() and time.monotonic() - t0 < 120:
+            time.sleep(0.2)
+        assert "step 2/" in (tmp_path / name / "train.log").read_text()
+        assert os.getsid(st.pid) == st.pid  # a session of its own: closing the terminal does not stop it
+        if name == "forked":
+            server = spawner._proc.pid if spawner._proc else None
+            if server is not None:
+                assert _ppid(st.pid) == server
+            # torch's intra-op pool as the command's OMP_NUM_THREADS sets it (the server itself runs one thread)
+            threads = int(open(f"/proc/{st.pid}/status").read().split("Threads:")[1].split()[0])
+            assert threads >= 2, threads
+        else:
+            exe = os.readlink(f"/proc/{st.pid}/exe")
+            assert _ppid(st.pid) != (spawner._proc.pid if spawner._proc else -1) and "python" in exe
+        assert wb("stop", name, "--runs-dir", str(tmp_path)).returncode == 0
+        assert wait_until(lambda: not rundir.pid_alive(st.pid), 30)
+    assert started["forked"] != started["fresh"]

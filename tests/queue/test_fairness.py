@@ -82,7 +82,10 @@ def test_a_queue_db_from_before_the_load_record_opens_and_gains_it(tmp_path):
 @pytest.mark.slow
 def test_the_trial_that_ran_beside_a_cpu_hog_is_flagged_and_the_other_is_not(tmp_path):
     root = tmp_path / "runs"
-    wb("sweep", "cpu-small", "--set-grid", "train.lr=1e-3,1e-2", "--time-budget", "2s", "--name", "fair",
+    # 8 s each: the runner watches a trial (and samples the others' load) once its `train --detach` has returned;
+    # beside the hog that command's exit takes seconds, and a trainer forked with torch already imported
+    # (tests/support/spawner.py) trains from its first second: a shorter trial could end before it is watched
+    wb("sweep", "cpu-small", "--set-grid", "train.lr=1e-3,1e-2", "--time-budget", "8s", "--name", "fair",
        "--runs-dir", str(root), "--set", *TINY, check=True)
     second = root / "fair-t0002"
     runner = subprocess.Popen([sys.executable, "-m", "workbench", "queue", "run", "--runs-dir", str(root)],

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench import rundir
+from workbench import faults, rundir
 from workbench.config import Preset
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
@@ -98,14 +98,15 @@ def start_detached(run_dir: Path, resume: bool = False, checkpoint: str | None =
     """Start the trainer in a new session (closing a terminal or the TUI does not stop it)."""
     topo = topo or Topology()
     cmd = trainer_command(run_dir, topo, resume, checkpoint, detached=True)
-    log = open(Path(run_dir) / rundir.LOG_FILE, "a", encoding="utf-8")
     env = _env() if topo.distributed else dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env, close_fds=True)
-    log.close()
-    rundir.write_status(run_dir, state="starting", pid=proc.pid,
-                        pid_start=rundir.process_start_time(proc.pid), error=None)
-    return proc.pid
+    pid = None if topo.distributed else faults.spawn_detached(cmd, Path(run_dir) / rundir.LOG_FILE, env)
+    if pid is None:
+        log = open(Path(run_dir) / rundir.LOG_FILE, "a", encoding="utf-8")
+        pid = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               start_new_session=True, env=env, close_fds=True).pid
+        log.close()
+    rundir.write_status(run_dir, state="starting", pid=pid, pid_start=rundir.process_start_time(pid), error=None)
+    return pid
 
 
 # A foreground run stopped by Ctrl-C exits as shells expect of an interrupted command, 128 + SIGINT, once its
