@@ -22,6 +22,7 @@ command decides is asked of the layers below), wired together by ``workbench.cli
 - ``export``         a checkpoint as a Hugging Face directory, safetensors or GGUF
 - ``import_model``   ``workbench import``: a local Hugging Face model as a run to fine-tune from
 - ``tui``            the terminal UI (also bare ``workbench``)
+- ``serve``          the terminal UI in a web browser (textual-serve; localhost, or a token elsewhere)
 - ``launch``         starting trainers: foreground or detached in their own session, alone or under torchrun
 - ``common``         argument helpers the subcommands share
 """
