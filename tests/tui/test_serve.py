@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -96,6 +97,43 @@ class Served:
         return out
 
 
+class Tunnel:
+    """What `ssh -L LOCAL:localhost:PORT box` gives the browser: another local port, whose connections are carried
+    to PORT (the page must then take its websocket's address from the request, not from the server's own port)."""
+
+    def __init__(self, port: int):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port, self.target = self.server.getsockname()[1], port
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                near, _ = self.server.accept()
+            except OSError:
+                return
+            far = socket.create_connection(("127.0.0.1", self.target))
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._carry, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _carry(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.server.close()
+
+
 def screen(driver, *, has: str, lacks: str | None = None, timeout: float = 30) -> str:
     """The terminal's text once it shows ``has`` (and not ``lacks``)."""
     def ready():
@@ -110,9 +148,9 @@ def screen(driver, *, has: str, lacks: str | None = None, timeout: float = 30) -
 def status(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
-            return r.status, r.read().decode()
+            return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+        return e.code, e.read().decode(errors="replace")
 
 
 def websocket_status(url: str, headers: dict[str, str] | None = None) -> int:
@@ -149,6 +187,18 @@ def test_the_tui_in_a_browser_on_localhost(browser, tmp_path):
         browser.find_element("css selector", ".xterm-helper-textarea").send_keys("2")
         presets = screen(browser, has="[shipped]", lacks="Recommended preset:")
         assert "─ presets ─" in presets and "cpu-small [shipped]" in presets, presets
+
+        # the page is whole without the internet (its font is textual-serve's copy), and works through a tunnel
+        code, page = status(srv.local())
+        assert code == 200 and "googleapis" not in page and "<title>workbench</title>" in page
+        assert status(srv.local("/static/fonts/RobotoMono-VariableFont_wght.ttf"))[0] == 200
+        tunnel = Tunnel(srv.port)
+        try:
+            browser.get(f"http://localhost:{tunnel.port}/")
+            screen(browser, has="Recommended preset:")
+            assert browser.title == "workbench"
+        finally:
+            tunnel.close()
 
         # loopback without a token: only names of this machine, and the websocket only from its own page
         assert status(srv.local(), {"Host": f"rebound.example:{srv.port}"})[0] == 403

@@ -15,6 +15,7 @@ import errno
 import hmac
 import ipaddress
 import os
+import re
 import secrets
 import shlex
 import socket
@@ -136,12 +137,22 @@ def _guard(token: str | None, loopback: bool) -> Any:
     return guard
 
 
+def _own_page(page: str) -> str:
+    """textual-serve's page, self-contained: its font from the copy textual-serve ships, not from Google's servers
+    (a box's UI should not tell a third party each time it is opened, nor wait on one offline), and a title."""
+    font = ('<style>@font-face { font-family: "Roboto Mono"; '
+            'src: url("{{ config.static.url }}fonts/RobotoMono-VariableFont_wght.ttf"); }</style>')
+    page = re.sub(r"<link[^>]*fonts\.googleapis\.com[^>]*>", lambda _: font, page)
+    return page.replace("<head>", "<head>\n    <title>workbench</title>", 1)
+
+
 def _server(command: str, token: str | None, loopback: bool) -> Any:
     """textual-serve's Server, with the guard in front, the page's URLs taken from the request (they work behind
     an ssh tunnel on any local port) and its banner replaced by ours."""
     import asyncio
 
     import aiohttp_jinja2
+    import jinja2
     from aiohttp import WSCloseCode, web
     from textual_serve.app_service import AppService
     from textual_serve.server import Server, to_int
@@ -152,6 +163,8 @@ def _server(command: str, token: str | None, loopback: bool) -> Any:
         async def _make_app(self) -> web.Application:
             app = await super()._make_app()
             app.middlewares.append(_guard(token, loopback))
+            page = (Path(self.templates_path) / "app_index.html").read_text()
+            aiohttp_jinja2.setup(app, loader=jinja2.DictLoader({"app_index.html": _own_page(page)}))
             return app
 
         async def on_startup(self, app: web.Application) -> None:
@@ -169,7 +182,7 @@ def _server(command: str, token: str | None, loopback: bool) -> Any:
         async def handle_index(self, request: web.Request) -> dict[str, Any]:
             ws = "wss" if request.scheme == "https" else "ws"
             return {
-                "font_size": 16,
+                "font_size": to_int(request.query.get("fontsize", "16"), 16),
                 "app_websocket_url": f"{ws}://{request.host}{request.app.router['websocket'].url_for()}",
                 "config": {"static": {"url": "/static/"}},
                 "application": {"name": self.title},
