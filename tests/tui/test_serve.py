@@ -89,7 +89,7 @@ class Served:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def apps(self) -> list[psutil.Process]:
-        return psutil.Process(self.proc.pid).children(recursive=True)
+        return psutil.Process(self.proc.pid).children()  # one per open tab
 
     def stop(self) -> str:
         self.proc.send_signal(signal.SIGTERM)
