@@ -242,7 +242,7 @@ def test_bad_inputs_get_one_line_and_exit_2(tmp_path):
         cases = {("--port", port): f"port {port} on 127.0.0.1 is in use",
                  ("--host", "no-such-host.invalid"): "is not an address or a name this machine can resolve",
                  ("--port", "70000"): "is not a port number",
-                 ("--token", "short"): "--token must be at least 8"}
+                 ("--token", "short"): "must be at least 8 printable characters"}
         for args, says in cases.items():
             r = wb("serve", *args, "--runs-dir", str(tmp_path / "runs"), timeout=60, fresh=True)
             assert r.returncode == 2 and says in r.stderr, (args, r.returncode, r.stderr)

@@ -100,12 +100,13 @@ def _hostname(host_header: str) -> str:
     return (urlsplit("//" + host_header).hostname or "").lower()
 
 
-def _guard(token: str | None, loopback: bool) -> Any:
+def _guard(token: str | None, loopback: bool, cookie: str) -> Any:
     """The aiohttp middleware that stands in front of textual-serve's routes (the page, its static files, the
     websocket that runs the app).
 
     - With a token, a request carries it as ``?token=`` or in the cookie that a page opened with it sets (the
-      websocket and the static files then carry the cookie); without, 403 and a line saying where the token is.
+      websocket and the static files then carry the cookie, one per port: a browser shares cookies between a host's
+      ports, so two servers on one box each keep their own); without, 403 and a line saying where the token is.
     - The websocket's Origin, when a browser sends one, must be this server's own: another site's page cannot
       open a session (a browser lets any page open a websocket to localhost).
     - Bound to loopback with no token, the Host must be a loopback name (no DNS rebinding through a browser).
@@ -126,12 +127,12 @@ def _guard(token: str | None, loopback: bool) -> Any:
         if request.path == "/ws" and origin and urlsplit(origin).netloc.lower() != request.host.lower():
             raise refuse(f"a page from {origin} may not open a session here")
         from_query = request.query.get("token")
-        if token is not None and not (valid(from_query) or valid(request.cookies.get(COOKIE))):
-            raise refuse("this workbench needs its access token: open the URL that "
-                                            "`workbench serve` printed (it ends in ?token=...)")
+        if token is not None and not (valid(from_query) or valid(request.cookies.get(cookie))):
+            raise refuse("this workbench needs its access token: open the URL that `workbench serve` printed "
+                         "(it ends in ?token=...)")
         response = await handler(request)
         if valid(from_query) and not isinstance(response, web.WebSocketResponse):
-            response.set_cookie(COOKIE, token, httponly=True, samesite="Strict", path="/")
+            response.set_cookie(cookie, token, httponly=True, samesite="Strict", path="/")
         return response
 
     return guard
@@ -146,7 +147,7 @@ def _own_page(page: str) -> str:
     return page.replace("<head>", "<head>\n    <title>workbench</title>", 1)
 
 
-def _server(command: str, token: str | None, loopback: bool) -> Any:
+def _server(command: str, token: str | None, loopback: bool, port: int) -> Any:
     """textual-serve's Server, with the guard in front, the page's URLs taken from the request (they work behind
     an ssh tunnel on any local port) and its banner replaced by ours."""
     import asyncio
@@ -162,7 +163,7 @@ def _server(command: str, token: str | None, loopback: bool) -> Any:
     class WorkbenchServer(Server):
         async def _make_app(self) -> web.Application:
             app = await super()._make_app()
-            app.middlewares.append(_guard(token, loopback))
+            app.middlewares.append(_guard(token, loopback, f"{COOKIE}_{port}"))
             page = (Path(self.templates_path) / "app_index.html").read_text()
             aiohttp_jinja2.setup(app, loader=jinja2.DictLoader({"app_index.html": _own_page(page)}))
             return app
@@ -239,8 +240,8 @@ def _urls(sock: socket.socket, host: str, token: str | None, loopback: bool) -> 
 def run(args) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if token is not None and (len(token) < MIN_TOKEN or not token.isprintable() or " " in token):
-        raise WorkbenchError(f"--token must be at least {MIN_TOKEN} printable characters without spaces "
-                             "(or leave it out for a generated one)")
+        raise WorkbenchError(f"--token (or ${TOKEN_ENV}) must be at least {MIN_TOKEN} printable characters without "
+                             "spaces (or leave both out for a generated one)")
     sock = _listen(args.host, args.port)
     loopback = _is_loopback(sock)
     if token is None and not loopback:
@@ -249,7 +250,7 @@ def run(args) -> int:
     # the app runs as bare `workbench` in a process of its own, started by textual-serve (through /bin/sh: exec, so
     # the process it waits for and signals is the app's) for each browser tab
     command = "exec " + shlex.join([sys.executable, "-m", "workbench", "--runs-dir", str(runs_dir)])
-    server = _server(command, token, loopback)
+    server = _server(command, token, loopback, sock.getsockname()[1])
     from aiohttp import web
 
     for line in _urls(sock, args.host, token, loopback):
