@@ -144,7 +144,7 @@ def _commands(text: str) -> list[str]:
         s = raw.strip()
         if line:
             line += " " + s
-        elif re.match(r"(\.venv/bin/)?workbench( |$)", s):
+        elif re.match(r"(\.venv/bin/)?workbench( |$)", s) and not re.match(r"workbench( \S+)?: ", s):  # not output
             line = s
         else:
             continue
