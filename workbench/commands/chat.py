@@ -37,7 +37,7 @@ def register(sub) -> None:
                        "as JSON")
     p.add_argument("--serve", action="store_true",
                    help="load the model once, then answer JSON requests, one a line on stdin, each with one JSON "
-                        "reply line on stdout (see the README's Chat fine-tuning; the TUI's chat uses this)")
+                        "reply line on stdout (see docs/reference/chat.md; the TUI's chat uses this)")
     p.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
                    help="with --serve: exit after this long without a request (default: never; end of input "
                         "always ends it)")

@@ -25,7 +25,7 @@ def register(sub) -> None:
                                    "machine (for a live run, what else uses the CPU and GPU, sampled for "
                                    "--interval seconds), and say what to change.")
     add_run_argument(p, "run id (a directory under the runs directory) or path")
-    add_json_option(p, "machine-readable output (schema in the README)")
+    add_json_option(p, "machine-readable output (schema: docs/reference/doctor.md)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
                    help="seconds to sample CPU and GPU use by process, for a live run (default 1)")
     p.set_defaults(func=run)

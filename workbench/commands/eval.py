@@ -81,7 +81,7 @@ def register(sub) -> None:
                    help="task options for every task file, over its TOML sidecar: context_field, choices_field, "
                         "gold_field, prompt_field, answer_field, kind (mc|gen), metric (acc|acc_norm), delimiter, "
                         "until, max_new_tokens, name")
-    add_json_option(p, "machine-readable output (stable: see the README)")
+    add_json_option(p, "machine-readable output (stable: see docs/reference/evaluating.md)")
     p.add_argument("--dump", default=None, metavar="FILE",
                    help="write each exact-match record (prompt, answers, the model's output, right or not) to "
                         "FILE as JSON lines")

@@ -157,7 +157,7 @@ def check_corpus_kind(objective: str, kind: str, where: str) -> None:
                               f"set train.objective = {first}{also} (--set train.objective={first})")
     if spec.preference:
         hint = f"; set train.objective = {OBJECTIVE_FOR[kind]}" if kind in OBJECTIVE_FOR else \
-            "; give a file of such records (README: preference tuning)"
+            "; give a file of such records (docs/reference/preference.md)"
         raise PreferenceError(f"train.objective = {objective} trains on {DESCRIBE[spec.data[0]]}, but "
                               f"{where} holds {DESCRIBE[kind]}{hint}")
 

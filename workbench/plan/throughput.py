@@ -3,7 +3,7 @@ measured if we have a measurement of that setup, else taken from the closest mea
 
 MFU is ``tokens/s x flops_per_token / peak`` (the convention of :mod:`workbench.plan.flops`, the
 peak from :mod:`workbench.machine.gpus` at the run's precision). The measurements are few, all on
-one H100 (the README's GPU table); what they say about other setups is an assumption, stated
+one H100 (the GPU table in docs/performance/gpu.md); what they say about other setups is an assumption, stated
 with every number it produces:
 
 * The same model, batch and compile mode as a measurement: its MFU ("measured").
@@ -64,9 +64,9 @@ class Measurement:
         return self.tokens_per_s * flops_per_token(self.model) / peak_flops
 
 
-H100_README = "README, GPU numbers (H100 80GB, torch 2.11; bench/gpu_check.sh mfu)"
-H200_PEERS = "README, GPU numbers (H200, torch 2.11 + CUDA 13.0, 2026-11-27; bench/gpu_check.sh peers)"
-H100_QK = "README, GPU numbers (H100 80GB, torch 2.11 + CUDA 13.0, 2026-11-24; bench/gpu_check.sh numbers)"
+H100_README = "docs/performance/gpu.md (H100 80GB, torch 2.11; bench/gpu_check.sh mfu)"
+H200_PEERS = "docs/performance/gpu.md (H200, torch 2.11 + CUDA 13.0, 2026-11-27; bench/gpu_check.sh peers)"
+H100_QK = "docs/performance/gpu.md (H100 80GB, torch 2.11 + CUDA 13.0, 2026-11-24; bench/gpu_check.sh numbers)"
 MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement("H100 SXM 80GB", "~124 M config with QK-norm, whole-model compile", GPT_124M_QK, 32, "whole model",
                 "bf16", 421_544, H100_QK),
