@@ -1,0 +1,241 @@
+"""Weighted data mixtures: several corpora ("sources") trained on in stated shares, exact at every step.
+
+The unit is the **sequence**: one training row of ``model.seq_len`` tokens, cut from a source's token stream
+(documents joined by the end-of-document token) as non-overlapping windows. Every row of a text batch is exactly
+``seq_len`` trained tokens whatever the documents' lengths, so a share of sequences *is* a share of tokens: a
+source's token share is within one sequence (``seq_len`` tokens) of its weight after any number of sequences.
+
+The plan for a horizon of ``N`` sequences (the run's ``max_iters x batch_size x grad_accum``):
+
+1. **counts** by apportionment: ``n_s = floor(w_s N)`` plus one for the sources of the largest remainders
+   (ties: the earlier source) so that they sum to ``N`` (:func:`apportion`); a weight of 0 is no sequence (and
+   the source is not read).
+2. **order**: which source each of the ``N`` sequences comes from, such that after every prefix ``k`` each
+   source's count is within one sequence of ``w_s k``. Each source's ``j``-th sequence has a window of positions
+   where placing it keeps ``|count_s(k) - w_s k| <= 1`` (from ``(j-1)/w_s`` to ``j/w_s + 1``); the order is the
+   earliest deadline first among the released ones (optimal for unit jobs with release times and deadlines), ties
+   broken by a random key per sequence from the seed (:func:`blend_order`). The order is checked; in the rare
+   case (many sources, several of tiny weight) where the apportioned counts admit no order within one sequence, the
+   counts are the ones the earliest-deadline order reaches unconstrained (each still ``floor`` or ``ceil`` of
+   ``w_s N``) and the plan says so (``exact_counts`` False).
+3. **within a source**: its train windows in a shuffled order, a new permutation each epoch, from a seed of its own
+   (the run's seed and the source's name).
+
+The plan is a pure function of the mixture's digest (names, weights, the sources' prepared contents, seq_len, the
+horizon) and the seed, so a sampler's state is a counter (and the digest, to refuse a resume of another mixture).
+Past the horizon the same plan repeats block after block (within two sequences at a block's boundary).
+
+No torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from workbench.data.train_data import Batch
+
+__all__ = ["MixtureError", "MixturePlan", "MixtureSampler", "SourceSpec", "apportion", "blend_order",
+           "plan_mixture", "prefix_deviation", "source_seed"]
+
+
+class MixtureError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One source of a mixture as the plan sees it: its name, weight (any non-negative number; the weights are
+    normalised), the repeats allowed (0: no limit) and its train windows (sequences it holds)."""
+    name: str
+    weight: float
+    windows: int
+    max_repeat: float = 0.0
+    content: str = ""          # what it is (its prepared text's digest): part of the mixture's digest
+
+
+def apportion(weights: Sequence[float], n: int) -> list[int]:
+    """Integer counts summing to ``n`` in the shares ``weights`` (normalised) by the largest-remainder method:
+    each gets ``floor(w n)``, then one more for the largest remainders (ties: the earlier source). A weight of 0
+    gets 0."""
+    total = float(sum(weights))
+    if n < 0 or total <= 0 or any(w < 0 for w in weights):
+        raise MixtureError("the weights must be non-negative and not all zero")
+    quotas = [w / total * n for w in weights]
+    base = [int(math.floor(q)) for q in quotas]
+    left = n - sum(base)
+    by_remainder = sorted((i for i in range(len(weights)) if weights[i] > 0), key=lambda i: (-(quotas[i] - base[i]), i))
+    for i in by_remainder[:left]:
+        base[i] += 1
+    return base
+
+
+def _edf(shares: np.ndarray, caps: Sequence[int], n: int, seed: int) -> np.ndarray:
+    """``n`` source indices, earliest deadline first: source ``s``'s ``j``-th sequence (1-based) is released at
+    position ``ceil((j-1)/w_s)`` and due by ``floor(j/w_s + 1)``; at most ``caps[s]`` of each."""
+    eps = 1e-9
+    rng = np.random.Generator(np.random.PCG64([seed, 0x6d6978]))
+    keys = [rng.random(c) if c else np.zeros(0) for c in caps]   # each sequence's tie-break, from the seed
+
+    def job(s: int, j: int) -> tuple[int, int, float, int]:    # (release, deadline, tie, source) of the j-th
+        w = shares[s]
+        return (max(1, math.ceil((j - 1) / w - eps)), math.floor(j / w + 1 + eps), float(keys[s][j - 1]), s)
+
+    waiting = [job(s, 1) for s in range(len(caps)) if caps[s] > 0]   # by release
+    heapq.heapify(waiting)
+    ready: list[tuple[int, float, int, int]] = []                    # (deadline, tie, source, release)
+    taken = [0] * len(caps)
+    out = np.empty(n, dtype=np.uint16 if len(caps) > 255 else np.uint8)
+    for k in range(1, n + 1):
+        while waiting and waiting[0][0] <= k:
+            r, d, t, s = heapq.heappop(waiting)
+            heapq.heappush(ready, (d, t, s, r))
+        if ready:
+            _d, _t, s, _r = heapq.heappop(ready)
+        else:  # none released: the earliest to be (only where no order within one exists)
+            _r, _d, _t, s = heapq.heappop(waiting)
+        out[k - 1] = s
+        taken[s] += 1
+        if taken[s] < caps[s]:
+            heapq.heappush(waiting, job(s, taken[s] + 1))
+    return out
+
+
+def prefix_deviation(order: np.ndarray, weights: Sequence[float]) -> float:
+    """The largest ``|count_s(k) - w_s k|`` over every prefix ``k`` and source ``s`` (weights normalised)."""
+    total = float(sum(weights))
+    k = np.arange(1, len(order) + 1, dtype=np.float64)
+    worst = 0.0
+    for s, w in enumerate(weights):
+        counts = np.cumsum(order == s, dtype=np.float64)
+        worst = max(worst, float(np.max(np.abs(counts - w / total * k), initial=0.0)))
+    return worst
+
+
+def blend_order(weights: Sequence[float], n: int, seed: int) -> tuple[np.ndarray, list[int], bool]:
+    """Which source each of ``n`` sequences comes from: (order, counts, exact) where counts are the
+    apportionment's (exact True) and every prefix is within one sequence of the weights; see the module's
+    documentation for the rare case exact is False."""
+    total = float(sum(weights))
+    shares = np.asarray([w / total for w in weights], dtype=np.float64)
+    counts = apportion(weights, n)
+    order = _edf(shares, counts, n, seed)
+    if prefix_deviation(order, weights) <= 1 + 1e-9:
+        return order, counts, True
+    caps = [int(math.floor(w * n)) + 1 if w > 0 else 0 for w in shares]
+    order = _edf(shares, caps, n, seed)
+    return order, np.bincount(order, minlength=len(weights)).tolist(), False
+
+
+def source_seed(seed: int, name: str) -> int:
+    """A source's own seed for its epochs' shuffles: from the run's seed and the source's name."""
+    return int.from_bytes(hashlib.sha256(f"{seed}\0{name}".encode()).digest()[:8], "little")
+
+
+@dataclass
+class MixturePlan:
+    """Where each of a horizon's sequences comes from (see the module's documentation)."""
+    sources: list[SourceSpec]
+    seq_len: int
+    horizon: int                 # sequences planned (past it the plan repeats)
+    seed: int
+    digest: str
+    order: np.ndarray            # [horizon] source index of each sequence
+    nth: np.ndarray              # [horizon] how many of the same source came before it
+    counts: list[int]            # sequences of each source in the horizon
+    exact: bool                  # counts are the apportionment's (see blend_order)
+    _perms: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict, repr=False)
+
+    def repeats(self, s: int) -> float:
+        """Epochs of source ``s`` the horizon trains: its sequences over the windows it holds."""
+        w = self.sources[s].windows
+        return self.counts[s] / w if w else (math.inf if self.counts[s] else 0.0)
+
+    def window(self, s: int, i: int) -> int:
+        """Source ``s``'s ``i``-th sequence drawn: the window it is (epoch ``i // windows`` shuffled from the
+        source's seed)."""
+        w = self.sources[s].windows
+        epoch, pos = divmod(i, w)
+        cached = self._perms.get(s)
+        if cached is None or cached[0] != epoch:
+            rng = np.random.Generator(np.random.PCG64([source_seed(self.seed, self.sources[s].name), epoch]))
+            cached = self._perms[s] = (epoch, rng.permutation(w))
+        return int(cached[1][pos])
+
+    def at(self, c: int) -> tuple[int, int]:
+        """The ``c``-th sequence of the stream (0-based, past the horizon too): (source, window)."""
+        block, r = divmod(c, self.horizon)
+        s = int(self.order[r])
+        return s, self.window(s, block * self.counts[s] + int(self.nth[r]))
+
+    def over_limit(self) -> list[str]:
+        """Sources that would repeat more than their max_repeat, one phrase each with the numbers."""
+        out = []
+        for s, src in enumerate(self.sources):
+            if src.max_repeat and self.counts[s] > src.max_repeat * src.windows:
+                out.append(f"source {src.name!r} would be repeated {self.repeats(s):.2f} times ({self.counts[s]:,} "
+                           f"sequences of {self.seq_len} tokens planned, it holds {src.windows:,}) but its max_repeat "
+                           f"is {src.max_repeat:g}")
+        return out
+
+
+def mixture_digest(sources: Sequence[SourceSpec], seq_len: int, horizon: int) -> str:
+    """What the plan depends on besides the seed, as a digest (a resume compares it)."""
+    what = {"sources": [[s.name, s.weight, s.content, s.windows] for s in sources], "seq_len": seq_len,
+            "horizon": horizon, "version": 1}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def plan_mixture(sources: Sequence[SourceSpec], seq_len: int, horizon: int, seed: int) -> MixturePlan:
+    """The plan of ``horizon`` sequences of ``sources``."""
+    if horizon < 1:
+        raise MixtureError("a mixture needs a horizon of at least one sequence")
+    weights = [s.weight for s in sources]
+    order, counts, exact = blend_order(weights, horizon, seed)
+    nth = np.zeros(horizon, dtype=np.int64)
+    for s in range(len(sources)):
+        where = np.flatnonzero(order == s)
+        nth[where] = np.arange(len(where))
+    for s, src in enumerate(sources):
+        if counts[s] and src.windows < 1:
+            raise MixtureError(f"source {src.name!r} holds no sequence of {seq_len} tokens")
+    return MixturePlan(list(sources), seq_len, horizon, seed, mixture_digest(sources, seq_len, horizon), order, nth,
+                       counts, exact)
+
+
+class MixtureSampler:
+    """Batches of ``batch_size`` rows drawn in the plan's order, each row a window of its source's tokens
+    (``parts[s]``: that source's train or val tokens). Its state is a counter (and the plan's digest)."""
+
+    def __init__(self, plan: MixturePlan, parts: Sequence[np.ndarray], batch_size: int):
+        self.plan, self.parts, self.batch_size = plan, list(parts), batch_size
+        self.counter = 0
+        self.drawn = [0] * len(parts)       # sequences of each source this process drew (for the record)
+
+    def rows(self, c: int, n: int) -> list[tuple[int, int]]:
+        return [self.plan.at(i) for i in range(c, c + n)]
+
+    def next_batch(self) -> Batch[np.ndarray]:
+        T = self.plan.seq_len
+        rows = []
+        for s, w in self.rows(self.counter, self.batch_size):
+            rows.append(np.asarray(self.parts[s][w * T:w * T + T + 1], dtype=np.int64))
+            self.drawn[s] += 1
+        self.counter += self.batch_size
+        win = np.stack(rows)
+        return Batch(win[:, :-1], win[:, 1:])
+
+    def state(self) -> dict[str, Any]:
+        return {"mixture": self.plan.digest, "counter": self.counter}
+
+    def set_state(self, st: dict) -> None:
+        if st.get("mixture") != self.plan.digest:
+            raise MixtureError(f"the checkpoint's data sampler is of another mixture ({st.get('mixture') or 'none'}) "
+                               f"than this run's ({self.plan.digest})")
+        self.counter = int(st["counter"])
