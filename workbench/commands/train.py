@@ -98,7 +98,7 @@ def run(args) -> int:
         check_loss_on(p.data, corpus, p.train.loss_on if "train.loss_on" in overridden_keys(overrides) else None)
     if prompts:
         pass
-    elif args.detach:
+    elif args.detach and not p.data.mixture:  # a mixture is prepared here: its repeats are checked before the run
         kind = corpus_kind(p.data, corpus)  # (its first record was read to tell)
         check_corpus_kind(p.train.objective, kind, corpus.description)
         if kind != "text":  # conversations and preference records: the template they render through

@@ -228,6 +228,13 @@ class DataConfig:
     corpus: str | list[str] = _f("builtin", "A path, a glob or a list of them: text files, directories (recursive), "
                                             ".jsonl/.json lines, .parquet, each optionally .gz/.zst/.xz; or "
                                             "'builtin' (Python's own docs and stdlib sources).")
+    mixture: list[dict] = field(default_factory=list, metadata={
+        "doc": "Several corpora trained on in stated shares ([[data.mixture]] tables of name, corpus, weight and "
+               "optionally max_repeat; on the command line --corpus NAME=PATH:WEIGHT, repeated); data.corpus is then "
+               "unused. Shares are of sequences of model.seq_len tokens (= of tokens), exact within one sequence "
+               "after every step; a source repeated more than its max_repeat times (0: no limit) is refused before "
+               "training. Text sources only.",
+        "choices": None, "min": None, "max": None, "min_exclusive": False})
     text_field: str = _f("text", "The JSON field or parquet column that holds each document's text.")
     skip_bad_records: bool = _f(False, "Skip JSONL/parquet records that are not valid or lack the text field "
                                        "(counted and reported) instead of stopping at the first.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 from dataclasses import fields
 from typing import Any, Callable, Iterable, NoReturn
@@ -23,7 +24,8 @@ from workbench.config.schema import SECTIONS, Preset, PresetError
 def _type_name(t: Any) -> str:
     return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
             "str | list[str]": "a string or a list of strings",
-            "str | list[float]": "a list of numbers or a comma-separated string of them"}[t]
+            "str | list[float]": "a list of numbers or a comma-separated string of them",
+            "list[dict]": "a list of tables"}[t]
 
 
 def _check_value(where: str, section: str, f: dataclasses.Field, value: Any) -> Any:
@@ -54,6 +56,8 @@ def _check_value(where: str, section: str, f: dataclasses.Field, value: Any) -> 
             raise PresetError(f"{where}: {key} = {value!r} must be {_type_name(t)}")
     elif t == "str | list[float]":
         value = _share_list(where, key, value)
+    elif t == "list[dict]":
+        value = mixture_list(where, key, value)
     m = f.metadata
     if m["choices"] and value not in m["choices"]:
         raise PresetError(f"{where}: {key} = {value!r} is not one of {', '.join(m['choices'])}")
@@ -237,6 +241,47 @@ def _share_list(where: str, key: str, value: Any) -> str | list[float]:
                               f"give e.g. {key.split('.')[1]} = [0.25, 0.5]")
         shares.append(x)
     return sorted(set(shares)) or ""
+
+
+_SOURCE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,39}$")
+_SOURCE_KEYS = ("name", "corpus", "weight", "max_repeat")
+
+
+def mixture_list(where: str, key: str, value: Any) -> list[dict]:
+    """data.mixture's tables, checked: each a name (letters, digits, _ . -; unique), a corpus (a path, glob or a
+    list of them, or builtin), a weight >= 0 and a max_repeat >= 0 (0: no limit); some weight above 0. Returns them
+    with every key (max_repeat 0 where not given)."""
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise PresetError(f"{where}: {key} must be [[data.mixture]] tables of name, corpus, weight (and max_repeat)")
+    out: list[dict] = []
+    for i, src in enumerate(value):
+        what = f"{where}: {key} source {src.get('name', i + 1)!r}"
+        unknown = [k for k in src if k not in _SOURCE_KEYS]
+        if unknown:
+            raise PresetError(f"{what}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], _SOURCE_KEYS)}; a source "
+                              f"has {', '.join(_SOURCE_KEYS)}")
+        missing = [k for k in ("name", "corpus", "weight") if k not in src]
+        if missing:
+            raise PresetError(f"{what} has no {missing[0]}; give name, corpus and weight, e.g. "
+                              "{ name = \"code\", corpus = \"code/*.py\", weight = 0.3 }")
+        name, corpus, weight, cap = src["name"], src["corpus"], src["weight"], src.get("max_repeat", 0)
+        if not isinstance(name, str) or not _SOURCE_NAME.match(name):
+            raise PresetError(f"{what}: name must be letters, digits, _ . or - (up to 40), e.g. code")
+        if name in (o["name"] for o in out):
+            raise PresetError(f"{what}: the name {name!r} is given twice; name each source once")
+        if isinstance(corpus, list) and len(corpus) == 1:
+            corpus = corpus[0]
+        if not ((isinstance(corpus, str) and corpus) or (isinstance(corpus, list) and corpus
+                                                        and all(isinstance(c, str) and c for c in corpus))):
+            raise PresetError(f"{what}: corpus = {corpus!r} must be a path, a glob, a list of them, or builtin")
+        for k, v in (("weight", weight), ("max_repeat", cap)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise PresetError(f"{what}: {k} = {v!r} must be a number >= 0"
+                                  + (" (0 leaves the source out)" if k == "weight" else " (0: no limit)"))
+        out.append({"name": name, "corpus": corpus, "weight": float(weight), "max_repeat": float(cap)})
+    if out and not any(o["weight"] > 0 for o in out):
+        raise PresetError(f"{where}: {key}: every weight is 0; give at least one source a weight above 0")
+    return out
 
 
 def eval_share_list(value: str | list[float]) -> tuple[float, ...]:

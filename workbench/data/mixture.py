@@ -34,19 +34,56 @@ import hashlib
 import heapq
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
 from workbench.data.train_data import Batch
+from workbench.errors import WorkbenchError
 
 __all__ = ["MixtureError", "MixturePlan", "MixtureSampler", "SourceSpec", "apportion", "blend_order",
            "plan_mixture", "prefix_deviation", "source_seed"]
 
 
-class MixtureError(ValueError):
+class MixtureError(WorkbenchError):
     pass
+
+
+# --corpus NAME=PATH:WEIGHT: a name first (as data.mixture's names), the weight after the last colon
+_NAMED = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]{0,39})=(.+):([^:/\\]*)$")
+
+
+def named_source(item: str) -> tuple[str, str, str] | None:
+    """``NAME=PATH:WEIGHT`` split (the weight as given), or None for a plain path."""
+    m = _NAMED.match(item)
+    return (m.group(1), m.group(2), m.group(3)) if m else None
+
+
+def corpus_arguments(items: Sequence[str]) -> dict[str, Any]:
+    """``--corpus`` items as [data] values: plain paths as data.corpus (as before), or ``NAME=PATH:WEIGHT`` items
+    as data.mixture's sources. Why this syntax: one argument per source reads as the preset's table does (the name
+    a source's loss is shown under, its files, its share), and a weight after the last colon leaves paths with
+    colons in their middle alone. The two kinds may not be mixed; a weight that is not a number is refused."""
+    named = [named_source(i) for i in items]
+    if not items:
+        return {}
+    if all(n is None for n in named):
+        return {"corpus": items[0] if len(items) == 1 else list(items), "mixture": []}  # a preset's mixture too
+    if any(n is None for n in named):
+        plain = items[named.index(None)]
+        raise MixtureError(f"--corpus {plain!r} has no name and weight while others do; give every source as "
+                           "NAME=PATH:WEIGHT (e.g. --corpus web=web.jsonl:0.7 code=src/:0.3)")
+    sources = []
+    for item, (name, path, weight) in zip(items, named):  # type: ignore[misc]
+        try:
+            w = float(weight)
+        except ValueError:
+            raise MixtureError(f"--corpus {item!r}: the weight {weight!r} is not a number; give NAME=PATH:WEIGHT, "
+                               "e.g. web=web.jsonl:0.7") from None
+        sources.append({"name": name, "corpus": path, "weight": w})
+    return {"mixture": sources}
 
 
 @dataclass(frozen=True)

@@ -279,3 +279,33 @@ def _prepare_locked(corpus: Corpus, vocab_size: int, sample_mb: float, root: Pat
         f"({rate:.1f} MB/s on {workers} process{'es' if workers > 1 else ''}, "
         f"{index['chars'] / max(n_tokens, 1):.2f} chars/token)")
     return Prepared(d, index, cached=False)
+
+
+def train_corpus_tokenizer(corpus: Corpus, vocab_size: int, sample_mb: float, log: Callable[[str], None] = print,
+                           progress: Progress | None = None) -> AnyTokenizer:
+    """A tokenizer trained on a sample of ``corpus`` (a mixture's sources together), cached where preparing the
+    corpus itself would keep it; the corpus is scanned (for the sample) but not encoded."""
+    root = cache_root() / "data"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create cache directory {root}: {e.strerror}; set WORKBENCH_CACHE_DIR") from None
+    stem, mkey = _stem(vocab_size, sample_mb), corpus.manifest_key()
+    with _locked(root / f"m-{mkey}.lock", log):
+        pointer = read_json(root / f"m-{mkey}.json")
+        if pointer is not None and tokenizer_file(d := root / f"c-{pointer['content'][:20]}" / stem) is not None:
+            return load_tokenizer(d)
+        log(f"reading {corpus.description} ({human_bytes(corpus.total_bytes)}) for a tokenizer sample ...")
+        sc = scan(corpus, sample_mb, progress)
+        pointer = {"content": sc.content, "documents": sc.documents, "chars": sc.chars, "bytes": sc.bytes,
+                   "warnings": sc.warnings, **corpus.manifest()}
+        write_json_atomic(root / f"m-{mkey}.json", pointer)
+        d = root / f"c-{pointer['content'][:20]}" / stem
+        d.mkdir(parents=True, exist_ok=True)
+        if tokenizer_file(d) is not None:  # the same text, listed under other names before
+            return load_tokenizer(d)
+        log(f"training a {vocab_size}-piece tokenizer on a {human_bytes(sum(len(x) + 1 for x in sc.sample))} "
+            "sample of all the sources ...")
+        tok = train_tokenizer(sc.sample, vocab_size, sample_mb)
+        write_atomic(d / "tokenizer.model", tok.proto)
+        return tok

@@ -153,7 +153,10 @@ def load_tokens(prep: Prepared, val_fraction: float, seq_len: int) -> TokenData:
 
 
 def open_data_corpus(cfg: DataConfig) -> Corpus:
-    """The corpus a preset's [data] names (listed, nothing read)."""
+    """The corpus a preset's [data] names (listed, nothing read): a mixture's sources together."""
+    if cfg.mixture:
+        from workbench.data.mixture_data import mixture_corpus
+        return mixture_corpus(cfg)
     return open_corpus(cfg.corpus, text_field=cfg.text_field, skip_bad=cfg.skip_bad_records,
                        builtin_mb=cfg.builtin_mb)
 
@@ -207,6 +210,17 @@ def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[
     or a :class:`~workbench.data.preference_data.PreferenceData` of preference records, refused first when
     ``objective`` (train.objective) cannot train on its kind. ``run_dir``: the run's own copy of a given tokenizer
     (data.tokenizer) comes first."""
+    if cfg.mixture:  # several sources: each prepared as below, one tokenizer (data/mixture_data.py)
+        from workbench.data.mixture_data import prepare_mixture
+
+        def one(c: DataConfig) -> TrainData:
+            return prepare_data(c, vocab_size, seq_len, log, progress, workers, shard_chars, faults, run_dir, loss_on,
+                                objective)
+        data = prepare_mixture(cfg, vocab_size, seq_len, log, one, given_tokenizer(cfg, vocab_size, run_dir),
+                               progress=progress, workers=workers, shard_chars=shard_chars, faults=faults)
+        if getattr(data, "names", None):  # several sources (one alone was checked as data.corpus)
+            check_corpus_kind(objective, data.format, data.source)
+        return data
     corpus = open_data_corpus(cfg)
     kind = corpus_kind(cfg, corpus)
     check_corpus_kind(objective, kind, corpus.description)

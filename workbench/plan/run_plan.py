@@ -24,6 +24,7 @@ from workbench.config import (
     preset_paths,
     resolve_preset,
 )
+from workbench.data.mixture import corpus_arguments, named_source
 from workbench.data.tasks import absolute_task_spec, expand_task_specs, load_task
 from workbench.fs import read_json
 from workbench.plan.finetune import InitSource, init_preset, parse_init_from
@@ -90,10 +91,19 @@ def default_preset_name(info: dict) -> str:
 
 
 def absolute_corpus(corpus: str | list[str]) -> str | list[str]:
-    """Corpus paths and globs made absolute, so the run directory's preset means the same files anywhere."""
+    """Corpus paths and globs made absolute, so the run directory's preset means the same files anywhere (a
+    mixture's ``NAME=PATH:WEIGHT`` item keeps its name and weight)."""
     def one(c: str) -> str:
+        if (named := named_source(c)) is not None:
+            name, path, weight = named
+            return f"{name}={one(path)}:{weight}"
         return c if c == "builtin" else str(Path(c).expanduser().absolute())
     return one(corpus) if isinstance(corpus, str) else [one(c) for c in corpus]
+
+
+def absolute_mixture(sources: list[dict]) -> list[dict]:
+    """data.mixture with each source's corpus made absolute (as data.corpus)."""
+    return [{**s, "corpus": absolute_corpus(s["corpus"])} for s in sources]
 
 
 def checked_eval_tasks(tasks: str | list[str], limit: int) -> str | list[str]:
@@ -110,7 +120,7 @@ def corpus_values(corpus: tuple[str, ...] | list[str]) -> dict[str, dict]:
     """``--corpus`` items as preset values (a list stays a list: it never becomes TOML text)."""
     if not corpus:
         return {}
-    return {"data": {"corpus": corpus[0] if len(corpus) == 1 else list(corpus)}}
+    return {"data": corpus_arguments(list(corpus))}
 
 
 def plan_new_run(req: NewRun, runs_root: Path, info: dict | None = None) -> RunPlan:
@@ -122,6 +132,7 @@ def plan_new_run(req: NewRun, runs_root: Path, info: dict | None = None) -> RunP
     sets = list(req.preset_sets())
     p = resolve_preset(name, sets, corpus_values(req.corpus))
     p.data.corpus = absolute_corpus(p.data.corpus)
+    p.data.mixture = absolute_mixture(p.data.mixture)
     p.train.eval_tasks = checked_eval_tasks(p.train.eval_tasks, p.train.task_limit)
     if not req.init_from:
         objective_plan(p)  # a reference objective needs a model to start from

@@ -1,0 +1,184 @@
+"""A prepared mixture (data.mixture): each source a text corpus prepared as today (streamed, cached, its own
+train/val split at a document boundary), all encoded with one tokenizer (data.tokenizer, or one trained on a
+sample of all the sources together), drawn in the plan's order (``workbench.data.mixture``). A mixture of one
+source (the others weighing 0) is that corpus as data.corpus: today's sampler, bit for bit. No torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from workbench.config import DataConfig, Preset
+from workbench.data.documents import Corpus, CorpusError, open_corpus
+from workbench.data.mixture import MixturePlan, MixtureSampler, SourceSpec, plan_mixture
+from workbench.data.prepare import DataError, prepare, train_corpus_tokenizer
+from workbench.data.tokenizer import AnyTokenizer
+from workbench.fmt import human_bytes
+
+VAL_HORIZON_BATCHES = 64   # a val sampler's plan: this many batches (an eval draws fewer; past it the plan repeats)
+
+__all__ = ["MixtureData", "active_sources", "mixture_corpus", "prepare_mixture", "mixture_table"]
+
+
+def active_sources(cfg: DataConfig) -> list[dict]:
+    """The sources of data.mixture that weigh above 0 (a weight of 0 leaves a source out: it is not read)."""
+    return [s for s in cfg.mixture if s["weight"] > 0]
+
+
+def source_corpus(cfg: DataConfig, src: dict) -> Corpus:
+    """One source's corpus (listed, nothing read); a missing one refused naming the source."""
+    try:
+        return open_corpus(src["corpus"], text_field=cfg.text_field, skip_bad=cfg.skip_bad_records,
+                           builtin_mb=cfg.builtin_mb)
+    except CorpusError as e:
+        raise DataError(f"data.mixture source {src['name']!r}: {e}") from None
+
+
+def mixture_corpus(cfg: DataConfig) -> Corpus:
+    """All the active sources as one corpus (what the tokenizer is trained on, and what checks read first)."""
+    specs: list[str] = []
+    for src in active_sources(cfg):
+        source_corpus(cfg, src)  # each must exist: its own line if not
+        specs += [src["corpus"]] if isinstance(src["corpus"], str) else list(src["corpus"])
+    return open_corpus(specs, text_field=cfg.text_field, skip_bad=cfg.skip_bad_records, builtin_mb=cfg.builtin_mb)
+
+
+@dataclass
+class MixtureData:
+    """Several prepared text corpora drawn as one mixture (a :class:`~workbench.data.train_data.TrainData`)."""
+    names: list[str]
+    weights: list[float]
+    max_repeat: list[float]
+    parts: list[Any]               # each source's TokenData (its train and val tokens)
+    tokenizer: AnyTokenizer
+    tokenizer_path: Path
+    cached: bool
+    format: str = "text"
+    _plans: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def source(self) -> str:
+        total = sum(self.weights)
+        return "mixture of " + ", ".join(f"{n} {w / total:.0%}" for n, w in zip(self.names, self.weights))
+
+    @property
+    def n_train(self) -> int:
+        return sum(int(d.n_train) for d in self.parts)
+
+    @property
+    def template(self) -> None:
+        return None
+
+    def horizon(self, part: str, p: Preset) -> int:
+        """Sequences a plan covers: the run's (max_iters x batch_size x grad_accum), or an eval's."""
+        if part == "train":
+            return p.train.max_iters * p.train.batch_size * p.train.grad_accum
+        return p.train.batch_size * VAL_HORIZON_BATCHES
+
+    def plan(self, part: str, p: Preset, seed: int) -> MixturePlan:
+        key = (part, self.horizon(part, p), p.model.seq_len, seed)
+        if key not in self._plans:
+            T = p.model.seq_len
+            specs = [SourceSpec(n, w, (len(self.tokens_of(s, part)) - 1) // T, m, d.index.get("content", "") if
+                                d.index else "")
+                     for s, (n, w, m, d) in enumerate(zip(self.names, self.weights, self.max_repeat, self.parts))]
+            self._plans[key] = plan_mixture(specs, T, self.horizon(part, p), seed)
+        return self._plans[key]
+
+    def tokens_of(self, s: int, part: str) -> np.ndarray:
+        return self.parts[s].train if part == "train" else self.parts[s].val
+
+    def sampler(self, part: str, p: Preset, seed: int) -> MixtureSampler:
+        plan = self.plan(part, p, seed)
+        return MixtureSampler(plan, [self.tokens_of(s, part) for s in range(len(self.parts))], p.train.batch_size)
+
+    def source_samplers(self, part: str, p: Preset, seed: int) -> dict[str, Any]:
+        """Each source alone (its own windows of ``part``): what a per-source val loss is measured on."""
+        return {n: d.sampler(part, p, seed) for n, d in zip(self.names, self.parts)}
+
+    def split_tokens(self) -> tuple[int, int]:
+        tr, va = zip(*(d.split_tokens() for d in self.parts))
+        return sum(tr), sum(va)
+
+    def check(self, p: Preset) -> None:
+        """A source repeated more than its max_repeat over the run's horizon: refused with the numbers."""
+        over = self.plan("train", p, p.train.seed).over_limit()
+        if over:
+            raise DataError("; ".join(over) + ": lower its weight, raise its max_repeat, add text to it, or train "
+                                              "fewer steps (train.max_iters)")
+
+    def start_lines(self, sampler: Any, p: Preset) -> list[str]:
+        return mixture_table(self.plan("train", p, p.train.seed), [d.split_tokens()[0] for d in self.parts])
+
+    def start_facts(self, sampler: Any, p: Preset) -> dict[str, Any]:
+        plan = self.plan("train", p, p.train.seed)
+        return {"mixture": {"digest": plan.digest, "horizon": plan.horizon, "exact": plan.exact,
+                            "sources": [{"name": src.name, "weight": src.weight, "sequences": plan.counts[s],
+                                         "windows": src.windows, "repeats": round(plan.repeats(s), 4)}
+                                        for s, src in enumerate(plan.sources)]}}
+
+
+def mixture_table(plan: MixturePlan, train_tokens: list[int]) -> list[str]:
+    """The realized mixture over the run's horizon, a row per source: its weight, the sequences and tokens it
+    gives, the unique tokens among them, how many times it is repeated, what its train part holds."""
+    T, total = plan.seq_len, sum(s.weight for s in plan.sources)
+    head = (f"mixture over {plan.horizon:,} sequences of {T} tokens ({plan.horizon * T:,} tokens; each source's "
+            f"share within one sequence after every step"
+            + ("" if plan.exact else "; counts by the order, not the apportionment: see the mixture's notes") + "):")
+    rows = [("source", "weight", "share", "sequences", "tokens", "unique tokens", "repeats", "train tokens")]
+    for s, src in enumerate(plan.sources):
+        n = plan.counts[s]
+        rows.append((src.name, f"{src.weight:g}", f"{src.weight / total:.1%}", f"{n:,}", f"{n * T:,}",
+                     f"{min(n, src.windows) * T:,}", f"{plan.repeats(s):.2f}", f"{train_tokens[s]:,}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [head] + ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows]
+
+
+def prepare_mixture(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[str], None], prepare_one: Callable,
+                    given: AnyTokenizer | None, **kw: Any) -> Any:
+    """The mixture's sources prepared: one source alone is ``prepare_one`` of it as data.corpus (today's data);
+    several are text corpora encoded with one tokenizer (``given``, or one trained on all of them)."""
+    from workbench.data.chat_data import corpus_kind
+    from workbench.data.preference import KINDS
+    from workbench.data.tokens import load_tokens
+
+    active = active_sources(cfg)
+    corpora = [source_corpus(cfg, src) for src in active]
+    kinds = [corpus_kind(dataclasses.replace(cfg, corpus=src["corpus"], mixture=[]), c)
+             for src, c in zip(active, corpora)]
+    if any(k in KINDS for k in kinds) and any(k not in KINDS for k in kinds):
+        pairs = active[next(i for i, k in enumerate(kinds) if k in KINDS)]["name"]
+        raise DataError(f"data.mixture: text and conversations may not be mixed with preference pairs (source "
+                        f"{pairs!r}); train on the pairs alone, or leave them out of the mixture")
+    if len(active) == 1:
+        return prepare_one(dataclasses.replace(cfg, corpus=active[0]["corpus"], mixture=[]))
+    other = next((i for i, k in enumerate(kinds) if k != "text"), None)
+    if other is not None:
+        raise DataError(f"data.mixture source {active[other]['name']!r} holds {kinds[other]} records: a mixture of "
+                        "several sources is of text corpora for now; set data.format = text to train on their "
+                        "text, or train on the conversations alone")
+    tok = given
+    if tok is None:
+        union = mixture_corpus(cfg)
+        tok = train_corpus_tokenizer(union, vocab_size, cfg.tokenizer_sample_mb, log=log,
+                                     progress=kw.get("progress"))
+    parts, cached = [], True
+    for src, corpus in zip(active, corpora):
+        log(f"mixture source {src['name']}: {corpus.description} ({human_bytes(corpus.total_bytes)})")
+        prep = prepare(corpus, vocab_size, cfg.tokenizer_sample_mb, log=log, tokenizer=tok, **kw)
+        try:
+            d = load_tokens(prep, cfg.val_fraction, seq_len)
+        except DataError as e:
+            raise DataError(f"data.mixture source {src['name']!r}: {e}") from None
+        d.source = corpus.description
+        parts.append(d)
+        cached = cached and prep.cached
+    return MixtureData([s["name"] for s in active], [s["weight"] for s in active],
+                       [s["max_repeat"] for s in active], parts, parts[0].tokenizer,
+                       parts[0].tokenizer_path, cached)
