@@ -15,6 +15,7 @@ from workbench.data.mixture import (
     SourceSpec,
     apportion,
     blend_order,
+    check_resume,
     plan_mixture,
     prefix_deviation,
 )
@@ -132,14 +133,33 @@ def test_the_sampler_state_is_a_counter_and_resumes_the_same_stream():
     first = MixtureSampler(plan, [a, b], 3)
     got = [first.next_batch().inputs for _ in range(13)]
     st = first.state()
-    assert st == {"mixture": plan.digest, "counter": 39}
-    again = MixtureSampler(plan_mixture(src, 16, 50, seed=9), [a, b], 3)
+    assert st == {"mixture": plan.digest, "horizon": 50, "counter": 39, "base": 0, "sources": [["a", 2], ["b", 1]]}
+    again = MixtureSampler(plan_mixture(src, 16, 80, seed=9), [a, b], 3)   # resume --more: a longer horizon
     again.set_state(st)
+    assert again.plan.horizon == 50 and again.changed is None   # the plan the run began with goes on
     got += [again.next_batch().inputs for _ in range(27)]
     assert all(np.array_equal(x, y) for x, y in zip(want, got))
-    other = MixtureSampler(plan_mixture([src[0], SourceSpec("b", 1.5, src[1].windows)], 16, 50, seed=9), [a, b], 3)
-    with pytest.raises(MixtureError, match="another mixture"):
-        other.set_state(st)
+    # other weights (a resume allowed to change them): the new plan starts where the old one stopped
+    remixed = MixtureSampler(plan_mixture([src[0], SourceSpec("b", 1.5, src[1].windows)], 16, 50, seed=9), [a, b], 3)
+    remixed.set_state(st)
+    assert remixed.changed == [["a", 2], ["b", 1]] and remixed.state()["base"] == 39
+    # the same sources and weights over other text: refused
+    other_text = [src[0], SourceSpec("b", 1, src[1].windows, content="x")]
+    moved = MixtureSampler(plan_mixture(other_text, 16, 50, 9), [a, b], 3)
+    with pytest.raises(MixtureError, match="text or model.seq_len changed"):
+        moved.set_state(st)
+
+
+def test_a_resume_of_another_mixture_is_refused_unless_asked():
+    st = {"mixture": "d", "horizon": 5, "counter": 5, "base": 0, "sources": [["a", 2.0], ["b", 1.0]]}
+    assert check_resume([["a", 2.0], ["b", 1.0]], st, "step_1", allow=False) is None
+    with pytest.raises(MixtureError, match=r"trained on a 2, b 1, but the preset now says a 2, b 2: .*--remix"):
+        check_resume([["a", 2.0], ["b", 2.0]], st, "step_1", allow=False)
+    assert check_resume([["a", 2.0], ["b", 2.0]], st, "step_1", allow=True) == [["a", 2.0], ["b", 1.0]]
+    with pytest.raises(MixtureError, match="one corpus"):
+        check_resume(None, st, "step_1", allow=True)
+    with pytest.raises(MixtureError, match="trained on one corpus"):
+        check_resume([["a", 1.0], ["b", 1.0]], {"bit_generator": "PCG64"}, "step_1", allow=False)
 
 
 def test_a_weight_of_zero_and_an_empty_source():

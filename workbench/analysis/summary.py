@@ -71,6 +71,7 @@ class RunSummary:
     ckpt_share: float | None = None
     task_step: int | None = None      # the newest step with task scores, and its headline scores
     tasks: dict[str, dict] = field(default_factory=dict)   # task -> {"metric", "value", "n"}
+    val_sources: dict[str, float] = field(default_factory=dict)  # a mixture's last eval: each source's val loss
 
 
 def estimate_for_run(run_dir: Path, device: str, precision: str) -> float | None:
@@ -119,6 +120,7 @@ def summarize_run(run_dir: Path) -> RunSummary:
                 s.mem_mb = max(s.mem_mb or 0.0, r.peak_mem_mb)
         elif isinstance(r, EvalRecord):
             s.val_loss, s.val_bpb = r.val_loss, r.val_bpb if text_loss else None
+            s.val_sources = dict(r.extra.get("val_sources") or {})
             if r.val_loss is not None:
                 evals.append(r.val_loss)
     start = first_event(run_dir / METRICS_FILE, ("start", "resume"))  # a branch starts with a resume

@@ -8,8 +8,10 @@ from workbench.analysis.lineage import branch
 from workbench.commands import launch
 from workbench.commands.common import add_run_argument, add_set_option
 from workbench.config import preset_to_toml
+from workbench.data.mixture import check_resume
+from workbench.data.mixture_data import mixture_sources
 from workbench.machine.detect import Machine, detect
-from workbench.plan.run_plan import ResumeRequest, plan_resume
+from workbench.plan.run_plan import ResumeRequest, checkpoint_state, plan_resume
 from workbench.plan.settings import check_installed, resolve_settings
 
 
@@ -25,6 +27,10 @@ def register(sub) -> None:
                    help="train N more steps than the checkpoint's (sets train.max_iters; recorded as a change)")
     p.add_argument("--name", default=None, help="the new run's id when branching (default: <run>-from-<step>)")
     add_set_option(p)
+    p.add_argument("--remix", action="store_true",
+                   help="go on although preset.toml's [[data.mixture]] (its sources or weights) changed since the "
+                        "checkpoint: the new mixture's plan starts at this step (recorded in the run's history); "
+                        "without it such a resume is refused")
     p.add_argument("--detach", action="store_true", help="continue in the background")
     launch.add_topology_options(p)
     p.set_defaults(func=run)
@@ -34,6 +40,9 @@ def run(args) -> int:
     root = args.runs_dir
     plan = plan_resume(ResumeRequest(args.run, args.checkpoint, args.more, args.name, tuple(args.overrides)), root)
     run_dir, ckpt, p = plan.run_dir, plan.ckpt, plan.preset
+    # the mixture it trained on goes on, or --remix says another may (before anything is written)
+    check_resume(mixture_sources(p.data), checkpoint_state(ckpt).get("sampler"), f"{run_dir.name} {ckpt['name']}",
+                 args.remix)
     for line in plan.notes:
         print(line)
     # Load the checkpoint once here (weights_only) so a truncated, foreign or unsafe file is

@@ -72,6 +72,9 @@ def run(args) -> int:
             metrics = sorted({v["metric"] for v in r.tasks.values()})
             print(f"{r.id} tasks at step {r.task_step}: {scores} ({', '.join(metrics)})")
     for r in runs:
+        if r.val_sources:  # a mixture: its last eval's val loss of each source
+            print(f"{r.id} val loss by source: " + ", ".join(f"{n} {v:.4f}" for n, v in r.val_sources.items()))
+    for r in runs:
         if r.error and r.state in ("failed", "crashed"):
             print(f"{r.id}: {r.error}")
     return 0

@@ -21,9 +21,11 @@ The plan for a horizon of ``N`` sequences (the run's ``max_iters x batch_size x 
 3. **within a source**: its train windows in a shuffled order, a new permutation each epoch, from a seed of its own
    (the run's seed and the source's name).
 
-The plan is a pure function of the mixture's digest (names, weights, the sources' prepared contents, seq_len, the
-horizon) and the seed, so a sampler's state is a counter (and the digest, to refuse a resume of another mixture).
-Past the horizon the same plan repeats block after block (within two sequences at a block's boundary).
+The plan is a pure function of the mixture's digest (names, weights, the sources' prepared contents, seq_len), the
+horizon and the seed, so a sampler's state is a counter (with the digest and horizon: a resume goes on with the plan
+the run began with, and one of other sources or weights is refused unless asked, see :func:`check_resume`). Past
+the horizon (``resume --more``) the same plan repeats block after block (within two sequences at a block's
+boundary: the horizon's counts are not re-planned).
 
 No torch.
 """
@@ -82,7 +84,12 @@ def corpus_arguments(items: Sequence[str]) -> dict[str, Any]:
         except ValueError:
             raise MixtureError(f"--corpus {item!r}: the weight {weight!r} is not a number; give NAME=PATH:WEIGHT, "
                                "e.g. web=web.jsonl:0.7") from None
+        if not math.isfinite(w) or w < 0:
+            raise MixtureError(f"--corpus {item!r}: the weight {weight} must be a number >= 0 (0 leaves the source "
+                               "out)")
         sources.append({"name": name, "corpus": path, "weight": w})
+    if not any(s["weight"] > 0 for s in sources):
+        raise MixtureError("--corpus: every source's weight is 0; give at least one a weight above 0")
     return {"mixture": sources}
 
 
@@ -222,10 +229,11 @@ class MixturePlan:
         return out
 
 
-def mixture_digest(sources: Sequence[SourceSpec], seq_len: int, horizon: int) -> str:
-    """What the plan depends on besides the seed, as a digest (a resume compares it)."""
+def mixture_digest(sources: Sequence[SourceSpec], seq_len: int) -> str:
+    """What the plan depends on besides the seed and the horizon (a sampler's state keeps that), as a digest: a
+    resume compares it."""
     what = {"sources": [[s.name, s.weight, s.content, s.windows] for s in sources], "seq_len": seq_len,
-            "horizon": horizon, "version": 1}
+            "version": 1}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -242,37 +250,78 @@ def plan_mixture(sources: Sequence[SourceSpec], seq_len: int, horizon: int, seed
     for s, src in enumerate(sources):
         if counts[s] and src.windows < 1:
             raise MixtureError(f"source {src.name!r} holds no sequence of {seq_len} tokens")
-    return MixturePlan(list(sources), seq_len, horizon, seed, mixture_digest(sources, seq_len, horizon), order, nth,
+    return MixturePlan(list(sources), seq_len, horizon, seed, mixture_digest(sources, seq_len), order, nth,
                        counts, exact)
 
 
 class MixtureSampler:
     """Batches of ``batch_size`` rows drawn in the plan's order, each row a window of its source's tokens
-    (``parts[s]``: that source's train or val tokens). Its state is a counter (and the plan's digest)."""
+    (``parts[s]``: that source's train or val tokens). Its state is a counter, with what identifies the plan (its
+    digest, horizon and sources) so that a resume draws the same stream or is refused."""
 
     def __init__(self, plan: MixturePlan, parts: Sequence[np.ndarray], batch_size: int):
         self.plan, self.parts, self.batch_size = plan, list(parts), batch_size
         self.counter = 0
-        self.drawn = [0] * len(parts)       # sequences of each source this process drew (for the record)
-
-    def rows(self, c: int, n: int) -> list[tuple[int, int]]:
-        return [self.plan.at(i) for i in range(c, c + n)]
+        self.base = 0                        # the counter where this plan began (a resume that changed the mixture)
+        self.changed: list | None = None     # the sources before such a change: [[name, weight], ...] or None
 
     def next_batch(self) -> Batch[np.ndarray]:
         T = self.plan.seq_len
         rows = []
-        for s, w in self.rows(self.counter, self.batch_size):
+        for c in range(self.counter, self.counter + self.batch_size):
+            s, w = self.plan.at(c - self.base)
             rows.append(np.asarray(self.parts[s][w * T:w * T + T + 1], dtype=np.int64))
-            self.drawn[s] += 1
         self.counter += self.batch_size
         win = np.stack(rows)
         return Batch(win[:, :-1], win[:, 1:])
 
+    def sources(self) -> list[list]:
+        return [[s.name, s.weight] for s in self.plan.sources]
+
     def state(self) -> dict[str, Any]:
-        return {"mixture": self.plan.digest, "counter": self.counter}
+        return {"mixture": self.plan.digest, "horizon": self.plan.horizon, "counter": self.counter,
+                "base": self.base, "sources": self.sources()}
 
     def set_state(self, st: dict) -> None:
-        if st.get("mixture") != self.plan.digest:
-            raise MixtureError(f"the checkpoint's data sampler is of another mixture ({st.get('mixture') or 'none'}) "
-                               f"than this run's ({self.plan.digest})")
-        self.counter = int(st["counter"])
+        """Go on from ``st``: the same plan (its horizon as the run began: a longer run repeats it past there); a
+        checkpoint of other sources or weights (a resume allowed to change them: ``--remix``) starts this plan
+        where it stopped (``changed`` says from what); the same sources whose text or seq_len changed, refused."""
+        old = st.get("sources") if "mixture" in st else None
+        if old != self.sources():
+            self.changed = old or []
+            self.counter = self.base = int(st.get("counter", 0))
+            return
+        if st["mixture"] != self.plan.digest:
+            raise MixtureError(f"the checkpoint's mixture ({st['mixture']}) is not this run's ({self.plan.digest}): "
+                               "the same sources and weights, but their text or model.seq_len changed since; "
+                               "start a new run (--init-from to keep the weights)")
+        if int(st["horizon"]) != self.plan.horizon:  # resume --more: the plan the run began with goes on
+            self.plan = plan_mixture(self.plan.sources, self.plan.seq_len, int(st["horizon"]), self.plan.seed)
+        self.counter, self.base = int(st["counter"]), int(st.get("base", 0))
+
+
+def describe_sources(sources: list | None) -> str:
+    """[[name, weight], ...] as 'web 0.7, code 0.3'; None or none: one corpus."""
+    if not sources:
+        return "one corpus (no mixture)"
+    return ", ".join(f"{n} {w:g}" for n, w in sources)
+
+
+def check_resume(preset_sources: list | None, sampler_state: dict | None, checkpoint: str, allow: bool) -> list | None:
+    """A resume's mixture against its checkpoint's: the same goes on; another (``preset_sources``: the preset's
+    [[name, weight]] of a mixture of several sources, None for one corpus) is refused in one line unless
+    ``allow`` (--remix). Returns the sources before a change allowed, else None."""
+    st = sampler_state or {}
+    old = st.get("sources") if "mixture" in st else None
+    if old == preset_sources:
+        return None
+    if old is not None and preset_sources is None:
+        raise MixtureError(f"{checkpoint} was trained on a mixture ({describe_sources(old)}) and the preset now names "
+                           "one corpus: a run goes on with a mixture; put the mixture back in preset.toml, or start a "
+                           "new run from it with `workbench train --init-from`")
+    if not allow:
+        raise MixtureError(f"{checkpoint} was trained on {describe_sources(old)}, but the preset now says "
+                           f"{describe_sources(preset_sources)}: a resume keeps the mixture it began with; put "
+                           "preset.toml's [[data.mixture]] back, or resume with --remix to go on with the new mixture "
+                           "from this step (recorded in the run's history)")
+    return old

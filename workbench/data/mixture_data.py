@@ -22,12 +22,19 @@ from workbench.fmt import human_bytes
 
 VAL_HORIZON_BATCHES = 64   # a val sampler's plan: this many batches (an eval draws fewer; past it the plan repeats)
 
-__all__ = ["MixtureData", "active_sources", "mixture_corpus", "prepare_mixture", "mixture_table"]
+__all__ = ["MixtureData", "active_sources", "mixture_sources", "mixture_corpus", "prepare_mixture", "mixture_table"]
 
 
 def active_sources(cfg: DataConfig) -> list[dict]:
     """The sources of data.mixture that weigh above 0 (a weight of 0 leaves a source out: it is not read)."""
     return [s for s in cfg.mixture if s["weight"] > 0]
+
+
+def mixture_sources(cfg: DataConfig) -> list[list] | None:
+    """The [[name, weight], ...] a run of ``cfg`` draws as a mixture (a sampler's state keeps them); None when it
+    trains on one corpus (data.corpus, or a mixture of one source)."""
+    active = active_sources(cfg)
+    return [[s["name"], s["weight"]] for s in active] if len(active) > 1 else None
 
 
 def source_corpus(cfg: DataConfig, src: dict) -> Corpus:

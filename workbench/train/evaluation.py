@@ -23,6 +23,7 @@ from workbench.train.dist import Dist
 from workbench.train.objective import Objective
 
 PARTS = ("train", "val")
+SOURCE = "val:"   # a mixture's source's own val batches: "val:<name>" (its held-out documents alone)
 
 
 @dataclass
@@ -45,9 +46,11 @@ class EvalBatches:
              batch: Callable[[Sampler], Batch[torch.Tensor]]) -> "EvalBatches":
         """``n`` batches of each split from a sampler seeded ``train.seed + 1``; ``batch(sampler)``: this rank's
         part of the sampler's next global batch, on the device."""
+        samplers = {part: data.sampler(part, p, seed=p.train.seed + 1) for part in PARTS}
+        if (per_source := getattr(data, "source_samplers", None)) is not None:  # a mixture: each source's val too
+            samplers.update({SOURCE + name: s for name, s in per_source("val", p, seed=p.train.seed + 1).items()})
         parts = {}
-        for part in PARTS:
-            s = data.sampler(part, p, seed=p.train.seed + 1)
+        for part, s in samplers.items():
             count, nbytes = (torch.zeros((), device=device) for _ in range(2))
             batches = []
             for _ in range(n):
@@ -67,11 +70,13 @@ def evaluate(model: torch.nn.Module, evals: EvalBatches, dist: Dist, autocast: c
     UTF-8 bytes the target tokens stand for, which does not depend on the tokenizer. Text: windows; chat: rows of
     conversations, the loss over their trained targets; preference data (``objective``): the objective's loss per
     pair (or answer), its bits over the chosen answers' bytes, and its measures as ``extra["preference"]``
-    (PreferenceRecords of the eval's train and val batches). Under DDP the sums of all ranks are added up."""
+    (PreferenceRecords of the eval's train and val batches); a mixture: each source's val loss (its own held-out
+    documents) as ``extra["val_sources"]`` ({name: loss}, and ``val_sources_bpb``). Under DDP the sums of all ranks
+    are added up."""
     model.eval()
     loss, bpb = [], []
     prefs = []
-    for part in PARTS:
+    for part in evals.parts:
         ep = evals.parts[part]
         nats = torch.zeros((), device=ep.count.device)
         for b in ep.batches:
@@ -84,8 +89,19 @@ def evaluate(model: torch.nn.Module, evals: EvalBatches, dist: Dist, autocast: c
         loss.append(vec[0].item() / max(1.0, vec[1].item()))
         bpb.append(vec[0].item() / math.log(2) / max(1.0, vec[2].item()))
     model.train()
+    extra: dict = {"preference": prefs} if prefs else {}
+    if len(loss) > len(PARTS):  # a mixture: each source's val loss and bits per byte, by name
+        names = [part[len(SOURCE):] for part in evals.parts if part.startswith(SOURCE)]
+        extra["val_sources"] = dict(zip(names, loss[len(PARTS):]))
+        extra["val_sources_bpb"] = dict(zip(names, bpb[len(PARTS):]))
     return EvalRecord(step=step, train_loss=loss[0], val_loss=loss[1], time=time.time(), train_bpb=bpb[0],
-                      val_bpb=bpb[1], extra={"preference": prefs} if prefs else {})
+                      val_bpb=bpb[1], extra=extra)
+
+
+def per_source(ev: EvalRecord) -> str:
+    """A mixture's val loss per source for the eval's log line ('; val by source: web 4.1234, code 3.9876'), or ''."""
+    by = ev.extra.get("val_sources")
+    return "; val by source: " + ", ".join(f"{n} {v:.4f}" for n, v in by.items()) if by else ""
 
 
 @torch.no_grad()

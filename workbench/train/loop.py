@@ -38,7 +38,7 @@ from workbench.rundir import EvalRecord, PreferenceRecord, TrainRecord
 from workbench.train import runtime
 from workbench.train.batches import batch_loss, on_device
 from workbench.train.budget_steps import BudgetSteps
-from workbench.train.evaluation import EvalBatches, evaluate
+from workbench.train.evaluation import EvalBatches, evaluate, per_source
 from workbench.train.generate import generate_text
 from workbench.train.grpo_run import reward_summary
 from workbench.train.reporter import failure_message
@@ -99,7 +99,7 @@ class Trainer(BudgetSteps):
                 self.budget.spent_before += ev.seconds
             self.report.record(ev)
             self.report.log(f"step 0: train loss {ev.train_loss:.4f}, val loss {ev.val_loss:.4f} "
-                            f"({ev.val_bpb:.3f} bits/byte)")
+                            f"({ev.val_bpb:.3f} bits/byte){per_source(ev)}")
             self.maybe_score_tasks()
         self.throughput.reset()
         if self.budget is not None and not self.settings.compile:
@@ -279,7 +279,7 @@ class Trainer(BudgetSteps):
         tl, vl = ev.train_loss, ev.val_loss
         improved = st.best_val is None or vl < st.best_val - t.min_delta
         self.report.log(f"step {st.step}: train loss {tl:.4f}, val loss {vl:.4f} ({ev.val_bpb:.3f} bits/byte)"
-                        + (" (best)" if improved else ""))
+                        + (" (best)" if improved else "") + per_source(ev))
         if improved:
             st.best_val, st.bad_evals = vl, 0
             self.report.status(best_val_loss=vl)

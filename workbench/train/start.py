@@ -20,6 +20,7 @@ from workbench import rundir
 from workbench.config import Preset, budget_seconds, load_preset_file
 from workbench.config.objectives import SFT, objective_spec
 from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
+from workbench.data.mixture import describe_sources
 from workbench.data.preference_data import PreferenceData
 from workbench.data.tokenizer import tokenizer_file
 from workbench.data.tokens import prepare_data
@@ -326,6 +327,11 @@ class TrainerParts:
         self.report.record(start.event(self.resume, self.state.step, time.time()))
         if ckpt:  # safe changes since the checkpoint (schedule length, intervals), after the resume event
             self.report.preset_changes(self.state.step, stateful.preset_changes(self.state, p))
+            if (before := getattr(self.sampler, "changed", None)) is not None:  # resume --remix (data.mixture)
+                after = self.sampler.sources()
+                self.report.event("mixture_changed", self.state.step, before=before, after=after)
+                self.report.log(f"mixture changed at step {self.state.step}: {describe_sources(before)} -> "
+                                f"{describe_sources(after)} (resume --remix); the new plan starts here")
 
     # ------------------------------------------------------------------ its state, as a pair
 
