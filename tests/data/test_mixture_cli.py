@@ -1,0 +1,168 @@
+"""Mixtures end to end: --corpus NAME=PATH:WEIGHT and [[data.mixture]], the refusals (one line, exit 2, nothing
+written), the realized mixture's table, a run killed with SIGKILL and resumed drawing the same stream, each source's
+val loss in the records and `workbench runs --json`, a changed mixture on resume refused unless --remix."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.cli import tiny, wb
+from tests.support.runs import losses, read_jsonl
+from workbench.config import resolve_preset
+from workbench.data.mixture import apportion
+from workbench.data.tokens import prepare_data
+
+RUN = ["train.max_iters=8", "train.eval_interval=8", "train.ckpt_interval=5", "train.lr_decay_iters=8"]
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory) -> Path:
+    """Two small text corpora of different look (made-up words; number words), and a preference file."""
+    d = tmp_path_factory.mktemp("mix")
+    r = random.Random(0)
+    words = ["".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randint(2, 9))) for _ in range(800)]
+    (d / "words.txt").write_text("\n\n".join(" ".join(r.choice(words) for _ in range(r.randint(5, 60)))
+                                             for _ in range(600)))
+    nums = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split()
+    (d / "nums.txt").write_text("\n\n".join(" ".join(r.choice(nums) for _ in range(r.randint(5, 30))) + "."
+                                            for _ in range(150)))
+    (d / "pairs.jsonl").write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n' * 3)
+    (d / "mix.toml").write_text(f"""name = "mixtest"
+[[data.mixture]]
+name = "words"
+corpus = "{d / 'words.txt'}"
+weight = 0.5
+[[data.mixture]]
+name = "nums"
+corpus = "{d / 'nums.txt'}"
+weight = 0.5
+max_repeat = 2
+""")
+    return d
+
+
+def _mix(d: Path, w1: str = "0.7", w2: str = "0.3") -> list[str]:
+    return ["--corpus", f"words={d / 'words.txt'}:{w1}", f"nums={d / 'nums.txt'}:{w2}"]
+
+
+@pytest.mark.parametrize("case", ["missing", "negative", "zero", "not a number", "unnamed", "pairs", "max_repeat"])
+def test_bad_mixtures_are_one_line_exit_2_nothing_written(corpora, tmp_path, case):
+    d = corpora
+    args = {
+        "missing": ("cpu-small", "--corpus", f"words={d / 'words.txt'}:1", f"gone={d / 'gone.txt'}:1"),
+        "negative": ("cpu-small", *_mix(d, "1", "-0.5")),
+        "zero": ("cpu-small", *_mix(d, "0", "0")),
+        "not a number": ("cpu-small", "--corpus", f"words={d / 'words.txt'}:lots"),
+        "unnamed": ("cpu-small", "--corpus", f"words={d / 'words.txt'}:1", str(d / "nums.txt")),
+        "pairs": ("cpu-small", "--corpus", f"words={d / 'words.txt'}:1", f"prefs={d / 'pairs.jsonl'}:1"),
+        "max_repeat": (str(d / "mix.toml"),),
+    }[case]
+    want = {
+        "missing": "data.mixture source 'gone': corpus", "negative": "the weight -0.5 must be a number >= 0",
+        "zero": "every source's weight is 0", "not a number": "the weight 'lots' is not a number",
+        "unnamed": "has no name and weight while others do",
+        "pairs": "text and conversations may not be mixed with preference pairs (source 'prefs')",
+        # 100 steps x 4 rows: 200 sequences of nums, which holds 97 windows of 32 tokens
+        "max_repeat": "source 'nums' would be repeated 2.06 times (200 sequences of 32 tokens planned, it holds 97) "
+                      "but its max_repeat is 2",
+    }[case]
+    runs = tmp_path / "runs"
+    cp = wb("train", *args, "--runs-dir", str(runs), "--detach", *tiny("train.max_iters=100"))
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    err = cp.stderr.strip().splitlines()
+    assert len(err) == 1 and want in err[0], cp.stderr
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_one_source_is_that_corpus_as_data_corpus(corpora):
+    """A mixture of one source (the other weighs 0 and is not even read) is today's data, draw for draw."""
+    d = corpora
+    sets = ["model.seq_len=32", "model.vocab_size=512", "train.batch_size=4"]
+    plain = resolve_preset("cpu-small", sets + [f"data.corpus='{d / 'words.txt'}'"])
+    mixed = resolve_preset("cpu-small", sets, {"data": {"mixture": [
+        {"name": "w", "corpus": str(d / "words.txt"), "weight": 1},
+        {"name": "off", "corpus": str(d / "no-such-file.txt"), "weight": 0}]}})
+    a, b = (prepare_data(p.data, 512, 32, log=lambda m: None) for p in (plain, mixed))
+    sa, sb = a.sampler("train", plain, 7), b.sampler("train", mixed, 7)
+    for _ in range(5):
+        x, y = sa.next_batch(), sb.next_batch()
+        assert np.array_equal(x.inputs, y.inputs) and np.array_equal(x.targets, y.targets)
+
+
+@pytest.fixture(scope="module")
+def mixed_runs(corpora, tmp_path_factory) -> Path:
+    """The same mixture trained straight, and killed with SIGKILL at step 7 then resumed."""
+    root = tmp_path_factory.mktemp("mixruns")
+    base = ("train", "cpu-small", *_mix(corpora), "--runs-dir", str(root))
+    wb(*base, "--name", "straight", *tiny(*RUN), check=True)
+    cp = wb(*base, "--name", "killed", *tiny(*RUN), env={"WORKBENCH_TEST_KILL_AT_STEP": "7"})
+    assert cp.returncode == -signal.SIGKILL, cp.stderr
+    res = wb("resume", "killed", "--runs-dir", str(root), check=True)
+    assert "resumed from checkpoint step_0000005" in res.stdout
+    return root
+
+
+def test_killed_and_resumed_mixture_trains_the_same_stream(mixed_runs):
+    straight, killed = losses(mixed_runs / "straight"), losses(mixed_runs / "killed")
+    assert sorted(straight) == list(range(1, 9)) and killed == straight
+
+
+def test_the_realized_mixture_is_said_before_training(mixed_runs):
+    log = (mixed_runs / "straight" / "train.log").read_text()
+    n = 8 * 4
+    words, nums = apportion([0.7, 0.3], n)
+    assert f"mixture over {n} sequences of 32 tokens ({n * 32:,} tokens" in log
+    row = next(line for line in log.splitlines() if line.split()[1:3] == ["nums", "0.3"])
+    assert row.split()[3:6] == ["30.0%", str(nums), f"{nums * 32:,}"]
+    start = next(r for r in read_jsonl(mixed_runs / "straight" / "metrics.jsonl") if r.get("event") == "start")
+    facts = start["mixture"]
+    assert [s["sequences"] for s in facts["sources"]] == [words, nums] and facts["exact"]
+
+
+def test_each_source_has_its_val_loss(mixed_runs):
+    evals = [r for r in read_jsonl(mixed_runs / "straight" / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 8]
+    for e in evals:
+        assert set(e["val_sources"]) == {"words", "nums"}
+        assert all(np.isfinite(v) and v > 0 for v in e["val_sources"].values())
+    assert evals[-1]["val_sources"]["nums"] < evals[0]["val_sources"]["nums"]   # it learns each
+    assert "; val by source: words " in (mixed_runs / "straight" / "train.log").read_text()
+    out = json.loads(wb("runs", "--json", "--runs-dir", str(mixed_runs), check=True).stdout)
+    got = {r["id"]: r["val_sources"] for r in out}
+    assert got["straight"] == evals[-1]["val_sources"] and got["killed"] == got["straight"]
+
+
+def test_a_changed_mixture_on_resume_is_refused_unless_remix(mixed_runs):
+    run = mixed_runs / "killed"
+    preset = run / "preset.toml"
+    preset.write_text(preset.read_text().replace("weight = 0.7", "weight = 0.5"))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "lock"}
+    cp = wb("resume", "killed", "--more", "2", "--runs-dir", str(mixed_runs))
+    assert cp.returncode == 2
+    (line,) = cp.stderr.strip().splitlines()
+    assert ("was trained on words 0.7, nums 0.3, but the preset now says words 0.5, nums 0.3" in line
+            and "--remix" in line)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "lock"} == before
+    wb("resume", "killed", "--more", "2", "--remix", "--runs-dir", str(mixed_runs), check=True)
+    (ev,) = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("event") == "mixture_changed"]
+    assert ev["step"] == 8 and ev["before"] == [["words", 0.7], ["nums", 0.3]]
+    assert ev["after"] == [["words", 0.5], ["nums", 0.3]]
+    assert max(losses(run)) == 10
+
+
+def test_presets_show_and_the_toml_round_trip_keep_a_mixture(corpora):
+    from workbench.config import preset_to_toml
+    from workbench.config.overrides import parse_toml
+    from workbench.config.validate import preset_from_dict
+    p = resolve_preset(str(corpora / "mix.toml"))
+    again = preset_from_dict(parse_toml(preset_to_toml(p), "x"), "x")
+    assert dataclasses.asdict(again.data) == dataclasses.asdict(p.data)
+    assert again.data.mixture[1] == {"name": "nums", "corpus": str(corpora / "nums.txt"), "weight": 0.5,
+                                     "max_repeat": 2.0}
