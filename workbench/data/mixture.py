@@ -77,7 +77,7 @@ def corpus_arguments(items: Sequence[str]) -> dict[str, Any]:
         plain = items[named.index(None)]
         raise MixtureError(f"--corpus {plain!r} has no name and weight while others do; give every source as "
                            "NAME=PATH:WEIGHT (e.g. --corpus web=web.jsonl:0.7 code=src/:0.3)")
-    sources = []
+    sources: list[dict[str, Any]] = []
     for item, (name, path, weight) in zip(items, named):  # type: ignore[misc]
         try:
             w = float(weight)
