@@ -13,6 +13,7 @@ from workbench.commands.common import TerminalProgress, add_json_option, add_set
 from workbench.config import Preset, resolve_preset
 from workbench.data.chat_data import corpus_kind
 from workbench.data.documents import Corpus
+from workbench.data.mixture_data import MixtureData, active_sources, mixture_table, source_corpus
 from workbench.data.preference import KINDS
 from workbench.data.tokens import TokenData, open_data_corpus, prepare_data
 from workbench.errors import WorkbenchError
@@ -79,7 +80,45 @@ def cmd_prepare(args) -> int:
     finally:
         progress.close()
     seconds = time.time() - t0
+    if isinstance(data, MixtureData):
+        return mixture_prepared(data, p, seconds, args.json)
     return PREPARED[data.format](data, p, seconds, corpus, args.json)
+
+
+def mixture_facts(data: MixtureData, p: Preset) -> dict:
+    """A prepared mixture's sources and the realized mixture over a run of ``p`` (as `train`'s first lines say)."""
+    plan = data.plan("train", p, p.train.seed)
+    T = plan.seq_len
+    return {"format": "mixture", "horizon_sequences": plan.horizon, "seq_len": T, "exact": plan.exact,
+            "vocab_size": data.tokenizer.vocab_size, "cached": data.cached,
+            "sources": [{"name": src.name, "weight": src.weight, "source": d.source, "sequences": plan.counts[s],
+                         "tokens": plan.counts[s] * T, "unique_tokens": min(plan.counts[s], src.windows) * T,
+                         "repeats": round(plan.repeats(s), 4), "max_repeat": src.max_repeat,
+                         "train_tokens": d.split_tokens()[0], "val_tokens": d.split_tokens()[1]}
+                        for s, (src, d) in enumerate(zip(plan.sources, data.parts))]}
+
+
+def mixture_lines(data: MixtureData, p: Preset) -> list[str]:
+    t = p.train
+    plan = data.plan("train", p, t.seed)
+    return ([f"for a run of {p.name} ({t.max_iters:,} steps x {t.batch_size} x {t.grad_accum} sequences):"]
+            + mixture_table(plan, [d.split_tokens()[0] for d in data.parts])
+            + [f"`train` would refuse it: {why}" for why in plan.over_limit()])
+
+
+def mixture_prepared(data: MixtureData, p: Preset, seconds: float, as_json: bool) -> int:
+    """`workbench data prepare` of a mixture: each source's tokens and the realized mixture over the preset's run."""
+    if as_json:
+        print(json.dumps({**mixture_facts(data, p), "seconds": round(seconds, 3)}, indent=1))
+        return 0
+    for name, d in zip(data.names, data.parts):
+        tr, va = d.split_tokens()
+        print(f"{name}: {d.source}: {tr + va:,} tokens (train {tr:,}, val {va:,}); cached in "
+              f"{d.tokenizer_path.parent}")
+    print(f"one {data.tokenizer.vocab_size:,}-piece tokenizer for all; {duration(seconds)}"
+          + (" (from the cache)" if data.cached else ""))
+    print("\n".join(mixture_lines(data, p)))
+    return 0
 
 
 def text_prepared(data: TokenData, p: Preset, seconds: float, corpus: Corpus, as_json: bool) -> int:
@@ -119,6 +158,8 @@ def cmd_inspect(args) -> int:
     if args.chat:
         args.overrides = [*(args.overrides or []), "data.format=chat"]
     p = _preset(args)
+    if len(active_sources(p.data)) > 1:
+        return inspect_mixture(p, args)
     corpus = open_data_corpus(p.data)
     if (kind := corpus_kind(p.data, corpus)) in KINDS:
         return inspect_preference(p, kind, args.documents, args.json)
@@ -136,6 +177,31 @@ def cmd_inspect(args) -> int:
     for i, text in enumerate(_documents(corpus, args.documents, args.chars)):
         print(f"\n--- document {i + 1} ({len(text):,}{'+' if len(text) > args.chars else ''} chars) ---")
         print(text[: args.chars] + (" [...]" if len(text) > args.chars else ""))
+    return 0
+
+
+def inspect_mixture(p: Preset, args) -> int:
+    """`workbench data inspect` of a mixture: the realized mixture over a run of the preset (its sources prepared,
+    or read from the cache), then each source's first documents."""
+    def log(m: str) -> None:
+        print(m, file=sys.stderr, flush=True)
+    data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=log, loss_on=p.train.loss_on,
+                        objective=p.train.objective)
+    assert isinstance(data, MixtureData)
+    shown = {src["name"]: list(_documents(source_corpus(p.data, src), args.documents, args.chars))
+             for src in active_sources(p.data)}
+    if args.json:
+        facts = mixture_facts(data, p)
+        for f in facts["sources"]:
+            f["shown"] = [{"index": i, "text": t[: args.chars], "cut": len(t) > args.chars}
+                          for i, t in enumerate(shown[f["name"]])]
+        print(json.dumps(facts, indent=1))
+        return 0
+    print("\n".join(mixture_lines(data, p)))
+    for name, texts in shown.items():
+        for i, text in enumerate(texts):
+            print(f"\n--- {name}: document {i + 1} ({len(text):,}{'+' if len(text) > args.chars else ''} chars) ---")
+            print(text[: args.chars] + (" [...]" if len(text) > args.chars else ""))
     return 0
 
 
