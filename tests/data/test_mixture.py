@@ -84,6 +84,17 @@ def test_same_config_and_seed_is_byte_identical_another_seed_the_same_counts_in_
     assert changed.digest != a.digest
 
 
+@pytest.mark.parametrize("weights,horizons", [([0.7, 0.3], [40, 100]), ([1, 1, 1], [10, 11, 500]),
+                                              ([0.5, 0.3, 0.2], [333, 1000, 1001])])
+def test_an_extended_horizon_keeps_what_was_planned_and_reaches_the_new_apportionment(weights, horizons):
+    order, counts, exact = blend_order(weights, horizons, seed=4)
+    for i, h in enumerate(horizons):
+        first, c, e = blend_order(weights, horizons[:i + 1], seed=4)
+        assert order[:h].tobytes() == first.tobytes()              # never changes what was planned before
+        assert e and c == apportion(weights, h)                    # each horizon's apportionment
+    assert prefix_deviation(order, weights) <= 1 + 1e-9 and exact
+
+
 def test_each_source_epoch_is_a_fresh_permutation_of_its_windows():
     src = [SourceSpec("a", 1, 7), SourceSpec("b", 1, 5)]
     plan = plan_mixture(src, 16, 200, seed=0)
@@ -133,12 +144,16 @@ def test_the_sampler_state_is_a_counter_and_resumes_the_same_stream():
     first = MixtureSampler(plan, [a, b], 3)
     got = [first.next_batch().inputs for _ in range(13)]
     st = first.state()
-    assert st == {"mixture": plan.digest, "horizon": 50, "counter": 39, "base": 0, "sources": [["a", 2], ["b", 1]]}
-    again = MixtureSampler(plan_mixture(src, 16, 80, seed=9), [a, b], 3)   # resume --more: a longer horizon
+    assert st == {"mixture": plan.digest, "horizons": [50], "counter": 39, "base": 0,
+                  "sources": [["a", 2], ["b", 1]]}
+    again = MixtureSampler(plan_mixture(src, 16, 50, seed=9), [a, b], 3)
     again.set_state(st)
-    assert again.plan.horizon == 50 and again.changed is None   # the plan the run began with goes on
     got += [again.next_batch().inputs for _ in range(27)]
-    assert all(np.array_equal(x, y) for x, y in zip(want, got))
+    assert all(np.array_equal(x, y) for x, y in zip(want, got)) and again.changed is None
+    longer = MixtureSampler(plan_mixture(src, 16, 80, seed=9), [a, b], 3)   # resume --more: a longer horizon
+    longer.set_state(st)
+    assert longer.plan.horizons == [50, 80]   # the plan the run began with, extended
+    assert longer.plan.order[:50].tobytes() == plan.order.tobytes()
     # other weights (a resume allowed to change them): the new plan starts where the old one stopped
     remixed = MixtureSampler(plan_mixture([src[0], SourceSpec("b", 1.5, src[1].windows)], 16, 50, seed=9), [a, b], 3)
     remixed.set_state(st)

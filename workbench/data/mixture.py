@@ -23,9 +23,10 @@ The plan for a horizon of ``N`` sequences (the run's ``max_iters x batch_size x 
 
 The plan is a pure function of the mixture's digest (names, weights, the sources' prepared contents, seq_len), the
 horizon and the seed, so a sampler's state is a counter (with the digest and horizon: a resume goes on with the plan
-the run began with, and one of other sources or weights is refused unless asked, see :func:`check_resume`). Past
-the horizon (``resume --more``) the same plan repeats block after block (within two sequences at a block's
-boundary: the horizon's counts are not re-planned).
+the run began with, and one of other sources or weights is refused unless asked, see :func:`check_resume`). A
+run extended past its horizon (``resume --more``) keeps the order planned so far and plans the new steps from there
+to the longer horizon's apportionment (every prefix still within one sequence); past the last horizon the plan
+repeats block after block (within two sequences at a block's boundary).
 
 No torch.
 """
@@ -120,23 +121,25 @@ def apportion(weights: Sequence[float], n: int) -> list[int]:
     return base
 
 
-def _edf(shares: np.ndarray, caps: Sequence[int], n: int, seed: int) -> np.ndarray:
-    """``n`` source indices, earliest deadline first: source ``s``'s ``j``-th sequence (1-based) is released at
-    position ``ceil((j-1)/w_s)`` and due by ``floor(j/w_s + 1)``; at most ``caps[s]`` of each."""
+def _edf(shares: np.ndarray, caps: Sequence[int], n: int, seed: int, start: int = 0,
+         taken: Sequence[int] | None = None) -> np.ndarray:
+    """``n`` source indices for positions ``start + 1 .. start + n``, earliest deadline first: source ``s``'s
+    ``j``-th sequence (1-based, counted from the stream's start: ``taken`` were placed before ``start``) is released
+    at position ``ceil((j-1)/w_s)`` and due by ``floor(j/w_s + 1)``; at most ``caps[s]`` of each in all."""
     eps = 1e-9
-    rng = np.random.Generator(np.random.PCG64([seed, 0x6d6978]))
+    rng = np.random.Generator(np.random.PCG64([seed, 0x6d6978, start]))
     keys = [rng.random(c) if c else np.zeros(0) for c in caps]   # each sequence's tie-break, from the seed
+    done = list(taken) if taken is not None else [0] * len(caps)
 
     def job(s: int, j: int) -> tuple[int, int, float, int]:    # (release, deadline, tie, source) of the j-th
         w = shares[s]
         return (max(1, math.ceil((j - 1) / w - eps)), math.floor(j / w + 1 + eps), float(keys[s][j - 1]), s)
 
-    waiting = [job(s, 1) for s in range(len(caps)) if caps[s] > 0]   # by release
+    waiting = [job(s, done[s] + 1) for s in range(len(caps)) if done[s] < caps[s]]   # by release
     heapq.heapify(waiting)
     ready: list[tuple[int, float, int, int]] = []                    # (deadline, tie, source, release)
-    taken = [0] * len(caps)
     out = np.empty(n, dtype=np.uint16 if len(caps) > 255 else np.uint8)
-    for k in range(1, n + 1):
+    for k in range(start + 1, start + n + 1):
         while waiting and waiting[0][0] <= k:
             r, d, t, s = heapq.heappop(waiting)
             heapq.heappush(ready, (d, t, s, r))
@@ -144,10 +147,10 @@ def _edf(shares: np.ndarray, caps: Sequence[int], n: int, seed: int) -> np.ndarr
             _d, _t, s, _r = heapq.heappop(ready)
         else:  # none released: the earliest to be (only where no order within one exists)
             _r, _d, _t, s = heapq.heappop(waiting)
-        out[k - 1] = s
-        taken[s] += 1
-        if taken[s] < caps[s]:
-            heapq.heappush(waiting, job(s, taken[s] + 1))
+        out[k - start - 1] = s
+        done[s] += 1
+        if done[s] < caps[s]:
+            heapq.heappush(waiting, job(s, done[s] + 1))
     return out
 
 
@@ -162,19 +165,30 @@ def prefix_deviation(order: np.ndarray, weights: Sequence[float]) -> float:
     return worst
 
 
-def blend_order(weights: Sequence[float], n: int, seed: int) -> tuple[np.ndarray, list[int], bool]:
+def blend_order(weights: Sequence[float], n: int | Sequence[int], seed: int) -> tuple[np.ndarray, list[int], bool]:
     """Which source each of ``n`` sequences comes from: (order, counts, exact) where counts are the
     apportionment's (exact True) and every prefix is within one sequence of the weights; see the module's
-    documentation for the rare case exact is False."""
+    documentation for the rare case exact is False. ``n`` a list of growing horizons (a run extended): the order
+    up to each is the order planned for it, and the next part is planned to reach the next horizon's apportionment
+    (what was planned before is never changed)."""
+    horizons = [n] if isinstance(n, int) else list(n)
     total = float(sum(weights))
     shares = np.asarray([w / total for w in weights], dtype=np.float64)
-    counts = apportion(weights, n)
-    order = _edf(shares, counts, n, seed)
-    if prefix_deviation(order, weights) <= 1 + 1e-9:
-        return order, counts, True
-    caps = [int(math.floor(w * n)) + 1 if w > 0 else 0 for w in shares]
-    order = _edf(shares, caps, n, seed)
-    return order, np.bincount(order, minlength=len(weights)).tolist(), False
+    parts: list[np.ndarray] = []
+    taken, prev, exact = [0] * len(weights), 0, True
+    for h in horizons:
+        if h <= prev:
+            raise MixtureError(f"a mixture's horizons must grow: {horizons}")
+        want = apportion(weights, h)
+        part = _edf(shares, [max(a, b) for a, b in zip(want, taken)], h - prev, seed, prev, taken)
+        if prefix_deviation(np.concatenate(parts + [part]), weights) > 1 + 1e-9:  # no order within one reaches want
+            caps = [int(math.floor(w * h)) + 1 if w > 0 else 0 for w in shares]
+            part = _edf(shares, [max(a, b) for a, b in zip(caps, taken)], h - prev, seed, prev, taken)
+        parts.append(part)
+        taken = [t + int(c) for t, c in zip(taken, np.bincount(part, minlength=len(weights)))]
+        exact = exact and taken == want
+        prev = h
+    return np.concatenate(parts), taken, exact
 
 
 def source_seed(seed: int, name: str) -> int:
@@ -187,7 +201,7 @@ class MixturePlan:
     """Where each of a horizon's sequences comes from (see the module's documentation)."""
     sources: list[SourceSpec]
     seq_len: int
-    horizon: int                 # sequences planned (past it the plan repeats)
+    horizons: list[int]          # sequences planned: the run's first horizon, then each extension's (resume --more)
     seed: int
     digest: str
     order: np.ndarray            # [horizon] source index of each sequence
@@ -195,6 +209,11 @@ class MixturePlan:
     counts: list[int]            # sequences of each source in the horizon
     exact: bool                  # counts are the apportionment's (see blend_order)
     _perms: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict, repr=False)
+
+    @property
+    def horizon(self) -> int:
+        """Sequences planned in all (past them the plan repeats)."""
+        return self.horizons[-1]
 
     def repeats(self, s: int) -> float:
         """Epochs of source ``s`` the horizon trains: its sequences over the windows it holds."""
@@ -237,20 +256,21 @@ def mixture_digest(sources: Sequence[SourceSpec], seq_len: int) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def plan_mixture(sources: Sequence[SourceSpec], seq_len: int, horizon: int, seed: int) -> MixturePlan:
-    """The plan of ``horizon`` sequences of ``sources``."""
-    if horizon < 1:
+def plan_mixture(sources: Sequence[SourceSpec], seq_len: int, horizon: int | Sequence[int], seed: int) -> MixturePlan:
+    """The plan of ``horizon`` sequences of ``sources`` (a list: a run's horizon and its extensions)."""
+    horizons = [horizon] if isinstance(horizon, int) else list(horizon)
+    if horizons[0] < 1:
         raise MixtureError("a mixture needs a horizon of at least one sequence")
     weights = [s.weight for s in sources]
-    order, counts, exact = blend_order(weights, horizon, seed)
-    nth = np.zeros(horizon, dtype=np.int64)
+    order, counts, exact = blend_order(weights, horizons, seed)
+    nth = np.zeros(len(order), dtype=np.int64)
     for s in range(len(sources)):
         where = np.flatnonzero(order == s)
         nth[where] = np.arange(len(where))
     for s, src in enumerate(sources):
         if counts[s] and src.windows < 1:
             raise MixtureError(f"source {src.name!r} holds no sequence of {seq_len} tokens")
-    return MixturePlan(list(sources), seq_len, horizon, seed, mixture_digest(sources, seq_len), order, nth,
+    return MixturePlan(list(sources), seq_len, horizons, seed, mixture_digest(sources, seq_len), order, nth,
                        counts, exact)
 
 
@@ -279,11 +299,12 @@ class MixtureSampler:
         return [[s.name, s.weight] for s in self.plan.sources]
 
     def state(self) -> dict[str, Any]:
-        return {"mixture": self.plan.digest, "horizon": self.plan.horizon, "counter": self.counter,
+        return {"mixture": self.plan.digest, "horizons": self.plan.horizons, "counter": self.counter,
                 "base": self.base, "sources": self.sources()}
 
     def set_state(self, st: dict) -> None:
-        """Go on from ``st``: the same plan (its horizon as the run began: a longer run repeats it past there); a
+        """Go on from ``st``: the same plan (its horizons as the run began; a longer horizon now, resume --more,
+        plans the steps after them to reach its apportionment, within one sequence at every step still); a
         checkpoint of other sources or weights (a resume allowed to change them: ``--remix``) starts this plan
         where it stopped (``changed`` says from what); the same sources whose text or seq_len changed, refused."""
         old = st.get("sources") if "mixture" in st else None
@@ -295,8 +316,10 @@ class MixtureSampler:
             raise MixtureError(f"the checkpoint's mixture ({st['mixture']}) is not this run's ({self.plan.digest}): "
                                "the same sources and weights, but their text or model.seq_len changed since; "
                                "start a new run (--init-from to keep the weights)")
-        if int(st["horizon"]) != self.plan.horizon:  # resume --more: the plan the run began with goes on
-            self.plan = plan_mixture(self.plan.sources, self.plan.seq_len, int(st["horizon"]), self.plan.seed)
+        began = [int(h) for h in st["horizons"]]
+        if began != self.plan.horizons:  # the plan the run began with goes on; resume --more: extended to this one
+            grown = began + [self.plan.horizon] if self.plan.horizon > began[-1] else began
+            self.plan = plan_mixture(self.plan.sources, self.plan.seq_len, grown, self.plan.seed)
         self.counter, self.base = int(st["counter"]), int(st.get("base", 0))
 
 
