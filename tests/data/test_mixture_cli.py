@@ -166,3 +166,21 @@ def test_presets_show_and_the_toml_round_trip_keep_a_mixture(corpora):
     assert dataclasses.asdict(again.data) == dataclasses.asdict(p.data)
     assert again.data.mixture[1] == {"name": "nums", "corpus": str(corpora / "nums.txt"), "weight": 0.5,
                                      "max_repeat": 2.0}
+
+
+def test_loss_curves_draw_each_sources_val_loss(mixed_runs):
+    """The Loss curves pane's lines (tui.plot.loss_series): a line per source at the evals, dropped with the
+    timeline a resume abandons."""
+    from workbench.tui.plot import loss_series
+    from workbench.tui.rundata import RunData
+    recs = read_jsonl(mixed_runs / "straight" / "metrics.jsonl")
+    d = RunData("straight")
+    d.feed(recs)
+    lines = {s.label: s for s in loss_series([d], 80)}
+    assert set(lines) == {"train", "val", "val words", "val nums"}
+    evals = [r for r in recs if r["kind"] == "eval"]
+    assert lines["val nums"].xs == [0.0, 8.0] and lines["val nums"].ys == [e["val_sources"]["nums"] for e in evals]
+    assert len({s.marker for s in lines.values()}) == 4
+    assert not any("val words" in s.label for s in loss_series([d], 80, show="train"))
+    d.feed([{"kind": "event", "event": "resume", "step": 4, "time": 0.0}])
+    assert [s for s, _ in d.eval_sources["words"]] == [0]

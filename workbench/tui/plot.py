@@ -17,6 +17,10 @@ COLORS = ["cyan", "orange", "green", "magenta", "blue", "red", "yellow", "white"
 # (a monochrome terminal, `tmux capture-pane`); "dot" is plotext's •
 VAL_MARKERS = ["dot", "x", "+", "o", "*", "%", "=", "#"]
 SMOOTHING = [0.0, 0.6, 0.9, 0.97]
+# a mixture's sources' val lines: a colour each (one run; several: the run's colour) and a marker none of the runs'
+# val lines uses
+SOURCE_COLORS = ["green", "magenta", "blue", "red", "yellow", "white"]
+SOURCE_MARKERS = ["^", "~", "@", "&", "$", "'"]
 # what a task metric is, in words (the y axis and the pane's title)
 METRIC_NAMES = {"centered": "centered accuracy", "acc": "accuracy", "acc_norm": "accuracy (length-normalised)",
                 "exact": "exact match", "contains": "answer contained", "bpb": "bits per byte", "loss": "loss"}
@@ -60,9 +64,9 @@ def _bpb_points(d: RunData, which: str) -> tuple[list[int], list[float]]:
 def loss_series(runs: list[RunData], width: int, x_axis: str = "step", smoothing: float = 0.0, show: str = "both",
                 metric: str = "loss", labels: dict[str, str] | None = None) -> list[Series]:
     """The lines of the loss plot: each run's train and val loss (``metric`` "loss": nats per token, the train
-    records and the evals) or bits per byte (``metric`` "bpb", at the evals: it compares runs with different
-    tokenizers). Several runs are told apart by their colour and their label: ``labels[run_id]`` (a sweep's
-    trial with its settings) or the run id."""
+    records and the evals; a mixture's val loss of each source too, a marker each) or bits per byte (``metric``
+    "bpb", at the evals: it compares runs with different tokenizers). Several runs are told apart by their colour
+    and their label: ``labels[run_id]`` (a sweep's trial with its settings) or the run id."""
     out: list[Series] = []
     several = len(runs) > 1
     for i, d in enumerate(runs):
@@ -86,6 +90,13 @@ def loss_series(runs: list[RunData], width: int, x_axis: str = "step", smoothing
             marker = VAL_MARKERS[i % len(VAL_MARKERS)] if several else "hd"
             out.append(Series(f"{name} val" if several else "val", xs, list(d.eval_val),
                               color if several else "orange", marker))
+        if show in ("both", "val"):  # a mixture: each source's val loss (its own held-out documents)
+            for j, (source, pts) in enumerate(d.eval_sources.items()):
+                steps = [s for s, _ in pts]
+                xs = _tokens_at(d, steps) if x_axis == "tokens" else [float(s) for s in steps]
+                out.append(Series(f"{name} val {source}" if several else f"val {source}", xs, [v for _, v in pts],
+                                  color if several else SOURCE_COLORS[j % len(SOURCE_COLORS)],
+                                  SOURCE_MARKERS[j % len(SOURCE_MARKERS)]))
     return out
 
 

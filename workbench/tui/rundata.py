@@ -54,6 +54,8 @@ class RunData(RunView):
     eval_val_bpb: list[float | None] = field(default_factory=list)    # bits per byte (None in older runs)
     eval_train_bpb: list[float | None] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
+    # a mixture's val loss of each source at the evals: {source: [(step, loss), ...]} (eval records' val_sources)
+    eval_sources: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     task_fed: Scores = field(default_factory=dict)    # task scores from metrics.jsonl (current timeline)
     task_file: Scores = field(default_factory=dict)   # ... from tasks.jsonl (workbench eval)
     # a GRPO run's reward records by split (train: each logged step; val: the held-out prompts at each eval)
@@ -80,6 +82,8 @@ class RunData(RunView):
                 self.eval_train.append(r.train_loss)
                 self.eval_val_bpb.append(r.val_bpb)
                 self.eval_train_bpb.append(r.train_bpb)
+                for name, loss in (r.extra.get("val_sources") or {}).items():
+                    self.eval_sources.setdefault(name, []).append((r.step, loss))
                 self.last_eval = r
             elif isinstance(r, RewardRecord):
                 self.rewards.setdefault(r.split, []).append(r)
@@ -108,6 +112,8 @@ class RunData(RunView):
             self.eval_train.pop()
             self.eval_val_bpb.pop()
             self.eval_train_bpb.pop()
+        for name, pts in self.eval_sources.items():
+            self.eval_sources[name] = [(s, v) for s, v in pts if s <= step]
         for s in [s for s in self.task_fed if s > step]:
             del self.task_fed[s]
         for split, recs in self.rewards.items():
