@@ -21,6 +21,7 @@ The checks, one module each, every threshold a named constant with the reason fo
                       large share of the run's wall-clock
 - ``generalization``  overfitting: the val/train gap growing while val stops improving
 - ``corpus``          epochs, a vocabulary large for the corpus, a tiny validation split
+- ``mixture``         a mixture's source whose own val loss rises while the mixture's falls
 - ``chat``            chat data: a tiny trained share, conversations cut at seq_len, rows mostly padding
 - ``preference``      preference runs: a loss that never leaves ln 2, reward accuracy stuck at 0 or 1, the chosen
                       answers' log-probs collapsing; and why both rewards falling under DPO is expected
@@ -37,13 +38,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.analysis.doctor import chat, corpus, generalization, memory, preference, reward, speed, stability
+from workbench.analysis.doctor import (
+    chat,
+    corpus,
+    generalization,
+    memory,
+    mixture,
+    preference,
+    reward,
+    speed,
+    stability,
+)
 from workbench.analysis.doctor.facts import Context, RunFacts, read_run
 from workbench.analysis.doctor.finding import KINDS, SEVERITIES, Finding
 from workbench.machine.activity import HardwareSnapshot
 
 CHECKS = (stability.check, memory.check, speed.check, generalization.check, corpus.check, chat.check,
-          preference.check, reward.check)
+          preference.check, reward.check, mixture.check)
 
 
 def diagnose(facts: RunFacts, snapshot: HardwareSnapshot, notes: list[str] | None = None) -> list[Finding]:
