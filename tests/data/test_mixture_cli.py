@@ -184,3 +184,18 @@ def test_loss_curves_draw_each_sources_val_loss(mixed_runs):
     assert not any("val words" in s.label for s in loss_series([d], 80, show="train"))
     d.feed([{"kind": "event", "event": "resume", "step": 4, "time": 0.0}])
     assert [s for s, _ in d.eval_sources["words"]] == [0]
+
+
+def test_data_inspect_and_estimate_show_the_realized_mixture(corpora, mixed_runs):
+    sets = ["--set", "model.vocab_size=512", "model.seq_len=32", "train.batch_size=4", "train.max_iters=50"]
+    words, nums = apportion([0.7, 0.3], 200)
+    cp = wb("data", "inspect", f"words={corpora / 'words.txt'}:0.7", f"nums={corpora / 'nums.txt'}:0.3", "-n", "1",
+            *sets, check=True)
+    assert "for a run of cpu-small (50 steps x 4 x 1 sequences):" in cp.stdout
+    assert "--- nums: document 1 " in cp.stdout and "--- words: document 1 " in cp.stdout
+    # nums holds 97 windows of 32 tokens: 60 sequences are 0.62 of an epoch
+    assert f"  nums       0.3  30.0%         {nums}   1,920          1,920     0.62" in cp.stdout
+    est = json.loads(wb("estimate", "cpu-small", *_mix(corpora), *sets, "--no-calibrate", "--json",
+                        check=True).stdout)
+    assert [(s["name"], s["sequences"]) for s in est["mixture"]["sources"]] == [("words", words), ("nums", nums)]
+    assert est["mixture"]["refused"] == []

@@ -13,7 +13,7 @@ from workbench.commands.common import TerminalProgress, add_json_option, add_set
 from workbench.config import Preset, resolve_preset
 from workbench.data.chat_data import corpus_kind
 from workbench.data.documents import Corpus
-from workbench.data.mixture_data import MixtureData, active_sources, mixture_table, source_corpus
+from workbench.data.mixture_data import MixtureData, active_sources, mixture_facts, mixture_lines, source_corpus
 from workbench.data.preference import KINDS
 from workbench.data.tokens import TokenData, open_data_corpus, prepare_data
 from workbench.errors import WorkbenchError
@@ -83,27 +83,6 @@ def cmd_prepare(args) -> int:
     if isinstance(data, MixtureData):
         return mixture_prepared(data, p, seconds, args.json)
     return PREPARED[data.format](data, p, seconds, corpus, args.json)
-
-
-def mixture_facts(data: MixtureData, p: Preset) -> dict:
-    """A prepared mixture's sources and the realized mixture over a run of ``p`` (as `train`'s first lines say)."""
-    plan = data.plan("train", p, p.train.seed)
-    T = plan.seq_len
-    return {"format": "mixture", "horizon_sequences": plan.horizon, "seq_len": T, "exact": plan.exact,
-            "vocab_size": data.tokenizer.vocab_size, "cached": data.cached,
-            "sources": [{"name": src.name, "weight": src.weight, "source": d.source, "sequences": plan.counts[s],
-                         "tokens": plan.counts[s] * T, "unique_tokens": min(plan.counts[s], src.windows) * T,
-                         "repeats": round(plan.repeats(s), 4), "max_repeat": src.max_repeat,
-                         "train_tokens": d.split_tokens()[0], "val_tokens": d.split_tokens()[1]}
-                        for s, (src, d) in enumerate(zip(plan.sources, data.parts))]}
-
-
-def mixture_lines(data: MixtureData, p: Preset) -> list[str]:
-    t = p.train
-    plan = data.plan("train", p, t.seed)
-    return ([f"for a run of {p.name} ({t.max_iters:,} steps x {t.batch_size} x {t.grad_accum} sequences):"]
-            + mixture_table(plan, [d.split_tokens()[0] for d in data.parts])
-            + [f"`train` would refuse it: {why}" for why in plan.over_limit()])
 
 
 def mixture_prepared(data: MixtureData, p: Preset, seconds: float, as_json: bool) -> int:

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from workbench.analysis.history import measured_in
-from workbench.commands.common import add_init_from_option, add_json_option, add_set_option
+from workbench.commands.common import add_corpus_option, add_init_from_option, add_json_option, add_set_option
 from workbench.config.objectives import objective_spec
 from workbench.errors import WorkbenchError
 from workbench.fmt import GiB, duration, human_bytes, millions
@@ -30,6 +30,8 @@ def register(sub) -> None:
                    help="preset name or path to a .toml file (with --init-from, default: the one that suits this "
                         "machine)")
     add_init_from_option(p)
+    add_corpus_option(p, " (default: the preset's data.corpus); NAME=PATH:WEIGHT items, repeated, a mixture: its "
+                         "realized shares are shown (its sources prepared, as `train` would)")
     add_set_option(p)
     p.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "mps"],
                    help="device to estimate for (default: the preset's hardware.device)")
@@ -118,8 +120,25 @@ def _preset(args, info: dict):
     """The preset to estimate: with --init-from, as `workbench train` would run it from that checkpoint."""
     if args.init_from is None and args.preset is None:
         raise WorkbenchError("give a preset to estimate (`workbench presets list`), or --init-from RUN")
-    return plan_new_run(NewRun(args.preset, tuple(args.overrides), init_from=args.init_from), args.runs_dir,
-                        info).preset
+    return plan_new_run(NewRun(args.preset, tuple(args.overrides), tuple(args.corpus or ()),
+                               init_from=args.init_from), args.runs_dir, info).preset
+
+
+def mixture_report(p) -> dict[str, Any] | None:
+    """A preset's mixture of several sources: its realized shares over the run (the sources prepared now unless
+    they are cached; what they say goes to stderr), else None."""
+    import sys
+
+    from workbench.data.mixture_data import MixtureData, active_sources, mixture_facts, mixture_lines
+    from workbench.data.tokens import prepare_data
+    if len(active_sources(p.data)) < 2:
+        return None
+
+    def log(m: str) -> None:
+        print(m, file=sys.stderr, flush=True)
+    data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=log, objective=p.train.objective)
+    assert isinstance(data, MixtureData)
+    return {**mixture_facts(data, p), "lines": mixture_lines(data, p)}
 
 
 def build_report(args) -> dict[str, Any]:
@@ -403,10 +422,15 @@ def print_compare(c: dict[str, Any]) -> None:
 
 def run(args) -> int:
     r = build_report(args)
+    mix = mixture_report(_preset(args, detect()))
+    if mix is not None:
+        r["mixture"] = mix
     if args.json:
         print(json.dumps(r, indent=2, default=lambda o: o.to_dict() if hasattr(o, "to_dict") else str(o)))
     elif args.compare:
         print_compare(r)
     else:
         print_report(r)
+    if mix is not None and not args.json:
+        print("\n".join(mix["lines"]))
     return 0

@@ -22,7 +22,8 @@ from workbench.fmt import human_bytes
 
 VAL_HORIZON_BATCHES = 64   # a val sampler's plan: this many batches (an eval draws fewer; past it the plan repeats)
 
-__all__ = ["MixtureData", "active_sources", "mixture_sources", "mixture_corpus", "prepare_mixture", "mixture_table"]
+__all__ = ["MixtureData", "active_sources", "mixture_corpus", "mixture_facts", "mixture_lines", "mixture_sources",
+           "mixture_table", "prepare_mixture"]
 
 
 def active_sources(cfg: DataConfig) -> list[dict]:
@@ -145,6 +146,29 @@ def mixture_table(plan: MixturePlan, train_tokens: list[int]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return [head] + ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      for r in rows]
+
+
+def mixture_facts(data: MixtureData, p: Preset) -> dict:
+    """A prepared mixture's sources and the realized mixture over a run of ``p`` (as `train`'s first lines say),
+    for --json."""
+    plan = data.plan("train", p, p.train.seed)
+    T = plan.seq_len
+    return {"format": "mixture", "horizon_sequences": plan.horizon, "seq_len": T, "exact": plan.exact,
+            "vocab_size": data.tokenizer.vocab_size, "cached": data.cached, "refused": plan.over_limit(),
+            "sources": [{"name": src.name, "weight": src.weight, "source": d.source, "sequences": plan.counts[s],
+                         "tokens": plan.counts[s] * T, "unique_tokens": min(plan.counts[s], src.windows) * T,
+                         "repeats": round(plan.repeats(s), 4), "max_repeat": src.max_repeat,
+                         "train_tokens": d.split_tokens()[0], "val_tokens": d.split_tokens()[1]}
+                        for s, (src, d) in enumerate(zip(plan.sources, data.parts))]}
+
+
+def mixture_lines(data: MixtureData, p: Preset) -> list[str]:
+    """The realized mixture over a run of ``p`` as `data inspect`, `data prepare` and `estimate` print it."""
+    t = p.train
+    plan = data.plan("train", p, t.seed)
+    return ([f"for a run of {p.name} ({t.max_iters:,} steps x {t.batch_size} x {t.grad_accum} sequences):"]
+            + mixture_table(plan, [d.split_tokens()[0] for d in data.parts])
+            + [f"`train` would refuse it: {why}" for why in plan.over_limit()])
 
 
 def prepare_mixture(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[str], None], prepare_one: Callable,
