@@ -48,6 +48,10 @@ def register(sub) -> None:
     ls.set_defaults(func=cmd_ls)
     r = qs.add_parser("run", help="start the queued runs one after the other (one runner at a time)")
     r.add_argument("--follow", action="store_true", help="keep waiting for new runs when the queue is empty")
+    r.add_argument("--slots", default=None, metavar="N",
+                   help="runs at once: on a CPU machine N runs, each one process with cores // N threads "
+                        "(OMP_NUM_THREADS, hardware.num_threads); on a GPU machine at most N (default: one run a GPU, "
+                        "each through CUDA_VISIBLE_DEVICES; a run with hardware.nproc = K takes K free GPUs)")
     r.add_argument("--detach", action="store_true",
                    help=f"run the runner in the background (its log: runs/{LOG_FILE}) and return")
     r.set_defaults(func=cmd_run)
@@ -62,6 +66,18 @@ def register(sub) -> None:
     mv.add_argument("name", metavar="NAME")
     mv.add_argument("position", metavar="POSITION", type=_position)
     mv.set_defaults(func=cmd_move)
+
+
+def _slots(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise QueueError(f"--slots {text} is not a number of slots; give 1 or more (--slots 2: two runs at once)")
+    return n
 
 
 def _position(text: str) -> int:
@@ -104,8 +120,8 @@ def cmd_ls(args) -> int:
     if not listed:
         print(f"the queue of {args.runs_dir} is empty; `workbench queue add PRESET` adds a run")
         return 0
-    head = ("#", "run", "state", "progress", "val", "others", "settings")
-    table = [(str(r.position or ""), r.name, r.state, r.progress(),
+    head = ("#", "run", "state", "where", "progress", "val", "others", "settings")
+    table = [(str(r.position or ""), r.name, r.state, r.item.place or "", r.progress(),
               f"{r.item.metric:.4f}" if r.item.metric is not None else "", others_text(r.item.others_cpu), r.settings())
              for r in listed]
     widths = [max(len(h), *(len(t[k]) for t in table)) for k, h in enumerate(head)]
@@ -127,27 +143,28 @@ def _footer(store: QueueStore, alive: int | None) -> str:
 
 def cmd_run(args) -> int:
     root = args.runs_dir
+    args.slots = _slots(args.slots)
     if args.detach:
         if (pid := runner_pid(root)):
             raise RunnerBusy(f"a queue runner (pid {pid}) is already running on {root}: one runner at a time")
         root.mkdir(parents=True, exist_ok=True)
         log = open(root / LOG_FILE, "a", encoding="utf-8")
         argv = [sys.executable, "-m", "workbench", "queue", "run", *(["--follow"] if args.follow else []),
-                "--runs-dir", str(root)]
+                *(["--slots", str(args.slots)] if args.slots else []), "--runs-dir", str(root)]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, close_fds=True)
         log.close()
         print(f"queue runner started (pid {proc.pid}); its log: {root / LOG_FILE}; `workbench queue ls` shows "
               "the queue")
         return 0
-    runner = Runner(root, log=lambda m: print(m, flush=True), follow=args.follow)
+    runner = Runner(root, log=lambda m: print(m, flush=True), follow=args.follow, slots=args.slots)
     try:
         return runner.run()
     except KeyboardInterrupt:
         running = [i.name for i in runner.store.items(("running",))]
         if running:
-            print(f"runner stopped; {running[0]} goes on training; `workbench queue run` again adopts it",
-                  file=sys.stderr)
+            print(f"runner stopped; {', '.join(running)} go{'es' if len(running) == 1 else ''} on training; "
+                  "`workbench queue run` again adopts them", file=sys.stderr)
         raise
 
 

@@ -5,6 +5,7 @@ process of its own in its own session: the runner's death does not stop it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -28,8 +29,17 @@ class CliLauncher:
     def _run(self, argv: list[str]) -> str:
         return run_cli(argv, LAUNCH_TIMEOUT_S, self.env)
 
-    def start(self, item: Item) -> None:
-        self._run(cli_argv(self.root, "train", *item.new_run().cli_args(), "--detach"))
+    def placed(self, env: dict[str, str]) -> "CliLauncher":
+        """The same launcher, its trainers started with ``env`` added (a placement's CUDA_VISIBLE_DEVICES and
+        thread counts)."""
+        return type(self)(self.root, {**self.env, **env})
+
+    def start(self, item: Item, sets: tuple[str, ...] = ()) -> None:
+        """``train --detach`` the item; ``sets``: --set values added after its own (where the queue placed it)."""
+        run = item.new_run()
+        if sets:
+            run = dataclasses.replace(run, overrides=tuple(run.overrides) + tuple(sets))
+        self._run(cli_argv(self.root, "train", *run.cli_args(), "--detach"))
 
     def resume(self, name: str) -> None:
         self._run(cli_argv(self.root, "resume", name, "--detach"))

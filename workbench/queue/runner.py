@@ -1,5 +1,7 @@
-"""``workbench queue run``: start the queued runs one after the other, each its own detached trainer, and
-record how each ended; one runner per runs directory (``queue.lock``, an flock the OS drops when the runner
+"""``workbench queue run``: start the queued runs, each its own detached trainer, and record how each ended;
+one at a time, or several at once where the machine has room (``--slots N`` on a CPU machine, one run a GPU on a
+machine with GPUs: :mod:`workbench.queue.devices` places them, each watched in a thread); one runner per runs
+directory (``queue.lock``, an flock the OS drops when the runner
 dies, however it dies).
 
 Nothing that matters lives in the runner: the queue is in ``queue.db`` and each run in its directory. So a
@@ -14,8 +16,9 @@ runner started after another died (kill -9, a reboot) first looks at the item th
 
 While a trainer trains, the runner samples what other processes use of the machine (``OthersLoad``: their CPU,
 and their processes on the run's GPU where NVML answers; the trainer's processes and the runner's are not
-others) and records it with the run when it ends (``others_cpu``, ``others``): a trial that ran beside a busy
-neighbour is flagged, its result not comparable. A trainer adopted from a dead runner is measured from then on.
+others, nor are the queue's other runs, which the user asked to run side by side) and records it with the run
+when it ends (``others_cpu``, ``others``): a trial that ran beside a busy neighbour is flagged, its result not
+comparable. A trainer adopted from a dead runner is measured from then on.
 On a machine with an NVIDIA GPU it also records the GPU's free memory just before each trainer starts and once
 its process has exited (``gpu_free_before``, ``gpu_free_after``): every trial is its own process, so a trial
 that left memory behind, or a neighbour that took some, shows as a difference between trials.
@@ -23,7 +26,9 @@ that left memory behind, or a neighbour that took some, shows as a difference be
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -34,8 +39,9 @@ from workbench import rundir
 from workbench.cli_client import CliError
 from workbench.errors import WorkbenchError
 from workbench.fs import PidLock
-from workbench.machine.activity import OthersLoad
+from workbench.machine.activity import OthersLoad, run_processes
 from workbench.machine.detect import detect, gpu_free_mib
+from workbench.queue import devices as devices_mod
 from workbench.queue import sweep
 from workbench.queue.launch import CliLauncher
 from workbench.queue.outcome import Metric, beside_note, failure_line, final_metric
@@ -82,42 +88,178 @@ def runner_pid(root: Path) -> int | None:
 
 
 class Runner:
-    """Runs the queue of ``root`` until nothing is left to start (``follow``: waits for more)."""
+    """Runs the queue of ``root`` until nothing is left to start (``follow``: waits for more).
+
+    Several runs at once where the machine has room (:mod:`workbench.queue.devices`): ``slots`` runs on a CPU
+    machine (the cores divided), one a GPU on a machine with GPUs (``slots`` caps that). Each run is watched by
+    a runner of its own in a thread (its own database connection), placed where it trains (``placement``)."""
 
     def __init__(self, root: Path, log: Callable[[str], None] = print, follow: bool = False,
-                 launcher: CliLauncher | None = None, poll: float = POLL_S):
+                 launcher: CliLauncher | None = None, poll: float = POLL_S, slots: int | None = None,
+                 devices: list[devices_mod.Device] | None = None, info: dict | None = None,
+                 placement: devices_mod.Placement | None = None):
         self.root = Path(root)
         self.log = log
         self.follow = follow
         self.poll = poll
         self.launcher = launcher or CliLauncher(self.root)
         self.store = QueueStore(self.root)
-        self.info = detect()
+        self.info = detect() if info is None else info
+        self.given_devices = devices     # a described inventory (tests); None: NVML's, read again as runs start
+        self.slots = slots
+        self.placement = placement       # a runner watching one run: where that run trains
+        self.cores = max(1, int((self.info.get("cpu") or {}).get("physical_cores") or os.cpu_count() or 1))
         self.ran = 0
         self.loads: dict[int, OthersLoad] = {}   # what other processes used while each item trained, by item id
+        self.queue_pids: dict[int, set[int]] = {}  # the queue's other trainers seen while each item trained
+        self.active: dict[int, tuple[threading.Thread, devices_mod.Placement]] = {}
+        self.needs: dict[int, devices_mod.Need] = {}
+        self.waiting_for: int | None = None
+        self._lock = threading.Lock()
 
     def say(self, msg: str) -> None:
-        self.log(f"{time.strftime('%H:%M:%S')} {msg}")
+        where = f"[{self.placement.label}] " if self.placement and self.placement.label else ""
+        self.log(f"{time.strftime('%H:%M:%S')} {where}{msg}")
+
+    def devices(self) -> list[devices_mod.Device]:
+        return self.given_devices if self.given_devices is not None else devices_mod.inventory(detect())
 
     def run(self) -> int:
         with RunnerLock(self.root):
-            self.say(f"queue runner {os.getpid()} on {self.root}")
+            devs = self.devices()
+            cap = devices_mod.capacity(devs, self.slots)
+            if devs:
+                where = f"{len(devs)} GPU(s), up to {cap} run(s) at once, one a GPU"
+            elif self.slots:
+                where = f"{cap} CPU slot(s) of {max(1, self.cores // cap)} thread(s) each ({self.cores} cores)"
+            else:
+                where = "one run at a time"
+            self.say(f"queue runner {os.getpid()} on {self.root}: {where}")
             for item in self.store.items(("running",)):
                 self.say(f"{item.name} was running when the last runner stopped: looking at it")
-                self.watch(item, recovering=True)
+                self.spawn(item, self.placement_of(item, cap), recovering=True)
             self._sweeps_catch_up()
             while True:
-                claimed = self.store.claim_next()
-                if claimed is None:
+                self.reap()
+                if len(self.active) < cap and self.start_next(cap):
+                    continue
+                if not self.active and self.waiting_for is None:
                     if self.follow:
                         time.sleep(max(self.poll, 1.0))
                         continue
-                    break
-                self.launch(claimed)
+                    if self.store.next_queued() is None:
+                        break
+                time.sleep(self.poll)
             queued = len(self.store.items(("queued",)))
             why = "the queue is paused" if queued and self.store.paused() else "nothing left to start"
             self.say(f"{why}: {self.ran} run(s) ended here, {queued} queued")
         return 0
+
+    # ------------------------------------------------------------------ placing runs
+
+    def start_next(self, cap: int) -> bool:
+        """Start the next queued run if it has a place now (True: one was started, or failed as never fitting)."""
+        item = self.store.next_queued()
+        if item is None:
+            self.waiting_for = None
+            return False
+        placement, never = self.place(item, cap)
+        if never:
+            claimed = self.store.claim_next(only=item.id)
+            if claimed is not None:
+                self.end(claimed, "failed", f"cannot run on this machine: {never}")
+            return claimed is not None
+        if placement is None:
+            if self.waiting_for != item.id:
+                need = self.needs.get(item.id)
+                mib = f" with ~{need.mib:,.0f} MiB free" if need and need.mib else ""
+                self.say(f"{item.name} waits for {need.gpus if need else 1} free GPU(s){mib}")
+            self.waiting_for = item.id
+            return False
+        self.waiting_for = None
+        claimed = self.store.claim_next(only=item.id, place=placement.label, gpus=placement.gpus,
+                                        slot=placement.slot)
+        if claimed is None:  # moved, removed or paused since it was read
+            return False
+        self.spawn(claimed, placement)
+        return True
+
+    def place(self, item: Item, cap: int) -> tuple[devices_mod.Placement | None, str | None]:
+        """(where ``item`` runs now, or None: it waits; why it can never run here, or None)."""
+        held_slots = {p.slot for _, p in self.active.values() if p.slot is not None}
+        devs = self.devices()
+        if not devs:
+            if not self.slots:
+                return devices_mod.Placement("cpu", slot=1), None
+            slot = next(k for k in range(1, cap + 1) if k not in held_slots)
+            return devices_mod.cpu_placement(slot, cap, self.cores), None
+        need = self.need(item)
+        if (never := devices_mod.never_fits(need, devs)):
+            return None, never
+        held = {g for _, p in self.active.values() for g in p.gpus}
+        gpus = devices_mod.place(need, devs, held)
+        return (None if gpus is None else devices_mod.gpu_placement(gpus, self.cores, cap)), None
+
+    def need(self, item: Item) -> devices_mod.Need:
+        """What ``item`` asks of the GPUs: its hardware.nproc (auto: one) and its estimated memory on each."""
+        if item.id not in self.needs:
+            self.needs[item.id] = estimate_need(self.root, item, self.info)
+        return self.needs[item.id]
+
+    def placement_of(self, item: Item, cap: int) -> devices_mod.Placement:
+        """Where a run the last runner left running trains (as it was placed; a run from an older queue: as one
+        run at a time would have run it)."""
+        if item.gpus:
+            return devices_mod.gpu_placement(item.gpus, self.cores, cap)
+        if item.slot is not None and self.slots:
+            return devices_mod.cpu_placement(item.slot, cap, self.cores)
+        return devices_mod.Placement(item.place or "cpu", slot=item.slot)
+
+    def spawn(self, item: Item, placement: devices_mod.Placement, recovering: bool = False) -> None:
+        """Watch ``item`` in a thread of its own, by a runner that starts its trainer where ``placement`` says."""
+        placed = getattr(self.launcher, "placed", None)
+        launcher = placed(placement.env) if placed and placement.env else self.launcher
+
+        def body() -> None:
+            child = Runner(self.root, self.log, launcher=launcher, poll=self.poll, slots=self.slots,
+                           devices=self.given_devices, info=self.info, placement=placement)
+            child.active = self.active   # (read only: the queue's other trainers are not its run's neighbours)
+            try:
+                if recovering:
+                    child.watch(item, recovering=True)
+                else:
+                    child.launch(item)
+            except Exception as e:  # the item stays running: the next runner looks at it again
+                child.say(f"{item.name}: its watcher failed ({type(e).__name__}: {e}); `workbench queue run` "
+                          "again looks at it")
+            finally:
+                child.store.close()
+                with self._lock:
+                    self.ran += child.ran
+
+        t = threading.Thread(target=body, name=f"queue-{item.name}", daemon=True)
+        self.active[item.id] = (t, placement)
+        t.start()
+
+    def reap(self) -> None:
+        for item_id, (t, _) in list(self.active.items()):
+            if not t.is_alive():
+                del self.active[item_id]
+
+    def sibling_pids(self, item: Item) -> set[int]:
+        """The processes of the queue's other trainers running now (not ``item``'s neighbours: the queue put
+        them there, and the user asked for it)."""
+        out: set[int] = set()
+        for other_id in list(self.active):
+            if other_id == item.id:
+                continue
+            try:
+                other = self.store.by_id(other_id)
+            except TypeError:  # removed meanwhile
+                continue
+            if other.pid:
+                out |= run_processes(other.pid)
+        return out
 
     # ------------------------------------------------------------------ one item
 
@@ -127,11 +269,13 @@ class Runner:
     def launch(self, item: Item, how: str = "starting") -> None:
         """Start ``item``'s trainer (a fresh start) and watch it to its end."""
         item = self.store.update(item.id, launches=item.launches + 1)
-        self.say(f"{how} {item.name} ({item.preset}{', ' + ' '.join(item.sets) if item.sets else ''})")
-        if self.info.get("nvidia") and item.gpu_free_before is None and (free := gpu_free_mib()) is not None:
+        sets = self.placement.sets_for(item.sets) if self.placement else ()
+        shown = " ".join((*item.sets, *sets))
+        self.say(f"{how} {item.name} ({item.preset}{', ' + shown if shown else ''})")
+        if self.info.get("nvidia") and item.gpu_free_before is None and (free := self._gpu_free()) is not None:
             item = self.store.update(item.id, gpu_free_before=round(free, 1))
         try:
-            self.launcher.start(item)
+            self.launcher.start(item, sets) if sets else self.launcher.start(item)
         except CliError as e:
             self.end(item, "failed", str(e))
             return
@@ -159,6 +303,8 @@ class Runner:
                     self.say(f"adopted {item.name}: its trainer (pid {st.pid}) is still running")
                     recovering = False
                 load.sample(st.pid)
+                if len(self.active) > 1:
+                    self.queue_pids.setdefault(item.id, set()).update(self.sibling_pids(item))
                 if pruner is not None and not stop_asked and pruner.should_prune(run_dir, st):
                     self.say(f"pruning {item.name}: {pruner.reason}")
                     try:
@@ -232,8 +378,13 @@ class Runner:
     def _load_fields(self, item: Item) -> dict:
         """What other processes used while ``item`` trained, as the queue keeps it (nothing: never sampled)."""
         load = self.loads.pop(item.id, None)
+        siblings = self.queue_pids.pop(item.id, set())
         if load is None or load.share is None:
             return {}
+        for key in [k for k in load.cpu_s if k[0] in siblings]:  # the queue's own runs are not others
+            del load.cpu_s[key]
+        for pid in siblings:
+            load.gpu_others.pop(pid, None)
         others = [{"pid": u.pid, "name": u.name, "cpu_share": u.cpu_share} for u in load.busiest()]
         others += [{"pid": g.pid, "name": g.name, "gpu": g.gpu} for g in load.gpu_others.values()]
         return {"others_cpu": round(load.share, 4), "others": others}
@@ -247,8 +398,15 @@ class Runner:
                 psutil.Process(item.pid).wait(GONE_S)
             except (psutil.NoSuchProcess, psutil.TimeoutExpired):
                 pass
-        free = gpu_free_mib()
+        free = self._gpu_free()
         return {} if free is None else {"gpu_free_after": round(free, 1)}
+
+    def _gpu_free(self) -> float | None:
+        """MiB free on the (first) GPU this runner's run holds, as NVML reports it."""
+        if self.placement and self.placement.gpus:
+            first = self.placement.gpus[0]
+            return next((d.free_mib for d in devices_mod.inventory(detect()) if d.index == first), None)
+        return gpu_free_mib()
 
     # ------------------------------------------------------------------ sweeps
 
@@ -267,3 +425,23 @@ class Runner:
         if self.store.sweep_names():
             for name in self.store.sweep_names():
                 sweep.catch_up(self.store, name, self.info, self.say)
+
+
+def estimate_need(root: Path, item: Item, info: dict) -> devices_mod.Need:
+    """``item``'s GPUs (hardware.nproc; auto is one under the queue) and its estimated MiB on each, planned as
+    ``train`` plans it; a run that cannot be planned now asks for one GPU of unknown need (``train`` then says
+    what is wrong, and the run fails with that line)."""
+    from workbench.machine.detect import Machine
+    from workbench.plan.report import build_report
+    from workbench.plan.run_plan import plan_new_run
+    try:
+        run = item.new_run()
+        plan = plan_new_run(run, root, info)
+        gpus = plan.preset.hardware.nproc or 1
+        if not plan.preset.hardware.nproc:
+            plan = plan_new_run(dataclasses.replace(run, overrides=tuple(run.overrides) + ("hardware.nproc=1",)),
+                                root, info)
+        report = build_report(plan.preset, Machine.from_info(info))
+        return devices_mod.Need(gpus, report["memory"].total / 2**20)
+    except (WorkbenchError, OSError, ValueError):
+        return devices_mod.Need(1, None)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # (the planner is loaded where a run is planned or started, n
 DB_FILE = "queue.db"
 STATES = ("queued", "running", "finished", "failed", "stopped", "pruned")
 ENDED = ("finished", "failed", "stopped", "pruned")
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
@@ -56,7 +56,10 @@ CREATE TABLE IF NOT EXISTS items (
     others_cpu  REAL,                      -- other processes' mean share of the CPU while it trained (0-1)
     others      TEXT,                      -- JSON: the busiest of them, and other processes on its GPU
     gpu_free_before REAL,                  -- MiB free on its GPU just before its trainer started (NVML)
-    gpu_free_after  REAL                   -- MiB free on its GPU once its trainer's process had exited
+    gpu_free_after  REAL,                  -- MiB free on its GPU once its trainer's process had exited
+    place       TEXT,                      -- where it runs or ran: "gpu 0,1", "cpu slot 1/2 (1 thread)"
+    gpus        TEXT,                      -- JSON: the GPU indices it holds (CUDA_VISIBLE_DEVICES)
+    slot        INTEGER                    -- its CPU slot (1..N) on a machine without a GPU
 );
 CREATE TABLE IF NOT EXISTS flags (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -80,7 +83,8 @@ CREATE TABLE IF NOT EXISTS trials (
 # Columns added since a queue.db was first written: an older database gains them when it is opened for writing
 # (and reads as if they were empty before that), so a queue made by an older workbench goes on.
 ADDED_COLUMNS = {"others_cpu": "REAL", "others": "TEXT",
-                 "gpu_free_before": "REAL", "gpu_free_after": "REAL"}
+                 "gpu_free_before": "REAL", "gpu_free_after": "REAL",
+                 "place": "TEXT", "gpus": "TEXT", "slot": "INTEGER"}
 
 
 class QueueError(WorkbenchError):
@@ -132,6 +136,9 @@ class Item:
     others: tuple[dict, ...] = ()            # the busiest of them ({pid, name, cpu_share} or {pid, name, gpu})
     gpu_free_before: float | None = None     # MiB free on its GPU just before its trainer started (no GPU: None)
     gpu_free_after: float | None = None      # MiB free on its GPU once its trainer's process had exited
+    place: str | None = None                 # where it runs or ran ("gpu 1", "cpu slot 2/2 (1 thread)")
+    gpus: tuple[int, ...] = ()               # the GPUs it holds
+    slot: int | None = None                  # its CPU slot
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "Item":
@@ -139,6 +146,7 @@ class Item:
         d["sets"], d["corpus"] = tuple(json.loads(d["sets"])), tuple(json.loads(d["corpus"]))
         d["force"] = bool(d["force"])
         d["others"] = tuple(json.loads(d.get("others") or "[]"))
+        d["gpus"] = tuple(json.loads(d.get("gpus") or "[]"))
         return cls(**d)
 
     def new_run(self) -> NewRun:
@@ -149,7 +157,7 @@ class Item:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["sets"], d["corpus"] = list(self.sets), list(self.corpus)
+        d["sets"], d["corpus"], d["gpus"] = list(self.sets), list(self.corpus), list(self.gpus)
         return d
 
 
@@ -342,17 +350,30 @@ class QueueStore:
         with self._tx():
             self.conn.execute("INSERT OR REPLACE INTO flags VALUES ('paused', ?)", ("1" if paused else "0",))
 
-    def claim_next(self) -> Item | None:
-        """The next queued item, marked running (None when the queue is paused or has nothing queued)."""
+    def next_queued(self) -> Item | None:
+        """The next item to start (None when the queue is paused or has nothing queued); nothing is changed."""
+        if self.paused():
+            return None
+        row = self.conn.execute("SELECT * FROM items WHERE state = 'queued' ORDER BY position, id LIMIT 1"
+                                ).fetchone()
+        return Item.from_row(row) if row else None
+
+    def claim_next(self, only: int | None = None, **fields: Any) -> Item | None:
+        """The next queued item, marked running (None when the queue is paused or has nothing queued); ``only``:
+        that item, if it is still the next one (another command may have moved or removed it since it was read).
+        ``fields``: where it runs (place, gpus, slot), set in the same transaction."""
         with self._tx():
             if self.paused():
                 return None
             row = self.conn.execute("SELECT id FROM items WHERE state = 'queued' ORDER BY position, id LIMIT 1"
                                     ).fetchone()
-            if row is None:
+            if row is None or (only is not None and row[0] != only):
                 return None
-            self.conn.execute("UPDATE items SET state = 'running', started = ?, pid = NULL, note = NULL "
-                              "WHERE id = ?", (time.time(), row[0]))
+            if "gpus" in fields:
+                fields["gpus"] = json.dumps(list(fields["gpus"]))
+            extra = "".join(f", {k} = ?" for k in fields)
+            self.conn.execute(f"UPDATE items SET state = 'running', started = ?, pid = NULL, note = NULL{extra} "
+                              "WHERE id = ?", (time.time(), *fields.values(), row[0]))
         return self.by_id(row[0])
 
     def update(self, item_id: int, **fields: Any) -> Item:
@@ -363,6 +384,8 @@ class QueueStore:
             raise ValueError(f"state {fields['state']!r}")
         if "others" in fields:
             fields["others"] = json.dumps(list(fields["others"]))
+        if "gpus" in fields:
+            fields["gpus"] = json.dumps(list(fields["gpus"]))
         cols = ", ".join(f"{k} = ?" for k in fields)
         with self._tx():
             self.conn.execute(f"UPDATE items SET {cols} WHERE id = ?", (*fields.values(), item_id))

@@ -152,7 +152,7 @@ class QueuePane(Vertical, Pane):
 
     def on_mount(self) -> None:
         t = self.query_one("#queue-table", DataTable)
-        t.add_columns("#", "run", "state", "progress", "val", "settings")
+        t.add_columns("#", "run", "state", "progress", "val", "settings", "where")
         t.border_title = "queue"
         s = self.query_one("#sweeps-table", DataTable)
         s.add_columns("sweep", "method", "trials", "best", "metric", "best settings")
@@ -180,7 +180,8 @@ class QueuePane(Vertical, Pane):
         t.clear()
         for r in view.rows:
             val = f"{r.item.metric:.4f}" if r.item.metric is not None else ""
-            t.add_row(str(r.position or ""), r.name, state_text(r.state), r.progress(), val, r.settings(), key=r.name)
+            t.add_row(str(r.position or ""), r.name, state_text(r.state), r.progress(), val, r.settings(),
+                      r.item.place or "", key=r.name)
         if current and current in t.rows:
             t.move_cursor(row=t.get_row_index(current), animate=False)
         queued = sum(r.state == "queued" for r in view.rows)
