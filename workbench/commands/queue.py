@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -24,6 +25,7 @@ from workbench.queue.runner import Runner, RunnerBusy, runner_pid
 from workbench.queue.store import NewItem, QueueError, QueueStore
 
 LOG_FILE = "queue.log"
+STORAGE_ENV = "WORKBENCH_STORAGE"   # --storage's URL, kept off the command line (where `ps` shows a password)
 
 
 def register(sub) -> None:
@@ -52,6 +54,15 @@ def register(sub) -> None:
                    help="runs at once: on a CPU machine N runs, each one process with cores // N threads "
                         "(OMP_NUM_THREADS, hardware.num_threads); on a GPU machine at most N (default: one run a GPU, "
                         "each through CUDA_VISIBLE_DEVICES; a run with hardware.nproc = K takes K free GPUs)")
+    r.add_argument("--storage", default=None, metavar="URL",
+                   help="work on the sweeps of a shared study database (postgresql://USER:PASSWORD@HOST/DB, "
+                        "mysql://...): run this on each machine; each takes the next trial, a dead one's trial is "
+                        f"retried elsewhere (see `workbench sweep --storage`); default: ${STORAGE_ENV}")
+    r.add_argument("--sweep", action="append", default=None, metavar="NAME",
+                   help="with --storage: only this sweep (repeatable; default: every sweep in the database)")
+    r.add_argument("--heartbeat", type=int, default=None, metavar="SECONDS",
+                   help="with --storage: how often this worker says it is alive (default 10); a trial whose worker "
+                        "is silent for 3 heartbeats is failed and retried once by another worker")
     r.add_argument("--detach", action="store_true",
                    help=f"run the runner in the background (its log: runs/{LOG_FILE}) and return")
     r.set_defaults(func=cmd_run)
@@ -144,6 +155,13 @@ def _footer(store: QueueStore, alive: int | None) -> str:
 def cmd_run(args) -> int:
     root = args.runs_dir
     args.slots = _slots(args.slots)
+    args.storage = args.storage or os.environ.get(STORAGE_ENV) or None
+    if args.storage is None and (args.sweep or args.heartbeat):
+        raise QueueError("--sweep and --heartbeat go with --storage URL (a shared study database)")
+    if args.heartbeat is not None and args.heartbeat < 1:
+        raise QueueError(f"--heartbeat {args.heartbeat} is not a number of seconds; give 1 or more")
+    if args.storage is not None:
+        return _run_worker(args)
     if args.detach:
         if (pid := runner_pid(root)):
             raise RunnerBusy(f"a queue runner (pid {pid}) is already running on {root}: one runner at a time")
@@ -166,6 +184,31 @@ def cmd_run(args) -> int:
             print(f"runner stopped; {', '.join(running)} go{'es' if len(running) == 1 else ''} on training; "
                   "`workbench queue run` again adopts them", file=sys.stderr)
         raise
+
+
+def _run_worker(args) -> int:
+    """A worker on a shared study database: the next trial of its sweeps, here, until none is left."""
+    from workbench.queue.distributed import HEARTBEAT_S, Worker, masked
+    if args.slots:
+        raise QueueError("--slots goes with the local queue; with --storage each worker trains one trial at a time: "
+                         "start one worker per GPU or slot")
+    if args.detach:
+        root = args.runs_dir
+        root.mkdir(parents=True, exist_ok=True)
+        log = open(root / LOG_FILE, "a", encoding="utf-8")
+        # the URL through the environment: a password on a command line is seen by every user's `ps`
+        argv = [sys.executable, "-m", "workbench", "queue", "run",
+                *(a for n in args.sweep or () for a in ("--sweep", n)),
+                *(["--heartbeat", str(args.heartbeat)] if args.heartbeat else []), "--runs-dir", str(root)]
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, close_fds=True,
+                                env=dict(os.environ, **{STORAGE_ENV: args.storage}))
+        log.close()
+        print(f"worker started (pid {proc.pid}) on {masked(args.storage)}; its log: {root / LOG_FILE}")
+        return 0
+    worker = Worker(args.storage, args.runs_dir, detect(), log=lambda m: print(m, flush=True),
+                    heartbeat=args.heartbeat or HEARTBEAT_S)
+    return worker.run(args.sweep)
 
 
 def cmd_pause(args) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 from workbench.commands.common import (
@@ -60,6 +61,10 @@ def register(sub) -> None:
     p.add_argument("--gpu", metavar="NAME", default=None,
                    help="with --print-commands: estimate and auto-fit the trials as if on this GPU of the table "
                         "(`workbench hw --gpus`), the one the machines that run them have")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="make (or show) the sweep in a shared study database, postgresql://USER:PASSWORD@HOST/DB "
+                        "(or mysql://...), for workers on several machines (`workbench queue run --storage URL` on "
+                        "each); default: $WORKBENCH_STORAGE, else this runs directory's SQLite")
     p.add_argument("--status", action="store_true", help="with a sweep's name: its results (as `sweep show`)")
     add_json_option(p, "show: the results as JSON")
     p.add_argument("--tsv", action="store_true", help="show: one tab-separated line per trial")
@@ -71,6 +76,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     root = args.runs_dir
+    args.storage = args.storage or os.environ.get("WORKBENCH_STORAGE") or None
+    if args.storage is not None:
+        return run_shared(args)
     if args.as_preset and args.target != "save-best":
         raise QueueError("--as names the preset `sweep save-best NAME --as PRESET` writes; it goes with save-best")
     if args.target == "ls":
@@ -120,6 +128,60 @@ def run(args) -> int:
     more = " (tpe: each next trial is drawn when one ends)" if spec.method == "tpe" else ""
     runner = "" if runner_pid(root) else "; `workbench queue run` runs them"
     print(f"{len(queued)} trial(s) queued{more}{runner}; `workbench sweep show {spec.name}` ranks them")
+    return 0
+
+
+def run_shared(args) -> int:
+    """`sweep ... --storage URL`: the sweep made in (or shown from) a shared study database."""
+    from workbench.queue import distributed
+    url = args.storage
+    if args.target == "show" or args.status:
+        name = args.sweep if args.target == "show" else args.target
+        if not name:
+            raise QueueError("name the sweep: `workbench sweep show NAME --storage URL`")
+        return show_shared(url, name, args.json)
+    if args.target in ("ls", "save-best"):
+        raise QueueError(f"`sweep {args.target}` reads this runs directory's sweeps; with --storage, `sweep show NAME "
+                         "--storage URL` shows a shared one")
+    if args.print_commands or args.gpu:
+        raise QueueError("--print-commands writes the trials out for another scheduler; it does not go with --storage")
+    time_budget_arg(args.time_budget)
+    spec = dataclasses.replace(_spec(args), force=args.force)
+    info = detect()
+    if spec.time_budget:
+        info = calibrated(info, spec.preset)
+    _, made = distributed.create(url, spec, args.runs_dir, Machine.from_info(info), info)
+    where = distributed.masked(url)
+    if made:
+        count = "every point enqueued" if spec.method != "tpe" else f"{spec.trials} trials, drawn as workers ask"
+        print(f"sweep {spec.name} made in {where}: {spec.method} over "
+              f"{', '.join(p.describe() for p in spec.params)} of {spec.preset} ({count})")
+    else:
+        print(f"sweep {spec.name} is already in {where} with this spec: nothing added")
+    print(f"run `workbench queue run --storage URL` on each machine (the URL in $WORKBENCH_STORAGE keeps the "
+          f"password off the command line); `workbench sweep show {spec.name} --storage URL` ranks the trials")
+    return 0
+
+
+def show_shared(url: str, name: str, as_json: bool) -> int:
+    from workbench.queue import distributed
+    spec, rows = distributed.results(url, name)
+    if as_json:
+        print(json.dumps({"sweep": spec.to_dict(), "trials": rows}, indent=1))
+        return 0
+    keys = [p.key for p in spec.params]
+    head = ["trial", "run", *keys, "state", spec.metric.name, "rank", "host", "note"]
+    table = [[str(r["trial"]), r["run"], *(_fmt(r["params"].get(k, "")) for k in keys), r["state"],
+              "" if r["value"] is None else f"{r['value']:.4f}", str(r.get("rank", "")), r["host"],
+              "; ".join(n for n in (f"retry of trial {r['retry_of']}" if r["retry_of"] else "",
+                                    f"resumed {r['resumed_from']}" if r["resumed_from"] else "", r["note"]) if n)]
+             for r in rows]
+    widths = [max(len(h), *(len(t[k]) for t in table)) if table else len(h) for k, h in enumerate(head)]
+    print(f"sweep {name} in {distributed.masked(url)}: {spec.method}; ranked by {spec.metric.name} "
+          f"({spec.metric.goal})")
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
+    for t in table:
+        print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
     return 0
 
 

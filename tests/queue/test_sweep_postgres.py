@@ -1,0 +1,167 @@
+"""Sweeps over several machines on a real PostgreSQL server (started here by the fixture: initdb and pg_ctl in a
+temporary directory on a free port, password authentication): two workers (two processes standing in for two
+machines, each its own runs directory) share one study's trials; one killed with kill -9 mid-trial has its trial
+failed by heartbeat and retried, from the start, by the other; bad URLs and credentials are one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import TINY, wb
+from tests.support.runs import wait_until
+from workbench import rundir
+from workbench.queue import distributed
+
+PASSWORD = "pw-Zq81-secret"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _as_user(cmd: list[str], user: str | None) -> list[str]:
+    return ["runuser", "-u", user, "--", *cmd] if user else cmd
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A PostgreSQL server of its own (initdb refuses root: as root, the server runs as the `postgres` user, or
+    `nobody`), a database `sweeps` for user `wb`; stopped and removed at the end."""
+    for tool in ("initdb", "pg_ctl"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is not installed: apt-get install postgresql (.ci/run does)")
+    user = None
+    if os.geteuid() == 0:
+        user = next(u for u in ("postgres", "nobody") if _has_user(u))
+    base = Path(tempfile.mkdtemp(prefix="wb-pg-"))
+    if user:
+        pw = pwd.getpwnam(user)
+        os.chown(base, pw.pw_uid, pw.pw_gid)
+    (base / "pw").write_text(PASSWORD)
+    if user:
+        os.chown(base / "pw", pwd.getpwnam(user).pw_uid, pwd.getpwnam(user).pw_gid)
+    data, port = base / "data", _free_port()
+    subprocess.run(_as_user(["initdb", "-D", str(data), "-U", "wb", "--pwfile", str(base / "pw"), "-A",
+                             "scram-sha-256", "--no-sync", "-E", "UTF8"], user), check=True, capture_output=True)
+    opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
+    subprocess.run(_as_user(["pg_ctl", "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "start"], user),
+                   check=True, capture_output=True)
+    try:
+        import psycopg
+        with psycopg.connect(host="127.0.0.1", port=port, user="wb", password=PASSWORD, dbname="postgres",
+                             autocommit=True) as c:
+            c.execute("CREATE DATABASE sweeps")
+        yield {"url": f"postgresql://wb:{PASSWORD}@127.0.0.1:{port}/sweeps", "port": port}
+    finally:
+        subprocess.run(_as_user(["pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop"], user),
+                       capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _has_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def _one_line_exit_2(cp: subprocess.CompletedProcess, *words: str) -> str:
+    err = cp.stderr.strip()
+    assert cp.returncode == 2 and len(err.splitlines()) == 1, (cp.returncode, cp.stdout, cp.stderr)
+    assert PASSWORD not in cp.stdout + cp.stderr
+    for w in words:
+        assert w in err, err
+    return err
+
+
+def test_bad_urls_wrong_credentials_and_an_unreachable_server_are_one_line_exit_2(postgres, tmp_path):
+    root = tmp_path / "runs"
+    dead = f"postgresql://wb:{PASSWORD}@127.0.0.1:{_free_port()}/sweeps"
+    _one_line_exit_2(wb("queue", "run", "--storage", dead, "--runs-dir", str(root)),
+                     "cannot reach the database", "wb:***@127.0.0.1")
+    wrong = postgres["url"].replace(PASSWORD, "not-the-password")
+    _one_line_exit_2(wb("sweep", "cpu-small", "--set-grid", "train.lr=1e-3,2e-3", "--storage", wrong,
+                        "--runs-dir", str(root)), "the user or the password is wrong")
+    _one_line_exit_2(wb("queue", "run", "--storage", "pgsql:/nowhere", "--runs-dir", str(root)),
+                     "not a database URL")
+    assert not root.exists()  # nothing was written
+    # a SQLite path on a network filesystem: refused, naming the fix
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"server:/export {tmp_path} nfs4 rw 0 0\n/dev/sda1 / ext4 rw 0 0\n")
+    assert distributed.mount_type(tmp_path / "db" / "optuna.db", mounts) == "nfs4"
+    with pytest.raises(distributed.StorageError, match="network filesystem .nfs4.*PostgreSQL"):
+        distributed.engine_url(f"sqlite:///{tmp_path}/optuna.db", mounts)
+    assert distributed.engine_url(postgres["url"]).startswith("postgresql+psycopg://")
+    assert distributed.masked(postgres["url"]) == f"postgresql://wb:***@127.0.0.1:{postgres['port']}/sweeps"
+
+
+def _worker(root: Path, url: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WORKBENCH_STORAGE=url)  # the URL off the command line
+    return subprocess.Popen([sys.executable, "-m", "workbench", "queue", "run", "--heartbeat", "1",
+                             "--runs-dir", str(root)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_two_workers_share_a_study_and_a_killed_workers_trial_is_retried_by_the_other(postgres, tmp_path):
+    url = postgres["url"]
+    a_root, b_root = tmp_path / "a", tmp_path / "b"
+    steps = ["train.max_iters=40", "train.eval_interval=20", "train.ckpt_interval=10"]
+    cp = wb("sweep", "cpu-small", "--set-grid", "train.lr=1e-3,3e-3", "--name", "pg", "--storage", url,
+            "--runs-dir", str(a_root), "--set", *TINY, *steps, check=True)
+    assert "sweep pg made in postgresql://wb:***@" in cp.stdout and PASSWORD not in cp.stdout
+    # the same name with another spec: refused; with the same spec: nothing added
+    other = wb("sweep", "cpu-small", "--set-grid", "train.lr=5e-3,6e-3", "--name", "pg", "--storage", url,
+               "--runs-dir", str(a_root), "--set", *TINY, *steps)
+    _one_line_exit_2(other, "exists in postgresql://wb:***@", "with another spec")
+    again = wb("sweep", "cpu-small", "--set-grid", "train.lr=1e-3,3e-3", "--name", "pg", "--storage", url,
+               "--runs-dir", str(a_root), "--set", *TINY, *steps, check=True)
+    assert "nothing added" in again.stdout
+
+    a = _worker(a_root, url)
+    first = a_root / "pg-t0001"
+    st = wait_until(lambda: (first / rundir.STATUS_FILE).is_file() and (s := rundir.read_status(first)).live
+                    and s.step >= 1 and s, timeout=90, what="worker a's trial to train")
+    b = _worker(b_root, url)
+    wait_until(lambda: (b_root / "pg-t0002").is_dir(), timeout=60, what="worker b to take the second trial")
+    os.kill(a.pid, signal.SIGKILL)  # the machine is lost mid-trial
+    killed_at = time.monotonic()
+    a.wait()
+    # its trainer does not outlive it (it got SIGTERM when its worker died)
+    wait_until(lambda: not rundir.read_status(first).live, timeout=30, what="worker a's trainer to stop")
+    out, _ = b.communicate(timeout=180)
+    retried_after = time.monotonic() - killed_at
+    assert b.returncode == 0, out
+    assert "retries trial 1 (failed by heartbeat on" in out and "from the start" in out, out
+    assert PASSWORD not in out
+
+    shown = json.loads(wb("sweep", "show", "pg", "--storage", url, "--json", check=True).stdout)
+    trials = {t["trial"]: t for t in shown["trials"]}
+    assert [trials[n]["state"] for n in (1, 2, 3)] == ["fail", "complete", "complete"], trials
+    assert trials[3]["retry_of"] == 1 and trials[3]["params"] == trials[1]["params"]
+    assert trials[3]["resumed_from"] is None and trials[3]["run"] == "pg-t0003"
+    assert trials[1]["run"] == "pg-t0001" and trials[1]["host"]
+    # no trial ran twice: worker a's directory holds only its killed trial; b's the second and the retry
+    assert sorted(p.name for p in a_root.glob("pg-t*")) == ["pg-t0001"]
+    assert sorted(p.name for p in b_root.glob("pg-t*")) == ["pg-t0002", "pg-t0003"]
+    assert rundir.read_status(b_root / "pg-t0003").state == "finished"
+    # the study-wide count holds: two trials, the failed one replaced by its retry
+    import optuna
+    study = optuna.load_study(study_name="pg", storage=distributed.open_storage(url))
+    assert distributed.counted(study) == 2 and len(study.trials) == 3
+    print(f"retried and finished {retried_after:.1f} s after the kill; killed at step {st.step}")

@@ -1,0 +1,479 @@
+"""Sweeps over several machines: one Optuna study in a shared database (``--storage postgresql://...``, or
+mysql://), a worker on each machine (``workbench queue run --storage URL``) that takes the study's next trial,
+trains it here and tells the study what it reached. Torch-free; Optuna and SQLAlchemy are loaded when used.
+
+What is where:
+
+- **The study** holds everything the machines share: the sweep's spec (a study attribute: the same name with
+  another spec is refused), its trials (grid and random: every point enqueued when the sweep is made, so the
+  trial count is the study's and no point runs twice; tpe: drawn by each worker while the study has fewer than
+  ``trials`` counted trials), each trial's reports (the pruner compares every worker's) and results.
+- **A worker** takes a waiting trial (``WAITING`` -> ``RUNNING`` in one update that only one worker can win),
+  trains it as ``workbench train`` in the foreground, its own child (``PR_SET_PDEATHSIG``: the trainer gets
+  SIGTERM, saves a checkpoint and exits when its worker dies, however it dies), records a heartbeat every
+  ``heartbeat`` seconds from a thread, and tells the study how the run ended. Before each trial it calls
+  ``fail_stale_trials`` (ask/tell users must: Optuna only does it inside ``optimize``).
+- **A dead worker** (kill -9, a lost machine): its trial's heartbeat stops; after ``grace`` seconds the next
+  worker's ``fail_stale_trials`` fails it, and Optuna's retry callback (``RetryHeartbeatStaleTrialCallback``,
+  ``RetryFailedTrialCallback`` before Optuna 4.9; ``max_retry=1``) enqueues it again
+  (same parameters) for any worker. The retry **resumes from the dead trial's last checkpoint when its run
+  directory is visible here** (a shared runs directory: the trial's ``run`` attribute names it, and it has a
+  complete checkpoint), and **starts from the beginning otherwise** (separate runs directories); the trial's
+  ``resumed_from`` attribute says which. A worker waits while another's trial is running, so a trial that
+  dies is retried as long as one worker is left.
+
+A URL's password is never printed: every message shows the URL masked (``postgresql://wb:***@host/db``), and
+nothing of the URL is written into a run's files.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench import rundir
+from workbench.cli_client import cli_argv
+from workbench.errors import WorkbenchError
+from workbench.machine.detect import Machine
+from workbench.queue import sweep as local
+from workbench.queue.outcome import final_metric
+from workbench.queue.spec import Param, SweepSpec, point_sets
+from workbench.queue.store import QueueError, trial_name
+
+HEARTBEAT_S = 10          # a worker's heartbeat, Optuna's heartbeat_interval
+GRACE_FACTOR = 3          # a trial is stale after GRACE_FACTOR heartbeats without one (Optuna's grace_period)
+POLL_S = 1.0              # how often the worker looks at its trainer, and at the study when it waits
+MAX_RETRY = 1             # a trial failed by heartbeat is tried again once
+SPEC_ATTR = "workbench_spec"
+TRIALS_ATTR = "workbench_trials"
+NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "9p", "lustre", "glusterfs", "ceph",
+              "fuse.glusterfs", "fuse.cephfs", "beegfs", "gpfs", "afs"}
+
+
+class StorageError(QueueError):
+    pass
+
+
+# ----------------------------------------------------------------------------- the URL
+
+def masked(url: str) -> str:
+    """``url`` with its password as ``***`` (what every message shows)."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def _scrub(text: str, url: str) -> str:
+    m = re.search(r"://[^:/@]*:([^@]*)@", url)
+    return text.replace(m.group(1), "***") if m and m.group(1) else text
+
+
+MOUNTS = Path("/proc/mounts")
+
+
+def mount_type(path: Path, mounts_file: Path = MOUNTS) -> str:
+    """The filesystem type ``mounts_file`` (/proc/mounts) gives the mount ``path`` is on ("" where it cannot be
+    read)."""
+    try:
+        mounts = [line.split()[1:3] for line in Path(mounts_file).read_text().splitlines() if len(line.split()) > 2]
+    except OSError:
+        return ""
+    p = Path(path).resolve()
+    best, kind = "", ""
+    for point, fstype in mounts:
+        point = point.replace("\\040", " ")
+        if (str(p) == point or str(p).startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, fstype
+    return kind
+
+
+def engine_url(url: str, mounts_file: Path = MOUNTS) -> str:
+    """The SQLAlchemy URL for a user's database URL: postgresql:// through psycopg 3, mysql:// through PyMySQL;
+    a sqlite:/// path on a network filesystem refused (SQLite's locks do not hold there)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not rest:
+        raise StorageError(f"--storage {masked(url)} is not a database URL; give postgresql://USER:PASSWORD@HOST"
+                           ":PORT/DATABASE (or mysql://..., or sqlite:///PATH for one machine)")
+    base = scheme.split("+")[0]
+    if base in ("postgresql", "postgres"):
+        return f"postgresql+{scheme.split('+')[1] if '+' in scheme else 'psycopg'}://{rest}"
+    if base == "mysql":
+        return url if "+" in scheme else f"mysql+pymysql://{rest}"
+    if base == "sqlite":
+        path = Path(rest[1:] if rest.startswith("/") else rest)
+        kind = mount_type(path, mounts_file)
+        if kind in NETWORK_FS:
+            raise StorageError(f"--storage {url}: {path} is on a network filesystem ({kind}), where SQLite's locks do "
+                               "not hold and the database corrupts; use a PostgreSQL server (--storage "
+                               "postgresql://USER:PASSWORD@HOST/DATABASE), or a path on a local disk")
+        return url
+    raise StorageError(f"--storage {masked(url)}: {scheme}:// is not a database this supports; give "
+                       "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (or mysql://..., or sqlite:///PATH)")
+
+
+def _optuna() -> Any:
+    return local._optuna()
+
+
+def _why(e: BaseException, url: str) -> str:
+    """One line for a failed connection: what is wrong and what to check (the password never shown)."""
+    orig = getattr(e, "orig", None) or e
+    text = _scrub(" ".join(str(orig).split()), url)
+    if "password authentication failed" in text or "Access denied" in text:
+        return (f"cannot log in to the database at {masked(url)}: the user or the password is wrong ({_first(text)});"
+                " check the URL's USER:PASSWORD")
+    if re.search(r'database "[^"]*" does not exist', text):
+        return (f"the database at {masked(url)} does not exist ({_first(text)}); create it (createdb NAME) or name "
+                "one that does")
+    return (f"cannot reach the database at {masked(url)} ({_first(text)}); is the server running, and are the host "
+            "and port right?")
+
+
+def _first(text: str) -> str:
+    """The driver's message, without its class and its own advice (the line gives ours)."""
+    text = re.sub(r"^\(psycopg\.[A-Za-z]+\)\s*", "", text)
+    text = re.split(r"\s+Is the server running|\s+\(Background on this error", text)[0]
+    return text[:200]
+
+
+def open_storage(url: str, heartbeat: int = HEARTBEAT_S, grace: int | None = None) -> Any:
+    """Optuna's RDBStorage on ``url``, with heartbeats (a stale trial is failed after ``grace`` seconds) and a
+    dead trial retried once; one StorageError line when the database cannot be used."""
+    optuna = _optuna()
+    import sqlalchemy.exc
+    eng = engine_url(url)
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if not eng.startswith("sqlite"):
+        kwargs["connect_args"] = {"connect_timeout": 5}
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+    callback = {"heartbeat_stale_trial_callback": retry(max_retry=MAX_RETRY)} if retry else \
+        {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=MAX_RETRY)}
+    try:
+        return optuna.storages.RDBStorage(
+            eng, engine_kwargs=kwargs, heartbeat_interval=heartbeat,
+            grace_period=grace if grace is not None else GRACE_FACTOR * heartbeat, **callback)
+    except ModuleNotFoundError as e:
+        raise StorageError(f"the database driver for {masked(url)} is not installed ({e.name}); "
+                           f"pip install {'psycopg[binary]' if 'psycopg' in str(e.name) else e.name}") from None
+    except (sqlalchemy.exc.SQLAlchemyError, ValueError) as e:
+        raise StorageError(_why(e, url)) from None
+
+
+# ----------------------------------------------------------------------------- making the sweep
+
+def _spec_of(study: Any) -> SweepSpec | None:
+    d = study.user_attrs.get(SPEC_ATTR)
+    return SweepSpec.from_dict(d) if d else None
+
+
+def _points(spec: SweepSpec) -> list[dict[str, Any]] | None:
+    """Every trial's settings when they are known before any runs: the grid, or the random draws (seeded)."""
+    points = spec.points()
+    if points is not None or spec.method != "random":
+        return points
+    optuna = _optuna()
+    study = optuna.create_study(sampler=local._sampler(spec, 0), direction=spec.metric.goal)  # in memory
+    return [dict(study.ask(local._distributions(spec.params)).params) for _ in range(spec.trials)]
+
+
+def create(url: str, spec: SweepSpec, root: Path, machine: Machine, info: dict) -> tuple[Any, bool]:
+    """Make the sweep's study in the shared database (its points enqueued), or find it made by another machine
+    with the same spec: (the study, made now). The same name with another spec is refused."""
+    optuna = _optuna()
+    storage = open_storage(url)
+    study = optuna.create_study(storage=storage, study_name=spec.name, direction=spec.metric.goal,
+                                load_if_exists=True)
+    have = study.user_attrs.get(SPEC_ATTR)
+    if have is not None:
+        if have != json.loads(json.dumps(spec.to_dict())):
+            theirs = SweepSpec.from_dict(have)
+            raise StorageError(f"a sweep named {spec.name!r} exists in {masked(url)} with another spec "
+                               f"({theirs.method} over {', '.join(p.describe() for p in theirs.params)} of "
+                               f"{theirs.preset}); choose another --name, or run that one with `workbench queue "
+                               f"run --storage URL`")
+        return study, False
+    if study.trials:
+        raise StorageError(f"a study named {spec.name!r} exists in {masked(url)} that no workbench sweep made; "
+                           "choose another --name")
+    points = _points(spec)
+    first = points[0] if points else None
+    if first is not None:  # a value the preset refuses is refused now, on this machine, not on every worker
+        local._admit(root, spec, first, machine, info)
+    study.set_user_attr(SPEC_ATTR, spec.to_dict())
+    study.set_user_attr(TRIALS_ATTR, len(points) if points is not None else spec.trials)
+    for point in points or ():
+        study.enqueue_trial(point)
+    return study, True
+
+
+# ----------------------------------------------------------------------------- the study's trials
+
+def _state(name: str) -> Any:
+    return getattr(_optuna().trial.TrialState, name)
+
+
+def counted(study: Any) -> int:
+    """The study-wide trial count: every trial but those a retry replaced."""
+    trials = study.get_trials(deepcopy=False)
+    replaced = {t.system_attrs["retry_history"][-1] for t in trials if t.system_attrs.get("retry_history")}
+    return sum(1 for t in trials if t.number not in replaced)
+
+
+def take(study: Any, spec: SweepSpec, target: int) -> Any | None:
+    """The next trial this worker trains (marked RUNNING, its first heartbeat recorded), or None: nothing waits
+    (and, for tpe, the study has its count)."""
+    optuna = _optuna()
+    storage = study._storage
+    for f in study.get_trials(deepcopy=False, states=(_state("WAITING"),)):
+        try:
+            won = storage.set_trial_state_values(f._trial_id, state=_state("RUNNING"))
+        except optuna.exceptions.UpdateFinishedTrialError:
+            won = False
+        if won:
+            storage.record_heartbeat(f._trial_id)
+            return optuna.trial.Trial(study, f._trial_id)
+    if spec.method == "tpe" and counted(study) < target:
+        trial = study.ask()
+        storage.record_heartbeat(trial._trial_id)
+        return trial
+    return None
+
+
+def _suggest(trial: Any, p: Param) -> Any:
+    if p.values:
+        return trial.suggest_categorical(p.key, list(p.values))
+    assert p.low is not None and p.high is not None
+    if p.integer:
+        return trial.suggest_int(p.key, int(p.low), int(p.high), log=p.log)
+    return trial.suggest_float(p.key, float(p.low), float(p.high), log=p.log)
+
+
+class Heartbeat:
+    """Records the trial's heartbeat every ``every`` seconds from a thread, until stopped."""
+
+    def __init__(self, storage: Any, trial_id: int, every: float):
+        self.storage, self.trial_id, self.every = storage, trial_id, every
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True, name="heartbeat")
+
+    def _beat(self) -> None:
+        while not self.stop_event.wait(self.every):
+            try:
+                self.storage.record_heartbeat(self.trial_id)
+            except Exception:  # a database hiccup: the next beat tries again (a long outage fails the trial)
+                pass
+
+    def __enter__(self) -> "Heartbeat":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=5)
+
+
+def _die_with_parent() -> None:
+    """In the trainer's process before it execs: SIGTERM when the worker dies (Linux; elsewhere nothing)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class SharedPruning(local.Pruning):
+    """The sweep's pruner on a trial of the shared study: it compares the trial with every worker's reports."""
+
+    def __init__(self, study: Any, spec: SweepSpec, trial: Any):
+        self.spec, self.study, self.trial, self.reason = spec, study, trial, ""
+        frozen = study._storage.get_trial(trial._trial_id)
+        self.reported = {s for s in spec.prune_shares if round(s * 100) in frozen.intermediate_values}
+
+
+class Worker:
+    """``workbench queue run --storage URL``: trains the shared sweeps' trials on this machine until none is left."""
+
+    def __init__(self, url: str, root: Path, info: dict, log: Callable[[str], None] = print,
+                 heartbeat: int = HEARTBEAT_S, grace: int | None = None, poll: float = POLL_S,
+                 env: dict[str, str] | None = None):
+        self.url, self.root, self.info, self.log = url, Path(root), info, log
+        self.heartbeat, self.poll = heartbeat, poll
+        self.storage = open_storage(url, heartbeat, grace)
+        self.env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+        self.ran = 0
+        self.host = platform.node()
+
+    def say(self, msg: str) -> None:
+        self.log(f"{time.strftime('%H:%M:%S')} {msg}")
+
+    def sweeps(self, names: list[str] | None) -> list[str]:
+        optuna = _optuna()
+        ours = [s.study_name for s in optuna.get_all_study_summaries(self.storage, include_best_trial=False)
+                if SPEC_ATTR in s.user_attrs]
+        for n in names or ():
+            if n not in ours:
+                raise StorageError(f"no sweep {n!r} in {masked(self.url)}; its sweeps: {', '.join(ours) or 'none'} "
+                                   "(`workbench sweep SPEC --storage URL` makes one)")
+        return list(names) if names else ours
+
+    def run(self, names: list[str] | None = None) -> int:
+        todo = self.sweeps(names)
+        self.say(f"worker {os.getpid()} on {self.host}, runs in {self.root}, study database {masked(self.url)}: "
+                 f"{len(todo)} sweep(s)")
+        for name in todo:
+            self.run_sweep(name)
+        self.say(f"nothing left to run: {self.ran} trial(s) ran here")
+        return 0
+
+    def run_sweep(self, name: str) -> None:
+        optuna = _optuna()
+        study = optuna.load_study(study_name=name, storage=self.storage)
+        spec = _spec_of(study)
+        assert spec is not None  # (only workbench's sweeps are listed)
+        study = optuna.load_study(study_name=name, storage=self.storage,
+                                  sampler=local._sampler(spec, len(study.trials)), pruner=local._pruner(spec))
+        target = int(study.user_attrs.get(TRIALS_ATTR) or spec.trials or 0)
+        waiting_said = False
+        while True:
+            optuna.storages.fail_stale_trials(study)
+            trial = take(study, spec, target)
+            if trial is None:
+                if study.get_trials(deepcopy=False, states=(_state("RUNNING"),)):
+                    if not waiting_said:  # another worker's trial may die and come back to be retried here
+                        self.say(f"sweep {name}: nothing waits; watching the other workers' running trials")
+                        waiting_said = True
+                    time.sleep(self.poll)
+                    continue
+                break
+            waiting_said = False
+            self.run_trial(study, spec, trial)
+        done = study.get_trials(deepcopy=False, states=(_state("COMPLETE"),))
+        best = (min if spec.metric.goal == "minimize" else max)(done, key=lambda t: t.value) if done else None
+        self.say(f"sweep {name} done: {counted(study)} trial(s)" + (
+            f"; best {best.user_attrs.get('run')} ({' '.join(point_sets(best.params))}), {best.value:.4f}"
+            if best else "; no trial recorded the metric"))
+
+    def run_trial(self, study: Any, spec: SweepSpec, trial: Any) -> None:
+        optuna = _optuna()
+        storage = study._storage
+        frozen = storage.get_trial(trial._trial_id)
+        with Heartbeat(storage, trial._trial_id, self.heartbeat):
+            params = {p.key: _suggest(trial, p) for p in spec.params}
+            name = trial_name(spec.name, frozen.number + 1)
+            history = frozen.system_attrs.get("retry_history") or []
+            resume = None
+            if history:
+                before = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(
+                    study._study_id, history[-1]))
+                prev = before.user_attrs.get("run")
+                if prev and (self.root / prev / rundir.PRESET_FILE).is_file() and \
+                        rundir.list_checkpoints(self.root / prev):
+                    resume = prev
+                how = (f"resuming its run {prev} from {rundir.list_checkpoints(self.root / prev)[-1]['name']} "
+                       "(its run directory is shared with this machine)" if resume else
+                       f"from the start (its run {prev} is not in {self.root}: not a shared runs directory, or no "
+                       "checkpoint yet)")
+                self.say(f"{name} retries trial {history[-1] + 1} (failed by heartbeat on "
+                         f"{before.user_attrs.get('host', 'another machine')}), {how}")
+            try:
+                item, note = local._admit(self.root, spec, params, Machine.from_info(self.info), self.info)
+            except WorkbenchError as e:
+                item, note = None, str(e)
+            if item is None:
+                trial.set_user_attr("note", f"refused here: {note}")
+                study.tell(trial, state=_state("FAIL"))
+                self.say(f"{name} refused on this machine: {note}")
+                return
+            run = resume or name
+            for k, v in {"run": run, "host": self.host, "runs_dir": str(self.root),
+                         "resumed_from": resume or ""}.items():
+                trial.set_user_attr(k, v)
+            if resume:
+                argv = cli_argv(self.root, "resume", resume)
+            else:
+                argv = cli_argv(self.root, "train", *dataclasses.replace(item.new_run(), name=name).cli_args())
+            self.say(f"{'resuming' if resume else 'starting'} {run} ({' '.join(point_sets(params))}), "
+                     f"trial {frozen.number + 1}")
+            state, value, why = self._train(study, spec, trial, run, argv)
+        try:
+            if state == "COMPLETE":
+                study.tell(trial, value)
+            else:
+                if why:
+                    trial.set_user_attr("note", why)
+                study.tell(trial, state=_state(state))
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError) as e:
+            self.say(f"{run}: the study had already ended this trial ({e}); its result is not counted")
+        self.ran += 1
+        self.say(f"{run} {state.lower()}" + (f", {spec.metric.name} {value:.4f}" if value is not None else "")
+                 + (f": {why}" if why else ""))
+
+    def _train(self, study: Any, spec: SweepSpec, trial: Any, run: str, argv: list[str]
+               ) -> tuple[str, float | None, str]:
+        """Train ``run`` in a child process (it dies with this worker), pruned as the sweep says: (the Optuna state
+        to tell, the metric, why it did not complete)."""
+        run_dir = self.root / run
+        logs = self.root / "worker-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        out = logs / f"{run}.log"
+        pruning = SharedPruning(study, spec, trial) if spec.pruner != "none" else None
+        stop_asked = False
+        with open(out, "a", encoding="utf-8") as f:
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+                                    preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+            while proc.poll() is None:
+                time.sleep(self.poll)
+                if pruning is None or stop_asked or not (run_dir / rundir.STATUS_FILE).is_file():
+                    continue
+                now = rundir.read_status(run_dir)
+                if now.live and pruning.should_prune(run_dir, now):
+                    self.say(f"pruning {run}: {pruning.reason}")
+                    proc.send_signal(signal.SIGTERM)
+                    stop_asked = True
+        st = rundir.read_status(run_dir) if (run_dir / rundir.STATUS_FILE).is_file() else None
+        if st is None:
+            lines = [ln for ln in out.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+            return "FAIL", None, (lines[-1] if lines else f"`workbench train` exited with status {proc.returncode}")
+        if pruning is not None:
+            pruning.report_rungs(run_dir, st)
+        if st.state in ("finished", "early_stopped"):
+            value = final_metric(run_dir, spec.metric)
+            return ("COMPLETE", value, "") if value is not None else ("FAIL", None, "the run recorded no metric")
+        if st.state == "stopped" and stop_asked:
+            return "PRUNED", None, pruning.reason if pruning else ""
+        return "FAIL", None, st.error or f"the trainer ended {st.state} (see {run_dir / rundir.LOG_FILE})"
+
+
+# ----------------------------------------------------------------------------- results
+
+def results(url: str, name: str) -> tuple[SweepSpec, list[dict[str, Any]]]:
+    """The sweep's trials as the shared study holds them, ranked by the metric."""
+    optuna = _optuna()
+    storage = open_storage(url)
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise StorageError(f"no sweep {name!r} in {masked(url)}") from None
+    spec = _spec_of(study)
+    if spec is None:
+        raise StorageError(f"the study {name!r} in {masked(url)} is not a workbench sweep")
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        rows.append({"trial": t.number + 1, "run": t.user_attrs.get("run", ""), "host": t.user_attrs.get("host", ""),
+                     "params": dict(t.params), "state": t.state.name.lower(), "value": t.value,
+                     "retry_of": (t.system_attrs.get("failed_trial") + 1
+                                  if t.system_attrs.get("failed_trial") is not None else None),
+                     "resumed_from": t.user_attrs.get("resumed_from") or None, "note": t.user_attrs.get("note", "")})
+    done = sorted((r for r in rows if r["state"] == "complete" and r["value"] is not None),
+                  key=lambda r: r["value"], reverse=spec.metric.goal == "maximize")
+    for k, r in enumerate(done, 1):
+        r["rank"] = k
+    return spec, rows
