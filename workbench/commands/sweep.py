@@ -147,10 +147,11 @@ def run_shared(args) -> int:
         raise QueueError("--print-commands writes the trials out for another scheduler; it does not go with --storage")
     time_budget_arg(args.time_budget)
     spec = dataclasses.replace(_spec(args), force=args.force)
+    storage = distributed.open_storage(url)  # an unreachable database, or wrong credentials: said first
     info = detect()
     if spec.time_budget:
         info = calibrated(info, spec.preset)
-    _, made = distributed.create(url, spec, args.runs_dir, Machine.from_info(info), info)
+    _, made = distributed.create(url, spec, args.runs_dir, Machine.from_info(info), info, storage)
     where = distributed.masked(url)
     if made:
         count = "every point enqueued" if spec.method != "tpe" else f"{spec.trials} trials, drawn as workers ask"

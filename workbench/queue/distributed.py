@@ -185,11 +185,12 @@ def _points(spec: SweepSpec) -> list[dict[str, Any]] | None:
     return [dict(study.ask(local._distributions(spec.params)).params) for _ in range(spec.trials)]
 
 
-def create(url: str, spec: SweepSpec, root: Path, machine: Machine, info: dict) -> tuple[Any, bool]:
+def create(url: str, spec: SweepSpec, root: Path, machine: Machine, info: dict, storage: Any = None
+           ) -> tuple[Any, bool]:
     """Make the sweep's study in the shared database (its points enqueued), or find it made by another machine
     with the same spec: (the study, made now). The same name with another spec is refused."""
     optuna = _optuna()
-    storage = open_storage(url)
+    storage = storage or open_storage(url)
     study = optuna.create_study(storage=storage, study_name=spec.name, direction=spec.metric.goal,
                                 load_if_exists=True)
     have = study.user_attrs.get(SPEC_ATTR)
