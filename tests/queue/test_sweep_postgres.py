@@ -23,7 +23,7 @@ import pytest
 from tests.support.cli import TINY, wb
 from tests.support.runs import wait_until
 from workbench import rundir
-from workbench.queue import distributed
+from workbench.queue import dburl, distributed
 
 PASSWORD = "pw-Zq81-secret"
 
@@ -103,17 +103,17 @@ def test_bad_urls_wrong_credentials_and_an_unreachable_server_are_one_line_exit_
     assert "cannot reach the database at postgresql://wb:***@127.0.0.1" in str(e.value)
     assert "Connection refused" in str(e.value) and PASSWORD not in str(e.value)
     with pytest.raises(distributed.StorageError, match="not a database URL"):
-        distributed.engine_url("pgsql:/nowhere")
+        dburl.engine_url("pgsql:/nowhere")
     _one_line_exit_2(wb("queue", "run", "--storage", "mongodb://x@y/z", "--runs-dir", str(root)),
                      "mongodb:// is not a database this supports")
     assert not root.exists()  # nothing was written
     # a SQLite path on a network filesystem: refused, naming the fix
     mounts = tmp_path / "mounts"
     mounts.write_text(f"server:/export {tmp_path} nfs4 rw 0 0\n/dev/sda1 / ext4 rw 0 0\n")
-    assert distributed.mount_type(tmp_path / "db" / "optuna.db", mounts) == "nfs4"
+    assert dburl.mount_type(tmp_path / "db" / "optuna.db", mounts) == "nfs4"
     with pytest.raises(distributed.StorageError, match="network filesystem .nfs4.*PostgreSQL"):
-        distributed.engine_url(f"sqlite:///{tmp_path}/optuna.db", mounts)
-    assert distributed.engine_url(postgres["url"]).startswith("postgresql+psycopg://")
+        dburl.engine_url(f"sqlite:///{tmp_path}/optuna.db", mounts)
+    assert dburl.engine_url(postgres["url"]).startswith("postgresql+psycopg://")
     assert distributed.masked(postgres["url"]) == f"postgresql://wb:***@127.0.0.1:{postgres['port']}/sweeps"
 
 

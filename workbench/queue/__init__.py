@@ -1,4 +1,4 @@
-"""The run queue and sweeps: many runs, one machine, nobody watching. Torch-free.
+"""The run queue and sweeps: many runs, one machine or several, nobody watching. Torch-free.
 
 - ``store``   the queue's state: a SQLite database in the runs directory (``queue.db``: WAL, every change one
   transaction), its items (runs to start, in order, with their state and outcome), the pause flag, sweeps and
@@ -7,6 +7,11 @@
   the other, each its own trainer through the CLI (``workbench train --detach``, as the TUI starts runs),
   watches it through its run directory, records how it ended, and on a restart adopts a trainer still alive or
   resumes one that died (``workbench resume``) from its last checkpoint.
+- ``devices`` where a run trains: one a GPU (``CUDA_VISIBLE_DEVICES``; an nproc-N run on N free GPUs, by the
+  estimate's memory against each GPU's free memory), or ``--slots N`` on a CPU machine, the cores divided
+- ``distributed``, ``dburl``  sweeps over several machines: one Optuna study in a shared database (``--storage
+  postgresql://...``), a worker on each machine (``queue run --storage``), heartbeats, a dead worker's trial
+  retried once elsewhere; the URL made SQLAlchemy's, masked wherever shown, SQLite on NFS refused
 - ``admit``   a run checked and estimated as ``workbench train`` would check it, before it is queued; a
   sweep's trial that does not fit auto-fitted to a smaller micro-batch with the same tokens per step
 - ``launch``  starting, stopping and resuming runs through the CLI (the queue never imports torch)
