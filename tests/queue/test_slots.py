@@ -5,6 +5,7 @@ with its share of the cores."""
 from __future__ import annotations
 
 import json
+import threading
 import tomllib
 
 import pytest
@@ -22,6 +23,8 @@ from workbench.queue.devices import (
     never_fits,
     place,
 )
+from workbench.queue.runner import Runner
+from workbench.queue.store import NewItem, QueueStore
 
 
 def card(index: int, name: str, used_mib: float = 0.0) -> Device:
@@ -85,6 +88,31 @@ def test_the_inventory_comes_from_the_machine_detection_and_cpu_slots_divide_the
     assert Placement("cpu").sets_for(()) == ()
 
 
+def test_the_runner_places_queued_runs_by_their_estimate_on_a_described_two_gpu_machine(tmp_path):
+    gpu = {"name": "NVIDIA A100-SXM4-80GB", "vram_total": 80 * 2**30, "vram_free": 80 * 2**30,
+           "compute_capability": "8.0"}
+    info = {"nvidia": [dict(gpu, index=0), dict(gpu, index=1)], "cpu": {"physical_cores": 16}}
+    root = tmp_path / "runs"
+    store = QueueStore(root)
+    one = store.add(NewItem("cpu-small", tuple(TINY), name="one"))
+    two = store.add(NewItem("cpu-small", (*TINY, "hardware.nproc=2"), name="two"))
+    four = store.add(NewItem("cpu-small", (*TINY, "hardware.nproc=4"), name="four"))
+    r = Runner(root, log=lambda m: None, info=info, devices=inventory(info))
+    need = r.need(one)
+    assert need.gpus == 1 and need.mib is not None and 0 < need.mib < 80 * 1024   # the planner's estimate
+    p, never = r.place(one, cap=2)
+    assert never is None and p is not None and p.gpus == (0,)   # equal GPUs: the first
+    assert p.env["CUDA_VISIBLE_DEVICES"] == str(p.gpus[0]) and p.env["OMP_NUM_THREADS"] == "8"
+    r.active[one.id] = (threading.Thread(), p)     # `one` holds its GPU
+    assert r.place(two, cap=2) == (None, None)     # a 2-GPU run waits for both
+    del r.active[one.id]
+    p2, _ = r.place(two, cap=2)
+    assert p2 is not None and p2.gpus == (0, 1) and p2.sets == ("hardware.nproc=2",)
+    assert "this machine has 2" in (r.place(four, cap=2)[1] or "")   # never fits: failed, not left waiting
+    store.close()
+    r.store.close()
+
+
 def _add(root, name):
     wb("queue", "add", "cpu-small", "--name", name, "--runs-dir", str(root), "--set", *TINY,
        "train.max_iters=8", "train.eval_interval=4", check=True)
@@ -106,6 +134,9 @@ def test_two_slots_run_two_tiny_runs_at_once_each_with_its_share_of_the_cores(tm
         assert r["place"] == f"cpu slot {r['slot']}/2 ({threads} thread{'s' if threads > 1 else ''})"
         hw = tomllib.loads((root / name / "preset.toml").read_text())["hardware"]
         assert (hw["nproc"], hw["num_threads"]) == (1, threads)
+    # the queue's other run is not a neighbour in the fairness record (only processes outside the queue are)
+    for name, other in (("left", "right"), ("right", "left")):
+        assert rows[other]["pid"] not in {o["pid"] for o in rows[name]["others"]}, rows[name]["others"]
     # side by side: each started before the other ended
     assert rows["left"]["started"] < rows["right"]["ended"] and rows["right"]["started"] < rows["left"]["ended"]
     # `queue ls` names each run's slot

@@ -131,9 +131,10 @@ def cmd_ls(args) -> int:
     if not listed:
         print(f"the queue of {args.runs_dir} is empty; `workbench queue add PRESET` adds a run")
         return 0
-    head = ("#", "run", "state", "where", "progress", "val", "others", "settings")
-    table = [(str(r.position or ""), r.name, r.state, r.item.place or "", r.progress(),
-              f"{r.item.metric:.4f}" if r.item.metric is not None else "", others_text(r.item.others_cpu), r.settings())
+    head = ("#", "run", "state", "progress", "val", "others", "where", "settings")
+    table = [(str(r.position or ""), r.name, r.state, r.progress(),
+              f"{r.item.metric:.4f}" if r.item.metric is not None else "", others_text(r.item.others_cpu),
+              r.item.place or "", r.settings())
              for r in listed]
     widths = [max(len(h), *(len(t[k]) for t in table)) for k, h in enumerate(head)]
     print("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())

@@ -255,7 +255,7 @@ class Runner:
                 continue
             try:
                 other = self.store.by_id(other_id)
-            except TypeError:  # removed meanwhile
+            except QueueError:  # removed meanwhile
                 continue
             if other.pid:
                 out |= run_processes(other.pid)

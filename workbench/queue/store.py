@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # (the planner is loaded where a run is planned or started, n
 DB_FILE = "queue.db"
 STATES = ("queued", "running", "finished", "failed", "stopped", "pruned")
 ENDED = ("finished", "failed", "stopped", "pruned")
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
@@ -56,9 +56,12 @@ CREATE TABLE IF NOT EXISTS items (
     others_cpu  REAL,                      -- other processes' mean share of the CPU while it trained (0-1)
     others      TEXT,                      -- JSON: the busiest of them, and other processes on its GPU
     gpu_free_before REAL,                  -- MiB free on its GPU just before its trainer started (NVML)
-    gpu_free_after  REAL,                  -- MiB free on its GPU once its trainer's process had exited
-    place       TEXT,                      -- where it runs or ran: "gpu 0,1", "cpu slot 1/2 (1 thread)"
-    gpus        TEXT,                      -- JSON: the GPU indices it holds (CUDA_VISIBLE_DEVICES)
+    gpu_free_after  REAL                   -- MiB free on its GPU once its trainer's process had exited
+);
+CREATE TABLE IF NOT EXISTS places (        -- where a started item runs or ran (a table of its own: a queue.db
+    item        INTEGER PRIMARY KEY,       -- from before it reads on, without it, as every run's place unknown)
+    place       TEXT,                      -- "gpu 0,1", "cpu slot 1/2 (1 thread)"
+    gpus        TEXT NOT NULL DEFAULT '[]',   -- JSON: the GPU indices it holds (CUDA_VISIBLE_DEVICES)
     slot        INTEGER                    -- its CPU slot (1..N) on a machine without a GPU
 );
 CREATE TABLE IF NOT EXISTS flags (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -83,8 +86,8 @@ CREATE TABLE IF NOT EXISTS trials (
 # Columns added since a queue.db was first written: an older database gains them when it is opened for writing
 # (and reads as if they were empty before that), so a queue made by an older workbench goes on.
 ADDED_COLUMNS = {"others_cpu": "REAL", "others": "TEXT",
-                 "gpu_free_before": "REAL", "gpu_free_after": "REAL",
-                 "place": "TEXT", "gpus": "TEXT", "slot": "INTEGER"}
+                 "gpu_free_before": "REAL", "gpu_free_after": "REAL"}
+PLACE_FIELDS = ("place", "gpus", "slot")
 
 
 class QueueError(WorkbenchError):
@@ -238,23 +241,37 @@ class QueueStore:
 
     # ------------------------------------------------------------------ reading
 
+    def _select(self, where: str = "", params: tuple = ()) -> list[sqlite3.Row]:
+        """Items with their places (a database without the places table, opened read-only: places unknown)."""
+        try:
+            return self.conn.execute("SELECT items.*, places.place, places.gpus, places.slot FROM items LEFT JOIN "
+                                     f"places ON places.item = items.id {where}", params).fetchall()
+        except sqlite3.OperationalError as e:
+            if "places" not in str(e):
+                raise
+            return self.conn.execute(f"SELECT * FROM items {where}", params).fetchall()
+
     def items(self, states: tuple[str, ...] | None = None) -> list[Item]:
         """Every item: those that have started, oldest first, then the queued ones in the order they will start."""
         try:
-            rows = self.conn.execute(
-                "SELECT * FROM items ORDER BY CASE state WHEN 'queued' THEN 1 ELSE 0 END, "
-                "CASE state WHEN 'queued' THEN position ELSE COALESCE(started, added) END, id").fetchall()
+            rows = self._select(
+                "ORDER BY CASE items.state WHEN 'queued' THEN 1 ELSE 0 END, "
+                "CASE items.state WHEN 'queued' THEN items.position ELSE COALESCE(items.started, items.added) END, "
+                "items.id")
         except sqlite3.OperationalError:  # read-only: a database created but not yet given its tables
             return []
         out = [Item.from_row(r) for r in rows]
         return [i for i in out if states is None or i.state in states]
 
     def find(self, name: str) -> Item | None:
-        row = self.conn.execute("SELECT * FROM items WHERE name = ?", (name,)).fetchone()
-        return Item.from_row(row) if row else None
+        rows = self._select("WHERE items.name = ?", (name,))
+        return Item.from_row(rows[0]) if rows else None
 
     def by_id(self, item_id: int) -> Item:
-        return Item.from_row(self.conn.execute("SELECT * FROM items WHERE id = ?", (item_id,)).fetchone())
+        rows = self._select("WHERE items.id = ?", (item_id,))
+        if not rows:
+            raise QueueError(f"no item {item_id} in the queue (removed)")
+        return Item.from_row(rows[0])
 
     def get(self, name: str) -> Item:
         """The item named ``name``, or one line naming the closest one."""
@@ -325,6 +342,7 @@ class QueueStore:
                 self.conn.execute("UPDATE trials SET item = NULL, note = 'removed from the queue' WHERE item = ?",
                                   (item.id,))
             self.conn.execute("DELETE FROM items WHERE id = ?", (item.id,))
+            self.conn.execute("DELETE FROM places WHERE item = ?", (item.id,))
         return item
 
     def move(self, name: str, position: int) -> int:
@@ -354,9 +372,8 @@ class QueueStore:
         """The next item to start (None when the queue is paused or has nothing queued); nothing is changed."""
         if self.paused():
             return None
-        row = self.conn.execute("SELECT * FROM items WHERE state = 'queued' ORDER BY position, id LIMIT 1"
-                                ).fetchone()
-        return Item.from_row(row) if row else None
+        rows = self._select("WHERE items.state = 'queued' ORDER BY items.position, items.id LIMIT 1")
+        return Item.from_row(rows[0]) if rows else None
 
     def claim_next(self, only: int | None = None, **fields: Any) -> Item | None:
         """The next queued item, marked running (None when the queue is paused or has nothing queued); ``only``:
@@ -369,11 +386,10 @@ class QueueStore:
                                     ).fetchone()
             if row is None or (only is not None and row[0] != only):
                 return None
-            if "gpus" in fields:
-                fields["gpus"] = json.dumps(list(fields["gpus"]))
-            extra = "".join(f", {k} = ?" for k in fields)
-            self.conn.execute(f"UPDATE items SET state = 'running', started = ?, pid = NULL, note = NULL{extra} "
-                              "WHERE id = ?", (time.time(), *fields.values(), row[0]))
+            self.conn.execute("UPDATE items SET state = 'running', started = ?, pid = NULL, note = NULL "
+                              "WHERE id = ?", (time.time(), row[0]))
+            if fields:
+                self._set_place(row[0], fields)
         return self.by_id(row[0])
 
     def update(self, item_id: int, **fields: Any) -> Item:
@@ -384,12 +400,24 @@ class QueueStore:
             raise ValueError(f"state {fields['state']!r}")
         if "others" in fields:
             fields["others"] = json.dumps(list(fields["others"]))
-        if "gpus" in fields:
-            fields["gpus"] = json.dumps(list(fields["gpus"]))
+        place = {k: fields.pop(k) for k in PLACE_FIELDS if k in fields}
         cols = ", ".join(f"{k} = ?" for k in fields)
         with self._tx():
-            self.conn.execute(f"UPDATE items SET {cols} WHERE id = ?", (*fields.values(), item_id))
+            if fields:
+                self.conn.execute(f"UPDATE items SET {cols} WHERE id = ?", (*fields.values(), item_id))
+            if place:
+                self._set_place(item_id, place)
         return self.by_id(item_id)
+
+    def _set_place(self, item_id: int, fields: dict[str, Any]) -> None:
+        """Where item ``item_id`` runs (place, gpus, slot), inside the caller's transaction."""
+        have = self.conn.execute("SELECT place, gpus, slot FROM places WHERE item = ?", (item_id,)).fetchone()
+        now: dict[str, Any] = dict(zip(PLACE_FIELDS, have)) if have else {"place": None, "gpus": "[]", "slot": None}
+        now.update(fields)
+        if not isinstance(now["gpus"], str):
+            now["gpus"] = json.dumps(list(now["gpus"] or ()))
+        self.conn.execute("INSERT OR REPLACE INTO places VALUES (?, ?, ?, ?)",
+                          (item_id, now["place"], now["gpus"], now["slot"]))
 
     # ------------------------------------------------------------------ sweeps
 
