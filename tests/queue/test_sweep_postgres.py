@@ -166,6 +166,11 @@ def test_two_workers_share_a_study_and_a_killed_workers_trial_is_retried_by_the_
     assert sorted(p.name for p in a_root.glob("pg-t*")) == ["pg-t0001"]
     assert sorted(p.name for p in b_root.glob("pg-t*")) == ["pg-t0002", "pg-t0003"]
     assert rundir.read_status(b_root / "pg-t0003").state == "finished"
+    # the killed worker's trainer stopped with a checkpoint (SIGTERM when its worker died): a worker sharing its
+    # runs directory resumes the retry from there; b, with a directory of its own, started from the beginning
+    assert rundir.read_status(first).state == "stopped"
+    assert distributed.retry_from(a_root, "pg-t0001") == rundir.list_checkpoints(first)[-1]["name"]
+    assert distributed.retry_from(b_root, "pg-t0001") is None
     # the study-wide count holds: two trials, the failed one replaced by its retry
     import optuna
     study = optuna.load_study(study_name="pg", storage=distributed.open_storage(url))

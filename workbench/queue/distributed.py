@@ -186,6 +186,16 @@ def _die_with_parent() -> None:
         pass
 
 
+def retry_from(root: Path, run: str | None) -> str | None:
+    """The checkpoint a retry of the dead trial's ``run`` resumes from on a machine whose runs directory is
+    ``root``: its newest complete checkpoint when the run's directory is there (a shared runs directory), else
+    None (the retry starts from the beginning)."""
+    if not run or not (Path(root) / run / rundir.PRESET_FILE).is_file():
+        return None
+    ckpts = rundir.list_checkpoints(Path(root) / run)
+    return str(ckpts[-1]["name"]) if ckpts else None
+
+
 class SharedPruning(local.Pruning):
     """The sweep's pruner on a trial of the shared study: it compares the trial with every worker's reports."""
 
@@ -271,11 +281,10 @@ class Worker:
                 before = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(
                     study._study_id, history[-1]))
                 prev = before.user_attrs.get("run")
-                if prev and (self.root / prev / rundir.PRESET_FILE).is_file() and \
-                        rundir.list_checkpoints(self.root / prev):
-                    resume = prev
-                how = (f"resuming its run {prev} from {rundir.list_checkpoints(self.root / prev)[-1]['name']} "
-                       "(its run directory is shared with this machine)" if resume else
+                ckpt = retry_from(self.root, prev)
+                resume = prev if ckpt else None
+                how = (f"resuming its run {prev} from {ckpt} (its run directory is shared with this machine)"
+                       if resume else
                        f"from the start (its run {prev} is not in {self.root}: not a shared runs directory, or no "
                        "checkpoint yet)")
                 self.say(f"{name} retries trial {history[-1] + 1} (failed by heartbeat on "
