@@ -113,6 +113,14 @@ def test_the_runner_places_queued_runs_by_their_estimate_on_a_described_two_gpu_
     r.store.close()
 
 
+def test_a_worker_started_on_one_gpu_trains_its_trials_with_one_process_a_visible_gpu():
+    from workbench.queue.distributed import visible_gpu_sets
+    assert visible_gpu_sets({"CUDA_VISIBLE_DEVICES": "3"}, ("train.lr=1e-3",)) == ("hardware.nproc=1",)
+    assert visible_gpu_sets({"CUDA_VISIBLE_DEVICES": "0,1"}, ()) == ("hardware.nproc=2",)
+    assert visible_gpu_sets({"CUDA_VISIBLE_DEVICES": "0,1"}, ("hardware.nproc=1",)) == ()   # the trial's own wins
+    assert visible_gpu_sets({}, ()) == () and visible_gpu_sets({"CUDA_VISIBLE_DEVICES": ""}, ()) == ()
+
+
 def _add(root, name):
     wb("queue", "add", "cpu-small", "--name", name, "--runs-dir", str(root), "--set", *TINY,
        "train.max_iters=8", "train.eval_interval=4", check=True)

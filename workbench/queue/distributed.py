@@ -45,6 +45,7 @@ from workbench import rundir
 from workbench.cli_client import cli_argv
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
+from workbench.queue import devices as devices_mod
 from workbench.queue import sweep as local
 from workbench.queue.dburl import HEARTBEAT_S, StorageError, masked, open_storage
 from workbench.queue.outcome import final_metric
@@ -186,6 +187,16 @@ def _die_with_parent() -> None:
         pass
 
 
+def visible_gpu_sets(env: dict[str, str], run_sets: tuple[str, ...]) -> tuple[str, ...]:
+    """A worker started with ``CUDA_VISIBLE_DEVICES`` (one worker a GPU): its trials train with one process per
+    GPU it sees (NVML, which the planner's auto nproc counts, sees every GPU of the machine), unless the trial
+    sets ``hardware.nproc`` itself."""
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if "CUDA_VISIBLE_DEVICES" not in env or not visible:
+        return ()
+    return devices_mod.Placement("", sets=(f"hardware.nproc={len(visible)}",)).sets_for(run_sets)
+
+
 def retry_from(root: Path, run: str | None) -> str | None:
     """The checkpoint a retry of the dead trial's ``run`` resumes from on a machine whose runs directory is
     ``root``: its newest complete checkpoint when the run's directory is there (a shared runs directory), else
@@ -305,7 +316,10 @@ class Worker:
             if resume:
                 argv = cli_argv(self.root, "resume", resume)
             else:
-                argv = cli_argv(self.root, "train", *dataclasses.replace(item.new_run(), name=name).cli_args())
+                new = item.new_run()
+                extra = visible_gpu_sets(self.env, new.overrides)
+                new = dataclasses.replace(new, name=name, overrides=tuple(new.overrides) + extra)
+                argv = cli_argv(self.root, "train", *new.cli_args())
             self.say(f"{'resuming' if resume else 'starting'} {run} ({' '.join(point_sets(params))}), "
                      f"trial {frozen.number + 1}")
             state, value, why = self._train(study, spec, trial, run, argv)

@@ -40,7 +40,7 @@ from workbench.cli_client import CliError
 from workbench.errors import WorkbenchError
 from workbench.fs import PidLock
 from workbench.machine.activity import OthersLoad, run_processes
-from workbench.machine.detect import detect, gpu_free_mib
+from workbench.machine.detect import detect, detect_nvidia, gpu_free_mib
 from workbench.queue import devices as devices_mod
 from workbench.queue import sweep
 from workbench.queue.launch import CliLauncher
@@ -122,7 +122,10 @@ class Runner:
         self.log(f"{time.strftime('%H:%M:%S')} {where}{msg}")
 
     def devices(self) -> list[devices_mod.Device]:
-        return self.given_devices if self.given_devices is not None else devices_mod.inventory(detect())
+        """The GPUs and their free memory now (NVML, read again each time a run is placed), or the given ones."""
+        if self.given_devices is not None:
+            return self.given_devices
+        return devices_mod.inventory({"nvidia": detect_nvidia()[0]})
 
     def run(self) -> int:
         with RunnerLock(self.root):
@@ -405,7 +408,7 @@ class Runner:
         """MiB free on the (first) GPU this runner's run holds, as NVML reports it."""
         if self.placement and self.placement.gpus:
             first = self.placement.gpus[0]
-            return next((d.free_mib for d in devices_mod.inventory(detect()) if d.index == first), None)
+            return next((d.free_mib for d in self.devices() if d.index == first), None)
         return gpu_free_mib()
 
     # ------------------------------------------------------------------ sweeps
