@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,7 +63,10 @@ TRIALS_ATTR = "workbench_trials"
 
 
 def _optuna() -> Any:
-    return local._optuna()
+    optuna = local._optuna()
+    # our workers record heartbeats themselves (Heartbeat, below), which is what the warning is about
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    return optuna
 
 
 # ----------------------------------------------------------------------------- making the sweep
