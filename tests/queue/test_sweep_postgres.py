@@ -166,6 +166,8 @@ def test_two_workers_share_a_study_and_a_killed_workers_trial_is_retried_by_the_
     assert sorted(p.name for p in a_root.glob("pg-t*")) == ["pg-t0001"]
     assert sorted(p.name for p in b_root.glob("pg-t*")) == ["pg-t0002", "pg-t0003"]
     assert rundir.read_status(b_root / "pg-t0003").state == "finished"
+    listed = wb("sweep", "ls", "--storage", url, check=True).stdout
+    assert listed.startswith("pg  grid  2/2 ended  best pg-t000"), listed
     # the killed worker's trainer stopped with a checkpoint (SIGTERM when its worker died): a worker sharing its
     # runs directory resumes the retry from there; b, with a directory of its own, started from the beginning
     assert rundir.read_status(first).state == "stopped"

@@ -140,9 +140,11 @@ def run_shared(args) -> int:
         if not name:
             raise QueueError("name the sweep: `workbench sweep show NAME --storage URL`")
         return show_shared(url, name, args.json)
-    if args.target in ("ls", "save-best"):
-        raise QueueError(f"`sweep {args.target}` reads this runs directory's sweeps; with --storage, `sweep show NAME "
-                         "--storage URL` shows a shared one")
+    if args.target == "ls":
+        return list_shared(url)
+    if args.target == "save-best":
+        raise QueueError("`sweep save-best` reads this runs directory's sweeps; with --storage, `sweep show NAME "
+                         "--storage URL` shows a shared one's best, and its run directory is on the machine it ran on")
     if args.print_commands or args.gpu:
         raise QueueError("--print-commands writes the trials out for another scheduler; it does not go with --storage")
     time_budget_arg(args.time_budget)
@@ -161,6 +163,22 @@ def run_shared(args) -> int:
         print(f"sweep {spec.name} is already in {where} with this spec: nothing added")
     print(f"run `workbench queue run --storage URL` on each machine (the URL in $WORKBENCH_STORAGE keeps the "
           f"password off the command line); `workbench sweep show {spec.name} --storage URL` ranks the trials")
+    return 0
+
+
+def list_shared(url: str) -> int:
+    from workbench.queue import distributed
+    sweeps = distributed.summaries(url)
+    if not sweeps:
+        print(f"no sweeps in {distributed.masked(url)}; `workbench sweep PRESET --set-grid KEY=V1,V2 --storage URL` "
+              "makes one")
+        return 0
+    for d in sweeps:
+        line = f"{d['name']}  {d['method']}  {d['ended']}/{d['target'] or d['counted']} ended"
+        if d["best"] is not None:
+            line += (f"  best {d['best_run']} {d['metric']} {d['best']:.4f} "
+                     f"({' '.join(point_sets(d['best_params']))})")
+        print(line)
     return 0
 
 

@@ -378,6 +378,27 @@ class Worker:
 
 # ----------------------------------------------------------------------------- results
 
+def summaries(url: str) -> list[dict[str, Any]]:
+    """Each workbench sweep in the shared database: its method, trials ended of counted, and best."""
+    optuna = _optuna()
+    storage = open_storage(url)
+    out = []
+    for s in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if SPEC_ATTR not in s.user_attrs:
+            continue
+        spec = SweepSpec.from_dict(s.user_attrs[SPEC_ATTR])
+        study = optuna.load_study(study_name=s.study_name, storage=storage)
+        trials = study.get_trials(deepcopy=False)
+        done = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None]
+        best = (min if spec.metric.goal == "minimize" else max)(done, key=lambda t: t.value) if done else None
+        out.append({"name": s.study_name, "method": spec.method, "counted": counted(study),
+                    "ended": sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials),
+                    "target": s.user_attrs.get(TRIALS_ATTR), "metric": spec.metric.name,
+                    "best_run": best.user_attrs.get("run") if best else None,
+                    "best": best.value if best else None, "best_params": dict(best.params) if best else None})
+    return out
+
+
 def results(url: str, name: str) -> tuple[SweepSpec, list[dict[str, Any]]]:
     """The sweep's trials as the shared study holds them, ranked by the metric."""
     optuna = _optuna()
