@@ -260,8 +260,11 @@ class Worker:
         study = optuna.load_study(study_name=name, storage=self.storage)
         spec = _spec_of(study)
         assert spec is not None  # (only workbench's sweeps are listed)
+        # tpe's sampler seeded apart on each worker: two workers started together must not draw the same startup
+        # points (a worker's draws are not reproducible anyway: they depend on what the others have told)
+        made = len(study.trials) + 1000 * (hash((self.host, os.getpid())) % 9973)
         study = optuna.load_study(study_name=name, storage=self.storage,
-                                  sampler=local._sampler(spec, len(study.trials)), pruner=local._pruner(spec))
+                                  sampler=local._sampler(spec, made), pruner=local._pruner(spec))
         target = int(study.user_attrs.get(TRIALS_ATTR) or spec.trials or 0)
         waiting_said = False
         while True:
