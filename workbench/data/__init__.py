@@ -14,6 +14,9 @@ Text documents:
                        the join into ``tokens.bin``
 - ``tokens``           the token store a run reads: the train/validation split and the window sampler
 - ``train_data``       what the engine trains on, whatever its kind: the TrainData interface, its sampler, a Batch
+- ``mixture``          a weighted mixture's plan: counts by apportionment, an order exact at every prefix, a
+                       sampler whose state is a counter
+- ``mixture_data``     a prepared mixture: each source a corpus prepared as today, drawn in the plan's order
 
 Conversations:
 
