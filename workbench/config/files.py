@@ -11,7 +11,13 @@ from typing import Any
 
 import tomli_w
 
-from workbench.config.overrides import apply_overrides, overridden_keys, parse_toml
+from workbench.config.overrides import (
+    apply_overrides,
+    apply_source_overrides,
+    overridden_keys,
+    parse_source_override,
+    parse_toml,
+)
 from workbench.config.schema import Preset, PresetError
 from workbench.config.validate import did_you_mean, preset_from_dict
 from workbench.fs import write_atomic
@@ -29,10 +35,13 @@ def load_preset_file(path: str | Path, overrides: list[str] | None = None,
     except (OSError, UnicodeDecodeError) as e:
         raise PresetError(f"cannot read preset file {path}: {e}") from None
     data = parse_toml(text, str(path))
-    if overrides:
-        apply_overrides(data, overrides)
+    plain = [o for o in overrides or [] if parse_source_override(o) is None]
+    if plain:
+        apply_overrides(data, plain)
     for sec, kv in (values or {}).items():
         data.setdefault(sec, {}).update(kv)
+    # a mixture's source set by name, once the mixture is known (the preset's, or --corpus NAME=PATH:WEIGHT's)
+    apply_source_overrides(data, overrides or [])
     user_set = overridden_keys(overrides) | {f"{sec}.{key}" for sec, kv in (values or {}).items() for key in kv}
     return preset_from_dict(data, str(path), name=data.get("name") or path.stem, user_set=user_set)
 

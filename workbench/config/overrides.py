@@ -18,10 +18,47 @@ def parse_toml(text: str, where: str) -> dict[str, Any]:
         raise PresetError(f"{where}: not valid TOML: {e}") from None
 
 
+# One source of a mixture: ``data.mixture.NAME.FIELD=value`` (its weight a sweep can search, its max_repeat or
+# corpus), applied to the source of that name once the preset's mixture (or --corpus NAME=PATH:WEIGHT's) is known.
+SOURCE_FIELDS = ("weight", "max_repeat", "corpus")
+_SOURCE_PREFIX = "data.mixture."
+
+
+def parse_source_override(item: str) -> tuple[str, str, Any] | None:
+    """``data.mixture.NAME.FIELD=value`` -> (NAME, FIELD, value); None for any other item."""
+    lhs, _, rhs = item.partition("=")
+    lhs = lhs.strip()
+    if not lhs.startswith(_SOURCE_PREFIX) or "=" not in item:
+        return None
+    name, _, fld = lhs[len(_SOURCE_PREFIX):].rpartition(".")
+    if not name or fld not in SOURCE_FIELDS:
+        raise PresetError(f"--set {item!r}: a mixture's source is set as data.mixture.NAME.FIELD=value, FIELD one "
+                          f"of {', '.join(SOURCE_FIELDS)}, e.g. --set data.mixture.code.weight=0.3")
+    return name, fld, parse_value(rhs)
+
+
+def apply_source_overrides(data: dict[str, Any], overrides: list[str]) -> None:
+    """Each ``data.mixture.NAME.FIELD=value`` of ``overrides`` applied to the source named NAME (in place)."""
+    for item in overrides:
+        if (parsed := parse_source_override(item)) is None:
+            continue
+        name, fld, value = parsed
+        sources = data.get("data", {}).get("mixture") or []
+        match = [s for s in sources if isinstance(s, dict) and s.get("name") == name]
+        if not match:
+            names = ", ".join(repr(s.get("name")) for s in sources if isinstance(s, dict)) or "none"
+            raise PresetError(f"--set {item!r}: the mixture has no source named {name!r} (its sources: {names}); "
+                              "name one of them, or add it with --corpus NAME=PATH:WEIGHT or [[data.mixture]]")
+        match[0][fld] = value
+
+
 def parse_override(item: str) -> tuple[str, str, Any]:
-    """``section.key=value`` -> (section, key, value parsed as TOML; a bare word is a string)."""
+    """``section.key=value`` -> (section, key, value parsed as TOML; a bare word is a string). A mixture's source
+    (``data.mixture.NAME.FIELD``) -> ("data", "mixture.NAME.FIELD", value)."""
     if "=" not in item:
         raise PresetError(f"--set {item!r}: expected section.key=value, e.g. --set train.max_iters=200")
+    if (source := parse_source_override(item)) is not None:
+        return "data", f"mixture.{source[0]}.{source[1]}", source[2]
     lhs, rhs = item.split("=", 1)
     lhs = lhs.strip()
     if lhs.count(".") != 1:
@@ -54,5 +91,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """Apply `section.key=value` strings (value parsed as TOML) to parsed preset data in place."""
     for item in overrides:
         sec, key, value = parse_override(item)
-        data.setdefault(sec, {})[key] = value
+        if parse_source_override(item) is None:
+            data.setdefault(sec, {})[key] = value
+    apply_source_overrides(data, overrides)
     return data
