@@ -1,13 +1,16 @@
 """GRPO's step in the engine: the rollouts of a batch of prompts from the current policy, their rewards, and the
 loss of one policy-gradient step (:mod:`workbench.train.grpo`'s), with what the run logs of it.
 
-* **Rollouts**: each prompt's G completions are sampled together, G rows of one KV cache
-  (:func:`workbench.train.generate.sample_rows`, generation's batched case), from the policy as it is at this step
-  (eval mode, no dropout, its own dtype). A completion that ends at a stop id keeps it, so the policy learns to
-  stop; the prompt is cropped from the left so that prompt and completion fit one window of the context.
-* **Seeds, not a saved generator**: prompt i of step s is sampled with a seed made from (train.seed, s, i), so the
-  rollouts of a step are a function of the weights and the step alone; a resumed run (kill -9 included) samples
-  exactly what the run it continues would have, with nothing more in the checkpoint than its step.
+* **Rollouts**: every prompt's G completions are sampled together, prompts x G rows of one KV cache, the prompts
+  left-padded to one length (:func:`workbench.train.generate.sample_prompts`, generation's batched case), from the
+  policy as it is at this step (eval mode, no dropout, its own dtype). A completion that ends at a stop id keeps it,
+  so the policy learns to stop; the prompt is cropped from the left so that prompt and completion fit one window of
+  the context.
+* **Seeds, not a saved generator**: prompt i of step s is sampled with a generator of its own seeded from
+  (train.seed, s, i), in the batch as alone (which prompts share the batch changes only the rounding of the
+  logits, not the random stream), so the rollouts of a step are a function of the weights and the step alone; a
+  resumed run (kill -9 included) samples exactly what the run it continues would have, with nothing more in the
+  checkpoint than its step.
 * **One inner iteration** (TRL's ``num_iterations = 1``): the loss is taken once per rollout, so the old
   log-probs are the policy's own, detached (the ratio is 1 and its gradient the plain policy gradient; the clip
   only bites when rollouts are reused, which this step does not).
@@ -26,7 +29,7 @@ import torch
 
 from workbench.data.train_data import IGNORE
 from workbench.plan.sampling import Sampling
-from workbench.train.generate import sample_rows
+from workbench.train.generate import sample_prompts
 from workbench.train.grpo import group_advantages, grpo_loss
 from workbench.train.lora import adapters_off
 
@@ -96,10 +99,11 @@ def rollout(model: torch.nn.Module, prompts: list[list[int]], score: Score, s: G
     starts: list[int] = []
     completions: list[list[int]] = []
     rewards: list[float] = []
-    for i, ids in enumerate(prompts):
-        prompt = list(ids)[-keep:] or [0]
-        for comp in sample_rows(model, prompt, s.group, sampling, rollout_seed(seed, step, i), stops,
-                                keep_stop=True):
+    cropped = [list(ids)[-keep:] or [0] for ids in prompts]
+    seeds = [rollout_seed(seed, step, i) for i in range(len(prompts))]
+    sampled = sample_prompts(model, cropped, s.group, sampling, seeds, stops, keep_stop=True)
+    for i, (prompt, comps) in enumerate(zip(cropped, sampled)):
+        for comp in comps:
             rows.append(prompt + comp)
             starts.append(len(prompt))
             completions.append(comp)

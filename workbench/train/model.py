@@ -91,10 +91,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 @dataclass
 class KVCache:
-    """Per-layer key/value tensors [B, n_kv, T_max, hd] filled up to `pos`."""
+    """Per-layer key/value tensors [B, n_kv, T_max, hd] filled up to `pos`.
+
+    ``pad`` (left-padded rows of different lengths, :func:`workbench.train.generate.sample_prompts`): [B] the
+    number of pad tokens each row starts with. Row b's token at cache position j then has RoPE position j - pad[b]
+    and its pad keys are hidden from every query, so each row computes what it would alone (to rounding: other
+    shapes, an explicit mask). None: no padding, the plain causal path."""
     k: list[torch.Tensor] = field(default_factory=list)
     v: list[torch.Tensor] = field(default_factory=list)
     pos: int = 0
+    pad: torch.Tensor | None = None
+
+    def padded(self, start: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE positions [B, T] of the next ``T`` tokens from cache position ``start`` and their attention
+        mask [B, 1, T, start + T] (True: may attend): causal, no pad key, and a pad query sees itself (a query
+        with every key masked would make NaN, which the pad's value would carry into the real rows' sums)."""
+        pad = self.pad
+        q = torch.arange(start, start + T, device=pad.device)
+        keys = torch.arange(start + T, device=pad.device)
+        positions = (q[None, :] - pad[:, None]).clamp_min(0)
+        mask = (keys[None, None, :] >= pad[:, None, None]) & (keys[None, None, :] <= q[None, :, None])
+        mask = mask | (keys[None, None, :] == q[None, :, None])
+        return positions, mask.unsqueeze(1)
 
 
 class Attention(nn.Module):
@@ -253,11 +271,13 @@ class GPT(nn.Module):
         start = cache.pos if cache is not None else 0
         if start + T > self.cfg.seq_len:
             raise ValueError(f"sequence of {start + T} tokens exceeds seq_len {self.cfg.seq_len}")
+        mask = None
+        if cache is not None and cache.pad is not None:   # left-padded rows: per-row positions, pad keys hidden
+            positions, mask = cache.padded(start, T)
         if positions is not None:
             cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
         else:
             cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
-        mask = None
         if segments is not None and not isinstance(segments, torch.Tensor):
             mask = segments  # flex attention's BlockMask, made from the segments (document_mask)
         elif segments is not None:
@@ -323,11 +343,13 @@ class GPT(nn.Module):
             return logits, F.cross_entropy(flat, targets.reshape(-1))
         return logits, F.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE, reduction="sum") / loss_tokens
 
-    def new_cache(self, batch: int, device, dtype) -> KVCache:
+    def new_cache(self, batch: int, device, dtype, pad: torch.Tensor | None = None) -> KVCache:
+        """An empty cache for ``batch`` rows; ``pad`` [B]: the left pad of each row (see :class:`KVCache`)."""
         c = self.cfg
         shape = (batch, c.n_kv_heads, c.seq_len, c.head_dim)
         return KVCache(k=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(c.n_layers)],
-                       v=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(c.n_layers)])
+                       v=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(c.n_layers)],
+                       pad=None if pad is None else pad.to(device))
 
 
 class FusedLinearCrossEntropy(torch.autograd.Function):
