@@ -9,9 +9,10 @@ iteration, fp32.
 1. Pretrains cpu-small (dim --dim, --layers layers, no QK-norm so it exports as a plain Llama, vocab 512,
    seq 128) for 20 steps on the built-in corpus through the real CLI, and exports it with
    ``workbench export --format hf``: TRL loads those weights and that tokenizer, workbench its own checkpoint.
-2. workbench's step: ``workbench.train.grpo_step.rollout`` (each prompt's G completions as G rows of one KV cache,
-   ``sample_rows``), then ``rollout_loss`` (one forward with log-probs, the dapo loss), backward, the gradient
-   clipped to 1 and an AdamW step: what ``GRPORun.forward_backward`` and the loop do, without the run directory.
+2. workbench's step: ``workbench.train.grpo_step.rollout`` (every prompt's G completions as rows of one KV cache,
+   the prompts left-padded to one length: ``sample_prompts``), then ``rollout_loss`` (one forward with log-probs,
+   the dapo loss), backward, the gradient clipped to 1 and an AdamW step: what ``GRPORun.forward_backward`` and the
+   loop do, without the run directory.
    Its generation is ``rollout`` (sampling and scoring).
 3. TRL's step: ``GRPOTrainer.train()`` with per_device_train_batch_size = prompts x G, num_generations G,
    max_completion_length --new, beta 0, num_iterations 1, loss_type dapo (both defaults), AdamW, max_grad_norm 1,
@@ -20,9 +21,9 @@ iteration, fp32.
    ``_generate_single_turn`` (the padded batch through ``transformers``' ``generate``).
 4. Interleaved: TRL's trainer calls workbench's step from its ``on_step_end`` callback, so the steps run A, B, A,
    B... and a noisy neighbour hits both alike; --warmup pairs are dropped, then the medians of --steps pairs and
-   the ratio of the paired step times. After each workbench step, outside its timing, a what-if: workbench's
-   sampler (``sample_rows``) drawing all prompts x G rows in one batch (prompt 1's, so equal lengths) rather than
-   rollout's batch of G rows a prompt, the step's prompts one after another.
+   the ratio of the paired step times. After each workbench step, outside its timing, the rollout's sampling as it
+   was before batching across prompts: ``sample_rows``, a batch of G rows a prompt, the prompts one after another
+   (the same completions but for rounding: each prompt keeps its own generator).
 
 Equal lengths: the exported tokenizer has no EOS (workbench's sentencepiece model has none), so neither side can
 stop early; workbench rolls out with no stop ids and TRL is given ``min_new_tokens = max_completion_length``
@@ -90,7 +91,7 @@ class WorkbenchSide:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR, weight_decay=0.0)
         self.new = args.new
         self.times: list[tuple[float, float]] = []   # (step, generation) seconds
-        self.one_batch: list[float] = []              # the sampler's seconds for all B x G rows as one batch
+        self.per_prompt: list[float] = []             # the sampler's seconds with a batch of G rows a prompt
 
     def score(self, i: int, ids: list[int]) -> float:
         return letters(self.tok.decode(ids))
@@ -112,13 +113,15 @@ class WorkbenchSide:
         if lens != {self.new} or len(r.completions) != len(self.prompts) * self.settings.group:
             raise SystemExit(f"workbench: completions of {sorted(lens)} tokens, not all {self.new}")
         self.times.append((t2 - t0, t1 - t0))
-        # the what-if behind the gap: the sampler with every row of the step in one batch (prompt 1's, B x G rows)
-        # rather than a batch of G rows a prompt, as rollout does; not part of the step above
+        # before batching across prompts: rollout's sampling a batch of G rows a prompt (sample_rows, the prompts one
+        # after another, each from its own seed as rollout seeds it); not part of the step above
         from workbench.train.generate import sample_rows
+        from workbench.train.grpo_step import rollout_seed
+        sampling = self.settings.sampling.replace(max_new_tokens=self.new)
         t3 = time.perf_counter()
-        sample_rows(self.model, self.prompts[0], len(self.prompts) * self.settings.group,
-                    self.settings.sampling.replace(max_new_tokens=self.new), k, frozenset())
-        self.one_batch.append(time.perf_counter() - t3)
+        for i, p in enumerate(self.prompts):
+            sample_rows(self.model, p, self.settings.group, sampling, rollout_seed(0, k, i), frozenset())
+        self.per_prompt.append(time.perf_counter() - t3)
 
 
 def trl_side(hf: Path, out: Path, args, wb: WorkbenchSide):
@@ -237,10 +240,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nworkbench speed-up (TRL s / workbench s, paired): median {statistics.median(ratios):.2f}x "
           f"(range {min(ratios):.2f}-{max(ratios):.2f}); generation {statistics.median(gen_ratios):.2f}x, "
           f"the rest (loss, backward, optimizer) {statistics.median(rest):.2f}x")
-    one = statistics.median(wb.one_batch[args.warmup:])
-    print(f"workbench's sampler with all {n} rows in one batch (prompt 1 {n} times, not the step's prompts; "
-          f"rollout samples a batch of G rows a prompt): {one:.3f} s, against rollout's "
-          f"{statistics.median(w[1] for _, w in pairs):.3f} s and TRL's generation "
+    before = statistics.median(wb.per_prompt[args.warmup:])
+    lengths = sorted(len(p) for p in wb.prompts)
+    print(f"workbench's rollout (sampling and scoring) with the {n} rows in one left-padded batch (prompts of "
+          f"{lengths[0]}-{lengths[-1]} tokens): {statistics.median(w[1] for _, w in pairs):.3f} s; its sampling "
+          f"a batch of G rows a prompt, as before: {before:.3f} s; TRL's generation "
           f"{statistics.median(t[1] for t, _ in pairs):.3f} s")
 
 
