@@ -31,7 +31,7 @@ from workbench.commands.common import (
     print_progress,
     sampling_of,
 )
-from workbench.commands.pairs import REWARDS, add_reward_options, check_sampling, sampler_for
+from workbench.commands.pairs import REWARDS, add_reward_options, batches, check_sampling, sampler_for
 from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task
 from workbench.data.chat_templates import ChatTemplate, ChatTemplateError, run_template
 from workbench.data.documents import open_corpus
@@ -256,14 +256,17 @@ def score_reward(s: RewardScoring, sampler, ck: dict, progress: bool) -> dict:
     name = f"reward:{s.reward.short}"
     show = progress_printer(name, len(s.prompts.items), ck["name"]) if progress else None
     rewards, per_prompt = [], []
-    for i, p in enumerate(s.prompts.items):
-        completions = sampler.complete(p, s.samples, s.sampling.seed + i)
-        got = [s.reward.score(p.text, c, p.record) for c in completions]
-        rewards.append(got)
-        per_prompt.append({"task": name, "checkpoint": ck["name"], "prompt": p.text, "completions": completions,
-                           "rewards": got})
-        if show:
-            show(i + 1)
+    items = s.prompts.items
+    for batch in batches(0, len(items), s.samples):    # prompt i from its own seed + i, as workbench pairs
+        sampled = sampler.complete_many([items[i] for i in batch], s.samples, [s.sampling.seed + i for i in batch])
+        for i, completions in zip(batch, sampled):
+            p = items[i]
+            got = [s.reward.score(p.text, c, p.record) for c in completions]
+            rewards.append(got)
+            per_prompt.append({"task": name, "checkpoint": ck["name"], "prompt": p.text, "completions": completions,
+                               "rewards": got})
+            if show:
+                show(i + 1)
     summary = summarize(rewards, s.k, s.threshold)
     return {"task": name, "reward": s.reward.describe(), "prompts_file": s.prompts.path,
             "prompts_sha256": s.prompts.sha256, "chat": sampler.chat, "sampling": asdict(s.sampling),

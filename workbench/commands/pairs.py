@@ -1,13 +1,16 @@
 """`workbench pairs RUN --prompts FILE --reward R --samples K`: preference pairs from a checkpoint's own samples.
 
-K completions of each prompt are sampled (the K at once, one KV cache of K rows), scored by the reward, and every
+K completions of each prompt are sampled (a batch of prompts at once, their K rows in one KV cache, the prompts
+left-padded: :func:`~workbench.train.generate.sample_prompts`), scored by the reward, and every
 two with different rewards written as a pair (:mod:`workbench.reward.pairs`: the format, the sidecar, continuing
 after a stop). A chat-tuned run (one with a chat template) answers each prompt as the user's message through its
 template, as the preference trainer will render the pair, and stops at its end-of-turn token; any other run
 continues the prompt's text. Either stops at the tokenizer's end-of-document token, else after --max-new-tokens.
 
 Everything is read and checked before torch loads (the run, the checkpoint, the reward, the prompts, an earlier
-pairs file); prompt i is sampled with seed + i, so the same command gives the same file, in one go or continued.
+pairs file); prompt i is sampled with its own generator seeded seed + i, and the batches are fixed by the prompts'
+indices (:func:`batches`: a continued run samples its first batch whole again), so the same command gives the same
+file, in one go or continued, bit for bit.
 
 :func:`open_sampler` and :class:`Sampler` are shared with ``workbench eval --reward``.
 """
@@ -42,6 +45,7 @@ from workbench.reward import (
 )
 
 SAMPLES = 4   # the DPO paper's: 4 samples a prompt, all 6 pairs
+BATCH_ROWS = 128   # rows sampled together: BATCH_ROWS // K prompts a batch (at least one)
 
 REWARD_HELP = ("exact[:FIELD] (the completion's first line equals the record's FIELD, default answer), "
                "regex:PATTERN, contains:TEXT, length:TARGET (characters; graded 1 - |len-T|/T, at least 0), "
@@ -121,11 +125,21 @@ class Sampler:
             [{"role": "user", "content": prompt.text}]
         return list(self.encoder.prompt_ids(messages))
 
-    def complete(self, prompt: Prompt, k: int, seed: int) -> list[str]:
-        """``k`` completions of ``prompt``, sampled together with one generator seeded ``seed``."""
-        from workbench.train.generate import sample_rows  # generation's batched case (torch: imported here)
-        return [self.tok.decode(ids) for ids in sample_rows(self.model, self.prompt_ids(prompt), k, self.sampling,
-                                                             seed, self.stops)]
+    def complete_many(self, prompts: list[Prompt], k: int, seeds: list[int]) -> list[list[str]]:
+        """``k`` completions of each prompt, the prompts' rows sampled together (left-padded in one KV cache), each
+        prompt from its own generator seeded by its entry of ``seeds``: what the prompt alone would get, to the
+        rounding of a padded batch."""
+        from workbench.train.generate import sample_prompts  # generation's batched case (torch: imported here)
+        rows = sample_prompts(self.model, [self.prompt_ids(p) for p in prompts], k, self.sampling, seeds, self.stops)
+        return [[self.tok.decode(ids) for ids in r] for r in rows]
+
+
+def batches(start: int, total: int, k: int) -> list[range]:
+    """The batches of prompt indices sampled together, from the one holding prompt ``start`` to ``total``:
+    ``BATCH_ROWS // k`` prompts each, counted from prompt 0, so that a continued run samples the same batches as one
+    go (the same rows together, the same numbers); the caller skips the prompts before ``start``."""
+    size = max(1, BATCH_ROWS // k)
+    return [range(a, min(a + size, total)) for a in range(start // size * size, total, size)]
 
 
 def sampler_for(run_dir: Path, model: Any, tok: Any, sampling: Sampling, device: str) -> Sampler:
@@ -198,11 +212,15 @@ def run(args) -> int:
     pf.info = {"run_dir": str(run_dir), "prompts": str(Path(args.prompts).resolve()), "device": sampler.device,
                "chat": sampler.chat, "reward_timeout_s": reward.timeout_s}
     first, shown = pf.done, time.monotonic()
-    for i in range(pf.done, pf.total):
-        p = prompts.items[i]
-        completions = sampler.complete(p, args.samples, sampling.seed + i)
-        rewards = [reward.score(p.text, c, p.record) for c in completions]
-        pf.add(prompt_pairs(p, completions, rewards), rewards)
+    for batch in batches(pf.done, pf.total, args.samples):
+        sampled = sampler.complete_many([prompts.items[i] for i in batch], args.samples,
+                                        [sampling.seed + i for i in batch])
+        for i, completions in zip(batch, sampled):
+            if i < pf.done:
+                continue    # a continued run's first batch: sampled again whole, written already
+            p = prompts.items[i]
+            rewards = [reward.score(p.text, c, p.record) for c in completions]
+            pf.add(prompt_pairs(p, completions, rewards), rewards)
         now = time.monotonic()
         if now - shown >= 2 or pf.complete:
             shown = now
