@@ -15,6 +15,7 @@ import torch
 
 from workbench.config import ModelConfig, TrainConfig
 from workbench.data.train_data import IGNORE
+from workbench.train.generate import sample_rows
 from workbench.train.grpo_step import GRPOSettings, reference_logps, rollout, rollout_loss, rollout_seed
 from workbench.train.lora import apply_lora
 from workbench.train.model import GPT
@@ -44,6 +45,12 @@ def test_rollouts_are_groups_of_rows_trained_on_the_completion_only():
         assert trained == comp and 1 <= len(comp) <= 6
         assert r.inputs[n, :len(prompt)].tolist() == prompt
         assert r.rewards[n] == share_good(0, comp[:-1] if comp[-1] == 63 else comp)
+    # the prompts (3, 2, 4 and 1 tokens) sampled together, left-padded: each prompt's G rows are what it samples
+    # alone from its own seed (tests/train/test_generate_batched.py: to rounding; these fixed draws are equal)
+    for i, prompt in enumerate(PROMPTS):
+        alone = sample_rows(model, prompt, 4, s.sampling.replace(max_new_tokens=6), rollout_seed(1, 0, i),
+                            frozenset({63}), keep_stop=True)
+        assert r.completions[4 * i:4 * i + 4] == alone
     again = rollout(model, PROMPTS, share_good, s, seed=1, step=0, stops=frozenset({63}))
     assert again.completions == r.completions          # a step's rollouts: a function of weights, seed and step
     other = rollout(model, PROMPTS, share_good, s, seed=1, step=1, stops=frozenset({63}))
