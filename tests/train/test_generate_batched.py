@@ -8,7 +8,8 @@ What is compared, on tiny random GPTs (GQA; and with QK-norm, the other attentio
 * greedy: the batched completions are each prompt's own greedy completions, the same ids;
 * sampled: prompt i's rows are ``sample_rows(prompt i, seed_i)``'s (its own generator; the rounding of a padded batch
   could flip a draw at a near-tie, ~1e-6 a draw: on these fixed models and seeds the runs are the same computation
-  every time), whatever the order or company of the prompts, cut at their own stops;
+  every time), whatever the order or company of the prompts, cut at their own stops, and when a prompt whose rows
+  have all stopped leaves the batch;
 * the one-prompt behaviour unchanged: ``sample_rows`` and ``generate`` give bit for bit what the loop before batching
   gave (copied below as it was, commit ccaa432), through a full cache's rebuild, with top-k and top-p.
 """
@@ -92,6 +93,16 @@ def test_sampled_rows_are_each_prompts_own_stream_whatever_the_batch(model):
     cut = sample_prompts(model, PROMPTS, 3, s, SEEDS, frozenset({stop}), keep_stop=True)
     assert cut == [[r[:r.index(stop) + 1] if stop in r else r for r in rows] for rows in alone]
     assert any(len(r) < 16 for rows in cut for r in rows)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.2])
+def test_a_prompt_whose_rows_have_all_stopped_leaves_the_batch_and_the_others_go_on_as_alone(model, temperature):
+    s = TEXT.replace(temperature=temperature, max_new_tokens=16)
+    free = [sample_rows(model, p, 3, s, seed, frozenset()) for p, seed in zip(PROMPTS, SEEDS)]
+    stops = frozenset(r[0] for r in free[2])        # prompt 2's rows all stop at their first token
+    alone = [sample_rows(model, p, 3, s, seed, stops, keep_stop=True) for p, seed in zip(PROMPTS, SEEDS)]
+    assert sample_prompts(model, PROMPTS, 3, s, SEEDS, stops, keep_stop=True) == alone
+    assert all(len(r) == 1 for r in alone[2]) and max(len(r) for rows in alone for r in rows) > 4
 
 
 def test_a_prompt_that_would_fill_the_cache_is_sampled_alone(model):

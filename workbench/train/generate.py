@@ -115,7 +115,9 @@ def sample_prompts(model: GPT, prompts: list[list[int]], k: int, sampling: Sampl
     * **The context**: a prompt that, with ``sampling.max_new_tokens``, does not fit the context (its cache would
       be rebuilt mid-way, at its own length) is sampled alone, as ``sample_rows`` does it. The others are sorted by
       length (less padding) and batched up to :data:`CACHE_BYTES` of cache, a prompt's k rows together.
-    * **Stops**: per row; a batch ends when every row has stopped or has ``max_new_tokens``."""
+    * **Stops**: per row; a prompt whose k rows have all stopped leaves the batch (its rows dropped from the cache:
+      the others' steps get cheaper, no stream changes), and the batch ends when every row has stopped or has
+      ``max_new_tokens``."""
     if len(seeds) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts and {len(seeds)} seeds")
     ctx = model.cfg.seq_len
@@ -138,7 +140,9 @@ def sample_prompts(model: GPT, prompts: list[list[int]], k: int, sampling: Sampl
 def _sample_batch(model: GPT, prompts: list[list[int]], k: int, sampling: Sampling, seeds: list[int],
                   stops: frozenset[int], keep_stop: bool) -> list[list[list[int]]]:
     """One cache of ``len(prompts) x k`` rows, left-padded when the (cropped) prompts' lengths differ; a rebuilt
-    cache only for one prompt (:func:`sample_prompts` batches only prompts that fit)."""
+    cache only for one prompt (:func:`sample_prompts` batches only prompts that fit). A prompt whose k rows have all
+    stopped leaves the batch (its rows taken out of the cache), as it would end its loop alone: the others' steps
+    stop paying for it, and no generator's stream changes."""
     args = sampling.generate_args()
     model.eval()
     device = next(model.parameters()).device
@@ -155,21 +159,22 @@ def _sample_batch(model: GPT, prompts: list[list[int]], k: int, sampling: Sampli
     n = len(rows)
     out: list[list[int]] = [[] for _ in range(n)]
     done = [False] * n
+    live = list(range(len(prompts)))     # the prompts still in the batch, in its order
     dtype = next(model.parameters()).dtype
     with torch.autocast(device.type, enabled=False):
         cache = model.new_cache(n, device, dtype, pad)
         logits, _ = model(torch.tensor(rows, device=device), cache=cache)
         for step in range(sampling.max_new_tokens):
             last = logits[:, -1]
-            if len(gens) == 1:
+            if len(prompts) == 1:
                 nxt = sample_next(last, args["temperature"], args["top_k"], args["top_p"], gens[0])
             elif args["temperature"] <= 0:
                 nxt = last.argmax(-1, keepdim=True)
             else:   # every row's distribution at once, each prompt's k rows drawn from its own generator
                 probs = next_probs(last, args["temperature"], args["top_k"], args["top_p"])
-                nxt = torch.cat([torch.multinomial(probs[g * k:(g + 1) * k], 1, generator=gen)
-                                 for g, gen in enumerate(gens)])
-            for r, t in enumerate(nxt[:, 0].tolist()):
+                nxt = torch.cat([torch.multinomial(probs[i * k:(i + 1) * k], 1, generator=gens[g])
+                                 for i, g in enumerate(live)])
+            for r, t in zip((g * k + j for g in live for j in range(k)), nxt[:, 0].tolist()):
                 rows[r].append(t)
                 if not done[r]:
                     if t in stops:
@@ -180,8 +185,17 @@ def _sample_batch(model: GPT, prompts: list[list[int]], k: int, sampling: Sampli
                         out[r].append(t)
             if all(done) or step == sampling.max_new_tokens - 1:
                 break
+            ended = [i for i, g in enumerate(live) if all(done[g * k:(g + 1) * k])]
+            if ended:   # only in a batch of several prompts: one prompt's loop ends with all(done)
+                stay = torch.tensor([i * k + j for i in range(len(live)) if i not in ended for j in range(k)],
+                                    device=device)
+                cache.k = [t.index_select(0, stay) for t in cache.k]
+                cache.v = [t.index_select(0, stay) for t in cache.v]
+                cache.pad = None if cache.pad is None else cache.pad.index_select(0, stay)
+                nxt = nxt.index_select(0, stay)
+                live = [g for i, g in enumerate(live) if i not in ended]
             if cache.pos >= ctx:
-                assert pad is None, "a padded batch never fills its cache"
+                assert pad is None and len(prompts) == 1, "a batch of several prompts never fills its cache"
                 cache = model.new_cache(n, device, dtype)
                 logits, _ = model(torch.tensor([r[-(ctx // 2):] for r in rows], device=device), cache=cache)
             else:
