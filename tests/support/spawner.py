@@ -32,11 +32,14 @@ import subprocess
 import sys
 import tempfile
 
+from tests.support.zygote import RUN_AS_MAIN
+
 _proc: subprocess.Popen | None = None  # this process's server, if it started one
 
 SERVER = r'''
 import json, os, signal, socket, sys
 import torch, torch._dynamo  # what every trainer would import
+''' + RUN_AS_MAIN + r'''
 tasks = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
 path = sys.argv[1]
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -60,7 +63,6 @@ while True:
         req = json.loads(buf)
         pid = os.fork()
         if pid == 0:
-            import runpy, traceback
             code = 1
             try:
                 srv.close(); conn.close()
@@ -78,28 +80,10 @@ while True:
                 threads = req["env"].get("OMP_NUM_THREADS", "").strip()
                 if threads.isdigit() and int(threads) > 0:
                     torch.set_num_threads(int(threads))
-                extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-                sys.path[:] = [os.getcwd(), *extra, *[p for p in sys.path[1:] if p not in extra]]
                 module, *args = req["argv"]
-                sys.argv = ["-m", *args]
-                try:
-                    runpy.run_module(module, run_name="__main__", alter_sys=True)
-                    code = 0
-                except SystemExit as e:
-                    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-                    if not isinstance(e.code, (int, type(None))):
-                        print(e.code, file=sys.stderr)
-                except BaseException:
-                    traceback.print_exc()
-                import atexit
-                atexit._run_exitfuncs()
+                code = run_as_main(module, args, req["env"])
             finally:
-                for s in (sys.stdout, sys.stderr):
-                    try:
-                        s.flush()
-                    except Exception:
-                        pass
-                os._exit(code)
+                flush_and_exit(code)
         conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
 '''
 

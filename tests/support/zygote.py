@@ -32,9 +32,45 @@ import sys
 import tempfile
 import threading
 
+# What a forked child of either fork server does last (this one, and tests/support/spawner.py's): run a module as
+# `python -m MODULE ARGS` would (runpy, sys.argv, sys.path with the command's PYTHONPATH), its exit status as the
+# interpreter would give it, atexit's functions run, the streams flushed, then exit without the server's cleanup.
+RUN_AS_MAIN = r'''
+def run_as_main(module, argv, env):
+    import atexit, runpy, traceback
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.getcwd(), *extra, *[p for p in sys.path[1:] if p not in extra]]
+    sys.argv = ["-m", *argv]
+    code = 1
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr); code = 1
+    except BaseException:
+        traceback.print_exc(); code = 1
+    atexit._run_exitfuncs()
+    return code
+
+
+def flush_and_exit(code):
+    for s in (sys.stdout, sys.stderr):
+        try:
+            s.flush()
+        except Exception:
+            pass
+    os._exit(code)
+'''
+
 SERVER = r'''
 import json, os, sys
 import torch, torch._dynamo  # the imports every command would pay for
+''' + RUN_AS_MAIN + r'''
 tasks = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
 control_in, control_out = sys.stdin, sys.stdout
 control_out.write(json.dumps({"ready": True, "threads": tasks}) + "\n"); control_out.flush()
@@ -44,7 +80,7 @@ for line in control_in:
     req = json.loads(line)
     pid = os.fork()
     if pid == 0:
-        import atexit, io, runpy, traceback
+        import io
         code = 1
         try:
             os.chdir(req["cwd"])
@@ -60,29 +96,9 @@ for line in control_in:
             sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
             sys.stdout = sys.__stdout__ = stream(1)
             sys.stderr = sys.__stderr__ = stream(2)
-            extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-            sys.path[:] = [os.getcwd(), *extra, *[p for p in sys.path[1:] if p not in extra]]
-            sys.argv = ["-m", *req["argv"]]
-            try:
-                runpy.run_module("workbench", run_name="__main__", alter_sys=True)
-                code = 0
-            except SystemExit as e:
-                if e.code is None:
-                    code = 0
-                elif isinstance(e.code, int):
-                    code = e.code
-                else:
-                    print(e.code, file=sys.stderr); code = 1
-            except BaseException:
-                traceback.print_exc(); code = 1
-            atexit._run_exitfuncs()
+            code = run_as_main("workbench", req["argv"], req["env"])
         finally:
-            for s in (sys.stdout, sys.stderr):
-                try:
-                    s.flush()
-                except Exception:
-                    pass
-            os._exit(code)
+            flush_and_exit(code)
     control_out.write(json.dumps({"pid": pid}) + "\n"); control_out.flush()
     _, status = os.waitpid(pid, 0)
     rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
