@@ -95,6 +95,40 @@ def test_an_extended_horizon_keeps_what_was_planned_and_reaches_the_new_apportio
     assert prefix_deviation(order, weights) <= 1 + 1e-9 and exact
 
 
+@pytest.mark.parametrize("weights", [[0.7, 0.3], [0.5, 0.3, 0.2], [1, 1, 1, 5]])
+def test_a_budget_moving_its_end_re_plans_from_the_counter_keeping_what_was_drawn(weights):
+    """A time budget's end estimate moves back and forth: each re-plan keeps the order drawn so far, and wherever the
+    run ends on a horizon last planned, its counts are that horizon's apportionment; every prefix within one."""
+    src = [SourceSpec(f"s{i}", w, 40) for i, w in enumerate(weights)]
+    plan = plan_mixture(src, 16, 400, seed=3)
+    moves = [(37, 380), (120, 900), (500, 610), (600, 604), (601, 640), (640, 700)]   # (drawn, the end moved to)
+    for done, h in moves:
+        again = plan.replanned(done, h)
+        assert again.order[:done].tobytes() == plan.order[:done].tobytes()      # what was trained is kept
+        assert again.counts == apportion(weights, h) and again.exact            # the new end's apportionment
+        assert prefix_deviation(again.order, weights) <= 1 + 1e-9
+        plan = again
+    # the same plan from its list of horizons and starts (what a resume rebuilds from the sampler's state)
+    fresh = plan_mixture(src, 16, plan.horizons, seed=3, starts=plan.starts)
+    assert fresh.order.tobytes() == plan.order.tobytes() and fresh.exact
+    assert plan.horizons == [400, 380, 900, 610, 604, 640, 700] and plan.starts == [0, 37, 120, 500, 600, 601, 640]
+    # a sampler follows: far from the end a small move changes nothing, near it (or a fifth off) it re-plans
+    s = MixtureSampler(plan_mixture(src, 16, 400, seed=3), [np.arange(700, dtype=np.uint16)] * len(weights), 4)
+    for _ in range(10):
+        s.next_batch()
+    assert not s.follow(420, near=64) and s.plan.horizons == [400]
+    assert s.follow(520, near=64) and s.plan.horizons == [400, 520] and s.plan.starts == [0, 40]
+    for _ in range(100):
+        s.next_batch()
+    assert s.follow(450, near=64) and s.plan.horizon == 450                 # within 64 of the end: follows
+    st = s.state()
+    assert st["starts"] == [0, 40, 440] and st["drawn"] == s.plan.drawn(440)
+    back = MixtureSampler(plan_mixture(src, 16, 400, seed=3), s.parts, 4)   # a resume: the same plan rebuilt
+    back.set_state(st)
+    assert back.plan.order.tobytes() == s.plan.order.tobytes()
+    assert [back.next_batch().inputs.tobytes() for _ in range(5)] == [s.next_batch().inputs.tobytes() for _ in range(5)]
+
+
 def test_each_source_epoch_is_a_fresh_permutation_of_its_windows():
     src = [SourceSpec("a", 1, 7), SourceSpec("b", 1, 5)]
     plan = plan_mixture(src, 16, 200, seed=0)
@@ -145,7 +179,7 @@ def test_the_sampler_state_is_a_counter_and_resumes_the_same_stream():
     got = [first.next_batch().inputs for _ in range(13)]
     st = first.state()
     assert st == {"mixture": plan.digest, "horizons": [50], "counter": 39, "base": 0,
-                  "sources": [["a", 2], ["b", 1]]}
+                  "sources": [["a", 2], ["b", 1]], "drawn": [26, 13]}   # drawn: what the run realized so far
     again = MixtureSampler(plan_mixture(src, 16, 50, seed=9), [a, b], 3)
     again.set_state(st)
     got += [again.next_batch().inputs for _ in range(27)]

@@ -199,3 +199,26 @@ def test_data_inspect_and_estimate_show_the_realized_mixture(corpora, mixed_runs
                         check=True).stdout)
     assert [(s["name"], s["sequences"]) for s in est["mixture"]["sources"]] == [("words", words), ("nums", nums)]
     assert est["mixture"]["refused"] == []
+
+
+def test_a_time_budget_plans_the_mixture_for_its_steps_and_follows_its_end(corpora, tmp_path):
+    """With --time-budget the mixture is planned for the budget's first guess at its steps (not max_iters', here 3),
+    re-planned as the end moves (what was drawn kept), and the run ends with each source's sequences within one of
+    the apportionment of the steps it trained (equal to it when the end was foreseen a step before)."""
+    root = tmp_path / "runs"
+    wb("train", "cpu-small", *_mix(corpora), "--runs-dir", str(root), "--name", "b", "--time-budget", "3s",
+       *tiny("train.max_iters=3", "train.ckpt_interval=100000", "train.eval_interval=200"), check=True)
+    d = root / "b"
+    recs = read_jsonl(d / "metrics.jsonl")
+    start = next(r for r in recs if r.get("event") == "start")
+    assert start["mixture"]["horizon"] == start["budget_steps"] * 4 != 3 * 4
+    last = sorted((d / "checkpoints").glob("step_*"))[-1]
+    st = json.loads((last / "trainer_state.json").read_text())["sampler"]
+    steps = max(r["step"] for r in recs if r["kind"] == "train")
+    n = st["counter"]
+    assert n == steps * 4 and sum(st["drawn"]) == n and steps > 3
+    assert all(abs(g - w) <= 1 for g, w in zip(st["drawn"], apportion([0.7, 0.3], n))), (st, n)
+    assert st["horizons"][-1] >= n    # the plan followed the end: never ran past it (max_iters' plan: 12 sequences)
+    log = (d / "train.log").read_text()
+    assert "time budget: the mixture planned for its first guess of" in log
+    assert f"mixture realized over {n} sequences ({steps} steps): words {st['drawn'][0]}" in log

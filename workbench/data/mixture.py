@@ -165,30 +165,52 @@ def prefix_deviation(order: np.ndarray, weights: Sequence[float]) -> float:
     return worst
 
 
-def blend_order(weights: Sequence[float], n: int | Sequence[int], seed: int) -> tuple[np.ndarray, list[int], bool]:
+def _segment(done: np.ndarray, weights: Sequence[float], shares: np.ndarray, start: int, h: int,
+             seed: int) -> np.ndarray:
+    """The order of positions ``start + 1 .. h`` after ``done`` (the ``start`` sequences drawn before them), planned
+    to reach ``h``'s apportionment within one sequence at every prefix (else as close as the order allows)."""
+    taken = [int(c) for c in np.bincount(done, minlength=len(weights))] if len(done) else [0] * len(weights)
+    want = apportion(weights, h)
+    part = _edf(shares, [max(a, b) for a, b in zip(want, taken)], h - start, seed, start, taken)
+    if prefix_deviation(np.concatenate([done, part]), weights) > 1 + 1e-9:  # no order within one reaches want
+        caps = [int(math.floor(w * h)) + 1 if w > 0 else 0 for w in shares]
+        part = _edf(shares, [max(a, b) for a, b in zip(caps, taken)], h - start, seed, start, taken)
+    return part
+
+
+def blend_order(weights: Sequence[float], n: int | Sequence[int], seed: int,
+                starts: Sequence[int] | None = None) -> tuple[np.ndarray, list[int], bool]:
     """Which source each of ``n`` sequences comes from: (order, counts, exact) where counts are the
     apportionment's (exact True) and every prefix is within one sequence of the weights; see the module's
-    documentation for the rare case exact is False. ``n`` a list of growing horizons (a run extended): the order
-    up to each is the order planned for it, and the next part is planned to reach the next horizon's apportionment
-    (what was planned before is never changed)."""
+    documentation for the rare case exact is False. ``n`` a list of horizons, each planned from ``starts``' position
+    (default: the horizon before it, a run extended by resume --more): the order before that position is kept and
+    the rest is planned to reach that horizon's apportionment (a time budget's end moved: re-planned from the
+    sequence it had reached, back or forth; what was drawn before is never changed). exact: the counts at every
+    horizon reached (not cut short by the next one's start) are its apportionment."""
     horizons = [n] if isinstance(n, int) else list(n)
+    froms = [0] + horizons[:-1] if starts is None else list(starts)
+    if len(froms) != len(horizons) or froms[0] != 0:
+        raise MixtureError(f"a mixture's plan needs a start for each horizon, the first at 0: {froms}, {horizons}")
     total = float(sum(weights))
     shares = np.asarray([w / total for w in weights], dtype=np.float64)
-    parts: list[np.ndarray] = []
-    taken, prev, exact = [0] * len(weights), 0, True
-    for h in horizons:
-        if h <= prev:
-            raise MixtureError(f"a mixture's horizons must grow: {horizons}")
-        want = apportion(weights, h)
-        part = _edf(shares, [max(a, b) for a, b in zip(want, taken)], h - prev, seed, prev, taken)
-        if prefix_deviation(np.concatenate(parts + [part]), weights) > 1 + 1e-9:  # no order within one reaches want
-            caps = [int(math.floor(w * h)) + 1 if w > 0 else 0 for w in shares]
-            part = _edf(shares, [max(a, b) for a, b in zip(caps, taken)], h - prev, seed, prev, taken)
-        parts.append(part)
-        taken = [t + int(c) for t, c in zip(taken, np.bincount(part, minlength=len(weights)))]
-        exact = exact and taken == want
-        prev = h
-    return np.concatenate(parts), taken, exact
+    order = np.zeros(0, dtype=np.uint16 if len(weights) > 255 else np.uint8)
+    for i, (start, h) in enumerate(zip(froms, horizons)):
+        if not (start <= len(order) and start < h) or (i and start < froms[i - 1]):
+            raise MixtureError(f"a mixture's horizons must grow from where each is planned: {froms}, {horizons}")
+        order = np.concatenate([order[:start], _segment(order[:start], weights, shares, start, h, seed)])
+    return (order, [int(c) for c in np.bincount(order, minlength=len(weights))],
+            reached_apportionment(order, weights, horizons, froms))
+
+
+def reached_apportionment(order: np.ndarray, weights: Sequence[float], horizons: Sequence[int],
+                          starts: Sequence[int]) -> bool:
+    """Whether the counts at every horizon the order reached (not cut short by the next one's start) are that
+    horizon's apportionment."""
+    for i, h in enumerate(horizons):
+        if i + 1 == len(horizons) or starts[i + 1] >= h:
+            if [int(c) for c in np.bincount(order[:h], minlength=len(weights))] != apportion(weights, h):
+                return False
+    return True
 
 
 def source_seed(seed: int, name: str) -> int:
@@ -208,12 +230,38 @@ class MixturePlan:
     nth: np.ndarray              # [horizon] how many of the same source came before it
     counts: list[int]            # sequences of each source in the horizon
     exact: bool                  # counts are the apportionment's (see blend_order)
+    starts: list[int] = field(default_factory=list)  # where each horizon was planned from (blend_order)
     _perms: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict, repr=False)
 
     @property
     def horizon(self) -> int:
         """Sequences planned in all (past them the plan repeats)."""
         return self.horizons[-1]
+
+    def replanned(self, done: int, horizon: int) -> "MixturePlan":
+        """This plan with its first ``done`` sequences kept and the rest planned to reach ``horizon``'s
+        apportionment (a time budget's end moved): the same plan :func:`plan_mixture` makes of the longer list of
+        horizons, without planning again what was planned before."""
+        if not 0 <= done < horizon or done > self.horizon:
+            raise MixtureError(f"a mixture re-planned from sequence {done:,} needs a horizon past it (and "
+                               f"{done:,} within the {self.horizon:,} planned): {horizon:,}")
+        weights = [s.weight for s in self.sources]
+        total = float(sum(weights))
+        shares = np.asarray([w / total for w in weights], dtype=np.float64)
+        order = np.concatenate([self.order[:done],
+                                _segment(self.order[:done], weights, shares, done, horizon, self.seed)])
+        counts = [int(c) for c in np.bincount(order, minlength=len(weights))]
+        kept = [i for i, st in enumerate(self.starts) if st < done]
+        horizons, starts = [self.horizons[i] for i in kept] + [horizon], [self.starts[i] for i in kept] + [done]
+        counts = [int(c) for c in np.bincount(order, minlength=len(weights))]
+        return _made(self.sources, self.seq_len, horizons, self.seed, self.digest, order, counts,
+                     reached_apportionment(order, weights, horizons, starts), starts)
+
+    def drawn(self, c: int) -> list[int]:
+        """How many of each source the first ``c`` sequences of the stream hold (past the horizon too)."""
+        block, r = divmod(c, self.horizon)
+        head = np.bincount(self.order[:r], minlength=len(self.sources))
+        return [block * n + int(h) for n, h in zip(self.counts, head)]
 
     def repeats(self, s: int) -> float:
         """Epochs of source ``s`` the horizon trains: its sequences over the windows it holds."""
@@ -256,13 +304,21 @@ def mixture_digest(sources: Sequence[SourceSpec], seq_len: int) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def plan_mixture(sources: Sequence[SourceSpec], seq_len: int, horizon: int | Sequence[int], seed: int) -> MixturePlan:
-    """The plan of ``horizon`` sequences of ``sources`` (a list: a run's horizon and its extensions)."""
+def plan_mixture(sources: Sequence[SourceSpec], seq_len: int, horizon: int | Sequence[int], seed: int,
+                 starts: Sequence[int] | None = None) -> MixturePlan:
+    """The plan of ``horizon`` sequences of ``sources`` (a list: a run's horizon and its extensions or re-plans,
+    each planned from its ``starts`` position: see :func:`blend_order`)."""
     horizons = [horizon] if isinstance(horizon, int) else list(horizon)
     if horizons[0] < 1:
         raise MixtureError("a mixture needs a horizon of at least one sequence")
-    weights = [s.weight for s in sources]
-    order, counts, exact = blend_order(weights, horizons, seed)
+    froms = [0] + horizons[:-1] if starts is None else [int(x) for x in starts]
+    order, counts, exact = blend_order([s.weight for s in sources], horizons, seed, froms)
+    return _made(list(sources), seq_len, horizons, seed, mixture_digest(sources, seq_len), order, counts, exact,
+                 froms)
+
+
+def _made(sources: list[SourceSpec], seq_len: int, horizons: list[int], seed: int, digest: str, order: np.ndarray,
+          counts: list[int], exact: bool, starts: list[int]) -> MixturePlan:
     nth = np.zeros(len(order), dtype=np.int64)
     for s in range(len(sources)):
         where = np.flatnonzero(order == s)
@@ -270,8 +326,7 @@ def plan_mixture(sources: Sequence[SourceSpec], seq_len: int, horizon: int | Seq
     for s, src in enumerate(sources):
         if counts[s] and src.windows < 1:
             raise MixtureError(f"source {src.name!r} holds no sequence of {seq_len} tokens")
-    return MixturePlan(list(sources), seq_len, horizons, seed, mixture_digest(sources, seq_len), order, nth,
-                       counts, exact)
+    return MixturePlan(sources, seq_len, horizons, seed, digest, order, nth, counts, exact, starts)
 
 
 class MixtureSampler:
@@ -299,8 +354,32 @@ class MixtureSampler:
         return [[s.name, s.weight] for s in self.plan.sources]
 
     def state(self) -> dict[str, Any]:
-        return {"mixture": self.plan.digest, "horizons": self.plan.horizons, "counter": self.counter,
-                "base": self.base, "sources": self.sources()}
+        """The counter and what identifies the plan (its digest, horizons, and where each was planned from when a
+        time budget re-planned it); ``drawn``: the sequences of each source drawn so far (what the run realized)."""
+        plan, done = self.plan, self.counter - self.base
+        default = plan.starts == [0] + plan.horizons[:-1]
+        return {"mixture": plan.digest, "horizons": plan.horizons, "counter": self.counter, "base": self.base,
+                "sources": self.sources(), "drawn": plan.drawn(done)} | ({} if default else {"starts": plan.starts})
+
+    def replan(self, horizon: int) -> bool:
+        """Plan the sequences from the counter on to reach ``horizon``'s apportionment (sequences counted from
+        this plan's start), keeping what was drawn; False (nothing changed) when it is the plan's already, or the
+        counter has reached it or passed the plan's horizon (the plan repeats there)."""
+        done = self.counter - self.base
+        if horizon == self.plan.horizon or horizon <= done or done > self.plan.horizon:
+            return False
+        self.plan = self.plan.replanned(done, horizon)
+        return True
+
+    def follow(self, horizon: int, near: int) -> bool:
+        """A time budget's end moved to ``horizon`` sequences: re-planned when that matters (:meth:`replan`): it
+        moved by more than a fifth of the plan's (the table and the repeats say what the run now plans), or the end
+        (the plan's or the new one) is within ``near`` sequences, where the counts the run ends with are decided.
+        Far from the end the order does not depend on the horizon, so a moving estimate costs nothing there."""
+        done = self.counter - self.base
+        if abs(horizon - self.plan.horizon) * 5 > self.plan.horizon or min(horizon, self.plan.horizon) - done <= near:
+            return self.replan(horizon)
+        return False
 
     def set_state(self, st: dict) -> None:
         """Go on from ``st``: the same plan (its horizons as the run began; a longer horizon now, resume --more,
@@ -317,9 +396,12 @@ class MixtureSampler:
                                "the same sources and weights, but their text or model.seq_len changed since; "
                                "start a new run (--init-from to keep the weights)")
         began = [int(h) for h in st["horizons"]]
-        if began != self.plan.horizons:  # the plan the run began with goes on; resume --more: extended to this one
-            grown = began + [self.plan.horizon] if self.plan.horizon > began[-1] else began
-            self.plan = plan_mixture(self.plan.sources, self.plan.seq_len, grown, self.plan.seed)
+        froms = [int(x) for x in st.get("starts") or [0] + began[:-1]]
+        if began != self.plan.horizons or froms != self.plan.starts:
+            # the plan the run began with goes on (with a time budget's re-plans); resume --more: extended to this one
+            grown, froms = (began + [self.plan.horizon], froms + [began[-1]]) if self.plan.horizon > began[-1] \
+                else (began, froms)
+            self.plan = plan_mixture(self.plan.sources, self.plan.seq_len, grown, self.plan.seed, froms)
         self.counter, self.base = int(st["counter"]), int(st.get("base", 0))
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from workbench.config import DataConfig, Preset
+from workbench.config import DataConfig, Preset, budget_seconds
 from workbench.data.documents import Corpus, CorpusError, open_corpus
 from workbench.data.mixture import MixturePlan, MixtureSampler, SourceSpec, plan_mixture
 from workbench.data.prepare import DataError, prepare, train_corpus_tokenizer
@@ -121,10 +121,14 @@ class MixtureData:
                                               "fewer steps (train.max_iters)")
 
     def start_lines(self, sampler: Any, p: Preset) -> list[str]:
+        if budget_seconds(p.train.time_budget) is not None:  # the trainer re-plans it for the budget's steps
+            return [f"mixture of {len(self.names)} sources: planned for the time budget's steps once they are "
+                    "estimated (below)"]
         return mixture_table(self.plan("train", p, p.train.seed), [d.split_tokens()[0] for d in self.parts])
 
     def start_facts(self, sampler: Any, p: Preset) -> dict[str, Any]:
-        plan = self.plan("train", p, p.train.seed)
+        """The plan the run starts with (a time budget's: re-planned for its first guess at its steps)."""
+        plan = sampler.plan if isinstance(sampler, MixtureSampler) else self.plan("train", p, p.train.seed)
         return {"mixture": {"digest": plan.digest, "horizon": plan.horizon, "exact": plan.exact,
                             "sources": [{"name": src.name, "weight": src.weight, "sequences": plan.counts[s],
                                          "windows": src.windows, "repeats": round(plan.repeats(s), 4)}

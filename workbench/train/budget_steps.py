@@ -13,6 +13,9 @@ from workbench.plan.horizon import EVAL_SHARE, STEP_PER_EVAL_BATCH, plan_budget
 from workbench.train.evaluation import EvalBatches, time_eval_batch
 from workbench.train.start import TrainerParts
 
+# Steps before a budget's end (the plan's, or the moved one) within which a mixture follows every move of it.
+MIXTURE_NEAR_STEPS = 16
+
 
 class BudgetSteps(TrainerParts):
     """A budgeted run's steps (nothing here runs without ``train.time_budget``)."""
@@ -58,6 +61,40 @@ class BudgetSteps(TrainerParts):
             eval_estimate=lambda rate: eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate),
             agree=self.dist.broadcast)
         self.horizon = self.horizon.after_step(st.step, end, b.agreed, b.step_share(st.step, time.time()))
+        self.mixture_follows_budget()
+
+    def mixture_follows_budget(self, say: bool = False) -> None:
+        """A mixture (data.mixture) re-planned for the budget's end as it moves (its counts the apportionment of
+        the steps the run ends at when the estimate before its last step was right, within one sequence at every
+        step whatever it was; what was drawn is kept): far from the end only when the end moved by a fifth, within
+        MIXTURE_NEAR_STEPS of it whenever it moves. Rank 0's end for every rank (they draw the same global batch).
+        ``say``: log the plan's table (the start's re-plan)."""
+        follow = getattr(self.sampler, "follow", None)
+        if follow is None or self.horizon is None:
+            return
+        per_step = self.preset.train.batch_size * self.preset.train.grad_accum
+        end = self.dist.broadcast(self.horizon.end_step) if self.dist.enabled else self.horizon.end_step
+        horizon = end * per_step - self.sampler.base
+        moved = self.sampler.replan(horizon) if say else follow(horizon, MIXTURE_NEAR_STEPS * per_step)
+        if say and moved:
+            from workbench.data.mixture_data import mixture_table
+            self.report.log(f"time budget: the mixture planned for its first guess of {end:,} steps, re-planned as "
+                            "that end moves (what was drawn is kept):")
+            for line in mixture_table(self.sampler.plan, [d.split_tokens()[0] for d in self.data.parts]):
+                self.report.log(line)
+
+    def mixture_realized(self) -> None:
+        """A budgeted mixture's end: the sequences each source gave, against the apportionment of the steps it
+        trained (the same when the budget's end was foreseen a step before; within one sequence always)."""
+        plan = getattr(self.sampler, "plan", None)
+        if self.budget is None or plan is None or not hasattr(plan, "drawn"):
+            return
+        from workbench.data.mixture import apportion
+        n = self.sampler.counter - self.sampler.base
+        got, want = plan.drawn(n), apportion([s.weight for s in plan.sources], n)
+        self.report.log(f"mixture realized over {n:,} sequences ({self.state.step:,} steps): " + ", ".join(
+            f"{s.name} {g:,}" + ("" if g == w else f" (apportionment {w:,})")
+            for s, g, w in zip(plan.sources, got, want)))
 
     def budget_eval_fits(self, step: int) -> bool:
         """Whether an eval on the way still fits the budget's share for evals with the last one after it, at the

@@ -143,6 +143,7 @@ class Trainer(BudgetSteps):
                 return "stopped"
             if evaluated or saved or scored:
                 self.throughput.start(time.time())  # leave eval and save time out of the rate
+        self.mixture_realized()
         return "finished"
 
     def train_step(self) -> None:

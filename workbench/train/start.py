@@ -284,6 +284,9 @@ class TrainerParts:
         if not p.train.eval_iters or self.grpo is not None:
             self.report.log(f"eval: {eval_why}")
 
+    def mixture_follows_budget(self, say: bool = False) -> None:
+        """A time budget's mixture: see ``workbench.train.budget_steps.BudgetSteps``."""
+
     def precompute_reference(self, p: Preset) -> None:
         """The precomputed reference's table, with the model as it is now (the starting weights: a resume's
         checkpoint is loaded after this), checked and handed to the data; its facts go into the plan, which the
@@ -308,6 +311,7 @@ class TrainerParts:
             self.eval_iters = self.horizon.eval_iters
         if self.budget is not None:
             self.report.status(max_iters=self.horizon.end_step)  # the end as estimated, until its steps are timed
+            self.mixture_follows_budget(say=True)
         return restore_rng
 
     def announce(self, p: Preset, ckpt: Checkpoint | None) -> None:
