@@ -34,6 +34,14 @@ def corpora(tmp_path_factory) -> Path:
     (d / "nums.txt").write_text("\n\n".join(" ".join(r.choice(nums) for _ in range(r.randint(5, 30))) + "."
                                             for _ in range(150)))
     (d / "pairs.jsonl").write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n' * 3)
+    for topic, answer_words, n in [("cats", "meow purr whiskers tail nap", 300), ("math", "two plus three sum", 120)]:
+        with open(d / f"{topic}.jsonl", "w") as f:   # conversations: the topic in the prompt, its words answering
+            for i in range(n):
+                q = f"tell me about {topic} number {i} " + " ".join(r.choice(["please", "now", "again"])
+                                                                     for _ in range(r.randint(1, 5)))
+                a = " ".join(r.choice(answer_words.split()) for _ in range(r.randint(3, 25)))
+                f.write(json.dumps({"messages": [{"role": "user", "content": q},
+                                                 {"role": "assistant", "content": a}]}) + "\n")
     (d / "mix.toml").write_text(f"""name = "mixtest"
 [[data.mixture]]
 name = "words"
@@ -52,7 +60,8 @@ def _mix(d: Path, w1: str = "0.7", w2: str = "0.3") -> list[str]:
     return ["--corpus", f"words={d / 'words.txt'}:{w1}", f"nums={d / 'nums.txt'}:{w2}"]
 
 
-@pytest.mark.parametrize("case", ["missing", "negative", "zero", "not a number", "unnamed", "pairs", "max_repeat"])
+@pytest.mark.parametrize("case", ["missing", "negative", "zero", "not a number", "unnamed", "pairs", "max_repeat",
+                                  "chat and text"])
 def test_bad_mixtures_are_one_line_exit_2_nothing_written(corpora, tmp_path, case):
     d = corpora
     args = {
@@ -63,6 +72,7 @@ def test_bad_mixtures_are_one_line_exit_2_nothing_written(corpora, tmp_path, cas
         "unnamed": ("cpu-small", "--corpus", f"words={d / 'words.txt'}:1", str(d / "nums.txt")),
         "pairs": ("cpu-small", "--corpus", f"words={d / 'words.txt'}:1", f"prefs={d / 'pairs.jsonl'}:1"),
         "max_repeat": (str(d / "mix.toml"),),
+        "chat and text": ("cpu-small", "--corpus", f"cats={d / 'cats.jsonl'}:1", f"words={d / 'words.txt'}:1"),
     }[case]
     want = {
         "missing": "data.mixture source 'gone': corpus", "negative": "the weight -0.5 must be a number >= 0",
@@ -72,6 +82,8 @@ def test_bad_mixtures_are_one_line_exit_2_nothing_written(corpora, tmp_path, cas
         # 100 steps x 4 rows: 200 sequences of nums, which holds 97 windows of 32 tokens
         "max_repeat": "source 'nums' would be repeated 2.06 times (200 sequences of 32 tokens planned, it holds 97) "
                       "but its max_repeat is 2",
+        "chat and text": "source 'cats' holds conversations and 'words' text: a mixture is of text or of "
+                         "conversations, not both",
     }[case]
     runs = tmp_path / "runs"
     cp = wb("train", *args, "--runs-dir", str(runs), "--detach", *tiny("train.max_iters=100"))
@@ -222,3 +234,40 @@ def test_a_time_budget_plans_the_mixture_for_its_steps_and_follows_its_end(corpo
     log = (d / "train.log").read_text()
     assert "time budget: the mixture planned for its first guess of" in log
     assert f"mixture realized over {n} sequences ({steps} steps): words {st['drawn'][0]}" in log
+
+
+
+def test_a_mixture_of_conversations_draws_each_sources_rows_with_their_loss_masks(corpora):
+    """Two conversation files mixed 0.6 / 0.4: each row is one source's packed conversations (the prompt's topic
+    says which) with only the assistant's tokens as targets, the rows of each source are the apportionment over the
+    horizon, and the run's start says the table in rows."""
+    from workbench.data.chat_data import ChatData
+    from workbench.data.mixture_data import MixtureData
+    from workbench.data.train_data import IGNORE
+
+    d = corpora
+    p = resolve_preset("cpu-small", ["model.seq_len=64", "model.vocab_size=300", "train.batch_size=4",
+                                     "train.max_iters=6", "train.warmup_iters=1", "data.tokenizer_sample_mb=0.3"],
+                       {"data": {"mixture": [{"name": "cats", "corpus": str(d / "cats.jsonl"), "weight": 0.6},
+                                             {"name": "math", "corpus": str(d / "math.jsonl"), "weight": 0.4}]}})
+    data = prepare_data(p.data, 300, 64, log=lambda m: None, loss_on="assistant")
+    assert isinstance(data, MixtureData) and data.format == "chat" and all(isinstance(x, ChatData) for x in data.parts)
+    assert data.template is not None and data.parts[0].tokenizer.digest() == data.parts[1].tokenizer.digest()
+    sampler = data.sampler("train", p, p.train.seed)
+    tok, seen = data.tokenizer, {"cats": 0, "math": 0}
+    for _ in range(6):
+        b = sampler.next_batch()
+        assert b.masked and b.segments is not None
+        for x, y in zip(b.inputs, b.targets):
+            text = tok.decode([int(i) for i in x if i >= 0])
+            topic = "cats" if "about cats" in text else "math"
+            assert ("about math" in text) == (topic == "math"), text       # one source a row
+            seen[topic] += 1
+            trained = tok.decode([int(t) for t in y if t != IGNORE])
+            answer = {"cats": "meow purr whiskers tail nap", "math": "two plus three sum"}[topic].split()
+            words = trained.replace("<|im_end|>", " ").split()   # answers only (the last maybe cut at seq_len)
+            assert words and all(any(a.startswith(w) for a in answer) for w in words), trained
+    assert [seen["cats"], seen["math"]] == apportion([0.6, 0.4], 24) == sampler.plan.counts
+    lines = data.start_lines(sampler, p)
+    assert lines[0].startswith("chat: each source's conversations packed into rows of 64")
+    assert lines[1].startswith("mixture over 24 rows of 64 positions")

@@ -167,8 +167,15 @@ def inspect_mixture(p: Preset, args) -> int:
     data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=log, loss_on=p.train.loss_on,
                         objective=p.train.objective)
     assert isinstance(data, MixtureData)
-    shown = {src["name"]: list(_documents(source_corpus(p.data, src), args.documents, args.chars))
-             for src in active_sources(p.data)}
+    if data.format == "chat":  # each source's first conversations as the trainer sees them, [trained] marked
+        from workbench.commands.chat_preview import marked
+        from workbench.data.chat_data import conversation_pieces
+        shown = {n: [marked(conversation_pieces(d, c, p.train.loss_on), False) for c in range(min(args.documents,
+                                                                                                 d.documents))]
+                 for n, d in zip(data.names, data.parts)}
+    else:
+        shown = {src["name"]: list(_documents(source_corpus(p.data, src), args.documents, args.chars))
+                 for src in active_sources(p.data)}
     if args.json:
         facts = mixture_facts(data, p)
         for f in facts["sources"]:

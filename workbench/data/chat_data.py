@@ -360,6 +360,24 @@ def conversation_pieces(data: ChatData, c: int, loss_on: str) -> list[tuple[str,
     return runs
 
 
+def fill_row(d: ChatData, p: Packing, trains: np.ndarray, r: int, row: tuple[np.ndarray, ...]) -> None:
+    """Row ``r`` of ``d``'s packing ``p`` written into ``row`` (inputs, targets, positions, segments; each
+    [seq_len], the targets IGNORE and the segments -1 where nothing is): its conversations one after another, the
+    targets ``trains`` (:func:`trained_labels`) does not train masked."""
+    x, y, pos, seg = row
+    T, at = len(x), 0
+    for k, c in enumerate(p.items[p.starts[r]:p.starts[r + 1]].tolist()):
+        lo = int(d.offsets[c])
+        n = min(int(d.offsets[c + 1]) - lo - 1, T)
+        ids = np.asarray(d.tokens[lo:lo + n + 1], dtype=np.int64)
+        trained = trains[np.asarray(d.labels[lo + 1:lo + n + 1])]
+        x[at:at + n] = ids[:-1]
+        y[at:at + n] = np.where(trained, ids[1:], IGNORE)
+        pos[at:at + n] = np.arange(n)
+        seg[at:at + n] = k
+        at += n
+
+
 class ChatSampler:
     """Batches of packed rows (inputs, masked targets, positions, segments; each [batch, seq_len]). Rows are
     drawn in a shuffled order, a new one each epoch (from the seed and the epoch number), so the state is two
@@ -383,17 +401,7 @@ class ChatSampler:
         pos = np.zeros((B, T), dtype=np.int64)
         seg = np.full((B, T), -1, dtype=np.int64)
         for b, r in enumerate(self.order.take(B)):
-            at = 0
-            for k, c in enumerate(p.items[p.starts[r]:p.starts[r + 1]].tolist()):
-                lo = int(d.offsets[c])
-                n = min(int(d.offsets[c + 1]) - lo - 1, T)
-                ids = np.asarray(d.tokens[lo:lo + n + 1], dtype=np.int64)
-                trained = self.trains[np.asarray(d.labels[lo + 1:lo + n + 1])]
-                x[b, at:at + n] = ids[:-1]
-                y[b, at:at + n] = np.where(trained, ids[1:], IGNORE)
-                pos[b, at:at + n] = np.arange(n)
-                seg[b, at:at + n] = k
-                at += n
+            fill_row(d, p, self.trains, r, (x[b], y[b], pos[b], seg[b]))
         return Batch(x, y, pos, seg if self.packed else None, masked=True)
 
     def state(self) -> dict:
@@ -406,5 +414,5 @@ class ChatSampler:
 
 
 __all__ = ["IGNORE", "LAST", "PROMPT", "TRAINED", "ChatData", "ChatSampler", "Packing", "chat_options",
-           "conversation_pieces", "corpus_is_chat", "corpus_kind", "load_chat", "pack", "sniff_kind", "template_for",
-           "trained_count", "trained_labels"]
+           "conversation_pieces", "corpus_is_chat", "corpus_kind", "fill_row", "load_chat", "pack", "sniff_kind",
+           "template_for", "trained_count", "trained_labels"]

@@ -1,12 +1,16 @@
-"""A prepared mixture (data.mixture): each source a text corpus prepared as today (streamed, cached, its own
-train/val split at a document boundary), all encoded with one tokenizer (data.tokenizer, or one trained on a
-sample of all the sources together), drawn in the plan's order (``workbench.data.mixture``). A mixture of one
-source (the others weighing 0) is that corpus as data.corpus: today's sampler, bit for bit. No torch.
+"""A prepared mixture (data.mixture): each source a corpus prepared as today (streamed, cached, its own train/val
+split at a document or conversation boundary), all encoded with one tokenizer (data.tokenizer, or one trained on a
+sample of all the sources together), drawn in the plan's order (``workbench.data.mixture``). Text sources are drawn
+as windows of seq_len tokens; conversation sources (all of them: text and conversations are not mixed) as rows of
+their packed conversations, each with its loss mask as one chat corpus has it. A mixture of one source (the others
+weighing 0) is that corpus as data.corpus: today's sampler, bit for bit. No torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -14,10 +18,14 @@ from typing import Any, Callable
 import numpy as np
 
 from workbench.config import DataConfig, Preset, budget_seconds
+from workbench.data.chat_data import Packing, fill_row, trained_labels
+from workbench.data.chat_prepare import SHARD_CHARS as CHAT_SHARD_CHARS
 from workbench.data.documents import Corpus, CorpusError, open_corpus
 from workbench.data.mixture import MixturePlan, MixtureSampler, SourceSpec, plan_mixture
 from workbench.data.prepare import DataError, prepare, train_corpus_tokenizer
 from workbench.data.tokenizer import AnyTokenizer
+from workbench.data.train_data import IGNORE, Batch
+from workbench.faults import NO_FAULTS
 from workbench.fmt import human_bytes
 
 VAL_HORIZON_BATCHES = 64   # a val sampler's plan: this many batches (an eval draws fewer; past it the plan repeats)
@@ -79,8 +87,16 @@ class MixtureData:
         return sum(int(d.n_train) for d in self.parts)
 
     @property
-    def template(self) -> None:
-        return None
+    def template(self) -> Any:
+        """The chat template of a mixture of conversations (every source is rendered through it), else None."""
+        return self.parts[0].template if self.format == "chat" else None
+
+    def windows(self, s: int, part: str, p: Preset) -> int:
+        """The sequences source ``s``'s ``part`` holds: its windows of seq_len tokens (text), or its rows of packed
+        conversations (chat)."""
+        if self.format == "chat":
+            return int(self.parts[s].rows(part, p.model.seq_len, p.data.packing, p.data.overlong).rows)
+        return (len(self.tokens_of(s, part)) - 1) // p.model.seq_len
 
     def horizon(self, part: str, p: Preset) -> int:
         """Sequences a plan covers: the run's (max_iters x batch_size x grad_accum), or an eval's."""
@@ -92,8 +108,7 @@ class MixtureData:
         key = (part, self.horizon(part, p), p.model.seq_len, seed)
         if key not in self._plans:
             T = p.model.seq_len
-            specs = [SourceSpec(n, w, (len(self.tokens_of(s, part)) - 1) // T, m, d.index.get("content", "") if
-                                d.index else "")
+            specs = [SourceSpec(n, w, self.windows(s, part, p), m, _content(d))
                      for s, (n, w, m, d) in enumerate(zip(self.names, self.weights, self.max_repeat, self.parts))]
             self._plans[key] = plan_mixture(specs, T, self.horizon(part, p), seed)
         return self._plans[key]
@@ -103,6 +118,10 @@ class MixtureData:
 
     def sampler(self, part: str, p: Preset, seed: int) -> MixtureSampler:
         plan = self.plan(part, p, seed)
+        if self.format == "chat":
+            rows = [d.rows(part, p.model.seq_len, p.data.packing, p.data.overlong) for d in self.parts]
+            return ChatMixtureSampler(plan, list(zip(self.parts, rows)), p.train.batch_size,
+                                      trained_labels(p.train.loss_on), p.data.packing)
         return MixtureSampler(plan, [self.tokens_of(s, part) for s in range(len(self.parts))], p.train.batch_size)
 
     def source_samplers(self, part: str, p: Preset, seed: int) -> dict[str, Any]:
@@ -115,16 +134,29 @@ class MixtureData:
 
     def check(self, p: Preset) -> None:
         """A source repeated more than its max_repeat over the run's horizon: refused with the numbers."""
+        if self.format == "chat":  # a source whose conversations fill no row: refused naming it
+            for name, d in zip(self.names, self.parts):
+                try:
+                    d.check(p)
+                except DataError as e:
+                    raise DataError(f"data.mixture source {name!r}: {e}") from None
         over = self.plan("train", p, p.train.seed).over_limit()
         if over:
             raise DataError("; ".join(over) + ": lower its weight, raise its max_repeat, add text to it, or train "
                                               "fewer steps (train.max_iters)")
 
     def start_lines(self, sampler: Any, p: Preset) -> list[str]:
+        chat = [f"chat: each source's conversations packed into rows of {p.model.seq_len} as one chat corpus is, "
+                f"loss on {p.train.loss_on}, template {self.template.source}; the shares are in rows"] \
+            if self.format == "chat" else []
         if budget_seconds(p.train.time_budget) is not None:  # the trainer re-plans it for the budget's steps
-            return [f"mixture of {len(self.names)} sources: planned for the time budget's steps once they are "
-                    "estimated (below)"]
-        return mixture_table(self.plan("train", p, p.train.seed), [d.split_tokens()[0] for d in self.parts])
+            return chat + [f"mixture of {len(self.names)} sources: planned for the time budget's steps once they "
+                           "are estimated (below)"]
+        return chat + self.table(self.plan("train", p, p.train.seed))
+
+    def table(self, plan: MixturePlan) -> list[str]:
+        """:func:`mixture_table` of ``plan`` with this mixture's sources."""
+        return mixture_table(plan, [d.split_tokens()[0] for d in self.parts], rows=self.format == "chat")
 
     def start_facts(self, sampler: Any, p: Preset) -> dict[str, Any]:
         """The plan the run starts with (a time budget's: re-planned for its first guess at its steps)."""
@@ -135,21 +167,58 @@ class MixtureData:
                                         for s, src in enumerate(plan.sources)]}}
 
 
-def mixture_table(plan: MixturePlan, train_tokens: list[int]) -> list[str]:
+def _content(d: Any) -> str:
+    """What a prepared source is, for the mixture's digest: its text's SHA-256 (text); its conversations' lengths
+    and its counts of tokens and trained tokens (chat: a touched file prepared again gives the same)."""
+    if getattr(d, "format", "text") == "chat":
+        what = np.diff(d.offsets).astype(np.int64).tobytes() + json.dumps(
+            [d.index.get(k) for k in ("conversations", "tokens", "trained", "last_trained", "template")]).encode()
+        return hashlib.sha256(what).hexdigest()
+    return d.index.get("content", "") if d.index else ""
+
+
+class ChatMixtureSampler(MixtureSampler):
+    """A mixture of conversation sources: each sequence is a row of one source's packed conversations (as its
+    :class:`~workbench.data.chat_data.ChatSampler` would draw it: positions and segments per conversation, the
+    targets ``train.loss_on`` does not train masked), drawn in the plan's order; the state is the same counter."""
+
+    def __init__(self, plan: MixturePlan, rows: list[tuple[Any, Packing]], batch_size: int, trains: np.ndarray,
+                 packed: bool):
+        super().__init__(plan, [d for d, _ in rows], batch_size)
+        self.rows, self.trains, self.packed = rows, trains, packed
+
+    def next_batch(self) -> Batch[np.ndarray]:
+        T, B = self.plan.seq_len, self.batch_size
+        x = np.zeros((B, T), dtype=np.int64)
+        y = np.full((B, T), IGNORE, dtype=np.int64)
+        pos = np.zeros((B, T), dtype=np.int64)
+        seg = np.full((B, T), -1, dtype=np.int64)
+        for b, c in enumerate(range(self.counter, self.counter + B)):
+            s, r = self.plan.at(c - self.base)
+            d, packing = self.rows[s]
+            fill_row(d, packing, self.trains, r, (x[b], y[b], pos[b], seg[b]))
+        self.counter += B
+        return Batch(x, y, pos, seg if self.packed else None, masked=True)
+
+
+def mixture_table(plan: MixturePlan, train_tokens: list[int], rows: bool = False) -> list[str]:
     """The realized mixture over the run's horizon, a row per source: its weight, the sequences and tokens it
-    gives, the unique tokens among them, how many times it is repeated, what its train part holds."""
+    gives, the unique tokens among them, how many times it is repeated, what its train part holds. ``rows``: a
+    mixture of conversations, whose unit is a row of packed conversations (its positions padded where no
+    conversation fits, its targets masked as train.loss_on says)."""
     T, total = plan.seq_len, sum(s.weight for s in plan.sources)
-    head = (f"mixture over {plan.horizon:,} sequences of {T} tokens ({plan.horizon * T:,} tokens; each source's "
-            f"share within one sequence after every step"
+    seq, tok = ("rows", "positions") if rows else ("sequences", "tokens")
+    head = (f"mixture over {plan.horizon:,} {seq} of {T} {tok} ({plan.horizon * T:,} {tok}; each source's "
+            f"share within one {seq[:-1]} after every step"
             + ("" if plan.exact else "; counts by the order, not the apportionment: see the mixture's notes") + "):")
-    rows = [("source", "weight", "share", "sequences", "tokens", "unique tokens", "repeats", "train tokens")]
+    rows_ = [("source", "weight", "share", seq, tok, f"unique {tok}", "repeats", "train tokens")]
     for s, src in enumerate(plan.sources):
         n = plan.counts[s]
-        rows.append((src.name, f"{src.weight:g}", f"{src.weight / total:.1%}", f"{n:,}", f"{n * T:,}",
+        rows_.append((src.name, f"{src.weight:g}", f"{src.weight / total:.1%}", f"{n:,}", f"{n * T:,}",
                      f"{min(n, src.windows) * T:,}", f"{plan.repeats(s):.2f}", f"{train_tokens[s]:,}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    widths = [max(len(r[i]) for r in rows_) for i in range(len(rows_[0]))]
     return [head] + ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in rows]
+                     for r in rows_]
 
 
 def mixture_facts(data: MixtureData, p: Preset) -> dict:
@@ -171,7 +240,7 @@ def mixture_lines(data: MixtureData, p: Preset) -> list[str]:
     t = p.train
     plan = data.plan("train", p, t.seed)
     return ([f"for a run of {p.name} ({t.max_iters:,} steps x {t.batch_size} x {t.grad_accum} sequences):"]
-            + mixture_table(plan, [d.split_tokens()[0] for d in data.parts])
+            + data.table(plan)
             + [f"`train` would refuse it: {why}" for why in plan.over_limit()])
 
 
@@ -193,11 +262,14 @@ def prepare_mixture(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callabl
                         f"{pairs!r}); train on the pairs alone, or leave them out of the mixture")
     if len(active) == 1:
         return prepare_one(dataclasses.replace(cfg, corpus=active[0]["corpus"], mixture=[]))
-    other = next((i for i, k in enumerate(kinds) if k != "text"), None)
-    if other is not None:
-        raise DataError(f"data.mixture source {active[other]['name']!r} holds {kinds[other]} records: a mixture of "
-                        "several sources is of text corpora for now; set data.format = text to train on their "
-                        "text, or train on the conversations alone")
+    loss_on, model_dir = kw.pop("loss_on", "assistant"), kw.pop("model_dir", None)
+    if len(set(kinds)) > 1:
+        chat, text = (next(src["name"] for src, k in zip(active, kinds) if k == want) for want in ("chat", "text"))
+        raise DataError(f"data.mixture: source {chat!r} holds conversations and {text!r} text: a mixture is of text "
+                        "or of conversations, not both; set data.format = text to train on the conversations' text, "
+                        "or give the text as conversations")
+    if kinds[0] == "chat":
+        return _prepare_chat_mixture(cfg, active, corpora, vocab_size, log, given, loss_on, model_dir, **kw)
     tok = given
     if tok is None:
         union = mixture_corpus(cfg)
@@ -217,3 +289,54 @@ def prepare_mixture(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callabl
     return MixtureData([s["name"] for s in active], [s["weight"] for s in active],
                        [s["max_repeat"] for s in active], parts, parts[0].tokenizer,
                        parts[0].tokenizer_path, cached)
+
+
+def _prepare_chat_mixture(cfg: DataConfig, active: list[dict], corpora: list[Corpus], vocab_size: int,
+                          log: Callable[[str], None], given: AnyTokenizer | None, loss_on: str,
+                          model_dir: Path | None, **kw: Any) -> MixtureData:
+    """Several conversation sources: each prepared as one chat corpus is (its own cache, its own train/val split
+    by conversations), all with one tokenizer (``given``, or one trained on the messages of all of them)."""
+    from workbench.data.chat_data import load_chat
+    from workbench.data.chat_prepare import prepare_chat
+    from workbench.data.chat_templates import ChatTemplateError
+
+    tok = given if given is not None else chat_mixture_tokenizer(cfg, vocab_size, log)
+    parts, cached = [], True
+    for src, corpus in zip(active, corpora):
+        log(f"mixture source {src['name']}: {corpus.description} ({human_bytes(corpus.total_bytes)}), conversations")
+        try:
+            prep = prepare_chat(dataclasses.replace(cfg, corpus=src["corpus"], mixture=[]), corpus, vocab_size,
+                                loss_on, tok, model_dir, log=log, workers=kw.get("workers"),
+                                shard_chars=kw.get("shard_chars") or CHAT_SHARD_CHARS,
+                                faults=kw.get("faults") or NO_FAULTS)
+            d = load_chat(prep, cfg.val_fraction)
+        except ChatTemplateError as e:
+            raise DataError(str(e)) from None
+        except DataError as e:
+            raise DataError(f"data.mixture source {src['name']!r}: {e}") from None
+        d.source = corpus.description
+        parts.append(d)
+        cached = cached and prep.cached
+    return MixtureData([s["name"] for s in active], [s["weight"] for s in active],
+                       [s["max_repeat"] for s in active], parts, parts[0].tokenizer, parts[0].tokenizer_path,
+                       cached, format="chat")
+
+
+def chat_mixture_tokenizer(cfg: DataConfig, vocab_size: int, log: Callable[[str], None]) -> AnyTokenizer:
+    """A tokenizer trained on the messages of all of a mixture's conversation sources (the first
+    data.tokenizer_sample_mb of them together, as one chat corpus's is), cached under the sources' manifest."""
+    from workbench.data.chat_prepare import _sample_for_tokenizer, make_reader
+    from workbench.data.tokenizer import load_tokenizer, tokenizer_file, train_tokenizer
+    from workbench.fs import cache_root, write_atomic
+
+    union = mixture_corpus(cfg)
+    key = hashlib.sha256(json.dumps([union.manifest(), cfg.messages_field, cfg.chat_roles, vocab_size,
+                                     cfg.tokenizer_sample_mb], default=str, sort_keys=True).encode()).hexdigest()[:20]
+    d = cache_root() / "data" / f"chatmix-{key}"
+    if tokenizer_file(d) is not None:
+        return load_tokenizer(d)
+    log(f"training a {vocab_size}-piece tokenizer on the messages of all the sources ({union.description}) ...")
+    tok = train_tokenizer(_sample_for_tokenizer(make_reader(cfg, "chat"), union, cfg.tokenizer_sample_mb), vocab_size)
+    d.mkdir(parents=True, exist_ok=True)
+    write_atomic(d / "tokenizer.model", tok.proto)  # sentencepiece's: what train_tokenizer makes
+    return tok

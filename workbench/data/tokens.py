@@ -217,7 +217,8 @@ def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[
             return prepare_data(c, vocab_size, seq_len, log, progress, workers, shard_chars, faults, run_dir, loss_on,
                                 objective)
         data = prepare_mixture(cfg, vocab_size, seq_len, log, one, given_tokenizer(cfg, vocab_size, run_dir),
-                               progress=progress, workers=workers, shard_chars=shard_chars, faults=faults)
+                               progress=progress, workers=workers, shard_chars=shard_chars, faults=faults,
+                               loss_on=loss_on, model_dir=tokenizer_dir(cfg, run_dir))
         if getattr(data, "names", None):  # several sources (one alone was checked as data.corpus)
             check_corpus_kind(objective, data.format, data.source)
         return data

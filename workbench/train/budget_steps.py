@@ -77,10 +77,9 @@ class BudgetSteps(TrainerParts):
         horizon = end * per_step - self.sampler.base
         moved = self.sampler.replan(horizon) if say else follow(horizon, MIXTURE_NEAR_STEPS * per_step)
         if say and moved:
-            from workbench.data.mixture_data import mixture_table
             self.report.log(f"time budget: the mixture planned for its first guess of {end:,} steps, re-planned as "
                             "that end moves (what was drawn is kept):")
-            for line in mixture_table(self.sampler.plan, [d.split_tokens()[0] for d in self.data.parts]):
+            for line in self.data.table(self.sampler.plan):
                 self.report.log(line)
 
     def mixture_realized(self) -> None:
