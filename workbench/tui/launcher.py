@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import shlex
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -40,9 +41,23 @@ class RunRequest:
         from workbench.config.duration import TimeBudget
         from workbench.plan.run_plan import NewRun  # lazily: the planner loads with the new-run form, not at start
 
-        return NewRun(self.preset, tuple(self.overrides), (self.corpus,) if self.corpus else (),
+        return NewRun(self.preset, tuple(self.overrides), self.corpus_items(),
                       self.init_from or None, self.finetune if self.init_from else "",
                       TimeBudget.parse(self.time_budget), self.name or None, force)
+
+    def corpus_items(self) -> tuple[str, ...]:
+        """The corpus field as `--corpus` items: a mixture's sources (``web=web.jsonl:0.7 code=src/:0.3``, split as
+        a shell splits them: quote a path with spaces) when it names any, else the field whole (one path, spaces,
+        quotes and backslashes kept: a file name is taken as it is typed)."""
+        if not self.corpus:
+            return ()
+        try:
+            items = shlex.split(self.corpus)
+        except ValueError:  # an unbalanced quote: a path's own character
+            return (self.corpus,)
+        from workbench.data.mixture import named_source  # lazily, as the planner is
+
+        return tuple(items) if any(named_source(i) for i in items) else (self.corpus,)
 
 
 def start_run(runs_dir: Path, req: RunRequest, timeout: float = 120) -> str:
@@ -56,8 +71,7 @@ def inspect_data(runs_dir: Path, req: RunRequest, documents: int = 2, timeout: f
     """``workbench data inspect CORPUS --preset P --set ... [--init-from RUN] --json``: the first documents
     of the run's corpus as its trainer will see them (conversations with their trained spans; preparing a
     chat corpus trains its tokenizer and encodes it into the cache, which the run then reuses)."""
-    args = [req.corpus or "builtin", "--preset", req.preset, "--json",
-            "-n", str(documents)]
+    args = [*(req.corpus_items() or ("builtin",)), "--preset", req.preset, "--json", "-n", str(documents)]
     if req.init_from:
         args += ["--init-from", req.init_from]
     for item in req.new_run().preset_sets():

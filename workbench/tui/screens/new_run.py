@@ -66,6 +66,8 @@ def preview_text(out: dict) -> Text:
     t = Text()
     if out.get("format") in KINDS:
         return preference_preview(out)
+    if out.get("format") == "mixture":
+        return mixture_preview(out)
     if out.get("format") == "chat" and out.get("tokenizer", "") is None:  # shown by characters: no tokenizer fits
         t.append(f"template {out['template']}; loss on {out['loss_on']} (bold green); {out['note']}", style="dim")
     elif out.get("format") == "chat":
@@ -86,6 +88,32 @@ def preview_text(out: dict) -> Text:
         t.append(Text("\n").join(lines[:PREVIEW_LINES]))
         if len(lines) > PREVIEW_LINES or doc.get("cut"):
             t.append(" […]", style="dim")
+    return t
+
+
+def mixture_preview(out: dict) -> Text:
+    """A mixture as ``data inspect --json`` gives it: the realized mixture over the run (a row per source: its
+    share, sequences, tokens, repeats; what `train` would refuse), then each source's first documents."""
+    T, unit = out["seq_len"], "rows" if out.get("chat") else "sequences"
+    t = Text(f"mixture over {out['horizon_sequences']:,} {unit} of {T} tokens (each source's share within one "
+             "after every step)" + ("" if out["exact"] else "; counts by the order") + "\n", style="dim")
+    total = sum(s["weight"] for s in out["sources"])
+    rows = [("source", "share", unit, "tokens", "repeats")] + [
+        (s["name"], f"{s['weight'] / total:.1%}", f"{s['sequences']:,}", f"{s['tokens']:,}", f"{s['repeats']:.2f}")
+        for s in out["sources"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    t.append("\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                       for r in rows))
+    for why in out.get("refused", []):
+        t.append(f"\n`train` would refuse it: {why}", style="red")
+    for s in out["sources"]:
+        for doc in s.get("shown", []):
+            lines = Text(doc["text"]).split("\n")
+            t.append(f"\n--- {s['name']}: {'conversation' if out.get('chat') else 'document'} {doc['index'] + 1} "
+                     "---\n", style="dim")
+            t.append(Text("\n").join(lines[:PREVIEW_LINES]))
+            if len(lines) > PREVIEW_LINES or doc.get("cut"):
+                t.append(" […]", style="dim")
     return t
 
 
@@ -127,11 +155,30 @@ def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | N
     """(fits, what to show, why its time budget cannot buy a complete run or "") for the run ``req`` describes on
     this machine: memory and time, by estimate (a budget's plan: plan.horizon.plan_budget, as `train` says it)."""
     try:
-        check = fit_check(request_preset(req, runs_dir), Machine.from_info(machine_info or detect()),
-                          measured_in(runs_dir))
+        p = request_preset(req, runs_dir)
+        check = fit_check(p, Machine.from_info(machine_info or detect()), measured_in(runs_dir))
     except (WorkbenchError, OSError) as e:
         return None, f"estimate: {e}", ""
-    return check.fits, "\n".join(check.lines()), check.budget_problem
+    return check.fits, "\n".join(check.lines() + mixture_shares(p)), check.budget_problem
+
+
+def mixture_shares(p: Preset) -> list[str]:
+    """A mixture's sources in the estimate: each one's share and the sequences the run's horizon gives it (the
+    apportionment: known before anything is read; its repeats need the sources prepared: ctrl+d)."""
+    from workbench.data.mixture import apportion
+    from workbench.data.mixture_data import active_sources
+
+    active = active_sources(p.data)
+    if len(active) < 2:
+        return []
+    t = p.train
+    total, n = sum(s["weight"] for s in active), t.max_iters * t.batch_size * t.grad_accum
+    counts = apportion([s["weight"] for s in active], n)
+    when = ("its first guess at the budget's steps is planned when it starts" if t.time_budget else
+            f"over {n:,} sequences of {p.model.seq_len} tokens")
+    return [f"mixture ({when}): " + ", ".join(
+        f"{s['name']} {s['weight'] / total:.1%}" + ("" if t.time_budget else f" ({c:,})")
+        for s, c in zip(active, counts)) + "; ctrl+d: its table (the sources prepared)"]
 
 
 class NewRunScreen(ModalScreen["RunRequest | None"]):
