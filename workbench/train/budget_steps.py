@@ -81,6 +81,9 @@ class BudgetSteps(TrainerParts):
                             "that end moves (what was drawn is kept):")
             for line in self.data.table(self.sampler.plan):
                 self.report.log(line)
+            for why in self.sampler.plan.over_limit():  # checked before the start at max_iters' horizon
+                self.report.log(f"warning: {why} over the budget's first guess; it goes on (the budget decides "
+                                "the steps): lower its weight or the budget, or raise its max_repeat")
 
     def mixture_realized(self) -> None:
         """A budgeted mixture's end: the sequences each source gave, against the apportionment of the steps it
