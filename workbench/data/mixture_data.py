@@ -227,7 +227,8 @@ def mixture_facts(data: MixtureData, p: Preset) -> dict:
     plan = data.plan("train", p, p.train.seed)
     T = plan.seq_len
     return {"format": "mixture", "horizon_sequences": plan.horizon, "seq_len": T, "exact": plan.exact,
-            "chat": data.format == "chat", "vocab_size": data.tokenizer.vocab_size, "cached": data.cached, "refused": plan.over_limit(),
+            "chat": data.format == "chat", "vocab_size": data.tokenizer.vocab_size, "cached": data.cached,
+            "refused": plan.over_limit(),
             "sources": [{"name": src.name, "weight": src.weight, "source": d.source, "sequences": plan.counts[s],
                          "tokens": plan.counts[s] * T, "unique_tokens": min(plan.counts[s], src.windows) * T,
                          "repeats": round(plan.repeats(s), 4), "max_repeat": src.max_repeat,
