@@ -268,6 +268,16 @@ def test_a_mixture_of_conversations_draws_each_sources_rows_with_their_loss_mask
             words = trained.replace("<|im_end|>", " ").split()   # answers only (the last maybe cut at seq_len)
             assert words and all(any(a.startswith(w) for a in answer) for w in words), trained
     assert [seen["cats"], seen["math"]] == apportion([0.6, 0.4], 24) == sampler.plan.counts
+    # its state is the counter: a sampler set from it after 2 batches draws the same next ones (a resume)
+    again = data.sampler("train", p, p.train.seed)
+    again.next_batch(), again.next_batch()
+    st = again.state()
+    back = data.sampler("train", p, p.train.seed)
+    back.set_state(st)
+    for _ in range(3):
+        x, y = again.next_batch(), back.next_batch()
+        assert all(np.array_equal(a, b) for a, b in zip((x.inputs, x.targets, x.positions, x.segments),
+                                                        (y.inputs, y.targets, y.positions, y.segments)))
     lines = data.start_lines(sampler, p)
     assert lines[0].startswith("chat: each source's conversations packed into rows of 64")
     assert lines[1].startswith("mixture over 24 rows of 64 positions")
