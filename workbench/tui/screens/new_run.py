@@ -216,7 +216,8 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
                 yield Label(Text(self.note, style="bold cyan"), id="nr-note")
             yield form_field("preset", Select([(n, n) for n in names], value=initial, allow_blank=False,
                                               id="nr-preset"))
-            yield form_field("corpus", Input(self.corpus, placeholder="builtin or a path to text", id="nr-corpus"))
+            yield form_field("corpus", Input(self.corpus, id="nr-corpus", placeholder="builtin, a path, or a "
+                                             "mixture: web=web.jsonl:0.7 code=src/:0.3"))
             yield form_field("name", Input("", placeholder="(automatic)", id="nr-name"))
             yield form_field("budget", Input("", placeholder="(max_iters) or a time: 45m, 2h - the schedule follows "
                                                              "the clock", id="nr-budget"))
