@@ -5,82 +5,31 @@ failed by heartbeat and retried, from the start, by the other; bad URLs and cred
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import pwd
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.cli import TINY, wb
+from tests.support.postgres import PASSWORD, NoPostgres, free_port, postgres_server
 from tests.support.runs import wait_until
 from workbench import rundir
 from workbench.queue import dburl, distributed
 
-PASSWORD = "pw-Zq81-secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _as_user(cmd: list[str], user: str | None) -> list[str]:
-    return ["runuser", "-u", user, "--", *cmd] if user else cmd
-
 
 @pytest.fixture(scope="module")
 def postgres():
-    """A PostgreSQL server of its own (initdb refuses root: as root, the server runs as the `postgres` user, or
-    `nobody`), a database `sweeps` for user `wb`; stopped and removed at the end."""
-    found = [shutil.which("initdb")] + sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    initdb = next((t for t in found if t), None)
-    if initdb is None:
-        pytest.fail("PostgreSQL's initdb is not installed: apt-get install postgresql (.ci/run does)")
-    pg_ctl = str(Path(initdb).with_name("pg_ctl"))
-    user = None
-    if os.geteuid() == 0:
-        user = next(u for u in ("postgres", "nobody") if _has_user(u))
-    base = Path(tempfile.mkdtemp(prefix="wb-pg-"))
-    if user:
-        pw = pwd.getpwnam(user)
-        os.chown(base, pw.pw_uid, pw.pw_gid)
-    (base / "pw").write_text(PASSWORD)
-    if user:
-        os.chown(base / "pw", pwd.getpwnam(user).pw_uid, pwd.getpwnam(user).pw_gid)
-    data, port = base / "data", _free_port()
-    subprocess.run(_as_user([initdb, "-D", str(data), "-U", "wb", "--pwfile", str(base / "pw"), "-A",
-                             "scram-sha-256", "--no-sync", "-E", "UTF8"], user), check=True, capture_output=True)
-    opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
-    subprocess.run(_as_user([pg_ctl, "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "start"], user),
-                   check=True, capture_output=True)
+    """A PostgreSQL server of its own (tests/support/postgres.py), stopped and removed at the end."""
     try:
-        import psycopg
-        with psycopg.connect(host="127.0.0.1", port=port, user="wb", password=PASSWORD, dbname="postgres",
-                             autocommit=True) as c:
-            c.execute("CREATE DATABASE sweeps")
-        yield {"url": f"postgresql://wb:{PASSWORD}@127.0.0.1:{port}/sweeps", "port": port}
-    finally:
-        subprocess.run(_as_user([pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], user),
-                       capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _has_user(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-        return True
-    except KeyError:
-        return False
+        with postgres_server() as server:
+            yield server
+    except NoPostgres as e:
+        pytest.fail(str(e))
 
 
 def _one_line_exit_2(cp: subprocess.CompletedProcess, *words: str) -> str:
@@ -97,7 +46,7 @@ def test_bad_urls_wrong_credentials_and_an_unreachable_server_are_one_line_exit_
     wrong = postgres["url"].replace(PASSWORD, "not-the-password")
     _one_line_exit_2(wb("sweep", "cpu-small", "--set-grid", "train.lr=1e-3,2e-3", "--storage", wrong,
                         "--runs-dir", str(root)), "the user or the password is wrong")
-    dead = f"postgresql://wb:{PASSWORD}@127.0.0.1:{_free_port()}/sweeps"
+    dead = f"postgresql://wb:{PASSWORD}@127.0.0.1:{free_port()}/sweeps"
     with pytest.raises(distributed.StorageError) as e:
         distributed.open_storage(dead)
     assert "cannot reach the database at postgresql://wb:***@127.0.0.1" in str(e.value)
