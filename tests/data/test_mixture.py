@@ -186,14 +186,14 @@ def test_the_sampler_state_is_a_counter_and_resumes_the_same_stream():
     assert all(np.array_equal(x, y) for x, y in zip(want, got)) and again.changed is None
     # cut at random steps (a kill -9 anywhere, resumed from the last state saved), twice in one stream: the same
     for cuts in ([5, 31], [1, 2], [17, 39], *(sorted(random.Random(s).sample(range(1, 40), 2)) for s in range(3))):
-        got, st = [], None
+        stream, saved = [], None
         for lo, hi in zip([0, *cuts], [*cuts, 40]):
             part = MixtureSampler(plan_mixture(src, 16, 50, seed=9), [a, b], 3)
-            if st is not None:
-                part.set_state(st)
-            got += [part.next_batch().inputs for _ in range(hi - lo)]
-            st = part.state()
-        assert all(np.array_equal(x, y) for x, y in zip(want, got)), cuts
+            if saved is not None:
+                part.set_state(saved)
+            stream += [part.next_batch().inputs for _ in range(hi - lo)]
+            saved = part.state()
+        assert len(stream) == 40 and all(np.array_equal(x, y) for x, y in zip(want, stream)), cuts
     longer = MixtureSampler(plan_mixture(src, 16, 80, seed=9), [a, b], 3)   # resume --more: a longer horizon
     longer.set_state(st)
     assert longer.plan.horizons == [50, 80]   # the plan the run began with, extended
