@@ -51,8 +51,10 @@ def test_the_site_builds_strict_with_every_page_in_the_nav(site):
     pages = {p.relative_to(DOCS).with_suffix("").as_posix() for p in DOCS.rglob("*.md")
              if "gen" not in p.relative_to(DOCS).parts}
     for page in pages:
-        html = site / (page.removesuffix("index") if page.endswith("index") else page + "/") / "index.html"
+        html = site / f"{page}.html"   # use_directory_urls: false, so the site navigates opened from disk
         assert html.exists(), page
+    # opened from disk (file://), a link must name a file: the front page links getting-started.html, not a folder
+    assert 'href="getting-started.html"' in (site / "index.html").read_text(encoding="utf-8")
     # every picture of the app (docs/gen/screenshots.py) is on a page
     shown = "".join(p.read_text(encoding="utf-8") for p in DOCS.rglob("*.md"))
     assert [p.name for p in (DOCS / "images").glob("*.svg") if f"images/{p.name}" not in shown] == []
@@ -64,7 +66,7 @@ def test_the_site_builds_strict_with_every_page_in_the_nav(site):
 
 def test_the_preset_keys_page_lists_every_schema_key_with_its_doc(site):
     from workbench.config.schema import SECTIONS
-    html = (site / "reference" / "preset-keys" / "index.html").read_text(encoding="utf-8")
+    html = (site / "reference" / "preset-keys.html").read_text(encoding="utf-8")
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             assert f"<code>{section}.{f.name}</code>" in html, f"{section}.{f.name}"
@@ -84,7 +86,7 @@ def test_a_key_added_to_the_schema_shows_up_on_the_generated_page(monkeypatch):
 
 def test_the_cli_options_page_has_every_command_and_option(site):
     from workbench.cli import build_parser
-    html = (site / "reference" / "cli-options" / "index.html").read_text(encoding="utf-8")
+    html = (site / "reference" / "cli-options.html").read_text(encoding="utf-8")
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     for name, p in sub.choices.items():

@@ -138,3 +138,21 @@ def test_presets_validate_reports_each_file(tmp_path):
     assert cp.returncode == 1
     assert f"ok: {good}" in cp.stdout and "train.warmup_iters = 20 must be < train.max_iters = 10" in cp.stdout
     assert wb("presets", "validate", cwd=REPO).returncode == 0
+
+
+def test_in_a_checkouts_root_a_users_presets_go_to_presets_user_not_among_the_shipped(tmp_path, monkeypatch):
+    """Found walking the docs as a new user: from the checkout's root, where ./presets is the shipped folder,
+    `sweep save-best` wrote into it, the preset listed as shipped and left in git's working tree."""
+    from workbench.config.files import preset_paths, shipped_presets_dir, user_presets_dir
+    monkeypatch.delenv("WORKBENCH_PRESETS_DIR", raising=False)
+    monkeypatch.chdir(REPO)
+    assert shipped_presets_dir().resolve() == (REPO / "presets").resolve()
+    assert user_presets_dir() == (REPO / "presets" / "user").resolve()
+    assert all(kind == "shipped" and path.parent == REPO / "presets" for path, kind in preset_paths().values())
+    monkeypatch.chdir(tmp_path)   # anywhere else: ./presets, as before
+    assert user_presets_dir() == (tmp_path / "presets").resolve()
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "mine.toml").write_text((REPO / "presets" / "cpu-small.toml").read_text())
+    assert preset_paths()["mine"] == ((tmp_path / "presets" / "mine.toml").resolve(), "user")
+    monkeypatch.setenv("WORKBENCH_PRESETS_DIR", str(tmp_path / "elsewhere"))
+    assert user_presets_dir() == (tmp_path / "elsewhere").resolve()

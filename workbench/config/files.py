@@ -58,7 +58,13 @@ def shipped_presets_dir() -> Path:
 
 
 def user_presets_dir() -> Path:
-    return Path(os.environ.get("WORKBENCH_PRESETS_DIR", "presets")).resolve()
+    """``$WORKBENCH_PRESETS_DIR``, else ``./presets``; in a checkout's root, where ``./presets`` is the shipped folder,
+    its ``user/`` folder (git ignores it): a preset the user saves is never listed as shipped nor left in git's
+    working tree."""
+    if env := os.environ.get("WORKBENCH_PRESETS_DIR"):
+        return Path(env).resolve()
+    here = Path("presets").resolve()
+    return here / "user" if here == shipped_presets_dir().resolve() else here
 
 
 def preset_paths() -> dict[str, tuple[Path, str]]:
