@@ -219,8 +219,8 @@ def test_init_from_run_best_starts_from_the_best_checkpoint(src):
     cp = wb("train", "cpu-small", "--init-from", "src:best", "--name", "ft", "--runs-dir", str(root),
             *tiny("train.max_iters=3", "train.eval_interval=3", "train.sample_prompt=''"), check=True)
     assert cp.stdout.splitlines()[0] == (
-        f"fine-tuning every weight of src step_{best:07d} (run src); model.seq_len 32; adamw lr 0.0003 "
-        "(a full fine-tune's at most; --set train.lr to change)")  # was the preset's 0.003: issue 53
+        f"fine-tuning every weight of src step_{best:07d} (run src); model.seq_len 32; adamw lr 0.001 "
+        "(a full fine-tune's at most; --set train.lr to change)")  # was the preset's 0.003: issue 53 (0.0003 at first)
     ft = root / "ft"
     preset = tomllib.loads((ft / "preset.toml").read_text())
     assert preset["init"] == {"run": "src", "step": best} and preset["source"] == {"model": "run src"}

@@ -69,10 +69,11 @@ def test_a_full_sft_fine_tune_takes_the_fine_tuning_rate(base):
 
 
 def test_set_train_lr_wins(base):
-    cp = fine_tune(base, "sft-asked", "train.lr=1e-3")
-    assert "adamw lr 0.001\n" in cp.stdout  # nothing said: the rate is the user's
+    assert SFT_MAX_LR != 5e-4  # else the rule and the user's rate could not be told apart
+    cp = fine_tune(base, "sft-asked", "train.lr=5e-4")
+    assert "adamw lr 0.0005\n" in cp.stdout  # nothing said: the rate is the user's
     saved = load_preset_file(base["root"] / "sft-asked" / rundir.PRESET_FILE).train
-    assert (saved.lr, saved.min_lr) == (1e-3, PRESET.min_lr)
+    assert (saved.lr, saved.min_lr) == (5e-4, PRESET.min_lr)
     assert planned(base, "train.lr=3e-3").lr == 3e-3  # the preset's own rate too, when asked for by name
 
 
