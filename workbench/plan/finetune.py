@@ -119,17 +119,17 @@ def init_preset(p: Preset, src: InitSource, overrides: list[str]) -> Preset:
 # - preference (DPO, KTO, SimPO, ORPO), full: cpu-small's 3e-3 dropped a DPO run's chosen answers by 57 nats in 20
 #   steps; on bench/preference.py's task plain DPO kept more of the model at 3e-5 than at 1e-4 (three seeds, README:
 #   "Preference tuning"). Flat after warmup.
-# - SFT: bench/finetune_lr.py at 400 steps, two seeds (docs/reference/fine-tuning.md, "Learning rate"): one cpu-small
-#   pretrained 400 steps (loss 4.80 on its own text; guessing is 9.01), chat-tuned at each rate, full and LoRA rank 8,
-#   greedy exact match on 200 held-out conversations, mean of seeds 1337 and 1. The rule: the rate with the best
-#   held-out score, unless a lower one scores within the seeds' spread and keeps more of the pretraining; never one
-#   that leaves the model near guessing on its own text (a larger pretrained model has more to lose).
-#   Full 1e-3: 47.0 % (44.5-49.5), text +1.9 nats; 2e-3 scored the same, 48.2 % (48.0-48.5), at +4.2 nats (9.63 on
-#   one seed: worse than guessing); 3e-4 (the rule until now, chosen at 150 steps where only the colour look-ups
-#   are learned) kept the most (+0.63) but scored 14.5 %: it does not learn to reverse words in 400 steps (6 %
-#   against 1e-3's 86 %). LoRA 1e-3 kept: 7.0 % (6.5-7.5), +1.43 nats, against 3e-3's 7.8 % (7.0-8.5) at +2.41;
-#   at rank 8 neither rate tried learns reverse or sort in 400 steps. min_lr is scaled with the rate (the preset's
-#   decay kept). Measured on a 5 M model only: a larger one is not measured here.
+# - SFT: bench/finetune_lr.py at 400 steps, three seeds (docs/reference/fine-tuning.md, "Learning rate"): one
+#   cpu-small pretrained 400 steps (loss 4.80 on its own text; guessing is 9.01), chat-tuned at each rate, full and
+#   LoRA rank 8, greedy exact match on 200 held-out conversations, mean of seeds 1337, 1 and 2. The rule: the rate
+#   with the best held-out score, unless a lower one scores within the seeds' spread and keeps more of the
+#   pretraining; never one that leaves the model near guessing on its own text (a larger pretrained model has more
+#   to lose). Full 1e-3: 47.8 % (44.5-49.5), text +1.83 nats; 2e-3 scored no better, 47.3 % (45.5-48.5), at +3.59
+#   (9.63 on one seed: worse than guessing); 3e-4 (the rule until now, chosen at 150 steps where only the colour
+#   look-ups are learned) kept the most (+0.62) but scored 14.7 % (13.0-16.0): it does not learn to reverse words
+#   in 400 steps (8 % against 1e-3's 88 %). LoRA 1e-3 kept: 7.3 % (6.5-8.0), +1.48 nats, against the preset's 3e-3,
+#   7.3 % (6.5-8.5) at +2.26; at rank 8 neither rate tried learns reverse or sort in 400 steps. min_lr is scaled
+#   with the rate (the preset's decay kept). Measured on a 5 M model only: a larger one is not measured here.
 # - LoRA with a preference objective: the preset's (not measured here).
 PREFERENCE_MAX_LR = 3e-5
 SFT_MAX_LR = 1e-3
