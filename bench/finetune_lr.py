@@ -141,7 +141,8 @@ def main() -> int:
     preset_lr, preset_min = preset_rates()
     ratio = preset_min / preset_lr
     print(f"finetune_lr in {out}: pretrain {pre_steps} steps, fine-tunes {steps} steps, {n_held} held out; "
-          f"full at {', '.join(f'{x:g}' for x in full)}; LoRA at {', '.join(f'{x:g}' for x in lora)}; "
+          f"full at {', '.join(f'{x:g}' for x in full) or 'none'}; "
+          f"LoRA at {', '.join(f'{x:g}' for x in lora) or 'none'}; "
           f"seeds {', '.join('preset' if x is None else str(x) for x in seeds)}; "
           f"min_lr = lr x {ratio:.3g} (cpu-small's {preset_min:g} / {preset_lr:g})", flush=True)
     pre_s = pretrain(out, pre_steps)
