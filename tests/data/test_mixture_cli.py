@@ -233,7 +233,7 @@ def test_a_time_budget_plans_the_mixture_for_its_steps_and_follows_its_end(corpo
     assert st["horizons"][-1] >= n    # the plan followed the end: never ran past it (max_iters' plan: 12 sequences)
     log = (d / "train.log").read_text()
     assert "time budget: the mixture planned for its first guess of" in log
-    assert f"mixture realized over {n} sequences ({steps} steps): words {st['drawn'][0]}" in log
+    assert f"mixture realized over {n:,} sequences ({steps:,} steps): words {st['drawn'][0]:,}" in log
 
 
 
