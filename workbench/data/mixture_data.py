@@ -284,12 +284,9 @@ def prepare_mixture(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callabl
             d = load_tokens(prep, cfg.val_fraction, seq_len)
         except DataError as e:
             raise DataError(f"data.mixture source {src['name']!r}: {e}") from None
-        d.source = corpus.description
-        parts.append(d)
+        parts.append(_sourced(d, corpus))
         cached = cached and prep.cached
-    return MixtureData([s["name"] for s in active], [s["weight"] for s in active],
-                       [s["max_repeat"] for s in active], parts, parts[0].tokenizer,
-                       parts[0].tokenizer_path, cached)
+    return _mixture_of(active, parts, cached)
 
 
 def _prepare_chat_mixture(cfg: DataConfig, active: list[dict], corpora: list[Corpus], vocab_size: int,
@@ -315,12 +312,23 @@ def _prepare_chat_mixture(cfg: DataConfig, active: list[dict], corpora: list[Cor
             raise DataError(str(e)) from None
         except DataError as e:
             raise DataError(f"data.mixture source {src['name']!r}: {e}") from None
-        d.source = corpus.description
-        parts.append(d)
+        parts.append(_sourced(d, corpus))
         cached = cached and prep.cached
+    return _mixture_of(active, parts, cached, format="chat")
+
+
+def _sourced(d: Any, corpus: Corpus) -> Any:
+    """A source's prepared data, named by its corpus (what messages and the table call it)."""
+    d.source = corpus.description
+    return d
+
+
+def _mixture_of(active: list[dict], parts: list, cached: bool, format: str = "text") -> MixtureData:
+    """The prepared sources as one MixtureData: their names, weights and repeat caps, the first's tokenizer (all
+    share it)."""
     return MixtureData([s["name"] for s in active], [s["weight"] for s in active],
                        [s["max_repeat"] for s in active], parts, parts[0].tokenizer, parts[0].tokenizer_path,
-                       cached, format="chat")
+                       cached, format=format)
 
 
 def chat_mixture_tokenizer(cfg: DataConfig, vocab_size: int, log: Callable[[str], None]) -> AnyTokenizer:
