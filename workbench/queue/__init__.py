@@ -3,6 +3,8 @@
 - ``store``   the queue's state: a SQLite database in the runs directory (``queue.db``: WAL, every change one
   transaction), its items (runs to start, in order, with their state and outcome), the pause flag, sweeps and
   their trials. Run names are reserved here, against the queue and the run directories alike.
+- ``sweep_store`` a sweep's records in that database: its spec and its trials (a mixin of the store, whose
+  transactions queue a trial's item with its record)
 - ``runner``  ``workbench queue run``: one runner a machine (a lock), which starts the queued runs one after
   the other, each its own trainer through the CLI (``workbench train --detach``, as the TUI starts runs),
   watches it through its run directory, records how it ended, and on a restart adopts a trainer still alive or

@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from workbench.config.duration import TimeBudget
 from workbench.errors import WorkbenchError
+from workbench.queue.sweep_store import SweepRecords
+from workbench.queue.sweep_store import Trial as Trial  # noqa: F401 (its importers)
+from workbench.queue.sweep_store import trial_name as trial_name
 from workbench.rundir import sanitize_run_name
 
 if TYPE_CHECKING:  # (the planner is loaded where a run is planned or started, not with the TUI's queue view)
@@ -164,22 +167,7 @@ class Item:
         return d
 
 
-@dataclass(frozen=True)
-class Trial:
-    sweep: str
-    number: int
-    params: dict[str, Any]
-    item: int | None
-    optuna: int | None
-    note: str | None
-    told: bool
-
-
-def trial_name(sweep: str, number: int) -> str:
-    return f"{sweep}-t{number:04d}"
-
-
-class QueueStore:
+class QueueStore(SweepRecords):
     """The queue database of the runs directory ``root``. ``readonly``: open an existing database without
     writing anything (the TUI); a missing one is an empty queue."""
 
@@ -418,65 +406,3 @@ class QueueStore:
             now["gpus"] = json.dumps(list(now["gpus"] or ()))
         self.conn.execute("INSERT OR REPLACE INTO places VALUES (?, ?, ?, ?)",
                           (item_id, now["place"], now["gpus"], now["slot"]))
-
-    # ------------------------------------------------------------------ sweeps
-
-    def sweep_names(self) -> list[str]:
-        try:
-            return [r[0] for r in self.conn.execute("SELECT name FROM sweeps ORDER BY created")]
-        except sqlite3.OperationalError:
-            return []
-
-    def sweep_spec(self, name: str) -> dict | None:
-        row = self.conn.execute("SELECT spec FROM sweeps WHERE name = ?", (name,)).fetchone()
-        return json.loads(row[0]) if row else None
-
-    def name_in_use(self, name: str) -> str | None:
-        """Why ``name`` cannot name a new sweep (None: it can)."""
-        if self.sweep_spec(name) is not None:
-            return f"a sweep named {name!r} exists (`workbench sweep show {name}`)"
-        row = self.conn.execute("SELECT name FROM items WHERE name LIKE ? ESCAPE '\\' LIMIT 1",
-                                (name.replace("_", "\\_").replace("%", "\\%") + "-t%",)).fetchone()
-        if row:
-            return f"the queue has a run {row[0]!r}"
-        if any(self.root.glob(f"{name}-t[0-9][0-9][0-9][0-9]")):
-            return f"run directories {name}-t0001... exist in {self.root}"
-        return None
-
-    def add_sweep(self, name: str, spec: dict, trials: list[tuple[dict, NewItem | None, int | None, str | None]]
-                  ) -> list[Trial]:
-        """The sweep and its first trials, in one transaction: (params, the run to queue or None when refused,
-        Optuna's trial number, why refused)."""
-        with self._tx():
-            if (why := self.name_in_use(name)):
-                raise QueueError(f"sweep name {name!r} is taken: {why}; choose another --name")
-            self.conn.execute("INSERT INTO sweeps VALUES (?, ?, ?)", (name, json.dumps(spec), time.time()))
-            for params, new, optuna_no, note in trials:
-                self._add_trial(name, params, new, optuna_no, note)
-        return self.trials(name)
-
-    def add_trial(self, sweep: str, params: dict, new: NewItem | None, optuna_no: int | None,
-                  note: str | None) -> Trial:
-        with self._tx():
-            return self._add_trial(sweep, params, new, optuna_no, note)
-
-    def _add_trial(self, sweep: str, params: dict, new: NewItem | None, optuna_no: int | None,
-                   note: str | None) -> Trial:
-        number = self.conn.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM trials WHERE sweep = ?",
-                                   (sweep,)).fetchone()[0]
-        item_id = None
-        if new is not None:
-            new = dataclasses.replace(new, name=trial_name(sweep, number), sweep=sweep, trial=number)
-            item_id = self._add(new).id
-        self.conn.execute("INSERT INTO trials VALUES (?, ?, ?, ?, ?, ?, ?)",
-                          (sweep, number, json.dumps(params), item_id, optuna_no, note, 0))
-        return Trial(sweep, number, params, item_id, optuna_no, note, False)
-
-    def trials(self, sweep: str) -> list[Trial]:
-        rows = self.conn.execute("SELECT * FROM trials WHERE sweep = ? ORDER BY number", (sweep,)).fetchall()
-        return [Trial(r["sweep"], r["number"], json.loads(r["params"]), r["item"], r["optuna"], r["note"],
-                      bool(r["told"])) for r in rows]
-
-    def mark_told(self, sweep: str, number: int) -> None:
-        with self._tx():
-            self.conn.execute("UPDATE trials SET told = 1 WHERE sweep = ? AND number = ?", (sweep, number))
