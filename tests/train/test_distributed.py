@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -108,18 +109,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_nodes_on_one_machine(tmp_path):
-    """--nnodes 2 with a localhost rendezvous, one process per node (each node has its own runs dir)."""
+def _on_two_nodes(tmp_path, *args: str) -> None:
+    """One workbench command per node (node0/ and node1/ runs dirs), rendezvous on localhost, one process each."""
     port = str(_free_port())
     procs = []
     for node in (0, 1):
-        cmd = [sys.executable, "-m", "workbench", "train", "cpu-small", "--name", "n", "--runs-dir",
-               str(tmp_path / f"node{node}"), "--nnodes", "2", "--node-rank", str(node), "--nproc", "1",
-               "--master-addr", "127.0.0.1", "--master-port", port, *tiny(*COMMON, "train.batch_size=4")]
+        cmd = [sys.executable, "-m", "workbench", *args, "--runs-dir", str(tmp_path / f"node{node}"),
+               "--nnodes", "2", "--node-rank", str(node), "--nproc", "1", "--master-addr", "127.0.0.1",
+               "--master-port", port]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       stdin=subprocess.DEVNULL))
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
+
+
+def test_two_nodes_on_one_machine(tmp_path):
+    """--nnodes 2 with a localhost rendezvous, one process per node (each node has its own runs dir), and a
+    resume across the two nodes (resume's --nnodes, --node-rank, --master-addr and --master-port)."""
+    _on_two_nodes(tmp_path, "train", "cpu-small", "--name", "n", *tiny(*COMMON, "train.batch_size=4"))
     wb("train", "cpu-small", "--name", "one", "--runs-dir", str(tmp_path), *tiny(*COMMON, "train.batch_size=4"),
        check=True)
     node0, one = losses(tmp_path / "node0" / "n"), losses(tmp_path / "one")
@@ -129,6 +136,16 @@ def test_two_nodes_on_one_machine(tmp_path):
     # Only global rank 0 writes metrics and checkpoints.
     assert not (tmp_path / "node1" / "n" / "metrics.jsonl").exists()
     assert rundir.list_checkpoints(tmp_path / "node1" / "n") == []
+    # resumed on both nodes from rank 0's checkpoint (copied to node 1, as a shared runs directory would give
+    # it): the two more steps are one process's resumed steps
+    shutil.rmtree(tmp_path / "node1" / "n")
+    shutil.copytree(tmp_path / "node0" / "n", tmp_path / "node1" / "n")
+    _on_two_nodes(tmp_path, "resume", "n", "--more", "2")
+    wb("resume", "one", "--more", "2", "--runs-dir", str(tmp_path), check=True)
+    node0, one = losses(tmp_path / "node0" / "n"), losses(tmp_path / "one")
+    assert sorted(one) == sorted(node0) == list(range(1, 11))
+    for s in (9, 10):
+        assert node0[s] == pytest.approx(one[s], rel=1e-5, abs=1e-6)
 
 
 def test_auto_layout_and_a_batch_that_does_not_split(tmp_path):
