@@ -250,7 +250,8 @@ def test_expected_memory_gb_sizes_the_memory_savers_where_the_devices_memory_is_
 
 
 def test_hw_no_torch_reports_without_importing_torch(tmp_path):
-    code = ("import sys; from workbench.cli import main; rc = main(['hw', '--no-torch']); "
+    argv = ["hw", "--no-torch"]
+    code = (f"import sys; from workbench.cli import main; rc = main({argv!r}); "
             "print('torch imported:', 'torch' in sys.modules); sys.exit(rc)")
     cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert cp.returncode == 0, cp.stderr
