@@ -127,3 +127,42 @@ def test_two_workers_share_a_study_and_a_killed_workers_trial_is_retried_by_the_
     study = optuna.load_study(study_name="pg", storage=distributed.open_storage(url))
     assert distributed.counted(study) == 2 and len(study.trials) == 3
     print(f"retried and finished {retried_after:.1f} s after the kill; killed at step {st.step}")
+
+
+def test_a_worker_with_two_slots_trains_two_trials_of_the_shared_study_at_once(postgres, tmp_path):
+    """`queue run --slots 2 --storage URL`: one worker takes two trials of the shared study at once, each on its CPU
+    slot (the cores divided as the local queue divides them), each with its own heartbeat; every trial records the
+    machine and the device it trained on (what the Queue tab and `sweep show --json` show)."""
+    url, root = postgres["url"], tmp_path / "runs"
+    wb("sweep", "cpu-small", "--set-grid", "train.lr=1e-3,3e-3", "--name", "slots", "--storage", url,
+       "--runs-dir", str(root), "--set", *TINY, "train.max_iters=6", "train.eval_interval=6", check=True)
+    env = dict(os.environ, WORKBENCH_STORAGE=url)
+    cp = subprocess.run([sys.executable, "-m", "workbench", "queue", "run", "--slots", "2", "--heartbeat", "1",
+                         "--sweep", "slots", "--runs-dir", str(root)], capture_output=True, text=True, env=env,
+                        timeout=180)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert PASSWORD not in cp.stdout + cp.stderr
+    assert "[cpu slot 1/2" in cp.stdout and "[cpu slot 2/2" in cp.stdout, cp.stdout
+    assert "2 trial(s) ran here" in cp.stdout, cp.stdout
+
+    import optuna
+    import sqlalchemy
+    storage = distributed.open_storage(url)
+    trials = optuna.load_study(study_name="slots", storage=storage).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    assert sorted(t.user_attrs["device"].split(" (")[0] for t in trials) == ["cpu slot 1/2", "cpu slot 2/2"]
+    assert all(t.user_attrs["host"] for t in trials)
+    # at once: each started before the other ended
+    a, b = trials
+    assert a.datetime_start < b.datetime_complete and b.datetime_start < a.datetime_complete, (a, b)
+    for t in trials:   # each trains with its slot's threads, set in its preset (what the trainer read)
+        threads = int(t.user_attrs["device"].split("(")[1].split()[0])
+        preset = (root / t.user_attrs["run"] / rundir.PRESET_FILE).read_text()
+        assert "nproc = 1" in preset and f"num_threads = {threads}" in preset, preset
+    # a heartbeat of its own for each trial, recorded by its slot's thread while it trained (after its start)
+    with storage.engine.connect() as c:
+        beats = dict(c.execute(sqlalchemy.text("SELECT trial_id, heartbeat FROM trial_heartbeats")).all())
+    for t in trials:
+        assert (beats[t._trial_id] - t.datetime_start).total_seconds() >= 1, (beats, t.datetime_start)
+    shown = json.loads(wb("sweep", "show", "slots", "--storage", url, "--json", check=True).stdout)
+    assert {t["device"].split(" (")[0] for t in shown["trials"]} == {"cpu slot 1/2", "cpu slot 2/2"}

@@ -53,7 +53,8 @@ def register(sub) -> None:
     r.add_argument("--slots", default=None, metavar="N",
                    help="runs at once: on a CPU machine N runs, each one process with cores // N threads "
                         "(OMP_NUM_THREADS, hardware.num_threads); on a GPU machine at most N (default: one run a GPU, "
-                        "each through CUDA_VISIBLE_DEVICES; a run with hardware.nproc = K takes K free GPUs)")
+                        "each through CUDA_VISIBLE_DEVICES; a run with hardware.nproc = K takes K free GPUs); with "
+                        "--storage: N trials of the shared study at once, placed the same way (one GPU a trial)")
     r.add_argument("--storage", default=None, metavar="URL",
                    help="work on the sweeps of a shared study database (postgresql://USER:PASSWORD@HOST/DB, "
                         "mysql://...): run this on each machine; each takes the next trial, a dead one's trial is "
@@ -189,10 +190,9 @@ def cmd_run(args) -> int:
 
 def _run_worker(args) -> int:
     """A worker on a shared study database: the next trial of its sweeps, here, until none is left."""
-    from workbench.queue.distributed import HEARTBEAT_S, Worker, masked
-    if args.slots:
-        raise QueueError("--slots goes with the local queue; with --storage each worker trains one trial at a time: "
-                         "start one worker per GPU or slot")
+    from workbench.queue.distributed import HEARTBEAT_S, Worker, masked, slot_placements
+    if args.slots:   # more slots than GPUs: said here, not in the background worker's log
+        slot_placements(args.slots, detect(), dict(os.environ))
     if args.detach:
         root = args.runs_dir
         root.mkdir(parents=True, exist_ok=True)
@@ -200,7 +200,8 @@ def _run_worker(args) -> int:
         # the URL through the environment: a password on a command line is seen by every user's `ps`
         argv = [sys.executable, "-m", "workbench", "queue", "run",
                 *(a for n in args.sweep or () for a in ("--sweep", n)),
-                *(["--heartbeat", str(args.heartbeat)] if args.heartbeat else []), "--runs-dir", str(root)]
+                *(["--heartbeat", str(args.heartbeat)] if args.heartbeat else []),
+                *(["--slots", str(args.slots)] if args.slots else []), "--runs-dir", str(root)]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, close_fds=True,
                                 env=dict(os.environ, **{STORAGE_ENV: args.storage}))
@@ -208,7 +209,7 @@ def _run_worker(args) -> int:
         print(f"worker started (pid {proc.pid}) on {masked(args.storage)}; its log: {root / LOG_FILE}")
         return 0
     worker = Worker(args.storage, args.runs_dir, detect(), log=lambda m: print(m, flush=True),
-                    heartbeat=args.heartbeat or HEARTBEAT_S)
+                    heartbeat=args.heartbeat or HEARTBEAT_S, slots=args.slots)
     return worker.run(args.sweep)
 
 

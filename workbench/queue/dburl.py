@@ -101,15 +101,42 @@ def _first(text: str) -> str:
     return text[:200]
 
 
-def open_storage(url: str, heartbeat: int = HEARTBEAT_S, grace: int | None = None) -> Any:
+def _readonly_args(eng: str) -> dict[str, Any]:
+    """Connection arguments that make every transaction of a reader read-only (the server refuses a write)."""
+    if eng.startswith("postgresql"):
+        return {"options": "-c default_transaction_read_only=on"}
+    if eng.startswith("mysql"):
+        return {"init_command": "SET SESSION TRANSACTION READ ONLY"}
+    return {}
+
+
+def open_storage(url: str, heartbeat: int = HEARTBEAT_S, grace: int | None = None, readonly: bool = False) -> Any:
     """Optuna's RDBStorage on ``url``, with heartbeats (a stale trial is failed after ``grace`` seconds) and a
-    dead trial retried once; one StorageError line when the database cannot be used."""
+    dead trial retried once; one StorageError line when the database cannot be used. ``readonly`` (the TUI's
+    Queue tab): no heartbeat, no table made, every transaction read-only on PostgreSQL and MySQL; a database
+    without Optuna's tables is a StorageError saying no sweep was made there."""
     optuna = _optuna()
     import sqlalchemy.exc
     eng = engine_url(url)
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if not eng.startswith("sqlite"):
-        kwargs["connect_args"] = {"connect_timeout": 5}
+        kwargs["connect_args"] = {"connect_timeout": 5, **(_readonly_args(eng) if readonly else {})}
+    if readonly:
+        try:
+            engine = sqlalchemy.create_engine(eng, **kwargs)
+            try:
+                made = sqlalchemy.inspect(engine).has_table("studies")
+            finally:
+                engine.dispose()
+            if not made:
+                raise StorageError(f"no sweep in {masked(url)} yet (no Optuna study was ever made there); "
+                                   "`workbench sweep PRESET --set-grid KEY=V1,V2 --storage URL` makes one")
+            return optuna.storages.RDBStorage(eng, engine_kwargs=kwargs, skip_compatibility_check=True,
+                                              skip_table_creation=True)
+        except ModuleNotFoundError as e:
+            raise StorageError(_no_driver(e, url)) from None
+        except (sqlalchemy.exc.SQLAlchemyError, ValueError) as e:
+            raise StorageError(_why(e, url)) from None
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
     callback = {"heartbeat_stale_trial_callback": retry(max_retry=MAX_RETRY)} if retry else \
         {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=MAX_RETRY)}
@@ -118,7 +145,11 @@ def open_storage(url: str, heartbeat: int = HEARTBEAT_S, grace: int | None = Non
             eng, engine_kwargs=kwargs, heartbeat_interval=heartbeat,
             grace_period=grace if grace is not None else GRACE_FACTOR * heartbeat, **callback)
     except ModuleNotFoundError as e:
-        raise StorageError(f"the database driver for {masked(url)} is not installed ({e.name}); "
-                           f"pip install {'psycopg[binary]' if 'psycopg' in str(e.name) else e.name}") from None
+        raise StorageError(_no_driver(e, url)) from None
     except (sqlalchemy.exc.SQLAlchemyError, ValueError) as e:
         raise StorageError(_why(e, url)) from None
+
+
+def _no_driver(e: ModuleNotFoundError, url: str) -> str:
+    return (f"the database driver for {masked(url)} is not installed ({e.name}); "
+            f"pip install {'psycopg[binary]' if 'psycopg' in str(e.name) else e.name}")

@@ -48,12 +48,14 @@ from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.queue import devices as devices_mod
 from workbench.queue import sweep as local
-from workbench.queue.dburl import HEARTBEAT_S, StorageError, masked, open_storage
+from workbench.queue.dburl import HEARTBEAT_S, StorageError, _why, masked, open_storage
 from workbench.queue.outcome import final_metric
 from workbench.queue.spec import Param, SweepSpec, point_sets
 from workbench.queue.store import trial_name
+from workbench.queue.sweep_results import Result
 
-__all__ = ["HEARTBEAT_S", "StorageError", "Worker", "create", "masked", "open_storage", "results"]
+__all__ = ["HEARTBEAT_S", "SharedReader", "StorageError", "Worker", "create", "masked", "open_storage", "results",
+           "shared_sweeps"]
 
 POLL_S = 1.0              # how often the worker looks at its trainer, and at the study when it waits
 SPEC_ATTR = "workbench_spec"
@@ -211,6 +213,34 @@ def retry_from(root: Path, run: str | None) -> str | None:
     return str(ckpts[-1]["name"]) if ckpts else None
 
 
+def slot_placements(slots: int, info: dict, env: dict[str, str]) -> list[devices_mod.Placement]:
+    """Where each of a worker's ``--slots N`` trials trains: on a machine without a GPU (or one whose worker sees
+    none: ``CUDA_VISIBLE_DEVICES=""``) N CPU slots, the cores divided as the local queue divides them; on a machine
+    with GPUs one GPU a slot (the GPUs this worker sees), so at most as many slots as GPUs (a StorageError)."""
+    cores = max(1, int((info.get("cpu") or {}).get("physical_cores") or os.cpu_count() or 1))
+    gpus = [d.index for d in devices_mod.inventory(info)]
+    if "CUDA_VISIBLE_DEVICES" in env:
+        gpus = [int(d) for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip().isdigit()]
+    if not gpus:
+        return [devices_mod.cpu_placement(k, slots, cores) for k in range(1, slots + 1)]
+    if slots > len(gpus):
+        raise StorageError(f"--slots {slots}: this worker sees {len(gpus)} GPU(s) (one trial a GPU); give --slots "
+                           f"{len(gpus)} or fewer")
+    return [devices_mod.gpu_placement((g,), cores, slots) for g in gpus[:slots]]
+
+
+def device_label(info: dict, env: dict[str, str], placement: devices_mod.Placement | None) -> str:
+    """Where a trial trains, as the Queue tab and ``sweep show`` name it: its slot's place, the GPUs this worker
+    sees (``CUDA_VISIBLE_DEVICES``, else every GPU of the machine), or "cpu"."""
+    if placement is not None:
+        return placement.label
+    if "CUDA_VISIBLE_DEVICES" in env:
+        seen = [d.strip() for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+        return f"gpu {','.join(seen)}" if seen else "cpu"
+    gpus = [str(d.index) for d in devices_mod.inventory(info)]
+    return f"gpu {','.join(gpus)}" if gpus else "cpu"
+
+
 class SharedPruning(local.Pruning):
     """The sweep's pruner on a trial of the shared study: it compares the trial with every worker's reports."""
 
@@ -225,13 +255,18 @@ class Worker:
 
     def __init__(self, url: str, root: Path, info: dict, log: Callable[[str], None] = print,
                  heartbeat: int = HEARTBEAT_S, grace: int | None = None, poll: float = POLL_S,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, slots: int | None = None):
         self.url, self.root, self.info, self.log = url, Path(root), info, log
         self.heartbeat, self.poll = heartbeat, poll
-        self.storage = open_storage(url, heartbeat, grace)
         self.env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+        # --slots N: N trials at once, each in a thread of its own with its own heartbeat, placed as the local
+        # queue places runs (None: one trial at a time, with every GPU this worker sees)
+        self.places: list[devices_mod.Placement | None] = (
+            list(slot_placements(slots, info, self.env)) if slots else [None])
+        self.storage = open_storage(url, heartbeat, grace)
         self.ran = 0
         self.host = platform.node()
+        self.lock = threading.Lock()   # one take() at a time on this worker, and the counts
 
     def say(self, msg: str) -> None:
         self.log(f"{time.strftime('%H:%M:%S')} {msg}")
@@ -267,29 +302,60 @@ class Worker:
                                   sampler=local._sampler(spec, made), pruner=local._pruner(spec))
         target = int(study.user_attrs.get(TRIALS_ATTR) or spec.trials or 0)
         waiting_said = False
+        busy: dict[int, threading.Thread] = {}   # slot index -> the thread training its trial
         while True:
-            optuna.storages.fail_stale_trials(study)
-            trial = take(study, spec, target)
-            if trial is None:
-                if study.get_trials(deepcopy=False, states=(_state("RUNNING"),)):
-                    if not waiting_said:  # another worker's trial may die and come back to be retried here
-                        self.say(f"sweep {name}: nothing waits; watching the other workers' running trials")
-                        waiting_said = True
-                    time.sleep(self.poll)
+            for k in [k for k, t in busy.items() if not t.is_alive()]:
+                busy.pop(k).join()
+            free = [k for k in range(len(self.places)) if k not in busy]
+            trial = None
+            if free:
+                with self.lock:
+                    optuna.storages.fail_stale_trials(study)
+                    trial = take(study, spec, target)
+            if trial is not None:
+                waiting_said = False
+                k = free[0]
+                if len(self.places) == 1:   # one slot: trained here, as before slots
+                    self.run_trial(study, spec, trial, self.places[k])
                     continue
-                break
-            waiting_said = False
-            self.run_trial(study, spec, trial)
+                busy[k] = threading.Thread(target=self._slot, args=(study, spec, trial, self.places[k]),
+                                           name=f"slot-{k + 1}", daemon=True)
+                busy[k].start()
+                continue
+            if busy:   # this worker's own trials train: a slot frees when one ends
+                time.sleep(self.poll)
+                continue
+            if study.get_trials(deepcopy=False, states=(_state("RUNNING"),)):
+                if not waiting_said:  # another worker's trial may die and come back to be retried here
+                    self.say(f"sweep {name}: nothing waits; watching the other workers' running trials")
+                    waiting_said = True
+                time.sleep(self.poll)
+                continue
+            break
         done = study.get_trials(deepcopy=False, states=(_state("COMPLETE"),))
         best = (min if spec.metric.goal == "minimize" else max)(done, key=lambda t: t.value) if done else None
         self.say(f"sweep {name} done: {counted(study)} trial(s)" + (
             f"; best {best.user_attrs.get('run')} ({' '.join(point_sets(best.params))}), {best.value:.4f}"
             if best else "; no trial recorded the metric"))
 
-    def run_trial(self, study: Any, spec: SweepSpec, trial: Any) -> None:
+    def _slot(self, study: Any, spec: SweepSpec, trial: Any, placement: devices_mod.Placement | None) -> None:
+        """One slot's trial, in its thread: an unexpected error is said and fails the trial (not the worker)."""
+        try:
+            self.run_trial(study, spec, trial, placement)
+        except Exception as e:  # the worker goes on with its other slots
+            self.say(f"trial {trial.number + 1} failed in this worker: {e!r}")
+            try:
+                study.tell(trial, state=_state("FAIL"))
+            except Exception:
+                pass
+
+    def run_trial(self, study: Any, spec: SweepSpec, trial: Any,
+                  placement: devices_mod.Placement | None = None) -> None:
         optuna = _optuna()
         storage = study._storage
         frozen = storage.get_trial(trial._trial_id)
+        where = device_label(self.info, self.env, placement)
+        say = (lambda m: self.say(f"[{placement.label}] {m}")) if placement is not None else self.say
         with Heartbeat(storage, trial._trial_id, self.heartbeat):
             params = {p.key: _suggest(trial, p) for p in spec.params}
             name = trial_name(spec.name, frozen.number + 1)
@@ -305,7 +371,7 @@ class Worker:
                        if resume else
                        f"from the start (its run {prev} is not in {self.root}: not a shared runs directory, or no "
                        "checkpoint yet)")
-                self.say(f"{name} retries trial {history[-1] + 1} (failed by heartbeat on "
+                say(f"{name} retries trial {history[-1] + 1} (failed by heartbeat on "
                          f"{before.user_attrs.get('host', 'another machine')}), {how}")
             try:
                 item, note = local._admit(self.root, spec, params, Machine.from_info(self.info), self.info)
@@ -314,22 +380,24 @@ class Worker:
             if item is None:
                 trial.set_user_attr("note", f"refused here: {note}")
                 study.tell(trial, state=_state("FAIL"))
-                self.say(f"{name} refused on this machine: {note}")
+                say(f"{name} refused on this machine: {note}")
                 return
             run = resume or name
-            for k, v in {"run": run, "host": self.host, "runs_dir": str(self.root),
+            for k, v in {"run": run, "host": self.host, "device": where, "runs_dir": str(self.root),
                          "resumed_from": resume or ""}.items():
                 trial.set_user_attr(k, v)
             if resume:
                 argv = cli_argv(self.root, "resume", resume)
             else:
                 new = item.new_run()
-                extra = visible_gpu_sets(self.env, new.overrides)
+                extra = (placement.sets_for(new.overrides) if placement is not None
+                         else visible_gpu_sets(self.env, new.overrides))
                 new = dataclasses.replace(new, name=name, overrides=tuple(new.overrides) + extra)
                 argv = cli_argv(self.root, "train", *new.cli_args())
-            self.say(f"{'resuming' if resume else 'starting'} {run} ({' '.join(point_sets(params))}), "
+            say(f"{'resuming' if resume else 'starting'} {run} ({' '.join(point_sets(params))}), "
                      f"trial {frozen.number + 1}")
-            state, value, why = self._train(study, spec, trial, run, argv)
+            env = {**self.env, **placement.env} if placement is not None else self.env
+            state, value, why = self._train(study, spec, trial, run, argv, env, say)
         try:
             if state == "COMPLETE":
                 study.tell(trial, value)
@@ -338,13 +406,14 @@ class Worker:
                     trial.set_user_attr("note", why)
                 study.tell(trial, state=_state(state))
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError) as e:
-            self.say(f"{run}: the study had already ended this trial ({e}); its result is not counted")
-        self.ran += 1
-        self.say(f"{run} {state.lower()}" + (f", {spec.metric.name} {value:.4f}" if value is not None else "")
+            say(f"{run}: the study had already ended this trial ({e}); its result is not counted")
+        with self.lock:
+            self.ran += 1
+        say(f"{run} {state.lower()}" + (f", {spec.metric.name} {value:.4f}" if value is not None else "")
                  + (f": {why}" if why else ""))
 
-    def _train(self, study: Any, spec: SweepSpec, trial: Any, run: str, argv: list[str]
-               ) -> tuple[str, float | None, str]:
+    def _train(self, study: Any, spec: SweepSpec, trial: Any, run: str, argv: list[str], env: dict[str, str],
+               say: Callable[[str], None]) -> tuple[str, float | None, str]:
         """Train ``run`` in a child process (it dies with this worker), pruned as the sweep says: (the Optuna state
         to tell, the metric, why it did not complete)."""
         run_dir = self.root / run
@@ -354,7 +423,7 @@ class Worker:
         pruning = SharedPruning(study, spec, trial) if spec.pruner != "none" else None
         stop_asked = False
         with open(out, "a", encoding="utf-8") as f:
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
             while proc.poll() is None:
                 time.sleep(self.poll)
@@ -362,7 +431,7 @@ class Worker:
                     continue
                 now = rundir.read_status(run_dir)
                 if now.live and pruning.should_prune(run_dir, now):
-                    self.say(f"pruning {run}: {pruning.reason}")
+                    say(f"pruning {run}: {pruning.reason}")
                     proc.send_signal(signal.SIGTERM)
                     stop_asked = True
         st = rundir.read_status(run_dir) if (run_dir / rundir.STATUS_FILE).is_file() else None
@@ -416,6 +485,7 @@ def results(url: str, name: str) -> tuple[SweepSpec, list[dict[str, Any]]]:
     rows = []
     for t in study.get_trials(deepcopy=False):
         rows.append({"trial": t.number + 1, "run": t.user_attrs.get("run", ""), "host": t.user_attrs.get("host", ""),
+                     "device": t.user_attrs.get("device", ""),
                      "params": dict(t.params), "state": t.state.name.lower(), "value": t.value,
                      "retry_of": (t.system_attrs.get("failed_trial") + 1
                                   if t.system_attrs.get("failed_trial") is not None else None),
@@ -425,3 +495,80 @@ def results(url: str, name: str) -> tuple[SweepSpec, list[dict[str, Any]]]:
     for k, r in enumerate(done, 1):
         r["rank"] = k
     return spec, rows
+
+
+# ----------------------------------------------------------------------------- the TUI's view
+
+SHOWN_STATE = {"COMPLETE": "finished", "RUNNING": "running", "FAIL": "failed", "PRUNED": "pruned",
+               "WAITING": "queued"}
+
+
+def _trial_result(spec: SweepSpec, t: Any, replaced: dict[int, int], now: Any) -> Result:
+    state = SHOWN_STATE.get(t.state.name, t.state.name.lower())
+    a = t.user_attrs
+    host, device = a.get("host", ""), a.get("device", "")
+    notes = [a.get("note", "")]
+    if t.number in replaced:
+        notes.append(f"failed by heartbeat; retried as trial {replaced[t.number] + 1}")
+    if t.system_attrs.get("failed_trial") is not None:
+        notes.append(f"retry of trial {t.system_attrs['failed_trial'] + 1}"
+                     + (f"; resumed {a['resumed_from']}" if a.get("resumed_from") else ""))
+    start, end = t.datetime_start, t.datetime_complete
+    secs = ((end or now) - start).total_seconds() if start else None
+    params = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})   # a waiting trial: its point
+    return Result(t.number + 1, a.get("run") or trial_name(spec.name, t.number + 1), params, state, t.value, None,
+                  secs, "; ".join(n for n in notes if n),
+                  where=f"{host}: {device}" if host and device else host or device)
+
+
+def shared_sweeps(storage: Any) -> list[tuple[str, SweepSpec, list[Result]]]:
+    """Every workbench sweep of a shared study database with its trials (ranked by the metric), each trial's
+    machine and device (the Queue tab's view of it; read-only)."""
+    import datetime
+    optuna = _optuna()
+    now = datetime.datetime.now()
+    out = []
+    for s in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if SPEC_ATTR not in s.user_attrs:
+            continue
+        spec = SweepSpec.from_dict(s.user_attrs[SPEC_ATTR])
+        trials = storage.get_all_trials(storage.get_study_id_from_name(s.study_name), deepcopy=False)
+        replaced = {t.system_attrs["retry_history"][-1]: t.number for t in trials
+                    if t.system_attrs.get("retry_history")}
+        rows = [_trial_result(spec, t, replaced, now) for t in trials]
+        done = sorted((r for r in rows if r.state == "finished" and r.metric is not None),
+                      key=lambda r: (1.0 if spec.metric.goal == "minimize" else -1.0) * (r.metric or 0.0))
+        ranks = {r.number: k for k, r in enumerate(done, 1)}
+        out.append((s.study_name, spec, [dataclasses.replace(r, rank=ranks.get(r.number)) for r in rows]))
+    return out
+
+
+class SharedReader:
+    """The Queue tab's read-only view of a shared study database (``--storage``/``$WORKBENCH_STORAGE``): its
+    storage kept open between reads, dropped after a failure and opened again at the next read, so the tab
+    recovers when the database comes back. Every failure is one StorageError line, the URL masked."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.storage: Any = None
+
+    def read(self) -> list[tuple[str, SweepSpec, list[Result]]]:
+        import sqlalchemy.exc
+        try:
+            if self.storage is None:
+                self.storage = open_storage(self.url, readonly=True)
+            return shared_sweeps(self.storage)
+        except StorageError:
+            self.close()
+            raise
+        except (sqlalchemy.exc.SQLAlchemyError, ValueError, KeyError) as e:
+            self.close()
+            raise StorageError(_why(e, self.url)) from None
+
+    def close(self) -> None:
+        if self.storage is not None:
+            try:
+                self.storage.engine.dispose()
+            except Exception:
+                pass
+            self.storage = None

@@ -47,13 +47,14 @@ class Result:
     beside: str = ""           # "ran beside other processes (...)": not comparable with the others ('' ran alone)
     short: str = ""            # "never left its warmup (...)": trained too little to compare ('' a complete run)
     gpu_free: tuple[float | None, float | None] = (None, None)   # its GPU's free MiB before it started, after it
+    where: str = ""            # where it trains: the queue's place ("cpu slot 1/2 ..."); a shared study's "HOST: gpu 0"
 
     def to_dict(self) -> dict[str, Any]:
         return {"trial": self.number, "run": self.name, "params": self.params, "state": self.state,
                 "metric": self.metric, "rank": self.rank, "seconds": self.seconds, "note": self.note,
                 "fit": self.fit, "unspent_s": self.unspent, "others_cpu": self.others_cpu, "beside": self.beside,
                 "short": self.short,
-                "gpu_free_before_mib": self.gpu_free[0], "gpu_free_after_mib": self.gpu_free[1]}
+                "gpu_free_before_mib": self.gpu_free[0], "gpu_free_after_mib": self.gpu_free[1], "where": self.where}
 
 
 def results(store: QueueStore, name: str, now: float | None = None) -> list[Result]:
@@ -75,7 +76,7 @@ def results(store: QueueStore, name: str, now: float | None = None) -> list[Resu
         short = short_note(rundir.read_status(store.root / it.name)) if it.state == "finished" else ""
         out.append(Result(t.number, it.name, t.params, it.state, metric, None, secs, it.note or "", t.note or "",
                           unspent, it.others_cpu, beside_note(it.others_cpu, it.others), short,
-                          (it.gpu_free_before, it.gpu_free_after)))
+                          (it.gpu_free_before, it.gpu_free_after), it.place or ""))
     done = [r for r in out if r.state == "finished" and r.metric is not None]
     sign = 1.0 if spec.metric.goal == "minimize" else -1.0
     done.sort(key=lambda r: sign * (r.metric or 0.0))  # (done: every metric is a number)
