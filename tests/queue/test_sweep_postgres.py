@@ -166,3 +166,27 @@ def test_a_worker_with_two_slots_trains_two_trials_of_the_shared_study_at_once(p
         assert (beats[t._trial_id] - t.datetime_start).total_seconds() >= 1, (beats, t.datetime_start)
     shown = json.loads(wb("sweep", "show", "slots", "--storage", url, "--json", check=True).stdout)
     assert {t["device"].split(" (")[0] for t in shown["trials"]} == {"cpu slot 1/2", "cpu slot 2/2"}
+
+
+def test_a_shared_workers_slots_on_a_described_gpu_machine():
+    """`--slots` with `--storage` on a 2-GPU machine (as detect() describes one): one GPU a trial, through
+    CUDA_VISIBLE_DEVICES; the GPUs a worker is started with are the ones it shares out; more slots than GPUs is
+    one line; a CPU machine's slots divide its cores."""
+    info = {"cpu": {"physical_cores": 16}, "nvidia": [{"index": 0, "vram_total": 80 * 2**30, "vram_free": 79 * 2**30},
+                                                      {"index": 1, "vram_total": 80 * 2**30, "vram_free": 79 * 2**30}]}
+    two = distributed.slot_placements(2, info, {})
+    assert [(p.label, p.env["CUDA_VISIBLE_DEVICES"], p.env["OMP_NUM_THREADS"], p.sets) for p in two] == [
+        ("gpu 0", "0", "8", ("hardware.nproc=1",)), ("gpu 1", "1", "8", ("hardware.nproc=1",))]
+    assert [p.label for p in distributed.slot_placements(1, info, {"CUDA_VISIBLE_DEVICES": "1"})] == ["gpu 1"]
+    with pytest.raises(distributed.StorageError, match="--slots 3: this worker sees 2 GPU.s. .one trial a GPU.; give "
+                                                       "--slots 2 or fewer"):
+        distributed.slot_placements(3, info, {})
+    cpu = distributed.slot_placements(2, {"cpu": {"physical_cores": 16}}, {})
+    assert [(p.label, p.sets) for p in cpu] == [
+        ("cpu slot 1/2 (8 threads)", ("hardware.nproc=1", "hardware.num_threads=8")),
+        ("cpu slot 2/2 (8 threads)", ("hardware.nproc=1", "hardware.num_threads=8"))]
+    assert distributed.slot_placements(2, info, {"CUDA_VISIBLE_DEVICES": ""})[0].label.startswith("cpu slot 1/2")
+    # what a trial records as its device without --slots: the GPUs the worker sees, or cpu
+    assert distributed.device_label(info, {}, None) == "gpu 0,1"
+    assert distributed.device_label(info, {"CUDA_VISIBLE_DEVICES": "1"}, None) == "gpu 1"
+    assert distributed.device_label({"cpu": {}}, {}, None) == "cpu"

@@ -43,7 +43,8 @@ def _has_user(name: str) -> bool:
 
 @contextlib.contextmanager
 def postgres_server() -> Iterator[dict]:
-    """{"url": postgresql://wb:PASSWORD@127.0.0.1:PORT/sweeps, "port": PORT} while the server runs."""
+    """{"url": postgresql://wb:PASSWORD@127.0.0.1:PORT/sweeps, "port": PORT, "stop"/"start": the server stopped
+    (as a lost database is) and started again on the same data} while the server runs."""
     found = [shutil.which("initdb")] + sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     initdb = next((t for t in found if t), None)
     if initdb is None:
@@ -63,15 +64,23 @@ def postgres_server() -> Iterator[dict]:
     subprocess.run(_as_user([initdb, "-D", str(data), "-U", "wb", "--pwfile", str(base / "pw"), "-A",
                              "scram-sha-256", "--no-sync", "-E", "UTF8"], user), check=True, capture_output=True)
     opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
-    subprocess.run(_as_user([pg_ctl, "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "start"], user),
-                   check=True, capture_output=True)
+
+    def start() -> None:
+        subprocess.run(_as_user([pg_ctl, "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "start"], user),
+                       check=True, capture_output=True)
+
+    def stop() -> None:
+        subprocess.run(_as_user([pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], user),
+                       capture_output=True)
+
+    start()
     try:
         import psycopg
         with psycopg.connect(host="127.0.0.1", port=port, user="wb", password=PASSWORD, dbname="postgres",
                              autocommit=True) as c:
             c.execute("CREATE DATABASE sweeps")
-        yield {"url": f"postgresql://wb:{PASSWORD}@127.0.0.1:{port}/sweeps", "port": port}
+        yield {"url": f"postgresql://wb:{PASSWORD}@127.0.0.1:{port}/sweeps", "port": port, "stop": stop,
+               "start": start}
     finally:
-        subprocess.run(_as_user([pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], user),
-                       capture_output=True)
+        stop()
         shutil.rmtree(base, ignore_errors=True)

@@ -561,9 +561,9 @@ class SharedReader:
         except StorageError:
             self.close()
             raise
-        except (sqlalchemy.exc.SQLAlchemyError, ValueError, KeyError) as e:
-            self.close()
-            raise StorageError(_why(e, self.url)) from None
+        except (sqlalchemy.exc.SQLAlchemyError, ValueError, KeyError, _optuna().exceptions.StorageInternalError) as e:
+            self.close()   # (Optuna wraps a connection lost while it reads in its own error: the driver's is its cause)
+            raise StorageError(_why(e.__cause__ or e, self.url)) from None
 
     def close(self) -> None:
         if self.storage is not None:

@@ -1,7 +1,11 @@
 """Queue / Sweeps pane: the run queue (each run's state, place, progress, what it reached and, for a failed
 one, why), the sweeps (trials ended, the best trial and its settings) and the chosen sweep's results (its
 trials sorted by its metric, the searched keys as columns), read from ``runs/queue.db`` read-only in a worker
-every few seconds. It changes nothing itself: adding, pausing, removing, moving and starting the runner are
+every few seconds. With a shared study database (``workbench tui --storage URL`` or ``$WORKBENCH_STORAGE``; a
+password from the URL, ``PGPASSWORD`` or ``~/.pgpass``) its sweeps are listed too, marked "shared", each trial with
+the machine and device it trains on: read in a worker of their own through a read-only connection, the URL shown
+masked; a database that cannot be read is one line, and the next read (every few seconds) tries again. It changes
+nothing itself: adding, pausing, removing, moving and starting the runner are
 ``workbench queue ...`` commands, saving the best trial as a preset ``workbench sweep save-best``, a new sweep
 (``s``: the sweep form) ``workbench sweep PRESET --set-grid ...``, all run by
 the app (the runner lives on when the TUI quits); ``c`` asks the Loss curves pane for the best trials' curves
@@ -9,6 +13,7 @@ the app (the runner lives on when the TUI quits); ``c`` asks the Loss curves pan
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +40,8 @@ QUEUE_STYLE = {"queued": "cyan", "interrupted": "bold yellow", "pruned": "yellow
                "removed": "dim"}
 # How many of a sweep's best trials `c` draws together in Loss curves: the first, then each `t` the next (None: all)
 TOP_CHOICES: tuple[int | None, ...] = (5, 10, None)
+STORAGE_ENV = "WORKBENCH_STORAGE"   # the shared study database's URL (as `queue run` and `sweep` read it)
+SHARED = "shared:"                  # a shared sweep's key in the sweeps table (a local sweep may have its name)
 
 
 @dataclass(frozen=True)
@@ -135,16 +142,29 @@ class QueuePane(Vertical, Pane):
     class Read(Message):
         view: QueueView
 
-    def __init__(self, runs_dir: Path, interval: float = 2.0, **kw):
+    @dataclass
+    class SharedRead(Message):
+        """The shared study database's sweeps, or why they could not be read (one line)."""
+        sweeps: list[tuple[str, SweepSpec, list[Result]]]
+        error: str
+
+    def __init__(self, runs_dir: Path, interval: float = 2.0, storage: str | None = None, **kw):
         super().__init__(**kw)
         self.runs_dir = Path(runs_dir)
         self.interval = interval
+        # the shared study database: given, else $WORKBENCH_STORAGE; kept in memory only, shown masked
+        self.storage = storage if storage is not None else (os.environ.get(STORAGE_ENV) or None)
+        self.shared: list[tuple[str, SweepSpec, list[Result]]] = []
+        self.shared_error = ""
+        self._reader = None              # distributed.SharedReader, made in the worker (Optuna loads there)
+        self._shared_busy = False        # a read of the shared database in flight: the next waits for it
         self.view = QueueView([], [], False, None)
         self.top_n: int | None = TOP_CHOICES[0]   # how many of the best trials `c` draws (None: all)
         self._choose: str | None = None   # a sweep to move the sweeps table's cursor to once it is listed
 
     def compose(self) -> ComposeResult:
         yield Static("", id="queue-status")
+        yield Static("", id="queue-shared")
         yield DataTable(id="queue-table", cursor_type="row", zebra_stripes=True)
         yield Static("", id="queue-detail")
         yield DataTable(id="sweeps-table", cursor_type="row")
@@ -153,6 +173,7 @@ class QueuePane(Vertical, Pane):
     def on_mount(self) -> None:
         t = self.query_one("#queue-table", DataTable)
         t.add_columns("#", "run", "state", "progress", "val", "settings", "where")
+        self.query_one("#queue-shared", Static).display = self.storage is not None
         t.border_title = "queue"
         s = self.query_one("#sweeps-table", DataTable)
         s.add_columns("sweep", "method", "trials", "best", "metric", "best settings")
@@ -160,18 +181,67 @@ class QueuePane(Vertical, Pane):
         self.query_one("#sweep-results", DataTable).border_title = "sweep results"
         self.refresh_queue()
         self.set_interval(self.interval, self.refresh_queue)
+        if self.storage is not None:
+            self._shared_line(f"reading {self._masked()} ...")
+            self.refresh_shared()
+            self.set_interval(max(self.interval, 2.0), self.refresh_shared)
 
     def tab_shown(self) -> None:
         self.refresh_queue()
+        self.refresh_shared()
 
     @work(thread=True, exclusive=True, group="queue-read", exit_on_error=False)
     def refresh_queue(self) -> None:
         self.post_message(self.Read(read_queue(self.runs_dir)))
 
+    def refresh_shared(self) -> None:
+        """Read the shared study database in a worker; none is started while one still waits on the database."""
+        if self.storage is None or self._shared_busy:
+            return
+        self._shared_busy = True
+        self._read_shared()
+
+    @work(thread=True, group="queue-shared", exit_on_error=False)
+    def _read_shared(self) -> None:
+        from workbench.queue.distributed import SharedReader, StorageError
+        try:
+            if self._reader is None:
+                self._reader = SharedReader(self.storage)
+            msg = self.SharedRead(self._reader.read(), "")
+        except StorageError as e:
+            msg = self.SharedRead([], str(e))
+        except Exception as e:   # never the app: what went wrong is the tab's line, the URL masked
+            from workbench.queue.dburl import _scrub
+            msg = self.SharedRead([], _scrub(f"cannot read {self._masked()}: {e!r}", self.storage or ""))
+        finally:
+            self._shared_busy = False
+        self.post_message(msg)
+
+    def _masked(self) -> str:
+        from workbench.queue.dburl import masked
+        return masked(self.storage or "")
+
+    def _shared_line(self, text: str, style: str = "") -> None:
+        self.query_one("#queue-shared", Static).update(Text(text, style=style))
+
     @on(Read)
     def _read(self, msg: Read) -> None:
         msg.stop()
         self.show(msg.view)
+
+    @on(SharedRead)
+    def _read_shared_done(self, msg: SharedRead) -> None:
+        msg.stop()
+        self.shared_error = msg.error
+        if msg.error:   # the sweeps read last stay listed; the line says they could not be read again
+            self._shared_line(f"shared study: {msg.error} (tried {time.strftime('%H:%M:%S')}; trying again every "
+                              f"{max(self.interval, 2.0):.0f} s)", "bold red")
+        else:
+            self.shared = msg.sweeps
+            trials = sum(len(r) for _, _, r in msg.sweeps)
+            self._shared_line(f"shared study {self._masked()}: {len(msg.sweeps)} sweep(s), {trials} trial(s), "
+                              f"read {time.strftime('%H:%M:%S')}", "green")
+        self.show_sweeps()
 
     def show(self, view: QueueView) -> None:
         self.view = view
@@ -191,12 +261,20 @@ class QueuePane(Vertical, Pane):
         if not view.rows:
             status.append("   a: queue the preset chosen in Presets; s: a sweep of it")
         self.query_one("#queue-status", Static).update(status)
+        self.show_sweeps()
+
+    def all_sweeps(self) -> list[tuple[str, str, SweepSpec, list[Result]]]:
+        """(key, shown name, spec, results): this runs directory's sweeps, then the shared database's."""
+        return ([(n, n, sp, r) for n, sp, r in self.view.sweeps]
+                + [(SHARED + n, f"{n} (shared)", sp, r) for n, sp, r in self.shared])
+
+    def show_sweeps(self) -> None:
         s = self.query_one("#sweeps-table", DataTable)
         chosen = self.sweep_chosen()
-        if self._choose and any(sw[0] == self._choose for sw in view.sweeps):
+        if self._choose and any(sw[0] == self._choose for sw in self.view.sweeps):
             chosen, self._choose = self._choose, None
         s.clear()
-        for name, spec, results in view.sweeps:
+        for key, name, spec, results in self.all_sweeps():
             top = best(results)
             ended = sum(r.state not in ("queued", "running") for r in results)
             # a best that trained too little, or beside other processes, is named as such (sweep show's caveats)
@@ -204,7 +282,7 @@ class QueuePane(Vertical, Pane):
             s.add_row(name, spec.method, f"{ended}/{len(results)}", Text(top.name + flag, style="yellow" if flag
                                                                           else "") if top else "—",
                       f"{spec.metric.name} {top.metric:.4f}" if top else "",
-                      " ".join(point_sets(top.params)) if top else "", key=name)
+                      " ".join(point_sets(top.params)) if top else "", key=key)
         if chosen and chosen in s.rows:
             s.move_cursor(row=s.get_row_index(chosen), animate=False)
         self.show_detail()
@@ -214,8 +292,11 @@ class QueuePane(Vertical, Pane):
         """The sweep under the sweeps table's cursor: the one the results table shows and c and b act on."""
         return self.cursor_key("#sweeps-table")
 
-    def _sweep(self, name: str | None) -> tuple[str, SweepSpec, list[Result]] | None:
-        return next((sw for sw in self.view.sweeps if sw[0] == name), None)
+    def _sweep(self, key: str | None) -> tuple[str, SweepSpec, list[Result]] | None:
+        """The sweep of a sweeps-table key: a local one by its name, a shared one by ``shared:NAME``."""
+        if key and key.startswith(SHARED):
+            return next((sw for sw in self.shared if sw[0] == key[len(SHARED):]), None)
+        return next((sw for sw in self.view.sweeps if sw[0] == key), None)
 
     def show_results(self) -> None:
         """The chosen sweep's trials sorted by its metric, a column per searched key."""
@@ -228,19 +309,26 @@ class QueuePane(Vertical, Pane):
             return
         name, spec, results = sw
         keys = [p.key for p in spec.params]
-        t.add_columns("rank", "trial", *keys, spec.metric.name, "state", "seconds", "others", "note")
+        t.add_columns("rank", "trial", *keys, spec.metric.name, "state", "seconds", "where", "others", "note")
         for r in by_metric(results, spec.metric.goal):
             t.add_row(str(r.rank or ""), r.name, *(_value(r.params.get(k)) for k in keys),
                       "" if r.metric is None else f"{r.metric:.4f}", state_text(r.state),
-                      "" if r.seconds is None else f"{r.seconds:.0f}", others_text(r.others_cpu),
+                      "" if r.seconds is None else f"{r.seconds:.0f}", r.where, others_text(r.others_cpu),
                       Text("; ".join(n for n in (r.short, r.beside, r.note) if n),
                            style="yellow" if r.beside or r.short else ""),
                       key=r.name)
         if 0 < row < t.row_count:
             t.move_cursor(row=row, animate=False)
+        if self.shared_chosen():
+            t.border_title = (f"sweep {name} (shared: {self._masked()}): {len(results)} trials by {spec.metric.name} "
+                              f"({spec.metric.goal}); where: the machine and device each trains on")
+            return
         t.border_title = (f"sweep {name}: {len(results)} trials by {spec.metric.name} ({spec.metric.goal}); "
                           f"c: {top_label(self.top_n)} in Loss curves (t: {top_label(self.next_top())}), "
                           "b: save the best as a preset")
+
+    def shared_chosen(self) -> bool:
+        return (self.sweep_chosen() or "").startswith(SHARED)
 
     def next_top(self) -> int | None:
         return TOP_CHOICES[(TOP_CHOICES.index(self.top_n) + 1) % len(TOP_CHOICES)]
@@ -316,8 +404,16 @@ class QueuePane(Vertical, Pane):
             self.notify("No sweep yet: `workbench sweep PRESET --set-grid KEY=V1,V2` makes one.", severity="warning")
         return sw
 
+    def _shared_says(self, what: str) -> bool:
+        """A shared sweep's runs are on the machines that trained them: ``what`` is said not to work on it."""
+        if not self.shared_chosen():
+            return False
+        self.notify(f"{what} works on this runs directory's sweeps; a shared sweep's runs are on the machines that "
+                    "trained them (`workbench sweep show NAME --storage URL` ranks its trials)", severity="warning")
+        return True
+
     def action_curves(self) -> None:
-        if (sw := self._chosen_or_say()) is None:
+        if (sw := self._chosen_or_say()) is None or self._shared_says("c (the best trials' curves)"):
             return
         name, spec, results = sw
         runs = top_trials(results, spec.metric.goal, self.top_n)
@@ -335,7 +431,7 @@ class QueuePane(Vertical, Pane):
         self.notify(f"c now draws {which} of the sweep in Loss curves (t: {top_label(self.next_top())}).")
 
     def action_save_best(self) -> None:
-        if (sw := self._chosen_or_say()) is None:
+        if (sw := self._chosen_or_say()) is None or self._shared_says("b (save the best as a preset)"):
             return
         if best(sw[2]) is None:
             self.notify(f"Sweep {sw[0]} has no best trial yet: none has finished with {sw[1].metric.name}.",
