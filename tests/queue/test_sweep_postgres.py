@@ -56,6 +56,9 @@ def test_bad_urls_wrong_credentials_and_an_unreachable_server_are_one_line_exit_
     _one_line_exit_2(wb("queue", "run", "--storage", "mongodb://x@y/z", "--runs-dir", str(root)),
                      "mongodb:// is not a database this supports")
     assert not root.exists()  # nothing was written
+    # the app's --storage is checked before it opens: one line, the password masked
+    _one_line_exit_2(wb("tui", "--storage", f"mongodb://wb:{PASSWORD}@y/z", "--runs-dir", str(root)),
+                     "mongodb://wb:***@y/z: mongodb:// is not a database this supports")
     # a SQLite path on a network filesystem: refused, naming the fix
     mounts = tmp_path / "mounts"
     mounts.write_text(f"server:/export {tmp_path} nfs4 rw 0 0\n/dev/sda1 / ext4 rw 0 0\n")
