@@ -139,6 +139,9 @@ def test_a_worker_with_two_slots_trains_two_trials_of_the_shared_study_at_once(p
     url, root = postgres["url"], tmp_path / "runs"
     wb("sweep", "cpu-small", "--set-grid", "train.lr=1e-3,3e-3", "--name", "slots", "--storage", url,
        "--runs-dir", str(root), "--set", *TINY, "train.max_iters=6", "train.eval_interval=6", check=True)
+    # another sweep in the same study database, which `--sweep slots` leaves to other workers
+    wb("sweep", "cpu-small", "--set-grid", "train.lr=2e-3", "--name", "later", "--storage", url,
+       "--runs-dir", str(root), "--set", *TINY, "train.max_iters=6", "train.eval_interval=6", check=True)
     env = dict(os.environ, WORKBENCH_STORAGE=url)
     cp = subprocess.run([sys.executable, "-m", "workbench", "queue", "run", "--slots", "2", "--heartbeat", "1",
                          "--sweep", "slots", "--runs-dir", str(root)], capture_output=True, text=True, env=env,
@@ -169,6 +172,9 @@ def test_a_worker_with_two_slots_trains_two_trials_of_the_shared_study_at_once(p
         assert (beats[t._trial_id] - t.datetime_start).total_seconds() >= 1, (beats, t.datetime_start)
     shown = json.loads(wb("sweep", "show", "slots", "--storage", url, "--json", check=True).stdout)
     assert {t["device"].split(" (")[0] for t in shown["trials"]} == {"cpu slot 1/2", "cpu slot 2/2"}
+    later = json.loads(wb("sweep", "show", "later", "--storage", url, "--json", check=True).stdout)
+    assert not [t for t in later["trials"] if t["state"] != "waiting"], later["trials"]
+    assert not list(root.glob("later-t*"))
 
 
 def test_a_shared_workers_slots_on_a_described_gpu_machine():
