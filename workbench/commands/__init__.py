@@ -19,6 +19,7 @@ command decides is asked of the layers below), wired together by ``workbench.cli
 - ``chat``           talk with a chat-tuned checkpoint
 - ``eval``           score checkpoints on tasks and held-out text, and on a reward over prompts (pass@k)
 - ``pairs``          preference pairs from a checkpoint's own samples, scored by a reward
+- ``rounds``         iterated on-policy tuning: queued rounds of sample -> pair -> DPO + NLL, each from the last
 - ``export``         a checkpoint as a Hugging Face directory, safetensors or GGUF
 - ``import_model``   ``workbench import``: a local Hugging Face model as a run to fine-tune from
 - ``tui``            the terminal UI (also bare ``workbench``)

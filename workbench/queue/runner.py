@@ -42,7 +42,7 @@ from workbench.fs import PidLock
 from workbench.machine.activity import OthersLoad, run_processes
 from workbench.machine.detect import detect, detect_nvidia, gpu_free_mib
 from workbench.queue import devices as devices_mod
-from workbench.queue import sweep
+from workbench.queue import rounds, sweep
 from workbench.queue.launch import CliLauncher
 from workbench.queue.outcome import Metric, beside_note, failure_line, final_metric
 from workbench.queue.store import Item, QueueError, QueueStore
@@ -142,6 +142,7 @@ class Runner:
                 self.say(f"{item.name} was running when the last runner stopped: looking at it")
                 self.spawn(item, self.placement_of(item, cap), recovering=True)
             self._sweeps_catch_up()
+            rounds.catch_up(self.store, self.say)   # a chain's next round a dead runner left unqueued
             while True:
                 self.reap()
                 if len(self.active) < cap and self.start_next(cap):
@@ -278,6 +279,8 @@ class Runner:
         if self.info.get("nvidia") and item.gpu_free_before is None and (free := self._gpu_free()) is not None:
             item = self.store.update(item.id, gpu_free_before=round(free, 1))
         try:
+            if (chain := rounds.round_of(self.root, item)) is not None:  # a round: its pairs first
+                item = rounds.prepare(self.store, item, *chain, getattr(self.launcher, "env", None), self.say)
             self.launcher.start(item, sets) if sets else self.launcher.start(item)
         except CliError as e:
             self.end(item, "failed", str(e))
@@ -377,6 +380,7 @@ class Runner:
             self.say(f"{item.name} {beside}: not comparable with runs that had the machine to themselves")
         if item.sweep:
             sweep.trial_ended(self.store, item, self.info, self.say)
+        rounds.round_ended(self.store, item, self.say)   # a finished round queues the next
 
     def _load_fields(self, item: Item) -> dict:
         """What other processes used while ``item`` trained, as the queue keeps it (nothing: never sampled)."""
