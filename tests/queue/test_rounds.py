@@ -13,7 +13,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 
@@ -113,6 +112,7 @@ def test_a_killed_two_round_chain_resumes_and_each_round_starts_from_the_last(so
         assert (rec["source"], rec["step"], rec["mean_reward"]) == (src, step, meta["mean_reward"])
         assert 0 <= rec["mean_reward"] <= 1
         assert all(p["chosen_reward"] > p["rejected_reward"] for p in pairs)
+        assert rec["seed"] == meta["settings"]["sampling"]["seed"] == 3 + (i - 1) * 6   # fresh samples each round
         assert json.loads((root / f"chat-rpo-r{i}" / "round.json").read_text()) == {**rec, "state": "finished"}
         run = root / f"chat-rpo-r{i}"
         start = next(r for r in read_jsonl(run / "metrics.jsonl") if r.get("event") == "start")
@@ -170,3 +170,22 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(source, tmp_path):
         assert cp.returncode == 2 and len(lines) == 1 and says in lines[0], (what, cp.stderr)
         assert tree(root) == before, what
     assert not (root / "queue.db").exists()
+
+
+def test_a_round_waits_for_the_pairs_process_a_killed_runner_left(tmp_path):
+    """A runner killed alone leaves its `workbench pairs` sampling; the next one waits for it to end before it
+    samples into the same file (here a stand-in process holding the file's path, as `pairs --out PATH` does)."""
+    from workbench.cli_client import CliError
+    from workbench.queue.rounds import run_pairs
+    out = tmp_path / "round-1-pairs.jsonl"
+    orphan = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1.5); "
+                               "open(sys.argv[1], 'a').write('orphan\\n')", str(out)])
+    (tmp_path / "round-1-pairs.jsonl.pid").write_text(f"{orphan.pid}\n")
+    said: list[str] = []
+    run_pairs([sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write('next\\n')", str(out)], out, None,
+              said.append)
+    assert out.read_text() == "orphan\nnext\n" and orphan.poll() is not None
+    assert said and f"pid {orphan.pid}" in said[0] and not (tmp_path / "round-1-pairs.jsonl.pid").exists()
+    with pytest.raises(CliError, match="^the reward said no$"):
+        run_pairs([sys.executable, "-c", "import sys; sys.exit('workbench: error: the reward said no')"], out, None,
+                  said.append)

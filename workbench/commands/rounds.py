@@ -33,7 +33,8 @@ SFT_WEIGHT = 1.0   # Iterative RPO's: the NLL term (length-normalised, as train.
 EPILOG = """\
 each round I (CHAIN-rI, queued when round I-1 has finished):
   1. samples K completions of each prompt from round I-1's latest checkpoint (round 1: RUN's
-     --checkpoint) and writes every two with different rewards as a pair: CHAIN.rounds/round-I-pairs.jsonl
+     --checkpoint; fresh samples each round: --seed + (I-1) x the prompts) and writes every
+     two with different rewards as a pair: CHAIN.rounds/round-I-pairs.jsonl
   2. trains --init-from that very checkpoint on them: train.objective=dpo with
      train.pref_sft_weight=--sft-weight (DPO + NLL), your --set values after those
   its record (CHAIN.rounds/round-I.json, and round.json in its run directory once it has ended):
@@ -215,7 +216,7 @@ def checked_spec(args, root: Path, name: str) -> dict:
                         time_budget=budget, name=f"{name}-r1"), root)
     return {"version": chains.VERSION, "name": name, "source": run_dir.name, "step": int(ckpt["step"]),
             "prompts": str(Path(args.prompts).resolve()), "prompts_sha256": prompts.sha256,
-            "reward": absolute_reward(args.reward),
+            "prompt_count": len(prompts.items), "reward": absolute_reward(args.reward),
             "reward_timeout": args.reward_timeout, "samples": args.samples,
             "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                          "seed": sampling.seed, "max_new_tokens": sampling.max_new_tokens},

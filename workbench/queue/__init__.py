@@ -27,6 +27,9 @@
   queued, the search and the pruners (median, successive halving) from Optuna (its own SQLite storage beside
   the queue's); ``sweep_results``: the results table, the compute pruning saved and the ranking's caveats.
 - ``best``    a sweep's best trial kept as a user preset (``sweep save-best``), through config's one writer.
+- ``rounds``  iterated on-policy tuning (``workbench rounds``): a chain's spec, pairs and records in
+  ``runs/CHAIN.rounds/``; the runner writes a round's pairs (``workbench pairs``) before its trainer starts and
+  queues the next round when it finishes.
 
 What lives where (see README, "Queues and sweeps"): the queue and the sweeps survive the TUI quitting, the
 runner's kill -9 and a reboot, because nothing is held in a process that matters: the database, the run

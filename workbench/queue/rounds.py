@@ -23,12 +23,15 @@ round's trainer from its checkpoint; a finished round is never redone.
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
+
 from workbench import rundir
-from workbench.cli_client import CliError, cli_argv, run_cli
+from workbench.cli_client import CliError, cli_argv, cli_env, error_line, last_line
 from workbench.config.duration import TimeBudget
 from workbench.fs import read_json, write_atomic
 from workbench.queue.store import Item, NewItem, QueueError, QueueStore
@@ -37,12 +40,11 @@ SUFFIX = ".rounds"          # a chain's directory: runs/CHAIN.rounds
 SPEC_FILE = "rounds.json"
 ROUND_FILE = "round.json"   # a round's record, copied into its run directory once it has ended
 VERSION = 1
-PAIRS_TIMEOUT_S = 7 * 24 * 3600.0   # sampling a large prompt file takes as long as it takes (it is continued anyway)
 
 # The settings a chain is made with: the same command again continues the chain; other values of these are refused
 # (--rounds may grow or shrink: more rounds extend a finished chain)
-SETTINGS = ("source", "step", "prompts", "prompts_sha256", "reward", "samples", "sampling", "preset", "sets",
-            "time_budget", "device")
+SETTINGS = ("source", "step", "prompts", "prompts_sha256", "prompt_count", "reward", "samples", "sampling", "preset",
+            "sets", "time_budget", "device")
 
 
 def chain_dir(root: Path, name: str) -> Path:
@@ -127,10 +129,40 @@ def round_of(root: Path, item: Item) -> tuple[Chain, int] | None:
     return (chain, i) if chain is not None and i is not None else None
 
 
-def sampling_args(spec: dict[str, Any]) -> list[str]:
+def round_seed(spec: dict[str, Any], i: int) -> int:
+    """Round ``i``'s sampling seed: fresh samples each round (Iterative RPO samples anew from each round's model), no
+    seed of one round's prompts reused by another's (``workbench pairs`` samples prompt k with seed + k)."""
+    return int(spec["sampling"]["seed"]) + (i - 1) * int(spec["prompt_count"])
+
+
+def sampling_args(spec: dict[str, Any], i: int) -> list[str]:
     s = spec["sampling"]
     return ["--temperature", repr(s["temperature"]), "--top-k", str(s["top_k"]), "--top-p", repr(s["top_p"]),
-            "--seed", str(s["seed"]), "--max-new-tokens", str(s["max_new_tokens"])]
+            "--seed", str(round_seed(spec, i)), "--max-new-tokens", str(s["max_new_tokens"])]
+
+
+def run_pairs(argv: list[str], out: Path, env: dict[str, str] | None, say: Callable[[str], None]) -> None:
+    """``workbench pairs`` to its end (a CliError with its one line), its pid beside the file while it samples: a
+    runner killed alone (kill -9) leaves its pairs process sampling, and the next runner waits for that one to end
+    rather than write the same file beside it (then continues what it left, or finds it complete)."""
+    pid_file = out.with_name(out.name + ".pid")
+    try:
+        old = psutil.Process(int(pid_file.read_text()))
+        if str(out) in old.cmdline():
+            say(f"a pairs process (pid {old.pid}) a stopped runner left is still writing {out.name}: waiting for it")
+            old.wait()
+    except (OSError, ValueError, psutil.Error):
+        pass
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                text=True, env=cli_env(env))
+    except OSError as e:
+        raise CliError(f"could not run {argv[0]}: {e.strerror}") from None
+    write_atomic(pid_file, f"{proc.pid}\n", fsync=False)
+    stdout, stderr = proc.communicate()
+    pid_file.unlink(missing_ok=True)
+    if proc.returncode != 0:
+        raise CliError(error_line(last_line(stderr or stdout) or f"`workbench pairs` exited with {proc.returncode}"))
 
 
 def prepare(store: QueueStore, item: Item, chain: Chain, i: int, env: dict[str, str] | None,
@@ -150,14 +182,14 @@ def prepare(store: QueueStore, item: Item, chain: Chain, i: int, env: dict[str, 
             raise CliError(f"round {i}: {e}") from None
     out = chain.pairs_path(i)
     say(f"round {i} of {chain.name}: sampling {s['samples']} completions a prompt from {src} step {step:,}")
-    run_cli(cli_argv(root, "pairs", src, "--checkpoint", str(step), "--prompts", s["prompts"], "--reward",
-                     s["reward"], "--reward-timeout", repr(s["reward_timeout"]), "--samples", str(s["samples"]),
-                     "--out", str(out), "--device", s["device"], *sampling_args(s)), PAIRS_TIMEOUT_S, env)
+    run_pairs(cli_argv(root, "pairs", src, "--checkpoint", str(step), "--prompts", s["prompts"], "--reward",
+                       s["reward"], "--reward-timeout", repr(s["reward_timeout"]), "--samples", str(s["samples"]),
+                       "--out", str(out), "--device", s["device"], *sampling_args(s, i)), out, env, say)
     meta = read_json(out.with_name(out.name + ".meta.json")) or {}
     rec = {"chain": chain.name, "round": i, "run": item.name, "source": src, "step": step, "pairs_file": str(out),
            "pairs": int(meta.get("pairs", 0)), "prompts": int(meta.get("prompts_total", 0)),
            "samples": int(s["samples"]), "mean_reward": meta.get("mean_reward"),
-           "no_signal": int(meta.get("no_signal", 0)), "reward": s["reward"]}
+           "no_signal": int(meta.get("no_signal", 0)), "reward": s["reward"], "seed": round_seed(s, i)}
     write_atomic(chain.record_path(i), json.dumps(rec, indent=1) + "\n")
     mean = f"{rec['mean_reward']:.3f}" if rec["mean_reward"] is not None else "-"
     if rec["pairs"] == 0:
