@@ -227,8 +227,8 @@ def round_ended(store: QueueStore, item: Item, say: Callable[[str], None]) -> No
     if rec is not None and run_dir.is_dir():
         write_atomic(run_dir / ROUND_FILE, json.dumps({**rec, "state": item.state}, indent=1) + "\n")
     if item.state != "finished":
-        say(f"{chain.name} stops at round {i} ({item.state}); `workbench rounds` with the same arguments goes on "
-            "after you have fixed it")
+        say(f"{chain.name} stops at round {i} ({item.state}); to try the round again, `workbench queue rm "
+            f"{item.name}` (and move its run directory aside, if it has one), then the same `workbench rounds`")
         return
     if i >= chain.rounds:
         say(f"{chain.name}: all {chain.rounds} rounds finished")
