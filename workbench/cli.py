@@ -18,8 +18,8 @@ from workbench.errors import WorkbenchError
 from workbench.rundir import runs_root
 
 # Module names in workbench/commands (`workbench import` lives in import_model.py: import is a keyword).
-COMMANDS = ["train", "resume", "stop", "runs", "doctor", "eval", "pairs", "rounds", "sample", "chat", "data", "presets", "hw",
-            "estimate", "fit", "export", "import_model", "metrics", "queue", "sweep", "tui", "serve"]
+COMMANDS = ["train", "resume", "stop", "runs", "doctor", "eval", "pairs", "rounds", "sample", "chat", "data", "presets",
+            "hw", "estimate", "fit", "export", "import_model", "metrics", "queue", "sweep", "tui", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:
