@@ -125,6 +125,11 @@ def test_a_killed_two_round_chain_resumes_and_each_round_starts_from_the_last(so
     for i in (1, 2):
         rec = json.loads((d / f"round-{i}.json").read_text())
         assert f"chat-rpo-r{i}  finished" in shown and f"{rec['mean_reward']:.3f}" in shown, shown
+    # the chain with another reward is refused in one line, nothing touched
+    before = tree(root)
+    other = wb(*[a if a != "length:12" else "length:20" for a in args])
+    assert other.returncode == 2 and other.stderr.strip().count("\n") == 0, other.stderr
+    assert "chain chat-rpo was made with another reward" in other.stderr and tree(root) == before
 
 
 def test_a_round_without_a_pair_stops_the_chain_in_one_line(source, tmp_path):

@@ -125,10 +125,11 @@ def run(args) -> int:
     if old is not None:
         differ = [k for k in chains.SETTINGS if old.spec.get(k) != spec.get(k)]
         if differ:
-            raise WorkbenchError(f"chain {name} was made with other settings ({', '.join(differ)} differ); the same "
-                                 f"command continues it; give another --name for a new chain")
-        if spec["rounds"] < old.spec["rounds"]:
-            spec["rounds"] = old.spec["rounds"]
+            raise WorkbenchError(f"chain {name} was made with another {', '.join(differ)} (runs/{d.name}/"
+                                 f"{chains.SPEC_FILE}); the same command continues it; give another --name for a new "
+                                 "chain")
+        spec["rounds"] = max(spec["rounds"], old.spec["rounds"])
+        spec["step"] = old.spec["step"]
     if name in {p.name for p in rundir.iter_run_dirs(root)} and old is None:
         raise WorkbenchError(f"a run named {name} exists; give the chain another --name")
     for i in range(1, spec["rounds"] + 1):   # a round's name held by something that is not this chain's round

@@ -42,8 +42,9 @@ ROUND_FILE = "round.json"   # a round's record, copied into its run directory on
 VERSION = 1
 
 # The settings a chain is made with: the same command again continues the chain; other values of these are refused
-# (--rounds may grow or shrink: more rounds extend a finished chain)
-SETTINGS = ("source", "step", "prompts", "prompts_sha256", "prompt_count", "reward", "samples", "sampling", "preset",
+# (--rounds may grow: more rounds extend a finished chain; the source's step is the one the chain was made with, even
+# when RUN's latest checkpoint has moved on since)
+SETTINGS = ("source", "prompts", "prompts_sha256", "prompt_count", "reward", "samples", "sampling", "preset",
             "sets", "time_budget", "device")
 
 
