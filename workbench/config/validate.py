@@ -180,9 +180,6 @@ def _objective_rules(p: Preset, bad: Bad) -> None:
         bad(f"train.grpo_max_new_tokens = {t.grpo_max_new_tokens} must be < model.seq_len = {m.seq_len} (a prompt "
             f"and its completion share one window); set train.grpo_max_new_tokens = {max(1, m.seq_len // 2)} "
             f"(--set train.grpo_max_new_tokens={max(1, m.seq_len // 2)})")
-    if objective.samples and t.time_budget:
-        bad(f"train.objective = {t.objective} does not take a time budget yet; set train.max_iters instead "
-            "(and train.time_budget = '')")
     if objective.samples and h.nproc > 1:  # every rank would roll out the whole batch: not yet split by rank
         bad(f"train.objective = {t.objective} runs in one process for now; set hardware.nproc = 1 "
             "(--set hardware.nproc=1)")

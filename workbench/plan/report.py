@@ -190,10 +190,10 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None,
                   f"{r['available_what']} (estimate, {HEADROOM:.0%} kept free)")
     problem = warning = ""
     if r.get("time") and r["time"]["budget_s"]:
-        plan = budget_plan_at(preset, r["tokens_per_s"])
+        plan = budget_plan_at(preset, r["tokens_per_s"], basis=r["tokens_per_s_basis"])
         assert plan is not None
         problem, warning = plan.problem, plan.warning
-        if problem and not budget_too_short_at_best(preset, r["tokens_per_s"]):
+        if problem and not budget_too_short_at_best(preset, r["tokens_per_s"], r["tokens_per_s_basis"]):
             # short by the estimate, not by twice its speed: said, and the run sizes its evals from a timed batch
             problem, warning = "", (f"{plan.problem} by the estimate ({r['tokens_per_s']:,.0f} tokens/s, "
                                     f"{r['tokens_per_s_basis']}); the run sizes its evals from an eval batch it times")

@@ -19,7 +19,7 @@ from workbench.analysis.history import measured_in
 from workbench.config import Preset
 from workbench.fmt import duration
 from workbench.machine.detect import Machine
-from workbench.plan.horizon import BudgetPlan, budget_plan_at
+from workbench.plan.horizon import BudgetPlan, budget_plan_at, samples, step_measured
 from workbench.plan.report import estimated_speed
 from workbench.plan.settings import RunSettings
 
@@ -33,11 +33,13 @@ def estimated_plan(p: Preset, settings: RunSettings, machine: Machine, seconds: 
                    ) -> tuple[BudgetPlan, float | None]:
     """(the budget's plan, the tokens/s it rests on) before the run has timed anything: at the speed the estimate
     and `workbench train`'s first line take (a run of the preset measured in ``runs_dir``, else this machine's
-    hardware), so the trainer's first guess at its end is the number the CLI showed."""
-    tps = estimated_speed(p, settings, machine, settings.device, measured_in(runs_dir)(p, settings.device_type))[0]
-    plan = budget_plan_at(p, tps, seconds)
+    hardware), so the trainer's first guess at its end is the number the CLI showed. GRPO: a speed measured on a GRPO
+    run, or none (the hardware's estimate does not time a rollout: the run times one as it starts)."""
+    tps, _, basis = estimated_speed(p, settings, machine, settings.device,
+                                    measured_in(runs_dir)(p, settings.device_type))
+    plan = budget_plan_at(p, tps, seconds, basis=basis)
     assert plan is not None
-    return plan, tps
+    return plan, None if samples(p) and not step_measured(basis) else tps
 
 
 class Budget:
@@ -129,7 +131,9 @@ class Budget:
             return (f"time budget {duration(self.seconds)}: spent already, nothing left to train (resume --more N "
                     "trains N steps more)")
         left = f"{duration(self.seconds - self.spent_before)} left, " if self.spent_before else ""
-        return (f"time budget {duration(self.seconds)}: {left}~{self.first_guess - step:,} steps by the estimate; "
+        steps = (f"~{self.first_guess - step:,} steps by the estimate; " if self.prior_rate else
+                 "its steps unknown until its own are timed (no measured speed); ")
+        return (f"time budget {duration(self.seconds)}: {left}{steps}"
                 "the end is re-estimated from the run's own pace, and the schedule follows the clock")
 
     def status(self, max_iters: int, now: float, warmup: int | None = None) -> dict:

@@ -9,7 +9,7 @@ import dataclasses
 import time
 
 from workbench.plan.cost import eval_seconds
-from workbench.plan.horizon import EVAL_SHARE, STEP_PER_EVAL_BATCH, plan_budget
+from workbench.plan.horizon import EVAL_SHARE, GRPO_STEP_PER_ROLLOUT, STEP_PER_EVAL_BATCH, plan_budget
 from workbench.train.evaluation import EvalBatches, time_eval_batch
 from workbench.train.start import TrainerParts
 
@@ -40,6 +40,29 @@ class BudgetSteps(TrainerParts):
         self.horizon = self.horizon.planned(plan)
         self.report.log(f"an eval batch timed at {batch_s:.3g} s: warmup {plan.warmup}; {plan.evals_line()}")
 
+    def size_reward_evals(self) -> None:
+        """A new budgeted GRPO run's evals sized to its budget (``size_budget_evals``'s, for an eval that is the
+        held-out prompts' reward): one held-out prompt's rollout timed (rank 0's for every rank), the budget planned
+        with it (the held-out prompts each eval scores, the evals on the way, the warmup) and, when no GRPO run here
+        measured its speed, the steps it buys from it (a step: GRPO_STEP_PER_ROLLOUT rollouts of one prompt a prompt
+        of the step), the first guess the run's own pace replaces."""
+        t, b = self.preset.train, self.budget
+        one = self.dist.broadcast(self.grpo.time_one_prompt(self.built.model))
+        prompts = t.batch_size * t.grad_accum
+        step_s = 1.0 / b.prior_rate if b.prior_rate else GRPO_STEP_PER_ROLLOUT * one * prompts
+        plan = plan_budget(self.preset, b.seconds, step_s, one or None, held_prompts=len(self.grpo.held))
+        if plan.eval_iters < 1:  # too short (the CLI refused it unless --yes): one prompt, no eval on the way
+            self.report.log(f"warning: {plan.problem}; it goes on with evals of one held-out prompt")
+            plan = dataclasses.replace(plan, eval_iters=1, evals_on_the_way=0)
+        self.budget_plan = plan
+        self.horizon = self.horizon.planned(plan)
+        if not b.prior_rate and plan.steps:  # no measured speed: the timed rollout's guess, until the pace's
+            b.prior_rate, b.first_guess = 1.0 / step_s, self.state.step + max(1, plan.steps)
+            self.horizon = self.horizon.after_step(self.state.step, b.first_guess)
+            self.report.status(max_iters=self.horizon.end_step)
+        self.report.log(f"a held-out prompt's rollout ({t.grpo_group} completions) timed at {one:.3g} s: "
+                        f"{plan.describe()}")
+
     def budget_tick(self) -> None:
         """After a step of a budgeted run: the budget's clock says how much of it is spent (on rank 0's clock for
         every rank) and the step it now ends at; the horizon takes both (the next step's learning rate, and with
@@ -58,7 +81,8 @@ class BudgetSteps(TrainerParts):
         end = b.after_step(
             st.step, time.time(), clock_runs=not self.settings.compile or self.compile_reported,
             eval_due=eval_due,
-            eval_estimate=lambda rate: eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate),
+            eval_estimate=(lambda rate: self.slowest_eval or b.first_eval or 0.0) if self.grpo is not None else
+            (lambda rate: eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate)),
             agree=self.dist.broadcast)
         self.horizon = self.horizon.after_step(st.step, end, b.agreed, b.step_share(st.step, time.time()))
         self.mixture_follows_budget()

@@ -17,6 +17,8 @@ the share of clipped tokens. **Its eval** is the reward, not a loss (a GRPO run 
 held-out prompts (``data.val_fraction`` of the file, at most :data:`EVAL_PROMPTS`), ``grpo_group`` completions
 each from seeds fixed for the run, so evals differ only by the weights; a split ``val`` record. No val loss, so no
 "best" checkpoint and no early stopping by it: checkpoints follow ``train.ckpt_interval`` and the run's end.
+With ``train.time_budget`` an eval scores the first of those prompts that fit the evals' share of the budget
+(``plan.horizon.plan_budget``, sized from one held-out prompt's rollout timed before the step-0 eval).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 import torch
 
 from workbench.config import Preset
+from workbench.plan.horizon import GRPO_EVAL_PROMPTS
 from workbench.plan.preference import ObjectivePlan
 from workbench.reward import parse_reward
 from workbench.reward.prompt_data import PromptData
@@ -35,7 +38,7 @@ from workbench.train.build import Built
 from workbench.train.grpo_step import GRPOSettings, GRPOStats, Rollouts, reference_logps, rollout, rollout_loss
 from workbench.train.objective import frozen_copy
 
-EVAL_PROMPTS = 32       # held-out prompts an eval rolls out (the first of them)
+EVAL_PROMPTS = GRPO_EVAL_PROMPTS   # held-out prompts an eval rolls out (the first of them)
 AUTO_MAX_NEW_TOKENS = 64   # train.grpo_max_new_tokens = 0: this, at most half the window
 EVAL_STEP = -1          # the "step" of the eval's rollout seeds: the same at every eval
 
@@ -68,6 +71,24 @@ class GRPORun:
         frozen = frozen_copy(p, plan, device, init, dtype) if plan.reference == "frozen copy" else None
         self.reference = reference_logps(model, frozen) if plan.reference != "none" else None
         self.pending: list[GRPOStats] = []      # each step's stats since the last log line
+        self.last_reward: float | None = None    # the last eval's held-out reward (the run's end line)
+
+    @property
+    def held(self) -> list[int]:
+        """The held-out prompts' indices."""
+        return list(range(self.data.n_train, len(self.data.ids)))
+
+    @torch.no_grad()
+    def time_one_prompt(self, model: torch.nn.Module) -> float:
+        """Seconds of one held-out prompt's rollout (its G completions, with its reward), as an eval samples it:
+        what a time budget sizes its evals from (0.0 without held-out prompts). Twice, the second timed: the first
+        pays for any first-call cost (on a busy CPU it took 3.8 s, the next one 0.3 s)."""
+        if not self.held:
+            return 0.0
+        for _ in range(2):
+            t0 = time.perf_counter()
+            self.rollouts(model, self.held[:1], EVAL_STEP)
+        return time.perf_counter() - t0
 
     def score(self, indices: list[int]):
         """The score of a completion of the ``i``-th prompt of ``indices``: the reward of its text."""
@@ -115,9 +136,10 @@ class GRPORun:
                             loss=m.loss, time=now)
 
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, step: int) -> tuple[RewardRecord | None, str]:
-        """The held-out prompts' reward (a ``val`` record) and the log line; None without held-out prompts."""
-        held = list(range(self.data.n_train, len(self.data.ids)))[:EVAL_PROMPTS]
+    def evaluate(self, model: torch.nn.Module, step: int, prompts: int = 0) -> tuple[RewardRecord | None, str]:
+        """The held-out prompts' reward (a ``val`` record) and the log line; None without held-out prompts.
+        ``prompts``: how many of them (a time budget's plan; 0: EVAL_PROMPTS)."""
+        held = self.held[:prompts or EVAL_PROMPTS]
         if not held:
             return None, f"step {step}: no held-out prompts to score (a prompts file of one prompt)"
         t0 = time.time()
@@ -128,6 +150,7 @@ class GRPORun:
         rec = RewardRecord(step=step, split="val", reward=float(rewards.mean()), reward_std=float(rewards.std()),
                            no_signal=no_signal, completion_len=float(r.mask.sum(-1).mean()), time=time.time(),
                            extra={"prompts": len(held), "seconds": round(time.time() - t0, 3)})
+        self.last_reward = rec.reward
         return rec, (f"step {step}: held-out reward {rec.reward:.4f} (sd {rec.reward_std:.3f}, {len(held)} prompts "
                      f"x {self.settings.group}, no signal {no_signal:.0%})")
 

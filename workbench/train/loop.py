@@ -89,7 +89,12 @@ class Trainer(BudgetSteps):
         self.built.model.train()
         self.report.status(state="running", compiling=self.settings.compile, step=self.state.step)
         if self.state.step == 0 and not self.resume and self.grpo is not None:
-            self.evaluate_reward()   # GRPO's eval: the held-out prompts' reward, not a loss
+            if self.budget is not None:
+                self.size_reward_evals()
+            seconds = self.evaluate_reward()   # GRPO's eval: the held-out prompts' reward, not a loss
+            if self.budget is not None:  # paid from the budget, as a loss's step-0 eval
+                self.budget.first_eval = seconds
+                self.budget.spent_before += seconds
         elif self.state.step == 0 and not self.resume:
             if self.budget is not None:
                 self.size_budget_evals()
@@ -272,8 +277,12 @@ class Trainer(BudgetSteps):
         if not self.eval_due(st.step):
             return False, False, False
         if self.grpo is not None:  # no val loss: no best checkpoint, no early stop by it
+            began = time.time()
             self.evaluate_reward()
-            return True, self.maybe_save(), False
+            saved = self.maybe_save()
+            if self.budget is not None and self.budget.t0 is not None:  # the end's eval comes with a checkpoint
+                self.budget.last_eval = time.time() - began + (0.0 if saved else self.checkpointer.last_seconds)
+            return True, saved, False
         began = time.time()
         ev = self.evaluate()
         self.report.record(ev)
@@ -347,14 +356,21 @@ class Trainer(BudgetSteps):
             self.slowest_eval = max(self.slowest_eval, now - t0)
         return dataclasses.replace(ev, seconds=round(now - t0, 3), budget_share=share, **self.time_spent())
 
-    def evaluate_reward(self) -> None:
-        """A GRPO run's eval: the held-out prompts' reward (GRPORun.evaluate), its seconds counted as an eval's."""
+    def evaluate_reward(self) -> float:
+        """A GRPO run's eval: the held-out prompts' reward (GRPORun.evaluate; a time budget's: as many prompts as
+        its plan chose), its seconds counted as an eval's and returned."""
         t0 = time.time()
-        rec, line = self.grpo.evaluate(self.built.model, self.state.step)
+        self.faults.in_eval(self.state.step)
+        rec, line = self.grpo.evaluate(self.built.model, self.state.step,
+                                       self.horizon.eval_iters if self.budget is not None else 0)
         if rec is not None:
             self.report.record(rec)
         self.report.log(line)
-        self.state.eval_s += time.time() - t0
+        seconds = time.time() - t0
+        self.state.eval_s += seconds
+        if self.state.step > 0:
+            self.slowest_eval = max(self.slowest_eval, seconds)
+        return seconds
 
     def time_spent(self) -> dict[str, float]:
         """The run's wall-clock so far and its seconds in evals and in checkpoint saves (rundir.TIME_KEYS)."""
@@ -411,7 +427,9 @@ class Trainer(BudgetSteps):
                                **self.budget_status(time.time()),
                                ckpt_seconds=round(self.checkpointer.seconds, 3), best_val_loss=self.state.best_val)
             self.report.log(f"{state} at step {self.state.step}" + (
-                f", best val loss {self.state.best_val:.4f}" if self.state.best_val is not None else ""))
+                f", best val loss {self.state.best_val:.4f}" if self.state.best_val is not None else "") + (
+                f", held-out reward {self.grpo.last_reward:.4f}" if self.grpo and self.grpo.last_reward is not None
+                else ""))
             self.clean_exit = True
             return 0
         except BaseException as e:  # noqa: BLE001 - every failure must reach status.json
