@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from workbench import rundir
 from workbench.config.duration import TimeBudget
+from workbench.config.objectives import objective_spec
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.queue.admit import admit_fitted
@@ -120,6 +121,13 @@ def _admit(root: Path, spec: SweepSpec, point: dict[str, Any], machine: Machine,
         raise type(e)(f"trial {shown}: {e}") from None
     if adm.refused:
         return None, adm.refused
+    if objective_spec(adm.preset.train.objective).samples and spec.metric.task is None:
+        # GRPO's eval is the held-out prompts' reward (a reward record, higher is better), not a val loss: ranking
+        # and pruning trials by it is not built yet, and a sweep by val_loss would rank nothing
+        raise QueueError(f"sweep {spec.name}: its trials are train.objective = {adm.preset.train.objective} runs, "
+                         f"whose eval is the held-out prompts' reward, not {spec.metric.name}: a sweep cannot rank "
+                         "them by it yet; queue each with `workbench queue add` and compare the held-out reward on "
+                         "their train.log's end line")
     problem, warning = adm.check.budget_problem, adm.check.budget_warning
     if problem and not spec.force:
         return None, f"{problem} (`sweep --force` queues it anyway)"
