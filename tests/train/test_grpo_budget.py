@@ -1,0 +1,160 @@
+"""GRPO (`train.objective = grpo`, issue 56) with a time budget and through the queue: the budget's evals are the
+held-out prompts' reward, sized from one held-out prompt's rollout the run times before its step-0 eval; its steps
+come from a GRPO run's measured pace or that rollout (the hardware's estimate knows nothing of generation); a run
+killed with kill -9 and resumed goes on against what its checkpoint had left and ends at its budget at min_lr, its
+end line with the held-out reward; `queue add` runs one to its end; a sweep of GRPO trials is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import FACTS, REPO, TINY, wb
+from tests.support.runs import read_jsonl, wait_until
+from workbench import rundir
+from workbench.config import load_preset_file, resolve_preset
+from workbench.plan.horizon import EVAL_SHARE, GRPO_EVAL_PROMPTS, budget_plan_at, plan_budget
+
+BUDGET = 8.0
+# how far from the budget a run may end (tests/train/test_time_budget.py's OVER: the last eval's estimate and one
+# step; a GRPO step of this size takes 0.1-0.7 s on a loaded 2-core machine)
+OVER = 4.0
+LR, MIN_LR = 1e-3, 1e-5
+# tiny()'s settings less its model (the facts run's, as --init-from takes it); 3 of the 12 prompts held out
+GRPO = [*(s for s in TINY if not s.startswith("model.")), "model.seq_len=32", "model.dropout=0",
+        "train.objective=grpo", "train.reward=exact:answer", "train.grpo_group=4", "train.grpo_max_new_tokens=6",
+        "train.batch_size=3", "train.warmup_iters=1", "data.val_fraction=0.25", f"train.lr={LR}",
+        f"train.min_lr={MIN_LR}", "train.schedule=cosine", "train.eval_interval=100000"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory, facts_run) -> Path:
+    d = tmp_path_factory.mktemp("grpobudget")
+    shutil.copytree(facts_run, d / "runs" / "facts")
+    (d / "prompts.jsonl").write_text("".join(json.dumps({"prompt": q, "answer": f"{a}."}) + "\n" for q, a in FACTS))
+    return d
+
+
+def args(root: Path, name: str, *sets: str) -> list[str]:
+    return ["--init-from", "facts", "--name", name, "--corpus", str(root / "prompts.jsonl"), "--runs-dir",
+            str(root / "runs"), "--set", *GRPO, *sets]
+
+
+def rewards(run_dir: Path, split: str) -> list[dict]:
+    return [r for r in read_jsonl(run_dir / rundir.METRICS_FILE) if r.get("kind") == "reward" and r["split"] == split]
+
+
+def test_a_budgeted_grpo_run_killed_and_resumed_ends_at_its_budget_at_min_lr_with_its_evals(root):
+    """Killed with kill -9 past half its budget and resumed: the resumed process trains for what its checkpoint had
+    left; the run ends within OVER of its budget, its last step at min_lr, its evals the held-out reward of as many
+    prompts as its plan chose (at step 0 and at the end, the ones on the way within their share)."""
+    out = root / "k.out"   # (a file, not a pipe nobody reads while it runs)
+    with out.open("w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "workbench", "train", "cpu-small",
+                                 *args(root, "k", "train.ckpt_interval=2"), "--time-budget", f"{BUDGET:g}s"],
+                                cwd=REPO, stdout=f, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    d = root / "runs" / "k"
+
+    def half_spent():
+        st = rundir.read_status(d) if (d / "status.json").exists() else None
+        return st is not None and (st.budget_spent_s or 0) >= BUDGET / 2 and rundir.list_checkpoints(d)
+    try:
+        wait_until(half_spent, timeout=120, what="half the budget spent")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    first_lines = out.read_text()
+    # the CLI's first line: the hardware's estimate gives no GRPO steps (no GRPO run measured here yet); its evals
+    # are the held-out reward
+    assert "the steps by the run's own pace (a GRPO step's rollout is timed as it starts)" in first_lines, first_lines
+    assert "held-out prompts x 4 completions each" in first_lines
+    last = rundir.list_checkpoints(d)[-1]
+    spent = json.loads((Path(last["path"]) / "trainer_state.json").read_text())["budget_spent"]
+    assert 0 < spent < BUDGET
+    lr_before = {r["step"]: r["lr"] for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "train"}[last["step"]]
+    res = wb("resume", "k", "--runs-dir", str(root / "runs"))
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    st = rundir.read_status(d)
+    assert st.state == "finished" and st.step == st.max_iters and abs(st.budget_spent_s - BUDGET) <= OVER, st
+    recs = read_jsonl(d / "metrics.jsonl")
+    began = next(r for r in recs if r.get("event") == "resume")
+    assert began["step"] == last["step"]
+    after = recs[recs.index(began):]
+    first = next(r for r in after if r["kind"] == "train")
+    finish = next(r for r in after if r.get("event") == "finish")
+    assert first["step"] == last["step"] + 1
+    # it ran what was left (plus its start-up, to the end of its first step, and what its clock says it ran over)
+    startup, over = first["time"] - began["time"], max(0.0, st.budget_spent_s - BUDGET)
+    assert finish["time"] - began["time"] <= (BUDGET - spent) + startup + over + 0.5
+    # the schedule goes on where the checkpoint had it (cosine over the budget: never back at its peak), to min_lr
+    lrs = [r["lr"] for r in recs if r["kind"] == "train" and r["step"] > last["step"]]
+    assert lr_before < 0.9 * LR and lrs[0] <= 1.05 * lr_before, (lr_before, lrs)
+    # (a step's rate is the schedule's where the step ends, by the pace: a noisy pace wobbles it by a step's share)
+    assert lrs[-1] == min(lrs) and lrs[-1] <= MIN_LR + 0.05 * (LR - MIN_LR), lrs
+    # its plan, as the start logged it: the timed rollout, the prompts each eval scores
+    log = (d / "train.log").read_text()
+    m = re.search(r"a held-out prompt's rollout \(4 completions\) timed at [\d.e-]+ s: time budget 8s: "
+                  r"~\d+ steps by the estimate, warmup (\d+); evals at step 0, (?:at ([\d/]+) % and )?at the end, "
+                  r"the reward of (\d+)(?: \(of at most 3\))? held-out prompts? x 4 completions each", log)
+    assert m, log[:3000]
+    on_the_way, prompts = len(m[2].split("/")) if m[2] else 0, int(m[3])
+    assert 1 <= prompts <= 3 and int(m[1]) >= 1
+    val = rewards(d, "val")
+    assert all(v["prompts"] == prompts for v in val), val
+    steps = [v["step"] for v in val]
+    # step 0 and the end; on the way no more than planned (a busier machine skips some to keep the share)
+    assert steps[0] == 0 and steps[-1] == st.step and len(val) <= 2 + on_the_way + 1, steps   # (+1: redone after
+    # the kill, an eval between the checkpoint and the kill)
+    assert f"finished at step {st.step}, held-out reward {val[-1]['reward']:.4f}" in log
+
+
+def test_a_queued_grpo_run_runs_to_its_end_and_a_grpo_sweep_is_one_line(root):
+    cp = wb("queue", "add", "cpu-small", *args(root, "q", "train.max_iters=3"))
+    assert cp.returncode == 0, (cp.stdout, cp.stderr)
+    cp = wb("queue", "run", "--runs-dir", str(root / "runs"), timeout=240)
+    assert cp.returncode == 0 and "q finished" in cp.stdout, (cp.stdout, cp.stderr)
+    d = root / "runs" / "q"
+    st = rundir.read_status(d)
+    assert st.state == "finished" and st.step == 3
+    assert [r["step"] for r in rewards(d, "train")] == [1, 2, 3] and [r["step"] for r in rewards(d, "val")] == [0, 3]
+    # a sweep needs a preset that starts from a run (sweeps take no --init-from): the queued run's own
+    preset = root / "grpo.toml"
+    preset.write_text((d / rundir.PRESET_FILE).read_text().replace('name = "cpu-small"', 'name = "grpo-facts"', 1))
+    assert load_preset_file(preset).train.objective == "grpo"
+    spec = root / "sweep.toml"
+    spec.write_text(f'name = "gs"\npreset = "{preset}"\nmethod = "grid"\nset = ["train.max_iters=3"]\n'
+                    f'corpus = ["{root / "prompts.jsonl"}"]\n[parameters]\n"train.grpo_clip" = [0.1, 0.2]\n')
+    cp = wb("sweep", str(spec), "--runs-dir", str(root / "runs"))
+    assert cp.returncode == 2 and cp.stderr.count("\n") == 1, (cp.stdout, cp.stderr)
+    assert "whose eval is the held-out prompts' reward, not val_loss" in cp.stderr, cp.stderr
+    queued = json.loads(wb("queue", "ls", "--json", "--runs-dir", str(root / "runs"), check=True).stdout)
+    assert [r["name"] for r in queued["runs"]] == ["q"]          # nothing of the sweep was queued
+
+
+def test_a_grpo_budgets_plan_counts_held_out_prompts_and_steps_only_from_a_grpo_runs_pace():
+    """The plan (plan.horizon, torch-free): evals of held-out prompts (G completions each) sized to the share, and
+    steps only from a speed measured on a GRPO run or given, never from the hardware's estimate."""
+    p = resolve_preset("cpu-small", ["train.objective=grpo", "train.reward=exact:answer", "train.grpo_group=4",
+                                     "train.time_budget=60s", "train.batch_size=3", "train.eval_interval=50",
+                                     "model.dropout=0"])
+    # one held-out prompt's rollout 0.25 s, a step 0.9 s: the share (6 s) pays for 5 evals of 4 prompts of 20 held
+    plan = plan_budget(p, 60.0, 0.9, 0.25, held_prompts=20)
+    assert plan.group == 4 and plan.auto_iters == 20 and plan.eval_iters == 4 and plan.evals_on_the_way == 3
+    assert plan.eval_s == pytest.approx(5 * 4 * 0.25) and plan.eval_s <= EVAL_SHARE * 60
+    assert plan.steps == int((60 - plan.eval_s) / 0.9)
+    assert "the reward of 4 (of at most 20) held-out prompts x 4 completions each" in plan.describe()
+    assert budget_plan_at(p, 500.0, basis="estimate").steps is None          # the hardware's: no GRPO steps
+    measured = budget_plan_at(p, 500.0, basis="measured")
+    assert measured.steps == int((60 - measured.eval_s) / (p.tokens_per_step() / 500.0))
+    assert measured.auto_iters == GRPO_EVAL_PROMPTS and "held-out prompts" in measured.describe()
+    too_short = plan_budget(p, 3.0, 0.9, 0.25, held_prompts=20)
+    assert too_short.problem and "one held-out prompt's 4 completions take ~0.25 s here" in too_short.problem
