@@ -2,7 +2,9 @@
 held-out prompts' reward, sized from one held-out prompt's rollout the run times before its step-0 eval; its steps
 come from a GRPO run's measured pace or that rollout (the hardware's estimate knows nothing of generation); a run
 killed with kill -9 and resumed goes on against what its checkpoint had left and ends at its budget at min_lr, its
-end line with the held-out reward; `queue add` runs one to its end; a sweep of GRPO trials is one line, exit 2."""
+end line with the held-out reward; `queue add` runs one to its end; a sweep of GRPO trials is one line, exit 2; on
+two processes (DDP, gloo) a run follows the queued one-process run (each rank rolls out its share of the prompts,
+seeded by their place in the step)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from workbench import rundir
 from workbench.config import load_preset_file, resolve_preset
 from workbench.plan.horizon import EVAL_SHARE, GRPO_EVAL_PROMPTS, budget_plan_at, plan_budget
 
-BUDGET = 8.0
+BUDGET = 6.0
 # how far from the budget a run may end (tests/train/test_time_budget.py's OVER: the last eval's estimate and one
 # step; a GRPO step of this size takes 0.1-0.7 s on a loaded 2-core machine)
 OVER = 4.0
@@ -102,7 +104,7 @@ def test_a_budgeted_grpo_run_killed_and_resumed_ends_at_its_budget_at_min_lr_wit
     assert lrs[-1] == min(lrs) and lrs[-1] <= MIN_LR + 0.05 * (LR - MIN_LR), lrs
     # its plan, as the start logged it: the timed rollout, the prompts each eval scores
     log = (d / "train.log").read_text()
-    m = re.search(r"a held-out prompt's rollout \(4 completions\) timed at [\d.e-]+ s: time budget 8s: "
+    m = re.search(rf"a held-out prompt's rollout \(4 completions\) timed at [\d.e-]+ s: time budget {BUDGET:g}s: "
                   r"~\d+ steps by the estimate, warmup (\d+); evals at step 0, (?:at ([\d/]+) % and )?at the end, "
                   r"the reward of (\d+)(?: \(of at most 3\))? held-out prompts? x 4 completions each", log)
     assert m, log[:3000]
@@ -117,12 +119,22 @@ def test_a_budgeted_grpo_run_killed_and_resumed_ends_at_its_budget_at_min_lr_wit
     assert f"finished at step {st.step}, held-out reward {val[-1]['reward']:.4f}" in log
 
 
-def test_a_queued_grpo_run_runs_to_its_end_and_a_grpo_sweep_is_one_line(root):
-    cp = wb("queue", "add", "cpu-small", *args(root, "q", "train.max_iters=3"))
+# two micro-batches of 4 prompts a step (2 a rank on two processes), dapo over every rank's tokens, a frozen reference
+QUEUED = ["train.max_iters=3", "train.batch_size=4", "train.grad_accum=2", "train.grpo_beta=0.04"]
+
+
+@pytest.fixture(scope="module")
+def queued(root) -> Path:
+    """A GRPO run queued with `queue add` and run by `queue run`, to its end."""
+    cp = wb("queue", "add", "cpu-small", *args(root, "q", *QUEUED))
     assert cp.returncode == 0, (cp.stdout, cp.stderr)
     cp = wb("queue", "run", "--runs-dir", str(root / "runs"), timeout=240)
     assert cp.returncode == 0 and "q finished" in cp.stdout, (cp.stdout, cp.stderr)
-    d = root / "runs" / "q"
+    return root / "runs" / "q"
+
+
+def test_a_queued_grpo_run_runs_to_its_end_and_a_grpo_sweep_is_one_line(root, queued):
+    d = queued
     st = rundir.read_status(d)
     assert st.state == "finished" and st.step == 3
     assert [r["step"] for r in rewards(d, "train")] == [1, 2, 3] and [r["step"] for r in rewards(d, "val")] == [0, 3]
@@ -136,8 +148,32 @@ def test_a_queued_grpo_run_runs_to_its_end_and_a_grpo_sweep_is_one_line(root):
     cp = wb("sweep", str(spec), "--runs-dir", str(root / "runs"))
     assert cp.returncode == 2 and cp.stderr.count("\n") == 1, (cp.stdout, cp.stderr)
     assert "whose eval is the held-out prompts' reward, not val_loss" in cp.stderr, cp.stderr
-    queued = json.loads(wb("queue", "ls", "--json", "--runs-dir", str(root / "runs"), check=True).stdout)
-    assert [r["name"] for r in queued["runs"]] == ["q"]          # nothing of the sweep was queued
+    listed = json.loads(wb("queue", "ls", "--json", "--runs-dir", str(root / "runs"), check=True).stdout)
+    assert [r["name"] for r in listed["runs"]] == ["q"]          # nothing of the sweep was queued
+
+
+@pytest.mark.slow
+def test_two_processes_follow_one_process(root, queued):
+    """The same run on two processes (hardware.nproc = 2, DDP on gloo): the same rewards, completion lengths and
+    held-out reward (the same samples), the gradient norms and KL but for the all-reduce's rounding."""
+    cp = wb("train", "cpu-small", *args(root, "two", *QUEUED, "hardware.nproc=2"))
+    assert cp.returncode == 0, (cp.stdout, cp.stderr)
+
+    def records(d: Path, kind: str) -> dict[tuple[int, str], dict]:
+        return {(r["step"], r.get("split", "")): r for r in read_jsonl(d / rundir.METRICS_FILE)
+                if r.get("kind") == kind}
+    one, two = records(queued, "reward"), records(root / "runs" / "two", "reward")
+    assert sorted(one) == sorted(two) and len(one) == 3 + 2             # a train record a step; evals at 0 and 3
+    for k, r in one.items():
+        assert two[k]["reward"] == r["reward"] and two[k]["completion_len"] == r["completion_len"], k
+        if r["kl"] is not None:
+            assert two[k]["kl"] == pytest.approx(r["kl"], rel=1e-4, abs=1e-7), k
+    g1, g2 = records(queued, "train"), records(root / "runs" / "two", "train")
+    assert sorted(g1) == sorted(g2) == [(1, ""), (2, ""), (3, "")]
+    for k, r in g1.items():
+        assert g2[k]["grad_norm"] == pytest.approx(r["grad_norm"], rel=1e-4), k
+    start = next(r for r in read_jsonl(root / "runs" / "two" / rundir.METRICS_FILE) if r.get("event") == "start")
+    assert start["world_size"] == 2
 
 
 def test_a_grpo_budgets_plan_counts_held_out_prompts_and_steps_only_from_a_grpo_runs_pace():

@@ -107,7 +107,7 @@ def test_kill_minus_nine_and_resume_gives_the_same_steps_bit_for_bit(root):
     (("train.grpo_max_new_tokens=32",), "prompts.jsonl", "train.grpo_max_new_tokens = 32 must be < model.seq_len"),
     ((), "empty.jsonl", "has no prompts"),
     (("train.reward=exact:label",), "prompts.jsonl", "compares with the record's 'label' field"),
-    (("hardware.nproc=2",), "prompts.jsonl", "runs in one process for now"),
+    (("hardware.nproc=2", "hardware.shard=true"), "prompts.jsonl", "runs on several processes with DDP, not sharded"),
 ])
 def test_bad_input_is_one_line_and_makes_no_run(root, sets, corpus, said):
     cp = grpo(root, "bad", *sets, corpus=corpus)

@@ -180,9 +180,9 @@ def _objective_rules(p: Preset, bad: Bad) -> None:
         bad(f"train.grpo_max_new_tokens = {t.grpo_max_new_tokens} must be < model.seq_len = {m.seq_len} (a prompt "
             f"and its completion share one window); set train.grpo_max_new_tokens = {max(1, m.seq_len // 2)} "
             f"(--set train.grpo_max_new_tokens={max(1, m.seq_len // 2)})")
-    if objective.samples and h.nproc > 1:  # every rank would roll out the whole batch: not yet split by rank
-        bad(f"train.objective = {t.objective} runs in one process for now; set hardware.nproc = 1 "
-            "(--set hardware.nproc=1)")
+    if objective.samples and h.nproc > 1 and h.shard:  # each rank rolls out its prompts with the whole model
+        bad(f"train.objective = {t.objective} runs on several processes with DDP, not sharded: set "
+            "hardware.shard = false (--set hardware.shard=false) or hardware.nproc = 1")
     if objective.preference or objective.samples:
         if m.dropout > 0:
             bad(f"train.objective = {t.objective} trains without dropout (its reference and the step-0 check need a "

@@ -8,6 +8,14 @@ the reward), and takes one policy-gradient loss a micro-batch (:func:`~workbench
 dapo's count of completion tokens is the whole step's). With ``train.grpo_beta`` > 0 the k3 KL is taken against
 the reference the plan chose: the model with its adapters off (LoRA) or a frozen copy of the starting weights.
 
+**Several processes** (hardware.nproc > 1, DDP): every rank draws the step's prompts (the same epoch order) and rolls
+out its share of each micro-batch's (its ``batch_size / world`` of them), each seeded by its place in the whole step,
+so the rollouts do not depend on the number of ranks (but for the rounding of a batch's logits); a group is one
+prompt's completions, so its advantages stay within a rank; the gradients are all-reduced once a step (the last
+micro-batch), as a loss's. ``dapo`` and ``bnpo`` divide by the completion tokens of every rank (one all-reduce of
+the counts), so each rank's loss is its sum over that total times the ranks (DDP averages): the single process's
+loss and gradient. The logged stats are the mean over ranks of each rank's. Sharded runs (FSDP) are refused.
+
 A reward that fails (raises, returns what is not a finite number, runs past its time limit) stops the run with
 its one line (exit 2); the checkpoints before stay.
 
@@ -24,6 +32,7 @@ With ``train.time_budget`` an eval scores the first of those prompts that fit th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 import torch
@@ -35,6 +44,7 @@ from workbench.reward import parse_reward
 from workbench.reward.prompt_data import PromptData
 from workbench.rundir import RewardRecord
 from workbench.train.build import Built
+from workbench.train.dist import Dist
 from workbench.train.grpo_step import GRPOSettings, GRPOStats, Rollouts, reference_logps, rollout, rollout_loss
 from workbench.train.objective import frozen_copy
 
@@ -97,33 +107,55 @@ class GRPORun:
             return self.reward.score(prompt.text, self.data.tokenizer.decode(ids), prompt.record)
         return one
 
-    def rollouts(self, model: torch.nn.Module, indices: list[int], step: int) -> Rollouts:
+    def rollouts(self, model: torch.nn.Module, indices: list[int], step: int,
+                 places: list[int] | None = None) -> Rollouts:
         r = rollout(model, [self.data.ids[i] for i in indices], self.score(indices), self.settings, self.seed, step,
-                    self.data.stops)
+                    self.data.stops, places)
         model.train()   # sampling put it in eval mode
         return r
 
     def forward_backward(self, built: Built, batches: list[list[int]], step: int,
-                         autocast: contextlib.AbstractContextManager, poison: bool = False) -> torch.Tensor:
-        """One step: the rollouts of every micro-batch's prompts, then each micro-batch's loss forward and
-        backward; their loss, summed (``poison``: a test's non-finite loss)."""
-        r = self.rollouts(built.model, [i for b in batches for i in b], step)
-        tokens = r.mask.sum()
-        rows = len(batches[0]) * self.settings.group
+                         autocast: contextlib.AbstractContextManager, poison: bool = False,
+                         dist: Dist | None = None) -> torch.Tensor:
+        """One step: the rollouts of every micro-batch's prompts (this rank's share of them: ``dist``), then each
+        micro-batch's loss forward and backward; their loss, summed (``poison``: a test's non-finite loss)."""
+        world, rank = (dist.world, dist.rank) if dist is not None and dist.enabled else (1, 0)
+        size = len(batches[0])
+        share = size // world          # (train.batch_size splits over the ranks: plan.settings checks it)
+        # this rank's prompts of each micro-batch, with their place in the step (what seeds their rollouts)
+        mine = [(k * size + rank * share + m, b[rank * share + m]) for k, b in enumerate(batches)
+                for m in range(share)]
+        r = self.rollouts(built.model, [i for _, i in mine], step, [j for j, _ in mine])
+        rows = share * self.settings.group
+        settings, scale = self.settings, 1.0
+        counts = r.mask.view(len(batches), rows, -1).sum((1, 2))          # each micro-batch's completion tokens
+        tokens: torch.Tensor | None = counts.sum()
+        if world > 1 and settings.loss_type in ("dapo", "bnpo"):
+            # over every rank's tokens (the step's, dapo; the micro-batch's, bnpo: its sum over that count is dapo's
+            # formula), times the ranks that DDP's mean divides by
+            counts = dist.sum_(counts.clone())
+            tokens, scale = counts.sum(), float(world)
+            settings = dataclasses.replace(settings, loss_type="dapo")
         loss_sum = torch.zeros((), device=r.inputs.device)
         stats = []
+        ddp = world > 1 and isinstance(built.train_forward, torch.nn.parallel.DistributedDataParallel)
         for k in range(len(batches)):
-            with autocast:
-                loss, st = rollout_loss(built.train_forward, r.rows(k * rows, (k + 1) * rows), self.settings,
-                                        self.reference, tokens=tokens)
-            if poison:
-                loss = loss * float("nan")
-            if self.settings.loss_type != "dapo":   # dapo's sum is over the step's tokens already
-                loss = loss / len(batches)
-            built.scaler.scale(loss).backward()
+            last = k == len(batches) - 1
+            n = counts[k] if self.settings.loss_type == "bnpo" and world > 1 else tokens
+            # DDP all-reduces the gradients once, on the last micro-batch
+            with built.train_forward.no_sync() if ddp and not last else contextlib.nullcontext():
+                with autocast:
+                    loss, st = rollout_loss(built.train_forward, r.rows(k * rows, (k + 1) * rows), settings,
+                                            self.reference, tokens=n)
+                if poison:
+                    loss = loss * float("nan")
+                if self.settings.loss_type != "dapo":   # dapo's sum is over the step's tokens already
+                    loss = loss / len(batches)
+                loss = loss * scale
+                built.scaler.scale(loss).backward()
             loss_sum += loss.detach()
-            stats.append(st)
-        self.pending.append(_mean_stats(stats))
+            stats.append(dataclasses.replace(st, loss=st.loss * scale))
+        self.pending.append(_rank_mean(_mean_stats(stats), dist if world > 1 else None, r.inputs.device))
         return loss_sum
 
     def take(self, step: int, now: float | None = None) -> RewardRecord | None:
@@ -153,6 +185,15 @@ class GRPORun:
         self.last_reward = rec.reward
         return rec, (f"step {step}: held-out reward {rec.reward:.4f} (sd {rec.reward_std:.3f}, {len(held)} prompts "
                      f"x {self.settings.group}, no signal {no_signal:.0%})")
+
+
+def _rank_mean(st: GRPOStats, dist: Dist | None, device: torch.device) -> GRPOStats:
+    """A step's stats, the mean over the ranks of each rank's (one all-reduce; as they are in one process)."""
+    if dist is None:
+        return st
+    names = [k for k in GRPOStats.__dataclass_fields__ if getattr(st, k) is not None]
+    vec = dist.sum_(torch.tensor([float(getattr(st, k)) for k in names], dtype=torch.float64, device=device))
+    return dataclasses.replace(st, **{k: float(v) / dist.world for k, v in zip(names, vec.tolist())})
 
 
 def _mean_stats(stats: list[GRPOStats]) -> GRPOStats:

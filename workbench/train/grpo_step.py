@@ -90,8 +90,10 @@ class Rollouts:
 
 @torch.no_grad()
 def rollout(model: torch.nn.Module, prompts: list[list[int]], score: Score, s: GRPOSettings, seed: int, step: int,
-            stops: frozenset[int]) -> Rollouts:
-    """G completions of each prompt from ``model`` as it is now, scored (``score`` gets them without the stop id)."""
+            stops: frozenset[int], places: list[int] | None = None) -> Rollouts:
+    """G completions of each prompt from ``model`` as it is now, scored (``score`` gets them without the stop id).
+    ``places``: each prompt's place in the step, which seeds it (default its place in ``prompts``; a rank of a
+    several-process run rolls out its share of the step's prompts, seeded where they stand in the whole step)."""
     ctx = model.cfg.seq_len
     keep = ctx - s.max_new_tokens     # prompt tokens that fit beside the longest completion (validated > 0)
     sampling = s.sampling.replace(max_new_tokens=s.max_new_tokens)
@@ -100,7 +102,7 @@ def rollout(model: torch.nn.Module, prompts: list[list[int]], score: Score, s: G
     completions: list[list[int]] = []
     rewards: list[float] = []
     cropped = [list(ids)[-keep:] or [0] for ids in prompts]
-    seeds = [rollout_seed(seed, step, i) for i in range(len(prompts))]
+    seeds = [rollout_seed(seed, step, i) for i in (places if places is not None else range(len(prompts)))]
     sampled = sample_prompts(model, cropped, s.group, sampling, seeds, stops, keep_stop=True)
     for i, (prompt, comps) in enumerate(zip(cropped, sampled)):
         for comp in comps:

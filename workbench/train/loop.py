@@ -203,7 +203,7 @@ class Trainer(BudgetSteps):
         t_data = time.perf_counter()
         batches = [self.sampler.next_batch() for _ in range(t.grad_accum)]
         if self.grpo is not None:  # GRPO: the prompts' rollouts, scored, and one policy-gradient loss (grpo_run)
-            return self.grpo.forward_backward(b, batches, self.state.step, self.autocast, poison)
+            return self.grpo.forward_backward(b, batches, self.state.step, self.autocast, poison, self.dist)
         # masked targets (chat): the loss is the mean over the trained targets of the whole step (every micro-batch
         # and rank: all ranks draw the global batch), so each token weighs the same however ragged the masks are
         per_step = step_targets(batches, self.dist.world)
