@@ -48,7 +48,7 @@ class BudgetSteps(TrainerParts):
         of the step), the first guess the run's own pace replaces."""
         t, b = self.preset.train, self.budget
         one = self.dist.broadcast(self.grpo.time_one_prompt(self.built.model))
-        prompts = t.batch_size * t.grad_accum
+        prompts = t.batch_size * t.grad_accum // self.dist.world   # a rank rolls out its share of the step's
         step_s = 1.0 / b.prior_rate if b.prior_rate else GRPO_STEP_PER_ROLLOUT * one * prompts
         plan = plan_budget(self.preset, b.seconds, step_s, one or None, held_prompts=len(self.grpo.held))
         if plan.eval_iters < 1:  # too short (the CLI refused it unless --yes): one prompt, no eval on the way

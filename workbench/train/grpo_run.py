@@ -14,7 +14,8 @@ so the rollouts do not depend on the number of ranks (but for the rounding of a 
 prompt's completions, so its advantages stay within a rank; the gradients are all-reduced once a step (the last
 micro-batch), as a loss's. ``dapo`` and ``bnpo`` divide by the completion tokens of every rank (one all-reduce of
 the counts), so each rank's loss is its sum over that total times the ranks (DDP averages): the single process's
-loss and gradient. The logged stats are the mean over ranks of each rank's. Sharded runs (FSDP) are refused.
+loss and gradient. The logged stats are the mean over ranks of each rank's; every rank rolls out the held-out
+prompts for the eval (rank 0 records it). Sharded runs (FSDP) are refused.
 
 A reward that fails (raises, returns what is not a finite number, runs past its time limit) stops the run with
 its one line (exit 2); the checkpoints before stay.
