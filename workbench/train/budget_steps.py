@@ -51,6 +51,12 @@ class BudgetSteps(TrainerParts):
         prompts = t.batch_size * t.grad_accum // self.dist.world   # a rank rolls out its share of the step's
         step_s = 1.0 / b.prior_rate if b.prior_rate else GRPO_STEP_PER_ROLLOUT * one * prompts
         plan = plan_budget(self.preset, b.seconds, step_s, one or None, held_prompts=len(self.grpo.held))
+        if not self.grpo.held:  # nothing to score: no evals on the way (the step-0 and last say so)
+            self.budget_plan = dataclasses.replace(plan, eval_iters=1, evals_on_the_way=0)
+            self.horizon = self.horizon.planned(self.budget_plan)
+            self.report.log(f"time budget {b.seconds:g}s: no held-out prompts to score (a prompts file of one prompt),"
+                            " so no evals on the way; the steps by the run's own pace")
+            return
         if plan.eval_iters < 1:  # too short (the CLI refused it unless --yes): one prompt, no eval on the way
             self.report.log(f"warning: {plan.problem}; it goes on with evals of one held-out prompt")
             plan = dataclasses.replace(plan, eval_iters=1, evals_on_the_way=0)
