@@ -79,7 +79,7 @@ def test_a_budget_short_only_by_the_estimate_is_warned_not_refused():
     from workbench.plan.horizon import ESTIMATE_SLACK
     from workbench.plan.report import build_report
     p0 = resolve_preset("cpu-small")
-    tps = build_report(p0, MEASURED_CPU)["tokens_per_s"]
+    tps = build_report(p0, MEASURED_CPU).tokens_per_s
     between = next(s for s in range(1, 120) if budget_plan_at(p0, tps, float(s)).problem
                    and not budget_plan_at(p0, ESTIMATE_SLACK * tps, float(s)).problem)
     check = fit_check(resolve_preset("cpu-small", [f"train.time_budget={between}s"]), MEASURED_CPU)

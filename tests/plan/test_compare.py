@@ -163,16 +163,17 @@ def test_the_124m_config_on_an_h100_reproduces_the_measured_tokens_per_s():
     p = resolve_preset("gpu-8gb", G124)
     h100 = find_gpu("H100")
     given = gpu_report(p, h100, mfu=0.406)
-    assert given["tokens_per_s"] == pytest.approx(467_315, rel=0.10)
-    assert given["tokens_per_s"] == pytest.approx(467_315, rel=0.01)  # the same FLOPs convention and peak
+    assert given.tokens_per_s == pytest.approx(467_315, rel=0.10)
+    assert given.tokens_per_s == pytest.approx(467_315, rel=0.01)  # the same FLOPs convention and peak
     # without --mfu the measurement itself is found: the same model, batch and compile mode on that GPU
     measured = gpu_report(p, h100)
-    assert measured["mfu"]["basis"] == "measured" and measured["tokens_per_s"] == pytest.approx(467_315)
-    assert measured["settings"]["compile_mode"] == "whole model"
+    assert measured.on_gpu and measured.on_gpu.mfu and measured.on_gpu.mfu["basis"] == "measured"
+    assert measured.tokens_per_s == pytest.approx(467_315)
+    assert measured.settings.compile_mode == "whole model"
     # on another GPU: the same MFU, that GPU's peak
     a100 = gpu_report(p, find_gpu("A100 80GB"))
-    assert a100["mfu"]["basis"] == "measured elsewhere"
-    assert a100["tokens_per_s"] == pytest.approx(467_315 * 312 / 989)
+    assert a100.on_gpu and a100.on_gpu.mfu and a100.on_gpu.mfu["basis"] == "measured elsewhere"
+    assert a100.tokens_per_s == pytest.approx(467_315 * 312 / 989)
 
 
 @pytest.mark.parametrize("device_name,table_name", [("NVIDIA H100 80GB HBM3", "H100"),
@@ -182,26 +183,28 @@ def test_this_machines_gpu_gets_the_same_estimate_as_gpu_name(device_name, table
     gpu = find_gpu(table_name)
     here = Machine(gpus=(Gpu(0, device_name, gpu.memory_bytes, None, gpu.compute_capability),))
     p = resolve_preset("gpu-24gb")
-    assert build_report(p, here)["tokens_per_s"] == pytest.approx(gpu_report(p, gpu)["tokens_per_s"])
+    assert build_report(p, here).tokens_per_s == pytest.approx(gpu_report(p, gpu).tokens_per_s)
 
 
 def test_other_setups_scale_the_measurement_compiled_the_same_way():
     p = resolve_preset("gpu-24gb")  # activation checkpointing: compiled per block, like gpu-8gb's measurement
     r = gpu_report(p, find_gpu("4090"))
-    assert r["mfu"]["basis"] == "scaled" and r["settings"]["compile_mode"] == "per block"
+    mfu = r.on_gpu.mfu if r.on_gpu else None
+    assert mfu and mfu["basis"] == "scaled" and r.settings.compile_mode == "per block"
     ref = [m for m in throughput.MEASUREMENTS if m.compile_mode == "per block"][0]
-    expected = ref.mfu(989e12) * (r["params"]["total"] / ref.params) ** throughput.SIZE_EXPONENT
-    assert r["mfu"]["value"] == pytest.approx(expected)
-    assert r["fits"] and r["available"] == 24 * GiB
-    assert r["cost"]["watts"] == 450 and "typical power" in r["cost"]["watts_source"]
+    expected = ref.mfu(989e12) * (r.params["total"] / ref.params) ** throughput.SIZE_EXPONENT
+    assert mfu["value"] == pytest.approx(expected)
+    assert r.fits and r.available == 24 * GiB
+    assert r.cost and r.cost.watts == 450 and "typical power" in (r.cost.watts_source or "")
 
 
 def test_a_gpu_without_bf16_runs_fp16_and_a_mac_gives_mps_two_thirds():
     t4 = gpu_report(resolve_preset("datacenter-80gb"), find_gpu("T4"))
-    assert t4["settings"]["precision"] == "fp16" and t4["settings"]["grad_scaler"] and "no bf16" in t4["gpu_note"]
+    assert t4.settings.precision == "fp16" and t4.settings.grad_scaler and t4.on_gpu
+    assert "no bf16" in t4.on_gpu.note
     mac = gpu_report(resolve_preset("apple-m4pro"), find_gpu("M4 Pro 48GB"))
-    assert mac["settings"]["device"] == "mps" and mac["available"] == int(48 * GiB * 2 / 3)
-    assert mac["tokens_per_s"] and mac["mfu"]["why"].startswith("MPS unmeasured")
+    assert mac.settings.device == "mps" and mac.available == int(48 * GiB * 2 / 3)
+    assert mac.tokens_per_s and mac.on_gpu and mac.on_gpu.mfu and mac.on_gpu.mfu["why"].startswith("MPS unmeasured")
 
 
 # ----------------------------------------------------------------------------- the command

@@ -171,11 +171,11 @@ def test_memory_bf16_checkpointing_and_accumulation():
 def test_time_and_cost():
     p = _tiny(max_iters=100, eval_interval=50, eval_iters=2)
     t = estimate_time(p, tokens_per_s=320.0)
-    assert t["tokens"] == 100 * 2 * 16
-    assert t["train_s"] == pytest.approx(10.0)
-    assert t["eval_s"] == pytest.approx(3 * 2 * 2 * 2 * 16 / (3 * 320.0))
+    assert t.tokens == 100 * 2 * 16
+    assert t.train_s == pytest.approx(10.0)
+    assert t.eval_s == pytest.approx(3 * 2 * 2 * 2 * 16 / (3 * 320.0))
     c = estimate_cost(3600.0, watts=250, usd_per_hour=2.0, usd_per_kwh=0.4)
-    assert c["kwh"] == pytest.approx(0.25) and c["usd"] == pytest.approx(2.1)
+    assert c.kwh == pytest.approx(0.25) and c.usd == pytest.approx(2.1)
 
 
 def _peak_of_timeline(run_steps) -> int:

@@ -56,6 +56,6 @@ def test_the_shipped_presets_are_auto_and_the_estimate_counts_the_same_batches(n
     assert p.train.eval_iters == 0
     n = eval_batches(p)[0]
     fixed = dataclasses.replace(p, train=dataclasses.replace(p.train, eval_iters=n))
-    assert estimate_time(p, 1e4)["eval_s"] == estimate_time(fixed, 1e4)["eval_s"] > 0
-    assert estimate_time(p, 1e4)["eval_s"] < estimate_time(dataclasses.replace(
-        p, train=dataclasses.replace(p.train, eval_iters=n + 1)), 1e4)["eval_s"]
+    assert estimate_time(p, 1e4).eval_s == estimate_time(fixed, 1e4).eval_s > 0
+    assert estimate_time(p, 1e4).eval_s < estimate_time(dataclasses.replace(
+        p, train=dataclasses.replace(p.train, eval_iters=n + 1)), 1e4).eval_s

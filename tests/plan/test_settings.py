@@ -40,7 +40,7 @@ def consumers(preset_name: str, machine: Machine, *overrides: str) -> dict[str, 
     p = resolve_preset(preset_name, list(overrides))
     return {
         "trainer": run_settings(p, machine, world_size=1, steps_done=0, peak=peak).to_dict(),
-        "estimate": report.build_report(p, machine, peak=peak)["settings"],
+        "estimate": report.build_report(p, machine, peak=peak).settings.to_dict(),
         "fit": fit_target(p, "auto", machine, peak)[1].to_dict(),
     }
 

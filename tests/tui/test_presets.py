@@ -299,7 +299,8 @@ def test_a_budgeted_presets_total_tokens_are_what_its_budget_fits():
     h100 = Machine(gpus=(Gpu(0, "NVIDIA H100 80GB HBM3", 80 * 2**30, 79 * 2**30, (9, 0)),), physical_cores=16)
     p = resolve_preset("gpu-8gb", ["train.time_budget=10m"])
     r = build_report(p, h100)
-    steps = estimate_time(p, r["tokens_per_s"])["steps"]
+    assert r.tokens_per_s
+    steps = estimate_time(p, r.tokens_per_s).steps
     assert 0 < steps and int(steps) != p.train.max_iters
     want = f"{si(p.tokens_per_step() * int(steps))} (estimate: ~{int(steps):,} steps in 10m)"
     assert total_tokens(p, r) == want

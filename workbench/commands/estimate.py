@@ -18,6 +18,7 @@ from workbench.machine.rates import Calibration
 from workbench.plan import compare, report
 from workbench.plan import estimate as est
 from workbench.plan.finetune import compare_methods, method_overrides
+from workbench.plan.report import EstimateReport, FinetuneFacts
 from workbench.plan.run_plan import NewRun, plan_new_run
 
 
@@ -141,7 +142,9 @@ def mixture_report(p) -> dict[str, Any] | None:
     return {**mixture_facts(data, p), "lines": mixture_lines(data, p)}
 
 
-def build_report(args) -> dict[str, Any]:
+def build_report(args) -> EstimateReport | dict[str, Any]:
+    """The estimate the flags ask for: a report (this machine, or ``--gpu NAME``), or with ``--compare`` the
+    table of GPUs (``workbench.plan.compare.compare``'s)."""
     _check_flags(args)
     info = detect()
     p = _preset(args, info)
@@ -175,18 +178,19 @@ def build_report(args) -> dict[str, Any]:
         usd_per_hour=bare, usd_per_kwh=args.usd_per_kwh,
         power_limit_w=gpus[0].get("power_limit_w") if gpus else None)
     if peak is not None:  # the matmul rate measured now, and the best one measured here that the estimate used
-        cal = calibration_here(r["settings"]["device"], r["settings"]["precision"])
+        cal = calibration_here(r.settings.device, r.settings.precision)
         if cal is not None:
-            r["calibration"] = cal.to_dict()
-    r["optimizer"] = p.train.optimizer  # muon: Muon's momentum for the hidden matrices, AdamW's for the rest
+            r.calibration = cal.to_dict()
+    r.optimizer = p.train.optimizer  # muon: Muon's momentum for the hidden matrices, AdamW's for the rest
     if p.init is not None:  # which fine-tuning method fits this machine
-        r["init"], r["source"] = p.init, p.source
         m = p.model  # the source's model (plan.finetune), whatever the preset's [model] says
-        r["init_model"] = {k: getattr(m, k) for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                                                      "hidden_dim", "vocab_size", "seq_len")}
-        r["methods"] = compare_methods(est.what_if(p, device=args.device if args.device not in (None, "auto") else None,
-                                                   precision=args.precision
-                                                   if args.precision not in (None, "auto") else None), machine)
+        r.finetune = FinetuneFacts(
+            p.init, p.source,
+            {k: getattr(m, k) for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim",
+                                        "vocab_size", "seq_len")},
+            compare_methods(est.what_if(p, device=args.device if args.device not in (None, "auto") else None,
+                                        precision=args.precision if args.precision not in (None, "auto") else None),
+                            machine))
     return r
 
 
@@ -194,55 +198,56 @@ def _pct(measured: float, estimated: float) -> str:
     return f"{(estimated - measured) / measured * 100:+.0f} %"
 
 
-def print_report(r: dict[str, Any]) -> None:
+def print_report(r: EstimateReport) -> None:
     """`workbench estimate`'s report: the model and setup, the memory at the peak and whether it fits, the
     fine-tuning methods, an earlier run's measurement beside the estimate, and the time, energy and cost."""
     print_setup(r)
     print_memory(r)
     print_fit(r)
-    if r.get("methods"):
-        print_methods(r)
+    if r.finetune and r.finetune.methods:
+        print_methods(r.finetune)
     print_measured(r)
     print_time(r)
 
 
-def print_setup(r: dict[str, Any]) -> None:
+def print_setup(r: EstimateReport) -> None:
     """The GPU it is estimated for, the model's size and FLOPs, and how it runs (settings, batch, savers)."""
-    m, pr = r["memory"], r["params"]
-    if r.get("gpu"):
-        g = r["gpu"]
-        tf = f"{g['bf16']:g} TFLOPS bf16" if g["bf16"] else f"{g['fp16']:g} TFLOPS fp16, no bf16"
-        print(f"as if on {g['name']} (GPU table: {g['memory_gib']:g} GiB, {tf}, {g['fp32']:g} fp32, "
-              f"{g['bandwidth_gbs']:g} GB/s, {g['power_w']:g} W; {g['source']})")
-        if r.get("gpu_note"):
-            print(f"note: {r['gpu_note']}")
+    m, pr = r.memory, r.params
+    if r.on_gpu:
+        g = r.on_gpu.gpu
+        tf = f"{g.bf16:g} TFLOPS bf16" if g.bf16 else f"{g.fp16:g} TFLOPS fp16, no bf16"
+        print(f"as if on {g.name} (GPU table: {g.memory_gib:g} GiB, {tf}, {g.fp32:g} fp32, "
+              f"{g.bandwidth_gbs:g} GB/s, {g.power_w:g} W; {g.source})")
+        if r.on_gpu.note:
+            print(f"note: {r.on_gpu.note}")
     if (objective := objective_spec(m.objective)).preference:
         ref = "no reference" if m.reference == "none" else f"reference: {m.reference} ({m.reference_why})"
         pair = "a pair is two rows a forward; " if objective.rows_per_item == 2 else ""
         print(f"objective {m.objective}: {pair}{ref}")
-    label = r["preset"]
-    if im := r.get("init_model"):  # a fine-tune: the model is its source's, in the source's own shape
-        label += (f" with {r['init']['run']}'s model (dim {im['dim']}, {im['n_layers']} layers, {im['n_heads']}/"
+    label = r.preset
+    if r.finetune:  # a fine-tune: the model is its source's, in the source's own shape
+        im = r.finetune.init_model
+        label += (f" with {r.finetune.init['run']}'s model (dim {im['dim']}, {im['n_layers']} layers, {im['n_heads']}/"
                   f"{im['n_kv_heads']} heads of {im['head_dim']}, MLP {im['hidden_dim']}, vocab {im['vocab_size']:,})")
     print(f"{label}: {millions(pr['total'], '.2f')} parameters (embedding {millions(pr['embedding'], '.2f')}"
           + (", tied" if not pr["lm_head"] else f", lm_head {millions(pr['lm_head'], '.2f')}") + "), "
-          f"{r['flops_per_token'] / 1e6:.4g} MFLOP per token (6N + 12·L·H·Q·T)")
-    masked = " with packed conversations' mask" if r["settings"].get("packed") else ""
-    muon = "Muon + " if r.get("optimizer") == "muon" else ""  # a fine-tune's plan has AdamW (plan/finetune.py)
+          f"{r.flops_per_token / 1e6:.4g} MFLOP per token (6N + 12·L·H·Q·T)")
+    st = r.settings
+    masked = " with packed conversations' mask" if st.packed else ""
+    muon = "Muon + " if r.optimizer == "muon" else ""  # a fine-tune's plan has AdamW (plan/finetune.py)
     print(f"{m.device}, {m.precision}, attention {m.attention}{masked}, activation checkpointing "
           f"{'on' if m.activation_checkpointing else 'off'}, {muon}AdamW {'fused' if m.fused_adamw else 'unfused'}; "
           f"batch {m.batch_size} x seq {m.seq_len} x accum {m.grad_accum} = "
-          f"{r['tokens_per_step']:,} tokens/step")
-    st = r["settings"]
-    loss = f"fused, {st['loss_chunk_tokens']} tokens a chunk" if st["loss_chunk_tokens"] else "plain"
-    print(f"loss {loss}, activation checkpointing {'on' if st['activation_checkpointing'] else 'off'} "
-          f"({st['savers_reason']}); compile {st['compile_mode']} ({st['compile_reason']})")
+          f"{r.tokens_per_step:,} tokens/step")
+    loss = f"fused, {st.loss_chunk_tokens} tokens a chunk" if st.loss_chunk_tokens else "plain"
+    print(f"loss {loss}, activation checkpointing {'on' if st.activation_checkpointing else 'off'} "
+          f"({st.savers_reason}); compile {st.compile_mode} ({st.compile_reason})")
 
 
-def print_memory(r: dict[str, Any]) -> None:
+def print_memory(r: EstimateReport) -> None:
     """The memory at the step's peak, part by part, and per layer by attention kernel."""
-    hb, m = human_bytes, r["memory"]
-    muon = r.get("optimizer") == "muon"
+    hb, m = human_bytes, r.memory
+    muon = r.optimizer == "muon"
     c = m.components
     cast = "bf16/fp16" if m.precision != "fp32" else ""
     lora = m.finetune == "lora"
@@ -282,27 +287,27 @@ def print_memory(r: dict[str, Any]) -> None:
           f"eager (math) attention, {hb(pl['checkpointed'])} with activation checkpointing")
 
 
-def print_fit(r: dict[str, Any]) -> None:
+def print_fit(r: EstimateReport) -> None:
     """Whether it fits the memory here, and what would make it fit."""
-    hb, m = human_bytes, r["memory"]
-    if r["available"]:
-        verdict = {True: "fits", False: "does NOT fit", None: "?"}[r["fits"]]
-        print(f"fit: {verdict}: {hb(m.total)} of {hb(r['available'])} {r['available_what']} "
+    hb, m = human_bytes, r.memory
+    if r.available:
+        verdict = {True: "fits", False: "does NOT fit", None: "?"}[r.fits]
+        print(f"fit: {verdict}: {hb(m.total)} of {hb(r.available)} {r.available_what} "
               f"(keeping {est.HEADROOM:.0%} headroom)")
-        if len(r.get("savers") or []) > 1:
+        if r.savers and len(r.savers) > 1:
             print("  to fit, by estimate (memory savers, cheapest in speed first):")
-            for o in r["savers"]:
+            for o in r.savers:
                 print(f"    --set {' '.join(o['set'])}: {hb(o['total'])}" + (f"; {o['why']}" if o["why"] else ""))
-        elif r.get("suggestion"):
-            print(f"  to fit: {r['suggestion']}")
+        elif r.suggestion:
+            print(f"  to fit: {r.suggestion}")
     else:
-        print(f"fit: no {m.device} device here ({r['device_here']}); the numbers above are for {m.device}")
+        print(f"fit: no {m.device} device here ({r.device_here}); the numbers above are for {m.device}")
 
 
-def print_measured(r: dict[str, Any]) -> None:
+def print_measured(r: EstimateReport) -> None:
     """An earlier run of the preset here: its measured memory beside the estimate."""
-    hb, m = human_bytes, r["memory"]
-    prev = r.get("previous_run")
+    hb, m = human_bytes, r.memory
+    prev = r.previous_run
     if prev and (prev.get("mem_mb") or prev.get("mem_reserved_mb")):
         meas = prev["mem_mb"] * 2**20 if prev.get("mem_mb") else None
         if m.device == "cuda" and meas:
@@ -318,33 +323,33 @@ def print_measured(r: dict[str, Any]) -> None:
                   f"estimated peak {hb(m.total)}, {_pct(meas, m.total)})")
 
 
-def print_time(r: dict[str, Any]) -> None:
+def print_time(r: EstimateReport) -> None:
     """Throughput, the time to the end (or a time budget's steps), energy and cost; or why they are unknown."""
-    m = r["memory"]
-    if r["tokens_per_s"]:
-        t = r["time"]
-        print(f"throughput: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_source']})")
-        if r.get("calibration"):
-            print(f"matmul rate: {Calibration(**r['calibration']).describe()}")
-        if t["budget_s"]:
-            print(f"time budget: {duration(t['budget_s'])}, ~{t['steps']:,.0f} steps ({millions(t['tokens'], ',.1f')} "
-                  f"tokens: train {duration(t['train_s'])} + eval {duration(t['eval_s'])})")
-            if r["budget_warning"]:
-                print(f"warning: {r['budget_warning']}")
+    m = r.memory
+    if r.tokens_per_s:
+        t, cst = r.time, r.cost
+        assert t is not None and cst is not None  # a speed gives both
+        print(f"throughput: {r.tokens_per_s:,.0f} tokens/s ({r.tokens_per_s_source})")
+        if r.calibration:
+            print(f"matmul rate: {Calibration(**r.calibration).describe()}")
+        if t.budget_s:
+            print(f"time budget: {duration(t.budget_s)}, ~{t.steps:,.0f} steps ({millions(t.tokens, ',.1f')} "
+                  f"tokens: train {duration(t.train_s)} + eval {duration(t.eval_s)})")
+            if r.budget_warning:
+                print(f"warning: {r.budget_warning}")
         else:
-            print(f"time to max_iters: {duration(t['total_s'])} ({millions(t['tokens'], ',.1f')} tokens: "
-                  f"train {duration(t['train_s'])} + eval {duration(t['eval_s'])})")
-        cst = r["cost"]
+            print(f"time to max_iters: {duration(t.total_s)} ({millions(t.tokens, ',.1f')} tokens: "
+                  f"train {duration(t.train_s)} + eval {duration(t.eval_s)})")
         parts = []
-        if cst["kwh"] is not None:
-            parts.append(f"energy {cst['kwh']:.3g} kWh at {cst['watts']:g} W ({cst['watts_source']})")
-        if cst["usd"] is not None:
-            parts.append(f"cost ${cst['usd']:,.2f}")
-        elif cst["kwh"] is not None:
+        if cst.kwh is not None:
+            parts.append(f"energy {cst.kwh:.3g} kWh at {cst.watts:g} W ({cst.watts_source})")
+        if cst.usd is not None:
+            parts.append(f"cost ${cst.usd:,.2f}")
+        elif cst.kwh is not None:
             parts.append("cost: give --usd-per-hour or --usd-per-kwh")
         if parts:
             print("; ".join(parts))
-    elif m.device.split(":")[0] in ("cpu", r["device_here"]):
+    elif m.device.split(":")[0] in ("cpu", r.device_here):
         print("throughput: unknown (no previous run of this preset here, and no matmul rate measured on this "
               "machine: leave out --no-calibrate, or give --tokens-per-s)")
     else:
@@ -352,12 +357,12 @@ def print_time(r: dict[str, Any]) -> None:
               "give --tokens-per-s)")
 
 
-def print_methods(r: dict[str, Any]) -> None:
+def print_methods(f: FinetuneFacts) -> None:
     """Full / LoRA / LoRA + activation checkpointing on this machine, and the recommendation."""
-    mt, hb = r["methods"], human_bytes
-    src = (r.get("source") or {}).get("model") or r["init"]["run"]
+    mt, hb = f.methods, human_bytes
+    src = (f.source or {}).get("model") or f.init["run"]
     where = f"{hb(mt['available'])} {mt['available_what']}" if mt["available"] else f"no {mt['device']} here"
-    print(f"\nfine-tuning {src} (from {r['init']['run']} step {r['init']['step']}) on this machine ({mt['device']}, "
+    print(f"\nfine-tuning {src} (from {f.init['run']} step {f.init['step']}) on this machine ({mt['device']}, "
           f"{where}), estimate:")
     rows = [["method", "trained", "weights", "grads + AdamW", "activations", "total", "fits", "checkpoint"]]
     for x in mt["rows"]:
@@ -423,14 +428,17 @@ def print_compare(c: dict[str, Any]) -> None:
 def run(args) -> int:
     r = build_report(args)
     mix = mixture_report(_preset(args, detect()))
-    if mix is not None:
-        r["mixture"] = mix
+    if isinstance(r, EstimateReport):
+        r.mixture = mix
+        out = r.to_dict()
+    else:  # --compare's table
+        out = r if mix is None else r | {"mixture": mix}
     if args.json:
-        print(json.dumps(r, indent=2, default=lambda o: o.to_dict() if hasattr(o, "to_dict") else str(o)))
-    elif args.compare:
-        print_compare(r)
-    else:
+        print(json.dumps(out, indent=2, default=lambda o: o.to_dict() if hasattr(o, "to_dict") else str(o)))
+    elif isinstance(r, EstimateReport):
         print_report(r)
+    else:
+        print_compare(out)
     if mix is not None and not args.json:
         print("\n".join(mix["lines"]))
     return 0

@@ -30,7 +30,7 @@ from workbench.plan import throughput
 from workbench.plan.batch import plan_accumulation, search_batch
 from workbench.plan.flops import count_params
 from workbench.plan.recommend import fitting_savers
-from workbench.plan.report import build_report
+from workbench.plan.report import EstimateReport, OnGpu, build_report
 from workbench.plan.settings import RunSettings, resolve_settings
 
 SORT_KEYS = ("time", "cost")
@@ -108,16 +108,16 @@ def gpu_row(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mfu: 
     m = throughput.mfu_for(p, settings, gpu, given=mfu)
     tps = throughput.tokens_per_s(p, settings, m)
     t = plan_cost.estimate_time(p, tps) if tps and best else None
-    cost = plan_cost.estimate_cost(t["total_s"], gpu.power_w, usd_per_hour, usd_per_kwh) if t else None
+    cost = plan_cost.estimate_cost(t.total_s, gpu.power_w, usd_per_hour, usd_per_kwh) if t else None
     return {
         "gpu": gpu.name, "device": gpu.device, "memory": gpu.memory_bytes, "available": available,
         "estimate": mem.total, "fits": est.fits(mem, available),
         "precision": settings.precision, "compile_mode": settings.compile_mode, "peak_flops": settings.peak_flops,
         "fit_batch": best, "batch_size": batch, "grad_accum": accum, "batch_note": batch_note,
         "mfu": m.value if tps and best else None, "mfu_basis": m.basis, "mfu_why": m.why,
-        "tokens_per_s": tps if best else None, "time_s": t["total_s"] if t else None,
-        "watts": gpu.power_w, "kwh": cost["kwh"] if cost else None,
-        "usd_per_hour": usd_per_hour, "usd": cost["usd"] if cost else None,
+        "tokens_per_s": tps if best else None, "time_s": t.total_s if t else None,
+        "watts": gpu.power_w, "kwh": cost.kwh if cost else None,
+        "usd_per_hour": usd_per_hour, "usd": cost.usd if cost else None,
         "note": note or ("" if tps else f"no {settings.precision} peak for {gpu.name}"),
         "savers": savers,
     }
@@ -125,11 +125,11 @@ def gpu_row(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mfu: 
 
 def gpu_report(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mfu: float | None = None,
                tokens_per_s: float | None = None, watts: float | None = None, usd_per_hour: float | None = None,
-               usd_per_kwh: float | None = None) -> dict[str, Any]:
+               usd_per_kwh: float | None = None) -> EstimateReport:
     """The ``workbench estimate`` report of ``preset`` as if on ``gpu`` (``estimate --gpu NAME``): on
     :func:`machine_with` that GPU, at its dense peak and the MFU of :mod:`workbench.plan.throughput`
-    (or ``mfu``), with its board power for the energy. Adds ``gpu`` (the table's row), ``gpu_note``
-    and ``mfu`` to the report."""
+    (or ``mfu``), with its board power for the energy. Its ``on_gpu`` says the table's row, why the preset
+    changed for it, and the MFU."""
     check_mfu(mfu)
     p, note = on_gpu(preset, gpu, precision)
     machine, settings = gpu_settings(p, gpu)
@@ -141,10 +141,10 @@ def gpu_report(preset: Preset, gpu: GpuSpec, *, precision: str | None = None, mf
     r = build_report(p, machine, device=gpu.device, tokens_per_s=tokens_per_s, peak=gpu_peak(gpu),
                      watts=gpu.power_w if watts is None else watts, usd_per_hour=usd_per_hour,
                      usd_per_kwh=usd_per_kwh)
-    r["tokens_per_s_source"] = source or None
-    if r.get("cost"):
-        r["cost"]["watts_source"] = "given" if watts is not None else f"{gpu.name} typical power, GPU table"
-    r.update(gpu=gpu.to_dict(), gpu_note=note, mfu=m.to_dict() if r["tokens_per_s"] else None)
+    r.tokens_per_s_source = source or None
+    if r.cost:
+        r.cost.watts_source = "given" if watts is not None else f"{gpu.name} typical power, GPU table"
+    r.on_gpu = OnGpu(gpu, note, m.to_dict() if r.tokens_per_s else None)
     return r
 
 

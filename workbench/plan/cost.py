@@ -3,7 +3,9 @@ that time costs in kWh and money. Arithmetic, no torch (memory is :mod:`workbenc
 
 from __future__ import annotations
 
-from typing import TypedDict
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
 
 from workbench.config import ModelConfig, Preset
 from workbench.errors import WorkbenchError
@@ -23,7 +25,8 @@ def eval_seconds(preset: Preset, eval_iters: int, tokens_per_s: float) -> float:
     return 2 * eval_iters * preset.train.batch_size * preset.model.seq_len / (3.0 * tokens_per_s)
 
 
-class TimeEstimate(TypedDict):
+@dataclass(frozen=True)
+class TimeEstimate:
     """A run's time by :func:`estimate_time`, in seconds (``tokens`` and ``steps`` what it trains)."""
     tokens: float
     train_s: float
@@ -32,6 +35,22 @@ class TimeEstimate(TypedDict):
     steps: float
     budget_s: float | None     # train.time_budget, when the preset has one
     one_eval_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class CostEstimate:
+    """Energy and money by :func:`estimate_cost`; ``watts_source`` (where the watts come from) is the report's."""
+    hours: float
+    watts: float | None
+    kwh: float | None
+    usd: float | None
+    watts_source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def estimate_time(preset: Preset, tokens_per_s: float) -> TimeEstimate:
@@ -49,14 +68,14 @@ def estimate_time(preset: Preset, tokens_per_s: float) -> TimeEstimate:
     eval_s = n_evals * one_eval_s
     plan = budget_plan_at(preset, tokens_per_s)
     if plan is None:
-        return {"tokens": float(train_tokens), "train_s": train_s, "eval_s": eval_s, "total_s": train_s + eval_s,
-                "steps": float(t.max_iters), "budget_s": None, "one_eval_s": one_eval_s}
+        return TimeEstimate(tokens=float(train_tokens), train_s=train_s, eval_s=eval_s, total_s=train_s + eval_s,
+                            steps=float(t.max_iters), budget_s=None, one_eval_s=one_eval_s)
     # The budget is the time; the steps are what fits in it at this rate once its evals are paid for: sized to
     # stay within horizon.EVAL_SHARE of it (plan.horizon.plan_budget, the trainer's plan too).
     steps = float(plan.steps or 0)
-    return {"tokens": steps * preset.tokens_per_step(), "train_s": steps * train_s / t.max_iters,
-            "eval_s": plan.eval_s or 0.0, "total_s": plan.seconds, "steps": steps, "budget_s": plan.seconds,
-            "one_eval_s": eval_seconds(preset, plan.eval_iters, tokens_per_s)}
+    return TimeEstimate(tokens=steps * preset.tokens_per_step(), train_s=steps * train_s / t.max_iters,
+                        eval_s=plan.eval_s or 0.0, total_s=plan.seconds, steps=steps, budget_s=plan.seconds,
+                        one_eval_s=eval_seconds(preset, plan.eval_iters, tokens_per_s))
 
 
 def budget_warning(preset: Preset, tokens_per_s: float) -> str:
@@ -68,11 +87,11 @@ def budget_warning(preset: Preset, tokens_per_s: float) -> str:
 
 
 def estimate_cost(seconds: float, watts: float | None = None, usd_per_hour: float | None = None,
-                  usd_per_kwh: float | None = None) -> dict[str, float | None]:
+                  usd_per_kwh: float | None = None) -> CostEstimate:
     """Energy (kWh at ``watts``) and cost: hours x $/hour plus kWh x $/kWh, each when given."""
     hours = seconds / 3600.0
     kwh = (watts * hours / 1000.0) if watts else None
     cost = None
     if usd_per_hour is not None or (usd_per_kwh is not None and kwh is not None):
         cost = (hours * usd_per_hour if usd_per_hour else 0.0) + (kwh * usd_per_kwh if usd_per_kwh and kwh else 0.0)
-    return {"hours": hours, "watts": watts, "kwh": kwh, "usd": cost}
+    return CostEstimate(hours=hours, watts=watts, kwh=kwh, usd=cost)

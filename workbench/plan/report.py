@@ -19,7 +19,8 @@ from workbench.machine.peaks import peak_flops
 from workbench.machine.rates import BUSY_SHARE
 from workbench.plan import cost, throughput
 from workbench.plan import estimate as est
-from workbench.plan.estimate import HEADROOM
+from workbench.plan.cost import CostEstimate, TimeEstimate
+from workbench.plan.estimate import HEADROOM, MemoryEstimate
 from workbench.plan.flops import count_params, flops_per_token, param_breakdown
 from workbench.plan.horizon import EVAL_SHARE, budget_plan_at, budget_too_short_at_best
 from workbench.plan.recommend import fitting_savers, suggest_changes
@@ -93,12 +94,85 @@ def estimated_speed(p: Preset, settings: RunSettings, machine: Machine, device: 
     return None, None, None
 
 
+@dataclass
+class OnGpu:
+    """``estimate --gpu NAME``: the GPU of the table it is estimated on (:func:`workbench.plan.compare.gpu_report`)."""
+    gpu: GpuSpec
+    note: str                     # why the preset changed for it (a precision it lacks), or ""
+    mfu: dict[str, Any] | None    # the MFU it assumes (throughput.Mfu.to_dict()), None when its speed is unknown
+
+
+@dataclass
+class FinetuneFacts:
+    """``estimate --init-from RUN``: the checkpoint it starts from, its model, and the fine-tuning methods."""
+    init: dict[str, Any]          # the preset's init (run, step, ...)
+    source: dict[str, Any] | None  # where that model came from (an import's source), if known
+    init_model: dict[str, int]    # the source's model shape (plan.finetune), whatever the preset's [model] says
+    methods: dict[str, Any]       # plan.finetune.compare_methods: full / LoRA / LoRA + checkpointing here
+
+
+@dataclass
+class EstimateReport:
+    """Everything ``workbench estimate`` prints. :meth:`to_dict` is its JSON (``estimate --json``): the optional
+    fields (None) are left out, but for ``previous_run`` and the speed, which are always said."""
+    preset: str
+    params: dict[str, int]            # parameters by part (flops.param_breakdown) and their total
+    flops_per_token: float
+    tokens_per_step: int
+    settings: RunSettings
+    memory: MemoryEstimate
+    available: int | None             # bytes of memory on the device here; None: unknown, or not this machine's
+    available_what: str
+    fits: bool | None
+    device_here: str
+    suggestion: str | None = None     # when it does not fit a known memory: what to change ...
+    savers: list[dict[str, Any]] | None = None   # ... and every way it would fit (recommend.fitting_savers)
+    previous_run: dict[str, Any] | None = None   # an earlier run of the preset here (a History's answer)
+    tokens_per_s: float | None = None
+    tokens_per_s_source: str | None = None
+    tokens_per_s_basis: str | None = None
+    budget_warning: str = ""
+    time: TimeEstimate | None = None  # with a speed: the time (or a budget's steps), energy and cost
+    cost: CostEstimate | None = None
+    on_gpu: OnGpu | None = None       # estimate --gpu NAME
+    calibration: dict[str, Any] | None = None    # the matmul rate measured now (machine.rates.Calibration)
+    optimizer: str | None = None      # the preset's train.optimizer (the CLI's report)
+    finetune: FinetuneFacts | None = None        # estimate --init-from RUN
+    mixture: dict[str, Any] | None = None        # a mixture of sources: its realized shares
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "preset": self.preset, "params": self.params, "flops_per_token": self.flops_per_token,
+            "tokens_per_step": self.tokens_per_step, "settings": self.settings.to_dict(), "memory": self.memory,
+            "available": self.available, "available_what": self.available_what, "fits": self.fits,
+            "device_here": self.device_here,
+        }
+        if self.savers is not None:
+            d |= {"suggestion": self.suggestion, "savers": self.savers}
+        d |= {"previous_run": self.previous_run, "tokens_per_s": self.tokens_per_s,
+              "tokens_per_s_source": self.tokens_per_s_source, "tokens_per_s_basis": self.tokens_per_s_basis,
+              "budget_warning": self.budget_warning}
+        if self.time is not None:
+            d |= {"time": self.time.to_dict(), "cost": self.cost.to_dict() if self.cost else None}
+        if self.on_gpu is not None:
+            d |= {"gpu": self.on_gpu.gpu.to_dict(), "gpu_note": self.on_gpu.note, "mfu": self.on_gpu.mfu}
+        if self.calibration is not None:
+            d["calibration"] = self.calibration
+        if self.optimizer is not None:
+            d["optimizer"] = self.optimizer
+        if (f := self.finetune) is not None:
+            d |= {"init": f.init, "source": f.source, "init_model": f.init_model, "methods": f.methods}
+        if self.mixture is not None:
+            d["mixture"] = self.mixture
+        return d
+
+
 def build_report(preset: Preset, machine: Machine, *, device: str | None = None, precision: str | None = None,
                  tokens_per_s: float | None = None, history: History | None = None,
                  peak: Callable[[str, str], float | None] | None = None, watts: float | None = None,
                  usd_per_hour: float | None = None, usd_per_kwh: float | None = None,
-                 power_limit_w: float | None = None) -> dict[str, Any]:
-    """Everything ``workbench estimate`` prints, as a JSON-serialisable dict.
+                 power_limit_w: float | None = None) -> EstimateReport:
+    """Everything ``workbench estimate`` prints (:meth:`EstimateReport.to_dict`: as JSON).
 
     ``device`` / ``precision``: estimate another setup than the preset's. ``peak``: measured peak
     FLOP/s for (device, precision) on this machine, for the throughput when no run measured it."""
@@ -117,24 +191,17 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
     kind = settings.device_type
     mem = est.estimate_memory(p, settings=settings)
     avail, what = machine.memory(device) if is_here else (None, "")
-    report: dict[str, Any] = {
-        "preset": p.name,
-        "params": param_breakdown(p.model) | {"total": count_params(p.model)},
-        "flops_per_token": flops_per_token(p.model),
-        "tokens_per_step": p.tokens_per_step(),
-        "settings": settings.to_dict(),
-        "memory": mem,
-        "available": avail, "available_what": what,
-        "fits": est.fits(mem, avail),
-        "device_here": here,
-    }
-    if report["fits"] is False and avail is not None:  # (an unknown size fits neither way)
-        report["suggestion"] = suggest_changes(p, device, avail, machine)
-        report["savers"] = fitting_savers(p, device, avail, machine)
+    report = EstimateReport(
+        preset=p.name, params=param_breakdown(p.model) | {"total": count_params(p.model)},
+        flops_per_token=flops_per_token(p.model), tokens_per_step=p.tokens_per_step(), settings=settings,
+        memory=mem, available=avail, available_what=what, fits=est.fits(mem, avail), device_here=here)
+    if report.fits is False and avail is not None:  # (an unknown size fits neither way)
+        report.suggestion = suggest_changes(p, device, avail, machine)
+        report.savers = fitting_savers(p, device, avail, machine)
 
     # throughput: given > a previous run here > calibration
     prev = history(p, kind) if history else None
-    report["previous_run"] = prev
+    report.previous_run = prev
     tps: float | None
     source: str | None
     basis: str | None
@@ -142,20 +209,19 @@ def build_report(preset: Preset, machine: Machine, *, device: str | None = None,
         tps, source, basis = tokens_per_s, "given with --tokens-per-s", "given"
     else:
         tps, source, basis = estimated_speed(p, settings, machine, device, prev, is_here)
-    report["tokens_per_s"], report["tokens_per_s_source"], report["tokens_per_s_basis"] = tps, source, basis
+    report.tokens_per_s, report.tokens_per_s_source, report.tokens_per_s_basis = tps, source, basis
     # (unknown speed: nothing to say of a budget; the trainer sizes its evals from an eval batch it times)
-    report["budget_warning"] = ""
     if tps:
-        report["time"] = cost.estimate_time(p, tps)
-        report["budget_warning"] = cost.budget_warning(p, tps)
+        report.time = cost.estimate_time(p, tps)
+        report.budget_warning = cost.budget_warning(p, tps)
         watts_src = "given"
         if watts is None:
             if kind == "cuda" and power_limit_w:
                 watts, watts_src = power_limit_w, "GPU power limit (NVML)"
             elif kind == "cpu":
                 watts, watts_src = CPU_WATTS_ASSUMED, "assumed for a CPU; set --watts"
-        report["cost"] = cost.estimate_cost(report["time"]["total_s"], watts, usd_per_hour, usd_per_kwh)
-        report["cost"]["watts_source"] = watts_src if watts else None
+        report.cost = cost.estimate_cost(report.time.total_s, watts, usd_per_hour, usd_per_kwh)
+        report.cost.watts_source = watts_src if watts else None
     return report
 
 
@@ -180,33 +246,33 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None,
     time budget, its plan (horizon.plan_budget: the steps, warmup and evals it buys), and ``budget_problem`` when
     it cannot buy a complete run. ``peak``: as for build_report (a budget's steps need this machine's speed)."""
     r = build_report(preset, machine, history=history, peak=peak)
-    m, avail = r["memory"], r["available"]
+    m, avail = r.memory, r.available
     total = human_bytes(m.total)
-    if r["fits"] is None:
-        where = r["available_what"] or f"this machine has no {m.device} device"
+    if r.fits is None:
+        where = r.available_what or f"this machine has no {m.device} device"
         memory = f"needs ~{total} on {m.device} (estimate); {where}"
     else:
-        memory = (f"{'fits' if r['fits'] else 'does not fit'}: ~{total} of {human_bytes(avail)} "
-                  f"{r['available_what']} (estimate, {HEADROOM:.0%} kept free)")
+        memory = (f"{'fits' if r.fits else 'does not fit'}: ~{total} of {human_bytes(avail)} "
+                  f"{r.available_what} (estimate, {HEADROOM:.0%} kept free)")
     problem = warning = ""
-    if r.get("time") and r["time"]["budget_s"]:
-        plan = budget_plan_at(preset, r["tokens_per_s"], basis=r["tokens_per_s_basis"])
+    if r.time and r.tokens_per_s and r.time.budget_s:
+        plan = budget_plan_at(preset, r.tokens_per_s, basis=r.tokens_per_s_basis)
         assert plan is not None
         problem, warning = plan.problem, plan.warning
-        if problem and not budget_too_short_at_best(preset, r["tokens_per_s"], r["tokens_per_s_basis"]):
+        if problem and not budget_too_short_at_best(preset, r.tokens_per_s, r.tokens_per_s_basis):
             # short by the estimate, not by twice its speed: said, and the run sizes its evals from a timed batch
-            problem, warning = "", (f"{plan.problem} by the estimate ({r['tokens_per_s']:,.0f} tokens/s, "
-                                    f"{r['tokens_per_s_basis']}); the run sizes its evals from an eval batch it times")
-        time = problem or f"{plan.describe()}; at {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_s_basis']})"
+            problem, warning = "", (f"{plan.problem} by the estimate ({r.tokens_per_s:,.0f} tokens/s, "
+                                    f"{r.tokens_per_s_basis}); the run sizes its evals from an eval batch it times")
+        time = problem or f"{plan.describe()}; at {r.tokens_per_s:,.0f} tokens/s ({r.tokens_per_s_basis})"
         if warning:
             time += f"; warning: {warning}"
-    elif r.get("time"):
+    elif r.time and r.tokens_per_s:
         steps = preset.train.max_iters
-        time = (f"~{duration(r['time']['total_s'])} for {steps:,} steps at {r['tokens_per_s']:,.0f} tokens/s "
-                f"({r['tokens_per_s_basis']})")
+        time = (f"~{duration(r.time.total_s)} for {steps:,} steps at {r.tokens_per_s:,.0f} tokens/s "
+                f"({r.tokens_per_s_basis})")
     else:
         time = "time: unknown until this machine's speed is measured (after a first run, or `workbench estimate`)"
         if budget_seconds(preset.train.time_budget):
             time += (f"; the budget's evals are sized to at most {EVAL_SHARE:.0%} of it from an eval batch the run "
                      "times before its step-0 eval")
-    return FitCheck(r["fits"], memory, time, r.get("suggestion", ""), tuple(r.get("savers", ())), problem, warning)
+    return FitCheck(r.fits, memory, time, r.suggestion or "", tuple(r.savers or ()), problem, warning)

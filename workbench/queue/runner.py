@@ -449,6 +449,6 @@ def estimate_need(root: Path, item: Item, info: dict) -> devices_mod.Need:
             plan = plan_new_run(dataclasses.replace(run, overrides=tuple(run.overrides) + ("hardware.nproc=1",)),
                                 root, info)
         report = build_report(plan.preset, Machine.from_info(info))
-        return devices_mod.Need(gpus, report["memory"].total / 2**20)
+        return devices_mod.Need(gpus, report.memory.total / 2**20)
     except (WorkbenchError, OSError, ValueError):
         return devices_mod.Need(1, None)

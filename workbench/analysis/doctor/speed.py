@@ -342,7 +342,7 @@ def _throughput(ctx: Context, causes: list[Finding]) -> Finding | None:
     except WorkbenchError as e:
         ctx.note(f"speed vs the estimate: no estimate ({e})")
         return None
-    expected = r.get("tokens_per_s")
+    expected = r.tokens_per_s
     if not expected:
         ctx.note("speed vs the estimate: no estimate of tokens/s on this device")
         return None
@@ -359,7 +359,7 @@ def _throughput(ctx: Context, causes: list[Finding]) -> Finding | None:
     return Finding("slow", "slow.throughput", "high" if ratio < SLOW_RATIO_HIGH else "medium",
                    f"training runs at {percent(ratio)} of the speed expected on this device",
                    (f"median {num(med)} tokens/s over the last {len(tps)} log records{mfu_text}",
-                    f"expected ~{num(expected)} tokens/s ({r.get('tokens_per_s_source')})"),
+                    f"expected ~{num(expected)} tokens/s ({r.tokens_per_s_source})"),
                    change, dict(first.set) if first else {}, first.command if first else "", step=f.step,
                    also=tuple(c.change for c in causes[1:3]),
                    data={"tokens_per_s": med, "expected_tokens_per_s": expected, "ratio": ratio})

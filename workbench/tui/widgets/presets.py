@@ -41,7 +41,7 @@ from workbench.machine.detect import Machine, detect
 from workbench.plan.compare import compare
 from workbench.plan.estimate import estimate_memory
 from workbench.plan.flops import count_params
-from workbench.plan.report import History, build_report
+from workbench.plan.report import EstimateReport, History, build_report
 from workbench.tui import display
 from workbench.tui.screens.dialogs import NameScreen
 from workbench.tui.widgets.pane import Pane
@@ -59,29 +59,29 @@ def estimate_table(p: Preset, machine_info: dict | None = None, history: History
     try:
         machine = Machine.from_info(machine_info or detect())
         memory = f"{display.human_bytes(estimate_memory(p, machine=machine).total)} (estimate)"
-        r = build_report(p, machine, history=history)
+        r: EstimateReport | None = build_report(p, machine, history=history)
     except WorkbenchError as e:  # e.g. a device this machine does not have
-        memory, r = str(e), {}
+        memory, r = str(e), None
     t.add_row("total tokens", total_tokens(p, r))
     t.add_row("memory", memory)
     if p.hardware.expected_memory_gb:
         t.add_row("sized for", f"{p.hardware.expected_memory_gb:g} GB")
-    if r.get("tokens_per_s"):
-        prev = r.get("previous_run")
-        t.add_row("tokens/s", f"{display.si(r['tokens_per_s'])} "
+    if r and r.tokens_per_s and r.time:
+        prev = r.previous_run
+        t.add_row("tokens/s", f"{display.si(r.tokens_per_s)} "
                               + (f"(measured, {prev['run']})" if prev else "(estimate)"))
-        t.add_row("time", f"{display.duration(r['time']['total_s'])} (evals included)")
+        t.add_row("time", f"{display.duration(r.time.total_s)} (evals included)")
     t.add_row("other GPUs", "ctrl+g")
     return t
 
 
-def total_tokens(p: Preset, report: dict) -> str:
+def total_tokens(p: Preset, report: EstimateReport | None) -> str:
     """The tokens a run of ``p`` trains on: its steps' (max_iters), or with a time budget the steps the estimate
-    fits in it (``report``: build_report's, whose time the box shows too) — max_iters is then only a first
-    guess, which this line showed."""
+    fits in it (``report``: build_report's, whose time the box shows too; None: no estimate) — max_iters is then
+    only a first guess, which this line showed."""
     if not p.train.time_budget:
         return display.si(p.tokens_per_step() * p.train.max_iters)
-    steps = (report.get("time") or {}).get("steps")
+    steps = report.time.steps if report and report.time else None
     if not steps:
         return f"what {p.train.time_budget} trains (speed not known here)"
     return f"{display.si(p.tokens_per_step() * int(steps))} (estimate: ~{int(steps):,} steps in {p.train.time_budget})"
