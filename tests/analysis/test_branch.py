@@ -10,8 +10,17 @@ from tests.support.cli import tiny, wb
 from tests.support.runs import losses, read_jsonl, tree, wait_running
 from workbench import rundir
 from workbench.analysis.lineage import lineage
+from workbench.config import parse_toml
+from workbench.plan.run_plan import branch_toml
 from workbench.rundir import EvalRecord, TrainRecord, current_timeline, read_metrics
 from workbench.tui.rundata import RunData
+
+
+def branch(run_dir: Path, ckpt: dict, root: Path, name: str | None = None) -> Path:
+    """A branch as `workbench resume --checkpoint` makes one: its preset.toml (the parent's, with [parent]) made by
+    the plan, the directory by the run directories' one maker."""
+    data = parse_toml((run_dir / rundir.PRESET_FILE).read_text(encoding="utf-8"), str(run_dir))
+    return rundir.make_branch(run_dir, ckpt, root, branch_toml(run_dir, ckpt, data), name)
 
 
 def train_steps(run_dir: Path) -> list[int]:
@@ -113,7 +122,6 @@ def test_a_crash_after_the_last_checkpoint_leaves_one_timeline_to_readers(tmp_pa
 def test_a_branch_of_a_branch_keeps_the_first_runs_name(tmp_path):
     """p at 40 is p-from-40; that branch at its step 40 again is p-from-40-2, at 40 of p's lineage, never
     p-from-40-from-40 (its [parent] says where it came from); a branch named by the user keeps its name."""
-    from workbench.analysis.lineage import branch
     parent = _finished_run(tmp_path)
     at40 = rundir.select_checkpoint(parent, "40")
     first = branch(parent, at40, tmp_path)
@@ -129,7 +137,7 @@ def test_a_branch_of_a_branch_keeps_the_first_runs_name(tmp_path):
 def test_a_branch_at_a_later_step_of_a_branch_names_the_branch_it_came_from(tmp_path):
     """p-from-20 trained on to 60; its step 40 is not p's step 40: the branch is p-from-20-from-40 (which run, which
     step, all the way back), never p-from-40, which reads as p's own step 40. The Runs pane proposes the same name."""
-    from workbench.analysis.lineage import branch, branch_name
+    from workbench.rundir import branch_name
     parent = _finished_run(tmp_path)
     wb("resume", "p", "--checkpoint", "20", "--runs-dir", str(tmp_path), "--set", "train.max_iters=60", check=True)
     first = tmp_path / "p-from-20"

@@ -19,13 +19,12 @@ from workbench.rundir import (
     RunError,
     TaskRecord,
     append_records,
-    create_run,
     delete_run,
     link_file,
     link_tree,
     list_checkpoints,
+    make_run,
     read_metrics,
-    write_preset,
     write_status,
 )
 
@@ -41,15 +40,29 @@ def _checkpoint(run_dir: Path, step: int) -> dict:
 
 
 def test_a_run_whose_start_fails_leaves_nothing_and_one_that_succeeds_is_a_run(tmp_path):
+    def broken(d: Path) -> str:
+        (d / "half-written").write_text("x")
+        raise ValueError("the start failed")
     with pytest.raises(ValueError):
-        with create_run(tmp_path, "tiny", "broken") as d:
-            (d / "half-written").write_text("x")
-            raise ValueError("the start failed")
+        make_run(tmp_path, "tiny", broken, "broken")
     assert not (tmp_path / "broken").exists()
-    with create_run(tmp_path, "tiny", "ok") as d:
-        write_preset(d, "name = 'tiny'\n")
+
+    def unwritable(d: Path) -> str:
+        raise PermissionError(13, "Permission denied")
+    with pytest.raises(RunError, match=r"cannot write to .*unwritable: Permission denied"):
+        make_run(tmp_path, "tiny", unwritable, "unwritable",
+                 cannot_write=lambda d, e: RunError(f"cannot write to {d}: {e.strerror}"))
+    assert not (tmp_path / "unwritable").exists()
+
+    def fill(d: Path) -> str:
+        assert not (d / PRESET_FILE).exists()  # the preset's file, which makes it a run, is written last
+        (d / "init").mkdir()
+        return "name = 'tiny'\n"
+    d = make_run(tmp_path, "tiny", fill, "ok")
     assert rundir.resolve_run(tmp_path, "ok") == d and (d / PRESET_FILE).read_text() == "name = 'tiny'\n"
     assert [p.name for p in rundir.iter_run_dirs(tmp_path)] == ["ok"]
+    fresh = make_run(tmp_path, "tiny", lambda d: "name = 'tiny'\n")  # no name: <preset>-<time>
+    assert fresh.name.startswith("tiny-2") and (fresh / PRESET_FILE).is_file()
 
 
 def test_a_linked_file_is_the_same_file_and_deleting_one_side_keeps_the_other(tmp_path):

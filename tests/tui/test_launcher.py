@@ -7,7 +7,7 @@ import shutil
 
 from tests.support.runs import losses, wait_until
 from workbench import rundir
-from workbench.analysis.lineage import parent_of
+from workbench.rundir import parent_of
 from workbench.tui import launcher
 
 

@@ -2,7 +2,7 @@
 
 - ``summary``   one run's summary for ``workbench runs`` and the Runs pane
 - ``history``   what earlier runs of a preset measured (tokens/s, memory), for the estimate
-- ``lineage``   which run a run branched or was fine-tuned from, and branching a run at a checkpoint
+- ``lineage``   which runs a run branched from, back to the first (branches are made in rundir)
 - ``report_card`` task scores by step (metrics.jsonl and tasks.jsonl), and one checkpoint's report card
 - ``time_spent``  where a run's wall-clock went: evals and checkpoint saves against the whole
 - ``doctor``    findings on a run (speed, memory, stability, generalization, corpus, chat), each with its fix

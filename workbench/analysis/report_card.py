@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.analysis.lineage import parent_of
 from workbench.config import PresetError, parse_toml
 from workbench.rundir import (
     METRICS_FILE,
@@ -27,6 +26,7 @@ from workbench.rundir import (
     TaskRecord,
     current_timeline,
     last_records,
+    parent_of,
     read_metrics,
 )
 

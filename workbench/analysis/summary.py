@@ -9,7 +9,6 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.analysis.lineage import parent_of
 from workbench.analysis.report_card import latest_headline
 from workbench.analysis.time_spent import latest_time_spent
 from workbench.config import load_preset_file
@@ -28,6 +27,7 @@ from workbench.rundir import (
     iter_run_dirs,
     last_records,
     list_checkpoints,
+    parent_of,
     read_status,
 )
 

@@ -4,7 +4,6 @@ with which preset, is decided by ``workbench.plan.run_plan.plan_resume``; this p
 from __future__ import annotations
 
 from workbench import rundir
-from workbench.analysis.lineage import branch
 from workbench.commands import launch
 from workbench.commands.common import add_run_argument, add_set_option
 from workbench.config import preset_to_toml
@@ -54,7 +53,7 @@ def run(args) -> int:
     check_installed(resolve_settings(p, machine, world_size=topo.nproc * topo.nnodes))
     if plan.branching:
         latest = rundir.select_checkpoint(run_dir, "latest")
-        target = branch(run_dir, ckpt, root, args.name, overrides_applied=plan.data)
+        target = rundir.make_branch(run_dir, ckpt, root, plan.branch_toml(), args.name)
         print(f"{ckpt['name']} is not the latest checkpoint of {run_dir.name} ({latest['name']}): continuing in a "
               f"new run {target.name}, which starts from it; {run_dir.name} is left as it is")
     else:

@@ -19,7 +19,7 @@ from workbench.data.chat_data import check_loss_on, corpus_kind
 from workbench.data.preference import check_corpus_kind
 from workbench.data.tokens import check_chat_template, open_data_corpus, prepare_data
 from workbench.machine.detect import Machine, detect
-from workbench.plan.finetune import finetune_lr_note, link_init
+from workbench.plan.finetune import finetune_lr_note
 from workbench.plan.preference import objective_plan
 from workbench.plan.report import fit_check
 from workbench.plan.run_plan import NewRun, plan_new_run
@@ -114,16 +114,15 @@ def run(args) -> int:
         finally:
             progress.close()
         data.check(p)  # e.g. conversations that fill no row (all dropped as overlong) are bad input too
-    with rundir.create_run(root, p.name, req.name) as run_dir:
-        try:
-            if src is not None:  # the weights it starts from, before preset.toml makes it a run
-                link_init(run_dir, src)
-                if src.lora:  # a LoRA checkpoint's adapters merged into its own starting weights
-                    from workbench.train.checkpoint import save_merged_init  # imports torch
-                    save_merged_init(run_dir, src.run_dir, src.ckpt["step"])
-            rundir.write_preset(run_dir, preset_to_toml(p))
-        except OSError as e:
-            raise rundir.RunError(f"cannot write to {run_dir}: {e.strerror}") from None
+    def fill(run_dir):
+        if src is not None:  # the weights it starts from, before preset.toml makes it a run
+            rundir.start_from(run_dir, src.weights, src.run_dir)
+            if src.lora:  # a LoRA checkpoint's adapters merged into its own starting weights
+                from workbench.train.checkpoint import save_merged_init  # imports torch
+                save_merged_init(run_dir, src.run_dir, src.ckpt["step"])
+        return preset_to_toml(p)
+    run_dir = rundir.make_run(root, p.name, fill, req.name,
+                              cannot_write=lambda d, e: rundir.RunError(f"cannot write to {d}: {e.strerror}"))
     if args.detach:
         pid = launch.start_detached(run_dir, topo=topo)
         print(f"started run {run_dir.name} (pid {pid}); watch it with `workbench runs` or the TUI, "

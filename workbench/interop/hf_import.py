@@ -287,21 +287,26 @@ def import_model(model_dir: Path, root: Path, name: str | None = None, seq_len: 
                  log=print) -> Imported:
     t0 = time.time()
     preset, w, tok, templates = plan_import(model_dir, seq_len, log)
-    with rundir.create_run(root, preset.name, name) as run_dir:
+    params = 0
+
+    def fill(run_dir: Path) -> str:
+        nonlocal params
         preset.data.tokenizer = str(run_dir / tok.FILE)
         log(f"reading {len(w.files)} weight file(s) ({w.kind}) ...")
         sd = read_weights(w, preset.model)
+        params = sum(t.numel() for t in sd.values())
         tok.save(run_dir)
         save_templates(run_dir, templates)
         meta = {"train_loss": None, "val_loss": None, "tokens_seen": 0, "elapsed_s": 0.0, "reason": "import",
                 "preset": preset.name, "best_val_loss": None, "model": vars(preset.model), "world_size": 1,
                 "finetune": "full", "source": preset.source["model"]}
         save_checkpoint(run_dir, 0, sd, {}, TrainerState().to_dict(), meta)
-        rundir.write_preset(run_dir, preset_to_toml(preset))
         rundir.append_records(run_dir / rundir.METRICS_FILE, [rundir.EventRecord(
             event="import", step=0, time=time.time(),
-            data={"source": preset.source["model"], "params": sum(t.numel() for t in sd.values()),
+            data={"source": preset.source["model"], "params": params,
                   "architecture": preset.source["architecture"]})])
         rundir.write_status(run_dir, state="imported", step=0, max_iters=0, error=None, pid=None,
                             source=preset.source["model"])
-    return Imported(run_dir, preset, sum(t.numel() for t in sd.values()), tok, time.time() - t0, templates)
+        return preset_to_toml(preset)  # written last by make_run: the preset's file makes it a run
+    run_dir = rundir.make_run(root, preset.name, fill, name)
+    return Imported(run_dir, preset, params, tok, time.time() - t0, templates)

@@ -7,8 +7,8 @@ context and dropout (``seq_len``, ``dropout``: the weights mean the same with an
 source is refused.
 It records ``[init]`` (run, step) and the source model's ``[source]`` table, and encodes its corpus with
 the source run's tokenizer (``data.tokenizer``). Its directory gets ``init/model.pt`` (a hard link to the
-source checkpoint's weights) and a copy of the tokenizer files, so it keeps working if the source run is
-deleted.
+source checkpoint's weights, :attr:`InitSource.weights`; made by ``workbench.rundir.start_from``) and a copy of
+the tokenizer files, so it keeps working if the source run is deleted.
 
 Methods (``compare_methods``): full fine-tuning (every weight trained: fp32 weights, gradients and AdamW
 states, ~16 bytes a parameter before activations), LoRA (the frozen weights in the training precision,
@@ -28,16 +28,12 @@ from typing import Any
 from workbench.config import Preset, PresetError, load_preset_file, overridden_keys, parse_override, preset_from_dict
 from workbench.config.objectives import PREFERENCE_FAMILY, SFT_FAMILY, objective_spec
 from workbench.data.tokenizer import tokenizer_file
-from workbench.fs import fsync_dir
 from workbench.machine.detect import Machine
 from workbench.plan import estimate as est
 from workbench.rundir import (
     CKPT_MODEL,
-    INIT_DIR,
     PRESET_FILE,
     RunError,
-    copy_tokenizer,
-    link_file,
     resolve_run,
     select_checkpoint,
 )
@@ -61,6 +57,12 @@ class InitSource:
     def lora(self) -> bool:
         """The source checkpoint holds LoRA adapters (its weights are those merged into its own init)."""
         return self.preset.train.finetune == "lora" and self.ckpt.get("reason") != "import"
+
+    @property
+    def weights(self) -> Path | None:
+        """The weights a run started from this source links as its init/model.pt; None for a LoRA source, whose
+        adapters are merged into its own init first (``workbench.train.checkpoint.save_merged_init``)."""
+        return None if self.lora else Path(self.ckpt["path"]) / CKPT_MODEL
 
 
 def parse_init_from(root: Path, spec: str) -> InitSource:
@@ -188,18 +190,6 @@ def finetune_lr_note(train: Any, overrides: list[str]) -> str:
     if rule is None or (rule.max_lr is not None and train.lr != rule.max_lr):
         return ""
     return f" ({rule.said}; --set train.lr to change)"
-
-
-def link_init(run_dir: Path, src: InitSource) -> None:
-    """``run_dir``'s init/model.pt (a hard link to the source checkpoint's weights, or a copy where links
-    are not possible) and its copy of the source's tokenizer files and chat template. A LoRA source's weights must be
-    merged first (the caller writes init/model.pt then; see ``workbench.train.checkpoint``)."""
-    init = Path(run_dir) / INIT_DIR
-    init.mkdir(exist_ok=True)
-    if not src.lora:
-        link_file(Path(src.ckpt["path"]) / CKPT_MODEL, init / CKPT_MODEL)
-        fsync_dir(init)
-    copy_tokenizer(src.run_dir, run_dir)
 
 
 # ----------------------------------------------------------------------------- which method fits

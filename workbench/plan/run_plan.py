@@ -22,6 +22,7 @@ from workbench.config import (
     parse_toml,
     preset_from_dict,
     preset_paths,
+    preset_to_toml,
     resolve_preset,
 )
 from workbench.data.mixture import corpus_arguments, named_source
@@ -194,6 +195,21 @@ class ResumePlan:
     overrides: tuple[str, ...]         # what changes (--set, and --more as train.max_iters)
     branching: bool                    # True: a new run continues ckpt (it is not the latest)
     notes: tuple[str, ...] = field(default=())   # what the caller should tell the user
+
+    def branch_toml(self) -> str:
+        """The preset.toml of the branch this plan makes (``rundir.make_branch``): :func:`branch_toml`."""
+        return branch_toml(self.run_dir, self.ckpt, self.data)
+
+
+def branch_toml(run_dir: Path, ckpt: dict, data: dict) -> str:
+    """A branch's preset.toml: the preset ``data`` it goes on with, and ``[parent]``, the run and step it continues
+    (its lineage)."""
+    data = dict(data, parent={"run": Path(run_dir).name, "step": int(ckpt["step"])})
+    try:
+        preset = preset_from_dict(data, str(Path(run_dir) / rundir.PRESET_FILE), name=data.get("name"))
+    except PresetError as e:
+        raise rundir.RunError(str(e)) from None
+    return preset_to_toml(preset)
 
 
 def model_differences(preset_model: dict, ckpt_model: dict) -> list[str]:

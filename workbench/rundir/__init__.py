@@ -22,7 +22,8 @@ layer, torch nor textual, so the TUI, ``workbench runs`` and your own scripts us
 Summaries that need an estimate live above it (:mod:`workbench.analysis.summary`). Its modules:
 
 - ``names``     every file name of a run directory and of a checkpoint, as constants
-- ``files``     the one writer of run directories: making a run (removed again if its start fails), the
+- ``files``     the one writer of run directories: the one maker of a run (fresh, fine-tune, import, branch,
+                removed again if its start fails), a branch's name and its parent (the lineage), the
                 preset's file, hard links (else copies) of another run's files, the tokenizer's copy, the
                 lock, deleting a run or a checkpoint
 - ``status``    status.json: its one writer and reader, and whether a run's trainer process is alive
@@ -44,15 +45,18 @@ from workbench.fs import read_json
 from workbench.rundir.files import (
     RunError,
     RunLock,
+    branch_name,
     check_deletable,
     copy_tokenizer,
-    create_run,
     delete_checkpoint,
     delete_run,
     link_file,
     link_tree,
-    new_run_dir,
+    make_branch,
+    make_run,
+    parent_of,
     sanitize_run_name,
+    start_from,
     write_preset,
 )
 from workbench.rundir.jsonl import (
@@ -210,15 +214,15 @@ def clean_stale_temporaries(run_dir: Path) -> list[str]:
     return removed
 
 
-__all__ = ["PREFERENCES_FILE", "RATINGS_FILE", "append_feedback", "append_jsonl", "append_records",
-           "best_checkpoint", "CHAT_TEMPLATE_FILE", "check_deletable",
-           "CHECKPOINTS_DIR", "CKPT_META", "CKPT_MODEL", "ckpt_name", "CKPT_OPTIMIZER", "CKPT_PREFIX",
-           "CKPT_TRAINER_STATE", "clean_stale_temporaries", "copy_tokenizer", "create_run", "current_timeline",
-           "delete_checkpoint", "delete_run", "EvalRecord", "EventRecord", "first_event", "INIT_DIR",
-           "is_latest_checkpoint", "iter_run_dirs", "last_records", "LineTail", "link_file", "link_tree",
-           "list_checkpoints", "LIVE_STATES", "LOCK_FILE", "LOG_FILE", "METRICS_FILE", "MetricsTail", "MetricsWriter",
-           "new_run_dir", "NullWriter", "parse_record", "pid_alive", "PRESET_FILE", "process_start_time",
-           "read_jsonl_tail", "read_metrics", "read_status", "Record", "resolve_run", "RunError", "RunLock",
-           "runs_root", "RunStatus", "RunView", "SAMPLES_FILE", "sanitize_run_name", "select_checkpoint", "STATES",
-           "STATUS_FILE", "PreferenceRecord", "RewardRecord", "TaskRecord", "TASKS_FILE", "TEMPLATES_DIR", "TIME_KEYS",
-           "TIMELINE_EVENTS", "TMP_PREFIX", "TOKENIZER_FILES", "TrainRecord", "write_preset", "write_status"]
+__all__ = ["PREFERENCES_FILE", "RATINGS_FILE", "append_feedback", "append_jsonl", "append_records", "best_checkpoint",
+           "branch_name", "CHAT_TEMPLATE_FILE", "check_deletable", "CHECKPOINTS_DIR", "CKPT_META", "CKPT_MODEL",
+           "ckpt_name", "CKPT_OPTIMIZER", "CKPT_PREFIX", "CKPT_TRAINER_STATE", "clean_stale_temporaries",
+           "copy_tokenizer", "current_timeline", "delete_checkpoint", "delete_run", "EvalRecord", "EventRecord",
+           "first_event", "INIT_DIR", "is_latest_checkpoint", "iter_run_dirs", "last_records", "LineTail", "link_file",
+           "link_tree", "list_checkpoints", "LIVE_STATES", "LOCK_FILE", "LOG_FILE", "METRICS_FILE", "MetricsTail",
+           "MetricsWriter", "make_branch", "make_run", "NullWriter", "parent_of", "parse_record", "pid_alive",
+           "PRESET_FILE", "process_start_time", "read_jsonl_tail", "read_metrics", "read_status", "Record",
+           "resolve_run", "RunError", "RunLock", "runs_root", "RunStatus", "RunView", "SAMPLES_FILE",
+           "sanitize_run_name", "select_checkpoint", "start_from", "STATES", "STATUS_FILE", "PreferenceRecord",
+           "RewardRecord", "TaskRecord", "TASKS_FILE", "TEMPLATES_DIR", "TIME_KEYS", "TIMELINE_EVENTS", "TMP_PREFIX",
+           "TOKENIZER_FILES", "TrainRecord", "write_preset", "write_status"]

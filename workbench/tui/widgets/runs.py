@@ -20,7 +20,6 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from workbench.analysis.lineage import branch_name
 from workbench.analysis.report_card import card_lines, report_card
 from workbench.analysis.summary import RunSummary, descendants
 from workbench.config import load_preset_file
@@ -33,6 +32,7 @@ from workbench.rundir import (
     TASKS_FILE,
     RunError,
     best_checkpoint,
+    branch_name,
     check_deletable,
 )
 from workbench.tui import display
