@@ -14,7 +14,7 @@ from workbench.commands.common import (
     add_set_option,
     time_budget_arg,
 )
-from workbench.config import budget_seconds, overridden_keys, preset_to_toml
+from workbench.config import overridden_keys, preset_to_toml
 from workbench.data.chat_data import check_loss_on, corpus_kind
 from workbench.data.preference import check_corpus_kind
 from workbench.data.tokens import check_chat_template, open_data_corpus, prepare_data
@@ -51,7 +51,7 @@ def register(sub) -> None:
 def budget_peak(p):
     """With a time budget, this machine's measured peak for the estimate (the steps a budget buys need the speed;
     the trainer asks the same, so `train`'s first line and the trainer's say one number); None without one."""
-    if not budget_seconds(p.train.time_budget):
+    if not p.train.time_budget_s:
         return None
     from workbench.machine.probe import measured_peak  # imports torch: only where a budget needs the speed
     return measured_peak

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from workbench.config.duration import budget_seconds
 from workbench.config.objectives import (
     DEFAULT_SIMPO_GAMMA,
     GRPO_LOSSES,
@@ -221,6 +222,13 @@ class TrainConfig:
                                        "comma-separated string: attention (wq, wk, wv, wo), mlp (w1, w2, w3), or "
                                        "any of those names (or q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
                                        "down_proj).")
+
+    @property
+    def time_budget_s(self) -> float | None:
+        """``time_budget`` in seconds, None without one: the one reading of the budget (the text stays as the user
+        wrote it, in preset.toml). Checked when the preset is made (validate.py), so it parses here. A property,
+        not a cache: ``vars()`` of this section is saved in checkpoints and must not gain a field."""
+        return budget_seconds(self.time_budget)
 
 
 @dataclass

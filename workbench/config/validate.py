@@ -16,7 +16,7 @@ import re
 from dataclasses import fields
 from typing import Any, Callable, Iterable, NoReturn
 
-from workbench.config.duration import DurationError, budget_seconds
+from workbench.config.duration import DurationError
 from workbench.config.objectives import key_readers, objective_spec
 from workbench.config.schema import SECTIONS, Preset, PresetError
 
@@ -152,7 +152,7 @@ def _data_rules(p: Preset, bad: Bad, user_set: frozenset[str]) -> None:
     except PresetError as e:
         bad(str(e))
     try:
-        budget_seconds(t.time_budget)
+        t.time_budget_s  # parsed to check it (DurationError says how to write one)
     except DurationError as e:
         bad(str(e))
     if "train.loss_on" in user_set and p.data.format == "text":

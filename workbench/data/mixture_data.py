@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from workbench.config import DataConfig, Preset, budget_seconds
+from workbench.config import DataConfig, Preset
 from workbench.data.chat_data import Packing, fill_row, trained_labels
 from workbench.data.chat_prepare import SHARD_CHARS as CHAT_SHARD_CHARS
 from workbench.data.documents import Corpus, CorpusError, open_corpus
@@ -149,7 +149,7 @@ class MixtureData:
         chat = [f"chat: each source's conversations packed into rows of {p.model.seq_len} as one chat corpus is, "
                 f"loss on {p.train.loss_on}, template {self.template.source}; the shares are in rows"] \
             if self.format == "chat" else []
-        if budget_seconds(p.train.time_budget) is not None:  # the trainer re-plans it for the budget's steps
+        if p.train.time_budget_s is not None:  # the trainer re-plans it for the budget's steps
             return chat + [f"mixture of {len(self.names)} sources: planned for the time budget's steps once they "
                            "are estimated (below)"]
         return chat + self.table(self.plan("train", p, p.train.seed))

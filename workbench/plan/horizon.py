@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config import Preset, budget_seconds, eval_share_list
+from workbench.config import Preset, eval_share_list
 from workbench.config.objectives import objective_spec
 from workbench.fmt import duration
 from workbench.plan.evals import eval_batches
@@ -94,7 +94,7 @@ class Horizon:
         """The horizon of a new run of ``p``; ``first_guess``: with a time budget, the step it is estimated to
         end at before any step is timed (default train.max_iters)."""
         t = p.train
-        budget = budget_seconds(t.time_budget)
+        budget = t.time_budget_s
         end = first_guess if budget is not None and first_guess is not None else t.max_iters
         return cls(schedule=t.schedule, lr=t.lr, min_lr=t.min_lr, warmup=t.warmup_iters, end_step=end,
                    decay_fraction=t.decay_fraction, lr_decay_iters=t.lr_decay_iters, budget_s=budget,
@@ -376,7 +376,7 @@ def budget_plan_at(p: Preset, tokens_per_s: float | None, seconds: float | None 
     GRPO: only a speed measured on a GRPO run (``basis``: plan.report's, ``step_measured``) times its step, rollout
     included; its eval's rollout of a held-out prompt is taken as a step's rollout of one of its prompts. The
     hardware's estimate gives no steps (the run times its rollouts as it starts), only the evals' plan."""
-    seconds = budget_seconds(p.train.time_budget) if seconds is None else seconds
+    seconds = p.train.time_budget_s if seconds is None else seconds
     if seconds is None:
         return None
     if samples(p):

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from workbench.config import Preset, budget_seconds
+from workbench.config import Preset
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
 from workbench.machine.detect import Machine
@@ -272,7 +272,7 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None,
                 f"({r.tokens_per_s_basis})")
     else:
         time = "time: unknown until this machine's speed is measured (after a first run, or `workbench estimate`)"
-        if budget_seconds(preset.train.time_budget):
+        if preset.train.time_budget_s:
             time += (f"; the budget's evals are sized to at most {EVAL_SHARE:.0%} of it from an eval batch the run "
                      "times before its step-0 eval")
     return FitCheck(r.fits, memory, time, r.suggestion or "", tuple(r.savers or ()), problem, warning)

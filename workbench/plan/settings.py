@@ -16,7 +16,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from workbench.config import DataConfig, Preset, budget_seconds
+from workbench.config import DataConfig, Preset
 from workbench.config.objectives import objective_spec
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
@@ -280,7 +280,7 @@ def resolve_settings(p: Preset, machine: Machine, *, world_size: int | None = No
         peak_value = machine.peak_flops(device, precision)
     steps = t.max_iters if steps_left is None else steps_left
     eager = eager_seconds(p, steps, peak_value)
-    if (budget := budget_seconds(t.time_budget)) is not None:
+    if (budget := t.time_budget_s) is not None:
         eager = budget  # a budgeted run takes its budget, whatever max_iters says
     want_compile = compile_wanted(h.compile, kind, eager)
     if kind == "cpu" and want_compile and not machine.can_compile_cpu:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from workbench import rundir
-from workbench.config import Preset, budget_seconds, load_preset_file
+from workbench.config import Preset, load_preset_file
 from workbench.config.objectives import SFT, objective_spec
 from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
 from workbench.data.mixture import describe_sources
@@ -86,7 +86,7 @@ def run_horizon(p: Preset, s: RunSettings, machine: Machine, state: TrainerState
     step-0 eval) and the step it is first guessed to end at; the horizon, from the checkpoint's record of it. A
     budget spent already ends the run where it is."""
     budget, guess, plan = None, None, None
-    if (seconds := budget_seconds(p.train.time_budget)) is not None:
+    if (seconds := p.train.time_budget_s) is not None:
         plan, tps = estimated_plan(p, s, machine, max(1.0, seconds - state.budget_spent), runs_dir)
         guess = state.step + max(1, plan.steps) if plan.steps is not None else p.train.max_iters
         budget = Budget(seconds, state.budget_spent, guess, now,
