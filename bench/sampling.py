@@ -27,6 +27,7 @@ def main() -> int:
     t_start = time.perf_counter()
     import torch
 
+    from tests.support.oracles import generate_recomputed
     from workbench.config import resolve_preset
     from workbench.train.generate import generate
     from workbench.train.model import GPT
@@ -37,15 +38,15 @@ def main() -> int:
     if model.num_params() < 50e6:
         torch.set_num_threads(1)  # as `workbench sample` does for small models on CPU
     prompt = torch.randint(0, p.model.vocab_size, (args.prompt_tokens,)).tolist()
-    gen = generate(model, prompt, args.new_tokens, temperature=0, use_cache=True)
+    gen = generate(model, prompt, args.new_tokens, temperature=0)
     next(gen)
     first = time.perf_counter() - t_start
     rest = list(gen)
     t0 = time.perf_counter()
-    fast = list(generate(model, prompt, args.new_tokens, temperature=0, use_cache=True))
+    fast = list(generate(model, prompt, args.new_tokens, temperature=0))
     t_fast = time.perf_counter() - t0
     t0 = time.perf_counter()
-    slow = list(generate(model, prompt, args.new_tokens, temperature=0, use_cache=False))
+    slow = list(generate_recomputed(model, prompt, args.new_tokens, temperature=0))
     t_slow = time.perf_counter() - t0
     first_diff = next((i for i, (a, b) in enumerate(zip(fast, slow)) if a != b), None)
     same = "same tokens" if fast == slow else f"tokens differ at {first_diff}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.config import PresetError, TrainConfig, field_doc, resolve_preset
+from workbench.config import PresetError, TrainConfig, resolve_preset
 from workbench.config.objectives import (
     CHAT,
     KTO,
@@ -31,12 +31,12 @@ def test_the_schema_takes_its_choices_and_defaults_from_the_table():
     train = {f.name: f for f in TrainConfig.__dataclass_fields__.values()}
     assert train["objective"].metadata["choices"] == OBJECTIVE_NAMES == ("sft", "dpo", "simpo", "orpo", "kto", "grpo")
     assert TrainConfig().objective == SFT
-    doc = field_doc("train", "objective")
+    doc = train["objective"].metadata["doc"]
     for name, spec in OBJECTIVES.items():
         assert spec.summary and "\n" not in spec.summary, name
         assert name in doc, name
     # pref_beta's help names each preference objective's default: it must say what the table says
-    beta_doc = field_doc("train", "pref_beta")
+    beta_doc = train["pref_beta"].metadata["doc"]
     for name, spec in OBJECTIVES.items():
         if spec.preference:
             assert f"{name} {spec.default_beta:.1f}" in beta_doc, name
@@ -45,7 +45,7 @@ def test_the_schema_takes_its_choices_and_defaults_from_the_table():
         for key in spec.keys:
             assert key in train, (name, key)
             if key != "pref_beta":   # the family's key ("Preference objectives: ...")
-                assert name in field_doc("train", key), (name, key)
+                assert name in train[key].metadata["doc"], (name, key)
 
 
 def test_every_objective_has_a_loss_data_and_a_reference_rule():

@@ -22,9 +22,9 @@ from workbench.data.chat import (
     Message,
     detect_format,
     offsets_mask,
-    sniff_format,
     special_pieces,
 )
+from workbench.data.chat_data import sniff_kind
 from workbench.data.chat_templates import (
     CHATML_END,
     CHATML_PIECES,
@@ -99,7 +99,7 @@ def test_parquet_reads_as_jsonl_does(tmp_path):
     convs = _read(tmp_path / "chat.parquet")
     assert [_roles(c) for c in convs] == [WANT, [("user", "Hi"), ("assistant", "Hey")]]
     assert convs[1].where.endswith("chat.parquet, row 2")
-    assert sniff_format(expand(str(tmp_path / "chat.parquet"))[0]).name == "messages"
+    assert sniff_kind(expand(str(tmp_path / "chat.parquet"))[0], ChatOptions()) == "chat"
     alpaca = [{"instruction": "Capital of France?", "input": None, "output": "Paris.", "system": "Be brief."}]
     pq.write_table(pa.Table.from_pylist(alpaca), tmp_path / "alpaca.parquet")
     assert [_roles(c) for c in _read(tmp_path / "alpaca.parquet")] == [WANT]
@@ -124,13 +124,13 @@ def test_detect_format_says_which_shape_or_none():
     assert detect_format({"text": "x"}, ChatOptions(messages_field="turns")).field == "turns"
 
 
-def test_sniff_format_reads_one_record_and_tells_text_from_chat(tmp_path):
+def test_sniff_kind_reads_one_record_and_tells_text_from_chat(tmp_path):
     chat = _write(tmp_path / "c.jsonl", [SHAPES["sharegpt"], "not json"])
     text = _write(tmp_path / "t.jsonl", [{"text": "a document"}])
-    (tmp_path / "notes.txt").write_text("plain text\n")
-    assert sniff_format(expand(str(chat))[0]).name == "sharegpt"
-    assert sniff_format(expand(str(text))[0]) is None
-    assert sniff_format(expand(str(tmp_path / "notes.txt"))[0]) is None
+    pairs = _write(tmp_path / "p.jsonl", [{"prompt": "Q?", "chosen": "yes", "rejected": "no"}])
+    assert sniff_kind(expand(str(chat))[0], ChatOptions()) == "chat"
+    assert sniff_kind(expand(str(text))[0], ChatOptions()) == "text"
+    assert sniff_kind(expand(str(pairs))[0], ChatOptions()) == "pairs"
 
 
 BAD = {

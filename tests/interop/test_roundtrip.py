@@ -5,7 +5,6 @@ installed) gives the same next-token argmax on several prompts, with the tokeniz
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import shutil
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from tests.support.hf import FT, VOCAB, cli, transformers
+from tests.support.runs import tree
 from workbench import rundir
 from workbench.cli import main
 from workbench.config import load_preset_file
@@ -177,14 +177,10 @@ def test_gguf_bad_input(name, imported, tmp_path, capsys):
     shutil.copytree(imported / "llama-mha-untied", runs / "m")
     if setup:
         setup(runs / "m")
-
-    def tree() -> dict[str, str]:
-        return {str(p.relative_to(tmp_path)): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in sorted(tmp_path.rglob("*")) if p.is_file()}
-    before = tree()
+    before = tree(tmp_path)
     rc, _out, err = cli(capsys, "export", "m", str(tmp_path / "out"), "--format", "gguf", "--runs-dir", str(runs),
                         *extra)
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and message in lines[0], err
-    assert tree() == before and not (tmp_path / "out").exists()
+    assert tree(tmp_path) == before and not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left

@@ -8,4 +8,6 @@
                child names (``tokens_path``)
 - ``load``     a busy neighbour: processes spinning on every CPU (``cpu_hog``)
 - ``rundirs``  writing a run directory as the trainer would, through the typed records (no torch)
+- ``oracles``  slow plain implementations the fast ones are checked against: generation without a KV cache
+               (``generate_recomputed``), answers' log-probs from full logits (``answer_logps``)
 """

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.support.oracles import generate_recomputed
 from workbench.config import ModelConfig
 from workbench.train.checkpoint import strip_compile_prefix
 from workbench.train.generate import generate
@@ -53,12 +54,12 @@ def test_kv_cache_generation_equals_full_recomputation(n_kv):
     m = GPT(cfg(n_kv_heads=n_kv))
     prompt = [5, 17, 3, 44, 2]
     # 40 new tokens with seq_len 32 also exercises the cache rebuild past the context.
-    fast = list(generate(m, prompt, 20, temperature=0, use_cache=True))
-    slow = list(generate(m, prompt, 20, temperature=0, use_cache=False))
+    fast = list(generate(m, prompt, 20, temperature=0))
+    slow = list(generate_recomputed(m, prompt, 20, temperature=0))
     assert fast == slow
     # Sampling with the same seed agrees too.
-    a = list(generate(m, prompt, 15, temperature=1.0, top_k=10, top_p=0.9, seed=3, use_cache=True))
-    b = list(generate(m, prompt, 15, temperature=1.0, top_k=10, top_p=0.9, seed=3, use_cache=False))
+    a = list(generate(m, prompt, 15, temperature=1.0, top_k=10, top_p=0.9, seed=3))
+    b = list(generate_recomputed(m, prompt, 15, temperature=1.0, top_k=10, top_p=0.9, seed=3))
     assert a == b
 
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.support.oracles import answer_logps
 from workbench.config import ModelConfig
 from workbench.interop.hf_layout import hf_state_dict, model_config, workbench_state_dict
 from workbench.train.model import GPT
 from workbench.train.preference import (
-    answer_logps,
     dpo_loss,
     kto_loss,
     orpo_loss,

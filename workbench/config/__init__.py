@@ -33,7 +33,6 @@ from workbench.config.schema import (
     Preset,
     PresetError,
     TrainConfig,
-    field_doc,
 )
 from workbench.config.validate import (
     chat_role_map,
@@ -45,7 +44,6 @@ from workbench.config.validate import (
 
 __all__ = ["SECTIONS", "DataConfig", "HardwareConfig", "ModelConfig", "Preset", "PresetError", "TimeBudget",
            "TrainConfig", "apply_overrides", "budget_seconds", "chat_role_map", "check_preset_name", "eval_share_list",
-           "field_doc",
            "load_preset_file", "lora_projections", "lora_target_list", "overridden_keys", "parse_override",
            "parse_toml", "preset_from_dict", "preset_paths", "preset_source_path", "preset_to_toml",
            "resolve_preset", "save_user_preset", "shipped_presets_dir", "toml_string", "user_preset_path",

@@ -10,7 +10,7 @@ This module imports neither torch nor textual.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.config.duration import budget_seconds
@@ -371,9 +371,3 @@ class Preset:
         rows = objective_spec(self.train.objective).rows_per_item
         return rows * self.train.batch_size * self.train.grad_accum * self.model.seq_len
 
-
-def field_doc(section: str, key: str) -> str:
-    for f in fields(SECTIONS[section]):
-        if f.name == key:
-            return f.metadata["doc"]
-    raise KeyError(f"{section}.{key}")

@@ -242,18 +242,6 @@ class ChatReader:
         return fmt
 
 
-def sniff_format(src: Source, options: ChatOptions = ChatOptions()) -> ChatFormat | None:
-    """The chat shape of a JSONL or parquet file from its first record, read alone (for ``data.format =
-    "auto"``); None for a text file or records that are not chat."""
-    if src.kind not in ("jsonl", "parquet"):
-        return None
-    try:
-        first = RecordReader(skip_bad=True).first(src)
-    except CorpusError:  # not records (one JSON array, an unreadable file): the text reader says which
-        return None
-    return detect_format(first, options) if first else None
-
-
 # ----------------------------------------------------------------------------- conversations -> tokens
 
 @dataclass(frozen=True)
@@ -375,5 +363,5 @@ def offsets_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -
 
 
 __all__ = ["BadRecord", "ChatEncoder", "ChatFormat", "ChatOptions", "ChatReader", "ChatTokens", "Conversation",
-           "FORMATS", "Message", "ROLES", "ROLE_NAMES", "detect_format", "offsets_mask", "sniff_format",
+           "FORMATS", "Message", "ROLES", "ROLE_NAMES", "detect_format", "offsets_mask",
            "special_pieces"]

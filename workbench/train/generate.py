@@ -46,8 +46,9 @@ def next_probs(logits: torch.Tensor, temperature: float, top_k: int | None, top_
 @torch.no_grad()
 def generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, temperature: float = TEXT.temperature,
              top_k: int | None = TEXT.top_k, top_p: float | None = TEXT.top_p, seed: int | None = TEXT.seed,
-             use_cache: bool = True, autocast_dtype: torch.dtype | None = None) -> Iterator[int]:
-    """Yield new token ids one at a time (the settings' defaults: plan.sampling's, every front's)."""
+             autocast_dtype: torch.dtype | None = None) -> Iterator[int]:
+    """Yield new token ids one at a time (the settings' defaults: plan.sampling's, every front's). Checked against
+    recomputing the whole context for each token (tests/support/oracles.py)."""
     model.eval()
     device = next(model.parameters()).device
     ctx = model.cfg.seq_len
@@ -59,14 +60,6 @@ def generate(model: GPT, prompt_ids: list[int], max_new_tokens: int, temperature
     amp = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
            else torch.autocast(device.type, enabled=False))
     with amp:
-        if not use_cache:
-            for _ in range(max_new_tokens):
-                x = torch.tensor([ids[-ctx:]], device=device)
-                logits, _ = model(x)
-                nxt = int(sample_next(logits[:, -1], temperature, top_k, top_p, gen))
-                ids.append(nxt)
-                yield nxt
-            return
         dtype = next(model.parameters()).dtype if autocast_dtype is None else autocast_dtype
         cache = model.new_cache(1, device, dtype)
         logits, _ = model(torch.tensor([ids], device=device), cache=cache)

@@ -57,13 +57,6 @@ class AnswerLogps:
         return AnswerLogps(self.per_token[index], self.mask[index], self.total[index], self.count[index])
 
 
-def answer_logps(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> AnswerLogps:
-    """Log-probabilities of ``targets`` [B, T] under ``logits`` [B, T, V] (computed in fp32), on ``mask``'s tokens."""
-    m = mask.to(torch.float32)
-    per_token = torch.gather(logits.float().log_softmax(-1), -1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1) * m
-    return AnswerLogps(per_token, m, per_token.sum(-1), m.sum(-1))
-
-
 @dataclass(frozen=True)
 class PreferenceLoss:
     """One batch's loss and what the run logs beside it (per pair / per answer, detached)."""
@@ -149,5 +142,5 @@ def kto_loss(answers: AnswerLogps, ref: torch.Tensor, desirable: torch.Tensor, k
     return PreferenceLoss(losses.mean(), rewards[good], rewards[~good])
 
 
-__all__ = ["AnswerLogps", "LN2", "PreferenceLoss", "answer_logps", "dpo_loss", "kto_loss", "orpo_loss", "sft_term",
+__all__ = ["AnswerLogps", "LN2", "PreferenceLoss", "dpo_loss", "kto_loss", "orpo_loss", "sft_term",
            "simpo_loss"]
