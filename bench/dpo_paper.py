@@ -33,7 +33,8 @@ model's mean reward and sequence KL to the SFT model on held-out prompts, over s
    each scored by the reward; the sequence KL is the mean over those samples of sum_t [log pi(y_t | x, y_<t) -
    log pi_ref(y_t | x, y_<t)] over the completion's tokens, its end-of-turn token included (the paper's
    sequence-level KL(pi || pi_ref), estimated on the policy's own samples). The SFT model is the origin: KL 0.
-   Each run is measured at --points checkpoints (e.g. 2: half-way and the end), so an arm is a curve, not a point.
+   Each run is measured at --points checkpoints (default 3: a third, two thirds and the end), so an arm is a
+   curve, not a point.
 
 Every training run goes through the real CLI in a subprocess (bench/chat_sft.py's `train`; the commands are
 printed at the end); runs finished in --out are kept, so a rerun with more seeds trains only what is new.
@@ -296,21 +297,91 @@ def table(rows: list[tuple[str, list[dict]]]) -> str:
     return "\n".join(lines)
 
 
-def plot(series: list[tuple[str, str, list[tuple[float, float]]]], width: int = 100, height: int = 28) -> str:
-    """Reward (y) against sequence KL (x), one marker a series (each seed's point at each measured checkpoint), as
-    text (plotext, no colours)."""
-    import plotext as plt
-    plt.clear_figure()
-    plt.plotsize(width, height)
-    plt.theme("clear")
-    for label, marker, pts in series:
-        if pts:
-            plt.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
-    plt.xlabel("sequence KL(pi || pi_SFT), nats")
-    plt.ylabel("mean reward")
-    plt.title("reward vs KL on the held-out prompts")
-    text = plt.build()
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+def plot(series: list[tuple[str, str, list[tuple[float, float]]]], width: int = 72, height: int = 22) -> str:
+    """Reward (y) against sequence KL (x) as text: each series' points drawn with its marker (``*`` where two
+    series fall in one cell), the axes' ranges at their ends, a legend below."""
+    pts = [(x, y) for _, _, ps in series for x, y in ps]
+    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
+    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1e-3)
+    grid = [[" "] * width for _ in range(height)]
+    for _, marker, ps in series:
+        for x, y in ps:
+            c = round((x - x0) / (x1 - x0) * (width - 1))
+            r = height - 1 - round((y - y0) / (y1 - y0) * (height - 1))
+            grid[r][c] = marker if grid[r][c] in (" ", marker) else "*"
+    ylab = [f"{y1:+.4f}", f"{(y0 + y1) / 2:+.4f}", f"{y0:+.4f}"]
+    lines = ["mean reward", "        ┌" + "─" * width + "┐"]
+    for r, row in enumerate(grid):
+        lab = ylab[0] if r == 0 else ylab[1] if r == height // 2 else ylab[2] if r == height - 1 else ""
+        lines.append(f"{lab:>8}│" + "".join(row) + "│")
+    lines.append("        └" + "─" * width + "┘")
+    mid = f"{(x0 + x1) / 2:.2f}"
+    left, right = f"{x0:.2f}", f"{x1:.2f}"
+    gap = width - len(left) - len(mid) - len(right)
+    lines.append("         " + left + " " * (gap // 2) + mid + " " * (gap - gap // 2) + right)
+    lines.append(" " * 9 + "sequence KL(pi || pi_SFT), nats".center(width))
+    lines += [f"  {marker}  {label}" for label, marker, _ in series] + ["  *  two of them in one cell"]
+    return "\n".join(lines)
+
+
+def save(out: Path, a: argparse.Namespace, origin: dict, results: dict[str, list[list[dict]]], meta: dict,
+         wall: float) -> None:
+    data = {"origin": origin, "arms": results, "pairs": meta["pairs"], "prompts": meta["prompts_total"],
+            "wall_s": wall, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}}
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(out / "results.json")
+
+
+def interpolate(curve: list[tuple[float, float]], kl: float) -> float | None:
+    """The reward of a (KL, reward) curve at ``kl``, linear between its points; None outside them."""
+    pts = sorted(curve)
+    for (k0, r0), (k1, r1) in zip(pts, pts[1:]):
+        if k0 <= kl <= k1:
+            return r0 if k1 == k0 else r0 + (r1 - r0) * (kl - k0) / (k1 - k0)
+    return None
+
+
+def mean_curve(origin: dict, seeds: list[list[dict]]) -> list[tuple[float, float]]:
+    """An arm's curve: the origin, then each measured checkpoint's (KL, reward), averaged over the seeds."""
+    n = min(len(g) for g in seeds)
+    return [(0.0, origin["reward"])] + [(sum(g[j]["kl"] for g in seeds) / len(seeds),
+                                         sum(g[j]["reward"] for g in seeds) / len(seeds)) for j in range(n)]
+
+
+def report(res: dict) -> None:
+    """The table, the rewards at matched KL, and the plot, from a results.json."""
+    a = argparse.Namespace(**res["args"])
+    origin, results = res["origin"], res["arms"]
+    arms = list(results)
+    seeds_done = sorted({g[0]["seed"] for gs in results.values() for g in gs})
+    print(f"\n{res['pairs']:,} pairs from {res['prompts']:,} prompts x {a.samples} samples; each arm {a.steps} "
+          f"steps, AdamW lr {a.lr:g}, batch {a.batch}; seeds measured: {' '.join(map(str, seeds_done)) or 'none'}; "
+          f"measured on {a.held} held-out prompts x {a.eval_samples} samples (temperature 1, at most {a.max_new} "
+          f"tokens); wall {res['wall_s']:.0f} s ({res['machine']})\n")
+    rows = [("SFT model (the reference, the origin)", [origin])]
+    rows += [(f"+{a.steps} steps: {arm_label(a, arm)}", [g[-1] for g in results[arm]]) for arm in arms]
+    print(table(rows))
+    done = {arm: results[arm] for arm in arms if results[arm]}
+    if "preferred-ft" in done:
+        curves = {arm: mean_curve(origin, gs) for arm, gs in done.items()}
+        others = [arm for arm in arms if arm in done and arm != "preferred-ft"]
+        print("\nreward at matched KL (each arm's seed-mean curve from the origin, linear between its checkpoints; "
+              "- where the arm's curve does not reach that KL):\n")
+        print("| KL (Preferred-FT's checkpoints) | Preferred-FT | " + " | ".join(arm_label(a, x) for x in others)
+              + " |")
+        print("|---|---|" + "---|" * len(others))
+        for kl, r in curves["preferred-ft"][1:]:
+            cells = [interpolate(curves[x], kl) for x in others]
+            print(f"| {kl:.2f} | {r:+.4f} | " + " | ".join("-" if c is None else f"{c:+.4f}" for c in cells) + " |")
+    markers = {arm: m for arm, m in zip(arms, "123456789"[:len(a.betas)] + "NP")}
+    series = [("SFT model", "S", [(origin["kl"], origin["reward"])])]
+    series += [(arm_label(a, arm), markers[arm], mean_curve(origin, results[arm])[1:]) for arm in arms
+               if results[arm]]
+    print(f"\nreward vs KL on the held-out prompts: each arm's checkpoints ({a.points} a run), the mean of its seeds\n")
+    print(plot(series))
 
 
 # ---------------------------------------------------------------------------------------------------- main
@@ -326,12 +397,14 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--eval-samples", type=int, default=4, help="samples a held-out prompt")
     ap.add_argument("--max-new", type=int, default=40, help="the most tokens a completion has")
     ap.add_argument("--steps", type=int, default=150, help="steps of each arm from the SFT checkpoint")
-    ap.add_argument("--points", type=int, default=2, help="checkpoints of each arm measured (evenly spaced)")
-    ap.add_argument("--lr", type=float, default=1e-4, help="each arm's learning rate (AdamW, constant after warmup)")
+    ap.add_argument("--points", type=int, default=3, help="checkpoints of each arm measured (evenly spaced)")
+    ap.add_argument("--lr", type=float, default=2e-4, help="each arm's learning rate (AdamW, constant after warmup)")
     ap.add_argument("--batch", type=int, default=8, help="pairs a step (DPO), or chosen answers (Preferred-FT)")
     ap.add_argument("--betas", type=float, nargs="+", default=[0.05, 0.1, 0.5], help="the DPO arms' betas")
     ap.add_argument("--nll-beta", type=float, default=0.1, help="DPO + NLL's beta")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the arms' train.seed, one run each")
+    ap.add_argument("--report", action="store_true", help="print the table and plot of --out's results.json again "
+                                                          "(what was measured so far), training nothing")
     ap.add_argument("--jobs", type=int, default=1, help="arms trained at once (each a process of one thread)")
     ap.add_argument("--out", type=Path, default=None, help="runs and data here (default: a new temp dir); runs "
                                                            "finished in it are kept")
@@ -344,6 +417,18 @@ def parse() -> argparse.Namespace:
 
 def main() -> int:
     a = parse()
+    if a.report:
+        if a.out is None or not (a.out / "results.json").is_file():
+            raise SystemExit("dpo_paper: --report reads DIR/results.json: give the --out DIR of a bench that ran")
+        res = json.loads((a.out / "results.json").read_text())
+        if "pairs" not in res:  # written by the first version of this bench, which did not keep these
+            meta = json.loads((a.out / "pairs.jsonl.meta.json").read_text())
+            res |= {"pairs": meta["pairs"], "prompts": meta["prompts_total"], "machine": "x86_64, 2 CPUs"}
+            for gs in res["arms"].values():
+                for m in (m for g in gs for m in g):
+                    m.setdefault("seed", int(m["run"].rsplit("-s", 1)[1]))
+        report(res)
+        return 0
     t0 = time.time()
     # one thread a process (the runs inherit it): on a shared CPU two threads of a tiny model wait on each other
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -393,27 +478,14 @@ def main() -> int:
                 continue
             got = [dict(measure(name, step), seed=seed) for step in checkpoint_steps(out / "runs" / name)[-a.points:]]
             results[arm] = sorted([*results[arm], got], key=lambda g: g[0]["seed"])
+            save(out, a, origin, results, meta, time.time() - t0)   # a bench stopped early keeps what it measured
             print("    " + name + ": " + "; ".join(f"step {m['step']}: reward {m['reward']:+.4f}, KL {m['kl']:.2f}"
                                                for m in got), flush=True)
-    rows = [("SFT model (the reference, the origin)", [origin])]
-    rows += [(f"+{a.steps} steps: {arm_label(a, arm)}", [g[-1] for g in results[arm]]) for arm in arms]
-    markers = {arm: m for arm, m in zip(arms, "123456789"[:len(a.betas)] + "NP")}
-    series = [("SFT model", "S", [(origin["kl"], origin["reward"])])]
-    series += [(arm_label(a, arm), markers[arm], [(m["kl"], m["reward"]) for g in results[arm] for m in g])
-               for arm in arms]
-    wall = time.time() - t0
-    print(f"\n{meta['pairs']:,} pairs from {meta['prompts_total']:,} prompts x {a.samples} samples; each arm "
-          f"{a.steps} steps, AdamW lr {a.lr:g}, batch {a.batch}; seeds {' '.join(map(str, a.seeds))}; measured on "
-          f"{a.held} held-out prompts x {a.eval_samples} samples (temperature 1, at most {a.max_new} tokens)\n")
-    print(table(rows))
-    print()
-    print(plot(series))
-    print(f"\nwall {wall:.0f} s on {platform.machine()}, {os.cpu_count()} CPUs; commands:")
+    save(out, a, origin, results, meta, time.time() - t0)
+    report(json.loads((out / "results.json").read_text()))
+    print("\ncommands:")
     for c in chat_sft.COMMANDS:
         print("  " + c)
-    (out / "results.json").write_text(json.dumps({"origin": origin, "arms": results, "wall_s": wall,
-                                                  "args": {k: (str(v) if isinstance(v, Path) else v)
-                                                           for k, v in vars(a).items()}}, indent=1))
     return 0
 
 
