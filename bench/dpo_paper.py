@@ -189,16 +189,26 @@ def make_pairs(out: Path, a: argparse.Namespace, paths: dict[str, Path]) -> tupl
     return pairs, chosen, meta
 
 
+def arm_lr(a: argparse.Namespace, arm: str) -> float:
+    """An arm's learning rate: --lr, or a Preferred-FT arm's own (--pft-lr: ``preferred-ft-lrX``)."""
+    return float(arm.rsplit("-lr", 1)[1]) if arm.startswith("preferred-ft-lr") else a.lr
+
+
+def run_name(a: argparse.Namespace, arm: str, seed: int) -> str:
+    return f"{arm.split('-lr')[0]}-n{a.steps}-lr{arm_lr(a, arm):g}-bs{a.batch}-s{seed}"
+
+
 def arm_sets(a: argparse.Namespace, arm: str, seed: int) -> tuple[str, list[str]]:
-    """An arm's corpus key and its --set (every arm the same schedule, batch and seed)."""
-    common = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", f"train.lr={a.lr:g}",
-              f"train.min_lr={a.lr:g}", f"train.warmup_iters={max(1, a.steps // 10)}", f"train.max_iters={a.steps}",
+    """An arm's corpus key and its --set (every arm the same schedule, batch and seed; its own learning rate)."""
+    lr = arm_lr(a, arm)
+    common = [*chat_sft.COMMON, "train.optimizer=adamw", "train.schedule=cosine", f"train.lr={lr:g}",
+              f"train.min_lr={lr:g}", f"train.warmup_iters={max(1, a.steps // 10)}", f"train.max_iters={a.steps}",
               f"train.eval_interval={a.steps}", f"train.ckpt_interval={max(1, a.steps // a.points)}",
               f"train.keep_last={a.points + 1}", f"train.batch_size={a.batch}", "train.log_interval=25",
               f"train.seed={seed}"]
     if arm.startswith("dpo-b"):
         return "pairs", [*common, "train.objective=dpo", f"train.pref_beta={float(arm[5:]):g}"]
-    _, corpus, sets = ARMS[arm]
+    _, corpus, sets = ARMS[arm.split("-lr")[0]]
     beta = [f"train.pref_beta={a.nll_beta:g}"] if arm == "dpo-nll" else []
     return corpus, [*common, *sets, *beta]
 
@@ -206,6 +216,8 @@ def arm_sets(a: argparse.Namespace, arm: str, seed: int) -> tuple[str, list[str]
 def arm_label(a: argparse.Namespace, arm: str) -> str:
     if arm.startswith("dpo-b"):
         return f"DPO beta {float(arm[5:]):g}"
+    if arm.startswith("preferred-ft-lr"):
+        return f"{ARMS['preferred-ft'][0]}, lr {arm_lr(a, arm):g}"
     return ARMS[arm][0] + (f", beta {a.nll_beta:g}" if arm == "dpo-nll" else "")
 
 
@@ -325,10 +337,27 @@ def plot(series: list[tuple[str, str, list[tuple[float, float]]]], width: int = 
     return "\n".join(lines)
 
 
+def measured_before(out: Path, a: argparse.Namespace) -> dict[str, list[dict]]:
+    """The measurements an earlier bench in --out saved (results.json), by run name ("sft": the origin), if it
+    measured the same way (the same held-out prompts, samples, length and checkpoints a run): a rerun that adds
+    arms or seeds measures only the new runs. (Each measurement is seeded: measuring again gives the same.)"""
+    f = out / "results.json"
+    if not f.is_file():
+        return {}
+    old = json.loads(f.read_text())
+    if any(old["args"].get(k) != getattr(a, k) for k in ("held", "eval_samples", "max_new", "points", "tiny")):
+        return {}
+    found = {"sft": [old["origin"]], "wall": [{"s": old["wall_s"] + old.get("earlier_wall_s", 0.0)}]}
+    for gs in old["arms"].values():
+        for g in gs:
+            found[g[0]["run"]] = [dict(m, seed=int(m["run"].rsplit("-s", 1)[1])) for m in g]
+    return found
+
+
 def save(out: Path, a: argparse.Namespace, origin: dict, results: dict[str, list[list[dict]]], meta: dict,
-         wall: float) -> None:
+         wall: float, earlier: float = 0.0) -> None:
     data = {"origin": origin, "arms": results, "pairs": meta["pairs"], "prompts": meta["prompts_total"],
-            "wall_s": wall, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "wall_s": wall, "earlier_wall_s": earlier, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}}
     tmp = out / "results.json.tmp"
     tmp.write_text(json.dumps(data, indent=1))
@@ -360,23 +389,29 @@ def report(res: dict) -> None:
     print(f"\n{res['pairs']:,} pairs from {res['prompts']:,} prompts x {a.samples} samples; each arm {a.steps} "
           f"steps, AdamW lr {a.lr:g}, batch {a.batch}; seeds measured: {' '.join(map(str, seeds_done)) or 'none'}; "
           f"measured on {a.held} held-out prompts x {a.eval_samples} samples (temperature 1, at most {a.max_new} "
-          f"tokens); wall {res['wall_s']:.0f} s ({res['machine']})\n")
+          f"tokens); wall {res['wall_s']:.0f} s"
+          + (f" (and {res['earlier_wall_s']:.0f} s of earlier runs in this --out)" if res.get("earlier_wall_s") else "")
+          + f" ({res['machine']})\n")
     rows = [("SFT model (the reference, the origin)", [origin])]
     rows += [(f"+{a.steps} steps: {arm_label(a, arm)}", [g[-1] for g in results[arm]]) for arm in arms]
     print(table(rows))
     done = {arm: results[arm] for arm in arms if results[arm]}
-    if "preferred-ft" in done:
+    pft = [arm for arm in done if arm.startswith("preferred-ft")]
+    if pft:
         curves = {arm: mean_curve(origin, gs) for arm, gs in done.items()}
-        others = [arm for arm in arms if arm in done and arm != "preferred-ft"]
-        print("\nreward at matched KL (each arm's seed-mean curve from the origin, linear between its checkpoints; "
-              "- where the arm's curve does not reach that KL):\n")
-        print("| KL (Preferred-FT's checkpoints) | Preferred-FT | " + " | ".join(arm_label(a, x) for x in others)
-              + " |")
-        print("|---|---|" + "---|" * len(others))
-        for kl, r in curves["preferred-ft"][1:]:
-            cells = [interpolate(curves[x], kl) for x in others]
-            print(f"| {kl:.2f} | {r:+.4f} | " + " | ".join("-" if c is None else f"{c:+.4f}" for c in cells) + " |")
-    markers = {arm: m for arm, m in zip(arms, "123456789"[:len(a.betas)] + "NP")}
+        others = [arm for arm in done if not arm.startswith("preferred-ft")]
+        print("\nreward at matched KL: at each Preferred-FT checkpoint's KL (seed means), each other arm's reward "
+              "there (its seed-mean curve from the origin, linear between its checkpoints; - where the arm's curve "
+              "does not reach that KL):\n")
+        print("| Preferred-FT checkpoint | KL | its reward | " + " | ".join(arm_label(a, x) for x in others) + " |")
+        print("|---|---|---|" + "---|" * len(others))
+        for arm in pft:
+            steps = [m["step"] for m in done[arm][0]]
+            for step, (kl, r) in zip(steps, curves[arm][1:]):
+                cells = [interpolate(curves[x], kl) for x in others]
+                print(f"| lr {arm_lr(a, arm):g}, step {step} | {kl:.2f} | {r:+.4f} | "
+                      + " | ".join("-" if c is None else f"{c:+.4f}" for c in cells) + " |")
+    markers = {arm: m for arm, m in zip(arms, "123456789"[:len(a.betas)] + "NPFGH")}
     series = [("SFT model", "S", [(origin["kl"], origin["reward"])])]
     series += [(arm_label(a, arm), markers[arm], mean_curve(origin, results[arm])[1:]) for arm in arms
                if results[arm]]
@@ -401,6 +436,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=2e-4, help="each arm's learning rate (AdamW, constant after warmup)")
     ap.add_argument("--batch", type=int, default=8, help="pairs a step (DPO), or chosen answers (Preferred-FT)")
     ap.add_argument("--betas", type=float, nargs="+", default=[0.05, 0.1, 0.5], help="the DPO arms' betas")
+    ap.add_argument("--pft-lr", type=float, nargs="*", default=[1e-3],
+                    help="more Preferred-FT arms at these learning rates (SFT moves slower in KL than DPO at one "
+                         "rate: a higher one reaches the KL the DPO arms do)")
     ap.add_argument("--nll-beta", type=float, default=0.1, help="DPO + NLL's beta")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the arms' train.seed, one run each")
     ap.add_argument("--report", action="store_true", help="print the table and plot of --out's results.json again "
@@ -411,7 +449,7 @@ def parse() -> argparse.Namespace:
     a = ap.parse_args()
     if a.tiny:
         a.pretrain, a.sft, a.prompts, a.held, a.eval_samples, a.max_new, a.steps, a.points = 0, 30, 16, 8, 2, 12, 4, 1
-        a.betas, a.seeds = [0.1], [0]
+        a.betas, a.seeds, a.pft_lr = [0.1], [0], []
     return a
 
 
@@ -449,16 +487,19 @@ def main() -> int:
                                                     *([] if a.pretrain else [*shape, "data.chat_template=chatml"])],
                    init_from=f"pre{a.pretrain}" if a.pretrain else None)
     measure = Measure(out, a, paths)
-    origin = measure("sft")
+    kept = measured_before(out, a)
+    origin = kept.get("sft", [None])[0] or measure("sft")
+    earlier = kept.get("wall", [{"s": 0.0}])[0]["s"]   # the earlier benches' wall time in this --out
     print(f"SFT model on the held-out prompts: mean reward {origin['reward']:+.4f}, KL to itself {origin['kl']:.6f}, "
           f"{100 * origin['hit']:.0f} % of replies with a lexicon word, {origin['len']:.1f} tokens a reply",
           flush=True)
     _, _, meta = make_pairs(out, a, paths)
     corpora = {"pairs": str(out / "pairs.jsonl"), "chosen": str(out / "chosen.jsonl")}
-    arms = [f"dpo-b{b:g}" for b in a.betas] + ["dpo-nll", "preferred-ft"]
+    arms = [f"dpo-b{b:g}" for b in a.betas] + ["dpo-nll", "preferred-ft"] + [f"preferred-ft-lr{x:g}"
+                                                                          for x in a.pft_lr]
     results: dict[str, list[list[dict]]] = {arm: [] for arm in arms}   # arm: each seed's measured checkpoints
     # seed-major: a bench stopped early has every arm at the first seeds (runs finished in --out are kept)
-    runs = [(f"{arm}-n{a.steps}-lr{a.lr:g}-bs{a.batch}-s{seed}", arm, seed) for seed in a.seeds for arm in arms]
+    runs = [(run_name(a, arm, seed), arm, seed) for seed in a.seeds for arm in arms]
 
     def train(run: tuple[str, str, int]) -> str | None:
         name, arm, seed = run
@@ -476,12 +517,13 @@ def main() -> int:
             if (failed := fut.result()) is not None:
                 print(f"    {name}: failed: {failed}", flush=True)
                 continue
-            got = [dict(measure(name, step), seed=seed) for step in checkpoint_steps(out / "runs" / name)[-a.points:]]
+            got = kept.get(name) or [dict(measure(name, step), seed=seed)
+                                     for step in checkpoint_steps(out / "runs" / name)[-a.points:]]
             results[arm] = sorted([*results[arm], got], key=lambda g: g[0]["seed"])
-            save(out, a, origin, results, meta, time.time() - t0)   # a bench stopped early keeps what it measured
+            save(out, a, origin, results, meta, time.time() - t0, earlier)   # a bench stopped early keeps it
             print("    " + name + ": " + "; ".join(f"step {m['step']}: reward {m['reward']:+.4f}, KL {m['kl']:.2f}"
                                                for m in got), flush=True)
-    save(out, a, origin, results, meta, time.time() - t0)
+    save(out, a, origin, results, meta, time.time() - t0, earlier)
     report(json.loads((out / "results.json").read_text()))
     print("\ncommands:")
     for c in chat_sft.COMMANDS:
