@@ -22,8 +22,11 @@ def test_the_tiny_bench_measures_every_arm(tmp_path):
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
     out = cp.stdout
     assert "| model | seeds | mean reward (± sd over seeds) | sequence KL to SFT, nats (± sd) |" in out
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in out.splitlines()
-            if line.startswith("| ") and not line.startswith("| model")}
+    lines = out.splitlines()
+    first = lines.index(next(ln for ln in lines if ln.startswith("| model")))
+    table = [ln for ln in lines[first + 2:] if ln.startswith("| ")][:4]     # the table's rows, its header left out
+    assert lines[first + 2:first + 6] == table                                 # ... which are the four lines after it
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table}
     labels = list(rows)
     assert labels[0] == "SFT model (the reference, the origin)"
     assert [lb.split(": ", 1)[1] for lb in labels[1:]] == [
@@ -33,7 +36,11 @@ def test_the_tiny_bench_measures_every_arm(tmp_path):
         reward, kl = float(cells[1].split(" ± ")[0]), float(cells[2].split(" ± ")[0])
         assert -1 <= reward <= 1 and kl == kl                         # the lexicon's range; a number
     assert float(rows[labels[0]][2].split(" ± ")[0]) == 0.0          # the SFT model's KL to itself
+    # the matched-KL table: Preferred-FT's one checkpoint (its KL and reward), the two DPO arms' rewards there
+    matched = [ln.split("|")[1:-1] for ln in lines if ln.startswith("| lr 0.0002, step 4 |")]
+    assert len(matched) == 1 and len(matched[0]) == 5, matched
     assert "reward vs KL on the held-out prompts" in out and "sequence KL(pi || pi_SFT), nats" in out
+    assert "  P  Preferred-FT (SFT on the chosen samples)" in out                # the plot's legend
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["origin"]["kl"] == 0.0
     assert all(len(res["arms"][arm]) == 1 for arm in res["arms"])
