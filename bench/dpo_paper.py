@@ -3,9 +3,10 @@ the SFT model's own samples (4 a prompt, every pair with different rewards: up t
 programmatic reward; DPO at several betas against SFT on the chosen samples ("Preferred-FT") and DPO + NLL; each
 model's mean reward and sequence KL to the SFT model on held-out prompts, over seeds, as a table and a plot.
 
-    python bench/dpo_paper.py --out DIR                      # the full bench (docs/performance/dpo-paper.md)
+    python bench/dpo_paper.py --out DIR --jobs 2             # the full bench (docs/performance/dpo-paper.md)
     python bench/dpo_paper.py --out DIR --seeds 0            # one seed
-    python bench/dpo_paper.py --tiny --out DIR               # the smoke test's toy scale (~1 minute)
+    python bench/dpo_paper.py --out DIR --report             # the table and plot of DIR/results.json again
+    python bench/dpo_paper.py --tiny --out DIR               # the smoke test's toy scale (~25 s of CPU)
 
 1. **The SFT model.** A small GPT (cpu-small's shape cut to 128 wide, 4 layers, a 2,048-token vocabulary: MODEL)
    pretrained --pretrain steps on the built-in corpus (Python's documentation and standard-library sources, its
@@ -25,8 +26,10 @@ model's mean reward and sequence KL to the SFT model on held-out prompts, over s
 4. **The arms**, each --steps steps from the SFT checkpoint, the same learning rate, batch (--batch pairs, or
    chosen answers for SFT) and seed: DPO at each --betas (train.objective = dpo, train.pref_beta), DPO + NLL
    (train.pref_sft_weight = 1: an SFT term on the chosen answers, at --nll-beta), and Preferred-FT (SFT on the
-   pairs' chosen answers, one a row: the examples the pair arms see, without the rejected halves). One run per
-   arm and --seeds (train.seed: the order of the pairs); the SFT model and the pairs are the same for all.
+   pairs' chosen answers, one a row: the examples the pair arms see, without the rejected halves), also at each
+   --pft-lr (SFT moves far less in KL than DPO at one rate; a higher rate takes it to the KL the DPO arms reach,
+   for a comparison at matched KL). One run per arm and --seeds (train.seed: the order of the pairs); the SFT
+   model and the pairs are the same for all.
 5. **The measurement** (in this process, the models loaded with workbench's load_run_model): --eval-samples
    completions of each of --held prefixes of held-out documentation (the topics the built-in corpus keeps out of
    training), sampled at temperature 1 (prompt i from a generator seeded 1000 + i, the same for every model),
@@ -37,7 +40,10 @@ model's mean reward and sequence KL to the SFT model on held-out prompts, over s
    curve, not a point.
 
 Every training run goes through the real CLI in a subprocess (bench/chat_sft.py's `train`; the commands are
-printed at the end); runs finished in --out are kept, so a rerun with more seeds trains only what is new.
+printed at the end); runs finished in --out are kept, and their measurements (--out's results.json, saved after
+each run), so a rerun with more seeds or arms trains and measures only what is new. The report: the table (each
+arm's last checkpoint, mean and sd over seeds), each arm's reward at Preferred-FT's KLs (its seed-mean curve,
+linear between checkpoints), and a text plot of reward against KL.
 """
 
 from __future__ import annotations
