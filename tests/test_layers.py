@@ -34,7 +34,7 @@ def test_import_contracts_hold():
 
 
 @pytest.mark.parametrize("module,line,contract", [
-    ("plan/estimate.py", "import workbench.commands.fit", "Layers"),              # planning importing the CLI
+    ("plan/memory.py", "import workbench.commands.fit", "Layers"),              # planning importing the CLI
     ("rundir/__init__.py", "import workbench.config", "Layers"),                  # the contract importing presets
     ("tui/display.py", "import workbench.plan.settings, torch", "TUI never imports torch"),
     ("tui/display.py", "import workbench.train.model", "TUI never imports torch"),
@@ -130,7 +130,7 @@ def test_each_package_docstring_names_every_module_of_the_package():
 
 def test_the_readme_module_table_names_every_module():
     """The docs' Architecture table (docs/architecture.md, once the README's) names each module: by its path
-    (`data/records.py`), or by its name in the row
+    (`data/record_reader.py`), or by its name in the row
     of its package (`config/` ... (`duration.py`))."""
     section = (ROOT / "docs" / "architecture.md").read_text()  # the README's section, moved into the docs
     rows = ["|".join(cells) for cells in (ln.split("|") for ln in section.splitlines() if ln.startswith("| "))

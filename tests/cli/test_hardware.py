@@ -33,7 +33,7 @@ def test_detect_without_torch_is_plain_json_and_fast():
 
 
 def test_no_torch_import_from_hardware_module():
-    code = ("import sys, workbench.machine.detect as h, workbench.plan.estimate; h.detect(); "
+    code = ("import sys, workbench.machine.detect as h, workbench.plan.memory; h.detect(); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

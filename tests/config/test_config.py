@@ -143,7 +143,7 @@ def test_presets_validate_reports_each_file(tmp_path):
 def test_in_a_checkouts_root_a_users_presets_go_to_presets_user_not_among_the_shipped(tmp_path, monkeypatch):
     """Found walking the docs as a new user: from the checkout's root, where ./presets is the shipped folder,
     `sweep save-best` wrote into it, the preset listed as shipped and left in git's working tree."""
-    from workbench.config.files import preset_paths, shipped_presets_dir, user_presets_dir
+    from workbench.config.preset_files import preset_paths, shipped_presets_dir, user_presets_dir
     monkeypatch.delenv("WORKBENCH_PRESETS_DIR", raising=False)
     monkeypatch.chdir(REPO)
     assert shipped_presets_dir().resolve() == (REPO / "presets").resolve()

@@ -22,8 +22,8 @@ from workbench.config.objectives import (
     objectives_on,
 )
 from workbench.data.kinds import DESCRIBE, KINDS, OBJECTIVE_FOR
-from workbench.data.preference import PreferenceError, check_corpus_kind
-from workbench.plan.preference import objective_plan
+from workbench.data.preference_records import PreferenceError, check_corpus_kind
+from workbench.plan.objective_plan import objective_plan
 from workbench.train.objective import ANSWER_LOSSES, PAIR_LOSSES
 
 

@@ -38,7 +38,7 @@ from workbench.data.chat_templates import (
     trained_spans,
 )
 from workbench.data.documents import Stats
-from workbench.data.listing import CorpusError, expand
+from workbench.data.sources import CorpusError, expand
 from workbench.data.tokenizer import HFTokenizer
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "chat_templates"

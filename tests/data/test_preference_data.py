@@ -1,4 +1,4 @@
-"""Preference records (workbench/data/preference.py) and their prepared batches (preference_data.py): both kinds
+"""Preference records (workbench/data/preference_records.py) and their prepared batches (preference_data.py): both kinds
 and their shapes (strings, conversations, an implicit prompt; JSONL, gzip, parquet) read into the conversations
 the chat machinery renders; the loss on the answer alone, one BOS; a pair never split across shards; the sampler
 resumable; every bad record one line naming its file and line."""
@@ -14,9 +14,9 @@ import pytest
 from tests.support.chat import pair_records, write_jsonl
 from workbench.config import resolve_preset
 from workbench.data.chat_data import conversation_pieces, corpus_kind
-from workbench.data.listing import CorpusError
-from workbench.data.preference import PAIRS, PreferenceReader
 from workbench.data.preference_data import AnswerBatch, PairBatch
+from workbench.data.preference_records import PAIRS, PreferenceReader
+from workbench.data.sources import CorpusError
 from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.data.train_data import IGNORE
 

@@ -16,8 +16,8 @@ import pytest
 
 from workbench.data.chat import ChatOptions, ChatReader
 from workbench.data.documents import open_corpus
-from workbench.data.listing import CorpusError, expand
-from workbench.data.records import RecordReader, Stats
+from workbench.data.record_reader import RecordReader, Stats
+from workbench.data.sources import CorpusError, expand
 from workbench.data.tasks import TaskError, read_task_file
 
 GOOD = {"query": "2+2", "choices": ["4", "5"], "gold": 0,

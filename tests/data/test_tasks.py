@@ -16,7 +16,7 @@ from tests.support.cli import wb
 from tests.support.files import zst_open
 from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task
 from workbench.data.documents import Stats, builtin_documents, builtin_pieces
-from workbench.data.listing import builtin_source
+from workbench.data.sources import builtin_source
 from workbench.data.tasks import ChoiceItem, GenItem, load_task, read_task_file, task_options
 
 ITEMS = [("The sky is", ["blue", "green", "loud"], 0), ("Two and two make", ["three", "four"], 1)]

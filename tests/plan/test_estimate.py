@@ -48,7 +48,7 @@ def test_flops_per_token_hand_computed():
 from workbench.config import HardwareConfig, Preset, TrainConfig  # noqa: E402
 from workbench.plan.activations import layer_activation_bytes  # noqa: E402
 from workbench.plan.cost import estimate_cost, estimate_time  # noqa: E402
-from workbench.plan.estimate import estimate_memory  # noqa: E402
+from workbench.plan.memory import estimate_memory  # noqa: E402
 
 
 def _tiny(hw: dict | None = None, **train) -> Preset:

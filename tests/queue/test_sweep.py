@@ -24,9 +24,9 @@ from workbench import rundir
 from workbench.config import resolve_preset
 from workbench.fmt import GiB
 from workbench.machine.detect import Gpu, Machine
-from workbench.queue.spec import build_spec, parse_set_grid
 from workbench.queue.store import QueueStore
 from workbench.queue.sweep import create_sweep
+from workbench.queue.sweep_spec import build_spec, parse_set_grid
 
 
 def tiny_without(*keys: str) -> list[str]:

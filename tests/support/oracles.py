@@ -11,7 +11,7 @@ import torch
 from workbench.plan.sampling import TEXT
 from workbench.train.generate import sample_next
 from workbench.train.model import GPT
-from workbench.train.preference import AnswerLogps
+from workbench.train.preference_losses import AnswerLogps
 
 
 @torch.no_grad()

@@ -24,10 +24,10 @@ from workbench.config import resolve_preset
 from workbench.data.preference_data import PairBatch
 from workbench.data.train_data import IGNORE
 from workbench.faults import Faults
-from workbench.plan.preference import PRECOMPUTED, objective_plan
+from workbench.plan.objective_plan import PRECOMPUTED, objective_plan
 from workbench.train.model import GPT
 from workbench.train.objective import ObjectiveCheckError, build_objective
-from workbench.train.preference import AnswerLogps, dpo_loss, kto_loss, simpo_loss
+from workbench.train.preference_losses import AnswerLogps, dpo_loss, kto_loss, simpo_loss
 
 STEPS = ["model.seq_len=64", "train.eval_interval=4", "train.ckpt_interval=4", "train.eval_iters=1",
          "train.batch_size=1", "train.lr=1e-2", "train.warmup_iters=0"]

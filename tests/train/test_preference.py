@@ -1,4 +1,4 @@
-"""Preference losses (workbench/train/preference.py) against an independent implementation: TRL's DPOTrainer
+"""Preference losses (workbench/train/preference_losses.py) against an independent implementation: TRL's DPOTrainer
 (sigmoid and robust DPO, the SFT term) on a tiny Llama built here, TRL's CPO (SimPO) and ORPO loss functions,
 and KTO's formula written out in the test; on the Llama's own logits and on workbench's model with the Llama's
 weights imported (loss, rewards and every gradient, fp32)."""
@@ -17,7 +17,7 @@ from tests.support.oracles import answer_logps
 from workbench.config import ModelConfig
 from workbench.interop.hf_layout import hf_state_dict, model_config, workbench_state_dict
 from workbench.train.model import GPT
-from workbench.train.preference import (
+from workbench.train.preference_losses import (
     dpo_loss,
     kto_loss,
     orpo_loss,
@@ -212,7 +212,7 @@ def random_pairs(seed: int, n: int = 16):
 
 
 def answer_logps_of(per_token, mask):
-    from workbench.train.preference import AnswerLogps
+    from workbench.train.preference_losses import AnswerLogps
     return AnswerLogps(per_token, mask, per_token.sum(-1), mask.sum(-1))
 
 

@@ -191,7 +191,7 @@ def test_a_lost_table_is_computed_again_on_resume_from_the_starting_weights(base
 
 def test_the_estimate_drops_the_frozen_copy(base):
     from workbench.config import resolve_preset
-    from workbench.plan.estimate import estimate_memory
+    from workbench.plan.memory import estimate_memory
     preset = str(base["root"] / "sft" / rundir.PRESET_FILE)
     init = ["train.objective=dpo"]
     copy = estimate_memory(_with_init(resolve_preset(preset, [*init, "train.pref_reference=live"])))

@@ -104,7 +104,7 @@ def test_lora_dpo_from_a_lora_run_compares_with_that_adapter(base):
     # the reference TRL's "disable the adapters" would give here: the source's base, under its adapter
     from workbench.config import load_preset_file
     from workbench.data.tokens import prepare_data
-    from workbench.plan.preference import objective_plan
+    from workbench.plan.objective_plan import objective_plan
     from workbench.train.checkpoint import load_init_weights
     from workbench.train.model import GPT
     from workbench.train.objective import Objective, ObjectiveCheckError, Reference
@@ -129,7 +129,7 @@ def test_lora_dpo_from_a_base_holds_no_second_copy_of_the_weights(base):
     """Estimate and measured peak of LoRA DPO (4 pairs: 8 rows) within 10 % of LoRA SFT of the same shape (8
     conversations a row, unpacked); a full fine-tune's DPO estimate with a live reference counts a frozen copy."""
     from workbench.config import resolve_preset
-    from workbench.plan.estimate import estimate_memory
+    from workbench.plan.memory import estimate_memory
     shape = ["model.seq_len=64", "train.finetune=lora", "train.max_iters=4"]
     cp = train(base, "lora-dpo-base", "sft", "pairs", "train.objective=dpo", "train.batch_size=4", *shape)
     assert cp.returncode == 0, cp.stderr
@@ -212,8 +212,8 @@ def test_a_frozen_copy_under_bf16_autocast_starts_at_ln2(base):
 
     from workbench.config import resolve_preset
     from workbench.faults import Faults
-    from workbench.plan.estimate import estimate_memory
-    from workbench.plan.preference import objective_plan
+    from workbench.plan.memory import estimate_memory
+    from workbench.plan.objective_plan import objective_plan
     from workbench.train.checkpoint import load_run_model
     from workbench.train.objective import build_objective
     p = dataclasses.replace(resolve_preset(str(base["root"] / "sft" / rundir.PRESET_FILE), [

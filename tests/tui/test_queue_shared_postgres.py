@@ -14,7 +14,7 @@ from tests.support.postgres import PASSWORD, NoPostgres, postgres_server
 from tests.support.tui import make_app, run, text_of, wait_for
 from workbench.machine.detect import Machine
 from workbench.queue import distributed
-from workbench.queue.spec import SweepSpec
+from workbench.queue.sweep_spec import SweepSpec
 
 SPEC = {"name": "sh", "preset": "cpu-small", "method": "grid", "trials": 3, "metric": "val_loss",
         "goal": "minimize", "params": [{"key": "train.lr", "values": [0.001, 0.003, 0.01]}],

@@ -13,8 +13,8 @@ from workbench.data.chat import ChatReader
 from workbench.data.chat_data import ChatData, chat_options, conversation_pieces, pack, template_for, trained_count
 from workbench.data.chat_templates import trained_spans
 from workbench.data.documents import Corpus
-from workbench.data.preference import KTO, OBJECTIVE_FOR
 from workbench.data.preference_data import PreferenceData
+from workbench.data.preference_records import KTO, OBJECTIVE_FOR
 from workbench.data.tokenizer import CorpusTooSmall
 from workbench.data.tokens import open_data_corpus, prepare_data
 from workbench.fmt import duration

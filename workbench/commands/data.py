@@ -14,7 +14,7 @@ from workbench.config import Preset, resolve_preset
 from workbench.data.chat_data import corpus_kind
 from workbench.data.documents import Corpus
 from workbench.data.mixture_data import MixtureData, active_sources, mixture_facts, mixture_lines, source_corpus
-from workbench.data.preference import KINDS
+from workbench.data.preference_records import KINDS
 from workbench.data.tokens import TokenData, open_data_corpus, prepare_data
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes

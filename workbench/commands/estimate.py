@@ -16,7 +16,7 @@ from workbench.machine.detect import Machine, detect
 from workbench.machine.gpus import find_gpu
 from workbench.machine.rates import Calibration
 from workbench.plan import compare, report
-from workbench.plan import estimate as est
+from workbench.plan import memory as est
 from workbench.plan.finetune import compare_methods, method_overrides
 from workbench.plan.report import EstimateReport, FinetuneFacts
 from workbench.plan.run_plan import NewRun, plan_new_run

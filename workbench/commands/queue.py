@@ -19,10 +19,10 @@ from workbench.commands.common import (
 )
 from workbench.machine.detect import Machine, detect
 from workbench.queue.admit import admit
-from workbench.queue.listing import rows
 from workbench.queue.outcome import others_text
 from workbench.queue.runner import Runner, RunnerBusy, runner_pid
 from workbench.queue.store import NewItem, QueueError, QueueStore
+from workbench.queue.view import rows
 
 LOG_FILE = "queue.log"
 STORAGE_ENV = "WORKBENCH_STORAGE"   # --storage's URL, kept off the command line (where `ps` shows a password)

@@ -21,10 +21,10 @@ from workbench.plan.compare import machine_with
 from workbench.queue.best import save_best
 from workbench.queue.outcome import others_text, parse_metric
 from workbench.queue.runner import runner_pid
-from workbench.queue.spec import METHODS, PRUNERS, SpecError, build_spec, load_spec, parse_set_grid, point_sets
 from workbench.queue.store import QueueError, QueueStore, trial_name
 from workbench.queue.sweep import create_sweep, print_commands
 from workbench.queue.sweep_results import best, caveats, compute_saved, gpu_memory_line, load, results
+from workbench.queue.sweep_spec import METHODS, PRUNERS, SpecError, build_spec, load_spec, parse_set_grid, point_sets
 
 
 def register(sub) -> None:

@@ -16,11 +16,11 @@ from workbench.commands.common import (
 )
 from workbench.config import overridden_keys, preset_to_toml
 from workbench.data.chat_data import check_loss_on, corpus_kind
-from workbench.data.preference import check_corpus_kind
+from workbench.data.preference_records import check_corpus_kind
 from workbench.data.tokens import check_chat_template, open_data_corpus, prepare_data
 from workbench.machine.detect import Machine, detect
 from workbench.plan.finetune import finetune_lr_note
-from workbench.plan.preference import objective_plan
+from workbench.plan.objective_plan import objective_plan
 from workbench.plan.report import fit_check
 from workbench.plan.run_plan import NewRun, plan_new_run
 from workbench.plan.settings import check_installed, resolve_settings

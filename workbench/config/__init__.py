@@ -4,13 +4,14 @@ rules between keys, every failure a :class:`PresetError` that names the file, th
 what is allowed), the table of objectives, one row of facts for each ``train.objective`` that every
 layer asks (``objectives``), TOML text and --set items (``overrides``), ``train.time_budget``'s durations such as
 "1h30m" (``duration``) and
-the preset files (``files``: found by name, loaded, and the one writer of user presets), and a preset's
+the preset files (``preset_files``: found by name, loaded, and the one writer of user presets), and a preset's
 text as the editor holds it (``editing``). Plain data:
 no "auto" is decided here (see ``workbench.plan.settings``). Imports neither torch nor textual."""
 
 from workbench.config.duration import TimeBudget, budget_seconds
 from workbench.config.editing import validate_preset_text, with_name
-from workbench.config.files import (
+from workbench.config.overrides import apply_overrides, overridden_keys, parse_override, parse_toml
+from workbench.config.preset_files import (
     check_preset_name,
     load_preset_file,
     preset_paths,
@@ -24,7 +25,6 @@ from workbench.config.files import (
     user_presets_dir,
     write_user_preset,
 )
-from workbench.config.overrides import apply_overrides, overridden_keys, parse_override, parse_toml
 from workbench.config.schema import (
     SECTIONS,
     DataConfig,

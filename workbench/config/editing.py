@@ -8,8 +8,8 @@ import tomllib
 
 import tomli_w
 
-from workbench.config.files import toml_string
 from workbench.config.overrides import parse_toml
+from workbench.config.preset_files import toml_string
 from workbench.config.schema import Preset, PresetError
 from workbench.config.validate import preset_from_dict
 

@@ -2,9 +2,9 @@
 
 Text documents:
 
-- ``listing``          listing what ``data.corpus`` names (files, directories, globs, ``builtin``), nothing read,
+- ``sources``          listing what ``data.corpus`` names (files, directories, globs, ``builtin``), nothing read,
                        and opening a file's bytes (plain or compressed)
-- ``records``          the one reader of records (JSON lines, parquet): ``(where, record)``, and the wording
+- ``record_reader``    the one reader of records (JSON lines, parquet): ``(where, record)``, and the wording
                        for a bad line, a JSON array, an unreadable or corrupt file
 - ``documents``        a corpus and its documents (text, JSONL, parquet, built-in), streamed
 - ``tokenizer``        the tokenizer interface: workbench's sentencepiece BPE and a Hugging Face tokenizer.json
@@ -31,7 +31,7 @@ Preference data:
 
 - ``kinds``            the corpus kinds as messages name them and the objective each suggests (from the table of
                        objectives, ``workbench.config.objectives``; no reader loaded)
-- ``preference``       preference records (prompt/chosen/rejected pairs, KTO's prompt/completion/label) read into
+- ``preference_records`` preference records (prompt/chosen/rejected pairs, KTO's prompt/completion/label) read into
                        conversations
 - ``preference_data``  the prepared pairs or labelled answers drawn in resumable batches (PairBatch, AnswerBatch)
 - ``reference_table``  a precomputed reference: each answer's log-prob, kept with the prepared data, checked as

@@ -32,8 +32,8 @@ from workbench.data.chat_templates import (
     end_of_turn,
     trained_spans,
 )
-from workbench.data.listing import CorpusError, Source
-from workbench.data.records import RecordReader, Stats, json_type
+from workbench.data.record_reader import RecordReader, Stats, json_type
+from workbench.data.sources import CorpusError, Source
 from workbench.data.tokenizer import AnyTokenizer, HFTokenizer
 
 ROLES = ("system", "user", "assistant")

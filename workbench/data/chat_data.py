@@ -44,10 +44,10 @@ from workbench.data.chat_templates import (
     model_template,
 )
 from workbench.data.documents import Corpus, open_corpus
-from workbench.data.listing import CorpusError, Source
-from workbench.data.preference import detect_kind
+from workbench.data.preference_records import detect_kind
 from workbench.data.prepare import DataError
-from workbench.data.records import RecordReader
+from workbench.data.record_reader import RecordReader
+from workbench.data.sources import CorpusError, Source
 from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, load_tokenizer
 from workbench.data.train_data import IGNORE, Batch, EpochOrder
 from workbench.errors import WorkbenchError

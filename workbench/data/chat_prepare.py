@@ -30,9 +30,9 @@ from workbench.data.chat_templates import ChatTemplate, ChatTemplateError
 from workbench.data.documents import Corpus, warnings_of
 from workbench.data.encode import ShardPool, join_files, worker_tokenizer
 from workbench.data.encode import _init_worker as _init_encode_worker
-from workbench.data.preference import KINDS, PreferenceReader
+from workbench.data.preference_records import KINDS, PreferenceReader
 from workbench.data.prepare import DataError, Prepared, _locked, workers_available
-from workbench.data.records import FIX_RECORDS, Stats
+from workbench.data.record_reader import FIX_RECORDS, Stats
 from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
 from workbench.faults import NO_FAULTS, Faults
 from workbench.fmt import duration, human_bytes

@@ -250,7 +250,7 @@ def prepare_mixture(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callabl
     """The mixture's sources prepared: one source alone is ``prepare_one`` of it as data.corpus (today's data);
     several are text corpora encoded with one tokenizer (``given``, or one trained on all of them)."""
     from workbench.data.chat_data import corpus_kind
-    from workbench.data.preference import KINDS
+    from workbench.data.preference_records import KINDS
     from workbench.data.tokens import load_tokens
 
     active = active_sources(cfg)

@@ -1,5 +1,5 @@
 """Preference data for training (the third kind of :class:`~workbench.data.train_data.TrainData`): a prepared
-preference corpus (:mod:`workbench.data.preference` read it, :mod:`workbench.data.chat_prepare` rendered and
+preference corpus (:mod:`workbench.data.preference_records` read it, :mod:`workbench.data.chat_prepare` rendered and
 encoded it, cached, with a tag per conversation in ``tags.bin``), split by items, drawn in resumable batches.
 No torch.
 
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Generic
 import numpy as np
 
 from workbench.data.chat_data import LAST, PreparedConversations
-from workbench.data.preference import DESCRIBE, PAIRS, check_corpus_kind
+from workbench.data.preference_records import DESCRIBE, PAIRS, check_corpus_kind
 from workbench.data.prepare import DataError
 from workbench.data.train_data import IGNORE, A, Batch, EpochOrder, array
 

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from workbench.config.overrides import parse_value
-from workbench.data.listing import Source, kind_of
-from workbench.data.records import RecordReader
+from workbench.data.record_reader import RecordReader
+from workbench.data.sources import Source, kind_of
 from workbench.errors import WorkbenchError
 
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from workbench.data.chat_templates import CHATML_PIECES
-from workbench.data.records import parse_json
+from workbench.data.record_reader import parse_json
 from workbench.errors import WorkbenchError
 from workbench.fs import write_atomic
 

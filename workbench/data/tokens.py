@@ -20,8 +20,8 @@ from workbench.data.chat_data import corpus_kind, load_chat, template_for
 from workbench.data.chat_prepare import prepare_chat
 from workbench.data.chat_templates import ChatTemplateError
 from workbench.data.documents import Corpus, open_corpus
-from workbench.data.preference import KINDS, check_corpus_kind
 from workbench.data.preference_data import load_preference
+from workbench.data.preference_records import KINDS, check_corpus_kind
 from workbench.data.prepare import SHARD_CHARS, DataError, Prepared, Progress, prepare
 from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file
 from workbench.data.train_data import Batch, Sampler, TrainData

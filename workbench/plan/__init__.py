@@ -4,12 +4,12 @@
 - ``savers``     the memory savers auto decides (the fused loss, activation checkpointing) from the estimate
 - ``flops``      parameter counts and FLOPs per token
 - ``activations`` what one block saves for backward (QK-norm, LoRA, packed rows)
-- ``estimate``   training memory by component (a frozen MemoryEstimate)
+- ``memory``     training memory by component (a frozen MemoryEstimate)
 - ``horizon``    where a run ends, a wsd decay's start and the learning rate at each step; ``resume --more``'s note
 - ``evals``      how many eval batches auto takes
 - ``sampling``   the sampling defaults (text and chat) every sampler reads: the CLI, the TUI, the trainer
 - ``finetune``   ``--init-from``: the fine-tune's preset, its link to the source weights, which method fits
-- ``preference`` a preference run's objective decided once from its row of the table (config.objectives): its beta,
+- ``objective_plan`` a preference run's objective decided once from its row of the table (config.objectives): its beta,
   summed or averaged log-probs, its reference
 - ``cost``       run time, energy and cost
 - ``run_plan``   what will run: a new run's preset and a resume's, with every refusal

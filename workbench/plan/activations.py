@@ -1,6 +1,6 @@
 """What one transformer block saves for backward, in bytes, counted from the autograd graph of
 ``workbench.train.model.Block`` (eager; the whole-model compile's share and the checkpointed case are
-``workbench.plan.estimate``'s), with and without QK-norm and LoRA. Arithmetic, no torch.
+``workbench.plan.memory``'s), with and without QK-norm and LoRA. Arithmetic, no torch.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from workbench.fs import read_toml
 from workbench.machine.detect import Gpu, Machine
 from workbench.machine.gpus import GpuSpec, compare_set, find_gpu
 from workbench.plan import cost as plan_cost
-from workbench.plan import estimate as est
+from workbench.plan import memory as est
 from workbench.plan import throughput
 from workbench.plan.batch import plan_accumulation, search_batch
 from workbench.plan.flops import count_params

@@ -1,5 +1,5 @@
 """Run time, energy and cost of a preset: tokens/s from a FLOP rate, the steps' and evals' time, and what
-that time costs in kWh and money. Arithmetic, no torch (memory is :mod:`workbench.plan.estimate`)."""
+that time costs in kWh and money. Arithmetic, no torch (memory is :mod:`workbench.plan.memory`)."""
 
 from __future__ import annotations
 

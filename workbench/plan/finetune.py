@@ -29,7 +29,7 @@ from workbench.config import Preset, PresetError, load_preset_file, overridden_k
 from workbench.config.objectives import PREFERENCE_FAMILY, SFT_FAMILY, objective_spec
 from workbench.data.tokenizer import tokenizer_file
 from workbench.machine.detect import Machine
-from workbench.plan import estimate as est
+from workbench.plan import memory as est
 from workbench.rundir import (
     CKPT_MODEL,
     PRESET_FILE,

@@ -12,7 +12,7 @@ from typing import Any
 from workbench.config import Preset, PresetError, preset_paths, resolve_preset
 from workbench.fmt import GiB, human_bytes
 from workbench.machine.detect import Machine, detect
-from workbench.plan import estimate as est
+from workbench.plan import memory as est
 from workbench.plan.batch import plan_accumulation, search_batch
 from workbench.plan.settings import SettingsError
 

@@ -30,7 +30,7 @@ from workbench.data.tasks import absolute_task_spec, expand_task_specs, load_tas
 from workbench.fs import read_json
 from workbench.plan.finetune import InitSource, init_preset, parse_init_from
 from workbench.plan.horizon import extension
-from workbench.plan.preference import objective_plan
+from workbench.plan.objective_plan import objective_plan
 from workbench.plan.recommend import recommend_preset
 from workbench.reward import RewardError, parse_reward, read_prompts
 from workbench.reward.spec import is_file_spec

@@ -17,13 +17,13 @@
 - ``admit``   a run checked and estimated as ``workbench train`` would check it, before it is queued; a
   sweep's trial that does not fit auto-fitted to a smaller micro-batch with the same tokens per step
 - ``launch``  starting, stopping and resuming runs through the CLI (the queue never imports torch)
-- ``listing`` the queue as ``queue ls`` and the TUI's Queue tab show it
+- ``view``    the queue as ``queue ls`` and the TUI's Queue tab show it
 - ``doctor``  the queue as ``workbench doctor`` and the TUI's health box see it: a run's place in the queue (or
   how it ended there: pruned by which rule, failed with its note), the queue's line (what runs, what waits, the
   runner), and the finding of runs waiting with no runner
 - ``outcome`` what a run reached (the metric a sweep ranks by), and the one line a failed run is listed with
   (the run doctor's top finding).
-- ``sweep``, ``spec``  sweeps: a spec (TOML, or ``--set-grid``), trials made and estimated before anything is
+- ``sweep``, ``sweep_spec``  sweeps: a spec (TOML, or ``--set-grid``), trials made and estimated before anything is
   queued, the search and the pruners (median, successive halving) from Optuna (its own SQLite storage beside
   the queue's); ``sweep_results``: the results table, the compute pruning saved and the ranking's caveats.
 - ``best``    a sweep's best trial kept as a user preset (``sweep save-best``), through config's one writer.

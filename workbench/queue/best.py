@@ -17,9 +17,9 @@ from workbench.config import (
     write_user_preset,
 )
 from workbench.plan.run_plan import corpus_values
-from workbench.queue.spec import point_sets, rung_sets
 from workbench.queue.store import QueueError, QueueStore
 from workbench.queue.sweep_results import Result, best, load, results
+from workbench.queue.sweep_spec import point_sets, rung_sets
 
 
 @dataclass(frozen=True)

@@ -50,9 +50,9 @@ from workbench.queue import devices as devices_mod
 from workbench.queue import sweep as local
 from workbench.queue.dburl import HEARTBEAT_S, StorageError, _why, masked, open_storage
 from workbench.queue.outcome import final_metric
-from workbench.queue.spec import Param, SweepSpec, point_sets
 from workbench.queue.store import trial_name
 from workbench.queue.sweep_results import Result
+from workbench.queue.sweep_spec import Param, SweepSpec, point_sets
 
 __all__ = ["HEARTBEAT_S", "SharedReader", "StorageError", "Worker", "create", "masked", "open_storage", "results",
            "shared_sweeps"]

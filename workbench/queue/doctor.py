@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench.analysis.doctor import Finding
-from workbench.queue.listing import Row, rows
 from workbench.queue.runner import runner_pid
-from workbench.queue.spec import point_sets
 from workbench.queue.store import QueueError, QueueStore, trial_name
+from workbench.queue.sweep_spec import point_sets
+from workbench.queue.view import Row, rows
 
 PRUNE_RULES = {"median": "median", "halving": "successive-halving"}
 NAMED = 3          # the waiting runs a finding names; the rest are counted

@@ -32,9 +32,9 @@ from workbench.config.objectives import objective_spec
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.queue.admit import admit_fitted
-from workbench.queue.spec import Param, SweepSpec, point_sets, rung_sets
 from workbench.queue.store import ENDED, Item, NewItem, QueueError, QueueStore, Trial, trial_name
 from workbench.queue.sweep_results import caveats, load, results
+from workbench.queue.sweep_spec import Param, SweepSpec, point_sets, rung_sets
 from workbench.rundir import EvalRecord, RunStatus, current_timeline, read_metrics
 
 OPTUNA_FILE = "optuna.db"

@@ -13,8 +13,8 @@ from typing import Any
 
 from workbench import rundir
 from workbench.queue.outcome import Metric, beside_note, final_metric, short_note, unspent_seconds
-from workbench.queue.spec import SweepSpec
 from workbench.queue.store import QueueError, QueueStore, trial_name
+from workbench.queue.sweep_spec import SweepSpec
 
 
 def load(store: QueueStore, name: str) -> SweepSpec:

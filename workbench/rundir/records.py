@@ -278,7 +278,7 @@ class StartRecord:
     checkpoint: str | None = None               # the checkpoint a resume goes on from
     parent: dict[str, Any] | None = None        # the preset's parent (a branch) and init (a fine-tune's weights)
     init: dict[str, Any] | None = None
-    objective: dict[str, Any] | None = None     # a preference run's: objective, beta, reference (plan.preference)
+    objective: dict[str, Any] | None = None     # a preference run's: objective, beta, reference (plan.objective_plan)
     data: dict[str, Any] = field(default_factory=dict)
 
     def event(self, resume: bool, step: int, time: float) -> EventRecord:

@@ -18,7 +18,7 @@ The loop and what it keeps:
 - ``loop``          the :class:`Trainer`: setup, then a short loop over named steps
 - ``batches``       what a step draws: token windows of text, packed rows of conversations
 - ``skips``         each step's loss read back, non-finite steps skipped, when a rollback is due
-- ``preference``    the preference objectives (DPO, SimPO, ORPO, KTO) as losses on answer log-probabilities
+- ``preference_losses`` the preference objectives (DPO, SimPO, ORPO, KTO) as losses on answer log-probabilities
 - ``grpo``          GRPO's loss: group-normalised advantages, the clipped token-level ratio, the k3 KL, TRL's four
                     normalisations (dapo, grpo, bnpo, dr_grpo)
 - ``grpo_step``     GRPO's step: G completions a prompt from the current policy, scored, and one policy-gradient loss

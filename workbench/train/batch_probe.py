@@ -21,7 +21,7 @@ from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
 from workbench.machine.detect import Machine
 from workbench.plan.batch import search_batch
-from workbench.plan.estimate import estimate_memory, what_if
+from workbench.plan.memory import estimate_memory, what_if
 from workbench.plan.settings import PeakFn, RunSettings, resolve_settings
 from workbench.train.lora import apply_lora, cast_frozen
 from workbench.train.model import GPT, document_mask

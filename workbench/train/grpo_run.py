@@ -40,7 +40,7 @@ import torch
 
 from workbench.config import Preset
 from workbench.plan.horizon import GRPO_EVAL_PROMPTS
-from workbench.plan.preference import ObjectivePlan
+from workbench.plan.objective_plan import ObjectivePlan
 from workbench.reward import parse_reward
 from workbench.reward.prompt_data import PromptData
 from workbench.rundir import RewardRecord

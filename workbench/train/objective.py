@@ -1,6 +1,6 @@
 """A preference run's objective in the engine: the loss of a :class:`~workbench.data.preference_data.PairBatch` or
-:class:`~workbench.data.preference_data.AnswerBatch` through the losses of :mod:`workbench.train.preference`,
-against the reference :mod:`workbench.plan.preference` chose (:class:`Reference`), with what the run logs beside
+:class:`~workbench.data.preference_data.AnswerBatch` through the losses of :mod:`workbench.train.preference_losses`,
+against the reference :mod:`workbench.plan.objective_plan` chose (:class:`Reference`), with what the run logs beside
 the loss (:class:`~workbench.rundir.PreferenceRecord`) and the checks that catch the peers' known bugs:
 
 * **step 0**: the policy is the reference, so the DPO loss is ln 2 and every reward 0 (KTO: every reward 0). The
@@ -23,12 +23,20 @@ from workbench.data.preference_data import AnswerBatch, PairBatch
 from workbench.data.train_data import IGNORE, Batch
 from workbench.errors import WorkbenchError
 from workbench.faults import Faults
-from workbench.plan.preference import PRECOMPUTED, ObjectivePlan
+from workbench.plan.objective_plan import PRECOMPUTED, ObjectivePlan
 from workbench.rundir import INIT_DIR, PreferenceRecord
 from workbench.train.checkpoint import load_weights
 from workbench.train.lora import adapters_off
 from workbench.train.model import GPT
-from workbench.train.preference import LN2, AnswerLogps, PreferenceLoss, dpo_loss, kto_loss, orpo_loss, simpo_loss
+from workbench.train.preference_losses import (
+    LN2,
+    AnswerLogps,
+    PreferenceLoss,
+    dpo_loss,
+    kto_loss,
+    orpo_loss,
+    simpo_loss,
+)
 
 # How far from ln 2 (and 0) the first batch may be: the reference's forward is the policy's own computation, so
 # the difference is rounding (0 in fp32 on a CPU; a few 1e-4 in bf16).

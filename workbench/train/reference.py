@@ -1,4 +1,4 @@
-"""A precomputed reference (``train.pref_reference``, :mod:`workbench.plan.preference` chose it): the reference's
+"""A precomputed reference (``train.pref_reference``, :mod:`workbench.plan.objective_plan` chose it): the reference's
 log-prob of every answer, computed once before training and kept with the prepared data
 (:mod:`workbench.data.reference_table`), then read beside each batch instead of a frozen copy's forward.
 

@@ -33,7 +33,7 @@ from workbench.machine.rates import Calibration
 from workbench.plan.evals import eval_batches
 from workbench.plan.flops import flops_per_token
 from workbench.plan.horizon import BudgetPlan, Horizon
-from workbench.plan.preference import PRECOMPUTED, ObjectivePlan, objective_plan
+from workbench.plan.objective_plan import PRECOMPUTED, ObjectivePlan, objective_plan
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.reward.prompt_data import prompt_data
 from workbench.rundir import CKPT_MODEL, INIT_DIR
@@ -163,7 +163,7 @@ class TrainerParts:
         self.calibration: Calibration | None = None  # the CPU's (or an unlisted GPU's) measured MFU peak
         self.eval_iters = 0                         # batches of train and of val an eval scores (plan.evals)
         self.eval_batches: EvalBatches | None = None  # those batches, drawn at the first eval and kept
-        self.plan = ObjectivePlan(SFT)              # what the run optimises and its reference (plan.preference)
+        self.plan = ObjectivePlan(SFT)              # what the run optimises and its reference (plan.objective_plan)
         self.objective: Objective | None = None     # a preference run's loss, its reference and its checks
         self.grpo: GRPORun | None = None            # a GRPO run's rollouts, reward, reference and stats
 

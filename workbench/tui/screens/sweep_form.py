@@ -3,13 +3,13 @@
 
 The searched keys are one a line, ``train.lr = 1e-3, 3e-3`` (what ``--set-grid train.lr=1e-3,3e-3`` takes); the
 method (grid, random or tpe with a trial count), the time budget per trial, the pruner, a name, fixed ``--set``
-values and ``force`` (``sweep --force``) beside them. The spec is built by ``queue.spec.build_spec`` and each trial
-admitted by ``queue.sweep.plan_trials`` (the admission ``create_sweep`` runs: auto-fit, the budget's plan and its
-refusal unless forced), in-process and torch-free, so the form shows the lines ``workbench sweep`` prints. Queueing
-runs ``workbench sweep`` itself with the checked spec's arguments (``launcher.sweep_command``, as the Queue tab's
-``b`` runs ``sweep save-best`` and ``a`` runs ``queue add``): the same ``build_spec`` and ``create_sweep``, this
-machine's speed measured first where it never was, and Optuna kept out of the TUI process. What it refuses is one
-line in the form, which stays open; nothing is queued then."""
+values and ``force`` (``sweep --force``) beside them. The spec is built by ``queue.sweep_spec.build_spec`` and each
+trial admitted by ``queue.sweep.plan_trials`` (the admission ``create_sweep`` runs: auto-fit, the budget's plan and
+its refusal unless forced), in-process and torch-free, so the form shows the lines ``workbench sweep`` prints.
+Queueing runs ``workbench sweep`` itself with the checked spec's arguments (``launcher.sweep_command``, as the Queue
+tab's ``b`` runs ``sweep save-best`` and ``a`` runs ``queue add``): the same ``build_spec`` and ``create_sweep``,
+this machine's speed measured first where it never was, and Optuna kept out of the TUI process. What it refuses is
+one line in the form, which stays open; nothing is queued then."""
 
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ from workbench.config import preset_paths
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
 from workbench.queue.admit import admit
-from workbench.queue.spec import (
+from workbench.queue.store import QueueStore, trial_name
+from workbench.queue.sweep import plan_trials
+from workbench.queue.sweep_spec import (
     METHODS,
     PRUNERS,
     SpecError,
@@ -44,8 +46,6 @@ from workbench.queue.spec import (
     point_sets,
     toml_literal,
 )
-from workbench.queue.store import QueueStore, trial_name
-from workbench.queue.sweep import plan_trials
 from workbench.rundir import runs_root
 from workbench.tui import launcher
 from workbench.tui.screens.dialogs import form_field

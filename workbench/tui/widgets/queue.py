@@ -26,12 +26,12 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from workbench.queue.listing import Row, rows
 from workbench.queue.outcome import others_text
 from workbench.queue.runner import runner_pid
-from workbench.queue.spec import SweepSpec, point_sets
 from workbench.queue.store import QueueStore
 from workbench.queue.sweep_results import Result, best, sweep_states
+from workbench.queue.sweep_spec import SweepSpec, point_sets
+from workbench.queue.view import Row, rows
 from workbench.tui import display
 from workbench.tui.screens.dialogs import ConfirmScreen
 from workbench.tui.widgets.pane import Pane

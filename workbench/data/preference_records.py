@@ -24,8 +24,8 @@ from typing import Iterator
 from workbench.config.objectives import objective_spec, objectives_on
 from workbench.data.chat import BadRecord, ChatOptions, ChatReader, Conversation, Message, _check, _messages
 from workbench.data.kinds import DESCRIBE, KINDS, KTO, OBJECTIVE_FOR, PAIRS
-from workbench.data.listing import CorpusError, Source
-from workbench.data.records import Stats, json_type
+from workbench.data.record_reader import Stats, json_type
+from workbench.data.sources import CorpusError, Source
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected", "system")
 KTO_FIELDS = ("prompt", "completion", "label", "system")

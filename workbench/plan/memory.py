@@ -24,7 +24,7 @@ from workbench.plan.flops import (
     param_breakdown,
     param_tensors,
 )
-from workbench.plan.preference import ObjectivePlan, objective_plan
+from workbench.plan.objective_plan import ObjectivePlan, objective_plan
 from workbench.plan.settings import PeakFn, RunSettings, resolve_settings
 
 # ----------------------------------------------------------------------------- memory
@@ -141,7 +141,7 @@ class MemoryEstimate:
     activations_total: int
     checkpoint_bytes: int      # a checkpoint's model.pt + state.pt: the trained weights and the optimizer's states
     host_offload: int = 0      # hardware.optimizer_states = offload: pinned host memory (weights, gradients, moments)
-    objective: str = SFT       # train.objective (plan.preference)
+    objective: str = SFT       # train.objective (plan.objective_plan)
     reference: str = "none"    # a preference run's reference: none | adapters off | frozen copy
     reference_why: str = ""
 

@@ -19,7 +19,7 @@ import lzma
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterator, TypeVar
 
-from workbench.data.listing import ByteStream, CorpusError, Source, open_bytes
+from workbench.data.sources import ByteStream, CorpusError, Source, open_bytes
 from workbench.errors import WorkbenchError
 
 FIX_RECORDS = "fix it, or set data.skip_bad_records = true to skip bad records"
