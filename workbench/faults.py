@@ -15,6 +15,8 @@ each point is a cheap attribute check.
     WORKBENCH_TEST_REFERENCE_IS_POLICY=1 a preference run's reference is the policy itself (TRL #1107's bug)
     WORKBENCH_TEST_SLOW_EVALS=S        every eval after step 0 takes S seconds longer (a machine busier than when
                                        a time budget's plan timed its eval batch)
+    WORKBENCH_TEST_BATCH_LOG=DIR       each rank appends the rows it trains (their input tokens) to
+                                       DIR/rank<R>.jsonl, a line a micro-batch: a test compares runs' token streams
     WORKBENCH_TEST_SPAWN=SOCKET        a detached trainer is forked by the tests' spawn server listening there
                                        (tests/support/spawner.py: torch already imported) instead of started in a
                                        fresh interpreter; :func:`spawn_detached`
@@ -25,11 +27,13 @@ No torch here: corpus preparation (``workbench data prepare``) uses it too.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def _int(env: dict, key: str) -> int | None:
@@ -51,6 +55,7 @@ class Faults:
     pause_after_shard: int | None = None
     reference_is_policy: bool = False
     slow_evals: float = 0.0
+    batch_log: str | None = None
     _poisoned: set[int] = field(default_factory=set)
 
     @classmethod
@@ -68,7 +73,8 @@ class Faults:
                    pause_seconds=float(env.get("WORKBENCH_TEST_PAUSE_SECONDS", "30")),
                    reference_is_policy=env.get("WORKBENCH_TEST_REFERENCE_IS_POLICY") == "1",
                    pause_after_shard=_int(env, "WORKBENCH_TEST_PAUSE_AFTER_SHARD"),
-                   slow_evals=float(env.get("WORKBENCH_TEST_SLOW_EVALS") or 0.0))
+                   slow_evals=float(env.get("WORKBENCH_TEST_SLOW_EVALS") or 0.0),
+                   batch_log=env.get("WORKBENCH_TEST_BATCH_LOG") or None)
 
     def poison_step(self, step: int) -> bool:
         """Whether the loss of optimizer step ``step`` (1-based) is to be made NaN."""
@@ -102,6 +108,13 @@ class Faults:
         """An eval after step 0: slower, as on a machine that got busier."""
         if self.slow_evals and step > 0:
             time.sleep(self.slow_evals)
+
+    def trained_rows(self, step: int, micro: int, rank: int, inputs: Any) -> None:
+        """The rows (input tokens; anything with ``tolist``) rank ``rank`` trains in micro-batch ``micro`` of
+        step ``step``, appended to its batch log."""
+        if self.batch_log:
+            with open(Path(self.batch_log) / f"rank{rank}.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "micro": micro, "rows": inputs.tolist()}) + "\n")
 
     def after_shard(self, shards_written: int) -> None:
         """Corpus preparation: pause (to be killed there) once this many token shards are on disk."""

@@ -212,6 +212,7 @@ class Trainer(BudgetSteps):
             t_data = time.perf_counter()
             mb = self.to_device(batches[micro])
             self.data_s += time.perf_counter() - t_data
+            self.faults.trained_rows(self.state.step + 1, micro, self.dist.rank, mb.inputs)
             last = micro == t.grad_accum - 1
             # DDP all-reduces gradients once, on the last micro-batch; FSDP2 likewise reduce-scatters only then.
             if self.settings.parallel == "fsdp":
