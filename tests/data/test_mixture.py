@@ -148,6 +148,25 @@ def test_max_repeat_is_reported_with_the_numbers():
     assert not plan_mixture([SourceSpec("small", 1, 10, max_repeat=10)], 64, 100, seed=0).over_limit()
 
 
+@pytest.mark.parametrize("sources, horizon", [
+    ([SourceSpec("big", 3, 1000), SourceSpec("small", 1, 10, max_repeat=4)], 400),       # past it in the plan
+    ([SourceSpec("big", 3, 1000), SourceSpec("small", 1, 10, max_repeat=4)], 30),        # past the plan's horizon
+    ([SourceSpec("a", 1, 7, max_repeat=2.5), SourceSpec("b", 2, 5, max_repeat=3), SourceSpec("c", 1, 90)], 64),
+])
+def test_how_far_the_stream_keeps_every_source_within_its_max_repeat(sources, horizon):
+    """within_repeats (what ends a budgeted run first): the sequences before the first one that takes a source past
+    its max_repeat, counted over the stream the sampler draws (past the plan's horizon it repeats), and which."""
+    plan = plan_mixture(sources, 16, horizon, seed=3)
+    at, s = plan.within_repeats()
+    drawn = [0] * len(sources)
+    for c in range(at):
+        drawn[plan.at(c)[0]] += 1
+    assert all(not src.max_repeat or n <= src.max_repeat * src.windows for src, n in zip(sources, drawn)), drawn
+    nxt = plan.at(at)[0]
+    assert nxt == s and drawn[s] + 1 > sources[s].max_repeat * sources[s].windows
+    assert plan_mixture([SourceSpec("a", 1, 5), SourceSpec("b", 1, 5)], 16, 40, seed=0).within_repeats() is None
+
+
 def test_token_shares_hold_with_documents_of_any_length():
     """Rows are windows of the joined stream, every row seq_len tokens: the token share of every prefix is within
     one sequence's tokens of the weight, however long the documents (here one of 3 tokens and one of 500)."""

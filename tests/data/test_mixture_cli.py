@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 import signal
 from pathlib import Path
 
@@ -113,15 +114,34 @@ def mixed_runs(corpora, tmp_path_factory) -> Path:
     """The same mixture trained straight, and killed with SIGKILL at step 7 then resumed."""
     root = tmp_path_factory.mktemp("mixruns")
     base = ("train", "cpu-small", *_mix(corpora), "--runs-dir", str(root))
-    wb(*base, "--name", "straight", *tiny(*RUN), check=True)
-    cp = wb(*base, "--name", "killed", *tiny(*RUN), env={"WORKBENCH_TEST_KILL_AT_STEP": "7"})
+    logs = {name: _rows(root, name) for name in ("straight", "killed")}  # the rows each trained
+    for d in logs.values():
+        d.mkdir()
+    wb(*base, "--name", "straight", *tiny(*RUN), env={"WORKBENCH_TEST_BATCH_LOG": str(logs["straight"])},
+       check=True)
+    cp = wb(*base, "--name", "killed", *tiny(*RUN), env={"WORKBENCH_TEST_KILL_AT_STEP": "7",
+                                                         "WORKBENCH_TEST_BATCH_LOG": str(logs["killed"])})
     assert cp.returncode == -signal.SIGKILL, cp.stderr
-    res = wb("resume", "killed", "--runs-dir", str(root), check=True)
+    res = wb("resume", "killed", "--runs-dir", str(root), env={"WORKBENCH_TEST_BATCH_LOG": str(logs["killed"])},
+             check=True)
     assert "resumed from checkpoint step_0000005" in res.stdout
     return root
 
 
+def _rows(root: Path, name: str) -> Path:
+    """Where run ``name`` of the runs under ``root`` records the rows it trains (beside the runs, not among them)."""
+    return root.parent / f"{root.name}-rows-{name}"
+
+
 def test_killed_and_resumed_mixture_trains_the_same_stream(mixed_runs):
+    """The token stream (each step's rows, over the two pieces: steps 6 and 7 trained again after the resume from
+    step 5, the same rows) equals the uninterrupted run's, and so do the losses, bitwise."""
+    rows = {}
+    for name in ("straight", "killed"):
+        rows[name] = {}
+        for r in read_jsonl(_rows(mixed_runs, name) / "rank0.jsonl"):
+            assert rows[name].setdefault(r["step"], r["rows"]) == r["rows"], (name, r["step"])
+    assert sorted(rows["straight"]) == list(range(1, 9)) and rows["killed"] == rows["straight"]
     straight, killed = losses(mixed_runs / "straight"), losses(mixed_runs / "killed")
     assert sorted(straight) == list(range(1, 9)) and killed == straight
 
@@ -281,3 +301,52 @@ def test_a_mixture_of_conversations_draws_each_sources_rows_with_their_loss_mask
     lines = data.start_lines(sampler, p)
     assert lines[0].startswith("chat: each source's conversations packed into rows of 64")
     assert lines[1].startswith("mixture over 24 rows of 64 positions")
+
+
+def test_a_budget_whose_first_guess_repeats_a_source_past_its_max_repeat_is_refused_before_training(corpora, tmp_path):
+    """With a time budget max_iters is not the run's length: max_repeat is checked over the steps the budget buys
+    by the estimate (the trainer's first guess too). An hour buys thousands of tiny steps: refused, one line with
+    the numbers and the fix, exit 2, nothing written."""
+    runs = tmp_path / "runs"
+    cp = wb("train", str(corpora / "mix.toml"), "--runs-dir", str(runs), "--time-budget", "1h",
+            *tiny("train.max_iters=10"))
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    (line,) = cp.stderr.strip().splitlines()
+    m = re.search(r"source 'nums' would be repeated ([\d.]+) times \(([\d,]+) sequences of 32 tokens planned for "
+                  r"the time budget's first guess of ([\d,]+) steps, it holds 97\) but its max_repeat is 2: .* or "
+                  r"give a shorter time budget \(train.time_budget\)", line)
+    assert m, line
+    steps = int(m.group(3).replace(",", ""))
+    assert steps > 10 and int(m.group(2).replace(",", "")) == apportion([0.5, 0.5], steps * 4)[1]
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_a_budget_that_outruns_a_sources_max_repeat_ends_at_the_last_step_within_it(corpora, mixed_runs, tmp_path):
+    """The budget's first guess keeps nums within its max_repeat, but the run is faster than estimated (the estimate
+    rests on an earlier run of the preset here that measured 250 tokens/s, as one beside a busy machine would): as
+    the budget's end moves out the mixture is re-planned, and the run ends, finished, at the last step that keeps
+    nums within its max_repeat (0.25: 24 of its 97 sequences), said in train.log, before the budget is spent."""
+    root = tmp_path / "runs"
+    slow = root / "measured"
+    slow.mkdir(parents=True)
+    (slow / "preset.toml").write_bytes((mixed_runs / "straight" / "preset.toml").read_bytes())
+    recs = read_jsonl(mixed_runs / "straight" / "metrics.jsonl")
+    (slow / "metrics.jsonl").write_text("".join(
+        json.dumps(dict(r, tokens_per_s=250.0) if r["kind"] == "train" else r) + "\n" for r in recs))
+    cp = wb("train", "cpu-small", *_mix(corpora), "--runs-dir", str(root), "--name", "b", "--time-budget", "8s",
+            "--yes", *tiny("train.max_iters=3", "train.ckpt_interval=100000", "train.eval_interval=200",
+                           "data.mixture.nums.max_repeat=0.25"), check=True)
+    d = root / "b"
+    recs = read_jsonl(d / "metrics.jsonl")
+    start = next(r for r in recs if r.get("event") == "start")
+    guess = start["budget_steps"]
+    assert "at 250 tokens/s (measured" in cp.stdout and guess * 4 * 0.3 < 24, (guess, cp.stdout)
+    st = json.loads((sorted((d / "checkpoints").glob("step_*"))[-1] / "trainer_state.json").read_text())["sampler"]
+    steps = max(r["step"] for r in recs if r["kind"] == "train")
+    assert steps > guess and st["counter"] == steps * 4
+    assert 23 <= st["drawn"][1] <= 24, st              # a step more (1 or 2 of nums) would pass 24
+    log = (d / "train.log").read_text()
+    assert (f"time budget: the run ends at step {steps}, before the budget's end" in log
+            and "a step more would repeat source 'nums' more than its max_repeat 0.25 (it holds 97 sequences" in log)
+    status = json.loads((d / "status.json").read_text())
+    assert status["state"] == "finished" and status["step"] == steps

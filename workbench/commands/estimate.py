@@ -125,9 +125,9 @@ def _preset(args, info: dict):
                                init_from=args.init_from), args.runs_dir, info).preset
 
 
-def mixture_report(p) -> dict[str, Any] | None:
-    """A preset's mixture of several sources: its realized shares over the run (the sources prepared now unless
-    they are cached; what they say goes to stderr), else None."""
+def mixture_report(p, steps: int | None = None) -> dict[str, Any] | None:
+    """A preset's mixture of several sources: its realized shares over the run (``steps``: a time budget's, as
+    estimated; the sources prepared now unless they are cached; what they say goes to stderr), else None."""
     import sys
 
     from workbench.data.mixture_data import MixtureData, active_sources, mixture_facts, mixture_lines
@@ -139,7 +139,7 @@ def mixture_report(p) -> dict[str, Any] | None:
         print(m, file=sys.stderr, flush=True)
     data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=log, objective=p.train.objective)
     assert isinstance(data, MixtureData)
-    return {**mixture_facts(data, p), "lines": mixture_lines(data, p)}
+    return {**mixture_facts(data, p, steps), "lines": mixture_lines(data, p, steps)}
 
 
 def build_report(args) -> EstimateReport | dict[str, Any]:
@@ -427,7 +427,8 @@ def print_compare(c: dict[str, Any]) -> None:
 
 def run(args) -> int:
     r = build_report(args)
-    mix = mixture_report(_preset(args, detect()))
+    t = r.time if isinstance(r, EstimateReport) else None
+    mix = mixture_report(_preset(args, detect()), max(1, int(t.steps)) if t is not None and t.budget_s else None)
     if isinstance(r, EstimateReport):
         r.mixture = mix
         out = r.to_dict()

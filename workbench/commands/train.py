@@ -16,6 +16,7 @@ from workbench.commands.common import (
 )
 from workbench.config import overridden_keys, preset_to_toml
 from workbench.data.chat_data import check_loss_on, corpus_kind
+from workbench.data.mixture_data import MixtureData
 from workbench.data.preference_records import check_corpus_kind
 from workbench.data.tokens import check_chat_template, open_data_corpus, prepare_data
 from workbench.machine.detect import Machine, detect
@@ -113,7 +114,12 @@ def run(args) -> int:
                                 objective=p.train.objective)
         finally:
             progress.close()
-        data.check(p)  # e.g. conversations that fill no row (all dropped as overlong) are bad input too
+        # e.g. conversations that fill no row (all dropped as overlong) are bad input too; a mixture's max_repeat is
+        # checked over the steps the run is planned for: with a time budget, its first guess (the trainer's too)
+        if isinstance(data, MixtureData):
+            data.check(p, max(1, check.budget_steps) if check.budget_steps is not None else None)
+        else:
+            data.check(p)
     def fill(run_dir):
         if src is not None:  # the weights it starts from, before preset.toml makes it a run
             rundir.start_from(run_dir, src.weights, src.run_dir)

@@ -285,15 +285,31 @@ class MixturePlan:
         s = int(self.order[r])
         return s, self.window(s, block * self.counts[s] + int(self.nth[r]))
 
-    def over_limit(self) -> list[str]:
-        """Sources that would repeat more than their max_repeat, one phrase each with the numbers."""
+    def over_limit(self, planned: str = "") -> list[str]:
+        """Sources that would repeat more than their max_repeat, one phrase each with the numbers (``planned``:
+        what the horizon is, e.g. " for the time budget's first guess of 50 steps")."""
         out = []
         for s, src in enumerate(self.sources):
             if src.max_repeat and self.counts[s] > src.max_repeat * src.windows:
                 out.append(f"source {src.name!r} would be repeated {self.repeats(s):.2f} times ({self.counts[s]:,} "
-                           f"sequences of {self.seq_len} tokens planned, it holds {src.windows:,}) but its max_repeat "
-                           f"is {src.max_repeat:g}")
+                           f"sequences of {self.seq_len} tokens planned{planned}, it holds {src.windows:,}) but its "
+                           f"max_repeat is {src.max_repeat:g}")
         return out
+
+    def within_repeats(self) -> tuple[int, int] | None:
+        """How far the stream (counted from the plan's start, past its horizon too) keeps every source within its
+        max_repeat: (the sequences before the first one that would take a source past it, that source), the
+        earliest over the sources; None when no source would ever pass it (no max_repeat)."""
+        first: tuple[int, int] | None = None
+        for s, src in enumerate(self.sources):
+            if not src.max_repeat or not self.counts[s]:
+                continue
+            allowed = int(math.floor(src.max_repeat * src.windows + 1e-9))   # sequences of it within the limit
+            block, r = divmod(allowed, self.counts[s])                       # the first one past it, in the plan
+            at = block * self.horizon + int(np.flatnonzero(self.order == s)[r])
+            if first is None or at < first[0]:
+                first = (at, s)
+        return first
 
 
 def mixture_digest(sources: Sequence[SourceSpec], seq_len: int) -> str:

@@ -31,7 +31,7 @@ from workbench.fmt import human_bytes
 VAL_HORIZON_BATCHES = 64   # a val sampler's plan: this many batches (an eval draws fewer; past it the plan repeats)
 
 __all__ = ["MixtureData", "active_sources", "mixture_corpus", "mixture_facts", "mixture_lines", "mixture_sources",
-           "mixture_table", "prepare_mixture"]
+           "mixture_table", "over_limit", "prepare_mixture"]
 
 
 def active_sources(cfg: DataConfig) -> list[dict]:
@@ -98,19 +98,20 @@ class MixtureData:
             return int(self.parts[s].rows(part, p.model.seq_len, p.data.packing, p.data.overlong).rows)
         return (len(self.tokens_of(s, part)) - 1) // p.model.seq_len
 
-    def horizon(self, part: str, p: Preset) -> int:
-        """Sequences a plan covers: the run's (max_iters x batch_size x grad_accum), or an eval's."""
+    def horizon(self, part: str, p: Preset, steps: int | None = None) -> int:
+        """Sequences a plan covers: the run's (max_iters x batch_size x grad_accum; ``steps`` instead of max_iters:
+        a time budget's first guess at its steps), or an eval's."""
         if part == "train":
-            return p.train.max_iters * p.train.batch_size * p.train.grad_accum
+            return (steps or p.train.max_iters) * p.train.batch_size * p.train.grad_accum
         return p.train.batch_size * VAL_HORIZON_BATCHES
 
-    def plan(self, part: str, p: Preset, seed: int) -> MixturePlan:
-        key = (part, self.horizon(part, p), p.model.seq_len, seed)
+    def plan(self, part: str, p: Preset, seed: int, steps: int | None = None) -> MixturePlan:
+        key = (part, self.horizon(part, p, steps), p.model.seq_len, seed)
         if key not in self._plans:
             T = p.model.seq_len
             specs = [SourceSpec(n, w, self.windows(s, part, p), m, _content(d))
                      for s, (n, w, m, d) in enumerate(zip(self.names, self.weights, self.max_repeat, self.parts))]
-            self._plans[key] = plan_mixture(specs, T, self.horizon(part, p), seed)
+            self._plans[key] = plan_mixture(specs, T, self.horizon(part, p, steps), seed)
         return self._plans[key]
 
     def tokens_of(self, s: int, part: str) -> np.ndarray:
@@ -132,18 +133,18 @@ class MixtureData:
         tr, va = zip(*(d.split_tokens() for d in self.parts))
         return sum(tr), sum(va)
 
-    def check(self, p: Preset) -> None:
-        """A source repeated more than its max_repeat over the run's horizon: refused with the numbers."""
+    def check(self, p: Preset, steps: int | None = None) -> None:
+        """A source repeated more than its max_repeat over the run's horizon (``steps``: a time budget's first guess
+        at its steps, which max_iters is not then): refused with the numbers."""
         if self.format == "chat":  # a source whose conversations fill no row: refused naming it
             for name, d in zip(self.names, self.parts):
                 try:
                     d.check(p)
                 except DataError as e:
                     raise DataError(f"data.mixture source {name!r}: {e}") from None
-        over = self.plan("train", p, p.train.seed).over_limit()
+        over = over_limit(self.plan("train", p, p.train.seed, steps), p, steps)
         if over:
-            raise DataError("; ".join(over) + ": lower its weight, raise its max_repeat, add text to it, or train "
-                                              "fewer steps (train.max_iters)")
+            raise DataError(over)
 
     def start_lines(self, sampler: Any, p: Preset) -> list[str]:
         chat = [f"chat: each source's conversations packed into rows of {p.model.seq_len} as one chat corpus is, "
@@ -221,14 +222,33 @@ def mixture_table(plan: MixturePlan, train_tokens: list[int], rows: bool = False
                      for r in rows_]
 
 
-def mixture_facts(data: MixtureData, p: Preset) -> dict:
-    """A prepared mixture's sources and the realized mixture over a run of ``p`` (as `train`'s first lines say),
-    for --json."""
-    plan = data.plan("train", p, p.train.seed)
+def over_limit(plan: MixturePlan, p: Preset, steps: int | None = None) -> str:
+    """The line that refuses a run whose plan repeats a source past its max_repeat, with the numbers and what to
+    change ("" when none does); ``steps``: the plan is a time budget's first guess at its steps."""
+    budget = budget_seconds(p.train.time_budget) is not None
+    over = plan.over_limit(_planned(p, steps))
+    if not over:
+        return ""
+    return "; ".join(over) + (": lower its weight, raise its max_repeat, add text to it, or give a shorter time "
+                              "budget (train.time_budget)" if budget else
+                              ": lower its weight, raise its max_repeat, add text to it, or train fewer steps "
+                              "(train.max_iters)")
+
+
+def _planned(p: Preset, steps: int | None) -> str:
+    """What a plan's horizon is, as over_limit's phrases say it: a time budget's first guess, else nothing."""
+    return f" for the time budget's first guess of {steps:,} steps" if steps and budget_seconds(
+        p.train.time_budget) is not None else ""
+
+
+def mixture_facts(data: MixtureData, p: Preset, steps: int | None = None) -> dict:
+    """A prepared mixture's sources and the realized mixture over a run of ``p`` (as `train`'s first lines say;
+    ``steps``: a time budget's first guess at its steps), for --json."""
+    plan = data.plan("train", p, p.train.seed, steps)
     T = plan.seq_len
     return {"format": "mixture", "horizon_sequences": plan.horizon, "seq_len": T, "exact": plan.exact,
             "chat": data.format == "chat", "vocab_size": data.tokenizer.vocab_size, "cached": data.cached,
-            "refused": plan.over_limit(),
+            "refused": plan.over_limit(_planned(p, steps)),
             "sources": [{"name": src.name, "weight": src.weight, "source": d.source, "sequences": plan.counts[s],
                          "tokens": plan.counts[s] * T, "unique_tokens": min(plan.counts[s], src.windows) * T,
                          "repeats": round(plan.repeats(s), 4), "max_repeat": src.max_repeat,
@@ -236,13 +256,16 @@ def mixture_facts(data: MixtureData, p: Preset) -> dict:
                         for s, (src, d) in enumerate(zip(plan.sources, data.parts))]}
 
 
-def mixture_lines(data: MixtureData, p: Preset) -> list[str]:
-    """The realized mixture over a run of ``p`` as `data inspect`, `data prepare` and `estimate` print it."""
+def mixture_lines(data: MixtureData, p: Preset, steps: int | None = None) -> list[str]:
+    """The realized mixture over a run of ``p`` as `data inspect`, `data prepare` and `estimate` print it
+    (``steps``: a time budget's first guess at its steps)."""
     t = p.train
-    plan = data.plan("train", p, t.seed)
-    return ([f"for a run of {p.name} ({t.max_iters:,} steps x {t.batch_size} x {t.grad_accum} sequences):"]
+    plan = data.plan("train", p, t.seed, steps)
+    guess = " (the time budget's first guess)" if steps else ""
+    return ([f"for a run of {p.name} ({steps or t.max_iters:,} steps{guess} x {t.batch_size} x {t.grad_accum} "
+             "sequences):"]
             + data.table(plan)
-            + [f"`train` would refuse it: {why}" for why in plan.over_limit()])
+            + [f"`train` would refuse it: {why}" for why in plan.over_limit(_planned(p, steps))])
 
 
 def prepare_mixture(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[str], None], prepare_one: Callable,

@@ -235,6 +235,7 @@ class FitCheck:
     options: tuple[dict[str, Any], ...] = ()   # every way it would fit (recommend.fitting_savers), cheapest first
     budget_problem: str = ""   # a time budget too short to buy a complete run at the estimated speed
     budget_warning: str = ""   # ... or one whose set train.eval_iters costs more than the evals' share
+    budget_steps: int | None = None  # the steps a time budget buys by the estimate (the trainer's first guess)
 
     def lines(self) -> list[str]:
         return [self.memory + (f"; try {self.suggestion}" if self.suggestion else ""), self.time]
@@ -255,10 +256,11 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None,
         memory = (f"{'fits' if r.fits else 'does not fit'}: ~{total} of {human_bytes(avail)} "
                   f"{r.available_what} (estimate, {HEADROOM:.0%} kept free)")
     problem = warning = ""
+    steps = None
     if r.time and r.tokens_per_s and r.time.budget_s:
         plan = budget_plan_at(preset, r.tokens_per_s, basis=r.tokens_per_s_basis)
         assert plan is not None
-        problem, warning = plan.problem, plan.warning
+        problem, warning, steps = plan.problem, plan.warning, plan.steps
         if problem and not budget_too_short_at_best(preset, r.tokens_per_s, r.tokens_per_s_basis):
             # short by the estimate, not by twice its speed: said, and the run sizes its evals from a timed batch
             problem, warning = "", (f"{plan.problem} by the estimate ({r.tokens_per_s:,.0f} tokens/s, "
@@ -267,12 +269,11 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None,
         if warning:
             time += f"; warning: {warning}"
     elif r.time and r.tokens_per_s:
-        steps = preset.train.max_iters
-        time = (f"~{duration(r.time.total_s)} for {steps:,} steps at {r.tokens_per_s:,.0f} tokens/s "
+        time = (f"~{duration(r.time.total_s)} for {preset.train.max_iters:,} steps at {r.tokens_per_s:,.0f} tokens/s "
                 f"({r.tokens_per_s_basis})")
     else:
         time = "time: unknown until this machine's speed is measured (after a first run, or `workbench estimate`)"
         if preset.train.time_budget_s:
             time += (f"; the budget's evals are sized to at most {EVAL_SHARE:.0%} of it from an eval batch the run "
                      "times before its step-0 eval")
-    return FitCheck(r.fits, memory, time, r.suggestion or "", tuple(r.savers or ()), problem, warning)
+    return FitCheck(r.fits, memory, time, r.suggestion or "", tuple(r.savers or ()), problem, warning, steps)

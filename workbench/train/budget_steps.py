@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from workbench.data.prepare import DataError
 from workbench.plan.cost import eval_seconds
 from workbench.plan.horizon import EVAL_SHARE, GRPO_STEP_PER_ROLLOUT, STEP_PER_EVAL_BATCH, plan_budget
 from workbench.train.evaluation import EvalBatches, time_eval_batch
@@ -22,6 +23,9 @@ class BudgetSteps(TrainerParts):
 
     evals_skipped = 0  # a budget's evals on the way skipped to keep their share (budget_eval_fits)
     slowest_eval = 0.0  # this process's slowest eval after step 0 (what budget_eval_fits expects the next to take)
+    mixture_cap: int | None = None  # a mixture's plan: the last step that keeps every source within its max_repeat
+    mixture_cap_why = ""    # ... which source, with the numbers
+    mixture_capped = False  # ... and that step ends the run before the budget would (said once)
 
     def size_budget_evals(self) -> None:
         """A new budgeted run's evals sized to its budget at this machine's speed now, before its step-0 eval: one
@@ -90,6 +94,7 @@ class BudgetSteps(TrainerParts):
             eval_estimate=(lambda rate: self.slowest_eval or b.first_eval or 0.0) if self.grpo is not None else
             (lambda rate: eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate)),
             agree=self.dist.broadcast)
+        end = self.within_repeats(end)  # a mixture's source past its max_repeat ends the run first
         self.horizon = self.horizon.after_step(st.step, end, b.agreed, b.step_share(st.step, time.time()))
         self.mixture_follows_budget()
 
@@ -111,9 +116,43 @@ class BudgetSteps(TrainerParts):
                             "that end moves (what was drawn is kept):")
             for line in self.data.table(self.sampler.plan):
                 self.report.log(line)
-            for why in self.sampler.plan.over_limit():  # checked before the start at max_iters' horizon
-                self.report.log(f"warning: {why} over the budget's first guess; it goes on (the budget decides "
-                                "the steps): lower its weight or the budget, or raise its max_repeat")
+        if say or moved:
+            self.mixture_within_repeats(end, fresh=say and self.state.step == 0 and not self.resume)
+
+    def mixture_within_repeats(self, end: int, fresh: bool) -> None:
+        """A source's max_repeat over a budgeted mixture's plan (checked again whenever it is re-planned). A new
+        run whose first guess at its steps repeats a source past it is refused before its first step (as
+        `workbench train` refuses it, with the numbers); later, when the budget's end moves out so far that it
+        would (a faster pace than estimated), the run ends at the last step that keeps every source within its
+        max_repeat: the budget and the repeats are both limits, and the first reached ends the run (said once in
+        train.log, with the numbers; the learning rate is then where the budget's schedule had it)."""
+        from workbench.data.mixture_data import over_limit
+
+        plan, per_step = self.sampler.plan, self.preset.train.batch_size * self.preset.train.grad_accum
+        within = plan.within_repeats()
+        if within is None:
+            return
+        if fresh and (refusal := over_limit(plan, self.preset, end)):
+            raise DataError(refusal)
+        at, s = within
+        src = plan.sources[s]
+        self.mixture_cap = self.state.step + (self.sampler.base + at - self.sampler.counter) // per_step
+        self.mixture_cap_why = (f"a step more would repeat source {src.name!r} more than its max_repeat "
+                                f"{src.max_repeat:g} (it holds {src.windows:,} sequences of {plan.seq_len} tokens)")
+        self.horizon = self.horizon.ended_at(self.within_repeats(self.horizon.end_step))
+
+    def within_repeats(self, end: int) -> int:
+        """``end`` (where the budget ends the run), or the last step that keeps every source of a mixture within
+        its max_repeat when that comes first (said once in train.log)."""
+        cap = self.mixture_cap
+        if cap is None or cap >= end:
+            return end
+        if not self.mixture_capped:
+            self.mixture_capped = True
+            self.report.log(f"time budget: the run ends at step {cap:,}, before the budget's end (~{end:,} steps by "
+                            f"its pace): {self.mixture_cap_why}; for a longer run add text to it, lower its weight or "
+                            "raise its max_repeat")
+        return max(self.state.step, cap)
 
     def mixture_realized(self) -> None:
         """A budgeted mixture's end: the sequences each source gave, against the apportionment of the steps it
