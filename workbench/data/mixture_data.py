@@ -262,8 +262,11 @@ def mixture_lines(data: MixtureData, p: Preset, steps: int | None = None) -> lis
     t = p.train
     plan = data.plan("train", p, t.seed, steps)
     guess = " (the time budget's first guess)" if steps else ""
+    note = "" if steps or budget_seconds(t.time_budget) is None else (
+        " (train.max_iters: with its time budget the run is planned for the steps the budget buys, which "
+        "`workbench estimate` shows)")
     return ([f"for a run of {p.name} ({steps or t.max_iters:,} steps{guess} x {t.batch_size} x {t.grad_accum} "
-             "sequences):"]
+             f"sequences){note}:"]
             + data.table(plan)
             + [f"`train` would refuse it: {why}" for why in plan.over_limit(_planned(p, steps))])
 
