@@ -144,15 +144,15 @@ class BudgetSteps(TrainerParts):
     def within_repeats(self, end: int) -> int:
         """``end`` (where the budget ends the run), or the last step that keeps every source of a mixture within
         its max_repeat when that comes first (said once in train.log)."""
-        cap = self.mixture_cap
-        if cap is None or cap >= end:
+        if self.mixture_cap is None or self.mixture_cap >= end:
             return end
+        cap = max(self.state.step, self.mixture_cap)  # past it already (a resume with a lower max_repeat): here
         if not self.mixture_capped:
             self.mixture_capped = True
             self.report.log(f"time budget: the run ends at step {cap:,}, before the budget's end (~{end:,} steps by "
                             f"its pace): {self.mixture_cap_why}; for a longer run add text to it, lower its weight or "
                             "raise its max_repeat")
-        return max(self.state.step, cap)
+        return cap
 
     def mixture_realized(self) -> None:
         """A budgeted mixture's end: the sequences each source gave, against the apportionment of the steps it
