@@ -225,7 +225,7 @@ def mixture_table(plan: MixturePlan, train_tokens: list[int], rows: bool = False
 def over_limit(plan: MixturePlan, p: Preset, steps: int | None = None) -> str:
     """The line that refuses a run whose plan repeats a source past its max_repeat, with the numbers and what to
     change ("" when none does); ``steps``: the plan is a time budget's first guess at its steps."""
-    budget = budget_seconds(p.train.time_budget) is not None
+    budget = p.train.time_budget_s is not None
     over = plan.over_limit(_planned(p, steps))
     if not over:
         return ""
@@ -237,8 +237,8 @@ def over_limit(plan: MixturePlan, p: Preset, steps: int | None = None) -> str:
 
 def _planned(p: Preset, steps: int | None) -> str:
     """What a plan's horizon is, as over_limit's phrases say it: a time budget's first guess, else nothing."""
-    return f" for the time budget's first guess of {steps:,} steps" if steps and budget_seconds(
-        p.train.time_budget) is not None else ""
+    budgeted = steps and p.train.time_budget_s is not None
+    return f" for the time budget's first guess of {steps:,} steps" if budgeted else ""
 
 
 def mixture_facts(data: MixtureData, p: Preset, steps: int | None = None) -> dict:
@@ -262,7 +262,7 @@ def mixture_lines(data: MixtureData, p: Preset, steps: int | None = None) -> lis
     t = p.train
     plan = data.plan("train", p, t.seed, steps)
     guess = " (the time budget's first guess)" if steps else ""
-    note = "" if steps or budget_seconds(t.time_budget) is None else (
+    note = "" if steps or t.time_budget_s is None else (
         " (train.max_iters: with its time budget the run is planned for the steps the budget buys, which "
         "`workbench estimate` shows)")
     return ([f"for a run of {p.name} ({steps or t.max_iters:,} steps{guess} x {t.batch_size} x {t.grad_accum} "
