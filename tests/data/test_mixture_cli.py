@@ -8,6 +8,7 @@ import dataclasses
 import json
 import random
 import re
+import shutil
 import signal
 from pathlib import Path
 
@@ -186,6 +187,25 @@ def test_a_changed_mixture_on_resume_is_refused_unless_remix(mixed_runs):
     (ev,) = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("event") == "mixture_changed"]
     assert ev["step"] == 8 and ev["before"] == [["words", 0.7], ["nums", 0.3]]
     assert ev["after"] == [["words", 0.5], ["nums", 0.3]]
+    assert max(losses(run)) == 10
+
+
+def test_more_steps_that_would_repeat_a_source_past_its_max_repeat_are_refused_on_resume(mixed_runs, tmp_path):
+    """`resume --more` moves the horizon: a source's max_repeat is checked over the steps it goes on to, as `train`
+    checks it from the start (one line with the numbers, exit 2, nothing in the run changed)."""
+    run = tmp_path / "straight"
+    shutil.copytree(mixed_runs / "straight", run)
+    preset = run / "preset.toml"   # nums may be read a quarter of a time: 24 of its 97 sequences
+    head, nums = preset.read_text().split('name = "nums"')
+    preset.write_text(head + 'name = "nums"' + nums.replace("max_repeat = 0.0", "max_repeat = 0.25", 1))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "lock"}
+    cp = wb("resume", "straight", "--more", "100", "--runs-dir", str(tmp_path))
+    assert cp.returncode == 2, (cp.stdout, cp.stderr)
+    (line,) = cp.stderr.strip().splitlines()
+    assert re.search(r"source 'nums' would be repeated [\d.]+ times \(\d+ sequences of 32 tokens planned, it holds "
+                     r"97\) but its max_repeat is 0.25: .*train fewer steps \(train.max_iters\)", line), line
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "lock"} == before
+    wb("resume", "straight", "--more", "2", "--runs-dir", str(tmp_path), check=True)  # within it: goes on
     assert max(losses(run)) == 10
 
 

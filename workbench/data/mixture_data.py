@@ -46,6 +46,18 @@ def mixture_sources(cfg: DataConfig) -> list[list] | None:
     return [[s["name"], s["weight"]] for s in active] if len(active) > 1 else None
 
 
+def check_mixture_repeats(p: Preset, run_dir: Path) -> None:
+    """A resume's check of its mixture's max_repeat over the horizon it goes on to (its sources' prepared tokens,
+    from the cache): refused in one line with the numbers, as `train` refuses it from the start."""
+    if not any(s.get("max_repeat") for s in active_sources(p.data)):
+        return
+    from workbench.data.tokens import prepare_data  # the mixture's sources, prepared as the trainer will have them
+    data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda _m: None, run_dir=run_dir,
+                        loss_on=p.train.loss_on, objective=p.train.objective)
+    if isinstance(data, MixtureData):
+        data.check(p)
+
+
 def source_corpus(cfg: DataConfig, src: dict) -> Corpus:
     """One source's corpus (listed, nothing read); a missing one refused naming the source."""
     try:
