@@ -78,7 +78,8 @@ def test_a_budgeted_grpo_run_killed_and_resumed_ends_at_its_budget_at_min_lr_wit
     # the CLI's first line: the hardware's estimate gives no GRPO steps (no GRPO run measured here yet); its evals
     # are the held-out reward
     assert "the steps by the run's own pace (a GRPO step's rollout is timed as it starts)" in first_lines, first_lines
-    assert "held-out prompts x 4 completions each" in first_lines
+    # its evals: the prompts file's 3 held-out prompts (12 prompts, data.val_fraction 0.25), not the most it could take
+    assert "the reward of 3 held-out prompts x 4 completions each" in first_lines, first_lines
     last = rundir.list_checkpoints(d)[-1]
     spent = json.loads((Path(last["path"]) / "trainer_state.json").read_text())["budget_spent"]
     assert 0 < spent < BUDGET

@@ -369,22 +369,24 @@ def budget_too_short_at_best(p: Preset, tokens_per_s: float | None, basis: str |
 
 
 def budget_plan_at(p: Preset, tokens_per_s: float | None, seconds: float | None = None,
-                   val_tokens: int | None = None, basis: str | None = None) -> BudgetPlan | None:
+                   val_tokens: int | None = None, basis: str | None = None,
+                   held_prompts: int | None = None) -> BudgetPlan | None:
     """The plan of ``p``'s budget (or ``seconds`` of one) at an estimated ``tokens_per_s``: a step's tokens at that
     rate, an eval batch's forward at a third of a step's work a token. None without a budget.
 
     GRPO: only a speed measured on a GRPO run (``basis``: plan.report's, ``step_measured``) times its step, rollout
     included; its eval's rollout of a held-out prompt is taken as a step's rollout of one of its prompts. The
-    hardware's estimate gives no steps (the run times its rollouts as it starts), only the evals' plan."""
+    hardware's estimate gives no steps (the run times its rollouts as it starts), only the evals' plan, sized for
+    ``held_prompts`` held-out prompts when the prompts file says how many."""
     seconds = p.train.time_budget_s if seconds is None else seconds
     if seconds is None:
         return None
     if samples(p):
         if not tokens_per_s or not step_measured(basis):
-            return plan_budget(p, seconds, None, None)
+            return plan_budget(p, seconds, None, None, held_prompts=held_prompts)
         step_s = p.tokens_per_step() / tokens_per_s
         prompts = p.train.batch_size * p.train.grad_accum
-        return plan_budget(p, seconds, step_s, step_s / (prompts * GRPO_STEP_PER_ROLLOUT))
+        return plan_budget(p, seconds, step_s, step_s / (prompts * GRPO_STEP_PER_ROLLOUT), held_prompts=held_prompts)
     if not tokens_per_s:
         return plan_budget(p, seconds, None, None)
     return plan_budget(p, seconds, p.tokens_per_step() / tokens_per_s,

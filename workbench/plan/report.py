@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from workbench.config import Preset
+from workbench.config.objectives import objective_spec
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
 from workbench.machine.detect import Machine
@@ -25,6 +26,7 @@ from workbench.plan.horizon import EVAL_SHARE, budget_plan_at, budget_too_short_
 from workbench.plan.memory import HEADROOM, MemoryEstimate
 from workbench.plan.recommend import fitting_savers, suggest_changes
 from workbench.plan.settings import RunSettings
+from workbench.reward.prompts import held_out_count, read_prompts
 
 # What an earlier run of a preset measured on a device type (tokens/s, ...), or None: the reading of past
 # runs lives above this layer (workbench.analysis.history.measured_in gives one for a runs directory).
@@ -241,6 +243,17 @@ class FitCheck:
         return [self.memory + (f"; try {self.suggestion}" if self.suggestion else ""), self.time]
 
 
+def held_prompts(p: Preset) -> int | None:
+    """A GRPO run's held-out prompts (what its evals roll out), counted from its prompts file; None for other
+    objectives, or where the file cannot be read (the run's own start says why, in one line)."""
+    if not objective_spec(p.train.objective).samples:
+        return None
+    try:
+        return held_out_count(len(read_prompts(p.data.corpus).items), p.data.val_fraction)
+    except WorkbenchError:
+        return None
+
+
 def fit_check(preset: Preset, machine: Machine, history: History | None = None,
               peak: Callable[[str, str], float | None] | None = None) -> FitCheck:
     """The estimate a new run is shown before it starts (the new-run dialog, `workbench train`, `sweep`); with a
@@ -258,7 +271,7 @@ def fit_check(preset: Preset, machine: Machine, history: History | None = None,
     problem = warning = ""
     steps = None
     if r.time and r.tokens_per_s and r.time.budget_s:
-        plan = budget_plan_at(preset, r.tokens_per_s, basis=r.tokens_per_s_basis)
+        plan = budget_plan_at(preset, r.tokens_per_s, basis=r.tokens_per_s_basis, held_prompts=held_prompts(preset))
         assert plan is not None
         problem, warning, steps = plan.problem, plan.warning, plan.steps
         if problem and not budget_too_short_at_best(preset, r.tokens_per_s, r.tokens_per_s_basis):

@@ -21,7 +21,7 @@ from workbench.data.tokenizer import tokenizer_file
 from workbench.data.tokens import given_tokenizer
 from workbench.data.train_data import EpochOrder
 from workbench.reward.builtin import RewardError
-from workbench.reward.prompts import Prompt, Prompts, read_prompts
+from workbench.reward.prompts import Prompt, Prompts, held_out_count, read_prompts
 
 FORMAT = "prompts"
 
@@ -118,7 +118,7 @@ def prompt_data(p: Preset, run_dir: Path | None = None) -> PromptData:
 
     ids = [encode(x) for x in prompts.items]
     n = len(ids)
-    n_val = 0 if n < 2 else max(1, round(n * p.data.val_fraction))
+    n_val = held_out_count(n, p.data.val_fraction)
     own = tokenizer_file(run_dir) if run_dir is not None else None
     return PromptData(prompts, tok, own or Path(p.data.tokenizer), ids, frozenset(stops), n - n_val, template)
 

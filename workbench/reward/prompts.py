@@ -61,6 +61,12 @@ def _text_prompts(src: Source, reader: RecordReader) -> list[Prompt]:
     return out
 
 
+def held_out_count(n: int, val_fraction: float) -> int:
+    """How many of a prompts file's ``n`` prompts a GRPO run holds out for its eval's reward (the last ones): its
+    data.val_fraction, at least one when there are two or more."""
+    return 0 if n < 2 else max(1, round(n * val_fraction))
+
+
 def read_prompts(path: str | Path, limit: int | None = None) -> Prompts:
     """Every prompt of ``path`` (the first ``limit`` with a limit), in order; one line if there are none."""
     p = Path(path).expanduser()
