@@ -246,10 +246,11 @@ class FitCheck:
 def held_prompts(p: Preset) -> int | None:
     """A GRPO run's held-out prompts (what its evals roll out), counted from its prompts file; None for other
     objectives, or where the file cannot be read (the run's own start says why, in one line)."""
-    if not objective_spec(p.train.objective).samples:
+    corpus = p.data.corpus
+    if not objective_spec(p.train.objective).samples or not isinstance(corpus, str):
         return None
     try:
-        return held_out_count(len(read_prompts(p.data.corpus).items), p.data.val_fraction)
+        return held_out_count(len(read_prompts(corpus).items), p.data.val_fraction)
     except WorkbenchError:
         return None
 
