@@ -317,6 +317,13 @@ def test_grad_spike_threshold_is_ten_times_the_median(tmp_path, factor, fires):
         assert found["unstable.grad_spikes"].step == 50
 
 
+def test_steps_without_a_gradient_are_no_median_for_a_spike(tmp_path):
+    """A GRPO step whose groups all scored alike has no gradient (norm 0): a run of mostly such steps has a median
+    of 0, and its first real step was flagged as a spike (a walk's false "unstable"); zeros are left out."""
+    d = write_run(tmp_path, "g", grad=lambda s: 0.44 if s % 10 == 0 else 0.0, loss=lambda s: 0.0)
+    assert "unstable.grad_spikes" not in found_codes(d)
+
+
 @pytest.mark.parametrize("factor, fires", [(0.9, False), (1.1, True)])
 def test_loss_spike_threshold_is_a_fifth_above_the_median(tmp_path, factor, fires):
     # a flat loss of 3.0 (MAD 0): the bar is LOSS_SPIKE_FRACTION (0.2) above the median

@@ -61,6 +61,8 @@ class SpikeFinder:
     def add(self, step: int, value: float | None, lr: float | None = None) -> None:
         if value is None:
             return  # not finite: the non-finite guard reports it (an event of its own)
+        if self.kind == "grad_norm" and value == 0:
+            return  # no gradient at all (a GRPO step whose groups all scored alike): not a point of the norm's scale
         if len(self.window) >= SPIKE_MIN_POINTS and step > self.after_step:
             median = statistics.median(self.window)
             mad = statistics.median(abs(v - median) for v in self.window)
