@@ -80,6 +80,14 @@ def test_invalid_preset_rule_has_clear_message(tmp_path, text, fragment):
     assert "\n" not in msg   # one line
 
 
+def test_a_budgeted_runs_warmup_is_not_checked_against_max_iters(tmp_path):
+    """With a time budget max_iters is not the run's length (the warmup is a share of the steps the budget buys):
+    warmup_iters >= max_iters is no error there (a walk's GRPO command had every other error hidden behind it)."""
+    path = tmp_path / "budget.toml"
+    path.write_text('[train]\nwarmup_iters = 30\nmax_iters = 20\ntime_budget = "1m"')
+    assert load_preset_file(path).train.max_iters == 20
+
+
 def test_dpop_with_another_objective_is_refused_on_the_command_line():
     cp = wb("estimate", "cpu-small", "--set", "train.objective=simpo", "--set", "train.dpop_lambda=50")
     assert cp.returncode == 2 and "\n" not in cp.stderr.strip()

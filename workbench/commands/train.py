@@ -82,6 +82,9 @@ def run(args) -> int:
         print(objective.describe(), flush=True)
     check = fit_check(p, machine, measured_in(root), peak=budget_peak(p))
     print("estimate: " + "; ".join(check.lines()), flush=True)
+    if p.train.time_budget_s is not None and "train.max_iters" in overridden_keys(overrides):
+        print(f"note: train.max_iters = {p.train.max_iters} is not read with a time budget: the budget decides the "
+              "steps (drop one of the two)", flush=True)
     if check.budget_problem and not req.force:
         raise rundir.RunError(f"{check.budget_problem} (or start it anyway with --yes)")
     if check.fits is False and not req.force:

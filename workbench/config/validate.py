@@ -130,7 +130,8 @@ def _model_rules(p: Preset, bad: Bad, user_set: frozenset[str]) -> None:
 def _schedule_rules(p: Preset, bad: Bad, fix: Fix) -> None:
     """Warmup, the learning rates and the decay against each other."""
     t = p.train
-    if t.warmup_iters >= t.max_iters:
+    # with a time budget max_iters is not the run's length (its warmup is a share of the steps the budget buys)
+    if t.warmup_iters >= t.max_iters and t.time_budget_s is None:
         bad(f"train.warmup_iters = {t.warmup_iters} must be < train.max_iters = {t.max_iters}"
             + fix("train.max_iters", "train.warmup_iters", {"train.warmup_iters": max(0, t.max_iters // 10),
                                                             "train.max_iters": t.warmup_iters * 2 or 1}))
