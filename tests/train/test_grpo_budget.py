@@ -2,7 +2,8 @@
 held-out prompts' reward, sized from one held-out prompt's rollout the run times before its step-0 eval; its steps
 come from a GRPO run's measured pace or that rollout (the hardware's estimate knows nothing of generation); a run
 killed with kill -9 and resumed goes on against what its checkpoint had left and ends at its budget at min_lr, its
-end line with the held-out reward; `queue add` runs one to its end; a sweep of GRPO trials is one line, exit 2; on
+end line with the held-out reward; `queue add` runs one to its end (listed with its held-out reward); a sweep
+of GRPO trials ranks them by the held-out reward, higher first, and a sweep mixing objectives is one line; on
 two processes (DDP, gloo) a run follows the queued one-process run (each rank rolls out its share of the prompts,
 seeded by their place in the step)."""
 
@@ -134,23 +135,77 @@ def queued(root) -> Path:
     return root / "runs" / "q"
 
 
-def test_a_queued_grpo_run_runs_to_its_end_and_a_grpo_sweep_is_one_line(root, queued):
+def test_a_queued_grpo_run_runs_to_its_end_listed_with_its_held_out_reward(root, queued):
     d = queued
     st = rundir.read_status(d)
     assert st.state == "finished" and st.step == 3
     assert [r["step"] for r in rewards(d, "train")] == [1, 2, 3] and [r["step"] for r in rewards(d, "val")] == [0, 3]
-    # a sweep needs a preset that starts from a run (sweeps take no --init-from): the queued run's own
+    # `queue ls`: where a run's val loss would be, a GRPO run's held-out reward at its end
+    listed = json.loads(wb("queue", "ls", "--json", "--runs-dir", str(root / "runs"), check=True).stdout)
+    q = next(r for r in listed["runs"] if r["name"] == "q")
+    assert q["metric"] == pytest.approx(rewards(d, "val")[-1]["reward"])
+
+
+@pytest.fixture(scope="module")
+def grpo_preset(root, queued) -> Path:
+    """A preset that starts from a run (sweeps take no --init-from): the queued GRPO run's own."""
     preset = root / "grpo.toml"
-    preset.write_text((d / rundir.PRESET_FILE).read_text().replace('name = "cpu-small"', 'name = "grpo-facts"', 1))
+    preset.write_text((queued / rundir.PRESET_FILE).read_text().replace('name = "cpu-small"', 'name = "grpo-facts"',
+                                                                          1))
     assert load_preset_file(preset).train.objective == "grpo"
-    spec = root / "sweep.toml"
-    spec.write_text(f'name = "gs"\npreset = "{preset}"\nmethod = "grid"\nset = ["train.max_iters=3"]\n'
-                    f'corpus = ["{root / "prompts.jsonl"}"]\n[parameters]\n"train.grpo_clip" = [0.1, 0.2]\n')
+    return preset
+
+
+def sweep_spec(root: Path, name: str, preset: Path, params: str, extra: str = "") -> Path:
+    spec = root / f"{name}.toml"
+    spec.write_text(f'name = "{name}"\npreset = "{preset}"\nmethod = "grid"\nset = ["train.max_iters=4"]\n'
+                    f'corpus = ["{root / "prompts.jsonl"}"]\n{extra}[parameters]\n{params}\n')
+    return spec
+
+
+def test_a_sweep_of_grpo_trials_ranks_them_by_the_held_out_reward(root, grpo_preset):
+    """A grid of two GRPO trials (train.lr), with a median pruner at half their steps: ranked by val_reward, higher
+    first; the pruner is told each trial's held-out reward at its rung; `sweep show --json` and `save-best` name
+    the metric and pick the trial whose held-out reward, read from its run, is the higher."""
+    spec = sweep_spec(root, "gs", grpo_preset, '"train.lr" = [1e-4, 0.1]',
+                      'pruner = { type = "median", startup = 2, shares = [0.5] }\n')
+    runs = root / "runs"
+    cp = wb("sweep", str(spec), "--runs-dir", str(runs))
+    assert cp.returncode == 0 and "ranked by val_reward (maximize)" in cp.stdout, (cp.stdout, cp.stderr)
+    cp = wb("queue", "run", "--runs-dir", str(runs), timeout=240)
+    assert cp.returncode == 0 and "gs-t0002 finished, val_reward" in cp.stdout, (cp.stdout, cp.stderr)
+    reached = {t: rewards(runs / t, "val") for t in ("gs-t0001", "gs-t0002")}
+    for t, evals in reached.items():
+        assert [r["step"] for r in evals] == [0, 2, 4], (t, evals)   # step 0, the rung (half of 4), the end
+    end = {t: evals[-1]["reward"] for t, evals in reached.items()}
+    assert end["gs-t0001"] != end["gs-t0002"], end   # (the two learning rates must reach different rewards)
+    top = max(end, key=end.__getitem__)
+    shown = json.loads(wb("sweep", "show", "gs", "--json", "--runs-dir", str(runs), check=True).stdout)
+    assert (shown["sweep"]["metric"], shown["sweep"]["goal"]) == ("val_reward", "maximize"), shown["sweep"]
+    trials = {t["run"]: t for t in shown["trials"]}
+    assert {t: trials[t]["metric"] for t in end} == pytest.approx(end)
+    assert trials[top]["rank"] == 1 and shown["best"]["run"] == top, shown
+    # what the pruner saw at its rung: each trial's held-out reward at step 2
+    from workbench.queue.sweep import open_study
+    from workbench.queue.sweep_results import load
+    from workbench.queue.store import QueueStore
+    store = QueueStore(runs)
+    study = open_study(runs, load(store, "gs"))
+    store.close()
+    assert study.direction.name == "MAXIMIZE"
+    seen = {t.number: t.intermediate_values for t in study.trials}
+    assert seen == {k: {50: pytest.approx(reached[t][1]["reward"])} for k, t in enumerate(sorted(reached))}, seen
+    cp = wb("sweep", "save-best", "gs", "--runs-dir", str(runs), env={"WORKBENCH_PRESETS_DIR": str(root / "presets")})
+    assert cp.returncode == 0 and f"best trial {top}" in cp.stdout and "val_reward" in cp.stdout, (cp.stdout,
+                                                                                                  cp.stderr)
+
+
+def test_a_sweep_mixing_grpo_and_other_objectives_is_one_line(root, grpo_preset):
+    spec = sweep_spec(root, "mixed", grpo_preset, '"train.objective" = ["grpo", "sft"]')
     cp = wb("sweep", str(spec), "--runs-dir", str(root / "runs"))
     assert cp.returncode == 2 and cp.stderr.count("\n") == 1, (cp.stdout, cp.stderr)
-    assert "whose eval is the held-out prompts' reward, not val_loss" in cp.stderr, cp.stderr
-    listed = json.loads(wb("queue", "ls", "--json", "--runs-dir", str(root / "runs"), check=True).stdout)
-    assert [r["name"] for r in listed["runs"]] == ["q"]          # nothing of the sweep was queued
+    assert "its trials mix train.objective = grpo (ranked by the held-out reward, val_reward) with sft" in cp.stderr
+    assert "mixed" not in wb("sweep", "ls", "--runs-dir", str(root / "runs"), check=True).stdout  # nothing queued
 
 
 @pytest.mark.slow

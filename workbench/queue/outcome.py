@@ -1,5 +1,6 @@
-"""What a queued run reached, read from its run directory: the metric a sweep ranks trials by, the
-evals along the way (for the pruner), what a pruned run would still have used (the compute pruning saved), and
+"""What a queued run reached, read from its run directory: the metric a sweep ranks trials by (a GRPO run's:
+its held-out prompts' mean reward, ``val_reward``), the evals along the way (for the pruner, each at its share
+of the run), what a pruned run would still have used (the compute pruning saved), and
 the one line a failed run is listed with (its error, and the run doctor's most important finding), and the flag
 of a run that trained beside other processes (the runner's record of the machine's load: not comparable)."""
 
@@ -11,14 +12,19 @@ from pathlib import Path
 from workbench import rundir
 from workbench.analysis.doctor import diagnose_run
 from workbench.analysis.report_card import HEADLINE, LOWER_IS_BETTER, task_scores
+from workbench.config.objectives import OBJECTIVES
 from workbench.errors import WorkbenchError
+from workbench.fs import read_toml
 from workbench.machine.activity import HardwareSnapshot
 from workbench.machine.rates import BUSY_SHARE
 from workbench.plan.horizon import MIN_BUDGET_STEPS
-from workbench.rundir import EvalRecord, RunStatus, TrainRecord, current_timeline, read_metrics
+from workbench.rundir import EvalRecord, RewardRecord, RunStatus, TrainRecord, current_timeline, read_metrics
 
 # A metric is one of these, or task:NAME[:METRIC] (a task score from the run's report card).
 EVAL_METRICS = ("val_loss", "val_bpb")
+# A GRPO run's eval (train.objective = grpo): the mean reward of its held-out prompts' completions (its "val"
+# reward records), higher is better; a GRPO run records no val loss, and a run of any other objective no reward.
+REWARD = "val_reward"
 
 
 class MetricError(WorkbenchError):
@@ -28,7 +34,7 @@ class MetricError(WorkbenchError):
 @dataclass(frozen=True)
 class Metric:
     """What a sweep ranks its trials by."""
-    name: str                  # val_loss | val_bpb | task:NAME[:METRIC]
+    name: str                  # val_loss | val_bpb | val_reward | task:NAME[:METRIC]
     goal: str                  # minimize | maximize
 
     @property
@@ -42,14 +48,35 @@ class Metric:
     def better(self, a: float, b: float) -> bool:
         return a < b if self.goal == "minimize" else a > b
 
+    @property
+    def reward(self) -> bool:
+        """The held-out reward: what a GRPO run's evals record (and nothing else's)."""
+        return self.name == REWARD
+
+
+VAL_REWARD = Metric(REWARD, "maximize")
+VAL_LOSS = Metric("val_loss", "minimize")
+
+
+def run_metric(run_dir: Path) -> Metric:
+    """A run's own eval, what the queue lists it with: a GRPO run's held-out reward (by its preset's
+    train.objective), any other run's val loss."""
+    try:
+        train = read_toml(Path(run_dir) / rundir.PRESET_FILE, MetricError, "{why}", "{why}").get("train", {})
+    except MetricError:
+        return VAL_LOSS
+    objective = OBJECTIVES.get(str(train.get("objective", ""))) if isinstance(train, dict) else None
+    return VAL_REWARD if objective is not None and objective.samples else VAL_LOSS
+
 
 def parse_metric(name: str, goal: str | None = None) -> Metric:
     """A metric from a spec or ``--metric``: one line saying what is allowed when it is not."""
     name = (name or "val_loss").strip()
-    if name not in EVAL_METRICS and not (name.startswith("task:") and len(name.split(":")) in (2, 3)
+    if name not in (*EVAL_METRICS, REWARD) and not (name.startswith("task:") and len(name.split(":")) in (2, 3)
                                           and all(name.split(":")[1:])):
-        raise MetricError(f"metric {name!r} is not one the trials record; use val_loss, val_bpb, or task:NAME "
-                          "(a task in train.eval_tasks, e.g. task:docs-cloze) or task:NAME:METRIC")
+        raise MetricError(f"metric {name!r} is not one the trials record; use val_loss, val_bpb, val_reward (GRPO "
+                          "trials' held-out reward), or task:NAME (a task in train.eval_tasks, e.g. "
+                          "task:docs-cloze) or task:NAME:METRIC")
     if goal is None:
         lower = name in EVAL_METRICS or name.split(":")[-1] in LOWER_IS_BETTER
         goal = "minimize" if lower else "maximize"
@@ -60,10 +87,40 @@ def parse_metric(name: str, goal: str | None = None) -> Metric:
 
 def eval_curve(run_dir: Path, metric: str = "val_loss") -> list[tuple[int, float]]:
     """(step, value) of every eval of the run's current timeline that has ``metric``."""
+    return [(step, value) for step, value, _ in eval_points(run_dir, metric)]
+
+
+def eval_points(run_dir: Path, metric: str) -> list[tuple[int, float, float | None]]:
+    """(step, value, budget share or None) of every eval of the run's current timeline that has ``metric``: an
+    eval record's loss, or for ``val_reward`` a ``val`` reward record's mean reward (a GRPO run's eval; its
+    record carries no budget share: None)."""
     out = []
     for r in current_timeline(read_metrics(Path(run_dir) / rundir.METRICS_FILE)):
-        if isinstance(r, EvalRecord) and (v := getattr(r, metric)) is not None:
-            out.append((r.step, float(v)))
+        if metric == REWARD:
+            if isinstance(r, RewardRecord) and r.split == "val" and r.reward is not None:
+                share = r.extra.get("budget_share")
+                out.append((r.step, float(r.reward), float(share) if isinstance(share, (int, float)) else None))
+        elif isinstance(r, EvalRecord) and (v := getattr(r, metric)) is not None:
+            out.append((r.step, float(v), r.budget_share))
+    return out
+
+
+def rung_evals(run_dir: Path, metric: str, st: RunStatus, rungs: tuple[float, ...]
+               ) -> list[tuple[float, int, float]]:
+    """(share of the run, step, value) of the run's evals past step 0, for the pruner to compare trials at its
+    ``rungs`` (train.eval_shares). An eval's share: its record's budget share; counted in steps, its step over the
+    run's end step. A budgeted GRPO run's reward records carry no share; its evals on the way are at its
+    ``rungs`` alone (a budget with train.eval_shares evaluates at each, never skipped), so the k-th after step 0
+    is at the k-th rung, and any after them is its end's (share 1)."""
+    points = [p for p in eval_points(run_dir, metric) if p[0] > 0]
+    out = []
+    for k, (step, value, share) in enumerate(points):
+        if share is None:
+            if st.budget_s is not None:
+                share = rungs[k] if k < len(rungs) else 1.0
+            else:
+                share = step / st.max_iters if st.max_iters else 0.0
+        out.append((share, step, value))
     return out
 
 

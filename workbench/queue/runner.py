@@ -44,7 +44,7 @@ from workbench.machine.detect import detect, detect_nvidia, gpu_free_mib
 from workbench.queue import devices as devices_mod
 from workbench.queue import rounds, sweep
 from workbench.queue.launch import CliLauncher
-from workbench.queue.outcome import Metric, beside_note, failure_line, final_metric
+from workbench.queue.outcome import Metric, beside_note, failure_line, final_metric, run_metric
 from workbench.queue.store import Item, QueueError, QueueStore
 from workbench.queue.sweep_results import sweep_metric
 
@@ -53,7 +53,6 @@ MAX_LAUNCHES = 3          # starts and resumes of one run before it is failed
 POLL_S = 0.5              # how often a running trainer's status is read
 GONE_S = 20.0            # how long an ended trainer's process may take to exit (its GPU memory freed)
 ADOPT_GRACE_S = 3.0       # a run the last runner was launching: how long its directory may take to appear
-VAL_LOSS = Metric("val_loss", "minimize")
 
 
 class RunnerBusy(QueueError):
@@ -418,8 +417,8 @@ class Runner:
     # ------------------------------------------------------------------ sweeps
 
     def _metric(self, item: Item) -> Metric:
-        if not item.sweep:
-            return VAL_LOSS
+        if not item.sweep:  # the run's own eval: a GRPO run's held-out reward, else its val loss
+            return run_metric(self.run_dir(item))
         return sweep_metric(self.store, item.sweep)
 
     def _pruner(self, item: Item) -> sweep.Pruning | None:

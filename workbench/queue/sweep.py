@@ -26,16 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench import rundir
+from workbench.config import resolve_preset
 from workbench.config.duration import TimeBudget
-from workbench.config.objectives import objective_spec
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
+from workbench.plan.run_plan import corpus_values
 from workbench.queue.admit import admit_fitted
+from workbench.queue.outcome import rung_evals
 from workbench.queue.store import ENDED, Item, NewItem, QueueError, QueueStore, Trial, trial_name
 from workbench.queue.sweep_results import caveats, load, results
-from workbench.queue.sweep_spec import Param, SweepSpec, point_sets, rung_sets
-from workbench.rundir import EvalRecord, RunStatus, current_timeline, read_metrics
+from workbench.queue.sweep_spec import Param, SweepSpec, metric_problem, point_sets, rung_sets
+from workbench.rundir import RunStatus
 
 OPTUNA_FILE = "optuna.db"
 
@@ -97,8 +98,20 @@ def _distributions(params: tuple[Param, ...]) -> dict[str, Any]:
 
 def _new_item(spec: SweepSpec, point: dict[str, Any]) -> NewItem:
     return NewItem(spec.preset, point_sets(point) + spec.sets + rung_sets(spec), spec.corpus,
-                   TimeBudget.parse(spec.time_budget),
+                   TimeBudget.parse(spec.time_budget), _init_from(spec),
                    sweep=spec.name)
+
+
+def _init_from(spec: SweepSpec) -> str | None:
+    """``RUN:STEP`` where the sweep's preset starts from a run's checkpoint (its [init] table: a preset written
+    from a fine-tune, e.g. a run's preset.toml or `sweep save-best`'s): each trial starts there, as `train
+    --init-from` would (a GRPO run must: it learns from a trained model's samples). None: random weights, or a
+    preset that does not resolve (the trial's admission says why)."""
+    try:
+        init = resolve_preset(spec.preset, list(spec.sets), corpus_values(spec.corpus)).init
+    except WorkbenchError:
+        return None
+    return f"{init['run']}:{init['step']}" if init else None
 
 
 @dataclass(frozen=True)
@@ -121,13 +134,8 @@ def _admit(root: Path, spec: SweepSpec, point: dict[str, Any], machine: Machine,
         raise type(e)(f"trial {shown}: {e}") from None
     if adm.refused:
         return None, adm.refused
-    if objective_spec(adm.preset.train.objective).samples and spec.metric.task is None:
-        # GRPO's eval is the held-out prompts' reward (a reward record, higher is better), not a val loss: ranking
-        # and pruning trials by it is not built yet, and a sweep by val_loss would rank nothing
-        raise QueueError(f"sweep {spec.name}: its trials are train.objective = {adm.preset.train.objective} runs, "
-                         f"whose eval is the held-out prompts' reward, not {spec.metric.name}: a sweep cannot rank "
-                         "them by it yet; queue each with `workbench queue add` and compare the held-out reward on "
-                         "their train.log's end line")
+    if (why := metric_problem(spec.name, (adm.preset.train.objective,), spec.metric)):
+        raise QueueError(why)  # (build_spec refused it already when it could resolve the preset)
     problem, warning = adm.check.budget_problem, adm.check.budget_warning
     if problem and not spec.force:
         return None, f"{problem} (`sweep --force` queues it anyway)"
@@ -184,7 +192,7 @@ def print_commands(root: Path, spec: SweepSpec, machine: Machine, info: dict) ->
         if item is None:
             lines.append(f"# {trial_name(spec.name, k)} refused: {note}")
             continue
-        trial = dataclasses.replace(item.new_run(), name=trial_name(spec.name, k), init_from=None, force=False)
+        trial = dataclasses.replace(item.new_run(), name=trial_name(spec.name, k), force=False)
         lines.append(" ".join(["workbench", "train", *(_quote(a) for a in trial.cli_args()), "--runs-dir",
                                _quote(str(root))]) + (f"  # {note}" if note else ""))
     return lines
@@ -300,25 +308,24 @@ class Pruning:
         """Report to Optuna every rung the trial has passed and not reported yet, each with the trial's first eval
         at or past that share of its budget (of its steps): the eval its rung put there (train.eval_shares, which
         the sweep sets on every trial), so trials are compared at the same share whenever the runner looked; (the
-        last rung, its eval's step, its value) when one was reported now, else None. A rung whose eval is not
-        written yet waits for the next look; also called as a trial ends, so a rung passed between looks is not
-        lost."""
+        last rung, its eval's step, its value) when one was reported now, else None. A GRPO trial's eval is its
+        held-out reward (outcome.rung_evals), and the study maximizes it: the pruner stops the lower. A rung whose
+        eval is not written yet waits for the next look; also called as a trial ends, so a rung passed between
+        looks is not lost."""
         share = self.share(st)
         due = [s for s in self.spec.prune_shares if share is not None and s <= share and s not in self.reported]
         if not due:
             return None
-        evals = [r for r in current_timeline(read_metrics(Path(run_dir) / rundir.METRICS_FILE))
-                 if isinstance(r, EvalRecord) and getattr(r, self.spec.metric.name) is not None and r.step > 0]
+        evals = rung_evals(Path(run_dir), self.spec.metric.name, st, self.spec.prune_shares)
         last = None
         for s in due:
-            at = [r for r in evals if (r.budget_share if r.budget_share is not None else
-                                       r.step / st.max_iters if st.max_iters else 0.0) >= s - 1e-6]
+            at = [e for e in evals if e[0] >= s - 1e-6]
             if not at:  # (its eval not written yet, or the trial ended before its rung)
                 continue
-            value = float(getattr(at[0], self.spec.metric.name))
+            _, step, value = at[0]
             self.trial.report(value, round(s * 100))
             self.reported.add(s)
-            last = (s, at[0].step, value)
+            last = (s, step, value)
         return last
 
     def should_prune(self, run_dir: Path, st: RunStatus) -> bool:

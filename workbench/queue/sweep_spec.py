@@ -7,13 +7,17 @@ metric, parameters, early termination), with workbench's own keys (preset, set, 
     trials = 12                     # random and tpe (grid: every point of the grid)
     time_budget = "60s"             # each trial's: trials compare by what they reach in the same time
     set = ["train.eval_interval=50"]
-    metric = "val_loss"             # val_loss | val_bpb | task:NAME[:METRIC]; or { name = ..., goal = ... }
+    metric = "val_loss"             # val_loss | val_bpb | val_reward | task:NAME[:METRIC]; or { name, goal }
     pruner = "median"               # median | halving; or { type = "median", startup = 2, shares = [0.25, 0.5, 0.75] }
 
     [parameters]
     "train.lr" = [1e-3, 3e-3, 1e-2]                   # values
     "train.warmup_iters" = { min = 0, max = 100 }     # a range (random, tpe): integers when both ends are
     "train.muon_lr" = { min = 0.005, max = 0.05, log = true }
+
+The metric left out is the trials' eval: ``val_loss``, or for GRPO trials (``train.objective = "grpo"``) their
+held-out prompts' mean reward, ``val_reward`` (maximize); a sweep whose trials mix GRPO and other objectives is
+refused (no one metric ranks them), as is a metric the trials do not record.
 
 Every bad key or value is one line naming it (a key that does not exist with its closest name).
 """
@@ -30,11 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.config import PresetError, parse_override
+from workbench.config import PresetError, parse_override, resolve_preset
 from workbench.config.duration import budget_seconds
+from workbench.config.objectives import OBJECTIVES
 from workbench.errors import WorkbenchError
 from workbench.fs import read_toml
-from workbench.queue.outcome import Metric, parse_metric
+from workbench.plan.run_plan import corpus_values
+from workbench.queue.outcome import VAL_LOSS, VAL_REWARD, Metric, parse_metric
 from workbench.rundir import sanitize_run_name
 
 METHODS = ("grid", "random", "tpe")
@@ -270,7 +276,10 @@ def build_spec(*, name: str, preset: str, method: str = "grid", params: list[Par
     if method == "random" and all(p.values for p in params) and trials > points:
         raise SpecError(f"a random search over {points} points cannot draw {trials} different trials; ask for "
                         f"{points} or fewer, or use method = \"grid\"")
-    metric = metric or Metric("val_loss", "minimize")
+    objectives = trial_objectives(preset, tuple(sets), tuple(corpus), params)
+    metric = metric or default_metric(objectives)
+    if (problem := metric_problem(name, objectives, metric)):
+        raise SpecError(problem)
     if pruner not in PRUNERS:
         raise SpecError(f"pruner {pruner!r} is not one of {', '.join(PRUNERS)}{_dym(pruner, PRUNERS)}")
     if pruner != "none":
@@ -283,6 +292,51 @@ def build_spec(*, name: str, preset: str, method: str = "grid", params: list[Par
             raise SpecError("pruner startup must be at least 1 trial")
     return SweepSpec(name, preset, method, tuple(params), trials, time_budget, tuple(sets), tuple(corpus), metric,
                      pruner, prune_startup, tuple(sorted(prune_shares)), seed)
+
+
+def trial_objectives(preset: str, sets: tuple[str, ...], corpus: tuple[str, ...], params: Iterable[Param]
+                     ) -> tuple[str, ...]:
+    """The train.objective values the sweep's trials train with: a searched train.objective's values, else the
+    preset's with the sweep's --set values; () when the preset does not resolve (its trials' admission says why)."""
+    searched = next((p for p in params if p.key == "train.objective"), None)
+    if searched is not None:
+        return tuple(dict.fromkeys(str(v) for v in searched.values))
+    try:
+        return (resolve_preset(preset, list(sets), corpus_values(corpus)).train.objective,)
+    except WorkbenchError:
+        return ()
+
+
+def _grpo(objectives: tuple[str, ...]) -> set[bool]:
+    """For each objective known: whether its runs sample (GRPO: their eval is the held-out reward)."""
+    return {OBJECTIVES[o].samples for o in objectives if o in OBJECTIVES}
+
+
+def default_metric(objectives: tuple[str, ...]) -> Metric:
+    """What a sweep ranks by when its spec names no metric: GRPO trials' held-out reward, else the val loss."""
+    return VAL_REWARD if _grpo(objectives) == {True} else VAL_LOSS
+
+
+def metric_problem(name: str, objectives: tuple[str, ...], metric: Metric) -> str | None:
+    """Why ``metric`` cannot rank trials of these objectives (one line), or None: trials mixing GRPO (ranked by
+    the held-out reward) with other objectives (ranked by a loss), GRPO trials by anything but val_reward (they
+    record no loss and score no task), other trials by val_reward (they roll out nothing)."""
+    kinds = _grpo(objectives)
+    grpo = sorted(o for o in objectives if o in OBJECTIVES and OBJECTIVES[o].samples)
+    if len(kinds) == 2:
+        other = sorted(o for o in objectives if o in OBJECTIVES and not OBJECTIVES[o].samples)
+        return (f"sweep {name}: its trials mix train.objective = {', '.join(grpo)} (ranked by the held-out reward, "
+                f"val_reward) with {', '.join(other)} (ranked by a loss): no one metric ranks them; sweep each "
+                "objective on its own")
+    if kinds == {True} and not metric.reward:
+        return (f"sweep {name}: its trials are train.objective = {', '.join(grpo)} runs, whose eval is the held-out "
+                f"prompts' reward: they record no {metric.name}; rank them by val_reward (the default for GRPO "
+                "trials: leave metric out)")
+    if kinds == {False} and metric.reward:
+        return (f"sweep {name}: metric val_reward is a GRPO run's held-out reward; its trials are "
+                f"train.objective = {', '.join(objectives)} runs: rank them by val_loss (the default), val_bpb or "
+                "task:NAME")
+    return None
 
 
 def _dym(word: str, options: Iterable[str]) -> str:
@@ -315,12 +369,16 @@ def load_spec(path: Path, name: str | None = None) -> SweepSpec:
             params.append(_range_param(key, v, method))
         else:
             params.append(_values_param(key, (v,), "parameters"))
-    metric = data.get("metric", "val_loss")
-    if isinstance(metric, dict):
+    metric = data.get("metric")
+    if metric is None:  # (the trials' own eval: build_spec chooses it)
+        pass
+    elif isinstance(metric, dict):
         extra = set(metric) - {"name", "goal"}
         if extra:
             raise SpecError(f"{path}: metric has unknown field {sorted(extra)[0]!r}; it takes name and goal")
-        metric = parse_metric(metric.get("name", "val_loss"), metric.get("goal"))
+        metric = parse_metric(metric.get("name") or default_metric(trial_objectives(
+            data["preset"], _strings(data.get("set", []), f"{path}: set"),
+            _strings(data.get("corpus", []), f"{path}: corpus"), params)).name, metric.get("goal"))
     elif isinstance(metric, str):
         metric = parse_metric(metric)
     else:
