@@ -25,6 +25,9 @@ from tests.support.runs import read_jsonl, wait_until
 from workbench import rundir
 from workbench.config import load_preset_file, resolve_preset
 from workbench.plan.horizon import EVAL_SHARE, GRPO_EVAL_PROMPTS, budget_plan_at, plan_budget
+from workbench.queue.store import QueueStore
+from workbench.queue.sweep import open_study
+from workbench.queue.sweep_results import load
 
 BUDGET = 6.0
 # how far from the budget a run may end (tests/train/test_time_budget.py's OVER: the last eval's estimate and one
@@ -186,9 +189,6 @@ def test_a_sweep_of_grpo_trials_ranks_them_by_the_held_out_reward(root, grpo_pre
     assert {t: trials[t]["metric"] for t in end} == pytest.approx(end)
     assert trials[top]["rank"] == 1 and shown["best"]["run"] == top, shown
     # what the pruner saw at its rung: each trial's held-out reward at step 2
-    from workbench.queue.sweep import open_study
-    from workbench.queue.sweep_results import load
-    from workbench.queue.store import QueueStore
     store = QueueStore(runs)
     study = open_study(runs, load(store, "gs"))
     store.close()
