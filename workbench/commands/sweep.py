@@ -48,8 +48,9 @@ def register(sub) -> None:
     p.add_argument("--name", default=None, help="the sweep's name (default: the spec file's, or <preset>-sweep)")
     p.add_argument("--method", choices=METHODS, default=None, help="grid (default), random or tpe (Optuna)")
     p.add_argument("--trials", type=int, default=None, help="random and tpe: how many trials")
-    p.add_argument("--metric", default=None, help="val_loss (default), val_bpb, task:NAME[:METRIC], or val_reward (GRPO "
-                                                          "trials' held-out reward, higher is better: their default)")
+    p.add_argument("--metric", default=None,
+                   help="val_loss (default), val_bpb, task:NAME[:METRIC], or val_reward (GRPO trials' held-out "
+                        "reward, higher is better: their default)")
     p.add_argument("--pruner", choices=PRUNERS, default=None,
                    help="median: stop a trial whose eval is worse than the median of earlier ones at the same "
                         "share of the budget; halving: successive halving, keep the best half at each rung")
