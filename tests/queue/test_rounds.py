@@ -129,7 +129,8 @@ def test_a_killed_two_round_chain_resumes_and_each_round_starts_from_the_last(so
     before = tree(root)
     other = wb(*[a if a != "length:12" else "length:20" for a in args])
     assert other.returncode == 2 and other.stderr.strip().count("\n") == 0, other.stderr
-    assert "chain chat-rpo was made with another reward" in other.stderr and tree(root) == before
+    assert ("chain chat-rpo was made with other settings (reward: 'length:12' then, 'length:20' now;" in other.stderr
+            and tree(root) == before), other.stderr
 
 
 def test_a_round_without_a_pair_stops_the_chain_in_one_line(source, tmp_path):

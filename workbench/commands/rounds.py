@@ -125,7 +125,8 @@ def run(args) -> int:
     if old is not None:
         differ = [k for k in chains.SETTINGS if old.spec.get(k) != spec.get(k)]
         if differ:
-            raise WorkbenchError(f"chain {name} was made with another {', '.join(differ)} (runs/{d.name}/"
+            was = "; ".join(f"{k}: {old.spec.get(k)!r} then, {spec.get(k)!r} now" for k in differ)
+            raise WorkbenchError(f"chain {name} was made with other settings ({was}; runs/{d.name}/"
                                  f"{chains.SPEC_FILE}); the same command continues it; give another --name for a new "
                                  "chain")
         spec["rounds"] = max(spec["rounds"], old.spec["rounds"])
