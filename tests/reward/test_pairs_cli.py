@@ -96,6 +96,16 @@ def test_the_pairs_are_every_two_samples_with_different_rewards(facts_run, input
     assert "workbench train cpu-small --init-from facts:150 --corpus" in stdout
 
 
+def test_no_pair_says_why_instead_of_a_command_that_would_fail(facts_run, inputs, tmp_path):
+    """A reward no sample earns scores every sample alike: no pair, said with what would give some, and no `train`
+    command for an empty file (a walk ran the suggested one and it failed)."""
+    out = tmp_path / "none.jsonl"
+    stdout = ok(pairs_cli(facts_run, out, "--prompts", str(inputs / "prompts.jsonl"), "--reward", "contains:zzzqqq",
+                          "--samples", "2", *SAMPLING))
+    assert "wrote 0 pairs from 12 prompts x 2 samples" in stdout and read_jsonl(out) == []
+    assert "no pair: every prompt's 2 samples scored alike" in stdout and "train on them" not in stdout
+
+
 def test_a_stopped_run_continues_to_the_file_one_go_writes(facts_run, inputs, tmp_path):
     args = ["--prompts", str(inputs / "prompts.jsonl"), "--reward", str(inputs / "reward.py") + ":right",
             "--samples", "3", "--reward-timeout", "3", "--checkpoint", "150", *SAMPLING]

@@ -236,6 +236,10 @@ def run(args) -> int:
         print(f"  note: {run_dir.name} is not chat-tuned (no chat template): its samples continue each prompt's text, "
               "while preference training renders a pair through a chat template; a chat-tuned run's pairs are its "
               "own replies")
+    if not pf.pairs:  # nothing to train on: say why and what would give pairs, not a command that would fail
+        print(f"  no pair: every prompt's {args.samples} samples scored alike; more samples (--samples), a higher "
+              "--temperature or a graded reward (one that tells a better answer from a worse) give some")
+        return 0
     print(f"  train on them: workbench train {preset_name(run_dir)} --init-from {run_dir.name}:{ckpt['step']} "
           f"--corpus {out} --set train.objective=dpo")
     return 0
