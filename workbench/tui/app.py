@@ -65,8 +65,8 @@ class PaneById(Generic[P]):
 
     def __get__(self, app: App | None, owner: type | None = None) -> P:
         if app is None:  # looked up on the class
-            return self  # type: ignore[return-value]
-        return app.query_one(self.selector)  # type: ignore[return-value]
+            return self  # type: ignore[return-value]  # (the descriptor itself)
+        return app.query_one(self.selector)  # type: ignore[return-value]  # (a Widget: the P _make_pane made)
 
 
 class WorkbenchApp(RunOperations, App[int]):

@@ -59,6 +59,7 @@ class ChatServer:
         return self.proc.poll() is None
 
     def _read_err(self) -> None:
+        assert self.proc.stderr is not None  # (the pipes: Popen'd with PIPE, all three)
         for raw in self.proc.stderr:
             if line := raw.decode("utf-8", "replace").strip():
                 self._err.append(line)
@@ -72,6 +73,7 @@ class ChatServer:
         """Send ``request`` (see ``workbench chat --serve``) and yield the lines that answer it: the ready line
         first when the model loads for this request, the reply's pieces (``text``) when it streams, and last the
         reply (or ``error``). :class:`ServerGone` when the process ends first (killed, stopped, failed to load)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # (the pipes)
         self.busy = True
         self.asked += 1
         rid = self.asked  # the lines of a request given up on (its reader stopped) are not this one's
@@ -112,6 +114,7 @@ class ChatServer:
             self.proc.kill()
             self.proc.wait()
         for pipe in (self.proc.stdin, self.proc.stdout):
+            assert pipe is not None  # (the pipes)
             try:
                 pipe.close()
             except OSError:

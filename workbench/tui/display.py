@@ -3,6 +3,8 @@ package's one formatter of each (``workbench.fmt``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from workbench.fmt import MiB, duration, human_bytes
 
 __all__ = ["duration", "human_bytes", "loss", "mb", "num", "si", "state_markup"]
@@ -23,7 +25,7 @@ def loss(v: float | None) -> str:
     return "—" if v is None else f"{v:.4f}"
 
 
-def num(v, spec: str = ".3g") -> str:
+def num(v: Any, spec: str = ".3g") -> str:
     if v is None or isinstance(v, bool):
         return "—"
     try:

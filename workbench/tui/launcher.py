@@ -160,6 +160,7 @@ class CliJob:
 
     def lines(self) -> Iterator[str]:
         """Its stderr, line by line, until it exits."""
+        assert self.proc.stderr is not None  # (a pipe: Popen'd with stderr=PIPE)
         for raw in self.proc.stderr:
             line = raw.decode("utf-8", "replace").rstrip()
             if line.strip():
@@ -211,6 +212,7 @@ class SampleProcess:
                                      stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE, env=cli_env(),
                                      start_new_session=True)
         if stdin is not None:
+            assert self.proc.stdin is not None  # (a pipe, given stdin)
             try:
                 self.proc.stdin.write(stdin.encode("utf-8"))
                 self.proc.stdin.close()
@@ -218,6 +220,7 @@ class SampleProcess:
                 pass  # it exited before reading: finish() reports why
 
     def chunks(self) -> Iterator[str]:
+        assert self.proc.stdout is not None  # (a pipe: Popen'd with stdout=PIPE)
         fd = self.proc.stdout.fileno()
         decoder = _utf8_decoder()
         while True:
@@ -243,5 +246,5 @@ class SampleProcess:
             self.proc.terminate()
 
 
-def _utf8_decoder():
+def _utf8_decoder() -> codecs.IncrementalDecoder:
     return codecs.getincrementaldecoder("utf-8")("replace")

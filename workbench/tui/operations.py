@@ -15,7 +15,11 @@ from workbench.tui import launcher
 from workbench.tui.messages import ResumeRun, RunStarted, StartRun, StopRun
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from workbench.analysis.summary import RunSummary
     from workbench.tui.launcher import RunRequest
+    from workbench.tui.widgets.curves import CurvesPane
     from workbench.tui.widgets.presets import PresetsPane
     from workbench.tui.widgets.queue import QueuePane
     from workbench.tui.widgets.runs import RunsPane
@@ -24,11 +28,24 @@ if TYPE_CHECKING:
 class RunOperations:
     """The app's operations on runs and the queue (mixed into ``WorkbenchApp``: ``self`` is the app)."""
 
-    runs_dir: Any
-    recommended: Any
+    # What the operations use of the app (declared for the type checker: the app defines them)
+    runs_dir: Path
+    recommended: tuple[str, str] | None
+    _pending_sample_run: str | None
+    presets_pane: PresetsPane
+    curves_pane: CurvesPane
+    queue_pane: QueuePane
     notify: Callable[..., None]
     post_message: Callable[..., Any]
     call_from_thread: Callable[..., Any]
+
+    if TYPE_CHECKING:  # (not at run time: these would hide the app's own, after this base in its MRO)
+        def summary(self, run_id: str) -> RunSummary | None: ...
+        def _panes_gone(self) -> bool: ...
+        def _list_runs(self) -> object: ...  # a worker
+        def monitor(self, run_id: str, switch: bool = True) -> None: ...
+        def action_show_tab(self, tab: str) -> None: ...
+        def action_refresh_runs(self) -> None: ...
 
     # Each operation: a request message, answered by a thread worker of its own group (the CLI call
     # blocks). notify() only posts a message, so the workers call it directly.
@@ -141,7 +158,7 @@ class RunOperations:
         if not self._panes_gone():
             self.queue_pane.refresh_queue()
 
-    def _cli(self, what: str, call: Callable[..., str], *args) -> str | None:
+    def _cli(self, what: str, call: Callable[..., str], *args: Any) -> str | None:
         """Run a launcher call (in a worker's thread): its output, or None once the user is told why
         ``what`` failed."""
         try:

@@ -68,9 +68,9 @@ def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
         if s.checkpoints:
             step = str(s.checkpoints[-1]["step"])
             yield f"Evaluate {s.id}…", f"score step {step} on tasks (workbench eval); the report card shows them", \
-                partial(_in_runs, app, runs, s.id, lambda r=s.id, st=step: runs.open_job("eval", r, st))
+                partial(_in_runs, app, runs, s.id, partial(runs.open_job, "eval", s.id, step))
             yield f"Export {s.id}…", f"step {step} to a Hugging Face directory, GGUF or safetensors", \
-                partial(_in_runs, app, runs, s.id, lambda r=s.id, st=step: runs.open_job("export", r, st))
+                partial(_in_runs, app, runs, s.id, partial(runs.open_job, "export", s.id, step))
         if s.state not in ("starting", "running"):
             yield f"Resume {s.id} from latest", f"{len(s.checkpoints)} checkpoint(s)", \
                 partial(app.post_message, ResumeRun(s.id, "latest"))
@@ -99,6 +99,7 @@ def workbench_commands(app: "WorkbenchApp") -> Iterator[Command]:
 
 
 class WorkbenchCommands(Provider):
+    # (the ignores below: Provider.app is an App[object] and App is invariant in its return type, ours an App[int])
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         for name, help_text, callback in workbench_commands(self.app):  # type: ignore[arg-type]

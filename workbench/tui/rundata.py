@@ -11,6 +11,7 @@ whole file, which the tailer re-reads when it changes: it is small).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from workbench.analysis.report_card import headline
@@ -68,7 +69,7 @@ class RunData(RunView):
     _rate_points: list[tuple[int, float]] = field(default_factory=list)
     _skip_next_for_rate: bool = True
 
-    def feed(self, records: list[Record | dict]) -> bool:
+    def feed(self, records: Sequence[Record | dict]) -> bool:
         """Add new records; True when anything changed."""
         for raw in records:
             r = parse_record(raw) if isinstance(raw, dict) else raw
@@ -119,7 +120,7 @@ class RunData(RunView):
         for split, recs in self.rewards.items():
             self.rewards[split] = [r for r in recs if r.step <= step]
 
-    def set_task_file(self, records: list[Record | dict]) -> None:
+    def set_task_file(self, records: Sequence[Record | dict]) -> None:
         """Every record of ``tasks.jsonl`` (the whole file: it replaces what was read before)."""
         self.task_file = {}
         for raw in records:

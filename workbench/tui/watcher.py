@@ -118,6 +118,7 @@ class RunWatcher:
                     break
                 records.extend(batch)
             status_changed = self._read_status(w)
+            assert w.status is not None  # (read above: a run never read has no state, so it is never skipped)
             lines = w.log.read_new() if w.log else []
             task_file = self._read_tasks(w)
             if records or status_changed or lines or task_file is not None:

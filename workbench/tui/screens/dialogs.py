@@ -3,7 +3,7 @@ and the keys and buttons of a form that starts a job."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Callable, Literal, TypeVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -84,7 +84,7 @@ class InputScreen(ModalScreen):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
     input_id = "dialog-input"
-    input_type = "text"
+    input_type: Literal["integer", "number", "text"] = "text"  # (the types Input takes)
     ok_label = "OK"
     live = False
 
@@ -144,7 +144,7 @@ class NameScreen(InputScreen):
 
     input_id = "name-input"
 
-    def __init__(self, title: str, value: str = "", check=None):
+    def __init__(self, title: str, value: str = "", check: Callable[[str], str | None] | None = None):
         super().__init__(title, value)
         self.check = check
 

@@ -12,6 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
+from textual.timer import Timer
 from textual.widgets import Button, Input, Label, Select, Static
 
 from workbench.analysis.history import measured_in
@@ -202,7 +203,7 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
         self.machine_info = machine_info
         self.runs_dir = runs_dir
         self.fits: bool | None = None
-        self._timer = None
+        self._timer: Timer | None = None
         self.method_chosen = False  # the user chose full or LoRA: the recommendation no longer sets it
         self._method_shown = "lora"  # what the select shows by the form's doing (its first value, the recommended)
         self.queued = False  # the request was dismissed to be queued (add to queue), not started now
@@ -246,7 +247,8 @@ class NewRunScreen(ModalScreen["RunRequest | None"]):
             return
         advice = self._recommend_method()
         self.fits, text, problem = estimate_text(self.request(), self.machine_info, self.runs_dir)
-        style = "bold red" if problem else {True: "green", False: "bold red"}.get(self.fits, "dim")
+        fit_style: dict[bool | None, str] = {True: "green", False: "bold red"}
+        style = "bold red" if problem else fit_style.get(self.fits, "dim")
         self.query_one("#nr-estimate", Static).update(Text(text + advice, style=style))
 
     def _recommend_method(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.segment import Segment
 from rich.text import Text
@@ -22,7 +23,7 @@ from textual.widgets import Label, SelectionList, Static
 
 try:  # the box's glyph (Textual draws it for ticked and unticked alike)
     from textual.widgets._toggle_button import ToggleButton
-    _BOX = ToggleButton.BUTTON_INNER
+    _BOX: str | None = ToggleButton.BUTTON_INNER
 except ImportError:  # pragma: no cover - a Textual without it: leave the rows as drawn
     _BOX = None
 from textual.widgets.option_list import OptionDoesNotExist
@@ -64,7 +65,7 @@ class RunChecklist(SelectionList[str]):
 class LossPlot(Static):
     """Redraws on resize; the pane calls ``draw`` when data or settings change."""
 
-    def __init__(self, *args, **kw):
+    def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.series: list[Series] = []   # the lines drawn last (label, xs, ys, colour, marker)
 
@@ -145,7 +146,7 @@ class CurvesPane(Horizontal, Pane):
         run_ids: list[str]
 
     def __init__(self, data: dict[str, RunData], redraw_interval: float = 0.5, runs_dir: Path | None = None,
-                 **kw):
+                 **kw: Any) -> None:
         """``data``: the app's run data, shared; new records are drawn at most every ``redraw_interval`` s;
         ``runs_dir``: where to find a branched run's ancestors."""
         super().__init__(**kw)
@@ -173,6 +174,7 @@ class CurvesPane(Horizontal, Pane):
         """Called on every listing (every few seconds): a no-op unless the runs changed, and the
         highlighted run stays highlighted, so a keypress after a refresh still lands on it."""
         sl = self.query_one("#curves-runs", RunChecklist)
+        # (the ignores: options are typed as Options; a SelectionList's are Selections, which have a value)
         if [str(o.value) for o in sl.options] == run_ids:  # type: ignore[attr-defined]
             return
         selected = set(sl.selected)
@@ -217,7 +219,7 @@ class CurvesPane(Horizontal, Pane):
         """Draw ``runs`` (run id, label: a sweep's best trials, best first) together and nothing else, by the
         sweep's ``metric``: its val loss, bits per byte, or task score (``task:NAME[:METRIC]``)."""
         sl = self.query_one("#curves-runs", RunChecklist)
-        have = {str(o.value) for o in sl.options}  # type: ignore[attr-defined]
+        have = {str(o.value) for o in sl.options}  # type: ignore[attr-defined]  # (Selections: see set_runs)
         missing = [rid for rid, _ in runs if rid not in have]  # trials not listed yet (the runs list is slower)
         if missing:
             sl.add_options([(rid, rid) for rid in missing])

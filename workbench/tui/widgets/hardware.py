@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table
@@ -19,7 +20,7 @@ from workbench.tui import hwinfo
 from workbench.tui.widgets.pane import Pane
 
 
-def _gb(n) -> str:
+def _gb(n: float | None) -> str:
     return "—" if n is None else human_bytes(n)
 
 
@@ -92,7 +93,7 @@ class HardwarePane(VerticalScroll, Pane):
         """Open the new-run form on this preset (the one recommended for this machine)."""
         preset: str
 
-    def __init__(self, info: dict | None = None, interval: float = 3.0, **kw):
+    def __init__(self, info: dict | None = None, interval: float = 3.0, **kw: Any) -> None:
         """``info`` replaces live detection (tests and snapshots); ``interval`` in seconds."""
         super().__init__(**kw)
         self.injected = info

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Group
 from rich.text import Text
@@ -114,7 +115,7 @@ class HealthBox(Static):
         run_id: str | None
         lines: list[Text]
 
-    def __init__(self, runs_dir: Path | None, **kw):
+    def __init__(self, runs_dir: str | Path | None, **kw: Any) -> None:
         super().__init__("", **kw)
         self.runs_dir = Path(runs_dir) if runs_dir is not None else None
         self.run_id: str | None = None
@@ -157,6 +158,7 @@ class HealthBox(Static):
 
     @work(thread=True, exclusive=True, group="health-queue", exit_on_error=False)
     def _look_queue(self, run_id: str | None) -> None:
+        assert self.runs_dir is not None  # (look_queue starts this only with one)
         self.post_message(self.QueueLooked(run_id, queue_lines(run_id, self.runs_dir)))
 
     @on(QueueLooked)
@@ -173,6 +175,7 @@ class HealthBox(Static):
 
     @work(thread=True, exclusive=True, group="health", exit_on_error=False)
     def _check(self, run_id: str) -> None:
+        assert self.runs_dir is not None  # (check starts this only with one)
         notes: list[str] = []
         error = ""
         with self._lock:

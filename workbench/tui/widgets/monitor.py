@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeAlias
 
 from rich.console import Group
 from rich.table import Table
@@ -57,8 +58,8 @@ def progress_text(d: RunData) -> str:
         # for; "warming up… 100%" (no rate yet) or "ETA 0s" said nothing of it
         eta = "final eval…"
     elif d.state in ("starting", "running"):
-        rate = d.steps_per_s()
-        eta = "ETA " + display.duration(d.eta_s()) if rate else "warming up…"
+        speed = d.steps_per_s()
+        eta = "ETA " + display.duration(d.eta_s()) if speed else "warming up…"
     else:
         eta = d.state.replace("_", "-")
     return f"step {step:,} / {total:,}  {pct}  {eta}"
@@ -197,9 +198,9 @@ class MonitorPane(Vertical, Pane):
         run_id: str
 
     # The run doctor checked the run shown (bubbles from the Health box): findings and the tab's marker.
-    HealthChecked = HealthBox.Checked
+    HealthChecked: TypeAlias = HealthBox.Checked
 
-    def __init__(self, runs_dir: str | Path | None = None, **kw):
+    def __init__(self, runs_dir: str | Path | None = None, **kw: Any) -> None:
         """``runs_dir``: where the runs shown live (the Health box reads them); None: no Health box checks."""
         super().__init__(**kw)
         self.runs_dir = runs_dir

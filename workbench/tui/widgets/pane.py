@@ -3,12 +3,17 @@ a table's cursor for the panes with tables."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import on
 from textual.widget import Widget
 from textual.widgets import DataTable
 from textual.worker import Worker, WorkerState
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from workbench.tui.app import WorkbenchApp
 
 
 class Pane(Widget):
@@ -19,6 +24,9 @@ class Pane(Widget):
     widget's default CSS from its first base only, and the container's layout is in it."""
 
     MAIN_WIDGET: ClassVar[str] = ""  # the selector of the child that takes the focus; "": the pane
+
+    if TYPE_CHECKING:  # a pane lives in the workbench's app: its methods typed (as Textual types its own ``app``)
+        app = getters.app(WorkbenchApp)
 
     def focus_main(self) -> None:
         """Focus the main widget now, so that the pane's keys are live and shown in the footer.

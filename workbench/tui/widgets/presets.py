@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from rich.console import Group
+from rich.console import Group, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 from textual import on, work
@@ -90,8 +91,10 @@ def total_tokens(p: Preset, report: EstimateReport | None) -> str:
 def gpu_table(result: dict) -> Group:
     """``compare``'s rows as the pane shows them: narrow enough for 80 columns beside the list."""
     t = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, header_style="bold")
-    for col, just in (("GPU", "left"), ("memory", "right"), ("fits", "left"), ("batch", "right"),
-                      ("tok/s", "right"), ("time", "right"), ("energy", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("GPU", "left"), ("memory", "right"), ("fits", "left"), ("batch", "right"), ("tok/s", "right"),
+        ("time", "right"), ("energy", "right"))
+    for col, just in columns:
         t.add_column(col, justify=just, no_wrap=True)
     for r in result["rows"]:
         fits = Text("yes", style="green") if r["fits"] else Text("no", style="red")
@@ -140,7 +143,7 @@ class PresetsPane(Horizontal, Pane):
         preset: str
         result: dict
 
-    def __init__(self, **kw):
+    def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.current: str | None = None
         self.buffers: dict[str, str] = {}  # unsaved edits per preset, kept while switching
@@ -218,7 +221,7 @@ class PresetsPane(Horizontal, Pane):
     def load(self, name: str) -> None:
         editor = self.query_one("#preset-editor", TextArea)
         if self.current and self.current in self.paths:
-            self._stash()
+            self._stash(self.current)
         self.current = name
         path, kind = self.paths[name]
         text = self.buffers.get(name)
@@ -232,9 +235,10 @@ class PresetsPane(Horizontal, Pane):
         editor.border_title = f"{name} [{kind}]  {path}"
         self.check()
 
-    def _stash(self) -> None:
+    def _stash(self, name: str) -> None:
+        """Keep the editor's text of preset ``name`` (the one shown) as its unsaved buffer, or drop the buffer where
+        the text is the file's."""
         editor = self.query_one("#preset-editor", TextArea)
-        name = self.current
         try:
             on_disk = self.paths[name][0].read_text(encoding="utf-8")
         except OSError:

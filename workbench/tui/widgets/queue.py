@@ -17,6 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import on, work
@@ -35,6 +36,9 @@ from workbench.queue.view import Row, rows
 from workbench.tui import display
 from workbench.tui.screens.dialogs import ConfirmScreen
 from workbench.tui.widgets.pane import Pane
+
+if TYPE_CHECKING:
+    from workbench.queue.distributed import SharedReader
 
 QUEUE_STYLE = {"queued": "cyan", "interrupted": "bold yellow", "pruned": "yellow", "refused": "dim",
                "removed": "dim"}
@@ -148,7 +152,7 @@ class QueuePane(Vertical, Pane):
         sweeps: list[tuple[str, SweepSpec, list[Result]]]
         error: str
 
-    def __init__(self, runs_dir: Path, interval: float = 2.0, storage: str | None = None, **kw):
+    def __init__(self, runs_dir: Path, interval: float = 2.0, storage: str | None = None, **kw: Any) -> None:
         super().__init__(**kw)
         self.runs_dir = Path(runs_dir)
         self.interval = interval
@@ -156,7 +160,7 @@ class QueuePane(Vertical, Pane):
         self.storage = storage if storage is not None else (os.environ.get(STORAGE_ENV) or None)
         self.shared: list[tuple[str, SweepSpec, list[Result]]] = []
         self.shared_error = ""
-        self._reader = None              # distributed.SharedReader, made in the worker (Optuna loads there)
+        self._reader: SharedReader | None = None  # distributed.SharedReader, made in the worker (Optuna loads there)
         self._shared_busy = False        # a read of the shared database in flight: the next waits for it
         self.view = QueueView([], [], False, None)
         self.top_n: int | None = TOP_CHOICES[0]   # how many of the best trials `c` draws (None: all)
@@ -204,6 +208,7 @@ class QueuePane(Vertical, Pane):
     @work(thread=True, group="queue-shared", exit_on_error=False)
     def _read_shared(self) -> None:
         from workbench.queue.distributed import SharedReader, StorageError
+        assert self.storage is not None  # (refresh_shared starts this only with one)
         try:
             if self._reader is None:
                 self._reader = SharedReader(self.storage)
@@ -344,7 +349,8 @@ class QueuePane(Vertical, Pane):
             self.show_detail()
             r = self._row(self.selected())
             s = self.query_one("#sweeps-table", DataTable)
-            if r is not None and r.item.sweep in s.rows and r.item.sweep != self.sweep_chosen():
+            if r is not None and r.item.sweep is not None and r.item.sweep in s.rows \
+                    and r.item.sweep != self.sweep_chosen():
                 s.move_cursor(row=s.get_row_index(r.item.sweep), animate=False)  # a trial: its sweep's results
         elif event.data_table.id == "sweeps-table":
             self.show_results()
@@ -456,7 +462,7 @@ class QueuePane(Vertical, Pane):
                                            "if it has one, is kept.", "Remove"), answer)
 
 
-def _value(v) -> str:
+def _value(v: object) -> str:
     if v is None:
         return ""
     return f"{v:.6g}" if isinstance(v, float) else str(v)

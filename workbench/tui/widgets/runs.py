@@ -11,6 +11,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.text import Text
 from textual import on, work
@@ -68,14 +69,14 @@ def descendants_text(summaries: dict[str, RunSummary], run_id: str) -> str:
             "links) and go on working, but lose the history they are drawn and compared with.")
 
 
-def card_inputs(run: RunSummary) -> tuple:
+def card_inputs(run: RunSummary) -> tuple[tuple[int, int] | None, ...]:
     """What a run's report card is read from, as (size, mtime) of each file: the card is read again
     only when one of them changed (its own scores, or those of the run its weights came from)."""
     dirs = [Path(run.path)]
     for origin in (run.parent, run.init):
         if origin:
             dirs.append(Path(run.path).parent / origin.rsplit("@", 1)[0])
-    sig = []
+    sig: list[tuple[int, int] | None] = []
     for d in dirs:
         for name in (METRICS_FILE, TASKS_FILE):
             try:
@@ -147,7 +148,7 @@ class RunsPane(Vertical, Pane):
     # A live run's metrics.jsonl grows all the time: its card is read again at most this often (s).
     CARD_REFRESH_S = 10.0
 
-    def __init__(self, **kw):
+    def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.summaries: dict[str, RunSummary] = {}
         self._ckpt_run: str | None = None      # the run whose checkpoints the checkpoint table lists
@@ -282,7 +283,7 @@ class RunsPane(Vertical, Pane):
             text.stylize("bold", 0, len(lines[0]))
         self.query_one("#runs-card", Static).update(text)
 
-    def focused_table(self) -> str:
+    def focused_table(self) -> str | None:
         f = self.app.focused
         return f.id if isinstance(f, DataTable) else "runs-table"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rich.text import Text
 from textual import on, work
@@ -80,7 +80,7 @@ class SamplePane(Vertical, Pane):
         corpus: str
         picks: int
 
-    def __init__(self, runs_dir: Path, **kw):
+    def __init__(self, runs_dir: Path, **kw: Any) -> None:
         super().__init__(**kw)
         self.runs_dir = runs_dir
         self._samplers: list[launcher.SampleProcess] = []  # running now, to kill on cancel

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -31,7 +31,7 @@ class ChatControls(Vertical):
 
     DEFAULT_CSS = "ChatControls { height: auto; }"
 
-    def __init__(self, **kw):
+    def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.conversations: dict[str, list[dict]] = {}  # each column's (by its output's id): user and assistant
         self.systems: dict[str, str] = {}       # the system prompt each column's transcript shows now

@@ -5,7 +5,7 @@ named in a message."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -21,7 +21,7 @@ def setting_name(key: str) -> str:
 class SampleOutput(VerticalScroll):
     """Accumulates streamed text; one per checkpoint column."""
 
-    def __init__(self, **kw):
+    def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.text = Text()
 

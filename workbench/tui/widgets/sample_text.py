@@ -4,7 +4,7 @@ checkpoint: one ``workbench sample`` a column, streamed in with its echo of the 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -13,6 +13,9 @@ from textual.widgets import Button, Input, Label
 from workbench.plan.sampling import TEXT, Sampling
 from workbench.tui import launcher
 from workbench.tui.widgets.sample_output import Column, Reader, SampleOutput, setting_name
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # (setting, its label, how the box's text is read)
 SETTINGS = (("temperature", "temp", float), ("top_k", "top-k", int), ("top_p", "top-p", float),
@@ -49,9 +52,9 @@ class TextControls(Vertical):
     def prompt(self) -> str:
         return self.query_one("#smp-prompt", Input).value
 
-    def start(self, runs_dir, run: str, columns: list[Column], sampling: Sampling,
-              stream: Callable[[list[str], Reader], None]) -> None:
-        """Each column's continuation of the prompt: its sampler started through ``stream``."""
+    def start(self, runs_dir: Path, run: str, columns: list[Column], sampling: Sampling,
+              stream: Callable[[list[str], Reader], object]) -> None:
+        """Each column's continuation of the prompt: its sampler started through ``stream`` (a worker)."""
         prompt, s = self.prompt, sampling
         for col in columns:
             col.out.reset(f"{run} @ {col.shown}  T={s.temperature} k={s.top_k} p={s.top_p} seed={s.seed}", prompt)

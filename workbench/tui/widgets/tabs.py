@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual import on
 from textual.css.query import NoMatches
@@ -13,7 +15,7 @@ from workbench.tui.widgets.pane import Pane
 class PaneTabs(TabbedContent):
     """TabbedContent whose every TabPane holds one Pane."""
 
-    def __init__(self, *args, **kw):
+    def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self._labels: dict[str, str] = {}  # tab -> its label without a marker
 
