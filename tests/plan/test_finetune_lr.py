@@ -34,7 +34,9 @@ def base(tmp_path_factory):
     pairs = write_jsonl(root.parent / "pairs.jsonl", pair_records(60))
     wb("train", "cpu-small", "--name", "pre", "--runs-dir", str(root),
        *tiny("train.max_iters=10", "train.eval_interval=10", "train.ckpt_interval=10", "train.lr=3e-3"), check=True)
-    return {"root": root, "chats": chats, "pairs": pairs}
+    prompts = root.parent / "prompts.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "what is {i}+1?", "answer": "{i + 1}"}}\n' for i in range(12)))
+    return {"root": root, "chats": chats, "pairs": pairs, "prompts": prompts}
 
 
 def planned(base, *sets, preset="cpu-small", corpus="chats"):
@@ -129,6 +131,17 @@ def test_preference_fine_tunes_keep_their_cap(base):
     assert f"adamw lr {PREFERENCE_MAX_LR:g} (a full preference fine-tune's at most; --set train.lr to change)" \
         in cp.stdout
     assert load_preset_file(base["root"] / "dpo" / rundir.PRESET_FILE).train.lr == PREFERENCE_MAX_LR
+
+
+def test_a_grpo_fine_tune_takes_the_fine_tuning_rate_not_the_presets(base):
+    """GRPO fine-tunes a trained model too: at most the SFT rule's rate (full and LoRA), not cpu-small's 3e-3 from
+    scratch (red before its rows: a walk's GRPO run at 3e-3 collapsed to reward 0 with 60-token completions)."""
+    sets = ("train.objective=grpo", "train.reward=exact:answer")
+    full = planned(base, *sets, corpus="prompts")
+    assert full.lr == SFT_MAX_LR and finetune_lr_rule(full, []).said == "a full fine-tune's at most"
+    lora = planned(base, *sets, "train.finetune=lora", corpus="prompts")
+    assert lora.lr == LORA_SFT_MAX_LR and finetune_lr_rule(lora, []).said == "a LoRA fine-tune's at most"
+    assert planned(base, *sets, "train.lr=3e-3", corpus="prompts").lr == 3e-3   # --set wins
 
 
 def test_a_run_from_scratch_keeps_the_preset_rate(base):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import Preset, PresetError, load_preset_file, overridden_keys, parse_override, preset_from_dict
-from workbench.config.objectives import PREFERENCE_FAMILY, SFT_FAMILY, objective_spec
+from workbench.config.objectives import PREFERENCE_FAMILY, REWARD_FAMILY, SFT_FAMILY, objective_spec
 from workbench.data.tokenizer import tokenizer_file
 from workbench.machine.detect import Machine
 from workbench.plan import memory as est
@@ -141,7 +141,7 @@ LORA_SFT_MAX_LR = 1e-3
 @dataclasses.dataclass(frozen=True)
 class FineTuneRate:
     """One row of :data:`FINETUNE_RATES`: the rate a fine-tune of this objective and method takes."""
-    family: str             # the objective's family (workbench.config.objectives): SFT_FAMILY or PREFERENCE_FAMILY
+    family: str             # the objective's family (workbench.config.objectives): SFT, PREFERENCE or REWARD_FAMILY
     finetune: str           # full | lora
     max_lr: float | None    # train.lr at the most (a lower rate the preset chose is kept); None: the preset's
     flat: bool              # min_lr at most the rate (flat after warmup), else scaled with it (the preset's decay)
@@ -153,6 +153,10 @@ FINETUNE_RATES = (
     FineTuneRate(SFT_FAMILY, "full", SFT_MAX_LR, False, "a full fine-tune's at most"),
     FineTuneRate(SFT_FAMILY, "lora", LORA_SFT_MAX_LR, False, "a LoRA fine-tune's at most"),
     FineTuneRate(PREFERENCE_FAMILY, "lora", None, False, "the preset's: a LoRA preference fine-tune keeps it"),
+    # GRPO: the SFT rule, not measured for GRPO. A walk's GRPO fine-tune at the preset's 3e-3 (uncapped until
+    # 2026-11-29) collapsed in 30 s (reward 0.23 -> 0, completions 5 -> 60 tokens); at 3e-4 and 1e-3 it held.
+    FineTuneRate(REWARD_FAMILY, "full", SFT_MAX_LR, False, "a full fine-tune's at most"),
+    FineTuneRate(REWARD_FAMILY, "lora", LORA_SFT_MAX_LR, False, "a LoRA fine-tune's at most"),
 )
 
 
