@@ -176,3 +176,15 @@ def hf_chat_model(tmp_path_factory, hf_models, hf_tokenizer_dir) -> Path:
     from tests.support.hf import build_chat_model
     return build_chat_model(tmp_path_factory.mktemp("hf-chat") / "tiny-chat", hf_models["llama-gqa-tied"],
                             hf_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A PostgreSQL server of the module's own (tests/support/postgres.py: initdb and pg_ctl in a temporary
+    directory on a free port, password authentication), stopped and removed at the module's end."""
+    from tests.support.postgres import NoPostgres, postgres_server
+    try:
+        with postgres_server() as server:
+            yield server
+    except NoPostgres as e:
+        pytest.fail(str(e))

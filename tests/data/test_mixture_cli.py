@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import re
 import shutil
 import signal
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.support.cli import tiny, wb
+from tests.support.mixtures import write_two_corpora
 from tests.support.runs import losses, read_jsonl
 from workbench.config import resolve_preset
 from workbench.data.mixture import apportion
@@ -28,13 +28,7 @@ RUN = ["train.max_iters=8", "train.eval_interval=8", "train.ckpt_interval=5", "t
 def corpora(tmp_path_factory) -> Path:
     """Two small text corpora of different look (made-up words; number words), and a preference file."""
     d = tmp_path_factory.mktemp("mix")
-    r = random.Random(0)
-    words = ["".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randint(2, 9))) for _ in range(800)]
-    (d / "words.txt").write_text("\n\n".join(" ".join(r.choice(words) for _ in range(r.randint(5, 60)))
-                                             for _ in range(600)))
-    nums = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split()
-    (d / "nums.txt").write_text("\n\n".join(" ".join(r.choice(nums) for _ in range(r.randint(5, 30))) + "."
-                                            for _ in range(150)))
+    r = write_two_corpora(d)
     (d / "pairs.jsonl").write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n' * 3)
     for topic, answer_words, n in [("cats", "meow purr whiskers tail nap", 300), ("math", "two plus three sum", 120)]:
         with open(d / f"{topic}.jsonl", "w") as f:   # conversations: the topic in the prompt, its words answering

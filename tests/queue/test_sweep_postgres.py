@@ -16,20 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import TINY, wb
-from tests.support.postgres import PASSWORD, NoPostgres, free_port, postgres_server
+from tests.support.postgres import PASSWORD, free_port
 from tests.support.runs import wait_until
 from workbench import rundir
 from workbench.queue import dburl, distributed
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    """A PostgreSQL server of its own (tests/support/postgres.py), stopped and removed at the end."""
-    try:
-        with postgres_server() as server:
-            yield server
-    except NoPostgres as e:
-        pytest.fail(str(e))
 
 
 def _one_line_exit_2(cp: subprocess.CompletedProcess, *words: str) -> str:

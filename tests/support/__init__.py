@@ -10,4 +10,6 @@
 - ``rundirs``  writing a run directory as the trainer would, through the typed records (no torch)
 - ``oracles``  slow plain implementations the fast ones are checked against: generation without a KV cache
                (``generate_recomputed``), answers' log-probs from full logits (``answer_logps``)
+- ``mixtures`` two small text corpora of different look for mixture tests (``write_two_corpora``)
+- ``postgres`` a PostgreSQL server of the tests' own (``postgres_server``; the ``postgres`` fixture in conftest)
 """

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from tests.support.cli import tiny, wb
+from tests.support.mixtures import write_two_corpora
 from tests.support.runs import losses, read_jsonl
 from workbench import rundir
 from workbench.config import resolve_preset
@@ -34,13 +35,7 @@ RUN = (f"train.max_iters={STEPS}", f"train.lr_decay_iters={STEPS}", "train.ckpt_
 
 def _corpora(d: Path) -> list[str]:
     """Two small text corpora of different look (made-up words; number words), as --corpus items 0.7 / 0.3."""
-    r = random.Random(0)
-    words = ["".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randint(2, 9))) for _ in range(800)]
-    (d / "words.txt").write_text("\n\n".join(" ".join(r.choice(words) for _ in range(r.randint(5, 60)))
-                                             for _ in range(600)))
-    nums = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split()
-    (d / "nums.txt").write_text("\n\n".join(" ".join(r.choice(nums) for _ in range(r.randint(5, 30))) + "."
-                                            for _ in range(150)))
+    write_two_corpora(d)
     return ["--corpus", f"words={d / 'words.txt'}:0.7", f"nums={d / 'nums.txt'}:0.3"]
 
 

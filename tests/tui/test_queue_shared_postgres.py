@@ -10,7 +10,7 @@ import pytest
 from textual.widgets import DataTable
 
 from tests.support.canned_runs import HARDWARE
-from tests.support.postgres import PASSWORD, NoPostgres, postgres_server
+from tests.support.postgres import PASSWORD
 from tests.support.tui import make_app, run, text_of, wait_for
 from workbench.machine.detect import Machine
 from workbench.queue import distributed
@@ -19,15 +19,6 @@ from workbench.queue.sweep_spec import SweepSpec
 SPEC = {"name": "sh", "preset": "cpu-small", "method": "grid", "trials": 3, "metric": "val_loss",
         "goal": "minimize", "params": [{"key": "train.lr", "values": [0.001, 0.003, 0.01]}],
         "sets": ["model.dim=64", "model.n_layers=2"]}
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    try:
-        with postgres_server() as server:
-            yield server
-    except NoPostgres as e:
-        pytest.fail(str(e))
 
 
 def _trial(study, spec, host: str, device: str):
