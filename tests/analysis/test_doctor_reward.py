@@ -67,6 +67,18 @@ def test_reward_rising_while_completions_grow_is_reward_hacking(tmp_path):
                                                                reward=lambda s: 0.3)))
 
 
+def test_reward_falling_while_completions_grow_is_a_collapse_not_a_hard_reward(tmp_path):
+    """A walk's GRPO run at too high a rate: the reward 0.23 -> 0, completions 5 -> 60 tokens, then every group
+    all wrong. The doctor said "too hard" and suggested more completions; it is the steps: a smaller rate."""
+    found = run(tmp_path, "fall", "train.lr=3e-3", **curves(reward=lambda s: max(0.0, 0.25 - 0.02 * s),
+                                                           completion_len=lambda s: 5.0 + 3.0 * s,
+                                                           no_signal=lambda s: 0.9))
+    assert [f.code for f in found] == ["reward.collapse"], [f.code for f in found]
+    f = found[0]
+    assert f.severity == "high" and "the reward fell from 0.200 to 0.000" in f.title and "grew" in f.title
+    assert f.set == {"train.lr": 1e-3}
+
+
 def test_most_groups_without_signal_and_a_high_mean_is_too_easy(tmp_path):
     found = run(tmp_path, "easy", **curves(no_signal=lambda s: 0.95, reward=lambda s: 0.97, reward_std=lambda s: 0.1))
     assert [f.code for f in found] == ["reward.too_easy"]   # not also "never moves": the no-signal line explains it

@@ -1,5 +1,6 @@
 """GRPO runs (train.objective = grpo), from their train ``reward`` records: reward hacking (the mean reward rising
-while the KL to the reference or the completion length explodes), most groups without signal (every completion of
+while the KL to the reference or the completion length explodes), a collapse (the reward falling while the
+completions grow), most groups without signal (every completion of
 a prompt scored the same: every advantage 0, nothing to learn from; too easy or too hard, said from the mean), and
 a reward that never moves. Every threshold below is a named constant with the reason for its value."""
 
@@ -52,11 +53,44 @@ def check(ctx: Context) -> list[Finding]:
     first, recent = f.rewards_first, list(f.rewards_recent)
     everything = first + [r for r in recent if r.step > first[-1].step] if first else recent
     out = [*_hacking(ctx, everything)]
+    collapse = _collapse(ctx, everything)
+    if collapse:  # a policy pushed off its task: all-wrong groups and a flat reward follow from it, not the reward
+        return out + collapse
     no_signal = _no_signal(ctx, everything)
     out += no_signal
     if not no_signal:  # all-equal groups explain a reward that cannot move; their finding names the fix
         out += _flat(ctx, everything)
     return out
+
+
+def _collapse(ctx: Context, recs: list[RewardRecord]) -> list[Finding]:
+    """The reward fell while the completions grew (LENGTH_GROWTH): steps too large for a fine-tune pushed the policy
+    off what it could do (a walk's run at the preset's from-scratch rate: 0.23 -> 0, 5 -> 60 tokens)."""
+    p = ctx.facts.preset
+    assert p is not None
+    if len(recs) < 2 * WINDOW:
+        return []
+    early, late = recs[:WINDOW], recs[-WINDOW:]
+    r0, r1, sd = _mean(early, "reward"), _mean(late, "reward"), _mean(early, "reward_std")
+    n0, n1 = _mean(early, "completion_len"), _mean(late, "completion_len")
+    if r0 is None or r1 is None or n0 is None or n1 is None:
+        return []
+    if r0 - r1 <= max(REWARD_RISE_SD * (sd or 0.0), REWARD_RISE_MIN) or n1 < LENGTH_GROWTH * n0 \
+            or n1 - n0 < LENGTH_GROWTH_MIN:
+        return []
+    values = {"train.lr": p.train.lr / 3}
+    return [Finding(
+        "reward", "reward.collapse", "high",
+        f"the reward fell from {r0:.3f} to {r1:.3f} while completions grew {n1 / n0:.1f}x: the policy was pushed off "
+        "its task",
+        (f"mean reward {r0:.3f} over steps {early[0].step}-{early[-1].step}, {r1:.3f} over "
+         f"{late[0].step}-{late[-1].step}; completions {n0:.1f} -> {n1:.1f} tokens",
+         "steps too large for a fine-tune move the model away from the answers it could give: it rambles, and "
+         "every completion of a prompt scores alike (no signal left to come back with)"),
+        set_line(values) + " (smaller steps), from the run's start or a checkpoint before the fall", values,
+        ctx.apply_command(values),
+        also=(set_line({"train.grpo_beta": 0.04}) + " (a pull back to the starting model)",),
+        step=late[-1].step, data={"reward_early": r0, "reward_late": r1, "len_early": n0, "len_late": n1})]
 
 
 def _hacking(ctx: Context, recs: list[RewardRecord]) -> list[Finding]:
