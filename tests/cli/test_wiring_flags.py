@@ -287,3 +287,17 @@ def test_stop_timeout_gives_up_waiting_and_says_the_run_is_still_saving(tmp_path
     st = wait_until(lambda: (s := rundir.read_status(runs / "long")).state == "stopped" and s, timeout=120,
                     what="the asked stop to land")
     assert rundir.list_checkpoints(runs / "long")[-1]["step"] == st.step
+
+
+def test_a_preset_written_from_a_fine_tune_starts_from_its_checkpoint_again(root):
+    """A fine-tune's preset.toml names the checkpoint it started from ([init]): `train` of that preset starts from
+    it again, as --init-from would (it failed with "run X has no init/model.pt")."""
+    steps = ("train.max_iters=2", "train.warmup_iters=0", "train.eval_interval=2", "train.ckpt_interval=2",
+             "train.eval_iters=1")
+    ok(wb("train", "cpu-small", "--name", "ft1", "--init-from", "src", "--runs-dir", str(root), *tiny(*steps)))
+    ok(wb("train", str(root / "ft1" / "preset.toml"), "--name", "ft2", "--runs-dir", str(root)))
+    again = tomllib.loads((root / "ft2" / "preset.toml").read_text())
+    assert again["init"] == {"run": "src", "step": 2}
+    first = [next(r["val_loss"] for r in read_jsonl(root / n / "metrics.jsonl") if r["kind"] == "eval")
+             for n in ("ft1", "ft2")]
+    assert first[0] == pytest.approx(first[1], abs=1e-6)   # src's weights both times (a fresh model's is ~6.2)

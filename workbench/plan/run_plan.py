@@ -135,13 +135,15 @@ def plan_new_run(req: NewRun, runs_root: Path, info: dict | None = None) -> RunP
     p.data.corpus = absolute_corpus(p.data.corpus)
     p.data.mixture = absolute_mixture(p.data.mixture)
     p.train.eval_tasks = checked_eval_tasks(p.train.eval_tasks, p.train.task_limit)
-    if not req.init_from:
+    # a preset written from a fine-tune (a run's preset.toml, `sweep save-best`) names the checkpoint it starts from
+    init_from = req.init_from or (f"{p.init['run']}:{p.init['step']}" if p.init else None)
+    if not init_from:
         objective_plan(p)  # a reference objective needs a model to start from
         if p.train.finetune == "lora":
             raise PresetError("train.finetune = lora trains adapters on weights that exist: start from a checkpoint "
                               "with --init-from RUN (a run of yours, or a model brought in by `workbench import`)")
         return RunPlan(p, None)
-    src = parse_init_from(runs_root, req.init_from)
+    src = parse_init_from(runs_root, init_from)
     p = init_preset(p, src, sets)
     if objective_plan(p).samples:
         p.train.reward = checked_reward(p)
