@@ -142,10 +142,13 @@ def test_a_killed_runner_and_trainer_resume_from_the_checkpoint_and_the_queue_fi
     root = tmp_path / "runs"
     add(root, "long", *RESUMABLE, check=True)
     add(root, "after", "train.max_iters=4", check=True)
-    # the trainer kills itself after step 15 (its checkpoint at 10 is the last complete one)
+    # the trainer kills itself after step 15 (its checkpoint at 10 is the last complete one); it is held (SIGSTOP)
+    # until its runner is dead: on a busy machine it reached step 15 first and that runner resumed it, legitimately
     first = runner(root, env={"WORKBENCH_TEST_KILL_AT_STEP": "15"})
+    trainer = None
     try:
-        wait_until(lambda: (it := db_item(root, "long")) and it.pid, timeout=60, what="the trainer to start")
+        trainer = wait_until(lambda: (it := db_item(root, "long")) and it.pid, timeout=60, what="the trainer to start")
+        os.kill(trainer, signal.SIGSTOP)
         # a second runner while the first holds the queue: one line, exit 2
         cp = wb("queue", "run", "--runs-dir", str(root))
         assert cp.returncode == 2 and "is already running" in cp.stderr and len(cp.stderr.strip().splitlines()) == 1
@@ -154,6 +157,8 @@ def test_a_killed_runner_and_trainer_resume_from_the_checkpoint_and_the_queue_fi
     finally:
         if first.poll() is None:
             first.kill()
+        if trainer:
+            os.kill(trainer, signal.SIGCONT)
     wait_until(lambda: rundir.read_status(root / "long").state == "crashed", timeout=60, what="the trainer to die")
     assert rundir.list_checkpoints(root / "long")[-1]["step"] == 10
     row = next(r for r in ls(root)["runs"] if r["name"] == "long")
@@ -180,15 +185,25 @@ def test_a_runner_killed_while_its_trainer_lives_is_replaced_by_one_that_adopts_
     add(root, "budgeted", "train.eval_interval=50", "--time-budget", "5s", check=True)
     first = runner(root)
     try:
-        wait_until(lambda: (it := db_item(root, "budgeted")) and it.pid, timeout=60, what="the trainer to start")
+        pid = wait_until(lambda: (it := db_item(root, "budgeted")) and it.pid, timeout=60, what="the trainer to start")
+        # held (SIGSTOP) until the next runner has looked: on a busy machine its 5 s ran out first
+        os.kill(pid, signal.SIGSTOP)
         os.kill(first.pid, signal.SIGKILL)
         first.wait(10)
     finally:
         if first.poll() is None:
             first.kill()
-    pid = db_item(root, "budgeted").pid
     assert rundir.pid_alive(pid)            # the trainer is in its own session: the runner's death leaves it be
-    cp = wb("queue", "run", "--runs-dir", str(root), timeout=120, check=True)
-    assert f"adopted budgeted: its trainer (pid {pid}) is still running" in cp.stdout, cp.stdout
+    log = tmp_path / "second.log"
+    with open(log, "w") as out:
+        second = subprocess.Popen([sys.executable, "-m", "workbench", "queue", "run", "--runs-dir", str(root)],
+                                  stdout=out, stderr=subprocess.STDOUT, text=True, env=dict(os.environ,
+                                                                                           PYTHONUNBUFFERED="1"))
+    try:
+        wait_until(lambda: "adopted budgeted" in log.read_text(), timeout=60, what="the next runner to look")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert second.wait(120) == 0, log.read_text()
+    assert f"adopted budgeted: its trainer (pid {pid}) is still running" in log.read_text(), log.read_text()
     assert states(root) == {"budgeted": "finished"}
     assert db_item(root, "budgeted").launches == 1
