@@ -1,0 +1,289 @@
+"""Past the SFT plateau on the chat bench's exact-match task: from one chat-tuned checkpoint where more SFT has
+stopped helping, the same wall-clock W of (a) more SFT on the correct answers, (b) GRPO with the `exact` reward,
+(c) two rounds of on-policy DPO + NLL (`workbench rounds`), each scored by held-out greedy exact match per task.
+
+    python bench/chat_rl.py --out DIR --seeds 1,2,3 --held 500 --budget 5m   # the issue's comparison
+    python bench/chat_rl.py --out DIR --quick                                 # toy size: the pipeline, minutes
+
+1. The start (kept in --out; a rerun reuses it): bench/chat_sft.py's pretraining of cpu-small on the built-in
+   corpus (its run "pre", --pretrain steps, model.seq_len 128), then the chat-tune of bench/finetune_lr.py's best
+   row: full fine-tune, AdamW lr 1e-3 (min_lr at the preset's ratio, wsd), --sft-steps steps (default 400: ~48 %
+   held out there, the plateau: 2e-3 scored no better, docs/reference/fine-tuning.md) on chat_sft's 2,000 training
+   conversations (tests/support/chat.py, seed 0). Run "start".
+2. Per seed (`train.seed`: the order of the data, the sampling), three arms from "start", each given W seconds:
+   - **sft**: `train --init-from start --time-budget W` on the same training conversations (their correct
+     answers), lr 1e-3 again (the fine-tune rule's rate), wsd over the budget;
+   - **grpo**: `train --init-from start --time-budget W --set train.objective=grpo train.reward=exact:answer` on
+     the prompts file (below), G --group, completions of at most --max-new 24 tokens, lr --grpo-lr;
+   - **rounds**: `workbench rounds start --rounds 2 --reward exact --samples 4 --time-budget T` on the first
+     --round-prompts prompts of the file, T = (W - 2 x --round-overhead) / 2 so that sampling, pairing and
+     training of both rounds fit W (their real wall time is reported). DPO + NLL (sft weight 1), the preference
+     fine-tune's capped lr (3e-5, flat).
+3. Held-out exact match of each arm's last checkpoint and of the start on --held conversations (chat_sft's held-out
+   set, seed 1), overall and per task (chat_sft.score: greedy, stripped, equal), with each arm's optimizer steps,
+   tokens and wall time.
+
+The prompts file: one record a training conversation, {"prompt": the user message, "system": the system message
+(the colour table) or absent, "answer": the assistant message}; `exact:answer` scores the completion's first line,
+stripped, against "answer" (workbench/reward/builtin.py).
+
+Tokens, per arm: sft, the assistant targets trained (its sampler replayed, chat_sft.trained_per_step); grpo, the
+completion tokens sampled and trained on (steps x batch x G x the mean completion length, from its reward records);
+rounds, the tokens of the pairs trained (chosen + rejected answers, each pair as often as its steps drew it) and the
+tokens sampled to make them.
+
+Every run goes through the real CLI in a subprocess (the commands are printed at the end), one thread each, one at
+a time (the arms never share the machine with each other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import chat_sft  # noqa: E402
+import finetune_lr  # noqa: E402
+
+from tests.support.chat import conversations, write_jsonl  # noqa: E402
+
+SFT_LR = 1e-3          # bench/finetune_lr.py's best full rate at 400 steps (47.8 %, three seeds)
+COMMANDS: list[str] = []
+
+
+def duration(text: str) -> float:
+    """--budget's seconds: 90, 90s, 5m, 1h."""
+    t = text.strip().lower()
+    mult = {"s": 1, "m": 60, "h": 3600}.get(t[-1:], 1)
+    return float(t[:-1] if t[-1:] in "smh" else t) * mult
+
+
+def cli(out: Path, name: str, args: list[str]) -> float:
+    """`python -m workbench ARGS` in a subprocess (one thread, nice 10 if the bench is), unless the run ``name`` in
+    --out already finished; its process's wall time (the stored one for a kept run)."""
+    env = dict(os.environ, WORKBENCH_CACHE_DIR=str(out / "cache"), OMP_NUM_THREADS="1")
+    COMMANDS.append(f"OMP_NUM_THREADS=1 WORKBENCH_CACHE_DIR={shlex.quote(str(out / 'cache'))} python -m workbench "
+                    + shlex.join(args))
+    kept = out / "walls.json"
+    walls = json.loads(kept.read_text()) if kept.is_file() else {}
+    if name in walls:
+        return float(walls[name])
+    t0 = time.time()
+    cp = subprocess.run([sys.executable, "-m", "workbench", *args], cwd=ROOT, capture_output=True, text=True,
+                        stdin=subprocess.DEVNULL, env=env)
+    wall = time.time() - t0
+    if cp.returncode != 0:
+        raise SystemExit(f"chat_rl: {name} failed ({cp.returncode}):\n{cp.stdout[-3000:]}\n{cp.stderr[-3000:]}")
+    walls = json.loads(kept.read_text()) if kept.is_file() else {}
+    walls[name] = wall
+    kept.write_text(json.dumps(walls, indent=1))
+    return wall
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def last_step(run_dir: Path) -> int:
+    steps = [r["step"] for r in metrics(run_dir) if r.get("kind") == "train"]
+    return max(steps) if steps else 0
+
+
+def build_start(out: Path, corpus: str, pre_steps: int, sft_steps: int) -> tuple[float, float]:
+    """chat_sft's pretraining ("pre") and the chat-tune to the plateau ("start"): their wall times."""
+    pre_s = finetune_lr.pretrain(out, pre_steps)
+    ratio = finetune_lr.preset_rates()[1] / finetune_lr.preset_rates()[0]
+    sets = [*chat_sft.COMMON, "train.finetune=full", f"train.lr={SFT_LR:g}", f"train.min_lr={SFT_LR * ratio:.3g}",
+            f"train.max_iters={sft_steps}", f"train.warmup_iters={max(1, sft_steps // 10)}",
+            f"train.eval_interval={sft_steps}", f"train.ckpt_interval={sft_steps}", "train.log_interval=50"]
+    start_s = chat_sft.train(out, "start", corpus, sets, init_from="pre")
+    return pre_s, start_s
+
+
+def prompts_file(path: Path, recs: list[dict]) -> Path:
+    """The training conversations as GRPO / rounds prompts: user message, system message, the answer."""
+    rows = []
+    for r in recs:
+        msgs = r["messages"]
+        row = {"prompt": msgs[-2]["content"], "answer": msgs[-1]["content"]}
+        if msgs[0]["role"] == "system":
+            row["system"] = msgs[0]["content"]
+        rows.append(row)
+    return write_jsonl(path, rows)
+
+
+def arm_sft(out: Path, corpus: str, seed: int, budget: float) -> dict:
+    name = f"sft-s{seed}"
+    ratio = finetune_lr.preset_rates()[1] / finetune_lr.preset_rates()[0]
+    wall = cli(out, name, ["train", "cpu-small", "--corpus", corpus, "--runs-dir", str(out / "runs"), "--name", name,
+                           "--yes", "--init-from", "start", "--time-budget", f"{budget:g}s", "--set",
+                           *chat_sft.COMMON, "train.finetune=full", f"train.lr={SFT_LR:g}",
+                           f"train.min_lr={SFT_LR * ratio:.3g}", f"train.seed={seed}", "train.log_interval=10"])
+    run_dir = out / "runs" / name
+    steps = last_step(run_dir)
+    return dict(arm="more SFT", run=name, wall=wall, steps=steps,
+                tokens=f"{sum(chat_sft.trained_per_step(run_dir, steps)):,} answer tokens trained")
+
+
+def arm_grpo(out: Path, prompts: Path, seed: int, budget: float, group: int, max_new: int, lr: float) -> dict:
+    name = f"grpo-s{seed}"
+    wall = cli(out, name, ["train", "cpu-small", "--corpus", str(prompts), "--runs-dir", str(out / "runs"), "--name",
+                           name, "--yes", "--init-from", "start", "--time-budget", f"{budget:g}s", "--set",
+                           *chat_sft.COMMON, "train.objective=grpo", "train.reward=exact:answer",
+                           f"train.grpo_group={group}", f"train.grpo_max_new_tokens={max_new}", f"train.lr={lr:g}",
+                           f"train.min_lr={lr / 10:g}", f"train.seed={seed}", "train.log_interval=1"])
+    run_dir = out / "runs" / name
+    recs = metrics(run_dir)
+    train = [r for r in recs if r.get("kind") == "reward" and r.get("split") == "train"]
+    from workbench.config import load_preset_file
+    batch = load_preset_file(run_dir / "preset.toml").train.batch_size
+    lengths = [r.get("completion_len", r.get("length", 0)) or 0 for r in train]
+    sampled = sum(lengths) * batch * group
+    rewards = [r.get("reward", r.get("mean_reward")) for r in train]
+    return dict(arm="GRPO exact", run=name, wall=wall, steps=last_step(run_dir),
+                tokens=f"{sampled:,.0f} completion tokens sampled and trained ({batch} prompts x G {group} a step)",
+                reward=(rewards[0], rewards[-1]) if rewards else None)
+
+
+def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: float, samples: int,
+               max_new: int) -> dict:
+    chain = f"rpo-s{seed}"
+    per_round = max(10.0, (budget - 2 * overhead) / 2)
+    wall = cli(out, chain, ["rounds", "start", "--runs-dir", str(out / "runs"), "--prompts", str(prompts),
+                            "--reward", "exact", "--rounds", "2", "--samples", str(samples), "--time-budget",
+                            f"{per_round:.0f}s", "--name", chain, "--max-new-tokens", str(max_new), "--seed",
+                            str(seed), "--yes", "--set", "hardware.compile=false", "train.patience=0",
+                            "train.sample_prompt=", "train.eval_iters=5", f"train.seed={seed}",
+                            "train.log_interval=10"])
+    steps, pairs, pair_tokens, sampled = [], 0, 0, 0
+    from workbench.data.tokenizer import load_tokenizer
+    tok = load_tokenizer(out / "runs" / "start")
+    for i in (1, 2):
+        run_dir = out / "runs" / f"{chain}-r{i}"
+        steps.append(last_step(run_dir))
+        lines = [json.loads(x) for x in (out / "runs" / f"{chain}.rounds" / f"round-{i}-pairs.jsonl").read_text()
+                 .splitlines() if x.strip()]
+        pairs += len(lines)
+
+        def text(x: object) -> str:
+            return x if isinstance(x, str) else " ".join(m["content"] for m in x)  # type: ignore[index, union-attr]
+        per_pair = [len(tok.encode(text(p["chosen"]))) + len(tok.encode(text(p["rejected"]))) for p in lines]
+        from workbench.config import load_preset_file
+        batch = load_preset_file(run_dir / "preset.toml").train.batch_size
+        # each step draws batch pairs in epoch order: steps x batch pairs at the pairs' mean length
+        pair_tokens += round(steps[-1] * batch * sum(per_pair) / max(1, len(per_pair)))
+        meta = json.loads((out / "runs" / f"{chain}.rounds" / f"round-{i}.json").read_text())
+        sampled += meta.get("prompts", 0) * samples
+    return dict(arm="2 rounds DPO + NLL", run=f"{chain}-r2", wall=wall, steps=sum(steps),
+                tokens=f"{pair_tokens:,} answer tokens of {pairs:,} pairs trained ({steps[0]} + {steps[1]} steps, "
+                       f"{per_round:.0f} s budget a round); {sampled:,} samples drawn",
+                reward=None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="runs and cache here (default: a new temp dir); the start "
+                                                           "and finished arms in it are kept")
+    ap.add_argument("--quick", action="store_true", help="toy size: pretrain 60, chat-tune 60, 40 held out, 60 s")
+    ap.add_argument("--seeds", default="1", help="train.seed of the arms, comma-separated (default 1)")
+    ap.add_argument("--held", type=int, default=None, help="held-out conversations scored (default 500; quick 40)")
+    ap.add_argument("--budget", default=None, help="each arm's wall-clock W: 90s, 5m (default 5m; quick 60s)")
+    ap.add_argument("--pretrain", type=int, default=None, help="pretraining steps (default 400; quick 60)")
+    ap.add_argument("--sft-steps", type=int, default=None, help="the start's chat-tune steps (default 400; quick 60)")
+    ap.add_argument("--group", type=int, default=8, help="GRPO completions a prompt, G (default 8)")
+    ap.add_argument("--grpo-lr", type=float, default=1e-4, help="GRPO's learning rate (default 1e-4)")
+    ap.add_argument("--max-new", type=int, default=24, help="longest sampled answer, tokens (default 24)")
+    ap.add_argument("--samples", type=int, default=4, help="rounds: samples a prompt (default 4)")
+    ap.add_argument("--round-prompts", type=int, default=512, help="rounds: prompts sampled a round (default 512)")
+    ap.add_argument("--round-overhead", type=float, default=None,
+                    help="rounds: seconds a round spends outside training (sampling, pairing, start-up), taken off "
+                         "W before it is split in two (default: W/6)")
+    ap.add_argument("--arms", default="sft,grpo,rounds", help="which arms (default sft,grpo,rounds)")
+    ap.add_argument("--start-only", action="store_true", help="build (or reuse) and score the start, then stop")
+    a = ap.parse_args()
+    n_held = a.held or (40 if a.quick else 500)
+    budget = duration(a.budget or ("60s" if a.quick else "5m"))
+    pre_steps = a.pretrain or (60 if a.quick else 400)
+    sft_steps = a.sft_steps or (60 if a.quick else 400)
+    seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
+    arms = [x.strip() for x in a.arms.split(",") if x.strip()]
+    if bad := [x for x in arms if x not in ("sft", "grpo", "rounds")]:
+        ap.error(f"--arms: unknown {', '.join(bad)}; choose from sft, grpo, rounds")
+    out = (a.out or Path(tempfile.mkdtemp(prefix="wb-chat-rl-"))).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["WORKBENCH_CACHE_DIR"] = str(out / "cache")  # the sampler replay reads the runs' prepared data
+    os.environ["OMP_NUM_THREADS"] = "1"                      # chat_sft.train's subprocesses inherit it
+    t0 = time.time()
+    train_recs = conversations(2000, seed=0)
+    corpus = str(write_jsonl(out / "train.jsonl", train_recs))
+    prompts = prompts_file(out / "prompts.jsonl", train_recs)
+    round_prompts = prompts_file(out / f"prompts-{a.round_prompts}.jsonl", train_recs[:a.round_prompts])
+    print(f"chat_rl in {out}: pretrain {pre_steps}, chat-tune {sft_steps} steps at lr {SFT_LR:g}; seeds "
+          f"{seeds}; W {budget:.0f} s an arm; {n_held} held out; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+          flush=True)
+    pre_s, start_s = build_start(out, corpus, pre_steps, sft_steps)
+    scores_path = out / f"scores-{n_held}.json"
+    scores = json.loads(scores_path.read_text()) if scores_path.is_file() else {}
+
+    def scored(run: str) -> dict[str, float]:
+        if run not in scores:
+            scores[run] = chat_sft.score_in_process(out / "runs" / run, n_held)
+            scores_path.write_text(json.dumps(scores, indent=1))
+        return scores[run]
+
+    s = scored("start")
+    print(f"start: exact match {s['all']:.1f} % (reverse {s['reverse']:.1f} / sort {s['sort']:.1f} / colour "
+          f"{s['colour']:.1f} %); pretrain {pre_s:.0f} s, chat-tune {start_s:.0f} s", flush=True)
+    if a.start_only:
+        return 0
+    overhead = a.round_overhead if a.round_overhead is not None else budget / 6
+    rows = []
+    for seed in seeds:
+        for arm in arms:
+            if arm == "sft":
+                r = arm_sft(out, corpus, seed, budget)
+            elif arm == "grpo":
+                r = arm_grpo(out, prompts, seed, budget, a.group, a.max_new, a.grpo_lr)
+            else:
+                r = arm_rounds(out, round_prompts, seed, budget, overhead, a.samples, a.max_new)
+            r["seed"], r["scores"] = seed, scored(r["run"])
+            rows.append(r)
+            sc = r["scores"]
+            print(f"  seed {seed} {r['arm']}: {sc['all']:.1f} % (reverse {sc['reverse']:.1f} / sort "
+                  f"{sc['sort']:.1f} / colour {sc['colour']:.1f} %), {r['steps']} steps, {r['wall']:.0f} s; "
+                  f"{r['tokens']}" + (f"; train reward {r['reward'][0]:.3f} -> {r['reward'][-1]:.3f}"
+                                      if r.get("reward") else ""), flush=True)
+    print(f"\nW = {budget:.0f} s an arm; held-out exact match on {n_held} conversations (chat_sft's, seed 1)\n")
+    print("| arm | seed | exact match | reverse / sort / colour | steps | wall s | tokens |\n"
+          "|---|---|---|---|---|---|---|")
+    print(f"| start (pretrain {pre_steps} + chat-tune {sft_steps}) | - | {s['all']:.1f} % | {s['reverse']:.1f} / "
+          f"{s['sort']:.1f} / {s['colour']:.1f} | {sft_steps} | {pre_s:.0f} + {start_s:.0f} | - |")
+    for r in rows:
+        sc = r["scores"]
+        print(f"| {r['arm']} | {r['seed']} | {sc['all']:.1f} % | {sc['reverse']:.1f} / {sc['sort']:.1f} / "
+              f"{sc['colour']:.1f} | {r['steps']} | {r['wall']:.0f} | {r['tokens']} |")
+    if len(seeds) > 1:
+        for arm in dict.fromkeys(r["arm"] for r in rows):
+            same = [r["scores"] for r in rows if r["arm"] == arm]
+            m = {k: sum(x[k] for x in same) / len(same) for k in ("all", "reverse", "sort", "colour")}
+            print(f"| **{arm}, mean of {len(same)}** | - | **{m['all']:.1f} %** ({min(x['all'] for x in same):.1f}-"
+                  f"{max(x['all'] for x in same):.1f}) | {m['reverse']:.1f} / {m['sort']:.1f} / {m['colour']:.1f} "
+                  "| | | |")
+    print(f"\ntotal {time.time() - t0:.0f} s; commands:")
+    for c in [*chat_sft.COMMANDS, *COMMANDS]:
+        print("  " + c)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
