@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,12 +79,20 @@ def cli(out: Path, name: str, args: list[str]) -> float:
     walls = json.loads(kept.read_text()) if kept.is_file() else {}
     if name in walls:
         return float(walls[name])
+    status = out / "runs" / name / "status.json"
+    if status.is_file() and json.loads(status.read_text()).get("state") == "finished":  # a bench stopped after it
+        st = json.loads(status.read_text())
+        return float(st["finished"] - st["pid_start"])
+    shutil.rmtree(out / "runs" / name, ignore_errors=True)  # a train arm a killed bench left unfinished
+    log = out / "logs" / f"{name}.log"  # a file, not a pipe: a stopped bench does not take its child with it
+    log.parent.mkdir(exist_ok=True)
     t0 = time.time()
-    cp = subprocess.run([sys.executable, "-m", "workbench", *args], cwd=ROOT, capture_output=True, text=True,
-                        stdin=subprocess.DEVNULL, env=env)
+    with log.open("w") as f:
+        rc = subprocess.run([sys.executable, "-m", "workbench", *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env).returncode
     wall = time.time() - t0
-    if cp.returncode != 0:
-        raise SystemExit(f"chat_rl: {name} failed ({cp.returncode}):\n{cp.stdout[-3000:]}\n{cp.stderr[-3000:]}")
+    if rc != 0:
+        raise SystemExit(f"chat_rl: {name} failed ({rc}):\n{log.read_text()[-3000:]}")
     walls = json.loads(kept.read_text()) if kept.is_file() else {}
     walls[name] = wall
     kept.write_text(json.dumps(walls, indent=1))
@@ -108,6 +117,19 @@ def build_start(out: Path, corpus: str, pre_steps: int, sft_steps: int) -> tuple
             f"train.eval_interval={sft_steps}", f"train.ckpt_interval={sft_steps}", "train.log_interval=50"]
     start_s = chat_sft.train(out, "start", corpus, sets, init_from="pre")
     return pre_s, start_s
+
+
+def copy_start(out: Path, src: Path) -> tuple[None, float]:
+    """--start-run: a finished chat-tune made with build_start's recipe elsewhere (bench/finetune_lr.py's full 1e-3
+    run at --steps 400 is one), copied into --out as "start"; its chat-tune's wall time."""
+    status = json.loads((src / "status.json").read_text()) if (src / "status.json").is_file() else {}
+    if status.get("state") != "finished":
+        raise SystemExit(f"chat_rl: --start-run {src} is not a finished run; give a finished chat-tune's folder")
+    dst = out / "runs" / "start"
+    if not (dst / "status.json").is_file():
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("lock", "finetune_lr.json"))
+    return None, status["finished"] - status["pid_start"]
 
 
 def prompts_file(path: Path, recs: list[dict]) -> Path:
@@ -209,6 +231,9 @@ def main() -> int:
                     help="rounds: seconds a round spends outside training (sampling, pairing, start-up), taken off "
                          "W before it is split in two (default: W/6)")
     ap.add_argument("--arms", default="sft,grpo,rounds", help="which arms (default sft,grpo,rounds)")
+    ap.add_argument("--start-run", type=Path, default=None,
+                    help="a finished chat-tune of the same recipe to start from (copied into --out as 'start'), "
+                         "instead of pretraining and chat-tuning here")
     ap.add_argument("--start-only", action="store_true", help="build (or reuse) and score the start, then stop")
     a = ap.parse_args()
     n_held = a.held or (40 if a.quick else 500)
@@ -231,7 +256,8 @@ def main() -> int:
     print(f"chat_rl in {out}: pretrain {pre_steps}, chat-tune {sft_steps} steps at lr {SFT_LR:g}; seeds "
           f"{seeds}; W {budget:.0f} s an arm; {n_held} held out; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
           flush=True)
-    pre_s, start_s = build_start(out, corpus, pre_steps, sft_steps)
+    pre_s, start_s = (copy_start(out, a.start_run.resolve()) if a.start_run
+                      else build_start(out, corpus, pre_steps, sft_steps))
     scores_path = out / f"scores-{n_held}.json"
     scores = json.loads(scores_path.read_text()) if scores_path.is_file() else {}
 
@@ -243,7 +269,8 @@ def main() -> int:
 
     s = scored("start")
     print(f"start: exact match {s['all']:.1f} % (reverse {s['reverse']:.1f} / sort {s['sort']:.1f} / colour "
-          f"{s['colour']:.1f} %); pretrain {pre_s:.0f} s, chat-tune {start_s:.0f} s", flush=True)
+          f"{s['colour']:.1f} %); pretrain {'(copied)' if pre_s is None else f'{pre_s:.0f} s'}, chat-tune "
+          f"{start_s:.0f} s", flush=True)
     if a.start_only:
         return 0
     overhead = a.round_overhead if a.round_overhead is not None else budget / 6
@@ -266,8 +293,9 @@ def main() -> int:
     print(f"\nW = {budget:.0f} s an arm; held-out exact match on {n_held} conversations (chat_sft's, seed 1)\n")
     print("| arm | seed | exact match | reverse / sort / colour | steps | wall s | tokens |\n"
           "|---|---|---|---|---|---|---|")
+    pre = "-" if pre_s is None else f"{pre_s:.0f}"
     print(f"| start (pretrain {pre_steps} + chat-tune {sft_steps}) | - | {s['all']:.1f} % | {s['reverse']:.1f} / "
-          f"{s['sort']:.1f} / {s['colour']:.1f} | {sft_steps} | {pre_s:.0f} + {start_s:.0f} | - |")
+          f"{s['sort']:.1f} / {s['colour']:.1f} | {sft_steps} | {pre} + {start_s:.0f} | - |")
     for r in rows:
         sc = r["scores"]
         print(f"| {r['arm']} | {r['seed']} | {sc['all']:.1f} % | {sc['reverse']:.1f} / {sc['sort']:.1f} / "
