@@ -59,6 +59,7 @@ import finetune_lr  # noqa: E402
 from tests.support.chat import conversations, write_jsonl  # noqa: E402
 
 SFT_LR = 1e-3          # bench/finetune_lr.py's best full rate at 400 steps (47.8 %, three seeds)
+GRPO_LR = 1e-4        # GRPO's default here (a full fine-tune of the reward family otherwise keeps the preset's 3e-3)
 COMMANDS: list[str] = []
 
 
@@ -158,7 +159,7 @@ def arm_sft(out: Path, corpus: str, seed: int, budget: float) -> dict:
 
 
 def arm_grpo(out: Path, prompts: Path, seed: int, budget: float, group: int, max_new: int, lr: float) -> dict:
-    name = f"grpo-s{seed}"
+    name = f"grpo-s{seed}" if lr == GRPO_LR else f"grpo-lr{lr:g}-s{seed}"
     wall = cli(out, name, ["train", "cpu-small", "--corpus", str(prompts), "--runs-dir", str(out / "runs"), "--name",
                            name, "--yes", "--init-from", "start", "--time-budget", f"{budget:g}s", "--set",
                            *chat_sft.COMMON, "train.objective=grpo", "train.reward=exact:answer",
@@ -171,10 +172,14 @@ def arm_grpo(out: Path, prompts: Path, seed: int, budget: float, group: int, max
     batch = load_preset_file(run_dir / "preset.toml").train.batch_size
     lengths = [r.get("completion_len", r.get("length", 0)) or 0 for r in train]
     sampled = sum(lengths) * batch * group
-    rewards = [r.get("reward", r.get("mean_reward")) for r in train]
-    return dict(arm="GRPO exact", run=name, wall=wall, steps=last_step(run_dir),
+    rewards = [r["reward"] for r in train]
+    q = max(1, len(rewards) // 4)
+    held = [r["reward"] for r in recs if r.get("kind") == "reward" and r.get("split") == "val"]
+    return dict(arm="GRPO exact" + ("" if lr == GRPO_LR else f" lr {lr:g}"), run=name, wall=wall,
+                steps=last_step(run_dir),
                 tokens=f"{sampled:,.0f} completion tokens sampled and trained ({batch} prompts x G {group} a step)",
-                reward=(rewards[0], rewards[-1]) if rewards else None)
+                reward=(sum(rewards[:q]) / q, sum(rewards[-q:]) / q) if rewards else None,
+                held=(held[0], held[-1]) if held else None)
 
 
 def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: float, samples: int,
@@ -187,7 +192,7 @@ def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: flo
                             str(seed), "--yes", "--set", "hardware.compile=false", "train.patience=0",
                             "train.sample_prompt=", "train.eval_iters=5", f"train.seed={seed}",
                             "train.log_interval=10"])
-    steps, pairs, pair_tokens, sampled = [], 0, 0, 0
+    steps, pairs, pair_tokens, sampled, means = [], 0, 0, 0, []
     from workbench.data.tokenizer import load_tokenizer
     tok = load_tokenizer(out / "runs" / "start")
     for i in (1, 2):
@@ -206,9 +211,11 @@ def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: flo
         pair_tokens += round(steps[-1] * batch * sum(per_pair) / max(1, len(per_pair)))
         meta = json.loads((out / "runs" / f"{chain}.rounds" / f"round-{i}.json").read_text())
         sampled += meta.get("prompts", 0) * samples
+        means.append(meta.get("mean_reward") or 0.0)
     return dict(arm="2 rounds DPO + NLL", run=f"{chain}-r2", wall=wall, steps=sum(steps),
                 tokens=f"{pair_tokens:,} answer tokens of {pairs:,} pairs trained ({steps[0]} + {steps[1]} steps, "
-                       f"{per_round:.0f} s budget a round); {sampled:,} samples drawn",
+                       f"{per_round:.0f} s budget a round); {sampled:,} samples drawn, their mean reward {means[0]:.3f} (the "
+                       f"start's) then {means[1]:.3f} (round 1's)",
                 reward=None)
 
 
@@ -223,7 +230,8 @@ def main() -> int:
     ap.add_argument("--pretrain", type=int, default=None, help="pretraining steps (default 400; quick 60)")
     ap.add_argument("--sft-steps", type=int, default=None, help="the start's chat-tune steps (default 400; quick 60)")
     ap.add_argument("--group", type=int, default=8, help="GRPO completions a prompt, G (default 8)")
-    ap.add_argument("--grpo-lr", type=float, default=1e-4, help="GRPO's learning rate (default 1e-4)")
+    ap.add_argument("--grpo-lr", type=float, default=GRPO_LR,
+                    help=f"GRPO's learning rate (default {GRPO_LR:g}; another rate's runs are named grpo-lrLR-sSEED)")
     ap.add_argument("--max-new", type=int, default=24, help="longest sampled answer, tokens (default 24)")
     ap.add_argument("--samples", type=int, default=4, help="rounds: samples a prompt (default 4)")
     ap.add_argument("--round-prompts", type=int, default=512, help="rounds: prompts sampled a round (default 512)")
@@ -288,8 +296,10 @@ def main() -> int:
             sc = r["scores"]
             print(f"  seed {seed} {r['arm']}: {sc['all']:.1f} % (reverse {sc['reverse']:.1f} / sort "
                   f"{sc['sort']:.1f} / colour {sc['colour']:.1f} %), {r['steps']} steps, {r['wall']:.0f} s; "
-                  f"{r['tokens']}" + (f"; train reward {r['reward'][0]:.3f} -> {r['reward'][-1]:.3f}"
-                                      if r.get("reward") else ""), flush=True)
+                  f"{r['tokens']}" + (f"; train reward (first / last quarter of its steps) {r['reward'][0]:.3f} -> "
+                                      f"{r['reward'][-1]:.3f}" if r.get("reward") else "")
+                  + (f"; its held-out reward {r['held'][0]:.3f} -> {r['held'][1]:.3f}" if r.get("held") else ""),
+                  flush=True)
     print(f"\nW = {budget:.0f} s an arm; held-out exact match on {n_held} conversations (chat_sft's, seed 1)\n")
     print("| arm | seed | exact match | reverse / sort / colour | steps | wall s | tokens |\n"
           "|---|---|---|---|---|---|---|")
