@@ -214,8 +214,8 @@ def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: flo
         means.append(meta.get("mean_reward") or 0.0)
     return dict(arm="2 rounds DPO + NLL", run=f"{chain}-r2", wall=wall, steps=sum(steps),
                 tokens=f"{pair_tokens:,} answer tokens of {pairs:,} pairs trained ({steps[0]} + {steps[1]} steps, "
-                       f"{per_round:.0f} s budget a round); {sampled:,} samples drawn, their mean reward {means[0]:.3f} (the "
-                       f"start's) then {means[1]:.3f} (round 1's)",
+                       f"{per_round:.0f} s budget a round); {sampled:,} samples drawn, their mean reward "
+                       f"{means[0]:.3f} (the start's) then {means[1]:.3f} (round 1's)",
                 reward=None)
 
 
