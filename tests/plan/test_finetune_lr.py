@@ -13,6 +13,7 @@ from tests.support.runs import read_jsonl
 from workbench import rundir
 from workbench.config import load_preset_file, resolve_preset
 from workbench.plan.finetune import (
+    GRPO_MAX_LR,
     LORA_SFT_MAX_LR,
     PREFERENCE_MAX_LR,
     SFT_MAX_LR,
@@ -134,13 +135,13 @@ def test_preference_fine_tunes_keep_their_cap(base):
 
 
 def test_a_grpo_fine_tune_takes_the_fine_tuning_rate_not_the_presets(base):
-    """GRPO fine-tunes a trained model too: at most the SFT rule's rate (full and LoRA), not cpu-small's 3e-3 from
-    scratch (red before its rows: a walk's GRPO run at 3e-3 collapsed to reward 0 with 60-token completions)."""
+    """GRPO fine-tunes a trained model too: at most GRPO_MAX_LR (full and LoRA), not cpu-small's 3e-3 from scratch
+    (red before its rows: a walk's GRPO run at 3e-3 collapsed to reward 0 with 60-token completions)."""
     sets = ("train.objective=grpo", "train.reward=exact:answer")
     full = planned(base, *sets, corpus="prompts")
-    assert full.lr == SFT_MAX_LR and finetune_lr_rule(full, []).said == "a full fine-tune's at most"
+    assert full.lr == GRPO_MAX_LR and finetune_lr_rule(full, []).said == "a GRPO fine-tune's at most"
     lora = planned(base, *sets, "train.finetune=lora", corpus="prompts")
-    assert lora.lr == LORA_SFT_MAX_LR and finetune_lr_rule(lora, []).said == "a LoRA fine-tune's at most"
+    assert lora.lr == GRPO_MAX_LR and finetune_lr_rule(lora, []).said == "a GRPO fine-tune's at most"
     assert planned(base, *sets, "train.lr=3e-3", corpus="prompts").lr == 3e-3   # --set wins
 
 
