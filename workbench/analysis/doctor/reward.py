@@ -46,6 +46,13 @@ def _mean(recs: list[RewardRecord], key: str) -> float | None:
     return fmean(xs) if xs else None
 
 
+def _windows(recs: list[RewardRecord]) -> tuple[list[RewardRecord], list[RewardRecord], float | None, float | None,
+                                                 float | None]:
+    """The early and late WINDOW of logged steps, their mean rewards and the early within-step spread."""
+    early, late = recs[:WINDOW], recs[-WINDOW:]
+    return early, late, _mean(early, "reward"), _mean(late, "reward"), _mean(early, "reward_std")
+
+
 def check(ctx: Context) -> list[Finding]:
     f, p = ctx.facts, ctx.facts.preset
     if p is None or not f.rewards_recent:
@@ -70,8 +77,7 @@ def _collapse(ctx: Context, recs: list[RewardRecord]) -> list[Finding]:
     assert p is not None
     if len(recs) < 2 * WINDOW:
         return []
-    early, late = recs[:WINDOW], recs[-WINDOW:]
-    r0, r1, sd = _mean(early, "reward"), _mean(late, "reward"), _mean(early, "reward_std")
+    early, late, r0, r1, sd = _windows(recs)
     n0, n1 = _mean(early, "completion_len"), _mean(late, "completion_len")
     if r0 is None or r1 is None or n0 is None or n1 is None:
         return []
@@ -98,8 +104,7 @@ def _hacking(ctx: Context, recs: list[RewardRecord]) -> list[Finding]:
     assert p is not None
     if len(recs) < 2 * WINDOW:
         return []
-    early, late = recs[:WINDOW], recs[-WINDOW:]
-    r0, r1, sd = _mean(early, "reward"), _mean(late, "reward"), _mean(early, "reward_std")
+    early, late, r0, r1, sd = _windows(recs)
     if r0 is None or r1 is None or r1 - r0 <= max(REWARD_RISE_SD * (sd or 0.0), REWARD_RISE_MIN):
         return []
     rose = f"the mean reward rose from {r0:.3f} to {r1:.3f} (steps {early[0].step}-{late[-1].step})"
