@@ -92,37 +92,7 @@ def run(args) -> int:
         if not (sys.stdin.isatty() and input("start anyway? [y/N] ").strip().lower() in ("y", "yes")):
             raise rundir.RunError(f"{p.name} does not fit this machine's memory by the estimate{advice}; "
                                   "start it anyway with --yes, or `workbench fit` a preset that fits")
-    # The corpus first: problems with it are reported before any run directory exists. In the
-    # foreground the tokens are prepared here, with progress on the terminal; a detached run
-    # prepares them itself (its status and the TUI show the progress), so only the listing and the
-    # first records are checked here.
-    prompts = objective.samples  # GRPO trains on a prompts file, read and checked by plan_new_run (not a corpus)
-    corpus = None if prompts else open_data_corpus(p.data)
-    if not prompts:
-        check_loss_on(p.data, corpus, p.train.loss_on if "train.loss_on" in overridden_keys(overrides) else None)
-    if prompts:
-        pass
-    elif args.detach and not p.data.mixture:  # a mixture is prepared here: its repeats are checked before the run
-        kind = corpus_kind(p.data, corpus)  # (its first record was read to tell)
-        check_corpus_kind(p.train.objective, kind, corpus.description)
-        if kind != "text":  # conversations and preference records: the template they render through
-            check_chat_template(p.data, p.model.vocab_size, p.train.loss_on)
-        else:
-            corpus.check_first_records()
-    else:
-        progress = TerminalProgress()
-        try:
-            data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True),
-                                progress=progress, loss_on=p.train.loss_on,  # --init-from: the source's tokenizer
-                                objective=p.train.objective)
-        finally:
-            progress.close()
-        # e.g. conversations that fill no row (all dropped as overlong) are bad input too; a mixture's max_repeat is
-        # checked over the steps the run is planned for: with a time budget, its first guess (the trainer's too)
-        if isinstance(data, MixtureData):
-            data.check(p, max(1, check.budget_steps) if check.budget_steps is not None else None)
-        else:
-            data.check(p)
+    check_data(args, p, objective.samples, overrides, check.budget_steps)
     def fill(run_dir):
         if src is not None:  # the weights it starts from, before preset.toml makes it a run
             rundir.start_from(run_dir, src.weights, src.run_dir)
@@ -140,3 +110,34 @@ def run(args) -> int:
         return 0
     print(f"run {run_dir.name} in {run_dir}")
     return launch.run_foreground(run_dir, topo=topo)
+
+def check_data(args, p, prompts: bool, overrides: list[str], budget_steps: int | None) -> None:
+    """The corpus first: problems with it are reported before any run directory exists. In the foreground the
+    tokens are prepared here, with progress on the terminal; a detached run prepares them itself (its status and
+    the TUI show the progress), so only the listing and the first records are checked here. GRPO (``prompts``)
+    trains on a prompts file, read and checked by plan_new_run (not a corpus)."""
+    if prompts:
+        return
+    corpus = open_data_corpus(p.data)
+    check_loss_on(p.data, corpus, p.train.loss_on if "train.loss_on" in overridden_keys(overrides) else None)
+    if args.detach and not p.data.mixture:  # a mixture is prepared here: its repeats are checked before the run
+        kind = corpus_kind(p.data, corpus)  # (its first record was read to tell)
+        check_corpus_kind(p.train.objective, kind, corpus.description)
+        if kind != "text":  # conversations and preference records: the template they render through
+            check_chat_template(p.data, p.model.vocab_size, p.train.loss_on)
+        else:
+            corpus.check_first_records()
+        return
+    progress = TerminalProgress()
+    try:
+        data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True),
+                            progress=progress, loss_on=p.train.loss_on,  # --init-from: the source's tokenizer
+                            objective=p.train.objective)
+    finally:
+        progress.close()
+    # e.g. conversations that fill no row (all dropped as overlong) are bad input too; a mixture's max_repeat is
+    # checked over the steps the run is planned for: with a time budget, its first guess (the trainer's too)
+    if isinstance(data, MixtureData):
+        data.check(p, max(1, budget_steps) if budget_steps is not None else None)
+    else:
+        data.check(p)
