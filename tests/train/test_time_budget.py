@@ -409,9 +409,9 @@ def test_more_steps_after_a_budget_keep_the_warmup_its_plan_gave_it(tmp_path):
     p = load_preset_file(branch / "preset.toml")
     assert p.train.warmup_iters == st.warmup and p.train.max_iters == st.step + 30
     lrs = [r["lr"] for r in records_since_last_start(branch) if r["kind"] == "train"]
-    # no second warmup (its first step would be at lr / warmup, ~1e-4 or less): at or just past the peak, where the
-    # steps plan's decay may begin a step before the budget's "decay start" checkpoint (a quiet CI run: 0.97e-3)
-    assert 0.9e-3 <= lrs[0] <= 1e-3 * (1 + 1e-9) and lrs[-1] == pytest.approx(1e-5)     # then the decay
+    # no second warmup (its first step would be at lr / warmup: at most half the peak): at or past the peak, where
+    # the steps plan's decay may begin before the budget's "decay start" checkpoint (CI runs: 0.97e-3, 0.87e-3)
+    assert 0.5e-3 < lrs[0] <= 1e-3 * (1 + 1e-9) and lrs[-1] == pytest.approx(1e-5)     # then the decay
 
 
 def test_evals_on_the_way_are_skipped_when_a_busier_machine_makes_them_dearer_than_their_share(tmp_path):
