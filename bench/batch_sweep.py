@@ -8,7 +8,7 @@ memory ends only that size): a few real AdamW steps of the preset's model
 (eager, no torch.compile) with the training loop's step. Measured peak memory
 is torch.cuda.max_memory_allocated / max_memory_reserved on CUDA, the driver's
 allocation on MPS, and the process's peak RSS (ru_maxrss) on CPU. The table sets
-each beside workbench.plan.memory.estimate_memory, with the estimate's error in percent.
+each beside workbench.plan.fit.memory.estimate_memory, with the estimate's error in percent.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def one(preset_name: str, overrides: list[str], batch: int, device: str, steps: 
 
     from workbench.config import resolve_preset
     from workbench.machine.probe import this_machine
-    from workbench.plan.memory import what_if
+    from workbench.plan.fit.memory import what_if
     from workbench.plan.settings import resolve_settings
     from workbench.train.batch_probe import Prober
     from workbench.train.runtime import apply_backend_flags
@@ -49,7 +49,7 @@ def one(preset_name: str, overrides: list[str], batch: int, device: str, steps: 
 
 def sweep(preset_name: str, overrides: list[str], sizes: list[int], device: str, steps: int) -> list[dict]:
     from workbench.config import resolve_preset
-    from workbench.plan.memory import estimate_memory
+    from workbench.plan.fit.memory import estimate_memory
     out = []
     for b in sizes:
         cmd = [sys.executable, __file__, preset_name, "--one", str(b), "--device", device, "--steps", str(steps)]

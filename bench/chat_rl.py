@@ -193,7 +193,7 @@ def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: flo
                             "train.sample_prompt=", "train.eval_iters=5", f"train.seed={seed}",
                             "train.log_interval=10"])
     steps, pairs, pair_tokens, sampled, means = [], 0, 0, 0, []
-    from workbench.data.tokenizer import load_tokenizer
+    from workbench.data.text.tokenizer import load_tokenizer
     tok = load_tokenizer(out / "runs" / "start")
     for i in (1, 2):
         run_dir = out / "runs" / f"{chain}-r{i}"

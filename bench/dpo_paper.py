@@ -99,7 +99,7 @@ def paragraphs(held_out: bool) -> list[list[str]]:
     """The prose paragraphs of the built-in corpus's documentation topics (the training ones, or the held-out ones),
     each as its words: blank-line separated blocks, wrapped lines joined, code (indented lines) and short blocks
     left out."""
-    from workbench.data.documents import builtin_documents
+    from workbench.data.corpus.documents import builtin_documents
     out = []
     for kind, _, text in builtin_documents(held_out=held_out):
         if kind != "doc":
@@ -246,7 +246,7 @@ class Measure:
         import torch
 
         from workbench.commands.pairs import sampler_for
-        from workbench.data.tokenizer import load_tokenizer
+        from workbench.data.text.tokenizer import load_tokenizer
         from workbench.plan.sampling import Sampling
         from workbench.train.checkpoint import load_run_model
         from workbench.train.generate import sample_prompts

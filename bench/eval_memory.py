@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 
 def write_mc(path: Path, n: int) -> None:
-    from workbench.data.builtin_tasks import cloze_task
+    from workbench.data.tasks.builtin_tasks import cloze_task
     items = cloze_task().items
     rng = random.Random(n)
     with open(path, "w") as f:
@@ -35,7 +35,7 @@ def write_mc(path: Path, n: int) -> None:
 
 
 def write_gen(path: Path, n: int) -> None:
-    from workbench.data.builtin_tasks import cloze_task
+    from workbench.data.tasks.builtin_tasks import cloze_task
     with open(path, "w") as f:
         for it in cloze_task().items[:n]:
             f.write(json.dumps({"prompt": it.context, "answer": it.choices[it.gold]}) + "\n")

@@ -65,9 +65,9 @@ def time_evals(run: Path, rounds: int, batches: int) -> None:
 
     import torch
 
-    from workbench.data.tokens import prepare_data
+    from workbench.data.text.tokens import prepare_data
     from workbench.data.train_data import IGNORE
-    from workbench.plan.evals import eval_batches
+    from workbench.plan.schedule.evals import eval_batches
     from workbench.rundir import EventRecord
     from workbench.train import runtime
     from workbench.train.checkpoint import load_run_model

@@ -12,7 +12,7 @@ built-in corpus (model.seq_len 128; never sees the chat template), its 2,000 gen
 (tests/support/chat.py, seed 0) and held-out ones (seed 1), its real CLI in a subprocess (`chat_sft.train`) and its
 greedy exact match (`chat_sft.score`).
 
-What "the rate" is: a fine-tune trains with AdamW even where the preset says Muon (workbench/plan/finetune.py:
+What "the rate" is: a fine-tune trains with AdamW even where the preset says Muon (workbench/plan/recipe/finetune.py:
 Muon's fixed-size updates at muon_lr would overwrite pretrained weights; LoRA's adapters are not whole matrices), so
 each run's one rate is AdamW's `train.lr`, over every trained weight; `train.min_lr` is scaled with it (the preset's
 ratio, cpu-small's 1e-4 / 3e-3), so every run has the preset's wsd shape (stable, then linear over the last 40 %) and

@@ -73,14 +73,14 @@ import torch
 
 from workbench.config import resolve_preset
 from workbench.config.schema import DataConfig
-from workbench.data.tokens import WindowSampler, prepare_data
+from workbench.data.text.tokens import WindowSampler, prepare_data
 from workbench.data.train_data import Batch
 from workbench.fs import write_json_atomic
 from workbench.machine.peaks import peak_flops
 from workbench.machine.probe import measured_peak, this_machine
-from workbench.plan.flops import matmul_params
-from workbench.plan.horizon import Horizon
-from workbench.plan.memory import estimate_memory
+from workbench.plan.fit.flops import matmul_params
+from workbench.plan.fit.memory import estimate_memory
+from workbench.plan.schedule.horizon import Horizon
 from workbench.plan.settings import resolve_settings
 from workbench.train.build import build
 from workbench.train.dist import Dist

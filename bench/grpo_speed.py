@@ -79,7 +79,7 @@ class WorkbenchSide:
     def __init__(self, run: Path, args):
         import torch
 
-        from workbench.data.tokenizer import load_tokenizer
+        from workbench.data.text.tokenizer import load_tokenizer
         from workbench.train.checkpoint import load_run_model
         from workbench.train.grpo_step import GRPOSettings
 

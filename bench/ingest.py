@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 def make_corpus(path: Path, gb: float) -> int:
     """JSONL of builtin documents repeated (each copy numbered) up to ``gb`` GB; returns bytes written."""
-    from workbench.data.documents import open_corpus
+    from workbench.data.corpus.documents import open_corpus
     docs, cur = [], ""
     for text, end in open_corpus("builtin", builtin_mb=6.0).pieces():
         cur += text
@@ -56,7 +56,7 @@ def make_corpus(path: Path, gb: float) -> int:
 
 def make_text(path: Path, gb: float) -> int:
     """One plain-text document: the built-in corpus's text repeated up to ``gb`` GB; returns bytes written."""
-    from workbench.data.documents import open_corpus
+    from workbench.data.corpus.documents import open_corpus
     text = "".join(t for t, _end in open_corpus("builtin", builtin_mb=6.0).pieces())
     target, size = int(gb * 1e9), 0
     with open(path, "w", encoding="utf-8") as f:

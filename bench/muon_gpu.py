@@ -20,7 +20,7 @@ import torch
 
 from workbench.config import resolve_preset
 from workbench.machine.probe import measured_peak, this_machine
-from workbench.plan.flops import flops_per_token
+from workbench.plan.fit.flops import flops_per_token
 from workbench.plan.settings import resolve_settings
 from workbench.train.build import build
 from workbench.train.dist import Dist

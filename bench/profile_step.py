@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from workbench.config import resolve_preset
 from workbench.machine.probe import measured_peak, this_machine
-from workbench.plan.flops import flops_per_token
+from workbench.plan.fit.flops import flops_per_token
 from workbench.plan.settings import resolve_settings
 from workbench.train import model as model_mod
 from workbench.train.build import build

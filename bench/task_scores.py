@@ -17,8 +17,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench import rundir  # noqa: E402
-from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task  # noqa: E402
-from workbench.data.tokenizer import load_tokenizer  # noqa: E402
+from workbench.data.tasks.builtin_tasks import BUILTIN_TASKS, builtin_task  # noqa: E402
+from workbench.data.text.tokenizer import load_tokenizer  # noqa: E402
 from workbench.train.checkpoint import load_run_model  # noqa: E402
 from workbench.train.model import GPT  # noqa: E402
 from workbench.train.task_eval import score_task  # noqa: E402

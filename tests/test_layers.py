@@ -34,14 +34,14 @@ def test_import_contracts_hold():
 
 
 @pytest.mark.parametrize("module,line,contract", [
-    ("plan/memory.py", "import workbench.commands.fit", "Layers"),              # planning importing the CLI
+    ("plan/fit/memory.py", "import workbench.commands.fit", "Layers"),          # planning importing the CLI
     ("rundir/__init__.py", "import workbench.config", "Layers"),                  # the contract importing presets
     ("tui/display.py", "import workbench.plan.settings, torch", "TUI never imports torch"),
     ("tui/display.py", "import workbench.train.model", "TUI never imports torch"),
     ("train/model.py", "import textual.app", "engine and interop never import textual"),
     ("plan/settings.py", "import torch", "no torch, no textual"),
-    ("data/documents.py", "import torch", "Data: no torch, no textual"),              # the corpus pipeline
-    ("data/tokens.py", "import workbench.train.model", "Layers"),                  # data importing the engine
+    ("data/corpus/documents.py", "import torch", "Data: no torch, no textual"),       # the corpus pipeline
+    ("data/text/tokens.py", "import workbench.train.model", "Layers"),             # data importing the engine
     ("analysis/doctor/speed.py", "import torch", "no torch, no textual"),          # reading past runs
     ("plan/report.py", "import workbench.analysis.history", "Layers"),            # planning reading past runs
     ("train/loop.py", "import workbench.interop.export", "Layers"),               # the engine importing interop
@@ -154,7 +154,7 @@ def test_each_package_docstring_names_every_module_of_the_package():
 
 def test_the_readme_module_table_names_every_module():
     """The docs' Architecture table (docs/architecture.md, once the README's) names each module: by its path
-    (`data/record_reader.py`), or by its name in the row
+    (`data/corpus/record_reader.py`), or by its name in the row
     of its package (`config/` ... (`duration.py`))."""
     section = (ROOT / "docs" / "architecture.md").read_text()  # the README's section, moved into the docs
     rows = ["|".join(cells) for cells in (ln.split("|") for ln in section.splitlines() if ln.startswith("| "))

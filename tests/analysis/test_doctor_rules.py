@@ -486,7 +486,7 @@ def test_evals_that_are_most_of_a_short_budgeted_run_are_a_finding(tmp_path):
 def test_eval_share_suggests_auto_eval_batches_where_they_are_fewer(tmp_path):
     """An explicit train.eval_iters above what auto would score for the run's val split: auto first, the longer
     interval as the other change."""
-    from workbench.plan.evals import eval_batches
+    from workbench.plan.schedule.evals import eval_batches
     d = write_run(tmp_path, "ev", ["train.eval_iters=300"], events=[_eval_time(600.0, 0.3)],
                   start={"eval_iters": 300})
     f = found_codes(d)["slow.eval_share"]
@@ -617,7 +617,8 @@ def test_nonfinite_steps_in_fp16_suggest_bf16_or_fp32_where_the_gpu_has_no_bf16(
 # ----------------------------------------------------------------------------- chat data
 
 def chat_start(**kw) -> dict:
-    """A start event's ``chat`` (workbench.data.chat_data.ChatData.start_facts) with nothing to find, and ``kw``."""
+    """A start event's ``chat`` (workbench.data.chat.chat_data.ChatData.start_facts) with nothing to find, and
+    ``kw``."""
     return {"chat": {"conversations": 1000, "trained_fraction": 0.3, "loss_on": "assistant", "truncated": 0,
                      "dropped": 0, "row_fill": 0.9, "packing": True, "p95_tokens": 20, **kw}}
 

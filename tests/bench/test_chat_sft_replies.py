@@ -18,8 +18,8 @@ import chat_sft  # noqa: E402
 def test_batched_replies_are_the_chat_commands_replies(tmp_path):
     import torch
 
-    from workbench.data.chat_templates import load_chat_template
-    from workbench.data.tokenizer import load_tokenizer
+    from workbench.data.chat.chat_templates import load_chat_template
+    from workbench.data.text.tokenizer import load_tokenizer
     from workbench.train.chat_reply import reply
     from workbench.train.checkpoint import load_run_model
 
@@ -36,7 +36,7 @@ def test_batched_replies_are_the_chat_commands_replies(tmp_path):
     with torch.no_grad():
         want = [reply(model, tok, template, r["messages"][:-1], max_tokens=longest).text for r in held]
     assert got == want
-    from workbench.data.chat import ChatEncoder
+    from workbench.data.chat.conversations import ChatEncoder
     enc = ChatEncoder(template, tok)
     batched = [r for r in held if len(enc.prompt_ids(r["messages"][:-1])) + longest <= 64]
     assert 20 <= len(batched) < len(held)  # most went through the batches; the rest through reply itself

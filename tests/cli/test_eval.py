@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.cli import FACTS, wb
 from tests.support.runs import read_jsonl, tree
-from workbench.data.tokenizer import load_tokenizer
+from workbench.data.text.tokenizer import load_tokenizer
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from workbench.machine import detect as hardware
 from workbench.machine import probe
 from workbench.machine.peaks import peak_flops
-from workbench.plan.recommend import recommend_preset
+from workbench.plan.fit.recommend import recommend_preset
 
 
 def test_detect_without_torch_is_plain_json_and_fast():
@@ -33,7 +33,7 @@ def test_detect_without_torch_is_plain_json_and_fast():
 
 
 def test_no_torch_import_from_hardware_module():
-    code = ("import sys, workbench.machine.detect as h, workbench.plan.memory; h.detect(); "
+    code = ("import sys, workbench.machine.detect as h, workbench.plan.fit.memory; h.detect(); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -425,7 +425,7 @@ def test_estimate_compare_sorts_by_time_or_cost_and_prices_kwh():
 def test_fit_init_from_fits_the_source_runs_model(src, tmp_path):
     from workbench.config import resolve_preset
     from workbench.machine.probe import this_machine
-    from workbench.plan.memory import estimate_memory, what_if
+    from workbench.plan.fit.memory import estimate_memory, what_if
     from workbench.plan.run_plan import NewRun, plan_new_run
     from workbench.plan.settings import resolve_settings
     over = ["train.batch_size=65536", "train.grad_accum=1", "hardware.compile=false"]
@@ -534,7 +534,7 @@ def _readme_presets() -> dict[str, tuple[str, str]]:
 
 def test_the_shipped_presets_are_the_sizes_the_readme_gives():
     from workbench.config import preset_paths, resolve_preset
-    from workbench.plan.flops import count_params
+    from workbench.plan.fit.flops import count_params
     table = _readme_presets()
     assert set(table) == {n for n, (_p, kind) in preset_paths().items() if kind == "shipped"}
     for name, (model, params) in table.items():

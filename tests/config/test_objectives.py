@@ -21,9 +21,9 @@ from workbench.config.objectives import (
     objective_spec,
     objectives_on,
 )
-from workbench.data.kinds import DESCRIBE, KINDS, OBJECTIVE_FOR
-from workbench.data.preference_records import PreferenceError, check_corpus_kind
-from workbench.plan.objective_plan import objective_plan
+from workbench.data.corpus.kinds import DESCRIBE, KINDS, OBJECTIVE_FOR
+from workbench.data.preference.preference_records import PreferenceError, check_corpus_kind
+from workbench.plan.recipe.objective_plan import objective_plan
 from workbench.train.objective import ANSWER_LOSSES, PAIR_LOSSES
 
 

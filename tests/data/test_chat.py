@@ -13,19 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.files import zst_open
-from workbench.data.chat import (
-    BadRecord,
-    ChatEncoder,
-    ChatOptions,
-    ChatReader,
-    Conversation,
-    Message,
-    detect_format,
-    offsets_mask,
-    special_pieces,
-)
-from workbench.data.chat_data import sniff_kind
-from workbench.data.chat_templates import (
+from workbench.data.chat.chat_data import sniff_kind
+from workbench.data.chat.chat_templates import (
     CHATML_END,
     CHATML_PIECES,
     CHATML_START,
@@ -37,9 +26,20 @@ from workbench.data.chat_templates import (
     model_template,
     trained_spans,
 )
-from workbench.data.documents import Stats
-from workbench.data.sources import CorpusError, expand
-from workbench.data.tokenizer import HFTokenizer
+from workbench.data.chat.conversations import (
+    BadRecord,
+    ChatEncoder,
+    ChatOptions,
+    ChatReader,
+    Conversation,
+    Message,
+    detect_format,
+    offsets_mask,
+    special_pieces,
+)
+from workbench.data.corpus.documents import Stats
+from workbench.data.corpus.sources import CorpusError, expand
+from workbench.data.text.tokenizer import HFTokenizer
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
 
@@ -506,7 +506,7 @@ def test_a_tokenizer_without_the_templates_tokens_is_refused(hf_tokenizer_dir):
 def sp_tok():
     """workbench's own tokenizer as `workbench train` trains it: the ChatML pieces reserved as control pieces."""
     from tests.support.hf import corpus_text
-    from workbench.data.tokenizer import train_tokenizer
+    from workbench.data.text.tokenizer import train_tokenizer
     return train_tokenizer(corpus_text(), 600, num_threads=1)
 
 

@@ -23,8 +23,8 @@ import zstandard
 from tests.support.cli import REPO, wb
 from tests.support.files import tokens_path
 from workbench.config import DataConfig
-from workbench.data.documents import CorpusError, open_corpus
-from workbench.data.tokens import prepare_data
+from workbench.data.corpus.documents import CorpusError, open_corpus
+from workbench.data.text.tokens import prepare_data
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
 
@@ -123,7 +123,7 @@ def test_one_line_documents_train_a_tokenizer(tmp_path, kind, shape):
     assert cp.returncode == 0, cp.stderr
     out = json.loads(cp.stdout)
     assert out["documents"] == len(docs)
-    from workbench.data.tokenizer import load_tokenizer
+    from workbench.data.text.tokenizer import load_tokenizer
     tok = load_tokenizer(Path(out["cache_dir"]))
     assert tok.vocab_size == 1024
     # it learnt the documents' words (a tokenizer trained on nothing would spell them in bytes)
@@ -133,7 +133,7 @@ def test_one_line_documents_train_a_tokenizer(tmp_path, kind, shape):
 
 
 def test_a_sample_line_past_the_sentence_limit_is_cut_at_spaces_not_dropped():
-    from workbench.data.tokenizer import SENTENCE_CHARS, split_long_line
+    from workbench.data.text.tokenizer import SENTENCE_CHARS, split_long_line
     line = " ".join(f"w{i}" for i in range(5000))
     parts = split_long_line(line)
     assert "".join(parts) == line and len(parts) > 1
@@ -240,7 +240,7 @@ def test_cached_start_reads_no_corpus_bytes_and_a_change_is_reencoded_with_a_rea
         sys.addaudithook(lambda event, args: opened.append(os.fsdecode(args[0])) if event == "open" and args
                          and isinstance(args[0], (str, bytes, os.PathLike)) else None)
         from workbench.config import DataConfig
-        from workbench.data.tokens import prepare_data
+        from workbench.data.text.tokens import prepare_data
         data = prepare_data(DataConfig(corpus=sys.argv[1]), 300, 16, log=lambda m: None)
         print(json.dumps({"cached": data.cached, "opened": [p for p in opened if sys.argv[1] in p]}))
     """)
@@ -292,7 +292,7 @@ def test_tokenizer_sample_comes_from_the_whole_corpus(tmp_path):
 _PREPARE = """
 import json, os, sys
 from workbench.config import DataConfig
-from workbench.data.tokens import prepare_data
+from workbench.data.text.tokens import prepare_data
 from workbench.faults import Faults
 
 KEPT = json.loads(os.environ.get("KEPT_SHARD_FILES", "{}"))  # path -> [inode, mtime_ns] before this start

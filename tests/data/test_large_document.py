@@ -15,7 +15,7 @@ from tests.support.cli import REPO
 
 SCRIPT = textwrap.dedent("""
     import sys, numpy as np, psutil
-    from workbench.data.tokens import split_point
+    from workbench.data.text.tokens import split_point
     path, documents = sys.argv[1], (None if sys.argv[2] == "none" else int(sys.argv[2]))
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
     me = psutil.Process()

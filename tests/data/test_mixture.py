@@ -1,5 +1,6 @@
-"""The mixture's plan (workbench.data.mixture): counts by apportionment, every prefix within one sequence of the
-weights, a pure function of the config and the seed, each source's epochs reshuffled, and the sampler's counter."""
+"""The mixture's plan (workbench.data.mixture.mixture_plan): counts by apportionment, every prefix within one sequence
+of the weights, a pure function of the config and the seed, each source's epochs reshuffled, and the sampler's
+counter."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from workbench.data.mixture import (
+from workbench.data.mixture.mixture_plan import (
     MixtureError,
     MixtureSampler,
     SourceSpec,

@@ -18,8 +18,8 @@ from tests.support.cli import tiny, wb
 from tests.support.mixtures import write_two_corpora
 from tests.support.runs import losses, read_jsonl
 from workbench.config import resolve_preset
-from workbench.data.mixture import apportion
-from workbench.data.tokens import prepare_data
+from workbench.data.mixture.mixture_plan import apportion
+from workbench.data.text.tokens import prepare_data
 
 RUN = ["train.max_iters=8", "train.eval_interval=8", "train.ckpt_interval=5", "train.lr_decay_iters=8"]
 
@@ -275,8 +275,8 @@ def test_a_mixture_of_conversations_draws_each_sources_rows_with_their_loss_mask
     """Two conversation files mixed 0.6 / 0.4: each row is one source's packed conversations (the prompt's topic
     says which) with only the assistant's tokens as targets, the rows of each source are the apportionment over the
     horizon, and the run's start says the table in rows."""
-    from workbench.data.chat_data import ChatData
-    from workbench.data.mixture_data import MixtureData
+    from workbench.data.chat.chat_data import ChatData
+    from workbench.data.mixture.mixture_data import MixtureData
     from workbench.data.train_data import IGNORE
 
     d = corpora

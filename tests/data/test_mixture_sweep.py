@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.cli import tiny, wb
 from tests.support.runs import read_jsonl
-from workbench.data.mixture import apportion
+from workbench.data.mixture.mixture_plan import apportion
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
-"""Preference records (workbench/data/preference_records.py) and their prepared batches (preference_data.py): both kinds
-and their shapes (strings, conversations, an implicit prompt; JSONL, gzip, parquet) read into the conversations
-the chat machinery renders; the loss on the answer alone, one BOS; a pair never split across shards; the sampler
-resumable; every bad record one line naming its file and line."""
+"""Preference records (workbench/data/preference/preference_records.py) and their prepared batches (preference_data.py):
+both kinds and their shapes (strings, conversations, an implicit prompt; JSONL, gzip, parquet) read into the
+conversations the chat machinery renders; the loss on the answer alone, one BOS; a pair never split across shards; the
+sampler resumable; every bad record one line naming its file and line."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 
 from tests.support.chat import pair_records, write_jsonl
 from workbench.config import resolve_preset
-from workbench.data.chat_data import conversation_pieces, corpus_kind
-from workbench.data.preference_data import AnswerBatch, PairBatch
-from workbench.data.preference_records import PAIRS, PreferenceReader
-from workbench.data.sources import CorpusError
-from workbench.data.tokens import open_data_corpus, prepare_data
+from workbench.data.chat.chat_data import conversation_pieces, corpus_kind
+from workbench.data.corpus.sources import CorpusError
+from workbench.data.preference.preference_data import AnswerBatch, PairBatch
+from workbench.data.preference.preference_records import PAIRS, PreferenceReader
+from workbench.data.text.tokens import open_data_corpus, prepare_data
 from workbench.data.train_data import IGNORE
 
 
@@ -33,7 +33,7 @@ def preset(corpus, objective: str = "dpo", *sets: str):
 
 
 def read(path, kind=PAIRS, skip=False):
-    from workbench.data.chat import ChatOptions
+    from workbench.data.chat.conversations import ChatOptions
     corpus = open_data_corpus(preset(path).data)
     return list(PreferenceReader(kind, ChatOptions(skip_bad=skip)).conversations(corpus.sources))
 
@@ -122,7 +122,7 @@ def test_prepared_pairs_train_the_answers_alone_and_resume(tmp_path):
 def test_a_pair_is_never_split_across_shards(tmp_path):
     """With shards of a few hundred characters, every shard holds whole pairs: the prepared corpus equals the one
     prepared in a single shard."""
-    from workbench.data.chat_prepare import prepare_chat
+    from workbench.data.chat.chat_prepare import prepare_chat
     path = write_jsonl(tmp_path / "pairs.jsonl", pair_records(40, seed=4))
     p = preset(path)
     corpus = open_data_corpus(p.data)
@@ -151,7 +151,7 @@ def test_kto_batches_carry_labels_and_mismatched_kl_rows(tmp_path):
 def test_one_bos_in_each_answer_rendered_through_a_template_that_adds_it(tmp_path, hf_chat_model):
     """The model's template writes {{ bos_token }}; each of a pair's conversations is rendered whole and encoded
     without the tokenizer's own specials, so it holds exactly one BOS, first (OpenRLHF #393's double BOS)."""
-    from workbench.data.tokenizer import load_tokenizer
+    from workbench.data.text.tokenizer import load_tokenizer
     tok = load_tokenizer(hf_chat_model)
     assert tok.bos_id is not None
     path = write_jsonl(tmp_path / "pairs.jsonl", pair_records(10))

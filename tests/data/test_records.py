@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from workbench.data.chat import ChatOptions, ChatReader
-from workbench.data.documents import open_corpus
-from workbench.data.record_reader import RecordReader, Stats
-from workbench.data.sources import CorpusError, expand
-from workbench.data.tasks import TaskError, read_task_file
+from workbench.data.chat.conversations import ChatOptions, ChatReader
+from workbench.data.corpus.documents import open_corpus
+from workbench.data.corpus.record_reader import RecordReader, Stats
+from workbench.data.corpus.sources import CorpusError, expand
+from workbench.data.tasks.task_files import TaskError, read_task_file
 
 GOOD = {"query": "2+2", "choices": ["4", "5"], "gold": 0,
         "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "text": "a doc"}

@@ -14,10 +14,10 @@ import pytest
 
 from tests.support.cli import wb
 from tests.support.files import zst_open
-from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task
-from workbench.data.documents import Stats, builtin_documents, builtin_pieces
-from workbench.data.sources import builtin_source
-from workbench.data.tasks import ChoiceItem, GenItem, load_task, read_task_file, task_options
+from workbench.data.corpus.documents import Stats, builtin_documents, builtin_pieces
+from workbench.data.corpus.sources import builtin_source
+from workbench.data.tasks.builtin_tasks import BUILTIN_TASKS, builtin_task
+from workbench.data.tasks.task_files import ChoiceItem, GenItem, load_task, read_task_file, task_options
 
 ITEMS = [("The sky is", ["blue", "green", "loud"], 0), ("Two and two make", ["three", "four"], 1)]
 
@@ -82,7 +82,7 @@ def test_limit_reads_only_the_first_items(tmp_path):
 def test_builtin_tasks_are_fixed_and_sized():
     # made again in a fresh interpreter with another hash seed: the same items and options, so scores of two runs
     # (or of one before and after a restart) are comparable (builtin_task is cached: within a process it is one object)
-    code = ("import json; from workbench.data.builtin_tasks import BUILTIN_TASKS, builtin_task; "
+    code = ("import json; from workbench.data.tasks.builtin_tasks import BUILTIN_TASKS, builtin_task; "
             "print(json.dumps({n: builtin_task(n).digest for n in BUILTIN_TASKS}))")
     cp = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONHASHSEED="12345"),
                         capture_output=True, text=True, timeout=120, check=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from workbench.config import DataConfig
-from workbench.data.documents import CorpusError, Stats, open_corpus, warnings_of
-from workbench.data.tokenizer import TokenizerError, train_tokenizer
-from workbench.data.tokens import DataError, WindowSampler, prepare_data
+from workbench.data.corpus.documents import CorpusError, Stats, open_corpus, warnings_of
+from workbench.data.text.tokenizer import TokenizerError, train_tokenizer
+from workbench.data.text.tokens import DataError, WindowSampler, prepare_data
 
 
 def corpus_text(spec: str, builtin_mb: float = 0.3) -> str:

@@ -16,9 +16,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.support.cli import FACTS, wb
-from workbench.data.builtin_tasks import cloze_task, next_line_task
-from workbench.data.tasks import ChoiceItem, GenItem, Task, load_task, task_options
-from workbench.data.tokenizer import load_tokenizer
+from workbench.data.tasks.builtin_tasks import cloze_task, next_line_task
+from workbench.data.tasks.task_files import ChoiceItem, GenItem, Task, load_task, task_options
+from workbench.data.text.tokenizer import load_tokenizer
 from workbench.train.checkpoint import load_run_model
 from workbench.train.task_eval import choice_requests, continuation_logprobs, score_task, text_bpb
 

@@ -17,7 +17,7 @@ from tests.support.cli import wb
 from tests.support.runs import tree
 from workbench import rundir
 from workbench.config import ModelConfig, load_preset_file
-from workbench.data.tokenizer import Tokenizer
+from workbench.data.text.tokenizer import Tokenizer
 from workbench.interop.export import export_state_dict, hf_state_dict, rope_permute, tokenizer_json
 from workbench.train.checkpoint import load_model_state
 from workbench.train.model import GPT, apply_rope, rope_tables

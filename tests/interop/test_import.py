@@ -27,8 +27,8 @@ from tests.support.hf import (
 from tests.support.runs import tree
 from workbench import rundir
 from workbench.config import load_preset_file
-from workbench.data.chat_templates import ChatTemplateError, run_template
-from workbench.data.tokenizer import HFTokenizer, load_tokenizer
+from workbench.data.chat.chat_templates import ChatTemplateError, run_template
+from workbench.data.text.tokenizer import HFTokenizer, load_tokenizer
 from workbench.train.checkpoint import load_run_model
 
 # Code, Unicode, whitespace of every kind, a special token's text, and the empty string.

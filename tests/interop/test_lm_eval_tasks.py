@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.data.tasks import read_task_file
+from workbench.data.tasks.task_files import read_task_file
 
 lm_eval = pytest.importorskip("lm_eval")
 TASKS = Path(lm_eval.__file__).parent / "tasks"

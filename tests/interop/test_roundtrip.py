@@ -19,7 +19,7 @@ from tests.support.runs import tree
 from workbench import rundir
 from workbench.cli import main
 from workbench.config import load_preset_file
-from workbench.data.tokenizer import load_tokenizer
+from workbench.data.text.tokenizer import load_tokenizer
 from workbench.train.checkpoint import load_init_weights, load_model_state, load_run_model
 from workbench.train.lora import apply_lora
 from workbench.train.model import GPT

@@ -16,7 +16,7 @@ from tests.support.runs import read_jsonl
 from workbench.config import load_preset_file
 from workbench.machine import probe, rates
 from workbench.machine.detect import machine_identity
-from workbench.plan.flops import flops_per_token
+from workbench.plan.fit.flops import flops_per_token
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import re
 from tests.support.canned_runs import HARDWARE
 from workbench.config import resolve_preset
 from workbench.machine.detect import Machine
-from workbench.plan.horizon import EVAL_SHARE, MIN_BUDGET_STEPS, budget_plan_at, plan_budget
 from workbench.plan.report import fit_check
+from workbench.plan.schedule.horizon import EVAL_SHARE, MIN_BUDGET_STEPS, budget_plan_at, plan_budget
 
 UNMEASURED_CPU = Machine.from_info({**HARDWARE, "nvidia": [], "calibration": {}})
 MEASURED_CPU = Machine.from_info({**HARDWARE, "nvidia": [], "calibration": {"cpu:fp32": 2e11}})
@@ -76,8 +76,8 @@ def test_a_budget_short_only_by_the_estimate_is_warned_not_refused():
     """The estimate's speed is often off by 1.5-4x on a CPU (an eval batch estimated at 0.21 s took 0.135 s): a
     budget too short at the estimated speed but not at ESTIMATE_SLACK times it is a warning (the run sizes its evals
     from a batch it times); one too short even then is the problem `train` refuses."""
-    from workbench.plan.horizon import ESTIMATE_SLACK
     from workbench.plan.report import build_report
+    from workbench.plan.schedule.horizon import ESTIMATE_SLACK
     p0 = resolve_preset("cpu-small")
     tps = build_report(p0, MEASURED_CPU).tokens_per_s
     between = next(s for s in range(1, 120) if budget_plan_at(p0, tps, float(s)).problem

@@ -15,7 +15,7 @@ from workbench.machine.gpus import GPUS, compare_set, find_gpu, spec_for_device
 from workbench.machine.peaks import peak_flops
 from workbench.plan import throughput
 from workbench.plan.compare import compare, gpu_report, load_prices, machine_with, parse_price
-from workbench.plan.memory import HEADROOM, estimate_memory, what_if
+from workbench.plan.fit.memory import HEADROOM, estimate_memory, what_if
 
 GiB = 2**30
 SHIPPED = sorted(preset_paths())

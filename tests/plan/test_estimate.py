@@ -9,7 +9,7 @@ import torch
 
 from tests.support.cli import G124
 from workbench.config import ModelConfig, preset_paths, resolve_preset
-from workbench.plan.flops import count_params, flops_per_token, matmul_params
+from workbench.plan.fit.flops import count_params, flops_per_token, matmul_params
 from workbench.train.model import GPT
 
 
@@ -46,9 +46,9 @@ def test_flops_per_token_hand_computed():
 # ----------------------------------------------------------------------------- memory
 
 from workbench.config import HardwareConfig, Preset, TrainConfig  # noqa: E402
-from workbench.plan.activations import layer_activation_bytes  # noqa: E402
 from workbench.plan.cost import estimate_cost, estimate_time  # noqa: E402
-from workbench.plan.memory import estimate_memory  # noqa: E402
+from workbench.plan.fit.activations import layer_activation_bytes  # noqa: E402
+from workbench.plan.fit.memory import estimate_memory  # noqa: E402
 
 
 def _tiny(hw: dict | None = None, **train) -> Preset:
@@ -200,7 +200,7 @@ def _peak_of_timeline(run_steps) -> int:
 def test_estimated_peak_matches_allocations_on_cpu(prec, ckpt, accum, loss):
     """The estimate's peak against the allocations torch records (the training loop's step), with
     the CPU defaults (fused loss, fused AdamW) and with the plain loss and per-tensor AdamW."""
-    from workbench.plan.savers import auto_loss_chunk
+    from workbench.plan.fit.savers import auto_loss_chunk
     from workbench.train.optim import build_optimizer
     cfg = ModelConfig(vocab_size=4096, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=64)
     fused = loss == "auto"

@@ -16,10 +16,10 @@ from tests.support.hf import FT, VOCAB, cli
 from tests.support.saved import saved_bytes
 from workbench.config import HardwareConfig, ModelConfig, Preset, TrainConfig, load_preset_file
 from workbench.machine.detect import Machine
-from workbench.plan.activations import layer_activation_bytes, lora_layer_activation_bytes
-from workbench.plan.finetune import compare_methods
-from workbench.plan.flops import lora_params
-from workbench.plan.memory import estimate_memory
+from workbench.plan.fit.activations import layer_activation_bytes, lora_layer_activation_bytes
+from workbench.plan.fit.flops import lora_params
+from workbench.plan.fit.memory import estimate_memory
+from workbench.plan.recipe.finetune import compare_methods
 from workbench.train.lora import apply_lora, cast_frozen
 from workbench.train.model import GPT
 

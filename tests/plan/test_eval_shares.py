@@ -10,7 +10,7 @@ import pytest
 from tests.support.cli import TINY, wb
 from tests.support.runs import read_jsonl
 from workbench.config import PresetError, resolve_preset
-from workbench.plan.horizon import EVAL_SHARE, Horizon, plan_budget
+from workbench.plan.schedule.horizon import EVAL_SHARE, Horizon, plan_budget
 
 
 @pytest.mark.parametrize("given,shares", [("0.2", [0.2]), ('"0.5, 0.25"', [0.25, 0.5]),

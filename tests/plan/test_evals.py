@@ -10,7 +10,7 @@ import pytest
 
 from workbench.config import resolve_preset
 from workbench.plan.cost import estimate_time
-from workbench.plan.evals import EVAL_SE_NATS, eval_batches, window_sd
+from workbench.plan.schedule.evals import EVAL_SE_NATS, eval_batches, window_sd
 
 TINY = ["model.seq_len=32", "train.batch_size=4"]
 

@@ -9,7 +9,7 @@ import dataclasses
 import re
 
 from workbench.config import Preset, resolve_preset
-from workbench.plan.horizon import Horizon, extension
+from workbench.plan.schedule.horizon import Horizon, extension
 
 RATE = re.compile(r"\d\.\d\de[-+]\d\d")
 

@@ -1,7 +1,7 @@
-"""A fine-tune's learning rate (workbench/plan/finetune.py, FINETUNE_RATES): a full SFT fine-tune from --init-from
-takes a fine-tuning rate, not the preset's from-scratch one (cpu-small's 3e-3; issue 53, "Fine-tuning defaults"),
-says so in its first line and keeps it in the run's preset.toml; --set train.lr wins; a lower preset rate is kept;
-LoRA takes its own; preference fine-tunes keep their 3e-5 cap. Real fine-tunes of a tiny run."""
+"""A fine-tune's learning rate (workbench/plan/recipe/finetune.py, FINETUNE_RATES): a full SFT fine-tune from
+--init-from takes a fine-tuning rate, not the preset's from-scratch one (cpu-small's 3e-3; issue 53, "Fine-tuning
+defaults"), says so in its first line and keeps it in the run's preset.toml; --set train.lr wins; a lower preset rate is
+kept; LoRA takes its own; preference fine-tunes keep their 3e-5 cap. Real fine-tunes of a tiny run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.support.cli import REPO, tiny, wb
 from tests.support.runs import read_jsonl
 from workbench import rundir
 from workbench.config import load_preset_file, resolve_preset
-from workbench.plan.finetune import (
+from workbench.plan.recipe.finetune import (
     GRPO_MAX_LR,
     LORA_SFT_MAX_LR,
     PREFERENCE_MAX_LR,

@@ -16,7 +16,7 @@ from workbench.commands import fit
 from workbench.config import load_preset_file, resolve_preset
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
-from workbench.plan.batch import plan_accumulation, search_batch
+from workbench.plan.fit.batch import plan_accumulation, search_batch
 from workbench.plan.settings import resolve_settings
 from workbench.train.batch_probe import Prober
 from workbench.train.runtime import is_oom
@@ -147,7 +147,7 @@ def test_cli_fit_writes_a_preset_at_the_largest_batch_that_fits(tmp_path):
     preset written keeps the tokens per step with the largest exact split at or below that batch."""
     from workbench.fmt import human_bytes
     from workbench.machine.probe import this_machine
-    from workbench.plan.memory import estimate_memory, what_if
+    from workbench.plan.fit.memory import estimate_memory, what_if
     env = dict(os.environ, WORKBENCH_PRESETS_DIR=str(tmp_path))
     # ~104 GiB in one micro-batch: cannot fit. compile off: `auto` decides from this CPU's matmul rate, measured
     # in each process, and a load that flips it between the CLI and this test moves every estimate by ~0.1 GiB

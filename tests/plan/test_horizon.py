@@ -1,4 +1,4 @@
-"""The horizon (plan/horizon.py): where a run ends, where a wsd decay starts, the learning rate at a step, and
+"""The horizon (plan/schedule/horizon.py): where a run ends, where a wsd decay starts, the learning rate at a step, and
 what going on for more steps does, decided in one place from the preset and a checkpoint's trainer state."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 
 from workbench.config import resolve_preset
-from workbench.plan.horizon import Horizon, extension
+from workbench.plan.schedule.horizon import Horizon, extension
 
 
 def test_schedules_counted_in_steps():

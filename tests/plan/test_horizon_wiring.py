@@ -1,14 +1,14 @@
-"""A wsd run counted in steps whose warmup takes most of it (workbench/plan/horizon.py): the decay starts where the
-warmup ends, never inside it, so the learning rate goes up to its peak and then down in equal steps to min_lr,
-with no jump at the end of the warmup (issue 54's break 9: 110 steps and 100 of warmup, 0.4 of them to decay,
-would start the decay at step 66 and drop the factor 0.99 -> 0.41 at step 100)."""
+"""A wsd run counted in steps whose warmup takes most of it (workbench/plan/schedule/horizon.py): the decay starts where
+the warmup ends, never inside it, so the learning rate goes up to its peak and then down in equal steps to min_lr, with
+no jump at the end of the warmup (issue 54's break 9: 110 steps and 100 of warmup, 0.4 of them to decay, would start the
+decay at step 66 and drop the factor 0.99 -> 0.41 at step 100)."""
 
 from __future__ import annotations
 
 import pytest
 
 from workbench.config import resolve_preset
-from workbench.plan.horizon import Horizon
+from workbench.plan.schedule.horizon import Horizon
 
 
 def test_a_wsd_decay_starts_at_the_end_of_a_long_warmup_without_a_jump():

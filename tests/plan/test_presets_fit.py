@@ -7,7 +7,7 @@ import pytest
 
 from workbench.config import preset_paths, resolve_preset
 from workbench.machine.detect import Gpu, Machine
-from workbench.plan.memory import estimate_memory, fits
+from workbench.plan.fit.memory import estimate_memory, fits
 
 GiB = 2**30
 SHIPPED = sorted(n for n, (_path, kind) in preset_paths().items() if kind == "shipped")

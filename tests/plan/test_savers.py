@@ -17,8 +17,8 @@ from workbench import rundir
 from workbench.config import ModelConfig, Preset, TrainConfig
 from workbench.config.schema import HardwareConfig
 from workbench.machine.detect import Machine
-from workbench.plan.memory import estimate_memory, estimate_settings
-from workbench.plan.recommend import fitting_savers
+from workbench.plan.fit.memory import estimate_memory, estimate_settings
+from workbench.plan.fit.recommend import fitting_savers
 from workbench.plan.settings import SettingsError, check_installed, resolve_settings
 from workbench.train.model import GPT
 from workbench.train.optim import build_optimizer
@@ -138,7 +138,7 @@ def applied(preset_name: str, base: list[str], option: dict, device: str, machin
     """The memory estimate of the preset with the option's --set strings applied as a user would (parsed from
     text, the same overrides as `train --set`)."""
     from workbench.config import resolve_preset
-    from workbench.plan.memory import estimate_memory
+    from workbench.plan.fit.memory import estimate_memory
     p = resolve_preset(preset_name, [*base, *option["set"]])
     if init is not None:
         p = dataclasses.replace(p, init=init)

@@ -142,8 +142,8 @@ def test_auto_memory_savers_flip_where_the_estimate_crosses_the_free_memory():
     """The batch and the vocabulary at which each choice flips on a 24 GB card, checked against the estimate
     itself (fastest pair whose total is within 90 % of free memory), and the free memory (not the total) is
     what counts: a card that another process half fills needs the savers sooner."""
-    from workbench.plan.memory import estimate_memory
-    from workbench.plan.savers import SAVER_ORDER, with_savers
+    from workbench.plan.fit.memory import estimate_memory
+    from workbench.plan.fit.savers import SAVER_ORDER, with_savers
 
     def flips(vary: str, values: list[int], machine: Machine = CARD_24GB) -> list[tuple[bool, bool]]:
         out = []

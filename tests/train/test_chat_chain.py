@@ -15,7 +15,7 @@ from tests.support.cli import wb
 from tests.support.hf import CHAT_TEMPLATE, FT
 from tests.support.runs import tree, wait_until
 from workbench import rundir
-from workbench.data.chat_templates import CHATML_TEMPLATE, run_template
+from workbench.data.chat.chat_templates import CHATML_TEMPLATE, run_template
 
 STEPS = ["model.seq_len=64", "train.max_iters=4", "train.eval_interval=4", "train.ckpt_interval=4",
          "train.eval_iters=1"]

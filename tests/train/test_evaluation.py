@@ -15,9 +15,9 @@ import torch
 from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import tiny, wb
 from tests.support.runs import read_jsonl
-from workbench.data.tokens import prepare_data
+from workbench.data.text.tokens import prepare_data
 from workbench.data.train_data import IGNORE
-from workbench.plan.evals import eval_batches
+from workbench.plan.schedule.evals import eval_batches
 from workbench.rundir.records import EventRecord, StartRecord
 from workbench.train import runtime
 from workbench.train.checkpoint import load_run_model

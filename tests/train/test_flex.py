@@ -14,7 +14,7 @@ from tests.support.chat import conversations, write_jsonl
 from workbench.config import ModelConfig, Preset
 from workbench.config.schema import HardwareConfig
 from workbench.machine.detect import Gpu, Machine
-from workbench.plan.memory import estimate_memory
+from workbench.plan.fit.memory import estimate_memory
 from workbench.plan.settings import SettingsError, resolve_settings
 from workbench.train.model import GPT, document_mask
 

@@ -203,7 +203,7 @@ def test_offloaded_states_are_what_the_estimate_counts_and_step_as_adamw_does():
     from workbench.config import ModelConfig, Preset, TrainConfig
     from workbench.config.schema import HardwareConfig
     from workbench.machine.detect import Machine
-    from workbench.plan.memory import estimate_memory
+    from workbench.plan.fit.memory import estimate_memory
     from workbench.train.model import GPT
     from workbench.train.optim import build_optimizer
     cfg = ModelConfig(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=4, seq_len=32, ffn_hidden=64)

@@ -24,7 +24,7 @@ from tests.support.cli import FACTS, REPO, TINY, wb
 from tests.support.runs import read_jsonl, wait_until
 from workbench import rundir
 from workbench.config import load_preset_file, resolve_preset
-from workbench.plan.horizon import EVAL_SHARE, GRPO_EVAL_PROMPTS, budget_plan_at, plan_budget
+from workbench.plan.schedule.horizon import EVAL_SHARE, GRPO_EVAL_PROMPTS, budget_plan_at, plan_budget
 from workbench.queue.store import QueueStore
 from workbench.queue.sweep import open_study
 from workbench.queue.sweep_results import load

@@ -156,7 +156,7 @@ def test_fused_loss_under_bf16_autocast_and_without_grad():
 
 
 def test_auto_loss_chunk_on_cpu_always_on_gpus_for_big_logits():
-    from workbench.plan.savers import auto_loss_chunk
+    from workbench.plan.fit.savers import auto_loss_chunk
     assert auto_loss_chunk(8, 256, 8192, "auto", "cuda") == 0            # cpu-small: 64 MiB of logits
     assert auto_loss_chunk(24, 1024, 32768, "auto", "cuda") == 2048      # gpu-8gb: 3 GiB -> 256 MiB chunks
     assert auto_loss_chunk(24, 1024, 32768, "false", "cuda") == 0

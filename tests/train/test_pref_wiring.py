@@ -21,10 +21,10 @@ from tests.support.cli import TINY, tiny, wb
 from tests.support.runs import read_jsonl
 from workbench import rundir
 from workbench.config import resolve_preset
-from workbench.data.preference_data import PairBatch
+from workbench.data.preference.preference_data import PairBatch
 from workbench.data.train_data import IGNORE
 from workbench.faults import Faults
-from workbench.plan.objective_plan import PRECOMPUTED, objective_plan
+from workbench.plan.recipe.objective_plan import PRECOMPUTED, objective_plan
 from workbench.train.model import GPT
 from workbench.train.objective import ObjectiveCheckError, build_objective
 from workbench.train.preference_losses import AnswerLogps, dpo_loss, kto_loss, simpo_loss

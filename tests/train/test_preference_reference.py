@@ -81,7 +81,7 @@ def test_precomputed_table_equals_a_live_reference(base, pair_runs):
     assert path.parent.name.startswith("pairs-") and json.loads(side.read_text())["rows"] == 240
 
     from workbench.config import load_preset_file
-    from workbench.data.tokens import prepare_data
+    from workbench.data.text.tokens import prepare_data
     from workbench.train.checkpoint import load_init_weights
     from workbench.train.model import GPT
     from workbench.train.objective import Reference
@@ -191,7 +191,7 @@ def test_a_lost_table_is_computed_again_on_resume_from_the_starting_weights(base
 
 def test_the_estimate_drops_the_frozen_copy(base):
     from workbench.config import resolve_preset
-    from workbench.plan.memory import estimate_memory
+    from workbench.plan.fit.memory import estimate_memory
     preset = str(base["root"] / "sft" / rundir.PRESET_FILE)
     init = ["train.objective=dpo"]
     copy = estimate_memory(_with_init(resolve_preset(preset, [*init, "train.pref_reference=live"])))

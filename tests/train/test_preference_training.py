@@ -103,8 +103,8 @@ def test_lora_dpo_from_a_lora_run_compares_with_that_adapter(base):
 
     # the reference TRL's "disable the adapters" would give here: the source's base, under its adapter
     from workbench.config import load_preset_file
-    from workbench.data.tokens import prepare_data
-    from workbench.plan.objective_plan import objective_plan
+    from workbench.data.text.tokens import prepare_data
+    from workbench.plan.recipe.objective_plan import objective_plan
     from workbench.train.checkpoint import load_init_weights
     from workbench.train.model import GPT
     from workbench.train.objective import Objective, ObjectiveCheckError, Reference
@@ -129,7 +129,7 @@ def test_lora_dpo_from_a_base_holds_no_second_copy_of_the_weights(base):
     """Estimate and measured peak of LoRA DPO (4 pairs: 8 rows) within 10 % of LoRA SFT of the same shape (8
     conversations a row, unpacked); a full fine-tune's DPO estimate with a live reference counts a frozen copy."""
     from workbench.config import resolve_preset
-    from workbench.plan.memory import estimate_memory
+    from workbench.plan.fit.memory import estimate_memory
     shape = ["model.seq_len=64", "train.finetune=lora", "train.max_iters=4"]
     cp = train(base, "lora-dpo-base", "sft", "pairs", "train.objective=dpo", "train.batch_size=4", *shape)
     assert cp.returncode == 0, cp.stderr
@@ -212,8 +212,8 @@ def test_a_frozen_copy_under_bf16_autocast_starts_at_ln2(base):
 
     from workbench.config import resolve_preset
     from workbench.faults import Faults
-    from workbench.plan.memory import estimate_memory
-    from workbench.plan.objective_plan import objective_plan
+    from workbench.plan.fit.memory import estimate_memory
+    from workbench.plan.recipe.objective_plan import objective_plan
     from workbench.train.checkpoint import load_run_model
     from workbench.train.objective import build_objective
     p = dataclasses.replace(resolve_preset(str(base["root"] / "sft" / rundir.PRESET_FILE), [
@@ -231,7 +231,7 @@ def test_a_full_preference_fine_tune_starts_at_a_fine_tuning_learning_rate(base)
     """The presets' rates are for training from scratch: a full DPO (KTO, SimPO, ORPO) fine-tune takes lr and min_lr
     of at most 3e-5 unless --set says otherwise; a LoRA one keeps the preset's; SFT takes its own fine-tuning rate
     (tests/plan/test_finetune_lr.py); the start line says which."""
-    from workbench.plan.finetune import PREFERENCE_MAX_LR, SFT_MAX_LR
+    from workbench.plan.recipe.finetune import PREFERENCE_MAX_LR, SFT_MAX_LR
     from workbench.plan.run_plan import NewRun, plan_new_run
 
     def planned(*sets):

@@ -20,9 +20,9 @@ from tests.support.runs import read_jsonl, records_since_last_start, wait_until
 from workbench import rundir
 from workbench.config import load_preset_file
 from workbench.plan.cost import tokens_per_s_from_flops
-from workbench.plan.horizon import Horizon, budget_plan_at, extension
 from workbench.plan.report import ASSUMED_EFFICIENCY
 from workbench.plan.run_plan import ResumeRequest, plan_resume
+from workbench.plan.schedule.horizon import Horizon, budget_plan_at, extension
 from workbench.train.budget import Budget
 
 BUDGET = 8.0

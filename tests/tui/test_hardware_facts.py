@@ -10,7 +10,7 @@ from tests.support.canned_runs import HARDWARE
 from tests.support.cli import wb
 from workbench.config import resolve_preset
 from workbench.machine.detect import Machine
-from workbench.plan.memory import estimate_settings
+from workbench.plan.fit.memory import estimate_settings
 from workbench.tui.hwinfo import capabilities
 
 CPU_ONLY = {**HARDWARE, "nvidia": []}

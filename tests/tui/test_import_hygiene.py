@@ -52,7 +52,7 @@ def test_the_first_frame_loads_only_what_it_shows():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     loaded = set(r.stdout.split())
-    later = {"numpy", "workbench.data.chat_data", "workbench.data.tokenizer", "workbench.plan.run_plan",
+    later = {"numpy", "workbench.data.chat.chat_data", "workbench.data.text.tokenizer", "workbench.plan.run_plan",
              "workbench.commands.train", "workbench.tui.palette", "workbench.tui.screens.new_run",
              *(f"workbench.tui.widgets.{p}" for p in ("presets", "monitor", "curves", "sample", "runs"))}
     assert not later & loaded, sorted(later & loaded)

@@ -11,7 +11,7 @@ from tests.support.tui import make_app, run, text_of, wait_for
 from workbench.config import resolve_preset
 from workbench.machine import rates
 from workbench.machine.detect import machine_identity
-from workbench.plan.flops import flops_per_token
+from workbench.plan.fit.flops import flops_per_token
 
 UNKNOWN = "time: unknown until this machine's speed is measured (after a first run, or `workbench estimate`)"
 

@@ -13,7 +13,7 @@ from tests.support.cli import TINY
 from tests.support.runs import read_jsonl
 from tests.support.tui import make_app, run, text_of, wait_for
 from workbench import rundir
-from workbench.data.mixture import apportion
+from workbench.data.mixture.mixture_plan import apportion
 from workbench.tui.launcher import RunRequest
 
 

@@ -207,7 +207,7 @@ def test_an_invalid_draft_shows_no_other_presets_estimate(runs_dir):
     has no estimate, never apple-m4pro's 74.4 M parameters beside cpu-small's editor."""
     from tests.support.tui import make_app, open_preset, run, text_of, wait_for
     from workbench.config import resolve_preset
-    from workbench.plan.flops import count_params
+    from workbench.plan.fit.flops import count_params
     from workbench.tui import display
     apple = display.si(count_params(resolve_preset("apple-m4pro").model))
 

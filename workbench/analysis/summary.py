@@ -16,7 +16,7 @@ from workbench.config.objectives import OBJECTIVES, SFT
 from workbench.errors import WorkbenchError
 from workbench.fs import dir_size, dir_usage
 from workbench.machine.detect import Machine
-from workbench.plan.memory import estimate_memory
+from workbench.plan.fit.memory import estimate_memory
 from workbench.rundir import (
     METRICS_FILE,
     PRESET_FILE,

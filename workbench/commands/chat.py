@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 from workbench import rundir
 from workbench.commands.common import add_json_option, add_run_argument, add_sampling_options, sampling_of
-from workbench.data.chat_templates import ChatTemplateError, run_template
-from workbench.data.tokenizer import load_tokenizer
+from workbench.data.chat.chat_templates import ChatTemplateError, run_template
+from workbench.data.text.tokenizer import load_tokenizer
 from workbench.machine.detect import Machine
 from workbench.plan.sampling import CHAT, Sampling, SamplingError
 from workbench.plan.settings import resolve_device

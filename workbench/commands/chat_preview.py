@@ -9,14 +9,14 @@ import json
 import sys
 
 from workbench.config import Preset
-from workbench.data.chat import ChatReader
-from workbench.data.chat_data import ChatData, chat_options, conversation_pieces, pack, template_for, trained_count
-from workbench.data.chat_templates import trained_spans
-from workbench.data.documents import Corpus
-from workbench.data.preference_data import PreferenceData
-from workbench.data.preference_records import KTO, OBJECTIVE_FOR
-from workbench.data.tokenizer import CorpusTooSmall
-from workbench.data.tokens import open_data_corpus, prepare_data
+from workbench.data.chat.chat_data import ChatData, chat_options, conversation_pieces, pack, template_for, trained_count
+from workbench.data.chat.chat_templates import trained_spans
+from workbench.data.chat.conversations import ChatReader
+from workbench.data.corpus.documents import Corpus
+from workbench.data.preference.preference_data import PreferenceData
+from workbench.data.preference.preference_records import KTO, OBJECTIVE_FOR
+from workbench.data.text.tokenizer import CorpusTooSmall
+from workbench.data.text.tokens import open_data_corpus, prepare_data
 from workbench.fmt import duration
 
 GREEN, RESET = "\x1b[1;32m", "\x1b[0m"

@@ -11,7 +11,7 @@ from workbench.config.duration import DurationError, TimeBudget
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
 from workbench.machine.detect import Machine, detect
-from workbench.plan.memory import estimate_settings
+from workbench.plan.fit.memory import estimate_settings
 from workbench.plan.sampling import Sampling
 
 RUN_HELP = "run id or run directory"

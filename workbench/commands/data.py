@@ -11,11 +11,11 @@ from typing import Callable
 from workbench.commands.chat_preview import chat_prepared, inspect_chat, inspect_preference
 from workbench.commands.common import TerminalProgress, add_json_option, add_set_option
 from workbench.config import Preset, resolve_preset
-from workbench.data.chat_data import corpus_kind
-from workbench.data.documents import Corpus
-from workbench.data.mixture_data import MixtureData, active_sources, mixture_facts, mixture_lines, source_corpus
-from workbench.data.preference_records import KINDS
-from workbench.data.tokens import TokenData, open_data_corpus, prepare_data
+from workbench.data.chat.chat_data import corpus_kind
+from workbench.data.corpus.documents import Corpus
+from workbench.data.mixture.mixture_data import MixtureData, active_sources, mixture_facts, mixture_lines, source_corpus
+from workbench.data.preference.preference_records import KINDS
+from workbench.data.text.tokens import TokenData, open_data_corpus, prepare_data
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
 from workbench.plan.run_plan import NewRun, corpus_values, plan_new_run
@@ -169,7 +169,7 @@ def inspect_mixture(p: Preset, args) -> int:
     assert isinstance(data, MixtureData)
     if data.format == "chat":  # each source's first conversations as the trainer sees them, [trained] marked
         from workbench.commands.chat_preview import marked
-        from workbench.data.chat_data import conversation_pieces
+        from workbench.data.chat.chat_data import conversation_pieces
         shown = {n: [marked(conversation_pieces(d, c, p.train.loss_on), False) for c in range(min(args.documents,
                                                                                                  d.documents))]
                  for n, d in zip(data.names, data.parts)}

@@ -16,8 +16,8 @@ from workbench.machine.detect import Machine, detect
 from workbench.machine.gpus import find_gpu
 from workbench.machine.rates import Calibration
 from workbench.plan import compare, report
-from workbench.plan import memory as est
-from workbench.plan.finetune import compare_methods, method_overrides
+from workbench.plan.fit import memory as est
+from workbench.plan.recipe.finetune import compare_methods, method_overrides
 from workbench.plan.report import EstimateReport, FinetuneFacts
 from workbench.plan.run_plan import NewRun, plan_new_run
 
@@ -130,8 +130,8 @@ def mixture_report(p, steps: int | None = None) -> dict[str, Any] | None:
     estimated; the sources prepared now unless they are cached; what they say goes to stderr), else None."""
     import sys
 
-    from workbench.data.mixture_data import MixtureData, active_sources, mixture_facts, mixture_lines
-    from workbench.data.tokens import prepare_data
+    from workbench.data.mixture.mixture_data import MixtureData, active_sources, mixture_facts, mixture_lines
+    from workbench.data.text.tokens import prepare_data
     if len(active_sources(p.data)) < 2:
         return None
 
@@ -234,7 +234,7 @@ def print_setup(r: EstimateReport) -> None:
           f"{r.flops_per_token / 1e6:.4g} MFLOP per token (6N + 12·L·H·Q·T)")
     st = r.settings
     masked = " with packed conversations' mask" if st.packed else ""
-    muon = "Muon + " if r.optimizer == "muon" else ""  # a fine-tune's plan has AdamW (plan/finetune.py)
+    muon = "Muon + " if r.optimizer == "muon" else ""  # a fine-tune's plan has AdamW (plan/recipe/finetune.py)
     print(f"{m.device}, {m.precision}, attention {m.attention}{masked}, activation checkpointing "
           f"{'on' if m.activation_checkpointing else 'off'}, {muon}AdamW {'fused' if m.fused_adamw else 'unfused'}; "
           f"batch {m.batch_size} x seq {m.seq_len} x accum {m.grad_accum} = "

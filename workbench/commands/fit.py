@@ -16,7 +16,7 @@ from workbench.commands.common import add_init_from_option, add_set_option
 from workbench.config import preset_source_path, resolve_preset, save_user_preset, user_preset_path
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
-from workbench.plan.batch import fitted_preset, plan_accumulation
+from workbench.plan.fit.batch import fitted_preset, plan_accumulation
 from workbench.plan.run_plan import NewRun, plan_new_run
 
 MARGIN = 0.10  # keep this share of device memory free (fragmentation, eval, a longer run)

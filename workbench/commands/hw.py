@@ -8,7 +8,7 @@ from workbench.commands.common import add_json_option
 from workbench.fmt import human_bytes
 from workbench.machine.detect import detect
 from workbench.machine.gpus import GPUS
-from workbench.plan.recommend import recommend_preset
+from workbench.plan.fit.recommend import recommend_preset
 
 
 def register(sub) -> None:

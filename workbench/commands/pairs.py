@@ -26,8 +26,8 @@ from typing import Any
 
 from workbench import rundir
 from workbench.commands.common import add_run_argument, add_sampling_options, print_progress, sampling_of
-from workbench.data.chat_templates import model_template
-from workbench.data.tokenizer import load_tokenizer
+from workbench.data.chat.chat_templates import model_template
+from workbench.data.text.tokenizer import load_tokenizer
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration
 from workbench.machine.detect import Machine
@@ -145,7 +145,7 @@ def batches(start: int, total: int, k: int) -> list[range]:
 def sampler_for(run_dir: Path, model: Any, tok: Any, sampling: Sampling, device: str) -> Sampler:
     """A loaded model of ``run_dir`` as a :class:`Sampler`: with the run's chat template if it has one, stopping at
     its end-of-turn token and the end-of-document token."""
-    from workbench.data.chat import ChatEncoder
+    from workbench.data.chat.conversations import ChatEncoder
 
     template = model_template(run_dir)
     encoder = ChatEncoder(template, tok) if template is not None else None

@@ -7,8 +7,8 @@ from workbench import rundir
 from workbench.commands import launch
 from workbench.commands.common import add_run_argument, add_set_option
 from workbench.config import preset_to_toml
-from workbench.data.mixture import check_resume
-from workbench.data.mixture_data import check_mixture_repeats, mixture_sources
+from workbench.data.mixture.mixture_data import check_mixture_repeats, mixture_sources
+from workbench.data.mixture.mixture_plan import check_resume
 from workbench.machine.detect import Machine, detect
 from workbench.plan.run_plan import ResumeRequest, checkpoint_state, plan_resume
 from workbench.plan.settings import check_installed, resolve_settings

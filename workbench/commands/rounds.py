@@ -19,7 +19,7 @@ from pathlib import Path
 from workbench import rundir
 from workbench.commands.common import add_sampling_options, add_set_option, sampling_of, time_budget_arg
 from workbench.commands.pairs import PROMPTS_HELP, REWARD_HELP, SAMPLES, check_sampling, preset_name
-from workbench.data.chat_templates import model_template
+from workbench.data.chat.chat_templates import model_template
 from workbench.errors import WorkbenchError
 from workbench.plan.sampling import TEXT
 from workbench.queue import rounds as chains

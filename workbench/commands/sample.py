@@ -7,7 +7,7 @@ import time
 
 from workbench import rundir
 from workbench.commands.common import add_run_argument, add_sampling_options, sampling_of
-from workbench.data.tokenizer import load_tokenizer
+from workbench.data.text.tokenizer import load_tokenizer
 from workbench.machine.detect import Machine
 from workbench.plan.sampling import TEXT
 from workbench.plan.settings import resolve_device

@@ -15,13 +15,13 @@ from workbench.commands.common import (
     time_budget_arg,
 )
 from workbench.config import overridden_keys, preset_to_toml
-from workbench.data.chat_data import check_loss_on, corpus_kind
-from workbench.data.mixture_data import MixtureData
-from workbench.data.preference_records import check_corpus_kind
-from workbench.data.tokens import check_chat_template, open_data_corpus, prepare_data
+from workbench.data.chat.chat_data import check_loss_on, corpus_kind
+from workbench.data.mixture.mixture_data import MixtureData
+from workbench.data.preference.preference_records import check_corpus_kind
+from workbench.data.text.tokens import check_chat_template, open_data_corpus, prepare_data
 from workbench.machine.detect import Machine, detect
-from workbench.plan.finetune import finetune_lr_note
-from workbench.plan.objective_plan import objective_plan
+from workbench.plan.recipe.finetune import finetune_lr_note
+from workbench.plan.recipe.objective_plan import objective_plan
 from workbench.plan.report import fit_check
 from workbench.plan.run_plan import NewRun, plan_new_run
 from workbench.plan.settings import check_installed, resolve_settings
@@ -77,7 +77,7 @@ def run(args) -> int:
             "every weight of"
         print(f"fine-tuning {what} {src.run} {src.ckpt['name']} ({p.source.get('model', src.run)}); "
               f"model.seq_len {p.model.seq_len}; {p.train.optimizer} lr {p.train.lr:g}"
-              + finetune_lr_note(p.train, overrides), flush=True)  # which rule set the rate (plan/finetune.py)
+              + finetune_lr_note(p.train, overrides), flush=True)  # which rule set the rate (plan/recipe/finetune.py)
     if (objective := objective_plan(p)).preference:
         print(objective.describe(), flush=True)
     check = fit_check(p, machine, measured_in(root), peak=budget_peak(p))

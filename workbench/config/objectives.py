@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from workbench.errors import WorkbenchError
 
 # The kinds of corpus a run trains on. data.format's own (text, chat) and the preference records'; their readers
-# and descriptions are the data layer's (workbench.data.kinds).
+# and descriptions are the data layer's (workbench.data.corpus.kinds).
 TEXT, CHAT, PAIRS, KTO = "text", "chat", "pairs", "kto"
 # GRPO's: a prompts file (JSONL records with a ``prompt`` and the fields its reward reads, or text one prompt a
 # line), read by the reward package's reader (workbench.reward.prompts), not prepared into tokens.

@@ -1,17 +1,17 @@
 """What the engine trains on, whatever its kind: the :class:`TrainData` interface, the :class:`Sampler` it
 hands out and the :class:`Batch` one draw gives. No torch.
 
-Two kinds implement it: text (:class:`~workbench.data.tokens.TokenData`: random windows of one token stream,
-every target trained) and conversations (:class:`~workbench.data.chat_data.ChatData`: rows of whole
+Two kinds implement it: text (:class:`~workbench.data.text.tokens.TokenData`: random windows of one token stream,
+every target trained) and conversations (:class:`~workbench.data.chat.chat_data.ChatData`: rows of whole
 conversations, packed or one a row, their prompt tokens masked). The trainer, its evaluation and the commands
 ask the data (its sampler, its split, its template, its start facts) and read what a batch holds; none of them
 asks which kind it is.
 
-A third kind joins the same way: preference data (:class:`~workbench.data.preference_data.PreferenceData`: pairs
-of a chosen and a rejected answer, or KTO's labelled answers) is a ``TrainData`` whose sampler yields subclasses of
-:class:`Batch` with their own arrays (declared with :func:`array`, so they move to the device and are sliced per
-rank with the rest), and whose start facts say what the doctor should know of it; the loss of such a batch is the
-objective's (``workbench.train.batches.batch_loss``), not the loop's.
+A third kind joins the same way: preference data (:class:`~workbench.data.preference.preference_data.PreferenceData`:
+pairs of a chosen and a rejected answer, or KTO's labelled answers) is a ``TrainData`` whose sampler yields subclasses
+of :class:`Batch` with their own arrays (declared with :func:`array`, so they move to the device and are sliced per rank
+with the rest), and whose start facts say what the doctor should know of it; the loss of such a batch is the objective's
+(``workbench.train.batches.batch_loss``), not the loop's.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import numpy as np
 
 if TYPE_CHECKING:
     from workbench.config import Preset
-    from workbench.data.chat_templates import ChatTemplate
-    from workbench.data.tokenizer import AnyTokenizer
+    from workbench.data.chat.chat_templates import ChatTemplate
+    from workbench.data.text.tokenizer import AnyTokenizer
 
 IGNORE = -100              # a target the loss skips (torch's cross_entropy ignore_index)
 

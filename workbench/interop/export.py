@@ -38,8 +38,7 @@ from typing import Callable
 from safetensors.torch import save_file
 
 from workbench import rundir
-from workbench.data.chat import special_pieces
-from workbench.data.chat_templates import (
+from workbench.data.chat.chat_templates import (
     ADDITIONAL_TEMPLATES_DIR,
     CHAT_TEMPLATE_FILE,
     ChatTemplateError,
@@ -47,8 +46,9 @@ from workbench.data.chat_templates import (
     model_template,
     model_templates,
 )
-from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError, load_tokenizer
-from workbench.data.tokenizer_formats import tokenizer_files, tokenizer_json
+from workbench.data.chat.conversations import special_pieces
+from workbench.data.text.tokenizer import AnyTokenizer, HFTokenizer, Tokenizer, TokenizerError, load_tokenizer
+from workbench.data.text.tokenizer_formats import tokenizer_files, tokenizer_json
 from workbench.errors import WorkbenchError
 from workbench.fs import atomic_dir, fsync_dir, fsync_file
 from workbench.interop.gguf_export import ChatExport, check_gguf, write_gguf
@@ -66,7 +66,7 @@ class ExportError(WorkbenchError):
 
 
 # rope_permute, hf_config and hf_state_dict live in workbench.interop.hf_layout (import uses the same table);
-# the sentencepiece model's tokenizer.json in workbench.data.tokenizer_formats.
+# the sentencepiece model's tokenizer.json in workbench.data.text.tokenizer_formats.
 
 # ----------------------------------------------------------------------------- writers
 

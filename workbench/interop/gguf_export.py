@@ -31,8 +31,8 @@ import gguf
 import numpy as np
 import torch
 
-from workbench.data.tokenizer import AnyTokenizer, Tokenizer
-from workbench.data.tokenizer_formats import spm_pieces
+from workbench.data.text.tokenizer import AnyTokenizer, Tokenizer
+from workbench.data.text.tokenizer_formats import spm_pieces
 from workbench.errors import WorkbenchError
 from workbench.interop.hf_layout import LayoutError, architecture, rope_permute
 from workbench.train.model import rope_inv_freq

@@ -26,14 +26,14 @@ from safetensors import safe_open
 
 from workbench import rundir
 from workbench.config import Preset, preset_from_dict, preset_to_toml
-from workbench.data.chat_templates import (
+from workbench.data.chat.chat_templates import (
     ADDITIONAL_TEMPLATES_DIR,
     CHAT_TEMPLATE_FILE,
     ChatTemplateError,
     ModelTemplates,
     model_templates,
 )
-from workbench.data.tokenizer import HFTokenizer, TokenizerError
+from workbench.data.text.tokenizer import HFTokenizer, TokenizerError
 from workbench.errors import WorkbenchError
 from workbench.fs import write_atomic
 from workbench.interop.hf_layout import SUPPORTED, LayoutError, model_config, tensor_names, workbench_state_dict

@@ -25,11 +25,11 @@ from workbench.fs import read_toml
 from workbench.machine.detect import Gpu, Machine
 from workbench.machine.gpus import GpuSpec, compare_set, find_gpu
 from workbench.plan import cost as plan_cost
-from workbench.plan import memory as est
 from workbench.plan import throughput
-from workbench.plan.batch import plan_accumulation, search_batch
-from workbench.plan.flops import count_params
-from workbench.plan.recommend import fitting_savers
+from workbench.plan.fit import memory as est
+from workbench.plan.fit.batch import plan_accumulation, search_batch
+from workbench.plan.fit.flops import count_params
+from workbench.plan.fit.recommend import fitting_savers
 from workbench.plan.report import EstimateReport, OnGpu, build_report
 from workbench.plan.settings import RunSettings, resolve_settings
 

@@ -1,5 +1,5 @@
 """Run time, energy and cost of a preset: tokens/s from a FLOP rate, the steps' and evals' time, and what
-that time costs in kWh and money. Arithmetic, no torch (memory is :mod:`workbench.plan.memory`)."""
+that time costs in kWh and money. Arithmetic, no torch (memory is :mod:`workbench.plan.fit.memory`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 from workbench.config import ModelConfig, Preset
 from workbench.errors import WorkbenchError
-from workbench.plan.evals import eval_batches
-from workbench.plan.flops import flops_per_token
-from workbench.plan.horizon import budget_plan_at
+from workbench.plan.fit.flops import flops_per_token
+from workbench.plan.schedule.evals import eval_batches
+from workbench.plan.schedule.horizon import budget_plan_at
 
 
 def tokens_per_s_from_flops(model_cfg: ModelConfig, flops_per_s: float, efficiency: float) -> float:

@@ -19,12 +19,12 @@ from workbench.machine.gpus import GpuSpec, spec_for_device
 from workbench.machine.peaks import peak_flops
 from workbench.machine.rates import BUSY_SHARE
 from workbench.plan import cost, throughput
-from workbench.plan import memory as est
 from workbench.plan.cost import CostEstimate, TimeEstimate
-from workbench.plan.flops import count_params, flops_per_token, param_breakdown
-from workbench.plan.horizon import EVAL_SHARE, budget_plan_at, budget_too_short_at_best
-from workbench.plan.memory import HEADROOM, MemoryEstimate
-from workbench.plan.recommend import fitting_savers, suggest_changes
+from workbench.plan.fit import memory as est
+from workbench.plan.fit.flops import count_params, flops_per_token, param_breakdown
+from workbench.plan.fit.memory import HEADROOM, MemoryEstimate
+from workbench.plan.fit.recommend import fitting_savers, suggest_changes
+from workbench.plan.schedule.horizon import EVAL_SHARE, budget_plan_at, budget_too_short_at_best
 from workbench.plan.settings import RunSettings
 from workbench.reward.prompts import held_out_count, read_prompts
 

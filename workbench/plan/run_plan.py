@@ -25,13 +25,13 @@ from workbench.config import (
     preset_to_toml,
     resolve_preset,
 )
-from workbench.data.mixture import corpus_arguments, named_source
-from workbench.data.tasks import absolute_task_spec, expand_task_specs, load_task
+from workbench.data.mixture.mixture_plan import corpus_arguments, named_source
+from workbench.data.tasks.task_files import absolute_task_spec, expand_task_specs, load_task
 from workbench.fs import read_json
-from workbench.plan.finetune import InitSource, init_preset, parse_init_from
-from workbench.plan.horizon import extension
-from workbench.plan.objective_plan import objective_plan
-from workbench.plan.recommend import recommend_preset
+from workbench.plan.fit.recommend import recommend_preset
+from workbench.plan.recipe.finetune import InitSource, init_preset, parse_init_from
+from workbench.plan.recipe.objective_plan import objective_plan
+from workbench.plan.schedule.horizon import extension
 from workbench.reward import RewardError, parse_reward, read_prompts
 from workbench.reward.spec import is_file_spec
 

@@ -20,8 +20,8 @@ from workbench.config import DataConfig, Preset
 from workbench.config.objectives import objective_spec
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
-from workbench.plan.flops import flops_per_token
-from workbench.plan.savers import choose_memory_savers, compile_mode
+from workbench.plan.fit.flops import flops_per_token
+from workbench.plan.fit.savers import choose_memory_savers, compile_mode
 
 
 class SettingsError(WorkbenchError):
@@ -249,7 +249,7 @@ def _packed_rows(d: DataConfig) -> bool:
     does not wait for them (bench/tui_first_paint.py)."""
     if d.format != "chat" and d.corpus in ("builtin", ["builtin"]):
         return False
-    from workbench.data.chat_data import packed_rows
+    from workbench.data.chat.chat_data import packed_rows
     return packed_rows(d)
 
 

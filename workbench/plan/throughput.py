@@ -1,7 +1,7 @@
 """Tokens/s of a preset on a GPU of the table: the GPU's dense peak x an MFU, where the MFU is
 measured if we have a measurement of that setup, else taken from the closest measurement.
 
-MFU is ``tokens/s x flops_per_token / peak`` (the convention of :mod:`workbench.plan.flops`, the
+MFU is ``tokens/s x flops_per_token / peak`` (the convention of :mod:`workbench.plan.fit.flops`, the
 peak from :mod:`workbench.machine.gpus` at the run's precision). The measurements are few, all on
 one H100 (the GPU table in docs/performance/gpu.md); what they say about other setups is an assumption, stated
 with every number it produces:
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from workbench.config import ModelConfig, Preset
 from workbench.fmt import millions
 from workbench.machine.gpus import GpuSpec, find_gpu
-from workbench.plan.flops import count_params, flops_per_token
+from workbench.plan.fit.flops import count_params, flops_per_token
 from workbench.plan.settings import RunSettings
 
 SIZE_EXPONENT = 0.35

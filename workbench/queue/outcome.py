@@ -17,7 +17,7 @@ from workbench.errors import WorkbenchError
 from workbench.fs import read_toml
 from workbench.machine.activity import HardwareSnapshot
 from workbench.machine.rates import BUSY_SHARE
-from workbench.plan.horizon import MIN_BUDGET_STEPS
+from workbench.plan.schedule.horizon import MIN_BUDGET_STEPS
 from workbench.rundir import EvalRecord, RewardRecord, RunStatus, TrainRecord, current_timeline, read_metrics
 
 # A metric is one of these, or task:NAME[:METRIC] (a task score from the run's report card).

@@ -1,8 +1,8 @@
 """Preference pairs from a prompt's scored samples, and the pairs file ``workbench pairs`` writes and continues.
 
 **Which pairs** (the DPO paper's recipe, Rafailov et al. 2023, App. C.1): every two of a prompt's K samples whose
-rewards differ, the higher-rewarded one chosen (4 samples give up to 6 pairs), in sample order (i < j). Two kinds
-are left out, because the preference reader refuses them (:mod:`workbench.data.preference_records`): two samples
+rewards differ, the higher-rewarded one chosen (4 samples give up to 6 pairs), in sample order (i < j). Two kinds are
+left out, because the preference reader refuses them (:mod:`workbench.data.preference.preference_records`): two samples
 with the same text, and a sample that is empty or only whitespace. They are counted (``skipped``), never silently lost.
 
 **The file** is the pairs format the preference trainer reads, one JSON object a line:

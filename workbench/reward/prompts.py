@@ -1,5 +1,5 @@
 """The prompts a reward scores the model's completions of (``workbench pairs --prompts``, ``workbench eval
---prompts``), read as every corpus file is read (:mod:`workbench.data.record_reader`: JSONL or parquet, plain or
+--prompts``), read as every corpus file is read (:mod:`workbench.data.corpus.record_reader`: JSONL or parquet, plain or
 compressed, the same wording for a bad line):
 
 - JSON lines (``.jsonl``/``.json``, optionally ``.gz``/``.zst``/``.xz``) or parquet: one record a line, its
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.data.record_reader import RecordReader, byte_lines, json_type
-from workbench.data.sources import CorpusError, Source, kind_of
+from workbench.data.corpus.record_reader import RecordReader, byte_lines, json_type
+from workbench.data.corpus.sources import CorpusError, Source, kind_of
 from workbench.reward.builtin import RewardError
 
 LABEL = "prompts file"

@@ -4,7 +4,7 @@ On CUDA and MPS it is a real probe (:class:`Prober`): a few forward/backward/Ada
 preset's model per trial, built as the trainer would build it (the same RunSettings), micro-batch
 sizes doubled until one fails (out of memory, or peak memory above the margin) and then bisected;
 memory is freed between trials. On a CPU it is the memory estimate against the available RAM.
-The search itself is ``workbench.plan.batch.search_batch``.
+The search itself is ``workbench.plan.fit.batch.search_batch``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from workbench.config import Preset
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
 from workbench.machine.detect import Machine
-from workbench.plan.batch import search_batch
-from workbench.plan.memory import estimate_memory, what_if
+from workbench.plan.fit.batch import search_batch
+from workbench.plan.fit.memory import estimate_memory, what_if
 from workbench.plan.settings import PeakFn, RunSettings, resolve_settings
 from workbench.train.lora import apply_lora, cast_frozen
 from workbench.train.model import GPT, document_mask

@@ -19,8 +19,8 @@ from workbench.analysis.history import measured_in
 from workbench.config import Preset
 from workbench.fmt import duration
 from workbench.machine.detect import Machine
-from workbench.plan.horizon import BudgetPlan, budget_plan_at, samples, step_measured
 from workbench.plan.report import estimated_speed
+from workbench.plan.schedule.horizon import BudgetPlan, budget_plan_at, samples, step_measured
 from workbench.plan.settings import RunSettings
 
 # How many seconds of this process's own pace the estimate's pace weighs as, at most (a tenth of the budget when

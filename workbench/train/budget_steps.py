@@ -1,16 +1,16 @@
 """The trainer's time budget, step by step: its evals sized to the budget before the step-0 eval, the clock read
 after every step (the share spent, the step it now ends at, whether an eval on the way is due and still fits its
 share), and what status.json says of it. The budget's arithmetic is ``workbench.train.budget`` and the plan
-``workbench.plan.horizon``; this is the trainer's side of them (``workbench.train.loop.Trainer`` runs it)."""
+``workbench.plan.schedule.horizon``; this is the trainer's side of them (``workbench.train.loop.Trainer`` runs it)."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
 
-from workbench.data.prepare import DataError
+from workbench.data.text.prepare import DataError
 from workbench.plan.cost import eval_seconds
-from workbench.plan.horizon import EVAL_SHARE, GRPO_STEP_PER_ROLLOUT, STEP_PER_EVAL_BATCH, plan_budget
+from workbench.plan.schedule.horizon import EVAL_SHARE, GRPO_STEP_PER_ROLLOUT, STEP_PER_EVAL_BATCH, plan_budget
 from workbench.train.evaluation import EvalBatches, time_eval_batch
 from workbench.train.start import TrainerParts
 
@@ -126,7 +126,7 @@ class BudgetSteps(TrainerParts):
         would (a faster pace than estimated), the run ends at the last step that keeps every source within its
         max_repeat: the budget and the repeats are both limits, and the first reached ends the run (said once in
         train.log, with the numbers; the learning rate is then where the budget's schedule had it)."""
-        from workbench.data.mixture_data import over_limit
+        from workbench.data.mixture.mixture_data import over_limit
 
         plan, per_step = self.sampler.plan, self.preset.train.batch_size * self.preset.train.grad_accum
         within = plan.within_repeats()
@@ -160,7 +160,7 @@ class BudgetSteps(TrainerParts):
         plan = getattr(self.sampler, "plan", None)
         if self.budget is None or plan is None or not hasattr(plan, "drawn"):
             return
-        from workbench.data.mixture import apportion
+        from workbench.data.mixture.mixture_plan import apportion
         n = self.sampler.counter - self.sampler.base
         got, want = plan.drawn(n), apportion([s.weight for s in plan.sources], n)
         self.report.log(f"mixture realized over {n:,} sequences ({self.state.step:,} steps): " + ", ".join(

@@ -9,9 +9,9 @@ from typing import Callable
 
 import torch
 
-from workbench.data.chat import ChatEncoder
-from workbench.data.chat_templates import ChatTemplate, run_template
-from workbench.data.tokenizer import AnyTokenizer
+from workbench.data.chat.chat_templates import ChatTemplate, run_template
+from workbench.data.chat.conversations import ChatEncoder
+from workbench.data.text.tokenizer import AnyTokenizer
 from workbench.plan.sampling import CHAT
 from workbench.train.generate import generate, stream_text
 from workbench.train.model import GPT

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from workbench import rundir
 from workbench.config import Preset
 from workbench.faults import Faults
-from workbench.plan.horizon import Horizon
+from workbench.plan.schedule.horizon import Horizon
 from workbench.train.checkpoint import CheckpointError, apply_retention, save_checkpoint
 from workbench.train.reporter import Reporter
 

@@ -39,8 +39,8 @@ import time
 import torch
 
 from workbench.config import Preset
-from workbench.plan.horizon import GRPO_EVAL_PROMPTS
-from workbench.plan.objective_plan import ObjectivePlan
+from workbench.plan.recipe.objective_plan import ObjectivePlan
+from workbench.plan.schedule.horizon import GRPO_EVAL_PROMPTS
 from workbench.reward import parse_reward
 from workbench.reward.prompt_data import PromptData
 from workbench.rundir import RewardRecord

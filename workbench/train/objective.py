@@ -1,7 +1,9 @@
-"""A preference run's objective in the engine: the loss of a :class:`~workbench.data.preference_data.PairBatch` or
-:class:`~workbench.data.preference_data.AnswerBatch` through the losses of :mod:`workbench.train.preference_losses`,
-against the reference :mod:`workbench.plan.objective_plan` chose (:class:`Reference`), with what the run logs beside
-the loss (:class:`~workbench.rundir.PreferenceRecord`) and the checks that catch the peers' known bugs:
+"""A preference run's objective in the engine: the loss of a
+:class:`~workbench.data.preference.preference_data.PairBatch` or
+:class:`~workbench.data.preference.preference_data.AnswerBatch` through the losses of
+:mod:`workbench.train.preference_losses`, against the reference :mod:`workbench.plan.recipe.objective_plan` chose
+(:class:`Reference`), with what the run logs beside the loss (:class:`~workbench.rundir.PreferenceRecord`) and the
+checks that catch the peers' known bugs:
 
 * **step 0**: the policy is the reference, so the DPO loss is ln 2 and every reward 0 (KTO: every reward 0). The
   first training batch of a fresh run is checked; anything else stops the run with one line (a reference that
@@ -19,11 +21,11 @@ from typing import Callable
 import torch
 
 from workbench.config import Preset, TrainConfig
-from workbench.data.preference_data import AnswerBatch, PairBatch
+from workbench.data.preference.preference_data import AnswerBatch, PairBatch
 from workbench.data.train_data import IGNORE, Batch
 from workbench.errors import WorkbenchError
 from workbench.faults import Faults
-from workbench.plan.objective_plan import PRECOMPUTED, ObjectivePlan
+from workbench.plan.recipe.objective_plan import PRECOMPUTED, ObjectivePlan
 from workbench.rundir import INIT_DIR, PreferenceRecord
 from workbench.train.checkpoint import load_weights
 from workbench.train.lora import adapters_off

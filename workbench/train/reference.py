@@ -1,6 +1,6 @@
-"""A precomputed reference (``train.pref_reference``, :mod:`workbench.plan.objective_plan` chose it): the reference's
-log-prob of every answer, computed once before training and kept with the prepared data
-(:mod:`workbench.data.reference_table`), then read beside each batch instead of a frozen copy's forward.
+"""A precomputed reference (``train.pref_reference``, :mod:`workbench.plan.recipe.objective_plan` chose it): the
+reference's log-prob of every answer, computed once before training and kept with the prepared data
+(:mod:`workbench.data.preference.reference_table`), then read beside each batch instead of a frozen copy's forward.
 
 The pass runs the **policy itself before its first update** (a fresh run: it holds the starting weights; a resume
 loads them, ``init/model.pt``, before its checkpoint's): eval mode, no gradient, the run's autocast, in chunks of
@@ -19,9 +19,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from workbench.data.preference_data import PreferenceData
-from workbench.data.prepare import _locked
-from workbench.data.reference_table import (
+from workbench.data.preference.preference_data import PreferenceData
+from workbench.data.preference.reference_table import (
     ReferenceTableError,
     clean_temporaries,
     file_digest,
@@ -30,6 +29,7 @@ from workbench.data.reference_table import (
     table_paths,
     write_table,
 )
+from workbench.data.text.prepare import _locked
 from workbench.fmt import duration
 from workbench.train.dist import Dist
 

@@ -13,7 +13,7 @@ from workbench.config import Preset
 from workbench.errors import WorkbenchError
 from workbench.fmt import millions
 from workbench.machine.detect import Machine
-from workbench.plan.memory import estimate_memory
+from workbench.plan.fit.memory import estimate_memory
 from workbench.plan.settings import RunSettings
 from workbench.rundir import EventRecord, MetricsWriter, NullWriter, Record
 from workbench.train.runtime import is_oom

@@ -19,21 +19,21 @@ import torch
 from workbench import rundir
 from workbench.config import Preset, load_preset_file
 from workbench.config.objectives import SFT, objective_spec
-from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
-from workbench.data.mixture import describe_sources
-from workbench.data.preference_data import PreferenceData
-from workbench.data.tokenizer import tokenizer_file
-from workbench.data.tokens import prepare_data
+from workbench.data.chat.chat_templates import CHAT_TEMPLATE_FILE
+from workbench.data.mixture.mixture_plan import describe_sources
+from workbench.data.preference.preference_data import PreferenceData
+from workbench.data.text.tokenizer import tokenizer_file
+from workbench.data.text.tokens import prepare_data
 from workbench.data.train_data import Sampler, TrainData
 from workbench.faults import Faults
 from workbench.fs import write_atomic
 from workbench.machine.detect import Machine
 from workbench.machine.probe import calibration_here, measured_peak, this_machine
 from workbench.machine.rates import Calibration
-from workbench.plan.evals import eval_batches
-from workbench.plan.flops import flops_per_token
-from workbench.plan.horizon import BudgetPlan, Horizon
-from workbench.plan.objective_plan import PRECOMPUTED, ObjectivePlan, objective_plan
+from workbench.plan.fit.flops import flops_per_token
+from workbench.plan.recipe.objective_plan import PRECOMPUTED, ObjectivePlan, objective_plan
+from workbench.plan.schedule.evals import eval_batches
+from workbench.plan.schedule.horizon import BudgetPlan, Horizon
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.reward.prompt_data import prompt_data
 from workbench.rundir import CKPT_MODEL, INIT_DIR

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 
 from workbench.config import Preset
-from workbench.data.tokens import WindowSampler
+from workbench.data.text.tokens import WindowSampler
 from workbench.train.build import Built
 from workbench.train.checkpoint import (
     Checkpoint,

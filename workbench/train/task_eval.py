@@ -1,4 +1,4 @@
-"""Scoring a model on eval tasks (:mod:`workbench.data.tasks`) and on held-out text, in bounded memory.
+"""Scoring a model on eval tasks (:mod:`workbench.data.tasks.task_files`) and on held-out text, in bounded memory.
 
 Multiple choice: each choice's log-likelihood given the context, lm-evaluation-harness's way: the
 continuation is ``delimiter + choice``, trailing whitespace of the context moves into it, and its tokens
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from workbench.config import TrainConfig
-from workbench.data.chat_templates import ChatTemplate
-from workbench.data.tasks import ChoiceItem, GenItem, Task, TaskError, expand_task_specs, load_task
+from workbench.data.chat.chat_templates import ChatTemplate
+from workbench.data.tasks.task_files import ChoiceItem, GenItem, Task, TaskError, expand_task_specs, load_task
 from workbench.rundir import TaskRecord
 from workbench.train.chat_reply import reply
 from workbench.train.generate import generate

@@ -1,13 +1,13 @@
 """Hardware facts for the Hardware pane, without torch: ``workbench.machine.detect`` (psutil +
 NVML), what precision / TF32 / attention / compile the devices support (from the GPU's compute
-capability), and the recommended preset from the one recommender (``workbench.plan.recommend``)."""
+capability), and the recommended preset from the one recommender (``workbench.plan.fit.recommend``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from workbench.machine.detect import detect
-from workbench.plan.recommend import recommend_preset
+from workbench.plan.fit.recommend import recommend_preset
 from workbench.plan.settings import attention_kind
 
 __all__ = ["capabilities", "detect", "recommend"]

@@ -55,7 +55,7 @@ class RunRequest:
             items = shlex.split(self.corpus)
         except ValueError:  # an unbalanced quote: a path's own character
             return (self.corpus,)
-        from workbench.data.mixture import named_source  # lazily, as the planner is
+        from workbench.data.mixture.mixture_plan import named_source  # lazily, as the planner is
 
         return tuple(items) if any(named_source(i) for i in items) else (self.corpus,)
 

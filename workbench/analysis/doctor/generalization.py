@@ -10,7 +10,7 @@ from workbench.analysis.doctor.facts import Context
 from workbench.analysis.doctor.finding import Finding, num, set_line
 from workbench.config import ModelConfig
 from workbench.fmt import millions
-from workbench.plan.flops import count_params
+from workbench.plan.fit.flops import count_params
 from workbench.rundir import EvalRecord
 
 # The run so far is cut in thirds by step: the last third ("recent") is compared with what came before.

@@ -10,8 +10,8 @@ from workbench.analysis.doctor.finding import Finding, percent, set_line
 from workbench.config import Preset
 from workbench.errors import WorkbenchError
 from workbench.fmt import human_bytes
-from workbench.plan.batch import plan_accumulation, search_batch
-from workbench.plan.memory import MemoryEstimate, estimate_memory, what_if
+from workbench.plan.fit.batch import plan_accumulation, search_batch
+from workbench.plan.fit.memory import MemoryEstimate, estimate_memory, what_if
 from workbench.plan.settings import resolve_settings
 
 # Near the limit: above 90 % of the device's memory. The estimate calls a preset that fits only when it

@@ -14,8 +14,8 @@ from workbench.errors import WorkbenchError
 from workbench.fmt import millions
 from workbench.machine.activity import GpuProcess
 from workbench.machine.peaks import peak_flops
-from workbench.plan.evals import eval_batches
 from workbench.plan.report import build_report
+from workbench.plan.schedule.evals import eval_batches
 from workbench.plan.settings import resolve_settings
 from workbench.rundir import LIVE_STATES
 

@@ -1,8 +1,8 @@
 """Chat data for training: conversations prepared once into token ids with a label per token beside them,
 cached; then packed into ``model.seq_len`` rows and drawn in resumable batches. No torch.
 
-Preparation (:mod:`workbench.data.chat_prepare`) streams the corpus, renders each conversation through the chat
-template and encodes it (:class:`~workbench.data.chat.ChatEncoder`), and writes
+Preparation (:mod:`workbench.data.chat.chat_prepare`) streams the corpus, renders each conversation through the chat
+template and encodes it (:class:`~workbench.data.chat.conversations.ChatEncoder`), and writes
 
     tokens.bin   the ids of every conversation, one after another (uint16, or uint32 for a large vocabulary)
     labels.bin   one uint8 per token: 0 a prompt token (header, system, user text), 1 a token of an assistant
@@ -35,26 +35,26 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 
 from workbench.config import DataConfig, Preset, chat_role_map
-from workbench.data.chat import ChatOptions, detect_format, special_pieces
-from workbench.data.chat_templates import (
+from workbench.data.chat.chat_templates import (
     CHATML_PIECES,
     ChatTemplate,
     ChatTemplateError,
     load_chat_template,
     model_template,
 )
-from workbench.data.documents import Corpus, open_corpus
-from workbench.data.preference_records import detect_kind
-from workbench.data.prepare import DataError
-from workbench.data.record_reader import RecordReader
-from workbench.data.sources import CorpusError, Source
-from workbench.data.tokenizer import AnyTokenizer, HFTokenizer, load_tokenizer
+from workbench.data.chat.conversations import ChatOptions, detect_format, special_pieces
+from workbench.data.corpus.documents import Corpus, open_corpus
+from workbench.data.corpus.record_reader import RecordReader
+from workbench.data.corpus.sources import CorpusError, Source
+from workbench.data.preference.preference_records import detect_kind
+from workbench.data.text.prepare import DataError
+from workbench.data.text.tokenizer import AnyTokenizer, HFTokenizer, load_tokenizer
 from workbench.data.train_data import IGNORE, Batch, EpochOrder
 from workbench.errors import WorkbenchError
 from workbench.fs import cache_root, read_json, write_json_atomic
 
 if TYPE_CHECKING:
-    from workbench.data.chat_prepare import ChatPrepared
+    from workbench.data.chat.chat_prepare import ChatPrepared
 
 PROMPT, TRAINED, LAST = 0, 1, 2
 

@@ -1,11 +1,11 @@
 """Preparing a chat corpus once: each conversation rendered through the chat template and encoded, with a
-label per token, cached; encoded on every core and resumable, like a text corpus (:mod:`workbench.data.prepare`).
+label per token, cached; encoded on every core and resumable, like a text corpus (:mod:`workbench.data.text.prepare`).
 
 The conversations are read in order and cut into shards of ~4 MB of message text; worker processes (one per
 core) render and encode a shard each and write it by atomic rename, a sidecar naming the hash of its
 conversations last. An interrupted preparation (Ctrl-C, kill -9) keeps its finished shards in
 ``chat-<key>.shards/``; the next start reads the corpus again but encodes only the shards that are missing.
-The shards are then joined (:mod:`workbench.data.chat_data` describes the files) and ``index.json`` is
+The shards are then joined (:mod:`workbench.data.chat.chat_data` describes the files) and ``index.json`` is
 written last. Memory is bounded: at most two shards per worker are in flight.
 """
 
@@ -24,16 +24,16 @@ from typing import Callable, Iterator
 import numpy as np
 
 from workbench.config import DataConfig, chat_role_map
-from workbench.data.chat import BadRecord, ChatEncoder, ChatReader, Conversation
-from workbench.data.chat_data import LAST, chat_options, template_for
-from workbench.data.chat_templates import ChatTemplate, ChatTemplateError
-from workbench.data.documents import Corpus, warnings_of
-from workbench.data.encode import ShardPool, join_files, worker_tokenizer
-from workbench.data.encode import _init_worker as _init_encode_worker
-from workbench.data.preference_records import KINDS, PreferenceReader
-from workbench.data.prepare import DataError, Prepared, _locked, workers_available
-from workbench.data.record_reader import FIX_RECORDS, Stats
-from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
+from workbench.data.chat.chat_data import LAST, chat_options, template_for
+from workbench.data.chat.chat_templates import ChatTemplate, ChatTemplateError
+from workbench.data.chat.conversations import BadRecord, ChatEncoder, ChatReader, Conversation
+from workbench.data.corpus.documents import Corpus, warnings_of
+from workbench.data.corpus.record_reader import FIX_RECORDS, Stats
+from workbench.data.preference.preference_records import KINDS, PreferenceReader
+from workbench.data.text.encode import ShardPool, join_files, worker_tokenizer
+from workbench.data.text.encode import _init_worker as _init_encode_worker
+from workbench.data.text.prepare import DataError, Prepared, _locked, workers_available
+from workbench.data.text.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
 from workbench.faults import NO_FAULTS, Faults
 from workbench.fmt import duration, human_bytes
 from workbench.fs import cache_root, fsync_dir, read_json, write_atomic, write_json_atomic

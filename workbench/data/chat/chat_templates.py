@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn
 
-from workbench.data.record_reader import parse_json
+from workbench.data.corpus.record_reader import parse_json
 from workbench.errors import WorkbenchError
 from workbench.rundir import CHAT_TEMPLATE_FILE
 from workbench.rundir import TEMPLATES_DIR as ADDITIONAL_TEMPLATES_DIR

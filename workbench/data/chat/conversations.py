@@ -1,5 +1,5 @@
 """Chat data: conversations read from a user's files, and each one as token ids with the loss mask beside
-them, built from the model's own template (:mod:`workbench.data.chat_templates`). No torch.
+them, built from the model's own template (:mod:`workbench.data.chat.chat_templates`). No torch.
 
 A chat file is JSONL (plain, ``.gz``, ``.zst`` or ``.xz``) or parquet, one conversation a record, its shape
 detected from its first record (:func:`detect_format`):
@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
-from workbench.data.chat_templates import (
+from workbench.data.chat.chat_templates import (
     CHATML_PIECES,
     LOSS_ON,
     ChatTemplate,
@@ -32,9 +32,9 @@ from workbench.data.chat_templates import (
     end_of_turn,
     trained_spans,
 )
-from workbench.data.record_reader import RecordReader, Stats, json_type
-from workbench.data.sources import CorpusError, Source
-from workbench.data.tokenizer import AnyTokenizer, HFTokenizer
+from workbench.data.corpus.record_reader import RecordReader, Stats, json_type
+from workbench.data.corpus.sources import CorpusError, Source
+from workbench.data.text.tokenizer import AnyTokenizer, HFTokenizer
 
 ROLES = ("system", "user", "assistant")
 ROLE_NAMES = {"system": "system", "user": "user", "assistant": "assistant", "human": "user", "gpt": "assistant"}
@@ -270,7 +270,7 @@ def special_pieces(tok: AnyTokenizer) -> dict[str, int]:
 
 class ChatEncoder:
     """Conversations as (ids, mask) through one template and one tokenizer. Building one checks the template
-    can be masked (:func:`~workbench.data.chat_templates.end_of_turn`), once, before any record.
+    can be masked (:func:`~workbench.data.chat.chat_templates.end_of_turn`), once, before any record.
 
     A Hugging Face tokenizer encodes the whole rendered text, as ``apply_chat_template(..., tokenize=True)``
     does, and a token is trained if its characters (its offsets) overlap a trained span, as transformers'

@@ -12,7 +12,7 @@ a link loop refused); in a directory, binary files (a NUL byte in the first 8 KB
 are skipped with a warning. ``builtin`` is Python's own documentation and standard-library
 sources, assembled on this machine, one document per topic or file.
 
-:func:`open_corpus` only lists and stats the files (:mod:`workbench.data.sources`; no content is read: a
+:func:`open_corpus` only lists and stats the files (:mod:`workbench.data.corpus.sources`; no content is read: a
 start whose tokens are cached reads no corpus bytes); :meth:`Corpus.pieces` streams the text, whatever the
 format. Bad input raises
 :class:`CorpusError` naming the file and, where it applies, the line or row; with
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from workbench.data.record_reader import RecordReader, Stats, json_type
-from workbench.data.sources import SNIFF_BYTES, ByteStream, CorpusError, Source, builtin_source, expand
+from workbench.data.corpus.record_reader import RecordReader, Stats, json_type
+from workbench.data.corpus.sources import SNIFF_BYTES, ByteStream, CorpusError, Source, builtin_source, expand
 
 HELD_OUT_TOPICS_PERCENT = 12   # of the documentation topics, held out for the built-in eval tasks
 HELD_OUT_FILES_PERCENT = 5     # of the standard-library sources, likewise

@@ -3,12 +3,12 @@ here, one record at a time, as ``(where, record)``: ``where`` names the file and
 F, line N", "task F, row N") and ``record`` is a JSON object (a dict); and a whole JSON document (a tokenizer's
 config, a template file) is parsed here too (:func:`parse_json`). No torch.
 
-The wording of what can go wrong with the records themselves lives here, once: a line that is not JSON or
-not UTF-8, a record that is not an object, a file that is one JSON array instead of JSON lines, a parquet file
-that cannot be opened, a compressed stream that is truncated or corrupt. The readers above it
-(:mod:`~workbench.data.documents`, :mod:`~workbench.data.chat`, :mod:`~workbench.data.tasks`) check only
-their own fields, and report a bad record through :meth:`RecordReader.bad`, which raises or, with
-``data.skip_bad_records``, counts it and goes on.
+The wording of what can go wrong with the records themselves lives here, once: a line that is not JSON or not UTF-8, a
+record that is not an object, a file that is one JSON array instead of JSON lines, a parquet file that cannot be opened,
+a compressed stream that is truncated or corrupt. The readers above it (:mod:`~workbench.data.corpus.documents`,
+:mod:`~workbench.data.chat.conversations`, :mod:`~workbench.data.tasks.task_files`) check only their own fields, and
+report a bad record through :meth:`RecordReader.bad`, which raises or, with ``data.skip_bad_records``, counts it and
+goes on.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import lzma
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterator, TypeVar
 
-from workbench.data.sources import ByteStream, CorpusError, Source, open_bytes
+from workbench.data.corpus.sources import ByteStream, CorpusError, Source, open_bytes
 from workbench.errors import WorkbenchError
 
 FIX_RECORDS = "fix it, or set data.skip_bad_records = true to skip bad records"

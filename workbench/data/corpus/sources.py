@@ -1,7 +1,7 @@
 """The files a ``data.corpus`` entry names: listed and stat'ed (nothing read: a cached start reads no corpus
 bytes), each a :class:`Source` of a kind (text, JSONL, parquet, builtin) and a compression, and opened as
-a stream of decompressed bytes. Reading records out of them is :mod:`workbench.data.record_reader`, documents
-:mod:`workbench.data.documents`."""
+a stream of decompressed bytes. Reading records out of them is :mod:`workbench.data.corpus.record_reader`, documents
+:mod:`workbench.data.corpus.documents`."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ class _ZstdReader:
 
 def open_bytes(src: Source) -> tuple[ByteStream, IO[bytes]]:
     """(the decompressed stream, the raw file) of a source; OSError if it cannot be opened (what that means
-    to a user is worded by its reader, :class:`workbench.data.record_reader.RecordReader`)."""
+    to a user is worded by its reader, :class:`workbench.data.corpus.record_reader.RecordReader`)."""
     raw = open(src.path, "rb")
     if src.compression == "gz":
         return gzip.GzipFile(fileobj=raw), raw

@@ -1,9 +1,9 @@
-"""A prepared mixture (data.mixture): each source a corpus prepared as today (streamed, cached, its own train/val
-split at a document or conversation boundary), all encoded with one tokenizer (data.tokenizer, or one trained on a
-sample of all the sources together), drawn in the plan's order (``workbench.data.mixture``). Text sources are drawn
-as windows of seq_len tokens; conversation sources (all of them: text and conversations are not mixed) as rows of
-their packed conversations, each with its loss mask as one chat corpus has it. A mixture of one source (the others
-weighing 0) is that corpus as data.corpus: today's sampler, bit for bit. No torch.
+"""A prepared mixture (data.mixture): each source a corpus prepared as today (streamed, cached, its own train/val split
+at a document or conversation boundary), all encoded with one tokenizer (data.tokenizer, or one trained on a sample of
+all the sources together), drawn in the plan's order (``workbench.data.mixture.mixture_plan``). Text sources are drawn
+as windows of seq_len tokens; conversation sources (all of them: text and conversations are not mixed) as rows of their
+packed conversations, each with its loss mask as one chat corpus has it. A mixture of one source (the others weighing 0)
+is that corpus as data.corpus: today's sampler, bit for bit. No torch.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any, Callable
 import numpy as np
 
 from workbench.config import DataConfig, Preset
-from workbench.data.chat_data import Packing, fill_row, trained_labels
-from workbench.data.chat_prepare import SHARD_CHARS as CHAT_SHARD_CHARS
-from workbench.data.documents import Corpus, CorpusError, open_corpus
-from workbench.data.mixture import MixturePlan, MixtureSampler, SourceSpec, plan_mixture
-from workbench.data.prepare import DataError, prepare, train_corpus_tokenizer
-from workbench.data.tokenizer import AnyTokenizer
+from workbench.data.chat.chat_data import Packing, fill_row, trained_labels
+from workbench.data.chat.chat_prepare import SHARD_CHARS as CHAT_SHARD_CHARS
+from workbench.data.corpus.documents import Corpus, CorpusError, open_corpus
+from workbench.data.mixture.mixture_plan import MixturePlan, MixtureSampler, SourceSpec, plan_mixture
+from workbench.data.text.prepare import DataError, prepare, train_corpus_tokenizer
+from workbench.data.text.tokenizer import AnyTokenizer
 from workbench.data.train_data import IGNORE, Batch
 from workbench.faults import NO_FAULTS
 from workbench.fmt import human_bytes
@@ -51,7 +51,7 @@ def check_mixture_repeats(p: Preset, run_dir: Path) -> None:
     from the cache): refused in one line with the numbers, as `train` refuses it from the start."""
     if not any(s.get("max_repeat") for s in active_sources(p.data)):
         return
-    from workbench.data.tokens import prepare_data  # the mixture's sources, prepared as the trainer will have them
+    from workbench.data.text.tokens import prepare_data  # the mixture's sources, prepared as the trainer will have them
     data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda _m: None, run_dir=run_dir,
                         loss_on=p.train.loss_on, objective=p.train.objective)
     if isinstance(data, MixtureData):
@@ -192,7 +192,7 @@ def _content(d: Any) -> str:
 
 class ChatMixtureSampler(MixtureSampler):
     """A mixture of conversation sources: each sequence is a row of one source's packed conversations (as its
-    :class:`~workbench.data.chat_data.ChatSampler` would draw it: positions and segments per conversation, the
+    :class:`~workbench.data.chat.chat_data.ChatSampler` would draw it: positions and segments per conversation, the
     targets ``train.loss_on`` does not train masked), drawn in the plan's order; the state is the same counter."""
 
     def __init__(self, plan: MixturePlan, rows: list[tuple[Any, Packing]], batch_size: int, trains: np.ndarray,
@@ -287,9 +287,9 @@ def prepare_mixture(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callabl
                     given: AnyTokenizer | None, **kw: Any) -> Any:
     """The mixture's sources prepared: one source alone is ``prepare_one`` of it as data.corpus (today's data);
     several are text corpora encoded with one tokenizer (``given``, or one trained on all of them)."""
-    from workbench.data.chat_data import corpus_kind
-    from workbench.data.preference_records import KINDS
-    from workbench.data.tokens import load_tokens
+    from workbench.data.chat.chat_data import corpus_kind
+    from workbench.data.preference.preference_records import KINDS
+    from workbench.data.text.tokens import load_tokens
 
     active = active_sources(cfg)
     corpora = [source_corpus(cfg, src) for src in active]
@@ -332,9 +332,9 @@ def _prepare_chat_mixture(cfg: DataConfig, active: list[dict], corpora: list[Cor
                           model_dir: Path | None, **kw: Any) -> MixtureData:
     """Several conversation sources: each prepared as one chat corpus is (its own cache, its own train/val split
     by conversations), all with one tokenizer (``given``, or one trained on the messages of all of them)."""
-    from workbench.data.chat_data import load_chat
-    from workbench.data.chat_prepare import prepare_chat
-    from workbench.data.chat_templates import ChatTemplateError
+    from workbench.data.chat.chat_data import load_chat
+    from workbench.data.chat.chat_prepare import prepare_chat
+    from workbench.data.chat.chat_templates import ChatTemplateError
 
     tok = given if given is not None else chat_mixture_tokenizer(cfg, vocab_size, log)
     parts, cached = [], True
@@ -372,8 +372,8 @@ def _mixture_of(active: list[dict], parts: list, cached: bool, format: str = "te
 def chat_mixture_tokenizer(cfg: DataConfig, vocab_size: int, log: Callable[[str], None]) -> AnyTokenizer:
     """A tokenizer trained on the messages of all of a mixture's conversation sources (the first
     data.tokenizer_sample_mb of them together, as one chat corpus's is), cached under the sources' manifest."""
-    from workbench.data.chat_prepare import _sample_for_tokenizer, make_reader
-    from workbench.data.tokenizer import load_tokenizer, tokenizer_file, train_tokenizer
+    from workbench.data.chat.chat_prepare import _sample_for_tokenizer, make_reader
+    from workbench.data.text.tokenizer import load_tokenizer, tokenizer_file, train_tokenizer
     from workbench.fs import cache_root, write_atomic
 
     union = mixture_corpus(cfg)

@@ -1,7 +1,7 @@
-"""Preference data for training (the third kind of :class:`~workbench.data.train_data.TrainData`): a prepared
-preference corpus (:mod:`workbench.data.preference_records` read it, :mod:`workbench.data.chat_prepare` rendered and
-encoded it, cached, with a tag per conversation in ``tags.bin``), split by items, drawn in resumable batches.
-No torch.
+"""Preference data for training (the third kind of :class:`~workbench.data.train_data.TrainData`): a prepared preference
+corpus (:mod:`workbench.data.preference.preference_records` read it, :mod:`workbench.data.chat.chat_prepare` rendered
+and encoded it, cached, with a tag per conversation in ``tags.bin``), split by items, drawn in resumable batches. No
+torch.
 
 An item is a pair (conversations ``2i``, chosen, and ``2i + 1``, rejected) or a labelled answer (KTO:
 conversation ``i``, tagged 1 good or 0 bad). ``train.batch_size`` counts items. One answer a row, padded (no
@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any, Generic
 
 import numpy as np
 
-from workbench.data.chat_data import LAST, PreparedConversations
-from workbench.data.preference_records import DESCRIBE, PAIRS, check_corpus_kind
-from workbench.data.prepare import DataError
+from workbench.data.chat.chat_data import LAST, PreparedConversations
+from workbench.data.preference.preference_records import DESCRIBE, PAIRS, check_corpus_kind
+from workbench.data.text.prepare import DataError
 from workbench.data.train_data import IGNORE, A, Batch, EpochOrder, array
 
 if TYPE_CHECKING:
     from workbench.config import Preset
-    from workbench.data.chat_prepare import ChatPrepared
+    from workbench.data.chat.chat_prepare import ChatPrepared
 
 
 @dataclass(frozen=True)

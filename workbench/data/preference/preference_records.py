@@ -1,5 +1,5 @@
 """Preference data: records saying which answer is better, read into conversations the chat machinery renders
-and encodes (:mod:`workbench.data.chat_prepare`). No torch.
+and encodes (:mod:`workbench.data.chat.chat_prepare`). No torch.
 
 Two kinds, detected per file from its first record, JSONL (plain or compressed) or parquet:
 
@@ -22,10 +22,18 @@ from __future__ import annotations
 from typing import Iterator
 
 from workbench.config.objectives import objective_spec, objectives_on
-from workbench.data.chat import BadRecord, ChatOptions, ChatReader, Conversation, Message, _check, _messages
-from workbench.data.kinds import DESCRIBE, KINDS, KTO, OBJECTIVE_FOR, PAIRS
-from workbench.data.record_reader import Stats, json_type
-from workbench.data.sources import CorpusError, Source
+from workbench.data.chat.conversations import (
+    BadRecord,
+    ChatOptions,
+    ChatReader,
+    Conversation,
+    Message,
+    _check,
+    _messages,
+)
+from workbench.data.corpus.kinds import DESCRIBE, KINDS, KTO, OBJECTIVE_FOR, PAIRS
+from workbench.data.corpus.record_reader import Stats, json_type
+from workbench.data.corpus.sources import CorpusError, Source
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected", "system")
 KTO_FIELDS = ("prompt", "completion", "label", "system")

@@ -27,7 +27,7 @@ from typing import Iterable
 
 import numpy as np
 
-from workbench.data.prepare import DataError
+from workbench.data.text.prepare import DataError
 from workbench.fs import fsync_dir, read_json, write_json_atomic
 
 TABLE_VERSION = 1

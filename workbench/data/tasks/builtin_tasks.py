@@ -1,5 +1,5 @@
 """Built-in eval tasks: made on this machine, with a fixed seed and size, from the built-in corpus's held-out
-documents (:func:`workbench.data.documents.builtin_documents` keeps them out of every built-in corpus, so no
+documents (:func:`workbench.data.corpus.documents.builtin_documents` keeps them out of every built-in corpus, so no
 preset ever trains on them). No download; the same items on every machine with the same Python.
 
 - ``stdlib-next-line``: 400 four-way choices; the context is up to 12 lines of a held-out standard-library
@@ -23,8 +23,8 @@ import re
 from collections import Counter
 from functools import lru_cache
 
-from workbench.data.documents import builtin_documents
-from workbench.data.tasks import ChoiceItem, Task
+from workbench.data.corpus.documents import builtin_documents
+from workbench.data.tasks.task_files import ChoiceItem, Task
 
 SEED = 20261124
 SIZE = 400

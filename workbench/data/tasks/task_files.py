@@ -1,6 +1,6 @@
 """Eval tasks: what ``workbench eval --task`` and ``train.eval_tasks`` name, read into items (no torch).
 
-A task is a built-in name (:mod:`workbench.data.builtin_tasks`) or a JSONL file (plain, ``.gz``, ``.zst``
+A task is a built-in name (:mod:`workbench.data.tasks.builtin_tasks`) or a JSONL file (plain, ``.gz``, ``.zst``
 or ``.xz``), one record a line, its shape detected from the first record's fields:
 
 - multiple choice, ``{"query"|"context"|"question": str, "choices": [str, ...], "gold"|"label"|"answer": i}``
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from workbench.config.overrides import parse_value
-from workbench.data.record_reader import RecordReader
-from workbench.data.sources import Source, kind_of
+from workbench.data.corpus.record_reader import RecordReader
+from workbench.data.corpus.sources import Source, kind_of
 from workbench.errors import WorkbenchError
 
 
@@ -339,7 +339,7 @@ def read_task_file(path: Path, opts: dict[str, Any] | None = None, limit: int | 
 
 def _builtin_tasks() -> Mapping[str, Callable[[], Task]]:
     """The built-in tasks' builders by name."""
-    from workbench.data.builtin_tasks import BUILTIN_TASKS  # lazily: builtin_tasks builds on this module's Task
+    from workbench.data.tasks.builtin_tasks import BUILTIN_TASKS  # lazily: builtin_tasks builds on this module's Task
 
     return BUILTIN_TASKS
 

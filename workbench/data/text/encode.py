@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from workbench.data.documents import Corpus, CorpusError, Piece, Source, Stats
-from workbench.data.tokenizer import AnyTokenizer, tokenizer_from_spec
+from workbench.data.corpus.documents import Corpus, CorpusError, Piece, Source, Stats
+from workbench.data.text.tokenizer import AnyTokenizer, tokenizer_from_spec
 from workbench.faults import NO_FAULTS, Faults
 from workbench.fmt import human_bytes
 from workbench.fs import fsync_dir, read_json, write_atomic, write_json_atomic

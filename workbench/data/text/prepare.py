@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from workbench.data.documents import Corpus, Stats, warnings_of
-from workbench.data.encode import SHARD_CHARS, Progress, Ticker, encode, join_shards
-from workbench.data.tokenizer import OPTIONS_VERSION, AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
+from workbench.data.corpus.documents import Corpus, Stats, warnings_of
+from workbench.data.text.encode import SHARD_CHARS, Progress, Ticker, encode, join_shards
+from workbench.data.text.tokenizer import OPTIONS_VERSION, AnyTokenizer, load_tokenizer, tokenizer_file, train_tokenizer
 from workbench.errors import WorkbenchError
 from workbench.faults import NO_FAULTS, Faults
 from workbench.fmt import duration, human_bytes

@@ -21,7 +21,7 @@ encodes to it (typing it in a document gives ordinary pieces), it is put between
 documents in the token stream, and it decodes to nothing. Ids 2 and 3 are the
 ChatML pieces ``<|im_start|>`` and ``<|im_end|>``, reserved the same way, so a model
 trained from scratch can be chat-tuned with the built-in template
-(:mod:`workbench.data.chat_templates`).
+(:mod:`workbench.data.chat.chat_templates`).
 Known limit: U+2581 (the "▁" sentencepiece uses for spaces) decodes to a space.
 """
 
@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.data.chat_templates import CHATML_PIECES
-from workbench.data.record_reader import parse_json
+from workbench.data.chat.chat_templates import CHATML_PIECES
+from workbench.data.corpus.record_reader import parse_json
 from workbench.errors import WorkbenchError
 from workbench.fs import write_atomic
 

@@ -15,15 +15,15 @@ import numpy as np
 
 from workbench.config import DataConfig, Preset
 from workbench.config.objectives import SFT
-from workbench.data.chat import ChatEncoder
-from workbench.data.chat_data import corpus_kind, load_chat, template_for
-from workbench.data.chat_prepare import prepare_chat
-from workbench.data.chat_templates import ChatTemplateError
-from workbench.data.documents import Corpus, open_corpus
-from workbench.data.preference_data import load_preference
-from workbench.data.preference_records import KINDS, check_corpus_kind
-from workbench.data.prepare import SHARD_CHARS, DataError, Prepared, Progress, prepare
-from workbench.data.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file
+from workbench.data.chat.chat_data import corpus_kind, load_chat, template_for
+from workbench.data.chat.chat_prepare import prepare_chat
+from workbench.data.chat.chat_templates import ChatTemplateError
+from workbench.data.chat.conversations import ChatEncoder
+from workbench.data.corpus.documents import Corpus, open_corpus
+from workbench.data.preference.preference_data import load_preference
+from workbench.data.preference.preference_records import KINDS, check_corpus_kind
+from workbench.data.text.prepare import SHARD_CHARS, DataError, Prepared, Progress, prepare
+from workbench.data.text.tokenizer import AnyTokenizer, load_tokenizer, tokenizer_file
 from workbench.data.train_data import Batch, Sampler, TrainData
 from workbench.faults import NO_FAULTS, Faults
 
@@ -155,7 +155,7 @@ def load_tokens(prep: Prepared, val_fraction: float, seq_len: int) -> TokenData:
 def open_data_corpus(cfg: DataConfig) -> Corpus:
     """The corpus a preset's [data] names (listed, nothing read): a mixture's sources together."""
     if cfg.mixture:
-        from workbench.data.mixture_data import mixture_corpus
+        from workbench.data.mixture.mixture_data import mixture_corpus
         return mixture_corpus(cfg)
     return open_corpus(cfg.corpus, text_field=cfg.text_field, skip_bad=cfg.skip_bad_records,
                        builtin_mb=cfg.builtin_mb)
@@ -206,12 +206,12 @@ def prepare_data(cfg: DataConfig, vocab_size: int, seq_len: int, log: Callable[[
                  faults: Faults = NO_FAULTS, run_dir: Path | None = None, loss_on: str = "assistant",
                  objective: str = SFT) -> TrainData:
     """The tokenizer and tokens of a preset's corpus, ready to train on (prepared now unless cached): a
-    :class:`TokenData` of documents, a :class:`~workbench.data.chat_data.ChatData` of conversations (data.format),
-    or a :class:`~workbench.data.preference_data.PreferenceData` of preference records, refused first when
+    :class:`TokenData` of documents, a :class:`~workbench.data.chat.chat_data.ChatData` of conversations (data.format),
+    or a :class:`~workbench.data.preference.preference_data.PreferenceData` of preference records, refused first when
     ``objective`` (train.objective) cannot train on its kind. ``run_dir``: the run's own copy of a given tokenizer
     (data.tokenizer) comes first."""
-    if cfg.mixture:  # several sources: each prepared as below, one tokenizer (data/mixture_data.py)
-        from workbench.data.mixture_data import prepare_mixture
+    if cfg.mixture:  # several sources: each prepared as below, one tokenizer (data/mixture/mixture_data.py)
+        from workbench.data.mixture.mixture_data import prepare_mixture
 
         def one(c: DataConfig) -> TrainData:
             return prepare_data(c, vocab_size, seq_len, log, progress, workers, shard_chars, faults, run_dir, loss_on,

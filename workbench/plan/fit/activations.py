@@ -1,12 +1,12 @@
 """What one transformer block saves for backward, in bytes, counted from the autograd graph of
 ``workbench.train.model.Block`` (eager; the whole-model compile's share and the checkpointed case are
-``workbench.plan.memory``'s), with and without QK-norm and LoRA. Arithmetic, no torch.
+``workbench.plan.fit.memory``'s), with and without QK-norm and LoRA. Arithmetic, no torch.
 """
 
 from __future__ import annotations
 
 from workbench.config import ModelConfig, TrainConfig, lora_projections
-from workbench.plan.flops import projection_shapes
+from workbench.plan.fit.flops import projection_shapes
 
 
 def layer_activation_bytes(model_cfg: ModelConfig, batch_size: int, precision: str, attention: str,

@@ -2,7 +2,7 @@
 
 Every ``auto`` (device, precision, attention kernel, fused AdamW, the fused loss's chunk) comes
 from :func:`workbench.plan.settings.resolve_settings`, so the estimate describes the run the
-trainer would do. Parameter and FLOP counts are in :mod:`workbench.plan.flops`.
+trainer would do. Parameter and FLOP counts are in :mod:`workbench.plan.fit.flops`.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from workbench.config.objectives import SFT, objective_spec
 from workbench.fmt import GiB as GB
 from workbench.fmt import MiB as MB
 from workbench.machine.detect import Machine, detect
-from workbench.plan.activations import layer_activation_bytes, lora_layer_activation_bytes, qk_norm_bytes
-from workbench.plan.flops import (
+from workbench.plan.fit.activations import layer_activation_bytes, lora_layer_activation_bytes, qk_norm_bytes
+from workbench.plan.fit.flops import (
     count_params,
     lora_params,
     matmul_params,
     param_breakdown,
     param_tensors,
 )
-from workbench.plan.objective_plan import ObjectivePlan, objective_plan
+from workbench.plan.recipe.objective_plan import ObjectivePlan, objective_plan
 from workbench.plan.settings import PeakFn, RunSettings, resolve_settings
 
 # ----------------------------------------------------------------------------- memory

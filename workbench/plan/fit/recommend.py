@@ -12,8 +12,8 @@ from typing import Any
 from workbench.config import Preset, PresetError, preset_paths, resolve_preset
 from workbench.fmt import GiB, human_bytes
 from workbench.machine.detect import Machine, detect
-from workbench.plan import memory as est
-from workbench.plan.batch import plan_accumulation, search_batch
+from workbench.plan.fit import memory as est
+from workbench.plan.fit.batch import plan_accumulation, search_batch
 from workbench.plan.settings import SettingsError
 
 # Larger to smaller, per device class: the first that fits (by estimate) is recommended.

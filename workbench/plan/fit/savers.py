@@ -93,7 +93,7 @@ def choose_memory_savers(p: Preset, s: RunSettings, machine: Machine) -> RunSett
         c = str(h.activation_checkpointing).lower() == "true"
         return with_savers(s, f, c, chunk, "auto: the device's memory unknown; the fused loss where the logits "
                                            "pass 1 GiB")
-    from workbench.plan.memory import estimate_memory  # lazily: estimate imports settings, which imports this
+    from workbench.plan.fit.memory import estimate_memory  # lazily: estimate imports settings, which imports this
     limit = (1 - SAVERS_HEADROOM) * avail
     for f, c in choices:
         trial = with_savers(s, f, c, chunk, "")

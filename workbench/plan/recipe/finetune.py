@@ -27,9 +27,9 @@ from typing import Any
 
 from workbench.config import Preset, PresetError, load_preset_file, overridden_keys, parse_override, preset_from_dict
 from workbench.config.objectives import PREFERENCE_FAMILY, REWARD_FAMILY, SFT_FAMILY, objective_spec
-from workbench.data.tokenizer import tokenizer_file
+from workbench.data.text.tokenizer import tokenizer_file
 from workbench.machine.detect import Machine
-from workbench.plan import memory as est
+from workbench.plan.fit import memory as est
 from workbench.rundir import (
     CKPT_MODEL,
     PRESET_FILE,

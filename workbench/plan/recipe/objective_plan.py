@@ -16,7 +16,7 @@ The reference, chosen automatically:
   memory estimate (``train.pref_reference = live``, and KTO's).
 * ``precomputed``: the reference's log-prob of every answer, computed once before training with the starting
   weights (the policy itself, before its first update), cached with the prepared data
-  (:mod:`workbench.data.reference_table`) and read beside each batch: no second copy of the weights and no
+  (:mod:`workbench.data.preference.reference_table`) and read beside each batch: no second copy of the weights and no
   reference forward a step (:mod:`workbench.train.reference`). ``auto`` takes it for a full fine-tune's DPO: the
   frozen copy costs a model's weights for the whole run and a forward every step, the table one forward pass
   over the answers (which a run of an epoch or more pays anyway), 4 bytes an answer on disk, and every later run

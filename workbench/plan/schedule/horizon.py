@@ -35,7 +35,7 @@ from typing import Any
 from workbench.config import Preset, eval_share_list
 from workbench.config.objectives import objective_spec
 from workbench.fmt import duration
-from workbench.plan.evals import eval_batches
+from workbench.plan.schedule.evals import eval_batches
 
 # A budget's evals (step 0, on the way, the last), together, take at most this share of it (plan_budget).
 EVAL_SHARE = 0.10

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from workbench.config import Preset
-from workbench.plan.horizon import extension
 from workbench.plan.run_plan import checkpoint_state
+from workbench.plan.schedule.horizon import extension
 from workbench.tui.screens.dialogs import InputScreen
 
 

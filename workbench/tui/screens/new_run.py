@@ -21,12 +21,12 @@ from workbench.config import (
     overridden_keys,
     preset_paths,
 )
-from workbench.data.chat_data import check_loss_on
-from workbench.data.kinds import KINDS, PAIRS
-from workbench.data.tokens import open_data_corpus
+from workbench.data.chat.chat_data import check_loss_on
+from workbench.data.corpus.kinds import KINDS, PAIRS
+from workbench.data.text.tokens import open_data_corpus
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
-from workbench.plan.finetune import compare_methods, method_overrides
+from workbench.plan.recipe.finetune import compare_methods, method_overrides
 from workbench.plan.report import fit_check
 from workbench.plan.run_plan import plan_new_run
 from workbench.rundir import runs_root, sanitize_run_name
@@ -166,8 +166,8 @@ def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | N
 def mixture_shares(p: Preset) -> list[str]:
     """A mixture's sources in the estimate: each one's share and the sequences the run's horizon gives it (the
     apportionment: known before anything is read; its repeats need the sources prepared: ctrl+d)."""
-    from workbench.data.mixture import apportion
-    from workbench.data.mixture_data import active_sources
+    from workbench.data.mixture.mixture_data import active_sources
+    from workbench.data.mixture.mixture_plan import apportion
 
     active = active_sources(p.data)
     if len(active) < 2:

@@ -29,7 +29,7 @@ EXPORT_FORMATS = (("Hugging Face directory (transformers)", "hf"), ("GGUF file (
 
 def task_problem(text: str) -> str | None:
     """What is wrong with the tasks typed (built-in names or JSONL files, space-separated), or None."""
-    from workbench.data.builtin_tasks import BUILTIN_TASKS  # lazily: it loads the corpus readers
+    from workbench.data.tasks.builtin_tasks import BUILTIN_TASKS  # lazily: it loads the corpus readers
     specs = text.split()
     if not specs:
         return "give a task: builtin (every built-in task), " + ", ".join(BUILTIN_TASKS) + ", or a JSONL file"

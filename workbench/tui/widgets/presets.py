@@ -40,8 +40,8 @@ from workbench.config import (
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
 from workbench.plan.compare import compare
-from workbench.plan.flops import count_params
-from workbench.plan.memory import estimate_memory
+from workbench.plan.fit.flops import count_params
+from workbench.plan.fit.memory import estimate_memory
 from workbench.plan.report import EstimateReport, History, build_report
 from workbench.tui import display
 from workbench.tui.screens.dialogs import NameScreen

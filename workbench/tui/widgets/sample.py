@@ -25,7 +25,7 @@ from textual.message import Message
 from textual.widgets import Button, Collapsible, Input, Select, Static
 from textual.worker import get_current_worker
 
-from workbench.data.chat_templates import CHAT_TEMPLATE_FILE
+from workbench.data.chat.chat_templates import CHAT_TEMPLATE_FILE
 from workbench.errors import WorkbenchError
 from workbench.plan.sampling import Sampling
 from workbench.rundir import PREFERENCES_FILE
