@@ -12,7 +12,8 @@ seconds are printed) and timed over --steps steps on random tokens (the same gen
 wall time. For each: ms a step, tokens/s, the ratio to nanoGPT, MFU by ONE formula for all, (6 x matrix params + 12 x
 layers x dim x seq) x tokens/s / peak (peak: the GPU table's bf16 dense figure, workbench.machine.gpus; on a CPU the
 matmul rate measured here), peak memory allocated since the contender was built (CUDA memory stats reset before each),
-and for workbench contenders workbench's own estimate of that peak (plan.memory) and its error, and the settings line.
+and for workbench contenders workbench's own estimate of that peak (plan.fit.memory) and its error, and the settings
+line.
 --profile NAME prints torch.profiler's breakdown of that contender's step (bench/profile_step.py's table).
 
 Contenders: ``nanogpt`` is nanoGPT's own model.py imported from the checkout given (--nanogpt; never copied into this

@@ -36,7 +36,7 @@ def test_gpu_8gb_has_the_seed_values():
     m, t = p.model, p.train
     assert (m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.vocab_size, m.seq_len) == (768, 12, 12, 6, 32768, 1024)
     assert (t.batch_size, t.lr, t.max_iters, t.eval_interval, m.dropout) == (24, 3e-4, 10000, 500, 0.1)
-    assert t.eval_iters == 0  # auto (plan.evals), where the seed had 50 batches
+    assert t.eval_iters == 0  # auto (plan.schedule.evals), where the seed had 50 batches
 
 
 BAD = [

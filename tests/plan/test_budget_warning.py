@@ -1,8 +1,8 @@
 """What the estimate says of a time budget before a run starts (the new-run form, `workbench train`, `sweep`).
 
-A budget's evals are sized to a share of it (plan.horizon.plan_budget): on a machine whose speed is not known yet
-the trainer sizes them from an eval batch it times, and the estimate says so; on a measured machine the line is
-the budget's plan (steps, warmup, evals and their share), and a budget too short to buy a complete run is its
+A budget's evals are sized to a share of it (plan.schedule.budget_plan.plan_budget): on a machine whose speed is not
+known yet the trainer sizes them from an eval batch it times, and the estimate says so; on a measured machine the line
+is the budget's plan (steps, warmup, evals and their share), and a budget too short to buy a complete run is its
 problem, which `train` refuses before anything starts (tests/train/test_time_budget.py)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests.support.canned_runs import HARDWARE
 from workbench.config import resolve_preset
 from workbench.machine.detect import Machine
 from workbench.plan.report import fit_check
-from workbench.plan.schedule.horizon import EVAL_SHARE, MIN_BUDGET_STEPS, budget_plan_at, plan_budget
+from workbench.plan.schedule.budget_plan import EVAL_SHARE, MIN_BUDGET_STEPS, budget_plan_at, plan_budget
 
 UNMEASURED_CPU = Machine.from_info({**HARDWARE, "nvidia": [], "calibration": {}})
 MEASURED_CPU = Machine.from_info({**HARDWARE, "nvidia": [], "calibration": {"cpu:fp32": 2e11}})
@@ -77,7 +77,7 @@ def test_a_budget_short_only_by_the_estimate_is_warned_not_refused():
     budget too short at the estimated speed but not at ESTIMATE_SLACK times it is a warning (the run sizes its evals
     from a batch it times); one too short even then is the problem `train` refuses."""
     from workbench.plan.report import build_report
-    from workbench.plan.schedule.horizon import ESTIMATE_SLACK
+    from workbench.plan.schedule.budget_plan import ESTIMATE_SLACK
     p0 = resolve_preset("cpu-small")
     tps = build_report(p0, MEASURED_CPU).tokens_per_s
     between = next(s for s in range(1, 120) if budget_plan_at(p0, tps, float(s)).problem

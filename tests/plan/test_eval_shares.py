@@ -10,7 +10,8 @@ import pytest
 from tests.support.cli import TINY, wb
 from tests.support.runs import read_jsonl
 from workbench.config import PresetError, resolve_preset
-from workbench.plan.schedule.horizon import EVAL_SHARE, Horizon, plan_budget
+from workbench.plan.schedule.budget_plan import EVAL_SHARE, plan_budget
+from workbench.plan.schedule.horizon import Horizon
 
 
 @pytest.mark.parametrize("given,shares", [("0.2", [0.2]), ('"0.5, 0.25"', [0.25, 0.5]),

@@ -1,6 +1,6 @@
-"""What the "+ More" dialog and ``resume --more`` say the learning rate will do (plan.horizon.extension) is what the
-longer run's horizon does, step by step, from where it goes on to where it ends: above all when that start is inside
-the warmup (issue 53, bug 2: a branch of a 3-step budgeted run was told "stays at 3.00e-03 until step 30, then
+"""What the "+ More" dialog and ``resume --more`` say the learning rate will do (plan.schedule.horizon.extension) is
+what the longer run's horizon does, step by step, from where it goes on to where it ends: above all when that start is
+inside the warmup (issue 53, bug 2: a branch of a 3-step budgeted run was told "stays at 3.00e-03 until step 30, then
 decays ... by step 4" while its learning rate only rose, 2.9e-4 to 3.9e-4, inside a 30-step warmup)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Sweeps that say when they are noise (issue 53): `sweep` plans every trial's budget as `train` does
-(plan.horizon.plan_budget) and refuses trials that cannot buy a complete run unless --force; `sweep show` marks the
-trials that trained too little to compare and does not name a best among them without saying so."""
+(plan.schedule.budget_plan.plan_budget) and refuses trials that cannot buy a complete run unless --force; `sweep show`
+marks the trials that trained too little to compare and does not name a best among them without saying so."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from textual.widgets import DataTable
 from tests.support.cli import wb
 from tests.support.tui import make_app, run, wait_for
 from workbench import rundir
-from workbench.plan.schedule.horizon import MIN_BUDGET_STEPS
+from workbench.plan.schedule.budget_plan import MIN_BUDGET_STEPS
 
 # cpu-small's model on a small corpus, 32 sequences a step: a 1 s budget buys a step or two on any CPU
 SHORT = ["data.builtin_mb=0.3", "data.tokenizer_sample_mb=0.3", "model.vocab_size=512", "hardware.nproc=1",

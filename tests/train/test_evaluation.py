@@ -1,6 +1,6 @@
 """Evals score fixed batches drawn once a run and kept on the device: the records are those the batches drawn
 anew at every eval gave (the evaluation before them), to the bit, on real tiny runs of text and of chat; with
-train.eval_iters = 0 (auto) the trainer scores as many batches as plan.evals decides for its val split."""
+train.eval_iters = 0 (auto) the trainer scores as many batches as plan.schedule.evals decides for its val split."""
 
 from __future__ import annotations
 
@@ -100,8 +100,8 @@ def test_kept_eval_batches_give_the_records_of_batches_drawn_anew(trained_run):
 
 
 def test_auto_eval_batches_on_a_small_val_split_of_chat(tmp_path):
-    """A chat run (packed rows: positions and segments too) with train.eval_iters = 0 and a val split smaller than
-    auto would like: the trainer scores the batches plan.evals picks for that split, fewer than for a split that
+    """A chat run (packed rows: positions and segments too) with train.eval_iters = 0 and a val split smaller than auto
+    would like: the trainer scores the batches plan.schedule.evals picks for that split, fewer than for a split that
     does not limit it, says so in train.log, and its records are those of the batches drawn anew, to the bit."""
     path = write_jsonl(tmp_path / "chat.jsonl", conversations(300, seed=3))
     runs = tmp_path / "runs"

@@ -24,7 +24,7 @@ from tests.support.cli import FACTS, REPO, TINY, wb
 from tests.support.runs import read_jsonl, wait_until
 from workbench import rundir
 from workbench.config import load_preset_file, resolve_preset
-from workbench.plan.schedule.horizon import EVAL_SHARE, GRPO_EVAL_PROMPTS, budget_plan_at, plan_budget
+from workbench.plan.schedule.budget_plan import EVAL_SHARE, GRPO_EVAL_PROMPTS, budget_plan_at, plan_budget
 from workbench.queue.store import QueueStore
 from workbench.queue.sweep import open_study
 from workbench.queue.sweep_results import load
@@ -233,8 +233,8 @@ def test_two_processes_follow_one_process(root, queued):
 
 
 def test_a_grpo_budgets_plan_counts_held_out_prompts_and_steps_only_from_a_grpo_runs_pace():
-    """The plan (plan.horizon, torch-free): evals of held-out prompts (G completions each) sized to the share, and
-    steps only from a speed measured on a GRPO run or given, never from the hardware's estimate."""
+    """The plan (plan.schedule.budget_plan, torch-free): evals of held-out prompts (G completions each) sized to the
+    share, and steps only from a speed measured on a GRPO run or given, never from the hardware's estimate."""
     p = resolve_preset("cpu-small", ["train.objective=grpo", "train.reward=exact:answer", "train.grpo_group=4",
                                      "train.time_budget=60s", "train.batch_size=3", "train.eval_interval=50",
                                      "model.dropout=0"])

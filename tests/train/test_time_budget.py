@@ -22,7 +22,8 @@ from workbench.config import load_preset_file
 from workbench.plan.cost import tokens_per_s_from_flops
 from workbench.plan.report import ASSUMED_EFFICIENCY
 from workbench.plan.run_plan import ResumeRequest, plan_resume
-from workbench.plan.schedule.horizon import Horizon, budget_plan_at, extension
+from workbench.plan.schedule.budget_plan import budget_plan_at
+from workbench.plan.schedule.horizon import Horizon, extension
 from workbench.train.budget import Budget
 
 BUDGET = 8.0
@@ -230,7 +231,7 @@ def test_until_it_has_timed_a_step_a_budgeted_run_shows_the_steps_the_estimate_f
     start = next(r for r in read_jsonl(d / "metrics.jsonl") if r.get("event") == "start")
     p = load_preset_file(d / "preset.toml")
     # the new-run form's estimate (and `train`'s first line): this machine's peak at the assumed efficiency, the
-    # budget's evals paid for (plan.horizon.plan_budget)
+    # budget's evals paid for (plan.schedule.budget_plan.plan_budget)
     tps = tokens_per_s_from_flops(p.model, start["peak_flops"], ASSUMED_EFFICIENCY["cpu"])
     want = budget_plan_at(p, tps, 90.0).steps
     assert start["budget_steps"] == want, (start["budget_steps"], want)
@@ -304,7 +305,7 @@ def test_the_estimate_gives_the_steps_that_fit_the_budget():
     t, b = plain["time"], budget["time"]
     assert b["total_s"] == b["budget_s"] == 2700 and t["budget_s"] is None
     step_s = t["train_s"] / t["steps"]
-    # the steps and the evals fill the budget, the evals within their share (plan.horizon.EVAL_SHARE)
+    # the steps and the evals fill the budget, the evals within their share (plan.schedule.budget_plan.EVAL_SHARE)
     assert b["steps"] * step_s + b["eval_s"] == pytest.approx(2700, abs=step_s)
     plan = budget_plan_at(load_preset_file(REPO / "presets" / "cpu-small.toml"), 5000.0, 2700.0)
     assert b["steps"] == plan.steps and b["eval_s"] == pytest.approx(plan.eval_s) and b["eval_s"] <= 0.1 * 2700

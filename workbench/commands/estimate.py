@@ -183,7 +183,7 @@ def build_report(args) -> EstimateReport | dict[str, Any]:
             r.calibration = cal.to_dict()
     r.optimizer = p.train.optimizer  # muon: Muon's momentum for the hidden matrices, AdamW's for the rest
     if p.init is not None:  # which fine-tuning method fits this machine
-        m = p.model  # the source's model (plan.finetune), whatever the preset's [model] says
+        m = p.model  # the source's model (plan.recipe.finetune), whatever the preset's [model] says
         r.finetune = FinetuneFacts(
             p.init, p.source,
             {k: getattr(m, k) for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim",

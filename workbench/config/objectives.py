@@ -47,7 +47,7 @@ class ObjectiveSpec:
     rows_per_item: int = 1      # forward rows a batch item costs: a pair is two (its chosen and rejected answer)
     averaged: bool = False      # length-averaged answer log-probs, rather than summed over the answer
     reference: bool = False     # compares the policy with a reference: the model the run started from (GRPO's
-                                # only with train.grpo_beta > 0: plan.objective_plan decides)
+                                # only with train.grpo_beta > 0: plan.recipe.objective_plan decides)
     default_beta: float = 0.0   # its strength when train.pref_beta = 0
     keys: tuple[str, ...] = ()  # the objective-specific train.* keys it reads (pref_beta, simpo_gamma, kto_*, ...)
     # DPO's form: −log σ of the margin of rewards taken against the reference, so its loss at step 0 (the policy

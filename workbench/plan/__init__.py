@@ -12,8 +12,8 @@ What will run and the estimate at the top, the parts they are made of in three f
 - ``fit/``       will it fit: parameters and FLOPs (``flops``), what a block saves for backward (``activations``),
   memory by component (``memory``), the savers auto decides (``savers``), the micro-batch search (``batch``), the
   preset that suits a machine (``recommend``)
-- ``schedule/``  where a run ends and its learning rate at each step (``horizon``), how many eval batches auto
-  takes (``evals``)
+- ``schedule/``  where a run ends and its learning rate at each step (``horizon``), what a time budget buys
+  (``budget_plan``), how many eval batches auto takes (``evals``)
 - ``recipe/``    what a run starts from and optimises: ``--init-from`` (``finetune``), a preference run's objective
   (``objective_plan``)
 """

@@ -10,8 +10,8 @@ from typing import Any
 from workbench.config import ModelConfig, Preset
 from workbench.errors import WorkbenchError
 from workbench.plan.fit.flops import flops_per_token
+from workbench.plan.schedule.budget_plan import budget_plan_at
 from workbench.plan.schedule.evals import eval_batches
-from workbench.plan.schedule.horizon import budget_plan_at
 
 
 def tokens_per_s_from_flops(model_cfg: ModelConfig, flops_per_s: float, efficiency: float) -> float:
@@ -71,7 +71,7 @@ def estimate_time(preset: Preset, tokens_per_s: float) -> TimeEstimate:
         return TimeEstimate(tokens=float(train_tokens), train_s=train_s, eval_s=eval_s, total_s=train_s + eval_s,
                             steps=float(t.max_iters), budget_s=None, one_eval_s=one_eval_s)
     # The budget is the time; the steps are what fits in it at this rate once its evals are paid for: sized to
-    # stay within horizon.EVAL_SHARE of it (plan.horizon.plan_budget, the trainer's plan too).
+    # stay within budget_plan.EVAL_SHARE of it (plan.schedule.budget_plan.plan_budget, the trainer's plan too).
     steps = float(plan.steps or 0)
     return TimeEstimate(tokens=steps * preset.tokens_per_step(), train_s=steps * train_s / t.max_iters,
                         eval_s=plan.eval_s or 0.0, total_s=plan.seconds, steps=steps, budget_s=plan.seconds,

@@ -24,7 +24,7 @@ from workbench.plan.fit import memory as est
 from workbench.plan.fit.flops import count_params, flops_per_token, param_breakdown
 from workbench.plan.fit.memory import HEADROOM, MemoryEstimate
 from workbench.plan.fit.recommend import fitting_savers, suggest_changes
-from workbench.plan.schedule.horizon import EVAL_SHARE, budget_plan_at, budget_too_short_at_best
+from workbench.plan.schedule.budget_plan import EVAL_SHARE, budget_plan_at, budget_too_short_at_best
 from workbench.plan.settings import RunSettings
 from workbench.reward.prompts import held_out_count, read_prompts
 
@@ -109,8 +109,8 @@ class FinetuneFacts:
     """``estimate --init-from RUN``: the checkpoint it starts from, its model, and the fine-tuning methods."""
     init: dict[str, Any]          # the preset's init (run, step, ...)
     source: dict[str, Any] | None  # where that model came from (an import's source), if known
-    init_model: dict[str, int]    # the source's model shape (plan.finetune), whatever the preset's [model] says
-    methods: dict[str, Any]       # plan.finetune.compare_methods: full / LoRA / LoRA + checkpointing here
+    init_model: dict[str, int]    # the source's model shape (plan.recipe.finetune), whatever the preset's [model] says
+    methods: dict[str, Any]       # plan.recipe.finetune.compare_methods: full / LoRA / LoRA + checkpointing here
 
 
 @dataclass
@@ -258,7 +258,7 @@ def held_prompts(p: Preset) -> int | None:
 def fit_check(preset: Preset, machine: Machine, history: History | None = None,
               peak: Callable[[str, str], float | None] | None = None) -> FitCheck:
     """The estimate a new run is shown before it starts (the new-run dialog, `workbench train`, `sweep`); with a
-    time budget, its plan (horizon.plan_budget: the steps, warmup and evals it buys), and ``budget_problem`` when
+    time budget, its plan (budget_plan.plan_budget: the steps, warmup and evals it buys), and ``budget_problem`` when
     it cannot buy a complete run. ``peak``: as for build_report (a budget's steps need this machine's speed)."""
     r = build_report(preset, machine, history=history, peak=peak)
     m, avail = r.memory, r.available

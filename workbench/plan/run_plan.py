@@ -250,7 +250,7 @@ def plan_resume(req: ResumeRequest, runs_root: Path) -> ResumePlan:
     budgeted = bool(old.train.time_budget)
     ext = extension(old, checkpoint_state(ckpt), more_from, req.more) if req.more and req.more > 0 else None
     if ext is not None:
-        notes.append(ext.note)  # the same line the TUI's "+ more steps" dialog shows (plan.horizon.extension)
+        notes.append(ext.note)  # the same line the TUI's "+ more steps" dialog shows (plan.schedule.horizon.extension)
         if ext.from_step != more_from:
             # wsd past its decay: the stable phase continues from the decay start, and a new decay ends the
             # longer run (its first decay stays, in this run)

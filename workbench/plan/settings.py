@@ -244,7 +244,7 @@ def parallel_kind(p: Preset, world: int, precision: str) -> str:
 # ----------------------------------------------------------------------------- all of them at once
 
 def _packed_rows(d: DataConfig) -> bool:
-    """``data.chat_data.packed_rows``; the built-in corpus is never conversations, so a preset on it is resolved
+    """``data.chat.chat_data.packed_rows``; the built-in corpus is never conversations, so a preset on it is resolved
     without loading the corpus readers (and numpy): the TUI's first frame recommends a shipped preset, and
     does not wait for them (bench/tui_first_paint.py)."""
     if d.format != "chat" and d.corpus in ("builtin", ["builtin"]):

@@ -17,7 +17,7 @@ from workbench.errors import WorkbenchError
 from workbench.fs import read_toml
 from workbench.machine.activity import HardwareSnapshot
 from workbench.machine.rates import BUSY_SHARE
-from workbench.plan.schedule.horizon import MIN_BUDGET_STEPS
+from workbench.plan.schedule.budget_plan import MIN_BUDGET_STEPS
 from workbench.rundir import EvalRecord, RewardRecord, RunStatus, TrainRecord, current_timeline, read_metrics
 
 # A metric is one of these, or task:NAME[:METRIC] (a task score from the run's report card).
@@ -185,8 +185,8 @@ def others_text(share: float | None) -> str:
 
 def short_note(st: RunStatus) -> str:
     """The flag of a budgeted run that ended having trained too little to compare: inside its warmup (its searched
-    learning rate never reached) or fewer than plan.horizon.MIN_BUDGET_STEPS steps; '' otherwise, for a live run,
-    or a run counted in steps (it trains what it was asked)."""
+    learning rate never reached) or fewer than plan.schedule.budget_plan.MIN_BUDGET_STEPS steps; '' otherwise, for a
+    live run, or a run counted in steps (it trains what it was asked)."""
     if st.budget_s is None or st.live:
         return ""
     if st.warmup and st.step <= st.warmup:

@@ -278,7 +278,7 @@ class StartRecord:
     checkpoint: str | None = None               # the checkpoint a resume goes on from
     parent: dict[str, Any] | None = None        # the preset's parent (a branch) and init (a fine-tune's weights)
     init: dict[str, Any] | None = None
-    objective: dict[str, Any] | None = None     # a preference run's: objective, beta, reference (plan.objective_plan)
+    objective: dict[str, Any] | None = None     # a preference run's: objective, beta, reference (objective_plan)
     data: dict[str, Any] = field(default_factory=dict)
 
     def event(self, resume: bool, step: int, time: float) -> EventRecord:
@@ -317,7 +317,7 @@ class RunStatus:
     max_iters: int = 0                 # with a time budget: the step it should end at, re-estimated as it goes
     budget_s: float | None = None      # train.time_budget in seconds, and how much of it is spent
     budget_spent_s: float | None = None
-    warmup: int | None = None          # with a time budget: the warmup steps its plan gave it (plan.horizon)
+    warmup: int | None = None          # with a time budget: the warmup steps its plan gave it (plan.schedule.horizon)
     tokens_seen: int | None = None
     error: str | None = None           # the one line a failed or crashed run says
     compiling: bool = False

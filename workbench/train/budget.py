@@ -1,14 +1,14 @@
 """train.time_budget: the run ends when its budget is spent, on the trainer's own clock.
 
-The clock of a process starts as its first step begins (with a compile: when that step, which compiles, is done;
-set-up and the compile are left out) and counts everything after it, evals and checkpoints included; the step-0 eval
-before it is paid from the budget too (its seconds count as spent: the budget's evals are sized to a share of it,
-``plan.horizon.plan_budget``); training stops early enough for the last eval to end at the budget (``reserve``: that
-eval's time, as measured or estimated). A resumed run goes on from the budget its checkpoint had spent (the time
-between that checkpoint and a crash is spent again). The schedule follows the share of the budget spent (the trainer
-hands it to its ``plan.horizon.Horizon``), so it needs no step count; the step the budget will end at is
-re-estimated from this process's pace (blended with the estimate's, ``smoothed_pace``) and handed over the same way.
-This module keeps the clock alone; where the run ends and its learning rate are the horizon's."""
+The clock of a process starts as its first step begins (with a compile: when that step, which compiles, is done; set-up
+and the compile are left out) and counts everything after it, evals and checkpoints included; the step-0 eval before it
+is paid from the budget too (its seconds count as spent: the budget's evals are sized to a share of it,
+``plan.schedule.budget_plan.plan_budget``); training stops early enough for the last eval to end at the budget
+(``reserve``: that eval's time, as measured or estimated). A resumed run goes on from the budget its checkpoint had
+spent (the time between that checkpoint and a crash is spent again). The schedule follows the share of the budget spent
+(the trainer hands it to its ``plan.schedule.horizon.Horizon``), so it needs no step count; the step the budget will end
+at is re-estimated from this process's pace (blended with the estimate's, ``smoothed_pace``) and handed over the same
+way. This module keeps the clock alone; where the run ends and its learning rate are the horizon's."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from workbench.config import Preset
 from workbench.fmt import duration
 from workbench.machine.detect import Machine
 from workbench.plan.report import estimated_speed
-from workbench.plan.schedule.horizon import BudgetPlan, budget_plan_at, samples, step_measured
+from workbench.plan.schedule.budget_plan import BudgetPlan, budget_plan_at, samples, step_measured
 from workbench.plan.settings import RunSettings
 
 # How many seconds of this process's own pace the estimate's pace weighs as, at most (a tenth of the budget when

@@ -10,7 +10,7 @@ import time
 
 from workbench.data.text.prepare import DataError
 from workbench.plan.cost import eval_seconds
-from workbench.plan.schedule.horizon import EVAL_SHARE, GRPO_STEP_PER_ROLLOUT, STEP_PER_EVAL_BATCH, plan_budget
+from workbench.plan.schedule.budget_plan import EVAL_SHARE, GRPO_STEP_PER_ROLLOUT, STEP_PER_EVAL_BATCH, plan_budget
 from workbench.train.evaluation import EvalBatches, time_eval_batch
 from workbench.train.start import TrainerParts
 
@@ -29,7 +29,7 @@ class BudgetSteps(TrainerParts):
 
     def size_budget_evals(self) -> None:
         """A new budgeted run's evals sized to its budget at this machine's speed now, before its step-0 eval: one
-        eval batch's forward timed (rank 0's for every rank), the budget planned again with it (plan.horizon:
+        eval batch's forward timed (rank 0's for every rank), the budget planned again with it (plan.schedule.horizon:
         the batches each eval scores, the evals on the way, the warmup), the horizon given the plan."""
         t, seconds = self.preset.train, self.budget.seconds
         one = EvalBatches.draw(self.preset, self.data, 1, self.token_bytes, self.device, self.next_batch)

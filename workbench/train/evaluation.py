@@ -107,8 +107,8 @@ def per_source(ev: EvalRecord) -> str:
 @torch.no_grad()
 def time_eval_batch(model: torch.nn.Module, evals: EvalBatches, autocast: contextlib.AbstractContextManager,
                     objective: Objective | None = None) -> float:
-    """Seconds of one eval batch's forward on this device now (the first train batch, twice: the second timed,
-    the first paying for any first-call cost), which sizes a time budget's evals (plan.horizon.plan_budget)."""
+    """Seconds of one eval batch's forward on this device now (the first train batch, twice: the second timed, the first
+    paying for any first-call cost), which sizes a time budget's evals (plan.schedule.budget_plan.plan_budget)."""
     b = evals.parts["train"].batches[0]
     model.eval()
     try:

@@ -27,7 +27,7 @@ held-out prompts (``data.val_fraction`` of the file, at most :data:`EVAL_PROMPTS
 each from seeds fixed for the run, so evals differ only by the weights; a split ``val`` record. No val loss, so no
 "best" checkpoint and no early stopping by it: checkpoints follow ``train.ckpt_interval`` and the run's end.
 With ``train.time_budget`` an eval scores the first of those prompts that fit the evals' share of the budget
-(``plan.horizon.plan_budget``, sized from one held-out prompt's rollout timed before the step-0 eval).
+(``plan.schedule.budget_plan.plan_budget``, sized from one held-out prompt's rollout timed before the step-0 eval).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch
 
 from workbench.config import Preset
 from workbench.plan.recipe.objective_plan import ObjectivePlan
-from workbench.plan.schedule.horizon import GRPO_EVAL_PROMPTS
+from workbench.plan.schedule.budget_plan import GRPO_EVAL_PROMPTS
 from workbench.reward import parse_reward
 from workbench.reward.prompt_data import PromptData
 from workbench.rundir import RewardRecord

@@ -32,8 +32,9 @@ from workbench.machine.probe import calibration_here, measured_peak, this_machin
 from workbench.machine.rates import Calibration
 from workbench.plan.fit.flops import flops_per_token
 from workbench.plan.recipe.objective_plan import PRECOMPUTED, ObjectivePlan, objective_plan
+from workbench.plan.schedule.budget_plan import BudgetPlan
 from workbench.plan.schedule.evals import eval_batches
-from workbench.plan.schedule.horizon import BudgetPlan, Horizon
+from workbench.plan.schedule.horizon import Horizon
 from workbench.plan.settings import PeakFn, RunSettings, resolve_device, resolve_settings
 from workbench.reward.prompt_data import prompt_data
 from workbench.rundir import CKPT_MODEL, INIT_DIR
@@ -156,14 +157,14 @@ class TrainerParts:
         self.stop_agreed = False                    # ... by some rank (every rank stops at the same step)
         self.clean_exit = False
         self.budget: Budget | None = None           # train.time_budget
-        self.budget_plan: BudgetPlan | None = None  # ... what it buys at the estimated speed (plan.horizon)
+        self.budget_plan: BudgetPlan | None = None  # ... what it buys at the estimated speed (plan.schedule.horizon)
         self.eval_now = False                       # a budgeted run: an eval on the way fell due at this step
         self.first_step = 0                         # this process's first step (logged at once)
-        self.horizon: Horizon | None = None         # where the run ends and its learning rate (plan.horizon)
+        self.horizon: Horizon | None = None         # where the run ends and its learning rate (plan.schedule.horizon)
         self.calibration: Calibration | None = None  # the CPU's (or an unlisted GPU's) measured MFU peak
-        self.eval_iters = 0                         # batches of train and of val an eval scores (plan.evals)
+        self.eval_iters = 0                         # batches of train and of val an eval scores (plan.schedule.evals)
         self.eval_batches: EvalBatches | None = None  # those batches, drawn at the first eval and kept
-        self.plan = ObjectivePlan(SFT)              # what the run optimises and its reference (plan.objective_plan)
+        self.plan = ObjectivePlan(SFT)              # what the run optimises and its reference (objective_plan)
         self.objective: Objective | None = None     # a preference run's loss, its reference and its checks
         self.grpo: GRPORun | None = None            # a GRPO run's rollouts, reward, reference and stats
 

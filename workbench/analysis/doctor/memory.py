@@ -15,7 +15,7 @@ from workbench.plan.fit.memory import MemoryEstimate, estimate_memory, what_if
 from workbench.plan.settings import resolve_settings
 
 # Near the limit: above 90 % of the device's memory. The estimate calls a preset that fits only when it
-# keeps 10 % free (plan.memory.HEADROOM): an eval's forward, a longer sequence or fragmentation grows
+# keeps 10 % free (plan.fit.memory.HEADROOM): an eval's forward, a longer sequence or fragmentation grows
 # the peak by that much, and CUDA's out-of-memory error ends the run.
 MEM_NEAR_FRACTION = 0.90
 # What `workbench fit` keeps free when it picks a micro-batch (commands.fit.MARGIN).

@@ -141,7 +141,7 @@ class MemoryEstimate:
     activations_total: int
     checkpoint_bytes: int      # a checkpoint's model.pt + state.pt: the trained weights and the optimizer's states
     host_offload: int = 0      # hardware.optimizer_states = offload: pinned host memory (weights, gradients, moments)
-    objective: str = SFT       # train.objective (plan.objective_plan)
+    objective: str = SFT       # train.objective (plan.recipe.objective_plan)
     reference: str = "none"    # a preference run's reference: none | adapters off | frozen copy
     reference_why: str = ""
 

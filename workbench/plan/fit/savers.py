@@ -1,6 +1,6 @@
 """The memory savers ``auto`` decides: the fused loss (``hardware.chunked_loss``) and activation checkpointing
 (``hardware.activation_checkpointing``), and what a compile covers with them. The rule: the fastest pair whose
-memory estimate (``plan.memory``, the one ``estimate`` and ``fit`` print) fits the device's free memory with
+memory estimate (``plan.fit.memory``, the one ``estimate`` and ``fit`` print) fits the device's free memory with
 ``SAVERS_HEADROOM`` spare; on a CPU the fused loss first, since it is the faster there. ``resolve_settings``
 (plan.settings) asks this once, for every consumer of a run's settings. Torch-free.
 """
@@ -74,7 +74,7 @@ def with_savers(s: RunSettings, fused_loss: bool, checkpointing: bool, chunk: in
 
 def choose_memory_savers(p: Preset, s: RunSettings, machine: Machine) -> RunSettings:
     """The fused loss and activation checkpointing under ``auto``: the fastest pair whose memory estimate
-    (``plan.memory``, the same one `estimate` and `fit` print) fits the device's free memory with
+    (``plan.fit.memory``, the same one `estimate` and `fit` print) fits the device's free memory with
     ``SAVERS_HEADROOM`` spare; where none fits, the pair that saves the most (`estimate` then says what else
     to change). The device's memory unknown (an estimate for a GPU of no name): the preset's
     ``hardware.expected_memory_gb``, else the fused loss when the logits pass 1 GiB and no checkpointing."""

@@ -153,8 +153,9 @@ def recommended_method(req: RunRequest, machine_info: dict | None, runs_dir: Pat
 
 def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | None
                   ) -> tuple[bool | None, str, str]:
-    """(fits, what to show, why its time budget cannot buy a complete run or "") for the run ``req`` describes on
-    this machine: memory and time, by estimate (a budget's plan: plan.horizon.plan_budget, as `train` says it)."""
+    """(fits, what to show, why its time budget cannot buy a complete run or "") for the run ``req`` describes on this
+    machine: memory and time, by estimate (a budget's plan: plan.schedule.budget_plan.plan_budget, as `train` says
+    it)."""
     try:
         p = request_preset(req, runs_dir)
         check = fit_check(p, Machine.from_info(machine_info or detect()), measured_in(runs_dir))
