@@ -168,3 +168,12 @@ def test_the_readme_module_table_names_every_module():
         if not any(pkg in row.split("|")[2] and (f"`{f.name}`" in row or f"`{f.stem}`" in row) for row in rows):
             missing.append(rel.as_posix())
     assert missing == []
+
+
+def test_every_package_is_installed():
+    """A non-editable install ships exactly the packages in pyproject's [tool.setuptools] list: every folder of
+    workbench with an ``__init__.py`` (a subpackage too) is in it, so none is left out of a wheel."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "workbench").rglob("__init__.py")}
+    assert sorted(packages - listed) == [] and sorted(listed - packages - {"workbench._presets"}) == []
