@@ -153,7 +153,7 @@ def score_in_process(run_dir: Path, n_held: int, device: str = "cpu") -> dict[st
 def trained_per_step(run_dir: Path, steps: int) -> list[int]:
     """The trained targets of each of the run's ``steps`` steps: its train sampler replayed from its preset."""
     from workbench.config import load_preset_file
-    from workbench.data.text.tokens import prepare_data
+    from workbench.data.preset_data import prepare_data
 
     p = load_preset_file(run_dir / "preset.toml")
     data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: None, loss_on=p.train.loss_on)

@@ -65,7 +65,7 @@ def time_evals(run: Path, rounds: int, batches: int) -> None:
 
     import torch
 
-    from workbench.data.text.tokens import prepare_data
+    from workbench.data.preset_data import prepare_data
     from workbench.data.train_data import IGNORE
     from workbench.plan.schedule.evals import eval_batches
     from workbench.rundir import EventRecord

@@ -74,7 +74,8 @@ import torch
 
 from workbench.config import resolve_preset
 from workbench.config.schema import DataConfig
-from workbench.data.text.tokens import WindowSampler, prepare_data
+from workbench.data.preset_data import prepare_data
+from workbench.data.text.tokens import WindowSampler
 from workbench.data.train_data import Batch
 from workbench.fs import write_json_atomic
 from workbench.machine.peaks import peak_flops

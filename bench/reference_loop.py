@@ -31,7 +31,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from workbench.config import resolve_preset
-    from workbench.data.text.tokens import prepare_data
+    from workbench.data.preset_data import prepare_data
     from workbench.train.model import GPT
 
     p = resolve_preset(args.preset, args.overrides)

@@ -66,7 +66,7 @@ def val_loss(run_dir: Path, batches: int = 50) -> float:
     import torch
 
     from workbench.config import load_preset_file
-    from workbench.data.text.tokens import prepare_data
+    from workbench.data.preset_data import prepare_data
     from workbench.train.batches import on_device
     from workbench.train.checkpoint import load_run_model
     from workbench.train.dist import Dist

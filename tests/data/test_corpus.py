@@ -24,7 +24,7 @@ from tests.support.cli import REPO, wb
 from tests.support.files import tokens_path
 from workbench.config import DataConfig
 from workbench.data.corpus.documents import CorpusError, open_corpus
-from workbench.data.text.tokens import prepare_data
+from workbench.data.preset_data import prepare_data
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
 
@@ -240,7 +240,7 @@ def test_cached_start_reads_no_corpus_bytes_and_a_change_is_reencoded_with_a_rea
         sys.addaudithook(lambda event, args: opened.append(os.fsdecode(args[0])) if event == "open" and args
                          and isinstance(args[0], (str, bytes, os.PathLike)) else None)
         from workbench.config import DataConfig
-        from workbench.data.text.tokens import prepare_data
+        from workbench.data.preset_data import prepare_data
         data = prepare_data(DataConfig(corpus=sys.argv[1]), 300, 16, log=lambda m: None)
         print(json.dumps({"cached": data.cached, "opened": [p for p in opened if sys.argv[1] in p]}))
     """)
@@ -292,7 +292,7 @@ def test_tokenizer_sample_comes_from_the_whole_corpus(tmp_path):
 _PREPARE = """
 import json, os, sys
 from workbench.config import DataConfig
-from workbench.data.text.tokens import prepare_data
+from workbench.data.preset_data import prepare_data
 from workbench.faults import Faults
 
 KEPT = json.loads(os.environ.get("KEPT_SHARD_FILES", "{}"))  # path -> [inode, mtime_ns] before this start

@@ -19,7 +19,7 @@ from tests.support.mixtures import write_two_corpora
 from tests.support.runs import losses, read_jsonl
 from workbench.config import resolve_preset
 from workbench.data.mixture.mixture_plan import apportion
-from workbench.data.text.tokens import prepare_data
+from workbench.data.preset_data import prepare_data
 
 RUN = ["train.max_iters=8", "train.eval_interval=8", "train.ckpt_interval=5", "train.lr_decay_iters=8"]
 

@@ -17,7 +17,7 @@ from workbench.data.chat.chat_data import conversation_pieces, corpus_kind
 from workbench.data.corpus.sources import CorpusError
 from workbench.data.preference.preference_data import AnswerBatch, PairBatch
 from workbench.data.preference.preference_records import PAIRS, PreferenceReader
-from workbench.data.text.tokens import open_data_corpus, prepare_data
+from workbench.data.preset_data import open_data_corpus, prepare_data
 from workbench.data.train_data import IGNORE
 
 

@@ -6,8 +6,9 @@ import pytest
 
 from workbench.config import DataConfig
 from workbench.data.corpus.documents import CorpusError, Stats, open_corpus, warnings_of
+from workbench.data.preset_data import prepare_data
 from workbench.data.text.tokenizer import TokenizerError, train_tokenizer
-from workbench.data.text.tokens import DataError, WindowSampler, prepare_data
+from workbench.data.text.tokens import DataError, WindowSampler
 
 
 def corpus_text(spec: str, builtin_mb: float = 0.3) -> str:

@@ -13,7 +13,8 @@ import pytest
 from tests.support.chat import conversations, write_jsonl
 from workbench.config import resolve_preset
 from workbench.data.chat.chat_data import ChatData
-from workbench.data.text.tokens import TokenData, prepare_data
+from workbench.data.preset_data import prepare_data
+from workbench.data.text.tokens import TokenData
 from workbench.data.train_data import IGNORE, Batch, TrainData, array, step_targets
 
 

@@ -27,8 +27,8 @@ from workbench.config import DataConfig, ModelConfig, TrainConfig, preset_to_tom
 from workbench.data.chat.chat_data import IGNORE, LAST, PROMPT, TRAINED, ChatSampler, pack
 from workbench.data.chat.chat_templates import CHATML_END, CHATML_START, run_template
 from workbench.data.chat.conversations import ChatEncoder
+from workbench.data.preset_data import prepare_data
 from workbench.data.text.tokenizer import load_tokenizer
-from workbench.data.text.tokens import prepare_data
 from workbench.train.chat_reply import reply
 from workbench.train.checkpoint import load_run_model
 from workbench.train.generate import generate
@@ -600,7 +600,7 @@ def test_gguf_export_chats_the_same_in_llama_cpp(chat_run, tmp_path):
 _PREPARE = """
 import sys
 from workbench.config import DataConfig
-from workbench.data.text.tokens import prepare_data
+from workbench.data.preset_data import prepare_data
 from workbench.faults import Faults
 d = prepare_data(DataConfig(corpus=sys.argv[1]), 400, 64, log=lambda m: print(m, flush=True), workers=int(sys.argv[2]),
                  shard_chars=64 << 10, faults=Faults.from_env())

@@ -15,7 +15,7 @@ import torch
 from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import tiny, wb
 from tests.support.runs import read_jsonl
-from workbench.data.text.tokens import prepare_data
+from workbench.data.preset_data import prepare_data
 from workbench.data.train_data import IGNORE
 from workbench.plan.schedule.evals import eval_batches
 from workbench.rundir.records import EventRecord, StartRecord

@@ -24,7 +24,7 @@ from tests.support.mixtures import write_two_corpora
 from tests.support.runs import losses, read_jsonl
 from workbench import rundir
 from workbench.config import resolve_preset
-from workbench.data.text.tokens import prepare_data
+from workbench.data.preset_data import prepare_data
 
 pytestmark = pytest.mark.slow
 

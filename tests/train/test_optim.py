@@ -14,7 +14,8 @@ from tests.support.cli import tiny, wb
 from tests.support.runs import losses, read_jsonl
 from workbench import rundir
 from workbench.config import DataConfig, resolve_preset
-from workbench.data.text.tokens import WindowSampler, prepare_data
+from workbench.data.preset_data import prepare_data
+from workbench.data.text.tokens import WindowSampler
 from workbench.plan.schedule.horizon import Horizon
 from workbench.train.model import GPT
 from workbench.train.optim import Muon, build_optimizer, is_hidden_matrix

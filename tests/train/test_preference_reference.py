@@ -81,7 +81,7 @@ def test_precomputed_table_equals_a_live_reference(base, pair_runs):
     assert path.parent.name.startswith("pairs-") and json.loads(side.read_text())["rows"] == 240
 
     from workbench.config import load_preset_file
-    from workbench.data.text.tokens import prepare_data
+    from workbench.data.preset_data import prepare_data
     from workbench.train.checkpoint import load_init_weights
     from workbench.train.model import GPT
     from workbench.train.objective import Reference

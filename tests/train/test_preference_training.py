@@ -103,7 +103,7 @@ def test_lora_dpo_from_a_lora_run_compares_with_that_adapter(base):
 
     # the reference TRL's "disable the adapters" would give here: the source's base, under its adapter
     from workbench.config import load_preset_file
-    from workbench.data.text.tokens import prepare_data
+    from workbench.data.preset_data import prepare_data
     from workbench.plan.recipe.objective_plan import objective_plan
     from workbench.train.checkpoint import load_init_weights
     from workbench.train.model import GPT

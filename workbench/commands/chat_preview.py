@@ -15,8 +15,8 @@ from workbench.data.chat.conversations import ChatReader
 from workbench.data.corpus.documents import Corpus
 from workbench.data.preference.preference_data import PreferenceData
 from workbench.data.preference.preference_records import KTO, OBJECTIVE_FOR
+from workbench.data.preset_data import open_data_corpus, prepare_data
 from workbench.data.text.tokenizer import CorpusTooSmall
-from workbench.data.text.tokens import open_data_corpus, prepare_data
 from workbench.fmt import duration
 
 GREEN, RESET = "\x1b[1;32m", "\x1b[0m"

@@ -15,7 +15,8 @@ from workbench.data.chat.chat_data import corpus_kind
 from workbench.data.corpus.documents import Corpus
 from workbench.data.mixture.mixture_data import MixtureData, active_sources, mixture_facts, mixture_lines, source_corpus
 from workbench.data.preference.preference_records import KINDS
-from workbench.data.text.tokens import TokenData, open_data_corpus, prepare_data
+from workbench.data.preset_data import open_data_corpus, prepare_data
+from workbench.data.text.tokens import TokenData
 from workbench.errors import WorkbenchError
 from workbench.fmt import duration, human_bytes
 from workbench.plan.run_plan import NewRun, corpus_values, plan_new_run

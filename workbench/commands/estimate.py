@@ -131,7 +131,7 @@ def mixture_report(p, steps: int | None = None) -> dict[str, Any] | None:
     import sys
 
     from workbench.data.mixture.mixture_data import MixtureData, active_sources, mixture_facts, mixture_lines
-    from workbench.data.text.tokens import prepare_data
+    from workbench.data.preset_data import prepare_data
     if len(active_sources(p.data)) < 2:
         return None
 

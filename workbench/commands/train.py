@@ -18,7 +18,7 @@ from workbench.config import overridden_keys, preset_to_toml
 from workbench.data.chat.chat_data import check_loss_on, corpus_kind
 from workbench.data.mixture.mixture_data import MixtureData
 from workbench.data.preference.preference_records import check_corpus_kind
-from workbench.data.text.tokens import check_chat_template, open_data_corpus, prepare_data
+from workbench.data.preset_data import check_chat_template, open_data_corpus, prepare_data
 from workbench.machine.detect import Machine, detect
 from workbench.plan.recipe.finetune import finetune_lr_note
 from workbench.plan.recipe.objective_plan import objective_plan

@@ -16,7 +16,7 @@ from typing import Any
 
 from workbench.analysis.history import measured_in
 from workbench.config import Preset
-from workbench.data.text.tokens import open_data_corpus
+from workbench.data.preset_data import open_data_corpus
 from workbench.machine.detect import Machine
 from workbench.plan.report import FitCheck, fit_check
 from workbench.plan.run_plan import absolute_corpus, plan_new_run

@@ -17,8 +17,8 @@ from typing import Any
 from workbench.config import Preset
 from workbench.data.chat.chat_templates import ChatTemplate, model_template
 from workbench.data.chat.conversations import ChatEncoder
+from workbench.data.preset_data import given_tokenizer
 from workbench.data.text.tokenizer import tokenizer_file
-from workbench.data.text.tokens import given_tokenizer
 from workbench.data.train_data import EpochOrder
 from workbench.reward.builtin import RewardError
 from workbench.reward.prompts import Prompt, Prompts, held_out_count, read_prompts

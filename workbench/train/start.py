@@ -22,8 +22,8 @@ from workbench.config.objectives import SFT, objective_spec
 from workbench.data.chat.chat_templates import CHAT_TEMPLATE_FILE
 from workbench.data.mixture.mixture_plan import describe_sources
 from workbench.data.preference.preference_data import PreferenceData
+from workbench.data.preset_data import prepare_data
 from workbench.data.text.tokenizer import tokenizer_file
-from workbench.data.text.tokens import prepare_data
 from workbench.data.train_data import Sampler, TrainData
 from workbench.faults import Faults
 from workbench.fs import write_atomic

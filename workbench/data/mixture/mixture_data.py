@@ -51,7 +51,7 @@ def check_mixture_repeats(p: Preset, run_dir: Path) -> None:
     from the cache): refused in one line with the numbers, as `train` refuses it from the start."""
     if not any(s.get("max_repeat") for s in active_sources(p.data)):
         return
-    from workbench.data.text.tokens import prepare_data  # the mixture's sources, prepared as the trainer will have them
+    from workbench.data.preset_data import prepare_data  # the mixture's sources, prepared as the trainer will have them
     data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda _m: None, run_dir=run_dir,
                         loss_on=p.train.loss_on, objective=p.train.objective)
     if isinstance(data, MixtureData):

@@ -5,6 +5,5 @@
 - ``prepare``          preparing a corpus once: scan, tokenizer, cached and resumable encoding
 - ``encode``           the parallel, resumable shard encoder (its process pool encodes the chat shards too) and
                        the join into ``tokens.bin``
-- ``tokens``           the token store a run reads: the train/validation split and the window sampler; and
-                       ``prepare_data``, a preset's data as the kind it is (text, chat, preference, a mixture)
+- ``tokens``           the token store a run reads: the train/validation split and the window sampler
 """

@@ -23,7 +23,7 @@ from workbench.config import (
 )
 from workbench.data.chat.chat_data import check_loss_on
 from workbench.data.corpus.kinds import KINDS, PAIRS
-from workbench.data.text.tokens import open_data_corpus
+from workbench.data.preset_data import open_data_corpus
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
 from workbench.plan.recipe.finetune import compare_methods, method_overrides
