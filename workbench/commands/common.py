@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from workbench.config import resolve_preset
 from workbench.config.duration import DurationError, TimeBudget
@@ -13,6 +13,9 @@ from workbench.fmt import duration, human_bytes
 from workbench.machine.detect import Machine, detect
 from workbench.plan.fit.memory import estimate_settings
 from workbench.plan.sampling import Sampling
+
+if TYPE_CHECKING:  # numpy and the encoder's pool: not imported for a type
+    from workbench.data.encode import PrepareProgress
 
 RUN_HELP = "run id or run directory"
 CHECKPOINT_HELP = "latest (default), best, or a step number"
@@ -65,7 +68,7 @@ def add_init_from_option(p: argparse.ArgumentParser) -> None:
                         "with train.finetune = full (every weight) or lora (adapters)")
 
 
-def add_sampling_options(p: argparse.ArgumentParser, defaults: Sampling) -> None:
+def add_sampling_options(p: argparse._ActionsContainer, defaults: Sampling) -> None:
     """The sampling settings as options, their defaults the one definition's (plan.sampling)."""
     d = defaults
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=f"default {d.max_new_tokens}")
@@ -96,7 +99,7 @@ class TerminalProgress:
         self.tty = self.stream.isatty()
         self.last: tuple[str, int] | None = None
 
-    def __call__(self, p) -> None:
+    def __call__(self, p: PrepareProgress) -> None:
         pct = int(p.fraction * 100)
         if not self.tty and self.last is not None and self.last[0] == p.phase and pct // 10 == self.last[1] // 10:
             return

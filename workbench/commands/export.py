@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -9,7 +10,7 @@ from workbench import rundir
 from workbench.commands.common import add_progress_option, add_run_argument, print_progress
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("export", help="export a checkpoint (Hugging Face directory, GGUF or safetensors)",
                        description="Write a run's checkpoint into a new or empty directory (a LoRA run's adapters "
                                    "merged into its weights). --format hf: config.json, model.safetensors and the "
@@ -31,7 +32,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from workbench.interop.export import FORMATS, ExportError, check_out_dir, export_run, is_gguf_file  # imports torch
 
     # Cheap checks first, before loading torch.

@@ -9,6 +9,7 @@ existing file unless --force, never over the source.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import time
 
@@ -22,7 +23,7 @@ from workbench.plan.run_plan import NewRun, plan_new_run
 MARGIN = 0.10  # keep this share of device memory free (fragmentation, eval, a longer run)
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("fit", help="find the largest micro-batch that fits and write it as a new preset",
                        description="Find the largest micro-batch of PRESET that fits this machine (a real probe "
                                    "on CUDA/MPS, the estimate on CPU), keep tokens per step with grad_accum, and "
@@ -40,7 +41,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     # fit the run `train` would make (with --init-from: its model is the source's)
     src = plan_new_run(NewRun(args.preset, tuple(args.overrides), init_from=args.init_from), args.runs_dir).preset
     source = resolve_preset(args.preset, args.overrides) if args.init_from else None

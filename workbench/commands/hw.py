@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from workbench.commands.common import add_json_option
@@ -11,7 +12,7 @@ from workbench.machine.gpus import GPUS
 from workbench.plan.fit.recommend import recommend_preset
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("hw", help="show this machine's CPU, RAM, GPUs and what torch can use",
                        description="Show this machine's CPU, RAM, NVIDIA GPUs (NVML), CUDA/MPS availability, "
                                    "capability flags, and the recommended preset.")
@@ -46,11 +47,11 @@ def print_gpu_table() -> None:
         print(f"{', '.join(names)}: {source}" + (f"; approximate: {approx}" if approx else ""))
 
 
-def _yn(v) -> str:
+def _yn(v: object) -> str:
     return "yes" if v else ("no" if v is not None else "?")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.gpus:
         if args.json:
             print(json.dumps([g.to_dict() for g in GPUS], indent=2))

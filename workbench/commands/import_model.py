@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from workbench import rundir
 from workbench.fmt import millions
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("import", help="import a local Hugging Face model (Llama, Qwen2, Qwen3) to fine-tune",
                        description="Read a local Hugging Face model directory (config.json, *.safetensors or "
                                    "sharded ones, tokenizer.json) of LlamaForCausalLM, Qwen2ForCausalLM or "
@@ -25,7 +26,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.seq_len is not None and args.seq_len < 2:
         raise rundir.RunError(f"--seq-len {args.seq_len} must be at least 2")
     root = args.runs_dir

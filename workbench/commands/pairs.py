@@ -86,7 +86,7 @@ def add_reward_options(p: Any, prompts_required: bool) -> None:
                    help=f"the longest one reward call may take, in seconds (default {TIMEOUT_S:g})")
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("pairs", help="preference pairs from a checkpoint's own samples, scored by a reward",
                        description="Sample K completions of each prompt from a run's checkpoint, score them with a "
                                    "reward, and write every two with different rewards as a preference pair "
@@ -178,7 +178,7 @@ def check_sampling(sampling: Sampling, k: int, what: str) -> None:
                              "give a temperature above 0 (default 0.8)")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     run_dir = rundir.resolve_run(args.runs_dir, args.run)
     ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
     sampling = sampling_of(args)

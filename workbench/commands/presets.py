@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import tomli_w
 from workbench.commands.common import add_set_option
 from workbench.config import (
     SECTIONS,
+    Preset,
     PresetError,
     check_preset_name,
     load_preset_file,
@@ -21,7 +23,7 @@ from workbench.config import (
 )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("presets", help="list, show, validate and copy presets")
     ps = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     ps.add_parser("list", help="shipped and user presets").set_defaults(func=cmd_list)
@@ -39,7 +41,7 @@ def register(sub) -> None:
     c.set_defaults(func=cmd_copy)
 
 
-def cmd_list(args) -> int:
+def cmd_list(args: argparse.Namespace) -> int:
     for name, (path, kind) in sorted(preset_paths().items()):
         try:
             desc = load_preset_file(path).description
@@ -49,7 +51,7 @@ def cmd_list(args) -> int:
     return 0
 
 
-def documented_toml(p) -> str:
+def documented_toml(p: Preset) -> str:
     """The preset as TOML with each key's documentation as a comment."""
     out = [f'name = {tomli_w.dumps({"v": p.name})[4:].strip()}']
     if p.description:
@@ -63,12 +65,12 @@ def documented_toml(p) -> str:
     return "\n".join(out) + "\n"
 
 
-def cmd_show(args) -> int:
+def cmd_show(args: argparse.Namespace) -> int:
     sys.stdout.write(documented_toml(resolve_preset(args.name, args.overrides)))
     return 0
 
 
-def cmd_validate(args) -> int:
+def cmd_validate(args: argparse.Namespace) -> int:
     paths = [Path(x) for x in args.paths] or [path for path, _ in preset_paths().values()]
     bad = 0
     for path in paths:
@@ -81,7 +83,7 @@ def cmd_validate(args) -> int:
     return 1 if bad else 0
 
 
-def cmd_copy(args) -> int:
+def cmd_copy(args: argparse.Namespace) -> int:
     check_preset_name(args.dst)
     p = resolve_preset(args.src, args.overrides)
     p.name = args.dst

@@ -3,6 +3,8 @@ with which preset, is decided by ``workbench.plan.run_plan.plan_resume``; this p
 
 from __future__ import annotations
 
+import argparse
+
 from workbench import rundir
 from workbench.commands import launch
 from workbench.commands.common import add_run_argument, add_set_option
@@ -14,7 +16,7 @@ from workbench.plan.run_plan import ResumeRequest, checkpoint_state, plan_resume
 from workbench.plan.settings import check_installed, resolve_settings
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("resume", help="continue a run from a checkpoint",
                        description="Continue RUN from its latest complete checkpoint (or --checkpoint). "
                                    "--set may change training keys (max_iters, intervals, schedule); "
@@ -35,7 +37,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     root = args.runs_dir
     plan = plan_resume(ResumeRequest(args.run, args.checkpoint, args.more, args.name, tuple(args.overrides)), root)
     run_dir, ckpt, p = plan.run_dir, plan.ckpt, plan.preset

@@ -45,7 +45,7 @@ are kept, a cut pairs file is continued, a round's trainer resumes from its chec
 """
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("rounds", help="iterated on-policy tuning: rounds of sample -> pair -> DPO + NLL, queued",
                        description="Rounds of on-policy preference tuning (Iterative RPO): each round samples the "
                                    "last round's model, pairs its answers by a reward and trains DPO + NLL on them "
@@ -83,7 +83,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def chain_name(args) -> str:
+def chain_name(args: argparse.Namespace) -> str:
     name = args.name or f"{Path(args.run).name}-rpo"
     if rundir.sanitize_run_name(name) != name:
         raise WorkbenchError(f"--name {name!r} is not a run name; use letters, digits, '-', '_' and '.'")
@@ -106,7 +106,7 @@ def show(store: QueueStore | None, chain: chains.Chain) -> None:
             print(f"    {r.note}")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     root: Path = args.runs_dir
     name = chain_name(args)
     d = chains.chain_dir(root, name)
@@ -171,7 +171,7 @@ def absolute_reward(spec: str) -> str:
     return spec
 
 
-def checked_spec(args, root: Path, name: str) -> dict:
+def checked_spec(args: argparse.Namespace, root: Path, name: str) -> dict:
     """The chain's spec from the arguments, every one checked before anything is written (one line each)."""
     if args.rounds is None or args.rounds < 1:
         given = "" if args.rounds is None else f" {args.rounds}"

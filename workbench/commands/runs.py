@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from pathlib import Path
 
-from workbench.analysis.summary import list_runs
+from workbench.analysis.summary import RunSummary, list_runs
 from workbench.commands.common import add_json_option
 from workbench.fmt import human_bytes
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("runs", help="list runs")
     add_json_option(p, "machine-readable output")
     p.set_defaults(func=run)
 
 
-def _f(x, fmt="{:.4f}") -> str:
+def _f(x: float | None, fmt: str = "{:.4f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
@@ -26,7 +27,7 @@ def share(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}" if x < 0.1 else f"{100 * x:.0f}"
 
 
-def source_label(r) -> str:
+def source_label(r: RunSummary) -> str:
     """'SmolLM2-135M' for an import, 'SmolLM2-135M, lora@smol@0' for a run fine-tuned from it."""
     if not r.source and not r.init:
         return "-"
@@ -35,7 +36,7 @@ def source_label(r) -> str:
     return ", ".join(x for x in (name, tuned) if x)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     root = args.runs_dir
     runs = list_runs(root)  # newest first, as the Runs pane
     if args.json:

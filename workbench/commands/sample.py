@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
@@ -13,7 +14,7 @@ from workbench.plan.sampling import TEXT
 from workbench.plan.settings import resolve_device
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sample", help="generate text from a run's checkpoint")
     add_run_argument(p, checkpoint=True)
     p.add_argument("--prompt", default="", help="text to continue (cropped from the left to the context)")
@@ -22,7 +23,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     root = args.runs_dir
     run_dir = rundir.resolve_run(root, args.run)
     ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)

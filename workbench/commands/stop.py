@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import time
@@ -10,7 +11,7 @@ from workbench import rundir
 from workbench.commands.common import add_run_argument
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stop", help="stop a run (it saves a checkpoint first)")
     add_run_argument(p)
     p.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for the save")
@@ -18,7 +19,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     root = args.runs_dir
     run_dir = rundir.resolve_run(root, args.run)
     st = rundir.read_status(run_dir)
@@ -26,6 +27,7 @@ def run(args) -> int:
         raise rundir.RunError(f"run {run_dir.name} is not running (state: {st.state}); "
                               f"nothing to stop")
     pid = st.pid
+    assert pid is not None  # read_status reports a live state only for a process it found alive
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

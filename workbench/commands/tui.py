@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
 STORAGE_ENV = "WORKBENCH_STORAGE"   # as `queue run` and `sweep` read it
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("tui", help="open the terminal UI (the default with no command)")
     p.add_argument("--storage", default=None, metavar="URL",
                    help="also show the sweeps of a shared study database in the Queue tab (postgresql://USER@HOST/DB; "
@@ -16,7 +17,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     url = getattr(args, "storage", None)
     if url:
         from workbench.queue.dburl import engine_url
