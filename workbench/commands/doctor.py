@@ -5,6 +5,7 @@ has no directory yet, is told as such."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import textwrap
 import time
@@ -19,7 +20,7 @@ from workbench.queue.store import QueueError
 WIDTH = 100
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("doctor", help="diagnose a run: slow, unstable, memory, overfitting, data",
                        description="Check a live or finished run against its own metrics, its estimate and this "
                                    "machine (for a live run, what else uses the CPU and GPU, sampled for "
@@ -37,7 +38,7 @@ def _wrap(label: str, text: str) -> list[str]:
                          break_on_hyphens=False, break_long_words=False) or [f"   {label}"]
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     root = args.runs_dir
     notes: list[str] = []
     try:
@@ -75,11 +76,12 @@ def _in_queue(queue: QueueLook | None, name: str) -> dict | None:
             "runner_pid": queue.runner}
 
 
-def _not_started(args, queue: QueueLook) -> int:
+def _not_started(args: argparse.Namespace, queue: QueueLook) -> int:
     """A run the queue has not started (queued; refused or removed from a sweep): nothing of its own to check."""
     name = args.run
     findings = queue.findings()
     in_queue = _in_queue(queue, name)
+    assert in_queue is not None  # a queue given: its facts, never None
     notes = ["the run has no directory yet (the queue has not started it): nothing of its own to check"]
     if args.json:
         print(json.dumps({"run": name, "path": None, "state": in_queue["state"], "step": 0, "max_iters": None,

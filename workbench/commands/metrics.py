@@ -17,6 +17,7 @@ it is idempotent and picks up a run that has trained further.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -42,7 +43,7 @@ class MetricsError(WorkbenchError):
     pass
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("metrics", help="export a run's metrics as CSV or TensorBoard event files",
                        description="--csv: the train and eval records of metrics.jsonl as one CSV table "
                                    "(stdout, or --out FILE). --tensorboard: event files under runs/<id>/tb/ "
@@ -90,7 +91,7 @@ def columns_for(records: list[dict], first: list[str] = COLUMNS) -> list[str]:
     return cols
 
 
-def _cell(v) -> str | int | float:
+def _cell(v: str | int | float | dict | list | None) -> str | int | float:
     if v is None:
         return ""
     if isinstance(v, float):
@@ -144,14 +145,15 @@ def write_tensorboard(run_dir: Path, records: list[dict]) -> tuple[Path, int]:
             if r["kind"] == "task" and isinstance(r.get("value"), (int, float)) and math.isfinite(r["value"]):
                 values.append(Summary.Value(tag=f"tasks/{r['task']}/{r['metric']}", simple_value=float(r["value"])))
             if values:
-                wall = r.get("time") if isinstance(r.get("time"), (int, float)) else 0.0
+                t = r.get("time")
+                wall = t if isinstance(t, (int, float)) else 0.0
                 w.add_event(Event(wall_time=float(wall), step=step, summary=Summary(value=values)))
                 n += len(values)
         w.close()
     return final, n
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     root = args.runs_dir
     run_dir = rundir.resolve_run(root, args.run)
     if args.out and not args.csv:

@@ -44,7 +44,7 @@ def port_number(text: str) -> int:
     return port
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve", help="serve the terminal UI to a web browser (localhost by default; reach it over an ssh tunnel)",
         description="Serve the terminal UI to a web browser: each browser tab runs its own `workbench` UI on the "
@@ -198,7 +198,10 @@ def _server(command: str, token: str | None, loopback: bool, port: int) -> Any:
             await websocket.prepare(request)
             sockets.add(websocket)
             service = AppService(self.command, write_bytes=websocket.send_bytes, write_str=websocket.send_str,
-                                 close=websocket.close, download_manager=self.download_manager)
+                                 # close: textual-serve's own handler passes the same; its Awaitable[None] is
+                                 # narrower than aiohttp's close (a bool the service never reads)
+                                 close=websocket.close,  # type: ignore[arg-type]
+                                 download_manager=self.download_manager)
             try:
                 await service.start(width, height)
                 await self._process_messages(websocket, service)
@@ -237,7 +240,7 @@ def _urls(sock: socket.socket, host: str, token: str | None, loopback: bool) -> 
             f"(or bind to 127.0.0.1 and use ssh -L {port}:localhost:{port} THIS-BOX)"]
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if token is not None and (len(token) < MIN_TOKEN or not token.isprintable() or " " in token):
         raise WorkbenchError(f"--token (or ${TOKEN_ENV}) must be at least {MIN_TOKEN} printable characters without "
