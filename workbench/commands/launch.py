@@ -5,18 +5,24 @@ through the CLI (``workbench train --detach``), never through this module.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from workbench import faults, rundir
 from workbench.config import Preset
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
 from workbench.plan.settings import resolve_settings
+
+if TYPE_CHECKING:  # (torch: only where a run trains in this process)
+    from workbench.train.loop import Trainer
 
 
 @dataclass
@@ -33,7 +39,7 @@ class Topology:
         return self.nproc * self.nnodes > 1
 
 
-def add_topology_options(p) -> None:
+def add_topology_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=None, help="processes on this machine (default: hardware.nproc)")
     p.add_argument("--nnodes", type=int, default=1, help="machines taking part (default 1)")
     p.add_argument("--node-rank", type=int, default=0, help="this machine's rank, 0 .. nnodes-1")
@@ -41,7 +47,7 @@ def add_topology_options(p) -> None:
     p.add_argument("--master-port", type=int, default=29500, help="its rendezvous port")
 
 
-def topology_from_args(args, preset: Preset, machine: Machine) -> Topology:
+def topology_from_args(args: argparse.Namespace, preset: Preset, machine: Machine) -> Topology:
     """Processes per machine (``--nproc``, else the process layout the run's settings decide) and the machines."""
     if args.nproc:
         nproc, why = args.nproc, "--nproc"
@@ -137,17 +143,17 @@ def run_foreground(run_dir: Path, resume: bool = False, checkpoint: str | None =
     return INTERRUPTED_EXIT if interrupted else 0
 
 
-def _foreground_trainer(run_dir: Path, resume: bool, checkpoint: str | None):
+def _foreground_trainer(run_dir: Path, resume: bool, checkpoint: str | None) -> Trainer:
     """The trainer in this process, which remembers whether a Ctrl-C (SIGINT, not `workbench stop`'s SIGTERM)
     stopped it, for the exit status."""
     from workbench.train.loop import Trainer  # imports torch
 
     class ForegroundTrainer(Trainer):
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.interrupted = False
 
-        def _on_signal(self, signum, frame) -> None:
+        def _on_signal(self, signum: int, frame: FrameType | None) -> None:
             self.interrupted = self.interrupted or signum == signal.SIGINT
             super()._on_signal(signum, frame)
 

@@ -28,7 +28,7 @@ LOG_FILE = "queue.log"
 STORAGE_ENV = "WORKBENCH_STORAGE"   # --storage's URL, kept off the command line (where `ps` shows a password)
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("queue", help="a queue of runs, started one after the other by a runner",
                        description="Runs queued here start one at a time (`queue run`), each its own trainer as "
                                    "`train --detach` starts one. The queue is runs/queue.db; it survives the TUI, "
@@ -99,7 +99,7 @@ def _position(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a position; give a number, 1 for next") from None
 
 
-def cmd_add(args) -> int:
+def cmd_add(args: argparse.Namespace) -> int:
     budget = time_budget_arg(args.time_budget)  # a bad one is the flag's (checked before anything is estimated)
     info = calibrated(detect(), args.preset) if budget else detect()
     new = NewItem(args.preset, tuple(args.overrides), tuple(args.corpus or ()), budget, args.init_from, args.yes,
@@ -121,7 +121,7 @@ def cmd_add(args) -> int:
     return 0
 
 
-def cmd_ls(args) -> int:
+def cmd_ls(args: argparse.Namespace) -> int:
     store = QueueStore.open_existing(args.runs_dir, readonly=True)
     alive = runner_pid(args.runs_dir)
     listed = rows(store, alive is not None) if store else []
@@ -129,7 +129,7 @@ def cmd_ls(args) -> int:
         print(json.dumps({"paused": bool(store and store.paused()), "runner_pid": alive,
                           "runs": [r.to_dict() for r in listed]}, indent=1))
         return 0
-    if not listed:
+    if store is None or not listed:
         print(f"the queue of {args.runs_dir} is empty; `workbench queue add PRESET` adds a run")
         return 0
     head = ("#", "run", "state", "progress", "val", "others", "where", "settings")
@@ -154,7 +154,7 @@ def _footer(store: QueueStore, alive: int | None) -> str:
     return f"{queued} queued; {'paused; ' if store.paused() else ''}{runner}"
 
 
-def cmd_run(args) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     root = args.runs_dir
     args.slots = _slots(args.slots)
     args.storage = args.storage or os.environ.get(STORAGE_ENV) or None
@@ -188,7 +188,7 @@ def cmd_run(args) -> int:
         raise
 
 
-def _run_worker(args) -> int:
+def _run_worker(args: argparse.Namespace) -> int:
     """A worker on a shared study database: the next trial of its sweeps, here, until none is left."""
     from workbench.queue.distributed import HEARTBEAT_S, Worker, masked, slot_placements
     if args.slots:   # more slots than GPUs: said here, not in the background worker's log
@@ -213,7 +213,7 @@ def _run_worker(args) -> int:
     return worker.run(args.sweep)
 
 
-def cmd_pause(args) -> int:
+def cmd_pause(args: argparse.Namespace) -> int:
     store = QueueStore(args.runs_dir)
     store.set_paused(True)
     running = store.items(("running",))
@@ -222,7 +222,7 @@ def cmd_pause(args) -> int:
     return 0
 
 
-def cmd_resume(args) -> int:
+def cmd_resume(args: argparse.Namespace) -> int:
     store = QueueStore(args.runs_dir)
     store.set_paused(False)
     n = len(store.items(("queued",)))
@@ -231,7 +231,7 @@ def cmd_resume(args) -> int:
     return 0
 
 
-def cmd_rm(args) -> int:
+def cmd_rm(args: argparse.Namespace) -> int:
     store = QueueStore(args.runs_dir)
     for name in args.names:  # each checked first: a bad name removes nothing
         if (item := store.get(name)).state == "running":
@@ -244,7 +244,7 @@ def cmd_rm(args) -> int:
     return 0
 
 
-def cmd_move(args) -> int:
+def cmd_move(args: argparse.Namespace) -> int:
     store = QueueStore(args.runs_dir)
     at = store.move(args.name, args.position)
     print(f"{args.name} is now at position {at} of {len(store.items(('queued',)))}")

@@ -3,6 +3,7 @@ and show its results. The sweep is ``workbench.queue.sweep``; this parses and pr
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -24,10 +25,19 @@ from workbench.queue.runner import runner_pid
 from workbench.queue.store import QueueError, QueueStore, trial_name
 from workbench.queue.sweep import create_sweep, print_commands
 from workbench.queue.sweep_results import best, caveats, compute_saved, gpu_memory_line, load, results
-from workbench.queue.sweep_spec import METHODS, PRUNERS, SpecError, build_spec, load_spec, parse_set_grid, point_sets
+from workbench.queue.sweep_spec import (
+    METHODS,
+    PRUNERS,
+    SpecError,
+    SweepSpec,
+    build_spec,
+    load_spec,
+    parse_set_grid,
+    point_sets,
+)
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sweep", help="search settings: trials queued as runs, ranked by what they reach",
                        description="`sweep SPEC.toml`, or `sweep PRESET --set-grid train.lr=1e-3,3e-3 "
                                    "train.warmup_iters=10,50 --time-budget 60s`: every trial is estimated, then "
@@ -76,7 +86,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     root = args.runs_dir
     args.storage = args.storage or os.environ.get("WORKBENCH_STORAGE") or None
     if args.storage is not None:
@@ -95,9 +105,9 @@ def run(args) -> int:
             raise QueueError("name the sweep: `workbench sweep save-best NAME [--as PRESET]` (`workbench sweep ls` "
                              "lists them)")
         saved = save_best(root, args.sweep, args.as_preset)
-        t = saved.trial
-        print(f"sweep {args.sweep}: best trial {t.name} ({' '.join(point_sets(t.params))}), {saved.metric} "
-              f"{t.metric:.4f}")
+        top = saved.trial
+        print(f"sweep {args.sweep}: best trial {top.name} ({' '.join(point_sets(top.params))}), {saved.metric} "
+              f"{top.metric:.4f}")
         print(f"saved as preset {saved.preset}: {saved.path}; `workbench train {saved.preset}` trains it")
         return 0
     if args.sweep:
@@ -133,7 +143,7 @@ def run(args) -> int:
     return 0
 
 
-def run_shared(args) -> int:
+def run_shared(args: argparse.Namespace) -> int:
     """`sweep ... --storage URL`: the sweep made in (or shown from) a shared study database."""
     from workbench.queue import distributed
     url = args.storage
@@ -206,7 +216,7 @@ def show_shared(url: str, name: str, as_json: bool) -> int:
     return 0
 
 
-def _spec(args):
+def _spec(args: argparse.Namespace) -> SweepSpec:
     target = args.target
     if target.endswith(".toml") or Path(target).is_file():
         if args.set_grid:
@@ -237,7 +247,7 @@ def _spec(args):
                       seed=args.seed)
 
 
-def _fmt(v) -> str:
+def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
     return str(v)
@@ -302,7 +312,7 @@ def show(root: Path, name: str, as_json: bool, as_tsv: bool) -> int:
 def show_list(root: Path) -> int:
     store = QueueStore.open_existing(root, readonly=True)
     names = store.sweep_names() if store else []
-    if not names:
+    if store is None or not names:
         print(f"no sweeps in {root}; `workbench sweep PRESET --set-grid KEY=V1,V2` makes one")
         return 0
     for name in names:
