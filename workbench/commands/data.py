@@ -3,10 +3,11 @@ the documents the trainer will see."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from workbench.commands.chat_preview import chat_prepared, inspect_chat, inspect_preference
 from workbench.commands.common import TerminalProgress, add_json_option, add_set_option
@@ -22,7 +23,7 @@ from workbench.fmt import duration, human_bytes
 from workbench.plan.run_plan import NewRun, corpus_values, plan_new_run
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("data", help="prepare a corpus ahead of a run, or look at its documents")
     ds = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, func, help_text in (
@@ -53,7 +54,7 @@ def register(sub) -> None:
             add_json_option(s, "print as JSON (conversations: the text and the trained spans)")
 
 
-def _preset(args):
+def _preset(args: argparse.Namespace) -> Preset:
     """The preset with the corpus given (it wins over a --set data.corpus), --vocab-size, and with --init-from
     the tokenizer (and so the template) `train --init-from` would use: the run plan's own."""
     if args.init_from:
@@ -67,7 +68,7 @@ def _preset(args):
     return resolve_preset(args.preset, args.overrides, values)
 
 
-def cmd_prepare(args) -> int:
+def cmd_prepare(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise WorkbenchError(f"--workers {args.workers} must be at least 1")
     p = _preset(args)
@@ -132,7 +133,7 @@ def text_prepared(data: TokenData, p: Preset, seconds: float, corpus: Corpus, as
 PREPARED: dict[str, Callable[..., int]] = {"text": text_prepared, "chat": chat_prepared}
 
 
-def cmd_inspect(args) -> int:
+def cmd_inspect(args: argparse.Namespace) -> int:
     if args.documents < 1 or args.chars < 1:
         raise WorkbenchError("-n and --chars must be at least 1")
     if args.chat:
@@ -160,7 +161,7 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def inspect_mixture(p: Preset, args) -> int:
+def inspect_mixture(p: Preset, args: argparse.Namespace) -> int:
     """`workbench data inspect` of a mixture: the realized mixture over a run of the preset (its sources prepared,
     or read from the cache), then each source's first documents."""
     def log(m: str) -> None:
@@ -192,7 +193,7 @@ def inspect_mixture(p: Preset, args) -> int:
     return 0
 
 
-def _documents(corpus, n: int, chars: int):
+def _documents(corpus: Corpus, n: int, chars: int) -> Iterator[str]:
     """The first ``n`` documents, each cut at ``chars`` + 1 characters (so a longer one shows it is)."""
     shown, text = 0, ""
     for piece, end in corpus.pieces():

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from typing import Any
 
 from workbench.analysis.history import measured_in
 from workbench.commands.common import add_corpus_option, add_init_from_option, add_json_option, add_set_option
+from workbench.config import Preset
 from workbench.config.objectives import objective_spec
 from workbench.errors import WorkbenchError
 from workbench.fmt import GiB, duration, human_bytes, millions
@@ -22,7 +24,7 @@ from workbench.plan.report import EstimateReport, FinetuneFacts
 from workbench.plan.run_plan import NewRun, plan_new_run
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("estimate", help="memory, fit, tokens/s, time and cost of a preset on this machine",
                        description="Estimate a preset's parameters, FLOPs per token, training memory by "
                                    "component, whether it fits this machine, tokens/s, time to max_iters, "
@@ -78,7 +80,7 @@ def _number(text: str | None, flag: str) -> float | None:
     return value
 
 
-def _prices(args) -> tuple[float | None, dict[str, float]]:
+def _prices(args: argparse.Namespace) -> tuple[float | None, dict[str, float]]:
     """(a bare --usd-per-hour, $/hour by GPU table name from --prices and NAME=PRICE)."""
     bare, named = None, compare.load_prices(args.prices) if args.prices else {}
     for text in args.usd_per_hour:
@@ -98,7 +100,7 @@ def _prices(args) -> tuple[float | None, dict[str, float]]:
     return bare, named
 
 
-def _check_flags(args) -> None:
+def _check_flags(args: argparse.Namespace) -> None:
     on_gpus = bool(args.gpu or args.compare)
     if args.compare:
         for flag, value in (("--device", args.device), ("--tokens-per-s", args.tokens_per_s), ("--watts", args.watts)):
@@ -117,7 +119,7 @@ def _check_flags(args) -> None:
             raise WorkbenchError("--sort goes with --compare")
 
 
-def _preset(args, info: dict):
+def _preset(args: argparse.Namespace, info: dict) -> Preset:
     """The preset to estimate: with --init-from, as `workbench train` would run it from that checkpoint."""
     if args.init_from is None and args.preset is None:
         raise WorkbenchError("give a preset to estimate (`workbench presets list`), or --init-from RUN")
@@ -125,7 +127,7 @@ def _preset(args, info: dict):
                                init_from=args.init_from), args.runs_dir, info).preset
 
 
-def mixture_report(p, steps: int | None = None) -> dict[str, Any] | None:
+def mixture_report(p: Preset, steps: int | None = None) -> dict[str, Any] | None:
     """A preset's mixture of several sources: its realized shares over the run (``steps``: a time budget's, as
     estimated; the sources prepared now unless they are cached; what they say goes to stderr), else None."""
     import sys
@@ -142,7 +144,7 @@ def mixture_report(p, steps: int | None = None) -> dict[str, Any] | None:
     return {**mixture_facts(data, p, steps), "lines": mixture_lines(data, p, steps)}
 
 
-def build_report(args) -> EstimateReport | dict[str, Any]:
+def build_report(args: argparse.Namespace) -> EstimateReport | dict[str, Any]:
     """The estimate the flags ask for: a report (this machine, or ``--gpu NAME``), or with ``--compare`` the
     table of GPUs (``workbench.plan.compare.compare``'s)."""
     _check_flags(args)
@@ -170,13 +172,13 @@ def build_report(args) -> EstimateReport | dict[str, Any]:
         # lazily: the probe imports torch, for a short matmul calibration
         from workbench.machine.probe import calibration_here, measured_peak
         peak = measured_peak
-    gpus = info.get("nvidia") or []
+    nvidia = info.get("nvidia") or []
     machine = Machine.from_info(info)
     r = report.build_report(
         p, machine, device=args.device, precision=args.precision, tokens_per_s=args.tokens_per_s,
         history=measured_in(args.runs_dir), peak=peak, watts=args.watts,
         usd_per_hour=bare, usd_per_kwh=args.usd_per_kwh,
-        power_limit_w=gpus[0].get("power_limit_w") if gpus else None)
+        power_limit_w=nvidia[0].get("power_limit_w") if nvidia else None)
     if peak is not None:  # the matmul rate measured now, and the best one measured here that the estimate used
         cal = calibration_here(r.settings.device, r.settings.precision)
         if cal is not None:
@@ -425,7 +427,7 @@ def print_compare(c: dict[str, Any]) -> None:
             print(f"note: {r['gpu']}: " + "; ".join(x for x in (r["note"], r["batch_note"]) if x))
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     r = build_report(args)
     t = r.time if isinstance(r, EstimateReport) else None
     mix = mixture_report(_preset(args, detect()), max(1, int(t.steps)) if t is not None and t.budget_s else None)
