@@ -8,23 +8,28 @@ llama.cpp or transformers with greedy decoding)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import select
 import sys
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from workbench import rundir
 from workbench.commands.common import add_json_option, add_run_argument, add_sampling_options, sampling_of
-from workbench.data.chat.chat_templates import ChatTemplateError, run_template
-from workbench.data.text.tokenizer import load_tokenizer
+from workbench.data.chat.chat_templates import ChatTemplate, ChatTemplateError, run_template
+from workbench.data.text.tokenizer import AnyTokenizer, load_tokenizer
 from workbench.machine.detect import Machine
 from workbench.plan.sampling import CHAT, Sampling, SamplingError
 from workbench.plan.settings import resolve_device
 
+if TYPE_CHECKING:  # (torch: the model is loaded inside the command)
+    from workbench.train.model import GPT
 
-def register(sub) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("chat", help="chat with a run trained on conversations (data.format = chat)")
     add_run_argument(p, checkpoint=True)
     p.add_argument("--system", default="", help="a system message put first")
@@ -56,16 +61,15 @@ def read_conversation(path: str) -> list[dict]:
     except ValueError as e:
         raise rundir.RunError(f"--conversation {where} is not JSON ({e})") from None
     msgs = obj.get("messages") if isinstance(obj, dict) else obj
-    ok = isinstance(msgs, list) and msgs and all(
-        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
-        for m in msgs)
-    if not ok or msgs[-1]["role"] != "user":
+    if not (isinstance(msgs, list) and msgs and all(
+            isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+            and isinstance(m.get("content"), str) for m in msgs)) or msgs[-1]["role"] != "user":
         raise rundir.RunError(f"--conversation {where} must be a list of messages (or {{\"messages\": [...]}}), each "
                               "{\"role\": system|user|assistant, \"content\": text}, the last one the user's")
     return [{"role": m["role"], "content": m["content"]} for m in msgs]
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     run_dir = rundir.resolve_run(args.runs_dir, args.run)
     ckpt = rundir.select_checkpoint(run_dir, args.checkpoint)
     sampling = sampling_of(args)
@@ -182,10 +186,9 @@ def parse_request(line: str, sampling: Sampling, system: list[dict]) -> tuple[li
     if unknown:
         raise ValueError(f"unknown request key(s): {', '.join(sorted(unknown))}")
     msgs = req.get("messages")
-    ok = isinstance(msgs, list) and msgs and all(
-        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
-        for m in msgs)
-    if not ok or msgs[-1]["role"] != "user":
+    if not (isinstance(msgs, list) and msgs and all(
+            isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+            and isinstance(m.get("content"), str) for m in msgs)) or msgs[-1]["role"] != "user":
         raise ValueError("\"messages\" must be a list of {\"role\": system|user|assistant, \"content\": text}, "
                          "the last one the user's")
     if "system" in req and not isinstance(req["system"], str):
@@ -200,8 +203,8 @@ def parse_request(line: str, sampling: Sampling, system: list[dict]) -> tuple[li
     return turns, chosen, bool(req.get("stream", False))
 
 
-def serve(model, tok, template, system: list[dict], sampling: Sampling, checkpoint: str,
-          idle_exit: float | None) -> None:
+def serve(model: GPT, tok: AnyTokenizer, template: ChatTemplate, system: list[dict], sampling: Sampling,
+          checkpoint: str, idle_exit: float | None) -> None:
     """Answer requests (see above) with the model loaded once, until the end of input or ``idle_exit``."""
     from workbench.train.chat_reply import reply
 
