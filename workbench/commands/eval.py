@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from workbench import rundir
 from workbench.analysis.report_card import card_lines, report_card
@@ -31,10 +31,10 @@ from workbench.commands.common import (
     print_progress,
     sampling_of,
 )
-from workbench.commands.pairs import REWARDS, add_reward_options, batches, check_sampling, sampler_for
-from workbench.data.chat.chat_templates import ChatTemplate, ChatTemplateError, run_template
-from workbench.data.corpus.documents import open_corpus
+from workbench.commands.pairs import REWARDS, Sampler, add_reward_options, batches, check_sampling, sampler_for
 from workbench.data.tasks.builtin_tasks import BUILTIN_TASKS, builtin_task
+from workbench.data.chat.chat_templates import ChatTemplate, ChatTemplateError, run_template
+from workbench.data.corpus.documents import Corpus, open_corpus
 from workbench.data.tasks.task_files import Task, TaskError, expand_task_specs, load_task, task_options
 from workbench.data.text.tokenizer import load_tokenizer
 from workbench.fmt import duration
@@ -62,7 +62,7 @@ task files (JSONL, plain, .gz, .zst or .xz; one record a line; the shape from th
 """
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("eval", help="score a run's checkpoints on tasks and on held-out text",
                        description="Score a run's checkpoints on tasks (multiple choice, exact match, chat) and on "
                                    "held-out text (bits per byte), or on a reward over prompts (--reward: mean "
@@ -118,7 +118,7 @@ def checkpoints(run_dir: Path, selector: str) -> list[dict]:
     return [rundir.select_checkpoint(run_dir, selector)]
 
 
-def documents(corpus) -> Iterator[str]:
+def documents(corpus: Corpus) -> Iterator[str]:
     """Whole documents of a corpus (its pieces joined)."""
     parts: list[str] = []
     for text, ends in corpus.pieces():
@@ -130,7 +130,7 @@ def documents(corpus) -> Iterator[str]:
         yield "".join(parts)
 
 
-def load_tasks(args, run_dir: Path) -> tuple[list[Task], ChatTemplate | None]:
+def load_tasks(args: argparse.Namespace, run_dir: Path) -> tuple[list[Task], ChatTemplate | None]:
     """The tasks --task names (their notes on stderr; two of one name refused), and the run's chat template when
     one of them is a chat task (None otherwise)."""
     opts = task_options(args.options)
@@ -151,7 +151,7 @@ def load_tasks(args, run_dir: Path) -> tuple[list[Task], ChatTemplate | None]:
     return tasks, template
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.list_tasks:
         return list_tasks()
     if not args.run:
@@ -225,14 +225,14 @@ def run(args) -> int:
 class RewardScoring:
     """What ``--reward`` asks for, read and checked before torch loads."""
 
-    def __init__(self, reward: Reward, prompts: Prompts, args) -> None:
+    def __init__(self, reward: Reward, prompts: Prompts, args: argparse.Namespace) -> None:
         self.reward, self.prompts = reward, prompts
         self.samples, self.threshold = args.samples, args.pass_threshold
         self.k = args.pass_k if args.pass_k is not None else args.samples
         self.sampling = sampling_of(args)
 
 
-def reward_scoring(args) -> RewardScoring | None:
+def reward_scoring(args: argparse.Namespace) -> RewardScoring | None:
     """``--reward`` and ``--prompts`` read and checked (None without them); one line for anything wrong."""
     if not args.reward and not args.prompts:
         return None
@@ -249,7 +249,7 @@ def reward_scoring(args) -> RewardScoring | None:
     return RewardScoring(reward, prompts, args)
 
 
-def score_reward(s: RewardScoring, sampler, ck: dict, progress: bool) -> dict:
+def score_reward(s: RewardScoring, sampler: Sampler, ck: dict, progress: bool) -> dict:
     """The reward's summary over the prompts at one checkpoint, as ``--json`` gives it (with ``per_prompt``: the
     completions and rewards, for --dump)."""
     t0 = time.time()
@@ -289,7 +289,7 @@ def reward_records(ck: dict, r: dict | None) -> list:
             for m in metrics]
 
 
-def progress_printer(task: str, total: int, checkpoint: str, every_s: float = 0.5):
+def progress_printer(task: str, total: int, checkpoint: str, every_s: float = 0.5) -> Callable[[int], None]:
     """``on_progress`` for score_task: a 'progress: TASK DONE/TOTAL (CHECKPOINT)' line on stderr at the start, at
     most every ``every_s`` seconds, and at the end."""
     last = [0.0]
@@ -318,10 +318,11 @@ def json_result_checkpoint(ck: dict, scored: list, text: dict | None) -> dict:
             "mean_centered": sum(mc) / len(mc) if mc else None, "text": text}
 
 
-def task_records(ck: dict, scored: list, text: dict | None, corpus) -> list:
+def task_records(ck: dict, scored: list, text: dict | None, corpus: Corpus | None) -> list:
     now = time.time()
     out = [r for sc in scored for r in sc.records(ck["step"], checkpoint=ck["name"])]
     if text is not None:
+        assert corpus is not None  # the text is scored only on --corpus
         name = f"text:{Path(corpus.spec[0]).name}" + (f"+{len(corpus.spec) - 1}" if len(corpus.spec) > 1 else "")
         for metric in ("bpb", "loss"):
             out.append(rundir.TaskRecord(step=ck["step"], task=name, metric=metric, value=text[metric],
