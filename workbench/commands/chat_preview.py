@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+from typing import Any
 
 from workbench.config import Preset
 from workbench.data.chat.chat_data import ChatData, chat_options, conversation_pieces, pack, template_for, trained_count
@@ -116,6 +117,7 @@ def inspect_chat(p: Preset, n: int, as_json: bool) -> int:
         if p.data.tokenizer:
             raise
         return inspect_by_characters(p, n, as_json, e)
+    assert isinstance(data, ChatData)  # a chat corpus of one source (the caller's corpus_kind) prepares as one
     shown = [(c, conversation_pieces(data, c, p.train.loss_on)) for c in range(min(n, data.documents))]
     lengths = data.lengths("train").tolist() + data.lengths("val").tolist()
     if as_json:
@@ -144,7 +146,7 @@ def inspect_preference(p: Preset, kind: str, n: int, as_json: bool) -> int:
     data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, file=sys.stderr),
                         objective=OBJECTIVE_FOR[kind])  # shown whatever the preset's objective
     assert isinstance(data, PreferenceData)
-    items = []
+    items: list[dict[str, Any]] = []
     for i in range(min(n, data.items)):
         convs = [conversation_pieces(data, c, "last_assistant") for c in data.conversations(i)]
         prompt = "".join(t for t, trained in itertools.takewhile(lambda r: not r[1], convs[0]))

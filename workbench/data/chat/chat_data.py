@@ -336,7 +336,7 @@ def trained_count(index: dict, loss_on: str) -> int:
     return {"assistant": index["trained"], "last_assistant": index["last_trained"], "all": index["tokens"]}[loss_on]
 
 
-def conversation_pieces(data: ChatData, c: int, loss_on: str) -> list[tuple[str, bool]]:
+def conversation_pieces(data: PreparedConversations, c: int, loss_on: str) -> list[tuple[str, bool]]:
     """Conversation ``c`` as the trainer sees it: (text, trained) runs of its tokens, special pieces written
     out (``<|im_end|>``), trained meaning the token is a target of the loss under ``loss_on`` (the first token
     never is: nothing predicts it)."""
