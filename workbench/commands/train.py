@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from pathlib import Path
 
 from workbench import rundir
 from workbench.analysis.history import measured_in
@@ -14,7 +16,7 @@ from workbench.commands.common import (
     add_set_option,
     time_budget_arg,
 )
-from workbench.config import overridden_keys, preset_to_toml
+from workbench.config import Preset, overridden_keys, preset_to_toml
 from workbench.data.chat.chat_data import check_loss_on, corpus_kind
 from workbench.data.mixture.mixture_data import MixtureData
 from workbench.data.preference.preference_records import check_corpus_kind
@@ -24,10 +26,10 @@ from workbench.plan.recipe.finetune import finetune_lr_note
 from workbench.plan.recipe.objective_plan import objective_plan
 from workbench.plan.report import fit_check
 from workbench.plan.run_plan import NewRun, plan_new_run
-from workbench.plan.settings import check_installed, resolve_settings
+from workbench.plan.settings import PeakFn, check_installed, resolve_settings
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("train", help="train a model from a preset",
                        description="Start a new run. Foreground by default (progress on stdout, Ctrl-C "
                                    "saves a checkpoint and stops); --detach starts it in the background.")
@@ -49,7 +51,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def budget_peak(p):
+def budget_peak(p: Preset) -> PeakFn | None:
     """With a time budget, this machine's measured peak for the estimate (the steps a budget buys need the speed;
     the trainer asks the same, so `train`'s first line and the trainer's say one number); None without one."""
     if not p.train.time_budget_s:
@@ -58,7 +60,7 @@ def budget_peak(p):
     return measured_peak
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     req = NewRun(args.preset, tuple(args.overrides) + ((f"hardware.nproc={args.nproc}",) if args.nproc else ()),
                  tuple(args.corpus or ()), args.init_from, time_budget=time_budget_arg(args.time_budget),
                  name=args.name, force=args.yes)
@@ -73,6 +75,7 @@ def run(args) -> int:
     # again with torch's view of the devices, by the same rules).
     check_installed(resolve_settings(p, machine, world_size=topo.nproc * topo.nnodes))
     if src is not None:
+        assert p.source is not None  # a fine-tune's preset records its source model ([source], plan/finetune.py)
         what = "LoRA adapters (rank {}) on".format(p.train.lora_rank) if p.train.finetune == "lora" else \
             "every weight of"
         print(f"fine-tuning {what} {src.run} {src.ckpt['name']} ({p.source.get('model', src.run)}); "
@@ -93,7 +96,7 @@ def run(args) -> int:
             raise rundir.RunError(f"{p.name} does not fit this machine's memory by the estimate{advice}; "
                                   "start it anyway with --yes, or `workbench fit` a preset that fits")
     check_data(args, p, objective.samples, overrides, check.budget_steps)
-    def fill(run_dir):
+    def fill(run_dir: Path) -> str:
         if src is not None:  # the weights it starts from, before preset.toml makes it a run
             rundir.start_from(run_dir, src.weights, src.run_dir)
             if src.lora:  # a LoRA checkpoint's adapters merged into its own starting weights
@@ -111,7 +114,8 @@ def run(args) -> int:
     print(f"run {run_dir.name} in {run_dir}")
     return launch.run_foreground(run_dir, topo=topo)
 
-def check_data(args, p, prompts: bool, overrides: list[str], budget_steps: int | None) -> None:
+def check_data(args: argparse.Namespace, p: Preset, prompts: bool, overrides: list[str],
+               budget_steps: int | None) -> None:
     """The corpus first: problems with it are reported before any run directory exists. In the foreground the
     tokens are prepared here, with progress on the terminal; a detached run prepares them itself (its status and
     the TUI show the progress), so only the listing and the first records are checked here. GRPO (``prompts``)
