@@ -76,7 +76,7 @@ def test_the_queue_tab_shows_a_shared_study_with_each_trials_machine_and_device(
             # read-only: the tab's connection cannot write to the study
             import sqlalchemy
             with pytest.raises(sqlalchemy.exc.DBAPIError, match="read-only transaction"):
-                with pane._reader.storage.engine.connect() as c:
+                with pane.study.reader.storage.engine.connect() as c:
                     c.execute(sqlalchemy.text("UPDATE studies SET study_name = 'x'"))
 
             # the database is lost: one line, the last read kept; then the wrong password comes back with it

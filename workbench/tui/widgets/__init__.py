@@ -7,7 +7,8 @@
 - ``sample``    two checkpoints side by side, streamed (or a chat with a chat-tuned run): the run, its checkpoints,
   the mode and the one worker loop; its halves ``sample_text`` and ``sample_chat``, ``sample_output``, the
   columns they share, and ``sample_sources``, what it reads from a run directory (checkpoints, picks, samples)
-- ``queue``     the Queue tab: the run queue and sweeps, read from ``queue.db``
+- ``queue``     the Queue tab: the run queue and sweeps, read from ``queue.db``; ``queue_shared``, the sweeps of a
+  shared study database (``--storage``), read through a read-only connection
 - ``presets``   shipped and user presets, the TOML editor validated as you type, the estimate
 - ``hardware``  CPU, RAM, GPUs (live), capabilities, the recommended preset
 - ``pane``      what every pane offers the app

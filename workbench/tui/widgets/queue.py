@@ -1,23 +1,21 @@
 """Queue / Sweeps pane: the run queue (each run's state, place, progress, what it reached and, for a failed
 one, why), the sweeps (trials ended, the best trial and its settings) and the chosen sweep's results (its
 trials sorted by its metric, the searched keys as columns), read from ``runs/queue.db`` read-only in a worker
-every few seconds. With a shared study database (``workbench tui --storage URL`` or ``$WORKBENCH_STORAGE``; a
-password from the URL, ``PGPASSWORD`` or ``~/.pgpass``) its sweeps are listed too, marked "shared", each trial with
-the machine and device it trains on: read in a worker of their own through a read-only connection, the URL shown
-masked; a database that cannot be read is one line, and the next read (every few seconds) tries again. It changes
-nothing itself: adding, pausing, removing, moving and starting the runner are
-``workbench queue ...`` commands, saving the best trial as a preset ``workbench sweep save-best``, a new sweep
-(``s``: the sweep form) ``workbench sweep PRESET --set-grid ...``, all run by
-the app (the runner lives on when the TUI quits); ``c`` asks the Loss curves pane for the best trials' curves
+every few seconds. With a shared study database (``workbench tui --storage URL`` or ``$WORKBENCH_STORAGE``) its
+sweeps are listed too, marked "shared", each trial with the machine and device it trains on: read in a worker of
+their own (``queue_shared``: a read-only connection, the URL shown masked; a database that cannot be read is one
+line, and the next read, every few seconds, tries again). It changes nothing itself: adding, pausing, removing,
+moving and starting the runner are ``workbench queue ...`` commands, saving the best trial as a preset
+``workbench sweep save-best``, a new sweep (``s``: the sweep form) ``workbench sweep PRESET --set-grid ...``, all
+run by the app (the runner lives on when the TUI quits); ``c`` asks the Loss curves pane for the best trials' curves
 (the top 5, 10 or all of them: ``t`` chooses)."""
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.text import Text
 from textual import on, work
@@ -36,16 +34,12 @@ from workbench.queue.view import Row, rows
 from workbench.tui import display
 from workbench.tui.screens.dialogs import ConfirmScreen
 from workbench.tui.widgets.pane import Pane
-
-if TYPE_CHECKING:
-    from workbench.queue.distributed import SharedReader
+from workbench.tui.widgets.queue_shared import SHARED, SharedStudy
 
 QUEUE_STYLE = {"queued": "cyan", "interrupted": "bold yellow", "pruned": "yellow", "refused": "dim",
                "removed": "dim"}
 # How many of a sweep's best trials `c` draws together in Loss curves: the first, then each `t` the next (None: all)
 TOP_CHOICES: tuple[int | None, ...] = (5, 10, None)
-STORAGE_ENV = "WORKBENCH_STORAGE"   # the shared study database's URL (as `queue run` and `sweep` read it)
-SHARED = "shared:"                  # a shared sweep's key in the sweeps table (a local sweep may have its name)
 
 
 @dataclass(frozen=True)
@@ -156,12 +150,7 @@ class QueuePane(Vertical, Pane):
         super().__init__(**kw)
         self.runs_dir = Path(runs_dir)
         self.interval = interval
-        # the shared study database: given, else $WORKBENCH_STORAGE; kept in memory only, shown masked
-        self.storage = storage if storage is not None else (os.environ.get(STORAGE_ENV) or None)
-        self.shared: list[tuple[str, SweepSpec, list[Result]]] = []
-        self.shared_error = ""
-        self._reader: SharedReader | None = None  # distributed.SharedReader, made in the worker (Optuna loads there)
-        self._shared_busy = False        # a read of the shared database in flight: the next waits for it
+        self.study = SharedStudy(storage)   # the shared study database: given, else $WORKBENCH_STORAGE
         self.view = QueueView([], [], False, None)
         self.top_n: int | None = TOP_CHOICES[0]   # how many of the best trials `c` draws (None: all)
         self._choose: str | None = None   # a sweep to move the sweeps table's cursor to once it is listed
@@ -177,7 +166,7 @@ class QueuePane(Vertical, Pane):
     def on_mount(self) -> None:
         t = self.query_one("#queue-table", DataTable)
         t.add_columns("#", "run", "state", "progress", "val", "settings", "where")
-        self.query_one("#queue-shared", Static).display = self.storage is not None
+        self.query_one("#queue-shared", Static).display = self.study.url is not None
         t.border_title = "queue"
         s = self.query_one("#sweeps-table", DataTable)
         s.add_columns("sweep", "method", "trials", "best", "metric", "best settings")
@@ -185,8 +174,8 @@ class QueuePane(Vertical, Pane):
         self.query_one("#sweep-results", DataTable).border_title = "sweep results"
         self.refresh_queue()
         self.set_interval(self.interval, self.refresh_queue)
-        if self.storage is not None:
-            self._shared_line(f"reading {self._masked()} ...")
+        if self.study.url is not None:
+            self._shared_line(f"reading {self.study.masked()} ...")
             self.refresh_shared()
             self.set_interval(max(self.interval, 2.0), self.refresh_shared)
 
@@ -200,31 +189,14 @@ class QueuePane(Vertical, Pane):
 
     def refresh_shared(self) -> None:
         """Read the shared study database in a worker; none is started while one still waits on the database."""
-        if self.storage is None or self._shared_busy:
+        if self.study.url is None or self.study.busy:
             return
-        self._shared_busy = True
+        self.study.busy = True
         self._read_shared()
 
     @work(thread=True, group="queue-shared", exit_on_error=False)
     def _read_shared(self) -> None:
-        from workbench.queue.distributed import SharedReader, StorageError
-        assert self.storage is not None  # (refresh_shared starts this only with one)
-        try:
-            if self._reader is None:
-                self._reader = SharedReader(self.storage)
-            msg = self.SharedRead(self._reader.read(), "")
-        except StorageError as e:
-            msg = self.SharedRead([], str(e))
-        except Exception as e:   # never the app: what went wrong is the tab's line, the URL masked
-            from workbench.queue.dburl import _scrub
-            msg = self.SharedRead([], _scrub(f"cannot read {self._masked()}: {e!r}", self.storage or ""))
-        finally:
-            self._shared_busy = False
-        self.post_message(msg)
-
-    def _masked(self) -> str:
-        from workbench.queue.dburl import masked
-        return masked(self.storage or "")
+        self.post_message(self.SharedRead(*self.study.read()))
 
     def _shared_line(self, text: str, style: str = "") -> None:
         self.query_one("#queue-shared", Static).update(Text(text, style=style))
@@ -237,15 +209,7 @@ class QueuePane(Vertical, Pane):
     @on(SharedRead)
     def _read_shared_done(self, msg: SharedRead) -> None:
         msg.stop()
-        self.shared_error = msg.error
-        if msg.error:   # the sweeps read last stay listed; the line says they could not be read again
-            self._shared_line(f"shared study: {msg.error} (tried {time.strftime('%H:%M:%S')}; trying again every "
-                              f"{max(self.interval, 2.0):.0f} s)", "bold red")
-        else:
-            self.shared = msg.sweeps
-            trials = sum(len(r) for _, _, r in msg.sweeps)
-            self._shared_line(f"shared study {self._masked()}: {len(msg.sweeps)} sweep(s), {trials} trial(s), "
-                              f"read {time.strftime('%H:%M:%S')}", "green")
+        self._shared_line(*self.study.took(msg.sweeps, msg.error, max(self.interval, 2.0)))
         self.show_sweeps()
 
     def show(self, view: QueueView) -> None:
@@ -271,7 +235,7 @@ class QueuePane(Vertical, Pane):
     def all_sweeps(self) -> list[tuple[str, str, SweepSpec, list[Result]]]:
         """(key, shown name, spec, results): this runs directory's sweeps, then the shared database's."""
         return ([(n, n, sp, r) for n, sp, r in self.view.sweeps]
-                + [(SHARED + n, f"{n} (shared)", sp, r) for n, sp, r in self.shared])
+                + [(SHARED + n, f"{n} (shared)", sp, r) for n, sp, r in self.study.sweeps])
 
     def show_sweeps(self) -> None:
         s = self.query_one("#sweeps-table", DataTable)
@@ -300,7 +264,7 @@ class QueuePane(Vertical, Pane):
     def _sweep(self, key: str | None) -> tuple[str, SweepSpec, list[Result]] | None:
         """The sweep of a sweeps-table key: a local one by its name, a shared one by ``shared:NAME``."""
         if key and key.startswith(SHARED):
-            return next((sw for sw in self.shared if sw[0] == key[len(SHARED):]), None)
+            return next((sw for sw in self.study.sweeps if sw[0] == key[len(SHARED):]), None)
         return next((sw for sw in self.view.sweeps if sw[0] == key), None)
 
     def show_results(self) -> None:
@@ -325,8 +289,8 @@ class QueuePane(Vertical, Pane):
         if 0 < row < t.row_count:
             t.move_cursor(row=row, animate=False)
         if self.shared_chosen():
-            t.border_title = (f"sweep {name} (shared: {self._masked()}): {len(results)} trials by {spec.metric.name} "
-                              f"({spec.metric.goal}); where: the machine and device each trains on")
+            t.border_title = (f"sweep {name} (shared: {self.study.masked()}): {len(results)} trials by "
+                              f"{spec.metric.name} ({spec.metric.goal}); where: the machine and device each trains on")
             return
         t.border_title = (f"sweep {name}: {len(results)} trials by {spec.metric.name} ({spec.metric.goal}); "
                           f"c: {top_label(self.top_n)} in Loss curves (t: {top_label(self.next_top())}), "
