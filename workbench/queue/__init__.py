@@ -11,6 +11,8 @@
   resumes one that died (``workbench resume``) from its last checkpoint.
 - ``devices`` where a run trains: one a GPU (``CUDA_VISIBLE_DEVICES``; an nproc-N run on N free GPUs, by the
   estimate's memory against each GPU's free memory), or ``--slots N`` on a CPU machine, the cores divided
+- ``placing`` the runner's placement of its runs by those rules (a mixin of the runner): the GPUs now, the slot
+  or GPUs a queued run takes beside the runs it holds (or why it never can), a run's estimated need
 - ``distributed``, ``dburl``  sweeps over several machines: one Optuna study in a shared database (``--storage
   postgresql://...``), a worker on each machine (``queue run --storage``), heartbeats, a dead worker's trial
   retried once elsewhere; the URL made SQLAlchemy's, masked wherever shown, SQLite on NFS refused

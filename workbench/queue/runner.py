@@ -26,7 +26,6 @@ that left memory behind, or a neighbour that took some, shows as a difference be
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -40,11 +39,12 @@ from workbench.cli_client import CliError
 from workbench.errors import WorkbenchError
 from workbench.fs import PidLock
 from workbench.machine.activity import OthersLoad, run_processes
-from workbench.machine.detect import detect, detect_nvidia, gpu_free_mib
+from workbench.machine.detect import detect, gpu_free_mib
 from workbench.queue import devices as devices_mod
 from workbench.queue import rounds, sweep
 from workbench.queue.launch import CliLauncher
 from workbench.queue.outcome import Metric, beside_note, failure_line, final_metric, run_metric
+from workbench.queue.placing import Placing
 from workbench.queue.store import Item, QueueError, QueueStore
 from workbench.queue.sweep_results import sweep_metric
 
@@ -86,12 +86,13 @@ def runner_pid(root: Path) -> int | None:
     return RunnerLock(root).holder()
 
 
-class Runner:
+class Runner(Placing):
     """Runs the queue of ``root`` until nothing is left to start (``follow``: waits for more).
 
-    Several runs at once where the machine has room (:mod:`workbench.queue.devices`): ``slots`` runs on a CPU
-    machine (the cores divided), one a GPU on a machine with GPUs (``slots`` caps that). Each run is watched by
-    a runner of its own in a thread (its own database connection), placed where it trains (``placement``)."""
+    Several runs at once where the machine has room (:mod:`workbench.queue.devices`, through
+    :class:`~workbench.queue.placing.Placing`): ``slots`` runs on a CPU machine (the cores divided), one a GPU on a
+    machine with GPUs (``slots`` caps that). Each run is watched by a runner of its own in a thread (its own
+    database connection), placed where it trains (``placement``)."""
 
     def __init__(self, root: Path, log: Callable[[str], None] = print, follow: bool = False,
                  launcher: CliLauncher | None = None, poll: float = POLL_S, slots: int | None = None,
@@ -119,12 +120,6 @@ class Runner:
     def say(self, msg: str) -> None:
         where = f"[{self.placement.label}] " if self.placement and self.placement.label else ""
         self.log(f"{time.strftime('%H:%M:%S')} {where}{msg}")
-
-    def devices(self) -> list[devices_mod.Device]:
-        """The GPUs and their free memory now (NVML, read again each time a run is placed), or the given ones."""
-        if self.given_devices is not None:
-            return self.given_devices
-        return devices_mod.inventory({"nvidia": detect_nvidia()[0]})
 
     def run(self) -> int:
         with RunnerLock(self.root):
@@ -186,37 +181,6 @@ class Runner:
             return False
         self.spawn(claimed, placement)
         return True
-
-    def place(self, item: Item, cap: int) -> tuple[devices_mod.Placement | None, str | None]:
-        """(where ``item`` runs now, or None: it waits; why it can never run here, or None)."""
-        held_slots = {p.slot for _, p in self.active.values() if p.slot is not None}
-        devs = self.devices()
-        if not devs:
-            if not self.slots:
-                return devices_mod.Placement("cpu", slot=1), None
-            slot = next(k for k in range(1, cap + 1) if k not in held_slots)
-            return devices_mod.cpu_placement(slot, cap, self.cores), None
-        need = self.need(item)
-        if (never := devices_mod.never_fits(need, devs)):
-            return None, never
-        held = {g for _, p in self.active.values() for g in p.gpus}
-        gpus = devices_mod.place(need, devs, held)
-        return (None if gpus is None else devices_mod.gpu_placement(gpus, self.cores, cap)), None
-
-    def need(self, item: Item) -> devices_mod.Need:
-        """What ``item`` asks of the GPUs: its hardware.nproc (auto: one) and its estimated memory on each."""
-        if item.id not in self.needs:
-            self.needs[item.id] = estimate_need(self.root, item, self.info)
-        return self.needs[item.id]
-
-    def placement_of(self, item: Item, cap: int) -> devices_mod.Placement:
-        """Where a run the last runner left running trains (as it was placed; a run from an older queue: as one
-        run at a time would have run it)."""
-        if item.gpus:
-            return devices_mod.gpu_placement(item.gpus, self.cores, cap)
-        if item.slot is not None and self.slots:
-            return devices_mod.cpu_placement(item.slot, cap, self.cores)
-        return devices_mod.Placement(item.place or "cpu", slot=item.slot)
 
     def spawn(self, item: Item, placement: devices_mod.Placement, recovering: bool = False) -> None:
         """Watch ``item`` in a thread of its own, by a runner that starts its trainer where ``placement`` says."""
@@ -432,22 +396,3 @@ class Runner:
             for name in self.store.sweep_names():
                 sweep.catch_up(self.store, name, self.info, self.say)
 
-
-def estimate_need(root: Path, item: Item, info: dict) -> devices_mod.Need:
-    """``item``'s GPUs (hardware.nproc; auto is one under the queue) and its estimated MiB on each, planned as
-    ``train`` plans it; a run that cannot be planned now asks for one GPU of unknown need (``train`` then says
-    what is wrong, and the run fails with that line)."""
-    from workbench.machine.detect import Machine
-    from workbench.plan.report import build_report
-    from workbench.plan.run_plan import plan_new_run
-    try:
-        run = item.new_run()
-        plan = plan_new_run(run, root, info)
-        gpus = plan.preset.hardware.nproc or 1
-        if not plan.preset.hardware.nproc:
-            plan = plan_new_run(dataclasses.replace(run, overrides=tuple(run.overrides) + ("hardware.nproc=1",)),
-                                root, info)
-        report = build_report(plan.preset, Machine.from_info(info))
-        return devices_mod.Need(gpus, report.memory.total / 2**20)
-    except (WorkbenchError, OSError, ValueError):
-        return devices_mod.Need(1, None)
