@@ -15,7 +15,7 @@ from workbench.plan.fit.memory import estimate_settings
 from workbench.plan.sampling import Sampling
 
 if TYPE_CHECKING:  # numpy and the encoder's pool: not imported for a type
-    from workbench.data.encode import PrepareProgress
+    from workbench.data.text.encode import PrepareProgress
 
 RUN_HELP = "run id or run directory"
 CHECKPOINT_HELP = "latest (default), best, or a step number"

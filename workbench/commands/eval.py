@@ -32,9 +32,9 @@ from workbench.commands.common import (
     sampling_of,
 )
 from workbench.commands.pairs import REWARDS, Sampler, add_reward_options, batches, check_sampling, sampler_for
-from workbench.data.tasks.builtin_tasks import BUILTIN_TASKS, builtin_task
 from workbench.data.chat.chat_templates import ChatTemplate, ChatTemplateError, run_template
 from workbench.data.corpus.documents import Corpus, open_corpus
+from workbench.data.tasks.builtin_tasks import BUILTIN_TASKS, builtin_task
 from workbench.data.tasks.task_files import Task, TaskError, expand_task_specs, load_task, task_options
 from workbench.data.text.tokenizer import load_tokenizer
 from workbench.fmt import duration
