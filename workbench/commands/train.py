@@ -17,14 +17,10 @@ from workbench.commands.common import (
     time_budget_arg,
 )
 from workbench.config import Preset, overridden_keys, preset_to_toml
-from workbench.data.chat.chat_data import check_loss_on, corpus_kind
-from workbench.data.mixture.mixture_data import MixtureData
-from workbench.data.preference.preference_records import check_corpus_kind
-from workbench.data.preset_data import check_chat_template, open_data_corpus, prepare_data
 from workbench.machine.detect import Machine, detect
+from workbench.plan.preflight import FIRST_RECORDS, LISTED, check_plan, prepare_checked
 from workbench.plan.recipe.finetune import finetune_lr_note
 from workbench.plan.recipe.objective_plan import objective_plan
-from workbench.plan.report import fit_check
 from workbench.plan.run_plan import NewRun, plan_new_run
 from workbench.plan.settings import PeakFn, check_installed, resolve_settings
 
@@ -83,7 +79,11 @@ def run(args: argparse.Namespace) -> int:
               + finetune_lr_note(p.train, overrides), flush=True)  # which rule set the rate (plan/recipe/finetune.py)
     if (objective := objective_plan(p)).preference:
         print(objective.describe(), flush=True)
-    check = fit_check(p, machine, measured_in(root), peak=budget_peak(p))
+    # the one pre-flight (plan/preflight.py): the estimate, and the corpus as far as it is read before the run
+    # directory: a detached run's first records (it prepares its tokens itself), else listed (prepared below)
+    pf = check_plan(plan, req, machine, history=measured_in(root), peak=budget_peak(p),
+                    corpus=FIRST_RECORDS if args.detach and not p.data.mixture else LISTED)
+    check = pf.check
     print("estimate: " + "; ".join(check.lines()), flush=True)
     if p.train.time_budget_s is not None and "train.max_iters" in overridden_keys(overrides):
         print(f"note: train.max_iters = {p.train.max_iters} is not read with a time budget: the budget decides the "
@@ -95,7 +95,13 @@ def run(args: argparse.Namespace) -> int:
         if not (sys.stdin.isatty() and input("start anyway? [y/N] ").strip().lower() in ("y", "yes")):
             raise rundir.RunError(f"{p.name} does not fit this machine's memory by the estimate{advice}; "
                                   "start it anyway with --yes, or `workbench fit` a preset that fits")
-    check_data(args, p, objective.samples, overrides, check.budget_steps)
+    pf.raise_data_problem()  # problems with the corpus are reported before any run directory exists
+    if not args.detach or p.data.mixture:  # with progress here; a mixture's repeats are checked before the run
+        progress = TerminalProgress()
+        try:
+            prepare_checked(p, check.budget_steps, log=lambda m: print(m, flush=True), progress=progress)
+        finally:
+            progress.close()
     def fill(run_dir: Path) -> str:
         if src is not None:  # the weights it starts from, before preset.toml makes it a run
             rundir.start_from(run_dir, src.weights, src.run_dir)
@@ -113,35 +119,3 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"run {run_dir.name} in {run_dir}")
     return launch.run_foreground(run_dir, topo=topo)
-
-def check_data(args: argparse.Namespace, p: Preset, prompts: bool, overrides: list[str],
-               budget_steps: int | None) -> None:
-    """The corpus first: problems with it are reported before any run directory exists. In the foreground the
-    tokens are prepared here, with progress on the terminal; a detached run prepares them itself (its status and
-    the TUI show the progress), so only the listing and the first records are checked here. GRPO (``prompts``)
-    trains on a prompts file, read and checked by plan_new_run (not a corpus)."""
-    if prompts:
-        return
-    corpus = open_data_corpus(p.data)
-    check_loss_on(p.data, corpus, p.train.loss_on if "train.loss_on" in overridden_keys(overrides) else None)
-    if args.detach and not p.data.mixture:  # a mixture is prepared here: its repeats are checked before the run
-        kind = corpus_kind(p.data, corpus)  # (its first record was read to tell)
-        check_corpus_kind(p.train.objective, kind, corpus.description)
-        if kind != "text":  # conversations and preference records: the template they render through
-            check_chat_template(p.data, p.model.vocab_size, p.train.loss_on)
-        else:
-            corpus.check_first_records()
-        return
-    progress = TerminalProgress()
-    try:
-        data = prepare_data(p.data, p.model.vocab_size, p.model.seq_len, log=lambda m: print(m, flush=True),
-                            progress=progress, loss_on=p.train.loss_on,  # --init-from: the source's tokenizer
-                            objective=p.train.objective)
-    finally:
-        progress.close()
-    # e.g. conversations that fill no row (all dropped as overlong) are bad input too; a mixture's max_repeat is
-    # checked over the steps the run is planned for: with a time budget, its first guess (the trainer's too)
-    if isinstance(data, MixtureData):
-        data.check(p, max(1, budget_steps) if budget_steps is not None else None)
-    else:
-        data.check(p)

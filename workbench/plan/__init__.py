@@ -6,6 +6,7 @@ What will run and the estimate at the top, the parts they are made of in three f
 - ``settings``   every ``auto`` of a preset resolved once, on a given machine, into frozen RunSettings
 - ``sampling``   the sampling defaults (text and chat) every sampler reads: the CLI, the TUI, the trainer
 - ``report``     the ``workbench estimate`` report (CLI and TUI) and the fit check
+- ``preflight``  what every way of starting a run checks first: the plan, the estimate, the corpus
 - ``compare``    a preset as if on a GPU of the table (``estimate --gpu``), and on every common GPU (``--compare``)
 - ``throughput`` tokens/s on a GPU of the table: its peak x an MFU, measured or scaled from a measurement
 - ``cost``       run time, energy and cost
