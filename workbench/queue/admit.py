@@ -1,6 +1,7 @@
-"""Whether a run may join the queue: the run plan takes its preset, ``--set``, corpus and ``--init-from``
-(so a queued run is refused for what ``workbench train`` would refuse, when it is added rather than hours
-later), its corpus is listed, and the memory estimate says whether it fits this machine.
+"""Whether a run may join the queue: the pre-flight ``workbench train --detach`` runs when the runner starts it
+(``plan.preflight``: the run plan of its preset, ``--set``, corpus and ``--init-from``; its corpus listed and its
+first records read against the objective; the estimate), so a queued run is refused for what ``train`` would
+refuse, when it is added rather than hours later, and the memory estimate says whether it fits this machine.
 
 A sweep's trial that does not fit is auto-fitted (:func:`admit_fitted`): the smaller micro-batch with more
 gradient accumulation and the same tokens per step that the estimate finds (``recommend.fitting_savers``, the
@@ -16,10 +17,10 @@ from typing import Any
 
 from workbench.analysis.history import measured_in
 from workbench.config import Preset
-from workbench.data.preset_data import open_data_corpus
 from workbench.machine.detect import Machine
-from workbench.plan.report import FitCheck, fit_check
-from workbench.plan.run_plan import absolute_corpus, plan_new_run
+from workbench.plan.preflight import FIRST_RECORDS, preflight
+from workbench.plan.report import FitCheck
+from workbench.plan.run_plan import absolute_corpus
 from workbench.queue.store import NewItem
 
 
@@ -48,12 +49,12 @@ def preset_argument(preset: str) -> str:
 
 def admit(root: Path, new: NewItem, machine: Machine, info: dict) -> Admission:
     """The checked run (a WorkbenchError, one line, for a request `train` would refuse)."""
-    plan = plan_new_run(new.new_run(), root, info)
-    open_data_corpus(plan.preset.data)  # a path or glob that names nothing is refused now
+    pf = preflight(new.new_run(), root, machine, info, history=measured_in(root), corpus=FIRST_RECORDS)
+    pf.raise_data_problem()  # a corpus `train --detach` would refuse is refused now
     corpus = tuple(absolute_corpus(list(new.corpus))) if new.corpus else ()
     item = NewItem(preset_argument(new.preset), tuple(new.sets), corpus, new.time_budget, new.init_from,
                    new.force, new.name, new.sweep, new.trial)
-    return Admission(item, plan.preset, fit_check(plan.preset, machine, measured_in(root)))
+    return Admission(item, pf.preset, pf.check)
 
 
 BATCH_KEYS = frozenset({"train.batch_size", "train.grad_accum"})
