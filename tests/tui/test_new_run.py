@@ -71,6 +71,12 @@ CASES = {
                                                                        "train.loss_on=assistant"]),
                                   ["--corpus", "corpus.txt", *tiny("train.max_iters=3", "train.loss_on=assistant")],
                                   True),
+    # the corpus's kind against the objective: the form checks what the `train --detach` it starts checks (it said
+    # nothing, and the form closed on a run `train` then refused)
+    "dpo_on_a_text_corpus": (dict(init_from="tiny", corpus="corpus.txt",
+                                  overrides=[*tiny("train.max_iters=3", "train.objective=dpo")[1:]]),
+                             ["--init-from", "tiny", "--corpus", "corpus.txt",
+                              *tiny("train.max_iters=3", "train.objective=dpo")], True),
     "init_from_with_a_model_override": (dict(init_from="tiny", overrides=["model.dim=128"]),
                                         ["--init-from", "tiny", "--set", "model.dim=128"], True),
     "init_from_with_a_free_model_key": (

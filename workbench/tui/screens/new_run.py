@@ -18,16 +18,13 @@ from textual.widgets import Button, Input, Label, Select, Static
 from workbench.analysis.history import measured_in
 from workbench.config import (
     Preset,
-    overridden_keys,
     preset_paths,
 )
-from workbench.data.chat.chat_data import check_loss_on
 from workbench.data.corpus.kinds import KINDS, PAIRS
-from workbench.data.preset_data import open_data_corpus
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
 from workbench.plan.recipe.finetune import compare_methods, method_overrides
-from workbench.plan.report import fit_check
+from workbench.plan.preflight import FIRST_RECORDS, NO_CORPUS, corpus_problem, preflight
 from workbench.plan.run_plan import plan_new_run
 from workbench.rundir import runs_root, sanitize_run_name
 from workbench.tui import launcher
@@ -43,18 +40,17 @@ def request_preset(req: RunRequest, runs_dir: Path | None = None) -> Preset:
 
 
 def check_request(req: RunRequest, runs_dir: Path | None = None) -> str | None:
-    """What is wrong with ``req`` (preset, overrides, run name, the checkpoint to start from, the corpus as
-    `workbench train` lists it before a run exists), or None: shown in the form, which stays open."""
+    """What is wrong with ``req`` (preset, overrides, run name, the checkpoint to start from, the corpus as the
+    pre-flight of the `workbench train --detach` it starts checks it before a run exists: listed, its first records
+    read against the objective), or None: shown in the form, which stays open."""
     try:
         p = request_preset(req, runs_dir)
         if req.name:
             sanitize_run_name(req.name)
-        corpus = open_data_corpus(p.data)
-        asked = "train.loss_on" in overridden_keys(list(req.new_run().preset_sets()))
-        check_loss_on(p.data, corpus, p.train.loss_on if asked else None)
+        problem = corpus_problem(p, req.new_run().preset_sets(), FIRST_RECORDS)
     except (WorkbenchError, OSError) as e:
         return str(e)
-    return None
+    return str(problem) if problem is not None else None
 
 
 PREVIEW_HINT = "ctrl+d: preview the data as the trainer will see it (conversations: what the loss is on)"
@@ -157,10 +153,11 @@ def estimate_text(req: RunRequest, machine_info: dict | None, runs_dir: Path | N
     machine: memory and time, by estimate (a budget's plan: plan.schedule.budget_plan.plan_budget, as `train` says
     it)."""
     try:
-        p = request_preset(req, runs_dir)
-        check = fit_check(p, Machine.from_info(machine_info or detect()), measured_in(runs_dir))
+        pf = preflight(req.new_run(), runs_root(runs_dir), Machine.from_info(machine_info or detect()),
+                       history=measured_in(runs_dir), corpus=NO_CORPUS)  # the corpus: check_request's
     except (WorkbenchError, OSError) as e:
         return None, f"estimate: {e}", ""
+    p, check = pf.preset, pf.check
     return check.fits, "\n".join(check.lines() + mixture_shares(p)), check.budget_problem
 
 
