@@ -9,9 +9,10 @@ from workbench import rundir
 from workbench.commands import launch
 from workbench.commands.common import add_run_argument, add_set_option
 from workbench.config import preset_to_toml
-from workbench.data.mixture.mixture_data import check_mixture_repeats, mixture_sources
 from workbench.data.mixture.mixture_plan import check_resume
+from workbench.data.mixture.mixture_data import mixture_sources
 from workbench.machine.detect import Machine, detect
+from workbench.plan.preflight import check_resume_data
 from workbench.plan.run_plan import ResumeRequest, checkpoint_state, plan_resume
 from workbench.plan.settings import check_installed, resolve_settings
 
@@ -44,10 +45,7 @@ def run(args: argparse.Namespace) -> int:
     # the mixture it trained on goes on, or --remix says another may (before anything is written)
     check_resume(mixture_sources(p.data), checkpoint_state(ckpt).get("sampler"), f"{run_dir.name} {ckpt['name']}",
                  args.remix)
-    if mixture_sources(p.data) is not None and p.train.time_budget_s is None:
-        # the steps it goes on to (--more, --set train.max_iters): no source repeated past its max_repeat there (a
-        # budgeted run's end stops at the last step within it, as it does from the start)
-        check_mixture_repeats(p, run_dir)
+    check_resume_data(p, run_dir)  # a mixture's max_repeat over the steps it goes on to (plan/preflight.py)
     for line in plan.notes:
         print(line)
     # Load the checkpoint once here (weights_only) so a truncated, foreign or unsafe file is
