@@ -9,8 +9,8 @@ from workbench import rundir
 from workbench.commands import launch
 from workbench.commands.common import add_run_argument, add_set_option
 from workbench.config import preset_to_toml
-from workbench.data.mixture.mixture_plan import check_resume
 from workbench.data.mixture.mixture_data import mixture_sources
+from workbench.data.mixture.mixture_plan import check_resume
 from workbench.machine.detect import Machine, detect
 from workbench.plan.preflight import check_resume_data
 from workbench.plan.run_plan import ResumeRequest, checkpoint_state, plan_resume

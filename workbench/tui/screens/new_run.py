@@ -23,8 +23,8 @@ from workbench.config import (
 from workbench.data.corpus.kinds import KINDS, PAIRS
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine, detect
-from workbench.plan.recipe.finetune import compare_methods, method_overrides
 from workbench.plan.preflight import FIRST_RECORDS, NO_CORPUS, corpus_problem, preflight
+from workbench.plan.recipe.finetune import compare_methods, method_overrides
 from workbench.plan.run_plan import plan_new_run
 from workbench.rundir import runs_root, sanitize_run_name
 from workbench.tui import launcher
