@@ -179,8 +179,8 @@ def run_shared(args: argparse.Namespace) -> int:
 
 
 def list_shared(url: str) -> int:
-    from workbench.queue import distributed
-    sweeps = distributed.summaries(url)
+    from workbench.queue import distributed, shared_study
+    sweeps = shared_study.summaries(url)
     if not sweeps:
         print(f"no sweeps in {distributed.masked(url)}; `workbench sweep PRESET --set-grid KEY=V1,V2 --storage URL` "
               "makes one")
@@ -195,8 +195,8 @@ def list_shared(url: str) -> int:
 
 
 def show_shared(url: str, name: str, as_json: bool) -> int:
-    from workbench.queue import distributed
-    spec, rows = distributed.results(url, name)
+    from workbench.queue import distributed, shared_study
+    spec, rows = shared_study.results(url, name)
     if as_json:
         print(json.dumps({"sweep": spec.to_dict(), "trials": rows}, indent=1))
         return 0

@@ -16,6 +16,8 @@
 - ``distributed``, ``dburl``  sweeps over several machines: one Optuna study in a shared database (``--storage
   postgresql://...``), a worker on each machine (``queue run --storage``), heartbeats, a dead worker's trial
   retried once elsewhere; the URL made SQLAlchemy's, masked wherever shown, SQLite on NFS refused
+- ``shared_study`` a shared study read: its sweeps and trials as ``sweep ls/show --storage`` and the Queue tab
+  show them; the spec and trial count kept as study attributes
 - ``admit``   a run checked and estimated as ``workbench train`` would check it, before it is queued; a
   sweep's trial that does not fit auto-fitted to a smaller micro-batch with the same tokens per step
 - ``launch``  starting, stopping and resuming runs through the CLI (the queue never imports torch)

@@ -1,6 +1,6 @@
 """The Queue pane's shared study database (``workbench tui --storage URL`` or ``$WORKBENCH_STORAGE``; a password
 from the URL, ``PGPASSWORD`` or ``~/.pgpass``): its sweeps read through one read-only connection, kept between
-reads (``queue.distributed.SharedReader``), in a worker of the pane every few seconds; a database that cannot be
+reads (``queue.shared_study.SharedReader``), in a worker of the pane every few seconds; a database that cannot be
 read is one line (the URL masked, as everywhere it is shown), the sweeps read last kept, and the next read tries
 again. No widget here: the pane shows what this reads."""
 
@@ -14,7 +14,7 @@ from workbench.queue.sweep_results import Result
 from workbench.queue.sweep_spec import SweepSpec
 
 if TYPE_CHECKING:
-    from workbench.queue.distributed import SharedReader
+    from workbench.queue.shared_study import SharedReader
 
 STORAGE_ENV = "WORKBENCH_STORAGE"   # the shared study database's URL (as `queue run` and `sweep` read it)
 SHARED = "shared:"                  # a shared sweep's key in the sweeps table (a local sweep may have its name)
@@ -28,7 +28,7 @@ class SharedStudy:
         self.url = storage if storage is not None else (os.environ.get(STORAGE_ENV) or None)
         self.sweeps: list[tuple[str, SweepSpec, list[Result]]] = []   # read last (kept when a read fails)
         self.error = ""                  # why the last read failed ("": it did not)
-        self.reader: SharedReader | None = None  # distributed.SharedReader, made in the worker (Optuna loads there)
+        self.reader: SharedReader | None = None  # shared_study.SharedReader, made in the worker (Optuna loads there)
         self.busy = False                # a read in flight: the next waits for it
 
     def masked(self) -> str:
@@ -37,7 +37,7 @@ class SharedStudy:
 
     def read(self) -> tuple[list[tuple[str, SweepSpec, list[Result]]], str]:
         """(its sweeps, ""), or ([], why they could not be read, in one line): in the pane's worker thread."""
-        from workbench.queue.distributed import SharedReader, StorageError
+        from workbench.queue.shared_study import SharedReader, StorageError
         assert self.url is not None  # (the pane reads only with one)
         try:
             if self.reader is None:
