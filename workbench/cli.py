@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 from workbench import __version__
 from workbench.commands.tui import run as run_tui
@@ -22,8 +23,16 @@ COMMANDS = ["train", "resume", "stop", "runs", "doctor", "eval", "pairs", "round
             "hw", "estimate", "fit", "export", "import_model", "metrics", "queue", "sweep", "tui", "serve"]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its errors in one line: what is wrong and where the options are listed, exit 2. argparse's
+    own printed the command's whole usage first (eleven lines for `workbench rounds`), the error last."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = OneLineParser(  # its subcommands' parsers are of its class (argparse makes them with type(parent))
         prog="workbench",
         description="Train small GPT-style language models on your own machine. "
                     "With no command, opens the terminal UI.")

@@ -148,3 +148,20 @@ def test_long_and_out_of_vocabulary_prompts_work(trained_run, prompt, note):
     assert cp.stdout.startswith(prompt)
     if note:
         assert note in cp.stderr
+
+
+@pytest.mark.parametrize("args,wrong", [
+    (("rounds", "r", "--rounds", "two"), "argument --rounds: invalid int value: 'two'"),
+    (("train", "cpu-small", "--set"), "argument --set: expected at least one argument"),
+    (("data", "inspect"), "the following arguments are required: corpus"),
+    (("bogus",), "argument COMMAND: invalid choice: 'bogus'"),
+])
+def test_a_malformed_command_line_is_one_line_naming_the_help(args, wrong, tmp_path):
+    """argparse's errors printed the command's whole usage before the error (eleven lines for `rounds`): now one
+    line, what is wrong and the --help that lists the options, exit 2, nothing written."""
+    cp = wb(*args, "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path) if args[0] != "bogus" else wb(*args, cwd=tmp_path)
+    lines = cp.stderr.strip().splitlines()
+    assert cp.returncode == 2 and len(lines) == 1, cp.stderr
+    prog = "workbench" if args[0] == "bogus" else f"workbench {args[0]}" + (" inspect" if args[0] == "data" else "")
+    assert lines[0].startswith(f"{prog}: error: {wrong}") and lines[0].endswith(f"(`{prog} --help` lists the options)")
+    assert list(tmp_path.iterdir()) == [], "nothing written"
