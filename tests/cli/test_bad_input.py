@@ -159,7 +159,8 @@ def test_long_and_out_of_vocabulary_prompts_work(trained_run, prompt, note):
 def test_a_malformed_command_line_is_one_line_naming_the_help(args, wrong, tmp_path):
     """argparse's errors printed the command's whole usage before the error (eleven lines for `rounds`): now one
     line, what is wrong and the --help that lists the options, exit 2, nothing written."""
-    cp = wb(*args, "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path) if args[0] != "bogus" else wb(*args, cwd=tmp_path)
+    runs = ("--runs-dir", str(tmp_path / "runs")) if args[0] != "bogus" else ()
+    cp = wb(*args, *runs, cwd=tmp_path)
     lines = cp.stderr.strip().splitlines()
     assert cp.returncode == 2 and len(lines) == 1, cp.stderr
     prog = "workbench" if args[0] == "bogus" else f"workbench {args[0]}" + (" inspect" if args[0] == "data" else "")
