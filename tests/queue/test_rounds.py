@@ -100,6 +100,8 @@ def test_a_killed_two_round_chain_resumes_and_each_round_starts_from_the_last(so
     assert preset_init(root / "chat-rpo-r1") == {"run": "chat", "step": chat_step}
     assert preset_init(root / "chat-rpo-r2") == {"run": "chat-rpo-r1", "step": 2}
     assert (r1.init_from, r2.init_from) == (f"chat:{chat_step}", "chat-rpo-r1:2")
+    again = wb("queue", "run", "--runs-dir", str(root), check=True).stdout  # a runner started later: nothing to do
+    assert "rounds finished" not in again and "chat-rpo" not in again, again
     listed = wb("runs", "--runs-dir", str(root), check=True).stdout
     assert "from chat@24" in listed and "from chat-rpo-r1@2" in listed, listed
     d = root / "chat-rpo.rounds"

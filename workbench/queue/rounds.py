@@ -250,7 +250,10 @@ def catch_up(store: QueueStore, say: Callable[[str], None], only: Chain | None =
             queue_round(store, chain, 1, say)
             continue
         item = store.find(chain.run_name(last))
-        if item is not None and item.state == "finished":
+        # a finished round whose next round or record is missing; a chain that has ended is left unsaid (every
+        # `queue run` said "all N rounds finished" again for each chain it had ever run)
+        if item is not None and item.state == "finished" and (
+                last < chain.rounds or not (chain.root / item.name / ROUND_FILE).exists()):
             round_ended(store, item, say)
 
 
