@@ -19,6 +19,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # workers already on both cores a cold tiny compile took 30.2 s CPU and 42 s wall with the pool, 25.8 s and 31 s
 # without (2026-11-29, this machine, under load)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# Bytecode written, whatever the environment says: with PYTHONDONTWRITEBYTECODE set (it is on this project's
+# machines, CI's included) no workbench module ever had a .pyc, so every process the tests start (a CLI command,
+# a trainer, a runner: well over a thousand) compiled the ~150 modules it imports from source again
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 if "torch" in sys.modules:
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
