@@ -131,6 +131,9 @@ def load_function(path: Path, name: str, spec: str) -> tuple[Scorer, str]:
     module = importlib.util.module_from_spec(loader_spec)
     here = str(path.resolve().parent)
     sys.path.insert(0, here)
+    # nothing written beside the user's file: Python would leave __pycache__/NAME.cpython-*.pyc in their folder
+    # (hidden where PYTHONDONTWRITEBYTECODE is set, as on the machines these tests first ran on)
+    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         loader_spec.loader.exec_module(module)
     except BaseException as e:  # noqa: BLE001 - a syntax error, an import that fails, a sys.exit at import
@@ -138,6 +141,7 @@ def load_function(path: Path, name: str, spec: str) -> tuple[Scorer, str]:
         raise RewardError(f"--reward {spec}: loading {path} raised {type(e).__name__}"
                           + (f": {detail}" if detail else "") + "; fix the file") from None
     finally:
+        sys.dont_write_bytecode = dont_write
         if here in sys.path:
             sys.path.remove(here)
     fn = getattr(module, name, None)
