@@ -2,7 +2,8 @@
 stopped helping, the same wall-clock W of (a) more SFT on the correct answers, (b) GRPO with the `exact` reward,
 (c) two rounds of on-policy DPO + NLL (`workbench rounds`), each scored by held-out greedy exact match per task.
 
-    python bench/chat_rl.py --out DIR --seeds 1,2,3 --held 500 --budget 5m   # the issue's comparison
+    python bench/chat_rl.py --out DIR --seeds 1,2,3 --held 500 --budget 5m   # from the 400-step chat-tune
+    python bench/chat_rl.py --out DIR --extend 1000 --seeds 1,2,3 --budget 4m # from past the plateau (the issue's)
     python bench/chat_rl.py --out DIR --quick                                 # toy size: the pipeline, minutes
 
 1. The start (kept in --out; a rerun reuses it): bench/chat_sft.py's pretraining of cpu-small on the built-in
@@ -10,15 +11,22 @@ stopped helping, the same wall-clock W of (a) more SFT on the correct answers, (
    row: full fine-tune, AdamW lr 1e-3 (min_lr at the preset's ratio, wsd), --sft-steps steps (default 400: ~48 %
    held out there, the plateau: 2e-3 scored no better, docs/reference/fine-tuning.md) on chat_sft's 2,000 training
    conversations (tests/support/chat.py, seed 0). Run "start".
+   With --extend N: the start's chat-tune continued N steps by the same recipe (run "extend": lr 1e-3, wsd, a
+   40-step warmup, seed 1337; a checkpoint every --extend-every steps, all kept), each checkpoint scored on
+   --extend-held held-out conversations; the plateau is the first checkpoint no later one beats by more than two
+   standard errors (with at least two after it), and the arms start from extend's last checkpoint once there is
+   one (or from --start-step S). The first run of this bench started from the 400-step chat-tune, where more SFT
+   still had most to gain (docs/performance/chat-rl.md).
 2. Per seed (`train.seed`: the order of the data, the sampling), three arms from "start", each given W seconds:
    - **sft**: `train --init-from start --time-budget W` on the same training conversations (their correct
      answers), lr 1e-3 again (the fine-tune rule's rate), wsd over the budget;
    - **grpo**: `train --init-from start --time-budget W --set train.objective=grpo train.reward=exact:answer` on
-     the prompts file (below), G --group, completions of at most --max-new 24 tokens, lr --grpo-lr;
-   - **rounds**: `workbench rounds start --rounds 2 --reward exact --samples 4 --time-budget T` on the first
-     --round-prompts prompts of the file, T = (W - 2 x --round-overhead) / 2 so that sampling, pairing and
-     training of both rounds fit W (their real wall time is reported). DPO + NLL (sft weight 1), the preference
-     fine-tune's capped lr (3e-5, flat).
+     the prompts file (below), G --group, completions of at most --max-new 24 tokens, lr --grpo-lr (default the
+     shipped cap of a GRPO fine-tune's rate, workbench/plan/finetune.py's GRPO_MAX_LR, 3e-4);
+   - **rounds**: `workbench rounds start --rounds R --reward exact --samples 4 --time-budget T` on the first
+     --round-prompts prompts of the file (default 512), T = (W - R x --round-overhead) / R so that sampling,
+     pairing and training of all R (--rounds, default 2) rounds fit W (their real wall time is reported).
+     DPO + NLL (sft weight 1), the preference fine-tune's capped lr (3e-5, flat).
 3. Held-out exact match of each arm's last checkpoint and of the start on --held conversations (chat_sft's held-out
    set, seed 1), overall and per task (chat_sft.score: greedy, stripped, equal), with each arm's optimizer steps,
    tokens and wall time.
@@ -57,9 +65,11 @@ import chat_sft  # noqa: E402
 import finetune_lr  # noqa: E402
 
 from tests.support.chat import conversations, write_jsonl  # noqa: E402
+from workbench.plan.finetune import GRPO_MAX_LR  # noqa: E402
 
 SFT_LR = 1e-3          # bench/finetune_lr.py's best full rate at 400 steps (47.8 %, three seeds)
-GRPO_LR = 1e-4        # GRPO's default here (a full fine-tune of the reward family otherwise keeps the preset's 3e-3)
+GRPO_LR = GRPO_MAX_LR  # the shipped cap of a GRPO fine-tune's rate (3e-4); the first run of this bench used 1e-4
+EXTEND_WARMUP = 40     # the start's own warmup (build_start: 400 // 10)
 COMMANDS: list[str] = []
 
 
@@ -133,6 +143,32 @@ def copy_start(out: Path, src: Path) -> tuple[None, float]:
     return None, status["finished"] - status["pid_start"]
 
 
+def extend(out: Path, corpus: str, steps: int, every: int) -> float:
+    """More of the start's chat-tune ("extend"): ``steps`` steps from "start" by the same recipe (lr 1e-3, min_lr
+    at the preset's ratio, wsd, a 40-step warmup, seed 1337), a checkpoint every ``every`` steps, all kept."""
+    ratio = finetune_lr.preset_rates()[1] / finetune_lr.preset_rates()[0]
+    return cli(out, "extend", ["train", "cpu-small", "--corpus", corpus, "--runs-dir", str(out / "runs"), "--name",
+                               "extend", "--yes", "--init-from", "start", "--set", *chat_sft.COMMON,
+                               "train.finetune=full", f"train.lr={SFT_LR:g}", f"train.min_lr={SFT_LR * ratio:.3g}",
+                               f"train.max_iters={steps}", f"train.warmup_iters={EXTEND_WARMUP}",
+                               f"train.eval_interval={every}", f"train.ckpt_interval={every}",
+                               f"train.milestone_interval={every}", "train.log_interval=50", "train.seed=1337"])
+
+
+def plateau(points: list[tuple[int, float]], n_held: int, after: int = 2) -> int | None:
+    """The first checkpoint (step) that no later one beats by more than two standard errors of its own score on
+    ``n_held`` items, with at least ``after`` checkpoints after it: where more SFT stopped helping. None while the
+    score still rises (or too few checkpoints follow)."""
+    for i, (step, s) in enumerate(points):
+        if len(points) - 1 - i < after:
+            return None
+        p = min(max(s / 100, 1 / n_held), 1 - 1 / n_held)
+        se = 100 * (p * (1 - p) / n_held) ** 0.5
+        if all(t <= s + 2 * se for _, t in points[i + 1:]):
+            return step
+    return None
+
+
 def prompts_file(path: Path, recs: list[dict]) -> Path:
     """The training conversations as GRPO / rounds prompts: user message, system message, the answer."""
     rows = []
@@ -145,11 +181,11 @@ def prompts_file(path: Path, recs: list[dict]) -> Path:
     return write_jsonl(path, rows)
 
 
-def arm_sft(out: Path, corpus: str, seed: int, budget: float) -> dict:
+def arm_sft(out: Path, corpus: str, seed: int, budget: float, init: str) -> dict:
     name = f"sft-s{seed}"
     ratio = finetune_lr.preset_rates()[1] / finetune_lr.preset_rates()[0]
     wall = cli(out, name, ["train", "cpu-small", "--corpus", corpus, "--runs-dir", str(out / "runs"), "--name", name,
-                           "--yes", "--init-from", "start", "--time-budget", f"{budget:g}s", "--set",
+                           "--yes", "--init-from", init, "--time-budget", f"{budget:g}s", "--set",
                            *chat_sft.COMMON, "train.finetune=full", f"train.lr={SFT_LR:g}",
                            f"train.min_lr={SFT_LR * ratio:.3g}", f"train.seed={seed}", "train.log_interval=10"])
     run_dir = out / "runs" / name
@@ -158,10 +194,11 @@ def arm_sft(out: Path, corpus: str, seed: int, budget: float) -> dict:
                 tokens=f"{sum(chat_sft.trained_per_step(run_dir, steps)):,} answer tokens trained")
 
 
-def arm_grpo(out: Path, prompts: Path, seed: int, budget: float, group: int, max_new: int, lr: float) -> dict:
+def arm_grpo(out: Path, prompts: Path, seed: int, budget: float, group: int, max_new: int, lr: float,
+             init: str) -> dict:
     name = f"grpo-s{seed}" if lr == GRPO_LR else f"grpo-lr{lr:g}-s{seed}"
     wall = cli(out, name, ["train", "cpu-small", "--corpus", str(prompts), "--runs-dir", str(out / "runs"), "--name",
-                           name, "--yes", "--init-from", "start", "--time-budget", f"{budget:g}s", "--set",
+                           name, "--yes", "--init-from", init, "--time-budget", f"{budget:g}s", "--set",
                            *chat_sft.COMMON, "train.objective=grpo", "train.reward=exact:answer",
                            f"train.grpo_group={group}", f"train.grpo_max_new_tokens={max_new}", f"train.lr={lr:g}",
                            f"train.min_lr={lr / 10:g}", f"train.seed={seed}", "train.log_interval=1"])
@@ -183,19 +220,20 @@ def arm_grpo(out: Path, prompts: Path, seed: int, budget: float, group: int, max
 
 
 def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: float, samples: int,
-               max_new: int) -> dict:
+               max_new: int, init: str, n_rounds: int = 2) -> dict:
     chain = f"rpo-s{seed}"
-    per_round = max(10.0, (budget - 2 * overhead) / 2)
-    wall = cli(out, chain, ["rounds", "start", "--runs-dir", str(out / "runs"), "--prompts", str(prompts),
-                            "--reward", "exact", "--rounds", "2", "--samples", str(samples), "--time-budget",
-                            f"{per_round:.0f}s", "--name", chain, "--max-new-tokens", str(max_new), "--seed",
-                            str(seed), "--yes", "--set", "hardware.compile=false", "train.patience=0",
-                            "train.sample_prompt=", "train.eval_iters=5", f"train.seed={seed}",
+    per_round = max(10.0, (budget - n_rounds * overhead) / n_rounds)
+    run, _, step = init.partition(":")
+    wall = cli(out, chain, ["rounds", run, "--checkpoint", step or "latest", "--runs-dir", str(out / "runs"),
+                            "--prompts", str(prompts), "--reward", "exact", "--rounds", str(n_rounds), "--samples",
+                            str(samples), "--time-budget", f"{per_round:.0f}s", "--name", chain, "--max-new-tokens",
+                            str(max_new), "--seed", str(seed), "--yes", "--set", "hardware.compile=false",
+                            "train.patience=0", "train.sample_prompt=", "train.eval_iters=5", f"train.seed={seed}",
                             "train.log_interval=10"])
     steps, pairs, pair_tokens, sampled, means = [], 0, 0, 0, []
     from workbench.data.text.tokenizer import load_tokenizer
     tok = load_tokenizer(out / "runs" / "start")
-    for i in (1, 2):
+    for i in range(1, n_rounds + 1):
         run_dir = out / "runs" / f"{chain}-r{i}"
         steps.append(last_step(run_dir))
         lines = [json.loads(x) for x in (out / "runs" / f"{chain}.rounds" / f"round-{i}-pairs.jsonl").read_text()
@@ -212,11 +250,47 @@ def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: flo
         meta = json.loads((out / "runs" / f"{chain}.rounds" / f"round-{i}.json").read_text())
         sampled += meta.get("prompts", 0) * samples
         means.append(meta.get("mean_reward") or 0.0)
-    return dict(arm="2 rounds DPO + NLL", run=f"{chain}-r2", wall=wall, steps=sum(steps),
-                tokens=f"{pair_tokens:,} answer tokens of {pairs:,} pairs trained ({steps[0]} + {steps[1]} steps, "
-                       f"{per_round:.0f} s budget a round); {sampled:,} samples drawn, their mean reward "
-                       f"{means[0]:.3f} (the start's) then {means[1]:.3f} (round 1's)",
+    return dict(arm=f"{n_rounds} rounds DPO + NLL", run=f"{chain}-r{n_rounds}", wall=wall, steps=sum(steps),
+                tokens=f"{pair_tokens:,} answer tokens of {pairs:,} pairs trained ({' + '.join(map(str, steps))} "
+                       f"steps, {per_round:.0f} s budget a round); {sampled:,} samples drawn, their mean reward "
+                       + " then ".join(f"{m:.3f}" for m in means) + " (the start's, then each round's model)",
                 reward=None)
+
+
+def extended(out: Path, corpus: str, a: argparse.Namespace, sft_steps: int) -> str:
+    """--extend: the start's chat-tune continued, each checkpoint scored on --extend-held conversations (the
+    start's own score first), the table printed; the arms' start as RUN:STEP, past the plateau (or --start-step)."""
+    wall = extend(out, corpus, a.extend, a.extend_every)
+    run_dir = out / "runs" / "extend"
+    n = a.extend_held
+    held = conversations(n, seed=1)
+    path = out / f"extend-scores-{n}.json"
+    got = json.loads(path.read_text()) if path.is_file() else {}
+    steps = list(range(a.extend_every, a.extend + 1, a.extend_every))
+    for key, step in [("0", None), *((str(x), x) for x in steps)]:
+        if key not in got:
+            got[key] = chat_sft.score(out / "runs" / "start", "latest", held) if step is None else \
+                chat_sft.score(run_dir, step, held)
+            path.write_text(json.dumps(got, indent=1))
+    lrs = {r["step"]: r["lr"] for r in metrics(run_dir) if r.get("kind") == "train"}
+    print(f"\nthe start's chat-tune continued ({a.extend} steps, {wall:.0f} s): held-out exact match on {n}\n\n"
+          "| chat-tune steps | lr there | exact match | reverse / sort / colour |\n|---|---|---|---|")
+    points = []
+    for key in ["0", *map(str, steps)]:
+        sc, total = got[key], sft_steps + int(key)
+        points.append((int(key), sc["all"]))
+        lr = f"{lrs[int(key)]:.2g}" if int(key) in lrs else "-"
+        print(f"| {total} | {lr} | {sc['all']:.1f} % | {sc['reverse']:.1f} / {sc['sort']:.1f} / "
+              f"{sc['colour']:.1f} |", flush=True)
+    onset = plateau(points, n)
+    print("plateau (no later checkpoint more than two standard errors above): "
+          + (f"from chat-tune step {sft_steps + onset}" if onset is not None else "none yet"), flush=True)
+    if a.start_step is not None:
+        return f"extend:{a.start_step}"
+    if onset is None:
+        raise SystemExit(f"chat_rl: the chat-tune still improves at step {sft_steps + a.extend}; give --extend "
+                         "more steps (or --start-step S to start from one anyway)")
+    return f"extend:{a.extend}"
 
 
 def main() -> int:
@@ -234,6 +308,7 @@ def main() -> int:
                     help=f"GRPO's learning rate (default {GRPO_LR:g}; another rate's runs are named grpo-lrLR-sSEED)")
     ap.add_argument("--max-new", type=int, default=24, help="longest sampled answer, tokens (default 24)")
     ap.add_argument("--samples", type=int, default=4, help="rounds: samples a prompt (default 4)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of DPO + NLL (default 2)")
     ap.add_argument("--round-prompts", type=int, default=512, help="rounds: prompts sampled a round (default 512)")
     ap.add_argument("--round-overhead", type=float, default=None,
                     help="rounds: seconds a round spends outside training (sampling, pairing, start-up), taken off "
@@ -243,7 +318,24 @@ def main() -> int:
                     help="a finished chat-tune of the same recipe to start from (copied into --out as 'start'), "
                          "instead of pretraining and chat-tuning here")
     ap.add_argument("--start-only", action="store_true", help="build (or reuse) and score the start, then stop")
+    ap.add_argument("--extend", type=int, default=0, metavar="N",
+                    help="chat-tune the start N more steps by its own recipe (run 'extend'), score every kept "
+                         "checkpoint, and start the arms past the plateau that shows (default 0: from the start)")
+    ap.add_argument("--extend-every", type=int, default=100, metavar="K",
+                    help="--extend: a checkpoint every K steps, each scored (default 100)")
+    ap.add_argument("--extend-held", type=int, default=300, metavar="N",
+                    help="--extend: held-out conversations each checkpoint is scored on (default 300)")
+    ap.add_argument("--start-step", type=int, default=None, metavar="S",
+                    help="--extend: the arms start from its checkpoint S (default: its last, once the scores "
+                         "show a plateau)")
     a = ap.parse_args()
+    if a.start_step is not None and not a.extend:
+        ap.error("--start-step picks a checkpoint of --extend's run; give --extend N too")
+    if a.extend and (a.extend_every < 1 or a.extend % a.extend_every):
+        ap.error(f"--extend {a.extend} is not a multiple of --extend-every {a.extend_every}; make it one")
+    if a.start_step is not None and (a.start_step < 1 or a.start_step > a.extend or a.start_step % a.extend_every):
+        ap.error(f"--start-step {a.start_step}: not one of --extend's checkpoints (every {a.extend_every} steps to "
+                 f"{a.extend}); pick one of them")
     n_held = a.held or (40 if a.quick else 500)
     budget = duration(a.budget or ("60s" if a.quick else "5m"))
     pre_steps = a.pretrain or (60 if a.quick else 400)
@@ -271,7 +363,9 @@ def main() -> int:
 
     def scored(run: str) -> dict[str, float]:
         if run not in scores:
-            scores[run] = chat_sft.score_in_process(out / "runs" / run, n_held)
+            name, _, step = run.partition(":")
+            scores[run] = (chat_sft.score(out / "runs" / name, int(step), conversations(n_held, seed=1)) if step
+                           else chat_sft.score_in_process(out / "runs" / run, n_held))
             scores_path.write_text(json.dumps(scores, indent=1))
         return scores[run]
 
@@ -279,6 +373,14 @@ def main() -> int:
     print(f"start: exact match {s['all']:.1f} % (reverse {s['reverse']:.1f} / sort {s['sort']:.1f} / colour "
           f"{s['colour']:.1f} %); pretrain {'(copied)' if pre_s is None else f'{pre_s:.0f} s'}, chat-tune "
           f"{start_s:.0f} s", flush=True)
+    init, start_label, start_steps = "start", f"start (pretrain {pre_steps} + chat-tune {sft_steps})", sft_steps
+    if a.extend:
+        init = extended(out, corpus, a, sft_steps)
+        s = scored(init)
+        start_steps = sft_steps + int(init.split(":")[1])
+        start_label = f"start (pretrain {pre_steps} + chat-tune {start_steps})"
+        print(f"the arms' start: {init} (chat-tune step {start_steps}): exact match {s['all']:.1f} % on {n_held} "
+              f"(reverse {s['reverse']:.1f} / sort {s['sort']:.1f} / colour {s['colour']:.1f} %)", flush=True)
     if a.start_only:
         return 0
     overhead = a.round_overhead if a.round_overhead is not None else budget / 6
@@ -286,11 +388,12 @@ def main() -> int:
     for seed in seeds:
         for arm in arms:
             if arm == "sft":
-                r = arm_sft(out, corpus, seed, budget)
+                r = arm_sft(out, corpus, seed, budget, init)
             elif arm == "grpo":
-                r = arm_grpo(out, prompts, seed, budget, a.group, a.max_new, a.grpo_lr)
+                r = arm_grpo(out, prompts, seed, budget, a.group, a.max_new, a.grpo_lr, init)
             else:
-                r = arm_rounds(out, round_prompts, seed, budget, overhead, a.samples, a.max_new)
+                r = arm_rounds(out, round_prompts, seed, budget, overhead, a.samples, a.max_new, init,
+                               a.rounds)
             r["seed"], r["scores"] = seed, scored(r["run"])
             rows.append(r)
             sc = r["scores"]
@@ -304,8 +407,8 @@ def main() -> int:
     print("| arm | seed | exact match | reverse / sort / colour | steps | wall s | tokens |\n"
           "|---|---|---|---|---|---|---|")
     pre = "-" if pre_s is None else f"{pre_s:.0f}"
-    print(f"| start (pretrain {pre_steps} + chat-tune {sft_steps}) | - | {s['all']:.1f} % | {s['reverse']:.1f} / "
-          f"{s['sort']:.1f} / {s['colour']:.1f} | {sft_steps} | {pre} + {start_s:.0f} | - |")
+    print(f"| {start_label} | - | {s['all']:.1f} % | {s['reverse']:.1f} / "
+          f"{s['sort']:.1f} / {s['colour']:.1f} | {start_steps} | {pre} + {start_s:.0f} | - |")
     for r in rows:
         sc = r["scores"]
         print(f"| {r['arm']} | {r['seed']} | {sc['all']:.1f} % | {sc['reverse']:.1f} / {sc['sort']:.1f} / "
