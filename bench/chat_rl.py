@@ -27,6 +27,9 @@ stopped helping, the same wall-clock W of (a) more SFT on the correct answers, (
      --round-prompts prompts of the file (default 512), T = (W - R x --round-overhead) / R so that sampling,
      pairing and training of all R (--rounds, default 2) rounds fit W (their real wall time is reported).
      DPO + NLL (sft weight 1), the preference fine-tune's capped lr (3e-5, flat).
+   With --fresh, the three arms get 2,000 conversations the start has not seen (tests/support/chat.py, seed 2)
+   instead of its own 2,000: SFT on their answers, GRPO and the rounds on their prompts (with the answer as the
+   reward's reference).
 3. Held-out exact match of each arm's last checkpoint and of the start on --held conversations (chat_sft's held-out
    set, seed 1), overall and per task (chat_sft.score: greedy, stripped, equal), with each arm's optimizer steps,
    tokens and wall time.
@@ -181,8 +184,8 @@ def prompts_file(path: Path, recs: list[dict]) -> Path:
     return write_jsonl(path, rows)
 
 
-def arm_sft(out: Path, corpus: str, seed: int, budget: float, init: str) -> dict:
-    name = f"sft-s{seed}"
+def arm_sft(out: Path, corpus: str, seed: int, budget: float, init: str, tag: str = "") -> dict:
+    name = f"sft-{tag}s{seed}"
     ratio = finetune_lr.preset_rates()[1] / finetune_lr.preset_rates()[0]
     wall = cli(out, name, ["train", "cpu-small", "--corpus", corpus, "--runs-dir", str(out / "runs"), "--name", name,
                            "--yes", "--init-from", init, "--time-budget", f"{budget:g}s", "--set",
@@ -195,8 +198,8 @@ def arm_sft(out: Path, corpus: str, seed: int, budget: float, init: str) -> dict
 
 
 def arm_grpo(out: Path, prompts: Path, seed: int, budget: float, group: int, max_new: int, lr: float,
-             init: str) -> dict:
-    name = f"grpo-s{seed}" if lr == GRPO_LR else f"grpo-lr{lr:g}-s{seed}"
+             init: str, tag: str = "") -> dict:
+    name = f"grpo-{tag}s{seed}" if lr == GRPO_LR else f"grpo-{tag}lr{lr:g}-s{seed}"
     wall = cli(out, name, ["train", "cpu-small", "--corpus", str(prompts), "--runs-dir", str(out / "runs"), "--name",
                            name, "--yes", "--init-from", init, "--time-budget", f"{budget:g}s", "--set",
                            *chat_sft.COMMON, "train.objective=grpo", "train.reward=exact:answer",
@@ -220,8 +223,8 @@ def arm_grpo(out: Path, prompts: Path, seed: int, budget: float, group: int, max
 
 
 def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: float, samples: int,
-               max_new: int, init: str, n_rounds: int = 2) -> dict:
-    chain = f"rpo-s{seed}"
+               max_new: int, init: str, n_rounds: int = 2, tag: str = "") -> dict:
+    chain = f"rpo-{tag}s{seed}"
     per_round = max(10.0, (budget - n_rounds * overhead) / n_rounds)
     run, _, step = init.partition(":")
     wall = cli(out, chain, ["rounds", run, "--checkpoint", step or "latest", "--runs-dir", str(out / "runs"),
@@ -308,6 +311,9 @@ def main() -> int:
                     help=f"GRPO's learning rate (default {GRPO_LR:g}; another rate's runs are named grpo-lrLR-sSEED)")
     ap.add_argument("--max-new", type=int, default=24, help="longest sampled answer, tokens (default 24)")
     ap.add_argument("--samples", type=int, default=4, help="rounds: samples a prompt (default 4)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="the arms train on 2,000 new conversations (seed 2; runs named ARM-fresh-sSEED), not the "
+                         "start's own 2,000, which a long chat-tune has learnt by heart (no GRPO signal left there)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of DPO + NLL (default 2)")
     ap.add_argument("--round-prompts", type=int, default=512, help="rounds: prompts sampled a round (default 512)")
     ap.add_argument("--round-overhead", type=float, default=None,
@@ -351,8 +357,11 @@ def main() -> int:
     t0 = time.time()
     train_recs = conversations(2000, seed=0)
     corpus = str(write_jsonl(out / "train.jsonl", train_recs))
-    prompts = prompts_file(out / "prompts.jsonl", train_recs)
-    round_prompts = prompts_file(out / f"prompts-{a.round_prompts}.jsonl", train_recs[:a.round_prompts])
+    tag = "fresh-" if a.fresh else ""
+    arm_recs = conversations(2000, seed=2) if a.fresh else train_recs
+    arm_corpus = str(write_jsonl(out / "fresh.jsonl", arm_recs)) if a.fresh else corpus
+    prompts = prompts_file(out / f"{tag}prompts.jsonl", arm_recs)
+    round_prompts = prompts_file(out / f"{tag}prompts-{a.round_prompts}.jsonl", arm_recs[:a.round_prompts])
     print(f"chat_rl in {out}: pretrain {pre_steps}, chat-tune {sft_steps} steps at lr {SFT_LR:g}; seeds "
           f"{seeds}; W {budget:.0f} s an arm; {n_held} held out; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
           flush=True)
@@ -387,18 +396,22 @@ def main() -> int:
     rows = []
     for seed in seeds:
         for arm in arms:
+            load = os.getloadavg()[0]  # the machine's 1-minute load when the arm starts (and, below, ends)
             if arm == "sft":
-                r = arm_sft(out, corpus, seed, budget, init)
+                r = arm_sft(out, arm_corpus, seed, budget, init, tag)
             elif arm == "grpo":
-                r = arm_grpo(out, prompts, seed, budget, a.group, a.max_new, a.grpo_lr, init)
+                r = arm_grpo(out, prompts, seed, budget, a.group, a.max_new, a.grpo_lr, init, tag)
             else:
                 r = arm_rounds(out, round_prompts, seed, budget, overhead, a.samples, a.max_new, init,
-                               a.rounds)
-            r["seed"], r["scores"] = seed, scored(r["run"])
+                               a.rounds, tag)
+            r["seed"], r["load"] = seed, (load, os.getloadavg()[0])
+            r["arm"] += ", new data" if tag else ""
+            r["scores"] = scored(r["run"])
             rows.append(r)
             sc = r["scores"]
             print(f"  seed {seed} {r['arm']}: {sc['all']:.1f} % (reverse {sc['reverse']:.1f} / sort "
-                  f"{sc['sort']:.1f} / colour {sc['colour']:.1f} %), {r['steps']} steps, {r['wall']:.0f} s; "
+                  f"{sc['sort']:.1f} / colour {sc['colour']:.1f} %), {r['steps']} steps, {r['wall']:.0f} s (load "
+                  f"{r['load'][0]:.1f} -> {r['load'][1]:.1f}); "
                   f"{r['tokens']}" + (f"; train reward (first / last quarter of its steps) {r['reward'][0]:.3f} -> "
                                       f"{r['reward'][-1]:.3f}" if r.get("reward") else "")
                   + (f"; its held-out reward {r['held'][0]:.3f} -> {r['held'][1]:.3f}" if r.get("held") else ""),
