@@ -260,7 +260,7 @@ def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: flo
                 reward=None)
 
 
-def extended(out: Path, corpus: str, a: argparse.Namespace, sft_steps: int) -> str:
+def extended(out: Path, corpus: str, a: argparse.Namespace, sft_steps: int) -> tuple[str, float]:
     """--extend: the start's chat-tune continued, each checkpoint scored on --extend-held conversations (the
     start's own score first), the table printed; the arms' start as RUN:STEP, past the plateau (or --start-step)."""
     wall = extend(out, corpus, a.extend, a.extend_every)
@@ -289,11 +289,11 @@ def extended(out: Path, corpus: str, a: argparse.Namespace, sft_steps: int) -> s
     print("plateau (no later checkpoint more than two standard errors above): "
           + (f"from chat-tune step {sft_steps + onset}" if onset is not None else "none yet"), flush=True)
     if a.start_step is not None:
-        return f"extend:{a.start_step}"
+        return f"extend:{a.start_step}", wall
     if onset is None:
         raise SystemExit(f"chat_rl: the chat-tune still improves at step {sft_steps + a.extend}; give --extend "
                          "more steps (or --start-step S to start from one anyway)")
-    return f"extend:{a.extend}"
+    return f"extend:{a.extend}", wall
 
 
 def main() -> int:
@@ -382,9 +382,11 @@ def main() -> int:
     print(f"start: exact match {s['all']:.1f} % (reverse {s['reverse']:.1f} / sort {s['sort']:.1f} / colour "
           f"{s['colour']:.1f} %); pretrain {'(copied)' if pre_s is None else f'{pre_s:.0f} s'}, chat-tune "
           f"{start_s:.0f} s", flush=True)
+    start_s_label = f"{start_s:.0f}"
     init, start_label, start_steps = "start", f"start (pretrain {pre_steps} + chat-tune {sft_steps})", sft_steps
     if a.extend:
-        init = extended(out, corpus, a, sft_steps)
+        init, ext_s = extended(out, corpus, a, sft_steps)
+        start_s_label = f"{start_s:.0f} + {ext_s:.0f}"
         s = scored(init)
         start_steps = sft_steps + int(init.split(":")[1])
         start_label = f"start (pretrain {pre_steps} + chat-tune {start_steps})"
@@ -421,7 +423,7 @@ def main() -> int:
           "|---|---|---|---|---|---|---|")
     pre = "-" if pre_s is None else f"{pre_s:.0f}"
     print(f"| {start_label} | - | {s['all']:.1f} % | {s['reverse']:.1f} / "
-          f"{s['sort']:.1f} / {s['colour']:.1f} | {start_steps} | {pre} + {start_s:.0f} | - |")
+          f"{s['sort']:.1f} / {s['colour']:.1f} | {start_steps} | {pre} + {start_s_label} | - |")
     for r in rows:
         sc = r["scores"]
         print(f"| {r['arm']} | {r['seed']} | {sc['all']:.1f} % | {sc['reverse']:.1f} / {sc['sort']:.1f} / "
