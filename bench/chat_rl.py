@@ -100,7 +100,7 @@ def cli(out: Path, name: str, args: list[str]) -> float:
     shutil.rmtree(out / "runs" / name, ignore_errors=True)  # a train arm a killed bench left unfinished
     log = out / "logs" / f"{name}.log"  # a file, not a pipe: a stopped bench does not take its child with it
     log.parent.mkdir(exist_ok=True)
-    t0 = time.time()
+    t0, load = time.time(), os.getloadavg()[0]
     with log.open("w") as f:
         rc = subprocess.run([sys.executable, "-m", "workbench", *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env).returncode
@@ -110,6 +110,10 @@ def cli(out: Path, name: str, args: list[str]) -> float:
     walls = json.loads(kept.read_text()) if kept.is_file() else {}
     walls[name] = wall
     kept.write_text(json.dumps(walls, indent=1))
+    loads = out / "loads.json"  # the machine's 1-minute load at the run's start and end (a kept run keeps its own)
+    seen = json.loads(loads.read_text()) if loads.is_file() else {}
+    seen[name] = [load, os.getloadavg()[0]]
+    loads.write_text(json.dumps(seen, indent=1))
     return wall
 
 
@@ -253,7 +257,7 @@ def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: flo
         meta = json.loads((out / "runs" / f"{chain}.rounds" / f"round-{i}.json").read_text())
         sampled += meta.get("prompts", 0) * samples
         means.append(meta.get("mean_reward") or 0.0)
-    return dict(arm=f"{n_rounds} rounds DPO + NLL", run=f"{chain}-r{n_rounds}", wall=wall, steps=sum(steps),
+    return dict(arm=f"{n_rounds} rounds DPO + NLL", run=f"{chain}-r{n_rounds}", key=chain, wall=wall, steps=sum(steps),
                 tokens=f"{pair_tokens:,} answer tokens of {pairs:,} pairs trained ({' + '.join(map(str, steps))} "
                        f"steps, {per_round:.0f} s budget a round); {sampled:,} samples drawn, their mean reward "
                        + " then ".join(f"{m:.3f}" for m in means) + " (the start's, then each round's model)",
@@ -398,7 +402,6 @@ def main() -> int:
     rows = []
     for seed in seeds:
         for arm in arms:
-            load = os.getloadavg()[0]  # the machine's 1-minute load when the arm starts (and, below, ends)
             if arm == "sft":
                 r = arm_sft(out, arm_corpus, seed, budget, init, tag)
             elif arm == "grpo":
@@ -406,7 +409,8 @@ def main() -> int:
             else:
                 r = arm_rounds(out, round_prompts, seed, budget, overhead, a.samples, a.max_new, init,
                                a.rounds, tag)
-            r["seed"], r["load"] = seed, (load, os.getloadavg()[0])
+            loads = json.loads((out / "loads.json").read_text()) if (out / "loads.json").is_file() else {}
+            r["seed"], r["load"] = seed, loads.get(r.get("key", r["run"]), [float("nan")] * 2)
             r["arm"] += ", new data" if tag else ""
             r["scores"] = scored(r["run"])
             rows.append(r)
@@ -419,22 +423,23 @@ def main() -> int:
                   + (f"; its held-out reward {r['held'][0]:.3f} -> {r['held'][1]:.3f}" if r.get("held") else ""),
                   flush=True)
     print(f"\nW = {budget:.0f} s an arm; held-out exact match on {n_held} conversations (chat_sft's, seed 1)\n")
-    print("| arm | seed | exact match | reverse / sort / colour | steps | wall s | tokens |\n"
-          "|---|---|---|---|---|---|---|")
+    print("| arm | seed | exact match | reverse / sort / colour | steps | wall s | load | tokens |\n"
+          "|---|---|---|---|---|---|---|---|")
     pre = "-" if pre_s is None else f"{pre_s:.0f}"
     print(f"| {start_label} | - | {s['all']:.1f} % | {s['reverse']:.1f} / "
-          f"{s['sort']:.1f} / {s['colour']:.1f} | {start_steps} | {pre} + {start_s_label} | - |")
+          f"{s['sort']:.1f} / {s['colour']:.1f} | {start_steps} | {pre} + {start_s_label} | - | - |")
     for r in rows:
         sc = r["scores"]
         print(f"| {r['arm']} | {r['seed']} | {sc['all']:.1f} % | {sc['reverse']:.1f} / {sc['sort']:.1f} / "
-              f"{sc['colour']:.1f} | {r['steps']} | {r['wall']:.0f} | {r['tokens']} |")
+              f"{sc['colour']:.1f} | {r['steps']} | {r['wall']:.0f} | {r['load'][0]:.1f} -> {r['load'][1]:.1f} | "
+              f"{r['tokens']} |")
     if len(seeds) > 1:
         for arm in dict.fromkeys(r["arm"] for r in rows):
             same = [r["scores"] for r in rows if r["arm"] == arm]
             m = {k: sum(x[k] for x in same) / len(same) for k in ("all", "reverse", "sort", "colour")}
             print(f"| **{arm}, mean of {len(same)}** | - | **{m['all']:.1f} %** ({min(x['all'] for x in same):.1f}-"
                   f"{max(x['all'] for x in same):.1f}) | {m['reverse']:.1f} / {m['sort']:.1f} / {m['colour']:.1f} "
-                  "| | | |")
+                  "| | | | |")
     print(f"\ntotal {time.time() - t0:.0f} s; commands:")
     for c in [*chat_sft.COMMANDS, *COMMANDS]:
         print("  " + c)
