@@ -83,7 +83,7 @@ def duration(text: str) -> float:
     return float(t[:-1] if t[-1:] in "smh" else t) * mult
 
 
-def cli(out: Path, name: str, args: list[str]) -> float:
+def cli(out: Path, name: str, args: list[str], tolerate: str | None = None) -> float:
     """`python -m workbench ARGS` in a subprocess (one thread, nice 10 if the bench is), unless the run ``name`` in
     --out already finished; its process's wall time (the stored one for a kept run)."""
     env = dict(os.environ, WORKBENCH_CACHE_DIR=str(out / "cache"), OMP_NUM_THREADS="1")
@@ -105,7 +105,7 @@ def cli(out: Path, name: str, args: list[str]) -> float:
         rc = subprocess.run([sys.executable, "-m", "workbench", *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env).returncode
     wall = time.time() - t0
-    if rc != 0:
+    if rc != 0 and not (tolerate and tolerate in log.read_text()):  # a failure the caller reads from the runs
         raise SystemExit(f"chat_rl: {name} failed ({rc}):\n{log.read_text()[-3000:]}")
     walls = json.loads(kept.read_text()) if kept.is_file() else {}
     walls[name] = wall
@@ -236,12 +236,17 @@ def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: flo
                             str(samples), "--time-budget", f"{per_round:.0f}s", "--name", chain, "--max-new-tokens",
                             str(max_new), "--seed", str(seed), "--yes", "--set", "hardware.compile=false",
                             "train.patience=0", "train.sample_prompt=", "train.eval_iters=5", f"train.seed={seed}",
-                            "train.log_interval=10"])
+                            "train.log_interval=10"], tolerate="no pair to train on")
     steps, pairs, pair_tokens, sampled, means = [], 0, 0, 0, []
     from workbench.data.text.tokenizer import load_tokenizer
     tok = load_tokenizer(out / "runs" / "start")
+    done = 0
     for i in range(1, n_rounds + 1):
         run_dir = out / "runs" / f"{chain}-r{i}"
+        st = run_dir / "status.json"
+        if not st.is_file() or json.loads(st.read_text()).get("state") != "finished":
+            break  # `rounds` stops a chain at a round whose samples all scored the same: no pair to train on
+        done = i
         steps.append(last_step(run_dir))
         lines = [json.loads(x) for x in (out / "runs" / f"{chain}.rounds" / f"round-{i}-pairs.jsonl").read_text()
                  .splitlines() if x.strip()]
@@ -257,10 +262,17 @@ def arm_rounds(out: Path, prompts: Path, seed: int, budget: float, overhead: flo
         meta = json.loads((out / "runs" / f"{chain}.rounds" / f"round-{i}.json").read_text())
         sampled += meta.get("prompts", 0) * samples
         means.append(meta.get("mean_reward") or 0.0)
-    return dict(arm=f"{n_rounds} rounds DPO + NLL", run=f"{chain}-r{n_rounds}", key=chain, wall=wall, steps=sum(steps),
-                tokens=f"{pair_tokens:,} answer tokens of {pairs:,} pairs trained ({' + '.join(map(str, steps))} "
+    last = out / "runs" / f"{chain}.rounds" / f"round-{done + 1}.json"
+    if done < n_rounds and last.is_file():  # the round that found no pair still drew its samples
+        meta = json.loads(last.read_text())
+        sampled += meta.get("prompts", 0) * samples
+        means.append(meta.get("mean_reward") or 0.0)
+    stopped = "" if done == n_rounds else f"; the chain stopped before round {done + 1}: no pair to train on"
+    return dict(arm=f"{n_rounds} rounds DPO + NLL", run=f"{chain}-r{done}" if done else init, key=chain, wall=wall,
+                steps=sum(steps),
+                tokens=f"{pair_tokens:,} answer tokens of {pairs:,} pairs trained ({' + '.join(map(str, steps)) or 0} "
                        f"steps, {per_round:.0f} s budget a round); {sampled:,} samples drawn, their mean reward "
-                       + " then ".join(f"{m:.3f}" for m in means) + " (the start's, then each round's model)",
+                       + " then ".join(f"{m:.3f}" for m in means) + " (the start's, then each round's model)" + stopped,
                 reward=None)
 
 
