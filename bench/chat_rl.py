@@ -68,7 +68,7 @@ import chat_sft  # noqa: E402
 import finetune_lr  # noqa: E402
 
 from tests.support.chat import conversations, write_jsonl  # noqa: E402
-from workbench.plan.finetune import GRPO_MAX_LR  # noqa: E402
+from workbench.plan.recipe.finetune import GRPO_MAX_LR  # noqa: E402
 
 SFT_LR = 1e-3          # bench/finetune_lr.py's best full rate at 400 steps (47.8 %, three seeds)
 GRPO_LR = GRPO_MAX_LR  # the shipped cap of a GRPO fine-tune's rate (3e-4); the first run of this bench used 1e-4
