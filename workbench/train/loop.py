@@ -34,26 +34,14 @@ from workbench.data.train_data import Batch, Sampler, step_targets
 from workbench.errors import WorkbenchError
 from workbench.plan.sampling import TEXT
 from workbench.reward import RewardError
-from workbench.rundir import EvalRecord, PreferenceRecord, TrainRecord
+from workbench.rundir import EvalRecord, TrainRecord
 from workbench.train import runtime
 from workbench.train.batches import batch_loss, on_device
 from workbench.train.budget_steps import BudgetSteps
 from workbench.train.evaluation import EvalBatches, evaluate, per_source
 from workbench.train.generate import generate_text
 from workbench.train.grpo_run import reward_summary
-from workbench.train.reporter import failure_message
-
-
-def preference_summary(r: PreferenceRecord) -> str:
-    """The log line's tail for a preference run: reward margin and accuracy, the answers' log-prob drift."""
-    def num(v: float | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-    out = f", margin {num(r.margin, '.3f')}"
-    if r.accuracy is not None:
-        out += f", acc {r.accuracy:.2f}"
-    if r.chosen_drift is not None:
-        out += f", drift chosen {num(r.chosen_drift, '+.2f')} rejected {num(r.rejected_drift, '+.2f')}"
-    return out
+from workbench.train.reporter import failure_message, preference_summary
 
 
 class TrainError(WorkbenchError):

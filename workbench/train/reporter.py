@@ -15,7 +15,7 @@ from workbench.fmt import millions
 from workbench.machine.detect import Machine
 from workbench.plan.fit.memory import estimate_memory
 from workbench.plan.settings import RunSettings
-from workbench.rundir import EventRecord, MetricsWriter, NullWriter, Record
+from workbench.rundir import EventRecord, MetricsWriter, NullWriter, PreferenceRecord, Record
 from workbench.train.runtime import is_oom
 
 
@@ -170,3 +170,14 @@ def failure_message(e: BaseException, *, preset: Preset | None, settings: RunSet
                 f"{type(e).__name__} in a collective); see train.log for which, then `workbench resume {run_name}`")
     return f"{type(e).__name__}: {e} (traceback in train.log)"
 
+
+def preference_summary(r: PreferenceRecord) -> str:
+    """The log line's tail for a preference run: reward margin and accuracy, the answers' log-prob drift."""
+    def num(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+    out = f", margin {num(r.margin, '.3f')}"
+    if r.accuracy is not None:
+        out += f", acc {r.accuracy:.2f}"
+    if r.chosen_drift is not None:
+        out += f", drift chosen {num(r.chosen_drift, '+.2f')} rejected {num(r.rejected_drift, '+.2f')}"
+    return out
