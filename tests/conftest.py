@@ -12,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
-# One torch thread per process: two test workers share the two cores (2 threads each was 9 % slower and 20 %
+# One torch thread per process: the test workers share the two cores (2 threads each was 9 % slower and 20 %
 # more CPU time), and the CLI's fork server (tests/support/zygote.py) may only fork a process with one thread.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# One inductor compile process: its default pool (a process a core) imports torch in each worker; with the test
-# workers already on both cores a cold tiny compile took 30.2 s CPU and 42 s wall with the pool, 25.8 s and 31 s
-# without (2026-11-29, this machine, under load)
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # Bytecode written, whatever the environment says: with PYTHONDONTWRITEBYTECODE set (it is on this project's
 # machines, CI's included) no workbench module ever had a .pyc, so every process the tests start (a CLI command,
 # a trainer, a runner: well over a thousand) compiled the ~150 modules it imports from source again
