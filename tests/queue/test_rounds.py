@@ -183,15 +183,27 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(source, tmp_path):
 def test_a_round_waits_for_the_pairs_process_a_killed_runner_left(tmp_path):
     """A runner killed alone leaves its `workbench pairs` sampling; the next one waits for it to end before it
     samples into the same file (here a stand-in process holding the file's path, as `pairs --out PATH` does)."""
+    import psutil
+
     from workbench.cli_client import CliError
     from workbench.queue.rounds import run_pairs
-    out = tmp_path / "round-1-pairs.jsonl"
-    orphan = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1.5); "
-                               "open(sys.argv[1], 'a').write('orphan\\n')", str(out)])
+    out, go = tmp_path / "round-1-pairs.jsonl", tmp_path / "go"
+    # the stand-in writes once the runner says it waits (its say line makes the go file): decided by what happened,
+    # not by a sleep a loaded machine could outlast (it gives up after 60 s, so a runner that did not wait fails)
+    orphan = subprocess.Popen([sys.executable, "-c", "import os, sys, time; t = time.time()\n"
+                               "while not os.path.exists(sys.argv[2]) and time.time() - t < 60: time.sleep(0.05)\n"
+                               "open(sys.argv[1], 'a').write('orphan\\n')", str(out), str(go)])
+    # a real pairs process is long past its start: the runner knows it by its command line (a fork not yet exec'd,
+    # under load, still had the test's: a CI run saw no wait)
+    wait_until(lambda: str(out) in psutil.Process(orphan.pid).cmdline(), 30, "the stand-in's command line")
     (tmp_path / "round-1-pairs.jsonl.pid").write_text(f"{orphan.pid}\n")
     said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        go.touch()
     run_pairs([sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write('next\\n')", str(out)], out, None,
-              said.append)
+              say)
     assert out.read_text() == "orphan\nnext\n" and orphan.poll() is not None
     assert said and f"pid {orphan.pid}" in said[0] and not (tmp_path / "round-1-pairs.jsonl.pid").exists()
     with pytest.raises(CliError, match="^the reward said no$"):
