@@ -8,13 +8,12 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.cli import tiny, wb
-from tests.support.runs import wait_running
+from tests.support.runs import wait_running, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -96,12 +95,14 @@ def test_a_competing_process_is_named_with_its_pid(tmp_path):
     hogs: list[subprocess.Popen] = []
     try:
         assert wait_running(root / "busy", 2).state == "running"
-        # two spinning processes a core: on a machine other jobs already load (CI's other test worker, its
-        # subprocesses), one a core got a third of a core each and fell under the rule's 25 % (a flake); two
-        # a core hold well over it whatever else runs, so the test checks the rule, not this machine's load
-        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in range(2 * (os.cpu_count() or 2))]
-        time.sleep(0.5)
+        # a spinning process a core, each seen spinning (a second of CPU) before the doctor looks: under CI's
+        # load a hog half a second old had not yet taken its share (one for two cores fell under the rule's 25 %;
+        # two a core were each under the 3 % a process needs to be named)
+        import psutil
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+        for h in hogs:
+            p = psutil.Process(h.pid)
+            wait_until(lambda p=p: sum(p.cpu_times()[:2]) >= 1.0, 60, f"hog {h.pid} spinning")
         r = doctor(root / "busy", "--interval", "1.5")
     finally:
         for h in hogs:
