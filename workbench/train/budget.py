@@ -8,7 +8,9 @@ is paid from the budget too (its seconds count as spent: the budget's evals are 
 spent (the time between that checkpoint and a crash is spent again). The schedule follows the share of the budget spent
 (the trainer hands it to its ``plan.schedule.horizon.Horizon``), so it needs no step count; the step the budget will end
 at is re-estimated from this process's pace (blended with the estimate's, ``smoothed_pace``) and handed over the same
-way. This module keeps the clock alone; where the run ends and its learning rate are the horizon's."""
+way. This module keeps the clock alone; where the run ends, its learning rate and what a checkpoint keeps of both are
+the horizon's. A run counted in steps has a clock too, :class:`StepCount`, that measures nothing: the trainer asks
+either the same questions and never branches on which it has."""
 
 from __future__ import annotations
 
@@ -43,6 +45,9 @@ def estimated_plan(p: Preset, settings: RunSettings, machine: Machine, seconds: 
 
 
 class Budget:
+    """train.time_budget's clock."""
+    budgeted = True
+
     def __init__(self, seconds: float, spent_before: float, first_guess: int, now: float,
                  prior_rate: float | None = None):
         self.seconds = seconds
@@ -85,6 +90,18 @@ class Budget:
         """Start this process's clock (once): before its first step, or, with a compile, after it."""
         if self.t0 is None:
             self.t0, self.step0 = now, step
+
+    def pay_first_eval(self, seconds: float) -> None:
+        """The step-0 eval, before the clock starts, is paid from the budget: its seconds are spent (and bound the
+        reserve until an eval is timed on the clock)."""
+        self.first_eval = seconds
+        self.spent_before += seconds
+
+    def took_last_eval(self, seconds: float) -> None:
+        """An eval on the clock took ``seconds``, its sample and checkpoint included: the run's last eval is
+        expected to take as long (the reserve)."""
+        if self.t0 is not None:
+            self.last_eval = seconds
 
     def spent(self, now: float) -> float:
         return self.spent_before + (now - self.t0 if self.t0 is not None else 0.0)
@@ -161,3 +178,27 @@ class Budget:
         if rate is None:
             return max(step + 1, self.first_guess)
         return max(step + 1, step + round((self.usable - self.spent(now)) * rate))
+
+
+class StepCount:
+    """A run counted in steps (no train.time_budget): the budget's clock, measuring nothing. Its end is the horizon's
+    end step; nothing is spent, nothing kept back, nothing said in status.json."""
+    budgeted = False
+    seconds: float | None = None
+    first_guess: int | None = None
+    reserve = 0.0
+
+    def pay_first_eval(self, seconds: float) -> None:
+        pass
+
+    def took_last_eval(self, seconds: float) -> None:
+        pass
+
+    def start(self, now: float, step: int) -> None:
+        pass
+
+    def spent(self, now: float) -> float:
+        return 0.0
+
+    def status(self, max_iters: int, now: float, warmup: int | None = None) -> dict:
+        return {}

@@ -11,6 +11,7 @@ import time
 from workbench.data.text.prepare import DataError
 from workbench.plan.cost import eval_seconds
 from workbench.plan.schedule.budget_plan import EVAL_SHARE, GRPO_STEP_PER_ROLLOUT, STEP_PER_EVAL_BATCH, plan_budget
+from workbench.train.budget import Budget
 from workbench.train.evaluation import EvalBatches, time_eval_batch
 from workbench.train.start import TrainerParts
 
@@ -19,13 +20,24 @@ MIXTURE_NEAR_STEPS = 16
 
 
 class BudgetSteps(TrainerParts):
-    """A budgeted run's steps (nothing here runs without ``train.time_budget``)."""
+    """A budgeted run's steps: the loop calls these on every run, and on a run counted in steps they do nothing
+    (its clock, ``StepCount``, measures nothing; its horizon's end is max_iters)."""
 
     evals_skipped = 0  # a budget's evals on the way skipped to keep their share (budget_eval_fits)
     slowest_eval = 0.0  # this process's slowest eval after step 0 (what budget_eval_fits expects the next to take)
     mixture_cap: int | None = None  # a mixture's plan: the last step that keeps every source within its max_repeat
     mixture_cap_why = ""    # ... which source, with the numbers
     mixture_capped = False  # ... and that step ends the run before the budget would (said once)
+
+    def size_evals(self) -> None:
+        """A new run's evals, before its step-0 eval: a time budget's sized to its share of it (a loss's or, for
+        GRPO, the held-out prompts' reward); a run counted in steps keeps train.eval_iters."""
+        if not isinstance(self.budget, Budget):
+            return
+        if self.grpo is not None:
+            self.size_reward_evals()
+        else:
+            self.size_budget_evals()
 
     def size_budget_evals(self) -> None:
         """A new budgeted run's evals sized to its budget at this machine's speed now, before its step-0 eval: one
@@ -76,17 +88,22 @@ class BudgetSteps(TrainerParts):
     def budget_tick(self) -> None:
         """After a step of a budgeted run: the budget's clock says how much of it is spent (on rank 0's clock for
         every rank) and the step it now ends at; the horizon takes both (the next step's learning rate, and with
-        wsd where the decay began, which the checkpointer saves)."""
+        wsd where the decay began, which the checkpointer saves). Counted in steps: nothing to read."""
         t, st, b = self.preset.train, self.state, self.budget
+        if not isinstance(b, Budget):
+            return
 
         def eval_due(before: float, after: float) -> bool:
             """An eval on the way falls due: at the budget's shares its plan put them (a run started before
             budgets planned their evals: every eval_interval steps), unless it no longer fits their share."""
-            self.eval_now = (self.horizon.eval_between(before, after) if self.horizon.eval_iters
-                             else st.step % t.eval_interval == 0)
-            if self.eval_now and self.horizon.eval_iters and not self.horizon.eval_shares:
-                self.eval_now = self.budget_eval_fits(st.step)
-            return self.eval_now
+            nonlocal eval_next
+            eval_next = (self.horizon.eval_between(before, after) if self.horizon.eval_iters
+                         else st.step % t.eval_interval == 0)
+            if eval_next and self.horizon.eval_iters and not self.horizon.eval_shares:
+                eval_next = self.budget_eval_fits(st.step)
+            return eval_next
+
+        eval_next = False
 
         end = b.after_step(
             st.step, time.time(), clock_runs=not self.settings.compile or self.compile_reported,
@@ -95,7 +112,8 @@ class BudgetSteps(TrainerParts):
             (lambda rate: eval_seconds(self.preset, self.eval_iters, self.tokens_per_step * rate)),
             agree=self.dist.broadcast)
         end = self.within_repeats(end)  # a mixture's source past its max_repeat ends the run first
-        self.horizon = self.horizon.after_step(st.step, end, b.agreed, b.step_share(st.step, time.time()))
+        self.horizon = self.horizon.after_step(st.step, end, b.agreed, b.step_share(st.step, time.time()),
+                                               eval_next=eval_next)
         self.mixture_follows_budget()
 
     def mixture_follows_budget(self, say: bool = False) -> None:
@@ -158,7 +176,7 @@ class BudgetSteps(TrainerParts):
         """A budgeted mixture's end: the sequences each source gave, against the apportionment of the steps it
         trained (the same when the budget's end was foreseen a step before; within one sequence always)."""
         plan = getattr(self.sampler, "plan", None)
-        if self.budget is None or plan is None or not hasattr(plan, "drawn"):
+        if not self.horizon.budgeted or plan is None or not hasattr(plan, "drawn"):
             return
         from workbench.data.mixture.mixture_plan import apportion
         n = self.sampler.counter - self.sampler.base
@@ -185,4 +203,4 @@ class BudgetSteps(TrainerParts):
         return fits
 
     def budget_status(self, now: float) -> dict:
-        return self.budget.status(self.horizon.end_step, now, self.horizon.warmup) if self.budget is not None else {}
+        return self.budget.status(self.horizon.end_step, now, self.horizon.warmup)

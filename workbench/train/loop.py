@@ -76,34 +76,19 @@ class Trainer(BudgetSteps):
         t = self.preset.train
         self.built.model.train()
         self.report.status(state="running", compiling=self.settings.compile, step=self.state.step)
-        if self.state.step == 0 and not self.resume and self.grpo is not None:
-            if self.budget is not None:
-                self.size_reward_evals()
-            seconds = self.evaluate_reward()   # GRPO's eval: the held-out prompts' reward, not a loss
-            if self.budget is not None:  # paid from the budget, as a loss's step-0 eval
-                self.budget.first_eval = seconds
-                self.budget.spent_before += seconds
-        elif self.state.step == 0 and not self.resume:
-            if self.budget is not None:
-                self.size_budget_evals()
-            ev = self.evaluate()
-            if self.budget is not None:  # the budget pays for its step-0 eval: its seconds are spent
-                self.budget.first_eval = ev.seconds
-                self.budget.spent_before += ev.seconds
-            self.report.record(ev)
-            self.report.log(f"step 0: train loss {ev.train_loss:.4f}, val loss {ev.val_loss:.4f} "
-                            f"({ev.val_bpb:.3f} bits/byte){per_source(ev)}")
-            self.maybe_score_tasks()
+        if self.state.step == 0 and not self.resume:
+            self.size_evals()  # a time budget's: to its share of it
+            # the budget pays for its step-0 eval (GRPO's: the held-out prompts' reward, not a loss)
+            self.budget.pay_first_eval(self.evaluate_reward() if self.grpo is not None else self.first_eval())
         self.throughput.reset()
-        if self.budget is not None and not self.settings.compile:
-            # nothing to compile: the budget's clock runs from the first step on (with a compile, from its end: a
+        if not self.settings.compile:
+            # nothing to compile: a budget's clock runs from the first step on (with a compile, from its end: a
             # first step of 8 s on a busy CPU was left out of a 20 s budget)
             self.budget.start(time.time(), self.state.step)
         self.first_step = self.state.step + 1  # this process's first step is logged whatever log_interval says
         while not self.horizon.is_end(self.state.step):
             self.train_step()
-            if self.budget is not None:
-                self.budget_tick()
+            self.budget_tick()
             if self.settle_due(self.state.step):
                 self.skips.settle()
             if self.skips.rollback_due:
@@ -138,6 +123,15 @@ class Trainer(BudgetSteps):
                 self.throughput.start(time.time())  # leave eval and save time out of the rate
         self.mixture_realized()
         return "finished"
+
+    def first_eval(self) -> float:
+        """The step-0 eval of a new run (and its task scores), recorded; its seconds."""
+        ev = self.evaluate()
+        self.report.record(ev)
+        self.report.log(f"step 0: train loss {ev.train_loss:.4f}, val loss {ev.val_loss:.4f} "
+                        f"({ev.val_bpb:.3f} bits/byte){per_source(ev)}")
+        self.maybe_score_tasks()
+        return ev.seconds
 
     def train_step(self) -> None:
         """One optimizer step. With the host check its result is known when this returns (in
@@ -223,12 +217,8 @@ class Trainer(BudgetSteps):
 
     def eval_due(self, step: int) -> bool:
         """Whether ``step`` is followed by an eval: the run's last; on a budget, the shares of it its plan chose
-        (``budget_tick`` says); counted in steps, every eval_interval and at train.eval_shares of the steps."""
-        if self.horizon.is_end(step):
-            return True
-        if self.budget is not None:
-            return self.eval_now
-        return step % self.preset.train.eval_interval == 0 or self.horizon.eval_at_share(step)
+        (``budget_tick`` told the horizon); counted in steps, every eval_interval and at train.eval_shares of them."""
+        return self.horizon.eval_after(step, self.preset.train.eval_interval)
 
     def settle_due(self, step: int) -> bool:
         t = self.preset.train
@@ -269,8 +259,7 @@ class Trainer(BudgetSteps):
             began = time.time()
             self.evaluate_reward()
             saved = self.maybe_save()
-            if self.budget is not None and self.budget.t0 is not None:  # the end's eval comes with a checkpoint
-                self.budget.last_eval = time.time() - began + (0.0 if saved else self.checkpointer.last_seconds)
+            self.budget.took_last_eval(time.time() - began + (0.0 if saved else self.checkpointer.last_seconds))
             return True, saved, False
         began = time.time()
         ev = self.evaluate()
@@ -285,13 +274,12 @@ class Trainer(BudgetSteps):
         else:
             st.bad_evals += 1
         t0 = time.time()
-        if self.budget is None or self.horizon.is_end(st.step):  # a budget's evals on the way are its share's alone
+        if self.horizon.sample_after(st.step):
             self.write_sample()
         self.state.eval_s += time.time() - t0  # an eval's sample is part of its cost
         saved = self.maybe_save(vl, reason="best" if improved else None)
-        if self.budget is not None and self.budget.t0 is not None:
-            # the budget keeps this for the run's end: the last eval comes with its sample and a checkpoint
-            self.budget.last_eval = time.time() - began + (0.0 if saved else self.checkpointer.last_seconds)
+        # a budget keeps this for the run's end: the last eval comes with its sample and a checkpoint
+        self.budget.took_last_eval(time.time() - began + (0.0 if saved else self.checkpointer.last_seconds))
         if t.patience and st.bad_evals >= t.patience:
             self.report.log(f"early stop: val loss has not improved for {t.patience} evals (best {st.best_val:.4f})")
             self.report.event("early_stop", st.step, best_val_loss=st.best_val)
@@ -331,7 +319,7 @@ class Trainer(BudgetSteps):
         """The eval record of this step, with its seconds and the run's time totals (the first eval of a process
         draws the fixed batches every eval scores, and keeps them on the device)."""
         t0 = time.time()
-        share = round(self.horizon.progress, 6) if self.budget is not None else None
+        share = self.horizon.share
         self.faults.in_eval(self.state.step)
         if self.eval_batches is None:
             self.eval_batches = EvalBatches.draw(self.preset, self.data, self.eval_iters, self.token_bytes,
@@ -350,8 +338,7 @@ class Trainer(BudgetSteps):
         its plan chose), its seconds counted as an eval's and returned."""
         t0 = time.time()
         self.faults.in_eval(self.state.step)
-        rec, line = self.grpo.evaluate(self.built.model, self.state.step,
-                                       self.horizon.eval_iters if self.budget is not None else 0)
+        rec, line = self.grpo.evaluate(self.built.model, self.state.step, self.horizon.eval_iters)
         if rec is not None:
             self.report.record(rec)
         self.report.log(line)

@@ -40,7 +40,7 @@ from workbench.reward.prompt_data import prompt_data
 from workbench.rundir import CKPT_MODEL, INIT_DIR
 from workbench.rundir.records import StartRecord
 from workbench.train import runtime, stateful
-from workbench.train.budget import Budget, estimated_plan
+from workbench.train.budget import Budget, StepCount, estimated_plan
 from workbench.train.build import Built, build
 from workbench.train.checkpoint import Checkpoint, load_init_weights, read_checkpoint
 from workbench.train.checkpointer import Checkpointer
@@ -79,33 +79,32 @@ def keep_data_files(run_dir: Path, data: TrainData, resume: bool) -> None:
         write_atomic(run_dir / CHAT_TEMPLATE_FILE, data.template.text.encode())
 
 
-def run_horizon(p: Preset, s: RunSettings, machine: Machine, state: TrainerState, trainer_state: dict | None,
-                now: float, runs_dir: Path) -> tuple[Budget | None, Horizon, BudgetPlan | None]:
-    """Where the run ends, as it starts (``state``: the trainer's, restored; ``trainer_state``: its checkpoint's):
-    with a time budget, its clock, its plan at the estimated speed (the steps the budget left buys, as `workbench
-    train`'s first line said them; the warmup and evals of a new run, re-sized from a timed eval batch before its
-    step-0 eval) and the step it is first guessed to end at; the horizon, from the checkpoint's record of it. A
-    budget spent already ends the run where it is."""
-    budget, guess, plan = None, None, None
-    if (seconds := p.train.time_budget_s) is not None:
-        plan, tps = estimated_plan(p, s, machine, max(1.0, seconds - state.budget_spent), runs_dir)
-        guess = state.step + max(1, plan.steps) if plan.steps is not None else p.train.max_iters
-        budget = Budget(seconds, state.budget_spent, guess, now,
-                        prior_rate=tps / p.tokens_per_step() if tps else None)
-    horizon = Horizon.from_state(p, trainer_state, guess)
-    if budget is not None and budget.done(now):
-        horizon = horizon.ended_at(state.step)  # spent already: nothing left to train
-    return budget, horizon, plan
+def run_horizon(p: Preset, s: RunSettings, machine: Machine, step: int, trainer_state: dict | None,
+                now: float, runs_dir: Path) -> tuple[Budget | StepCount, Horizon, BudgetPlan | None]:
+    """Where the run ends, as it starts at ``step`` (``trainer_state``: its checkpoint's): the horizon, from the
+    checkpoint's record of it, and its clock: with a time budget, one going on from the seconds the checkpoint had
+    spent, its plan at the estimated speed (the steps the budget left buys, as `workbench train`'s first line said
+    them; the warmup and evals of a new run, re-sized from a timed eval batch before its step-0 eval) and the step
+    it is first guessed to end at. A budget spent already ends the run where it is."""
+    horizon = Horizon.from_state(p, trainer_state)
+    if (seconds := horizon.budget_s) is None:
+        return StepCount(), horizon, None
+    spent = horizon.spent_before
+    plan, tps = estimated_plan(p, s, machine, max(1.0, seconds - spent), runs_dir)
+    guess = step + max(1, plan.steps) if plan.steps is not None else p.train.max_iters
+    budget = Budget(seconds, spent, guess, now, prior_rate=tps / p.tokens_per_step() if tps else None)
+    # spent already: nothing left to train
+    return budget, horizon.ended_at(step if budget.done(now) else guess), plan
 
 
 def start_record(p: Preset, s: RunSettings, built: Built, data: TrainData, sampler: Sampler, device: torch.device,
-                 world: int, eval_iters: int, budget: Budget | None, calibration: Calibration | None,
+                 world: int, eval_iters: int, budget: Budget | StepCount, calibration: Calibration | None,
                  ckpt: Checkpoint | None, plan: ObjectivePlan | None = None) -> StartRecord:
     """What this process starts with: the model, where and how it runs, the data (and its own facts), the
     budget, what it goes on from."""
     train_tokens, val_tokens = data.split_tokens()
     optional: dict[str, Any] = {
-        "budget_s": budget.seconds if budget else None, "budget_steps": budget.first_guess if budget else None,
+        "budget_s": budget.seconds, "budget_steps": budget.first_guess,
         "calibration": calibration.to_dict() if calibration else None,
         "checkpoint": ckpt.meta["name"] if ckpt else None, "parent": p.parent or None, "init": p.init or None,
         "objective": {"objective": plan.objective, "beta": plan.beta, "averaged": plan.averaged,
@@ -156,9 +155,8 @@ class TrainerParts:
         self.stop_requested = False                 # SIGTERM or Ctrl-C seen by this process
         self.stop_agreed = False                    # ... by some rank (every rank stops at the same step)
         self.clean_exit = False
-        self.budget: Budget | None = None           # train.time_budget
+        self.budget: Budget | StepCount = StepCount()  # train.time_budget's clock (counted in steps: one of none)
         self.budget_plan: BudgetPlan | None = None  # ... what it buys at the estimated speed (plan.schedule.horizon)
-        self.eval_now = False                       # a budgeted run: an eval on the way fell due at this step
         self.first_step = 0                         # this process's first step (logged at once)
         self.horizon: Horizon | None = None         # where the run ends and its learning rate (plan.schedule.horizon)
         self.calibration: Calibration | None = None  # the CPU's (or an unlisted GPU's) measured MFU peak
@@ -306,11 +304,11 @@ class TrainerParts:
         if ckpt:
             self.elapsed_before = self.state.elapsed_s
         self.budget, self.horizon, self.budget_plan = run_horizon(
-            p, self.settings, self.machine, self.state, ckpt.trainer_state if ckpt else None, time.time(),
+            p, self.settings, self.machine, self.state.step, ckpt.trainer_state if ckpt else None, time.time(),
             self.run_dir.parent)
         if self.horizon.eval_iters:  # a budgeted run's evals as its start planned them (a resume keeps them)
             self.eval_iters = self.horizon.eval_iters
-        if self.budget is not None:
+        if self.budget.budgeted:
             self.report.status(max_iters=self.horizon.end_step)  # the end as estimated, until its steps are timed
             self.mixture_follows_budget(say=True)
         return restore_rng
@@ -323,7 +321,7 @@ class TrainerParts:
         self.report.log(savers_line(s))
         if self.plan.preference or self.plan.samples:
             self.report.log(self.plan.describe())
-        if self.budget is not None:
+        if isinstance(self.budget, Budget):
             fresh = self.budget_plan is not None and not self.resume
             self.report.log(self.budget_plan.describe() if fresh and self.budget_plan.steps is not None
                             else self.budget.describe(self.state.step, time.time()))
@@ -342,11 +340,9 @@ class TrainerParts:
 
     def state_dict(self) -> dict | None:
         """What a checkpoint holds (on rank 0; collective), for the checkpointer to write."""
-        if self.budget is not None:
-            self.state.budget_spent = round(self.budget.spent(time.time()), 3)
-            self.state.budget_reserve = round(self.budget.reserve, 3)
+        end = self.horizon.to_state(self.budget.spent(time.time()), self.budget.reserve)
         return stateful.state_dict(self.built, self.sampler, self.state, self.preset, self.dist,
-                                   self.settings.parallel == "fsdp", self.elapsed(), self.horizon.to_state())
+                                   self.settings.parallel == "fsdp", self.elapsed(), end)
 
     def load_state_dict(self, ck: Checkpoint) -> Callable[[], None]:
         """Continue from ``ck``; returns the RNGs' restore, to call once nothing else draws random numbers."""

@@ -70,8 +70,6 @@ class TrainerState:
     elapsed_s: float = 0.0            # training time before this process started
     eval_s: float = 0.0               # the run's seconds in evals (and their samples) so far
     ckpt_s: float = 0.0               # ... and in checkpoint saves (a checkpoint holds those before its own)
-    budget_spent: float = 0.0         # train.time_budget: seconds of it spent (train.budget)
-    budget_reserve: float = 0.0       # ... and kept back for the last eval when saved (its training time: the rest)
     sampler: dict | None = None       # the data sampler's generator state
     host_rng: HostRng | None = None
     train_preset: dict = field(default_factory=dict)  # [train] at save time: resume reports what changed

@@ -4,8 +4,9 @@ One owner for these facts (torchtitan keeps its LR scheduler as a component with
 the trainer steps and the checkpointer saves; this is that, torch-free). A :class:`Horizon` is made once from
 the preset (:meth:`Horizon.of`), with a time budget's first guess at its end step and what a checkpoint's
 trainer state recorded (:meth:`Horizon.from_state`); the trainer steps it (:meth:`Horizon.after_step`, which
-returns a new one: the preset is never written), saves it with its state (:meth:`Horizon.to_state`), and
-everything that shows or reasons about the run reads it: the loop's end and last eval, the checkpointer's
+returns a new one: the preset is never written), saves it with its state (:meth:`Horizon.to_state`: the one
+owner of what a checkpoint keeps of the run's end, a time budget's seconds spent included), and everything that
+shows or reasons about the run reads it: the loop's end, its evals and samples, the checkpointer's
 decay-start save, ``status.json``'s ``max_iters``, a resume's plan and the "+ more steps" dialog's note
 (:func:`extension`), the doctor and the TUI.
 
@@ -47,6 +48,8 @@ class Horizon:
     step_share: float = 0.0        # budgeted: the share of the budget the next step takes, at the run's pace
     evals_on_the_way: int = 0      # budgeted: evals between the step-0 and the last one, at even shares of it
     eval_shares: tuple[float, ...] = ()  # train.eval_shares: the shares the evals on the way fall at instead
+    eval_next: bool = False        # budgeted: an eval on the way is due after the step just taken (the clock said)
+    spent_before: float = 0.0      # budgeted: the budget's seconds its checkpoint had spent (the clock goes on)
 
     # ------------------------------------------------------------------ made once
 
@@ -75,6 +78,7 @@ class Horizon:
         planned = state.get("eval_iters") is not None
         return dataclasses.replace(h, decay_step=int(decay) if decay is not None else None,
                                    progress=float(state.get("budget_progress") or 0.0),
+                                   spent_before=float(state.get("budget_spent") or 0.0),
                                    warmup=int(state["warmup"]) if planned else h.warmup,
                                    eval_iters=int(state["eval_iters"]) if planned else 0,
                                    evals_on_the_way=int(state["evals_on_the_way"]) if planned else 0)
@@ -85,10 +89,12 @@ class Horizon:
         return dataclasses.replace(self, warmup=plan.warmup, eval_iters=plan.eval_iters,
                                    evals_on_the_way=plan.evals_on_the_way)
 
-    def to_state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of it (beside the trainer state's other fields)."""
+    def to_state(self, spent: float = 0.0, reserve: float = 0.0) -> dict[str, Any]:
+        """What a checkpoint keeps of it (beside the trainer state's other fields); ``spent``: a budget's seconds
+        spent when it is saved, ``reserve``: those kept back then for the last eval (its training time: the rest)."""
         out: dict[str, Any] = {"end_step": self.end_step, "decay_step": self.decay_step,
-                               "budget_progress": self.progress}
+                               "budget_progress": self.progress, "budget_spent": round(spent, 3),
+                               "budget_reserve": round(reserve, 3)}
         if self.budgeted and self.eval_iters:
             out |= {"warmup": self.warmup, "eval_iters": self.eval_iters, "evals_on_the_way": self.evals_on_the_way}
         return out
@@ -96,11 +102,12 @@ class Horizon:
     # ------------------------------------------------------------------ stepped
 
     def after_step(self, step: int, end_step: int, progress: float | None = None,
-                   step_share: float | None = None) -> "Horizon":
+                   step_share: float | None = None, eval_next: bool = False) -> "Horizon":
         """After ``step``: the end step as now estimated (a budget's), the share of the budget spent (the next
         step's schedule; it never goes back), the share the next step will take (its learning rate is the
-        schedule's where that step ends, so the step that ends the budget runs at min_lr) and, for a budgeted wsd
-        run, the decay's first step once the budget reaches it."""
+        schedule's where that step ends, so the step that ends the budget runs at min_lr), whether an eval on the
+        way is due after it (``eval_next``: a budget's, decided on its clock) and, for a budgeted wsd run, the
+        decay's first step once the budget reaches it."""
         prog = self.progress if progress is None else max(self.progress, min(1.0, progress))
         decay = self.decay_step
         if (self.budgeted and self.schedule == "wsd" and decay is None
@@ -112,7 +119,8 @@ class Horizon:
             # (never longer: the ramp only goes up)
             warmup = min(warmup, budget_warmup(self.warmup, end_step))
         return dataclasses.replace(self, end_step=end_step, progress=prog, decay_step=decay, warmup=warmup,
-                                   step_share=self.step_share if step_share is None else step_share)
+                                   step_share=self.step_share if step_share is None else step_share,
+                                   eval_next=eval_next)
 
     def eval_between(self, before: float, after: float) -> bool:
         """Budgeted: whether an eval on the way falls due between the shares of the budget ``before`` and
@@ -125,13 +133,34 @@ class Horizon:
             return any(before + 1e-9 < s <= after + 1e-9 for s in self.eval_shares)
         return math.floor(after * (n + 1) + 1e-9) > math.floor(before * (n + 1) + 1e-9)
 
+    def eval_after(self, step: int, eval_interval: int) -> bool:
+        """Whether ``step`` is followed by an eval: the run's last; on a budget, at the shares of it its plan chose
+        (``eval_next``, as its clock said after the step); counted in steps, every ``eval_interval`` steps and at
+        train.eval_shares of them."""
+        if self.is_end(step):
+            return True
+        if self.budgeted:
+            return self.eval_next
+        return step % eval_interval == 0 or self.eval_at_share(step)
+
+    def sample_after(self, step: int) -> bool:
+        """Whether the eval after ``step`` writes a sample: every eval's, but a budget's evals on the way (they
+        keep to their share of it); its last eval's always."""
+        return not self.budgeted or self.is_end(step)
+
+    @property
+    def share(self) -> float | None:
+        """An eval's record of where the run is: the share of the budget spent (None: counted in steps)."""
+        return round(self.progress, 6) if self.budgeted else None
+
     def eval_at_share(self, step: int) -> bool:
         """Counted in steps: whether train.eval_shares puts an eval after ``step`` (the first step at or past each
         share of the end step)."""
         return not self.budgeted and any(step == math.ceil(s * self.end_step - 1e-9) for s in self.eval_shares)
 
     def ended_at(self, step: int) -> "Horizon":
-        """The run ends at ``step`` (a budget spent before this process trained anything)."""
+        """The run ends at ``step``: a budget's first guess at its end, or where it is when the budget was spent
+        before this process trained anything."""
         return dataclasses.replace(self, end_step=step)
 
     # ------------------------------------------------------------------ read
