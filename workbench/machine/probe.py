@@ -69,28 +69,36 @@ def time_matmul(device: str = "cpu", precision: str = "fp32", seconds: float = 0
     return best
 
 
-def calibrate(device: str = "cpu", precision: str = "fp32", seconds: float = 0.3) -> Calibration:
-    """The peak matmul rate for MFU and time estimates on ``device``: measured now (``time_matmul``),
-    noting how busy other processes kept the CPU meanwhile, and settled against the best rate measured
-    on this machine before (``workbench.machine.rates``), which it raises when it beats it. Once per
-    process for a device, precision and CPU thread count."""
+# How long a calibration measures: the first on a machine (for a device, precision and thread count) finds its peak;
+# later ones only raise the best kept (``settle``) and say how busy the CPU is as the run starts, which a shorter
+# window does: 0.7 s of CPU at every trainer start (2 threads) became 0.26 s (a test suite starts 400 of them).
+FIRST_SECONDS = 0.3
+KNOWN_SECONDS = 0.1
+
+
+def calibrate(device: str = "cpu", precision: str = "fp32", seconds: float | None = None) -> Calibration:
+    """The peak matmul rate for MFU and time estimates on ``device``: measured now (``time_matmul``; for
+    ``seconds``, by default FIRST_SECONDS, or KNOWN_SECONDS where a best rate is kept already), noting how busy
+    other processes kept the CPU meanwhile, and settled against the best rate measured on this machine before
+    (``workbench.machine.rates``), which it raises when it beats it. Once per process for a device, precision and
+    CPU thread count."""
     prec = _precision(precision)
     threads = torch.get_num_threads() if torch.device(device).type == "cpu" else None
     key = (device, prec, threads)
     if key in _CALIBRATIONS:
         return _CALIBRATIONS[key]
-    with OthersCpu() as load:
-        measured = time_matmul(device, prec, seconds)
     machine, rkey = machine_identity(), rate_key(device, prec, threads)
+    known = known_rates(machine).get(rkey)
+    with OthersCpu() as load:
+        measured = time_matmul(device, prec, seconds or (KNOWN_SECONDS if known else FIRST_SECONDS))
     # A GPU's rate is not the CPU's neighbours' to lower; the best-of cache still guards it against other jobs.
-    cal, entry = settle(device, prec, threads, measured, load.share if threads else 0.0,
-                        known_rates(machine).get(rkey))
+    cal, entry = settle(device, prec, threads, measured, load.share if threads else 0.0, known)
     remember(machine, rkey, entry)
     _CALIBRATIONS[key] = cal
     return cal
 
 
-def measure_matmul_flops(device: str = "cpu", precision: str = "fp32", seconds: float = 0.3) -> float:
+def measure_matmul_flops(device: str = "cpu", precision: str = "fp32", seconds: float | None = None) -> float:
     """The peak matmul FLOP/s on ``device`` at ``precision`` (``calibrate``): the honest peak that MFU on a CPU
     (or a GPU missing from the table) and `workbench estimate` use."""
     return calibrate(device, precision, seconds).flops
