@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.support.cli import wb
+from tests.support.cli import tiny, wb
 from workbench.machine import rates
 from workbench.machine.detect import calibration, detect, machine_identity
 from workbench.machine.rates import Calibration, best_rates, known_rates, rate_key, remember, settle
@@ -94,3 +94,39 @@ def test_estimate_without_torch_uses_the_cached_rate_and_says_so(tmp_path, no_ru
                                                  "assumed efficiency"), out["tokens_per_s_source"]
     assert out["tokens_per_s"] == pytest.approx(100e9 * 0.5 / out["flops_per_token"])
     assert out["time"]["total_s"] > 0
+
+
+def test_a_budgeted_train_plans_at_the_peak_kept_for_its_threads_and_imports_torch_only_to_measure(
+        tmp_path, monkeypatch, shared_cache):
+    """`train --time-budget` needs this machine's speed for its first line (the steps the budget buys). Where a
+    peak is kept for the threads the trainer will use (here OMP_NUM_THREADS) it plans at that one without loading
+    torch (1.3 s of CPU at every budgeted start: each trial of a sweep); where none is, it measures and keeps it."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (shared_cache / "data").mkdir(exist_ok=True)
+    (cache / "data").symlink_to(shared_cache / "data", target_is_directory=True)
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(cache))
+    here = machine_identity()
+    remember(here, rate_key("cpu", "fp32", 1), {"flops": 2e6, "busy": False, "others_busy": 0.0, "at": 0})
+    runs = tmp_path / "runs"
+
+    def train(threads: int, budget: str):
+        return wb("train", "cpu-small", "--detach", "--time-budget", budget, "--name", f"t{threads}", "--runs-dir",
+                  str(runs), *tiny(), env={"OMP_NUM_THREADS": str(threads), "PYTHONPROFILEIMPORTTIME": "1"},
+                  fresh=True)
+
+    def imported_torch(cp) -> bool:
+        return any(line.split("|")[-1].strip() == "torch" for line in cp.stderr.splitlines())
+
+    # one thread: the kept 2 MFLOP/s buys nothing in a minute, so the run is refused before anything starts
+    cp = train(1, "1m")
+    assert cp.returncode == 2 and "budget buys ~0 steps here" in cp.stderr, cp.stderr[-2000:]
+    assert not imported_torch(cp) and not (runs / "t1").exists()
+    # two threads: nothing kept for them, so this machine's rate is measured (torch loaded) and kept
+    cp = train(2, "2s")
+    assert imported_torch(cp), cp.stdout + cp.stderr[-300:]
+    assert known_rates(here)[rate_key("cpu", "fp32", 2)]["flops"] > 1e9
+    if cp.returncode == 0:  # the measured rate buys a run: it started, and ends at its 2 s budget
+        wb("stop", "t2", "--runs-dir", str(runs))
+    else:
+        assert "budget buys" in cp.stderr, cp.stderr[-2000:]
