@@ -31,7 +31,9 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or with ``only`` (a module of COMMANDS) of that one alone: what it parses and
+    says is the same, without importing the other commands' modules (``command_module``)."""
     ap = OneLineParser(  # its subcommands' parsers are of its class (argparse makes them with type(parent))
         prog="workbench",
         description="Train small GPT-style language models on your own machine. "
@@ -40,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--runs-dir", type=runs_root, default=runs_root(),
                     help="where runs live (default: $WORKBENCH_RUNS_DIR or ./runs)")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else [only]:
         importlib.import_module(f"workbench.commands.{name}").register(sub)
     # Accept --runs-dir after the subcommand too, and after a subcommand's action (`data inspect ... --runs-dir`).
     parsers = list(sub.choices.values())
@@ -65,11 +67,25 @@ def bare_tui_args(argv: list[str]) -> argparse.Namespace | None:
     return None if rest else argparse.Namespace(command=None, runs_dir=args.runs_dir)
 
 
+def command_module(argv: list[str]) -> str | None:
+    """The module of the command ``argv`` names (its first word after the top-level ``--runs-dir``), or None: no
+    command, a top-level option (``--help``, ``--version``) or a word that is no command, which the full parser
+    answers. Building every command's parser imports all their modules, about 0.2 s of CPU at each call."""
+    rest = list(argv)
+    while rest and (rest[0] == "--runs-dir" or rest[0].startswith("--runs-dir=")):
+        rest = rest[2:] if rest[0] == "--runs-dir" else rest[1:]
+    if not rest or rest[0].startswith("-"):
+        return None
+    word = rest[0]
+    module = "import_model" if word == "import" else word
+    return module if module in COMMANDS and word != "import_model" else None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = bare_tui_args(argv)
     if args is None:
-        args = build_parser().parse_args(argv)
+        args = build_parser(command_module(argv)).parse_args(argv)
     try:
         if args.command is None:
             return run_tui(args)
