@@ -26,9 +26,9 @@ def _precision(precision: str) -> str:
     return PRECISION_ALIASES.get(precision.lower(), precision.lower())
 
 
-def time_matmul(device: str = "cpu", precision: str = "fp32", seconds: float = 0.3) -> float:
-    """Matmul FLOP/s on ``device`` at ``precision`` now: the best of short windows over about ``seconds``
-    after a warm-up. fp32 on CUDA means strict FP32; ask for "tf32" to allow TF32."""
+def time_matmul(device: str = "cpu", precision: str = "fp32", seconds: float = 0.3, warmup: int = 3) -> float:
+    """Matmul FLOP/s on ``device`` at ``precision`` now: the best of short windows (at least one) over about
+    ``seconds`` after ``warmup`` products. fp32 on CUDA means strict FP32; ask for "tf32" to allow TF32."""
     prec = _precision(precision)
     dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
              "fp16": torch.float16}.get(prec)
@@ -50,7 +50,7 @@ def time_matmul(device: str = "cpu", precision: str = "fp32", seconds: float = 0
     try:
         a = torch.randn(n, n, generator=gen).to(device=dev, dtype=dtype)
         b = torch.randn(n, n, generator=gen).to(device=dev, dtype=dtype)
-        for _ in range(3):  # warm-up: kernel selection, thread pool start, clocks
+        for _ in range(warmup):  # kernel selection, thread pool start, clocks
             c = a @ b
         sync()
         # The best of several short windows: a peak is what the hardware *can* do, and on a
@@ -70,15 +70,15 @@ def time_matmul(device: str = "cpu", precision: str = "fp32", seconds: float = 0
 
 
 # How long a calibration measures: the first on a machine (for a device, precision and thread count) finds its peak;
-# later ones only raise the best kept (``settle``) and say how busy the CPU is as the run starts, which a shorter
-# window does: 0.7 s of CPU at every trainer start (2 threads) became 0.26 s (a test suite starts 400 of them).
+# later ones only raise the best kept (``settle``) and say how busy the CPU is as the run starts, which one window
+# after one warm-up product does: on this 2-core machine 0.4 s at every trainer start on one thread became 0.11 s
+# (0.7 CPU-seconds on two, 0.17) where a test suite starts 400 of them.
 FIRST_SECONDS = 0.3
-KNOWN_SECONDS = 0.1
 
 
 def calibrate(device: str = "cpu", precision: str = "fp32", seconds: float | None = None) -> Calibration:
     """The peak matmul rate for MFU and time estimates on ``device``: measured now (``time_matmul``; for
-    ``seconds``, by default FIRST_SECONDS, or KNOWN_SECONDS where a best rate is kept already), noting how busy
+    ``seconds``, by default FIRST_SECONDS, or one window where a best rate is kept already), noting how busy
     other processes kept the CPU meanwhile, and settled against the best rate measured on this machine before
     (``workbench.machine.rates``), which it raises when it beats it. Once per process for a device, precision and
     CPU thread count."""
@@ -89,8 +89,9 @@ def calibrate(device: str = "cpu", precision: str = "fp32", seconds: float | Non
         return _CALIBRATIONS[key]
     machine, rkey = machine_identity(), rate_key(device, prec, threads)
     known = known_rates(machine).get(rkey)
+    window, warmup = (seconds, 3) if seconds is not None else (FIRST_SECONDS, 3) if known is None else (0.0, 1)
     with OthersCpu() as load:
-        measured = time_matmul(device, prec, seconds or (KNOWN_SECONDS if known else FIRST_SECONDS))
+        measured = time_matmul(device, prec, window, warmup)
     # A GPU's rate is not the CPU's neighbours' to lower; the best-of cache still guards it against other jobs.
     cal, entry = settle(device, prec, threads, measured, load.share if threads else 0.0, known)
     remember(machine, rkey, entry)
