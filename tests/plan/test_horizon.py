@@ -74,6 +74,18 @@ def test_stepping_a_budgeted_wsd_horizon_finds_its_decay_start_and_never_goes_ba
     assert back.lr_factor(7) == h.lr_factor(7)
 
 
+def test_a_budgeted_rate_never_rises_when_the_pace_shrinks_the_next_steps_share():
+    """A budgeted run's rate is read where its next step ends (the share spent, plus that step's share at the pace).
+    After an eval the pace can shrink the step's share by more than the clock moved: the point read never moves back
+    (a CI run's decay rose by 4e-9 at the step after an eval)."""
+    p = resolve_preset("cpu-small", ["train.schedule=wsd", "train.decay_fraction=0.3", "train.time_budget=8s"])
+    h = Horizon.of(p, first_guess=700).after_step(640, 700, 0.94, 0.006)
+    h2 = h.after_step(641, 700, 0.9441, 0.0015)  # the clock moved 0.0001, the step's share fell by 0.0045
+    assert h2.progress == 0.9441 and h2.lr_factor(641) <= h.lr_factor(640)
+    h3 = h2.after_step(642, 700, 0.95, 0.0015)   # the clock past that point: the pace's share again
+    assert h3.step_share == 0.0015 and h3.lr_factor(642) < h2.lr_factor(641)
+
+
 def test_a_budget_spent_before_training_ends_where_it_is():
     h = Horizon.of(resolve_preset("cpu-small", ["train.time_budget=1s"]), first_guess=50).ended_at(7)
     assert h.is_end(7) and h.end_step == 7

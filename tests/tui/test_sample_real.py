@@ -73,8 +73,9 @@ def test_sample_pane_streams_real_text_from_two_checkpoints(real_runs, tmp_path,
             assert text_a.rsplit("\n[", 1)[0].rstrip("\n") == cli_a.rstrip("\n")
             assert text_b.rsplit("\n[", 1)[0].rstrip("\n") == cli_b.rstrip("\n")
             # streamed as it came (each column: its pieces plus the closing note); how many pieces
-            # depends on the machine's load, so only "more than one" is certain
-            assert pieces["a"] + pieces["b"] >= 5, pieces
+            # depends on the machine's load (a CI run read each column's 24 tokens in one piece), so only
+            # "more than one" is certain
+            assert pieces["a"] >= 2 and pieces["b"] >= 2, pieces
             # the samples the trainer wrote at its evals
             app.query_one("#smp-trainer").collapsed = False
             await pilot.pause()

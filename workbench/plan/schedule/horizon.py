@@ -118,9 +118,13 @@ class Horizon:
             # the end's estimate came down (a slower pace than the estimate's): the warmup keeps its share of it
             # (never longer: the ramp only goes up)
             warmup = min(warmup, budget_warmup(self.warmup, end_step))
+        share = self.step_share if step_share is None else step_share
+        # where the next step's rate is read (the share spent and the next step's) never moves back either: after an
+        # eval the pace (so the step's share) can drop by more than the clock moved, and the decay's rate rose by
+        # 4e-9 in a CI run
+        share = max(share, self.progress + self.step_share - prog)
         return dataclasses.replace(self, end_step=end_step, progress=prog, decay_step=decay, warmup=warmup,
-                                   step_share=self.step_share if step_share is None else step_share,
-                                   eval_next=eval_next)
+                                   step_share=share, eval_next=eval_next)
 
     def eval_between(self, before: float, after: float) -> bool:
         """Budgeted: whether an eval on the way falls due between the shares of the budget ``before`` and
