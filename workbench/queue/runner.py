@@ -45,7 +45,7 @@ from workbench.queue import rounds, sweep
 from workbench.queue.launch import CliLauncher
 from workbench.queue.outcome import Metric, beside_note, failure_line, final_metric, run_metric
 from workbench.queue.placing import Placing
-from workbench.queue.store import Item, QueueError, QueueStore
+from workbench.queue.store import ENDED, Item, QueueError, QueueStore
 from workbench.queue.sweep_results import sweep_metric
 
 LOCK_FILE = "queue.lock"
@@ -228,6 +228,22 @@ class Runner(Placing):
                 out |= run_processes(other.pid)
         return out
 
+    def queue_trainers_beside(self, item: Item) -> set[int]:
+        """The trainers of the queue's other items that ran while ``item`` did, by the pids their run directories
+        recorded (``sibling_pids`` finds them as they run, once their own watch has seen them start: a sibling
+        started moments before ``item`` ended was counted as another process in a CI run)."""
+        out: set[int] = set()
+        for other in self.store.items(("running", *ENDED)):
+            if other.id == item.id or other.started is None or (
+                    other.ended is not None and item.started is not None and other.ended < item.started):
+                continue
+            if other.pid:
+                out.add(other.pid)
+            if (self.run_dir(other) / rundir.STATUS_FILE).is_file() and (pid := rundir.read_status(
+                    self.run_dir(other)).pid):
+                out.add(pid)
+        return out
+
     # ------------------------------------------------------------------ one item
 
     def run_dir(self, item: Item) -> Path:
@@ -348,7 +364,7 @@ class Runner(Placing):
     def _load_fields(self, item: Item) -> dict:
         """What other processes used while ``item`` trained, as the queue keeps it (nothing: never sampled)."""
         load = self.loads.pop(item.id, None)
-        siblings = self.queue_pids.pop(item.id, set())
+        siblings = self.queue_pids.pop(item.id, set()) | self.queue_trainers_beside(item)
         if load is None or load.share is None:
             return {}
         for key in [k for k in load.cpu_s if k[0] in siblings]:  # the queue's own runs are not others
