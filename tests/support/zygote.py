@@ -13,6 +13,9 @@ settings read from the environment at import time see the command's environment)
 codes are its own, and what it starts (a detached trainer, torchrun) is started as the product starts it. What
 it shares with a fresh interpreter's run is everything but the already-imported third-party modules.
 
+``WORKBENCH_TEST_CPU_LOG=FILE`` in the suite's environment: each forked command (this server's and the detached
+trainers', tests/support/spawner.py) appends its module, first arguments and CPU seconds to FILE.
+
 Not for what depends on the interpreter's own start: which modules a command imports (the import-hygiene
 tests start their own interpreters), getrusage of children (``wb(..., fresh=True)``). Set
 ``WORKBENCH_TEST_FORK=0`` to run every command in a fresh interpreter instead.
@@ -55,6 +58,11 @@ def run_as_main(module, argv, env):
     except BaseException:
         traceback.print_exc(); code = 1
     atexit._run_exitfuncs()
+    if env.get("WORKBENCH_TEST_CPU_LOG"):  # where the suite's CPU goes: each forked command's, since its fork
+        import resource
+        use = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        with open(env["WORKBENCH_TEST_CPU_LOG"], "a") as log:
+            log.write(f"{module}\t{' '.join(argv[:2])}\t{sum(u.ru_utime + u.ru_stime for u in use):.3f}\n")
     return code
 
 
