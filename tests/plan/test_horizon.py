@@ -35,7 +35,7 @@ def test_schedules_counted_in_steps():
 def test_a_budgeted_schedule_follows_the_share_of_the_budget_spent(schedule):
     p = resolve_preset("cpu-small", [f"train.schedule={schedule}", "train.decay_fraction=0.25", "train.lr=1e-3",
                                      "train.min_lr=1e-4", "train.warmup_iters=10", "train.time_budget=60s"])
-    h = Horizon.of(p, first_guess=400)
+    h = Horizon.of(p).ended_at(400)
     floor = 0.1
 
     def at(step: int, progress: float) -> float:
@@ -58,7 +58,7 @@ def test_a_budgeted_schedule_follows_the_share_of_the_budget_spent(schedule):
 def test_stepping_a_budgeted_wsd_horizon_finds_its_decay_start_and_never_goes_back():
     p = resolve_preset("cpu-small", ["train.schedule=wsd", "train.decay_fraction=0.4", "train.warmup_iters=2",
                                      "train.time_budget=60s"])
-    h0 = Horizon.of(p, first_guess=100)
+    h0 = Horizon.of(p).ended_at(100)
     h = h0
     trail = []
     for step, end, progress in [(1, 90, 0.1), (2, 95, 0.3), (3, 95, 0.59), (4, 97, 0.61), (5, 97, 0.55),
@@ -69,7 +69,7 @@ def test_stepping_a_budgeted_wsd_horizon_finds_its_decay_start_and_never_goes_ba
     assert h0.end_step == 100 and h0.decay_step is None      # each step makes a new horizon; none is changed
     assert h.decay_start == 4
     # what a checkpoint keeps, and a resume's horizon from it: the decay step and the share spent go on
-    back = Horizon.from_state(p, {**h.to_state(), "step": 6}, first_guess=120)
+    back = Horizon.from_state(p, {**h.to_state(), "step": 6}).ended_at(120)
     assert (back.decay_step, back.progress, back.end_step) == (4, 0.8, 120)
     assert back.lr_factor(7) == h.lr_factor(7)
 
@@ -79,7 +79,7 @@ def test_a_budgeted_rate_never_rises_when_the_pace_shrinks_the_next_steps_share(
     After an eval the pace can shrink the step's share by more than the clock moved: the point read never moves back
     (a CI run's decay rose by 4e-9 at the step after an eval)."""
     p = resolve_preset("cpu-small", ["train.schedule=wsd", "train.decay_fraction=0.3", "train.time_budget=8s"])
-    h = Horizon.of(p, first_guess=700).after_step(640, 700, 0.94, 0.006)
+    h = Horizon.of(p).ended_at(700).after_step(640, 700, 0.94, 0.006)
     h2 = h.after_step(641, 700, 0.9441, 0.0015)  # the clock moved 0.0001, the step's share fell by 0.0045
     assert h2.progress == 0.9441 and h2.lr_factor(641) <= h.lr_factor(640)
     h3 = h2.after_step(642, 700, 0.95, 0.0015)   # the clock past that point: the pace's share again
@@ -87,7 +87,7 @@ def test_a_budgeted_rate_never_rises_when_the_pace_shrinks_the_next_steps_share(
 
 
 def test_a_budget_spent_before_training_ends_where_it_is():
-    h = Horizon.of(resolve_preset("cpu-small", ["train.time_budget=1s"]), first_guess=50).ended_at(7)
+    h = Horizon.of(resolve_preset("cpu-small", ["train.time_budget=1s"])).ended_at(7)
     assert h.is_end(7) and h.end_step == 7
 
 

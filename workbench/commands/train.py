@@ -7,8 +7,6 @@ import os
 import sys
 from pathlib import Path
 
-import psutil
-
 from workbench import rundir
 from workbench.analysis.history import measured_in
 from workbench.commands import launch
@@ -51,14 +49,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def budget_peak(p: Preset) -> PeakFn | None:
+def budget_peak(p: Preset, machine: Machine) -> PeakFn | None:
     """With a time budget, this machine's measured peak for the estimate (the steps a budget buys need the speed;
     the trainer asks the same, so `train`'s first line and the trainer's say one number); None without one. The
     peak kept for the trainer's threads where there is one (the trainer settles on it too, unless its own
     measurement beats it), else measured here: torch is imported only for that (1.3 s of CPU a start)."""
     if not p.train.time_budget_s:
         return None
-    threads = trainer_threads(p)
+    threads = trainer_threads(p, machine)
 
     def peak(device: str, precision: str) -> float | None:
         if (kept := kept_rate(machine_identity(), device, precision, threads)) is not None:
@@ -68,12 +66,11 @@ def budget_peak(p: Preset) -> PeakFn | None:
     return peak
 
 
-def trainer_threads(p: Preset) -> int | None:
+def trainer_threads(p: Preset, machine: Machine) -> int:
     """The CPU threads a trainer of ``p`` started from here will run torch on: hardware.num_threads, else the
     OMP_NUM_THREADS it inherits, else torch's default (the physical cores)."""
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return p.hardware.num_threads or (int(env) if env.isdigit() and int(env) > 0 else None) or \
-        psutil.cpu_count(logical=False) or os.cpu_count()
+    return p.hardware.num_threads or (int(env) if env.isdigit() and int(env) > 0 else 0) or machine.physical_cores
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         print(objective.describe(), flush=True)
     # the one pre-flight (plan/preflight.py): the estimate, and the corpus as far as it is read before the run
     # directory: a detached run's first records (it prepares its tokens itself), else listed (prepared below)
-    pf = check_plan(plan, req, machine, history=measured_in(root), peak=budget_peak(p),
+    pf = check_plan(plan, req, machine, history=measured_in(root), peak=budget_peak(p, machine),
                     corpus=FIRST_RECORDS if args.detach and not p.data.mixture else LISTED)
     check = pf.check
     print("estimate: " + "; ".join(check.lines()), flush=True)

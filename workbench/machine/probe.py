@@ -89,7 +89,10 @@ def calibrate(device: str = "cpu", precision: str = "fp32", seconds: float | Non
         return _CALIBRATIONS[key]
     machine, rkey = machine_identity(), rate_key(device, prec, threads)
     known = known_rates(machine).get(rkey)
-    window, warmup = (seconds, 3) if seconds is not None else (FIRST_SECONDS, 3) if known is None else (0.0, 1)
+    if seconds is None and known is not None:  # a peak is kept: one window after one warm-up product
+        window, warmup = 0.0, 1
+    else:
+        window, warmup = FIRST_SECONDS if seconds is None else seconds, 3
     with OthersCpu() as load:
         measured = time_matmul(device, prec, window, warmup)
     # A GPU's rate is not the CPU's neighbours' to lower; the best-of cache still guards it against other jobs.

@@ -46,7 +46,6 @@ def estimated_plan(p: Preset, settings: RunSettings, machine: Machine, seconds: 
 
 class Budget:
     """train.time_budget's clock."""
-    budgeted = True
 
     def __init__(self, seconds: float, spent_before: float, first_guess: int, now: float,
                  prior_rate: float | None = None):
@@ -183,7 +182,6 @@ class Budget:
 class StepCount:
     """A run counted in steps (no train.time_budget): the budget's clock, measuring nothing. Its end is the horizon's
     end step; nothing is spent, nothing kept back, nothing said in status.json."""
-    budgeted = False
     seconds: float | None = None
     first_guess: int | None = None
     reserve = 0.0

@@ -308,7 +308,7 @@ class TrainerParts:
             self.run_dir.parent)
         if self.horizon.eval_iters:  # a budgeted run's evals as its start planned them (a resume keeps them)
             self.eval_iters = self.horizon.eval_iters
-        if self.budget.budgeted:
+        if isinstance(self.budget, Budget):
             self.report.status(max_iters=self.horizon.end_step)  # the end as estimated, until its steps are timed
             self.mixture_follows_budget(say=True)
         return restore_rng

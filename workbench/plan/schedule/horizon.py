@@ -2,13 +2,13 @@
 
 One owner for these facts (torchtitan keeps its LR scheduler as a component with a state of its own, which
 the trainer steps and the checkpointer saves; this is that, torch-free). A :class:`Horizon` is made once from
-the preset (:meth:`Horizon.of`), with a time budget's first guess at its end step and what a checkpoint's
-trainer state recorded (:meth:`Horizon.from_state`); the trainer steps it (:meth:`Horizon.after_step`, which
-returns a new one: the preset is never written), saves it with its state (:meth:`Horizon.to_state`: the one
-owner of what a checkpoint keeps of the run's end, a time budget's seconds spent included), and everything that
-shows or reasons about the run reads it: the loop's end, its evals and samples, the checkpointer's
-decay-start save, ``status.json``'s ``max_iters``, a resume's plan and the "+ more steps" dialog's note
-(:func:`extension`), the doctor and the TUI.
+the preset (:meth:`Horizon.of`) and what a checkpoint's trainer state recorded (:meth:`Horizon.from_state`),
+a time budget's first guess at its end step set on it (:meth:`Horizon.ended_at`); the trainer steps it
+(:meth:`Horizon.after_step`, which returns a new one: the preset is never written), saves it with its state
+(:meth:`Horizon.to_state`: the one owner of what a checkpoint keeps of the run's end, a time budget's seconds
+spent included), and everything that shows or reasons about the run reads it: the loop's end, its evals and
+samples, the checkpointer's decay-start save, ``status.json``'s ``max_iters``, a resume's plan and the "+ more
+steps" dialog's note (:func:`extension`), the doctor and the TUI.
 
 Counted in steps, the run ends at ``train.max_iters``; cosine decays to ``min_lr`` at ``lr_decay_iters``
 (default the end), wsd is stable until ``decay_fraction`` of the steps are left, then linear to ``min_lr``.
@@ -54,23 +54,21 @@ class Horizon:
     # ------------------------------------------------------------------ made once
 
     @classmethod
-    def of(cls, p: Preset, first_guess: int | None = None) -> "Horizon":
-        """The horizon of a new run of ``p``; ``first_guess``: with a time budget, the step it is estimated to
-        end at before any step is timed (default train.max_iters)."""
+    def of(cls, p: Preset) -> "Horizon":
+        """The horizon of a new run of ``p``, ending at train.max_iters (a time budget's: until its first guess
+        at its end is set, ``ended_at``)."""
         t = p.train
-        budget = t.time_budget_s
-        end = first_guess if budget is not None and first_guess is not None else t.max_iters
-        return cls(schedule=t.schedule, lr=t.lr, min_lr=t.min_lr, warmup=t.warmup_iters, end_step=end,
-                   decay_fraction=t.decay_fraction, lr_decay_iters=t.lr_decay_iters, budget_s=budget,
+        return cls(schedule=t.schedule, lr=t.lr, min_lr=t.min_lr, warmup=t.warmup_iters, end_step=t.max_iters,
+                   decay_fraction=t.decay_fraction, lr_decay_iters=t.lr_decay_iters, budget_s=t.time_budget_s,
                    eval_shares=eval_share_list(t.eval_shares))
 
     @classmethod
-    def from_state(cls, p: Preset, state: dict[str, Any] | None, first_guess: int | None = None) -> "Horizon":
+    def from_state(cls, p: Preset, state: dict[str, Any] | None) -> "Horizon":
         """The horizon of ``p`` going on from a checkpoint's trainer state (``trainer_state.json``): a budgeted
         run keeps the decay step it recorded and the share it had spent (its end is guessed again: this
         process's pace decides it); a run counted in steps is the preset's (a resume may have changed
         max_iters: ``--more``)."""
-        h = cls.of(p, first_guess)
+        h = cls.of(p)
         if h.budget_s is None or not state:
             return h
         decay = state.get("decay_step")
