@@ -14,7 +14,7 @@ codes are its own, and what it starts (a detached trainer, torchrun) is started 
 it shares with a fresh interpreter's run is everything but the already-imported third-party modules.
 
 ``WORKBENCH_TEST_CPU_LOG=FILE`` in the suite's environment: each forked command (this server's and the detached
-trainers', tests/support/spawner.py) appends its module, first arguments and CPU seconds to FILE.
+trainers', tests/support/spawner.py) appends its module, first arguments, CPU seconds and the test that ran it to FILE.
 
 Not for what depends on the interpreter's own start: which modules a command imports (the import-hygiene
 tests start their own interpreters), getrusage of children (``wb(..., fresh=True)``). Set
@@ -62,7 +62,8 @@ def run_as_main(module, argv, env):
         import resource
         use = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
         with open(env["WORKBENCH_TEST_CPU_LOG"], "a") as log:
-            log.write(f"{module}\t{' '.join(argv[:2])}\t{sum(u.ru_utime + u.ru_stime for u in use):.3f}\n")
+            log.write(f"{module}\t{' '.join(argv[:2])}\t{sum(u.ru_utime + u.ru_stime for u in use):.3f}"
+                      f"\t{env.get('PYTEST_CURRENT_TEST', '').split(' ')[0]}\n")
     return code
 
 
