@@ -162,8 +162,11 @@ def _cpu_seconds(*args: str) -> tuple[float, subprocess.CompletedProcess]:
     return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), cp
 
 
-COMPILE_MODES = {"all but the loss": "hardware.activation_checkpointing=false",
-                 "per block": "hardware.activation_checkpointing=true"}
+# The whole model is one graph without activation checkpointing: one layer compiles it in ~20 % less CPU than two
+# (18.6 against 23.4 s here); per block, each identical block reuses the first block's compiled code, so two layers
+# cost what one does (22.7 against 23.0 s).
+COMPILE_MODES = {"all but the loss": ("hardware.activation_checkpointing=false", "model.n_layers=1"),
+                 "per block": ("hardware.activation_checkpointing=true",)}
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +179,7 @@ def compiled_runs(tmp_path_factory) -> dict[str, tuple[Path, float, str]]:
         for i, (mode, extra) in enumerate(COMPILE_MODES.items()):
             cpu, cp = _cpu_seconds("train", "cpu-small", "--name", f"c{i}", "--runs-dir", str(root),
                                    *tiny("train.max_iters=4", "train.eval_interval=4", "train.ckpt_interval=4",
-                                         "hardware.compile=true", "hardware.chunked_loss=true", extra))
+                                         "hardware.compile=true", "hardware.chunked_loss=true", *extra))
             out[mode] = (root / f"c{i}", cpu, cp.stdout)
         yield out
     finally:
