@@ -87,3 +87,45 @@ def test_a_detached_trainer_is_forked_by_the_spawn_server_as_the_product_would_s
         assert wb("stop", name, "--runs-dir", str(tmp_path)).returncode == 0
         assert wait_until(lambda: not rundir.pid_alive(st.pid), 30)
     assert started["forked"] != started["fresh"]
+
+
+def test_the_cli_client_forks_its_commands_from_the_spawn_server_and_reads_them_as_a_popen(tmp_path):
+    """`workbench.cli_client.popen` / `run` (the TUI's, the queue's and the benches' commands): under the tests, a
+    child of the spawn server with the caller's streams, directory and environment; its output, exit status, a
+    signal's status and a timeout as subprocess gives them; with no server named, subprocess's own."""
+    import signal
+    import sys
+
+    import psutil
+
+    from tests.support import spawner
+    from workbench import cli_client
+
+    argv = [sys.executable, "-m", "workbench", "presets", "list", "--runs-dir", str(tmp_path)]
+    forked, fresh = cli_client.run(argv, 60), cli_client.run(argv, 60, env={
+        k: v for k, v in os.environ.items() if k != "WORKBENCH_TEST_SPAWN"})
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert "cpu-small" in forked.stdout
+    bad = cli_client.run([sys.executable, "-m", "workbench", "train", "cpu-small", "--set", "train.lr=-1",
+                          "--runs-dir", str(tmp_path)], 60)
+    assert bad.returncode == 2 and bad.stderr.startswith("workbench: error:") and bad.stdout == ""
+    # a streaming command through pipes, its parent the spawn server (forked, not a fresh interpreter)
+    proc = cli_client.popen([sys.executable, "-m", "workbench", "chat", "nothing-here", "--runs-dir", str(tmp_path)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    assert isinstance(proc, cli_client.Forked) and psutil.Process(proc.pid).ppid() == spawner._proc.pid
+    proc.stdin.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 2 and "nothing-here" in err, err
+    # killed: the signal's status, as Popen gives it; past its timeout: TimeoutExpired, the command killed
+    long = [sys.executable, "-m", "workbench", "train", "cpu-small", "--name", "long", "--runs-dir", str(tmp_path),
+            "--yes", *tiny("train.max_iters=1000000", "train.eval_interval=1000000")]
+    proc = cli_client.popen(long, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: (tmp_path / "long" / rundir.STATUS_FILE).is_file() and rundir.read_status(
+        tmp_path / "long").state == "running", 60, "the run training")
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(30) == -signal.SIGKILL
+    with pytest.raises(subprocess.TimeoutExpired):
+        cli_client.run([*long[:6], "long2", *long[7:]], 5)
+    st = rundir.read_status(tmp_path / "long2")
+    wait_until(lambda: not rundir.pid_alive(st.pid), 10, "the timed-out command killed")

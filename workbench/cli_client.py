@@ -2,17 +2,23 @@
 resume, stop and queue runs (so neither imports torch: the command does, in its own process).
 
 Every command is ``sys.executable -m workbench COMMAND ... --runs-dir DIR``, so it runs with the interpreter and
-venv of its caller. :func:`run_cli` blocks until the command exits: the TUI calls it from thread workers. Here,
+venv of its caller. :func:`run_cli` blocks until the command exits: the TUI calls it from thread workers. A
+command that streams (a sample, a chat server, an eval's progress) is started with :func:`popen`. Under the tests,
+both fork the command from the tests' spawn server instead of starting an interpreter (:class:`Forked`). Here,
 below every package, because the queue and the TUI (above it) both need it and it needs nothing but the one
 exception.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from workbench.errors import WorkbenchError
 
@@ -49,8 +55,7 @@ def run_cli(argv: list[str], timeout: float, env: dict[str, str] | None = None) 
     """Run a CLI command (``argv`` from :func:`cli_argv`) to its end: its stdout, or a CliError with its last line
     of error output (stdout's when stderr is empty)."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                              env=cli_env() if env is None else env)
+        proc = run(argv, timeout, cli_env() if env is None else env)
     except subprocess.TimeoutExpired:
         raise CliError(f"`workbench {argv[3]}` did not return within {timeout:.0f} s") from None
     except OSError as e:
@@ -59,3 +64,166 @@ def run_cli(argv: list[str], timeout: float, env: dict[str, str] | None = None) 
         msg = last_line(proc.stderr or proc.stdout) or f"`workbench {argv[3]}` exited with status {proc.returncode}"
         raise CliError(error_line(msg))
     return proc.stdout
+
+
+
+class Forked:
+    """A command forked by the tests' spawn server, as :class:`subprocess.Popen` shows one: ``pid``, ``stdin``,
+    ``stdout`` and ``stderr`` (binary pipes where PIPE was asked), ``poll``, ``wait``, ``send_signal``,
+    ``terminate``, ``kill``, ``returncode``. Its exit status comes over the server's connection: the child sends
+    it as it exits; a child killed by a signal sends none, and its status is that signal's (the last one sent
+    through this object, else SIGKILL's)."""
+
+    def __init__(self, args: list[str], conn: Any, pid: int, pipes: dict[str, Any], rest: bytes = b""):
+        self.args, self.pid, self._conn, self._buf = args, pid, conn, rest
+        self.stdin, self.stdout, self.stderr = pipes.get("stdin"), pipes.get("stdout"), pipes.get("stderr")
+        self.returncode: int | None = None
+        self._signal = int(signal.SIGKILL)
+        self._read()
+
+    def _read(self) -> None:
+        """What the connection has brought, without waiting: the exit status, or its end (killed)."""
+        import select
+        while self.returncode is None and (b"\n" in self._buf or select.select([self._conn], [], [], 0)[0]):
+            if b"\n" not in self._buf:
+                chunk = self._conn.recv(4096)
+                if not chunk:
+                    self._done(-self._signal)
+                    break
+                self._buf += chunk
+            line, _, self._buf = self._buf.partition(b"\n")
+            if line.strip() and "code" in (msg := json.loads(line)):
+                self._done(int(msg["code"]))
+
+    def _done(self, code: int) -> None:
+        self.returncode = code
+        self._conn.close()
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._read()
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:  # gone (the server's children are reaped as they exit)
+                self._read()            # its status may have come as it exited
+                if self.returncode is None:
+                    self._done(-self._signal)
+            except PermissionError:
+                pass
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(0.02)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            self._signal = int(sig)
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _forked(argv: list[str], streams: tuple[Any, Any, Any], env: dict[str, str], session: bool,
+            cwd: str | None) -> Forked | None:
+    """:func:`popen`'s child from the spawn server, or None where there is none to ask."""
+    import socket
+
+    path = env.get("WORKBENCH_TEST_SPAWN", "")
+    if not path or len(argv) < 3 or argv[1] != "-m":
+        return None
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(30)
+        s.connect(path)
+    except OSError:
+        return None
+    fds: list[int] = []     # what the child gets as its stdin, stdout and stderr
+    opened: list[int] = []  # of those, the ones made here (closed here once the child has them)
+    ends: dict[str, Any] = {}
+    for n, (name, spec) in enumerate(zip(("stdin", "stdout", "stderr"), streams)):
+        if spec is None:
+            fds.append(n)
+        elif spec == subprocess.STDOUT:
+            fds.append(fds[1])
+        elif spec == subprocess.DEVNULL:
+            fds.append(os.open(os.devnull, os.O_RDWR))
+            opened.append(fds[-1])
+        elif spec == subprocess.PIPE:
+            r, w = os.pipe()
+            fds.append(r if n == 0 else w)
+            opened.append(fds[-1])
+            ends[name] = os.fdopen(w, "wb") if n == 0 else os.fdopen(r, "rb")
+        else:
+            fds.append(spec if isinstance(spec, int) else spec.fileno())
+    req = {"argv": argv[2:], "cwd": os.path.abspath(cwd or os.getcwd()), "env": env, "wait": True, "session": session}
+    try:
+        socket.send_fds(s, [(json.dumps(req) + "\n").encode()], fds)
+        reply = b""
+        while b"\n" not in reply:
+            chunk = s.recv(4096)
+            if not chunk:
+                raise OSError("the spawn server closed the connection")
+            reply += chunk
+        line, _, rest = reply.partition(b"\n")
+        pid = int(json.loads(line)["pid"])
+    except (OSError, ValueError, KeyError):
+        s.close()
+        for end in ends.values():
+            end.close()
+        return None
+    finally:
+        for fd in opened:
+            os.close(fd)
+    s.settimeout(None)
+    return Forked(argv, s, pid, ends, rest)
+
+
+def popen(argv: list[str], *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
+          env: dict[str, str] | None = None, start_new_session: bool = False, cwd: str | Path | None = None) -> Any:
+    """``subprocess.Popen(argv, ...)`` for a ``python -m workbench ...`` command (binary pipes). Where the tests'
+    spawn server is named (``WORKBENCH_TEST_SPAWN``, tests/support/spawner.py; see workbench.faults), the command
+    is a child forked from it, torch already imported, with these same streams, directory and environment: a
+    :class:`Forked`. Every real run gets the Popen."""
+    env = dict(os.environ if env is None else env)
+    where = None if cwd is None else str(cwd)
+    return (_forked(argv, (stdin, stdout, stderr), env, start_new_session, where)
+            or subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
+                                start_new_session=start_new_session, cwd=where))
+
+
+def run(argv: list[str], timeout: float | None = None, env: dict[str, str] | None = None,
+        input: str | None = None, cwd: str | Path | None = None) -> Any:
+    """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input)`` (stdin /dev/null
+    without ``input``) through :func:`popen`: a ``CompletedProcess``, or ``TimeoutExpired`` once the command has
+    been killed."""
+    import tempfile
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as given:
+        if input is not None:
+            given.write(input.encode("utf-8"))
+            given.seek(0)
+        proc = popen(argv, stdin=subprocess.DEVNULL if input is None else given, stdout=out, stderr=err, env=env,
+                     cwd=cwd)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read().decode("utf-8", "replace"))
+    return subprocess.CompletedProcess(argv, code, texts[0], texts[1])

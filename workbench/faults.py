@@ -19,7 +19,8 @@ each point is a cheap attribute check.
                                        DIR/rank<R>.jsonl, a line a micro-batch: a test compares runs' token streams
     WORKBENCH_TEST_SPAWN=SOCKET        a detached trainer is forked by the tests' spawn server listening there
                                        (tests/support/spawner.py: torch already imported) instead of started in a
-                                       fresh interpreter; :func:`spawn_detached`
+                                       fresh interpreter (:func:`spawn_detached`), and so is a command the TUI, the
+                                       queue or a bench runs (``workbench.cli_client.popen``)
 
 No torch here: corpus preparation (``workbench data prepare``) uses it too.
 """
@@ -149,3 +150,4 @@ def spawn_detached(cmd: list[str], log: Path, env: dict) -> int | None:
         return int(json.loads(reply)["pid"])
     except (OSError, ValueError, KeyError):
         return None
+

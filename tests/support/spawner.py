@@ -49,42 +49,75 @@ sys.stdout.write(json.dumps({"ready": True, "threads": tasks}) + "\n"); sys.stdo
 if tasks != 1:
     sys.exit(0)
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the children are detached: no one waits for them here
+
+
+def become(req, streams):
+    """In the forked child: the command's session, directory, environment and standard streams."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    if req.get("session", True):
+        os.setsid()
+    os.chdir(req["cwd"])
+    os.environ.clear(); os.environ.update(req["env"])
+    for n, fd in enumerate(streams):
+        if fd != n:
+            os.dup2(fd, n)
+    for fd in set(streams):
+        if fd > 2:
+            os.close(fd)
+    sys.stdin = sys.__stdin__ = open(0, "r", encoding="utf-8", closefd=False)
+    sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False, buffering=1)
+    sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False,
+                                       buffering=1)
+    threads = req["env"].get("OMP_NUM_THREADS", "").strip()
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
 while True:
     conn, _ = srv.accept()
-    with conn:
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = conn.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-        if not buf:
-            continue
-        req = json.loads(buf)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                srv.close(); conn.close()
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                os.setsid()
-                os.chdir(req["cwd"])
-                os.environ.clear(); os.environ.update(req["env"])
-                fd = os.open(os.devnull, os.O_RDONLY); os.dup2(fd, 0); os.close(fd)
+    # a request: one JSON line; one that waits (workbench.faults.popen) sends its stdin, stdout and stderr with it
+    buf, fds, _, _ = socket.recv_fds(conn, 65536, 3)
+    while buf and not buf.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    if not buf:
+        conn.close()
+        continue
+    req = json.loads(buf)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            srv.close()
+            if req.get("wait"):
+                # the caller's own streams; it is told the pid, then the exit status (none if killed)
+                become(req, fds)
+                conn.sendall((json.dumps({"pid": os.getpid()}) + "\n").encode())
+            else:
+                conn.close()
                 fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                os.dup2(fd, 1); os.dup2(fd, 2); os.close(fd)
-                sys.stdin = sys.__stdin__ = open(0, "r", encoding="utf-8", closefd=False)
-                sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False, buffering=1)
-                sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace",
-                                                   closefd=False, buffering=1)
-                threads = req["env"].get("OMP_NUM_THREADS", "").strip()
-                if threads.isdigit() and int(threads) > 0:
-                    torch.set_num_threads(int(threads))
-                module, *args = req["argv"]
-                code = run_as_main(module, args, req["env"])
-            finally:
-                flush_and_exit(code)
+                become(req, [os.open(os.devnull, os.O_RDONLY), fd, fd])
+            module, *args = req["argv"]
+            code = run_as_main(module, args, req["env"])
+        finally:
+            for f in (sys.stdout, sys.stderr):
+                try:
+                    f.flush()
+                except Exception:
+                    pass
+            if req.get("wait"):
+                try:
+                    conn.sendall((json.dumps({"code": code}) + "\n").encode())
+                except OSError:
+                    pass
+            flush_and_exit(code)
+    for fd in fds:
+        os.close(fd)
+    if not req.get("wait"):
         conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+    conn.close()
 '''
 
 

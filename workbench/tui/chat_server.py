@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from workbench.cli_client import cli_argv
+from workbench.cli_client import cli_argv, popen
 
 IDLE_EXIT_S = 600  # a server with no request for this long exits (its model's memory goes back)
 
@@ -43,8 +43,8 @@ class ChatServer:
         self.key = (run, step)
         argv = cli_argv(runs_dir, "chat", run, "--checkpoint", step, "--serve",
                                  "--idle-exit", f"{idle_exit:g}")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+        self.proc = popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
         self.ready: dict | None = None     # the server's first line, once the model is loaded (its load time)
         self.busy = False                  # a request is being answered
         self.asked = 0                     # requests sent

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from workbench.cli_client import cli_argv, cli_env, error_line, last_line, run_cli
+from workbench.cli_client import cli_argv, cli_env, error_line, last_line, popen, run_cli
 
 if TYPE_CHECKING:
     from workbench.plan.run_plan import NewRun
@@ -154,8 +154,8 @@ class CliJob:
 
     def __init__(self, argv: list[str]):
         self._out = tempfile.TemporaryFile()  # (a pipe the job fills while stderr is read could block it)
-        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                     env=cli_env(), start_new_session=True)
+        self.proc = popen(argv, stdout=self._out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=cli_env(),
+                          start_new_session=True)
         self.errors: list[str] = []
 
     def lines(self) -> Iterator[str]:
@@ -208,9 +208,9 @@ class SampleProcess:
     """A running ``workbench sample`` (or ``chat``, given ``stdin``): iterate over its stdout as it arrives."""
 
     def __init__(self, argv: list[str], stdin: str | None = None):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE, env=cli_env(),
-                                     start_new_session=True)
+        self.proc = popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE, env=cli_env(),
+                          start_new_session=True)
         if stdin is not None:
             assert self.proc.stdin is not None  # (a pipe, given stdin)
             try:
