@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from tests.support.chat import conversations, write_jsonl  # noqa: E402
+from workbench import cli_client  # noqa: E402
 
 COMMON = ["model.seq_len=128", "hardware.compile=false", "train.eval_iters=5", "train.patience=0",
           "train.sample_prompt="]
@@ -64,8 +65,8 @@ def train(out: Path, name: str, corpus: str, sets: list[str], init_from: str | N
     status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").is_file() else {}
     if status.get("state") != "finished":
         shutil.rmtree(run_dir, ignore_errors=True)
-        cp = subprocess.run([sys.executable, "-m", "workbench", *args], cwd=ROOT, capture_output=True, text=True,
-                            stdin=subprocess.DEVNULL, env=dict(os.environ, WORKBENCH_CACHE_DIR=str(out / "cache")))
+        cp = cli_client.run([sys.executable, "-m", "workbench", *args], cwd=ROOT,
+                            env=dict(os.environ, WORKBENCH_CACHE_DIR=str(out / "cache")))
         if cp.returncode != 0:
             raise SystemExit(f"chat_sft: {name} failed ({cp.returncode}):\n{cp.stdout[-2000:]}\n{cp.stderr[-2000:]}")
         status = json.loads((run_dir / "status.json").read_text())

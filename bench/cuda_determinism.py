@@ -21,6 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from workbench import cli_client  # noqa: E402
+
 TINY = ("model.dim=64 model.n_layers=2 model.n_heads=4 model.n_kv_heads=2 model.seq_len=64 model.vocab_size=512 "
         "train.batch_size=8 train.warmup_iters=2 train.eval_iters=2 train.log_interval=1 data.builtin_mb=0.3 "
         "data.tokenizer_sample_mb=0.3 model.dropout=0.1 hardware.deterministic=true")
@@ -67,8 +71,8 @@ def main() -> int:
             f"train.eval_interval={max(1, a.steps // 3)}")   # a checkpoint before the kill at half-way
     wb = [sys.executable, "-m", "workbench"]
     # the tokenizer and data once, before the runs that share them start at once
-    subprocess.run([*wb, "train", "cpu-small", "--name", "prep", "--runs-dir", str(root), "--set", *base.split(),
-                    "train.max_iters=1", "hardware.compile=false"], capture_output=True, text=True)
+    cli_client.run([*wb, "train", "cpu-small", "--name", "prep", "--runs-dir", str(root), "--set", *base.split(),
+                    "train.max_iters=1", "hardware.compile=false"])
     procs, t0 = {}, time.time()
     first = next(iter(variants))
     for name, extra in variants.items():
@@ -77,13 +81,13 @@ def main() -> int:
             env = dict(os.environ)
             if k == "killed":
                 env["WORKBENCH_TEST_KILL_AT_STEP"] = str(a.steps // 2)
-            procs[(name, k)] = subprocess.Popen(
+            procs[(name, k)] = cli_client.popen(
                 [*wb, "train", "cpu-small", "--name", f"{name}-{k}", "--runs-dir", str(root), "--set",
                  *base.split(), *extra.split()], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     for p in procs.values():
         p.wait()
     if (first, "killed") in procs:
-        subprocess.run([*wb, "resume", f"{first}-killed", "--runs-dir", str(root)], capture_output=True, text=True)
+        cli_client.run([*wb, "resume", f"{first}-killed", "--runs-dir", str(root)])
     print(f"{len(procs)} runs side by side in {time.time() - t0:.0f} s; {a.steps} steps each; base: {base}")
     for name, extra in variants.items():
         try:

@@ -56,7 +56,6 @@ import platform
 import random
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,6 +67,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import chat_sft  # noqa: E402
+
+from workbench import cli_client  # noqa: E402
 
 # The reward's word lists: a "permissive" and a "prohibitive" tone of Python's documentation (the words the SFT
 # model writes often enough that 4 samples of a prompt mostly score differently).
@@ -168,8 +169,8 @@ def cli(out: Path, args: list[str]) -> str:
     """`python -m workbench ARGS` in a subprocess (its stdout); the command kept for the list at the end."""
     chat_sft.COMMANDS.append(f"WORKBENCH_CACHE_DIR={shlex.quote(str(out / 'cache'))} python -m workbench "
                              f"{shlex.join(args)}")
-    cp = subprocess.run([sys.executable, "-m", "workbench", *args], cwd=ROOT, capture_output=True, text=True,
-                        stdin=subprocess.DEVNULL, env=dict(os.environ, WORKBENCH_CACHE_DIR=str(out / "cache")))
+    cp = cli_client.run([sys.executable, "-m", "workbench", *args], cwd=ROOT,
+                        env=dict(os.environ, WORKBENCH_CACHE_DIR=str(out / "cache")))
     if cp.returncode != 0:
         raise SystemExit(f"dpo_paper: `workbench {args[0]}` failed ({cp.returncode}):\n{cp.stdout[-2000:]}\n"
                          f"{cp.stderr[-2000:]}")

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +43,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from workbench import cli_client  # noqa: E402
 
 PROMPTS = ["def f1(", "def main(", "import os\n", "class A:", "for i in", "return x", "x = 1\n", "if x =="]
 LR = 1e-5
@@ -55,7 +56,7 @@ def letters(text: str) -> float:
 
 
 def cli(*args: str) -> None:
-    cp = subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, cwd=ROOT)
+    cp = cli_client.run([sys.executable, "-m", "workbench", *args], cwd=ROOT)
     if cp.returncode != 0:
         raise SystemExit(f"workbench {' '.join(args)} failed ({cp.returncode}):\n{cp.stdout}\n{cp.stderr}")
 
