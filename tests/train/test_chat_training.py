@@ -402,11 +402,8 @@ def test_chat_message_replies_through_the_template_and_stops(chat_run):
 
 
 def test_chat_interactive_keeps_the_conversation(chat_run):
-    e = dict(os.environ, PYTHONUNBUFFERED="1")
-    cp = subprocess.run([sys.executable, "-m", "workbench", "chat", "sft", "--runs-dir", str(chat_run),
-                         "--max-new-tokens", "6", "--system", "Colours: Ada=red"],
-                        input="Colour of Ada?\n/reset\nSort: 2 1\n\n", capture_output=True, text=True, env=e,
-                        timeout=120)
+    cp = wb("chat", "sft", "--runs-dir", str(chat_run), "--max-new-tokens", "6", "--system", "Colours: Ada=red",
+            input="Colour of Ada?\n/reset\nSort: 2 1\n\n", timeout=120)
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.count("model> ") == 2 and cp.stdout.count("you> ") == 4
     assert "template" in cp.stderr and "chat_template.jinja" in cp.stderr

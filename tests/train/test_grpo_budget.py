@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.cli import FACTS, REPO, TINY, wb
 from tests.support.runs import read_jsonl, wait_until
-from workbench import rundir
+from workbench import cli_client, rundir
 from workbench.config import load_preset_file, resolve_preset
 from workbench.plan.schedule.budget_plan import EVAL_SHARE, GRPO_EVAL_PROMPTS, budget_plan_at, plan_budget
 from workbench.queue.store import QueueStore
@@ -64,7 +64,7 @@ def test_a_budgeted_grpo_run_killed_and_resumed_ends_at_its_budget_at_min_lr_wit
     prompts as its plan chose (at step 0 and at the end, the ones on the way within their share)."""
     out = root / "k.out"   # (a file, not a pipe nobody reads while it runs)
     with out.open("w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "workbench", "train", "cpu-small",
+        proc = cli_client.popen([sys.executable, "-m", "workbench", "train", "cpu-small",
                                  *args(root, "k", "train.ckpt_interval=2"), "--time-budget", f"{BUDGET:g}s"],
                                 cwd=REPO, stdout=f, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))

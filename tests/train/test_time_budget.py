@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.cli import REPO, TINY, wb
 from tests.support.runs import read_jsonl, records_since_last_start, wait_until
-from workbench import rundir
+from workbench import cli_client, rundir
 from workbench.config import load_preset_file
 from workbench.plan.cost import tokens_per_s_from_flops
 from workbench.plan.report import ASSUMED_EFFICIENCY
@@ -185,7 +185,7 @@ def test_kill_minus_nine_then_resume_goes_on_against_what_is_left(tmp_path):
     this test allowed before."""
     root = tmp_path / "runs"
     sets = [*SETS, "train.schedule=cosine", "train.ckpt_interval=20"]
-    proc = subprocess.Popen([sys.executable, "-m", "workbench", "train", "cpu-small", "--runs-dir", str(root),
+    proc = cli_client.popen([sys.executable, "-m", "workbench", "train", "cpu-small", "--runs-dir", str(root),
                              "--name", "k", "--time-budget", f"{BUDGET:g}s", "--set", *sets], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
