@@ -98,7 +98,6 @@ def test_the_cli_client_forks_its_commands_from_the_spawn_server_and_reads_them_
 
     import psutil
 
-    from tests.support import spawner
     from workbench import cli_client
 
     argv = [sys.executable, "-m", "workbench", "presets", "list", "--runs-dir", str(tmp_path)]
@@ -113,7 +112,8 @@ def test_the_cli_client_forks_its_commands_from_the_spawn_server_and_reads_them_
     proc = cli_client.popen([sys.executable, "-m", "workbench", "chat", "nothing-here", "--runs-dir", str(tmp_path)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    assert isinstance(proc, cli_client.Forked) and psutil.Process(proc.pid).ppid() == spawner._proc.pid
+    server = psutil.Process(proc.pid).parent()   # the spawn server: started with its socket's path last
+    assert isinstance(proc, cli_client.Forked) and server.cmdline()[-1] == os.environ["WORKBENCH_TEST_SPAWN"]
     proc.stdin.close()
     err = proc.stderr.read().decode()
     assert proc.wait(60) == 2 and "nothing-here" in err, err

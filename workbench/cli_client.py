@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,6 @@ def run_cli(argv: list[str], timeout: float, env: dict[str, str] | None = None) 
     return proc.stdout
 
 
-
 class Forked:
     """A command forked by the tests' spawn server, as :class:`subprocess.Popen` shows one: ``pid``, ``stdin``,
     ``stdout`` and ``stderr`` (binary pipes where PIPE was asked), ``poll``, ``wait``, ``send_signal``,
@@ -79,6 +79,7 @@ class Forked:
         self.stdin, self.stdout, self.stderr = pipes.get("stdin"), pipes.get("stdout"), pipes.get("stderr")
         self.returncode: int | None = None
         self._signal = int(signal.SIGKILL)
+        self._lock = threading.Lock()  # (a chat server's reader thread and the TUI both ask whether it is alive)
         self._read()
 
     def _read(self) -> None:
@@ -100,18 +101,19 @@ class Forked:
         self._conn.close()
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self._read()
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:  # gone (the server's children are reaped as they exit)
-                self._read()            # its status may have come as it exited
-                if self.returncode is None:
-                    self._done(-self._signal)
-            except PermissionError:
-                pass
-        return self.returncode
+        with self._lock:
+            if self.returncode is None:
+                self._read()
+            if self.returncode is None:
+                try:
+                    os.kill(self.pid, 0)
+                except ProcessLookupError:  # gone (the server's children are reaped as they exit)
+                    self._read()            # its status may have come as it exited
+                    if self.returncode is None:
+                        self._done(-self._signal)
+                except PermissionError:
+                    pass
+            return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
