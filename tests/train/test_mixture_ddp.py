@@ -22,7 +22,7 @@ import pytest
 from tests.support.cli import tiny, wb
 from tests.support.mixtures import write_two_corpora
 from tests.support.runs import losses, read_jsonl
-from workbench import rundir
+from workbench import cli_client, rundir
 from workbench.config import resolve_preset
 from workbench.data.preset_data import prepare_data
 
@@ -42,7 +42,7 @@ def _corpora(d: Path) -> list[str]:
 def _killed_at(args: list[str], log: Path, step: int) -> None:
     """Run ``workbench ARGS`` (two processes under torchrun) until rank 0 has drawn the rows of ``step``, then
     SIGKILL it whole: the CLI, torchrun and both ranks (each rank is in a session of its own)."""
-    p = subprocess.Popen([sys.executable, "-m", "workbench", *args], stdout=subprocess.DEVNULL,
+    p = cli_client.popen([sys.executable, "-m", "workbench", *args], stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                          env=dict(os.environ, WORKBENCH_TEST_BATCH_LOG=str(log)))
     end = time.time() + 120
