@@ -35,7 +35,7 @@ def test_a_forked_command_gets_its_own_environment_directory_and_exit_status(tmp
 def test_a_forked_command_past_its_timeout_is_killed(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         wb("train", "cpu-small", "--name", "long", "--runs-dir", str(tmp_path), "--yes",
-           *tiny("train.max_iters=1000000", "train.eval_interval=1000000"), timeout=8)
+           *tiny("train.max_iters=1000000", "train.eval_interval=1000000"), timeout=5)
     st = rundir.read_status(tmp_path / "long")
     assert st.pid and not rundir.pid_alive(st.pid)
     assert wb("--help").returncode == 0  # the server goes on serving
@@ -126,6 +126,6 @@ def test_the_cli_client_forks_its_commands_from_the_spawn_server_and_reads_them_
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(30) == -signal.SIGKILL
     with pytest.raises(subprocess.TimeoutExpired):
-        cli_client.run([*long[:6], "long2", *long[7:]], 5)
+        cli_client.run([*long[:6], "long2", *long[7:]], 3)
     st = rundir.read_status(tmp_path / "long2")
     wait_until(lambda: not rundir.pid_alive(st.pid), 10, "the timed-out command killed")
