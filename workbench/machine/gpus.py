@@ -34,6 +34,11 @@ from workbench.errors import WorkbenchError
 PRECISION_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}
 
 
+def canonical_precision(precision: str) -> str:
+    """``precision`` as the tables and the rate cache name it: bf16, fp16, tf32, fp32 (torch's names accepted)."""
+    return PRECISION_ALIASES.get(precision.lower(), precision.lower())
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     """One GPU (or Apple-silicon memory class) of the table."""
@@ -59,7 +64,7 @@ class GpuSpec:
 
     def peak_flops(self, precision: str) -> float | None:
         """Dense peak FLOP/s at ``precision`` (bf16, fp16, tf32, fp32), None where not native."""
-        prec = PRECISION_ALIASES.get(precision.lower(), precision.lower())
+        prec = canonical_precision(precision)
         value = getattr(self, prec, None) if prec in ("bf16", "fp16", "tf32", "fp32") else None
         return None if value is None else value * 1e12
 

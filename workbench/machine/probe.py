@@ -14,7 +14,8 @@ import torch
 from workbench.errors import WorkbenchError
 from workbench.machine.activity import OthersCpu
 from workbench.machine.detect import Machine, cpu_has_native_bf16, detect, have_cxx, machine_identity
-from workbench.machine.peaks import PRECISION_ALIASES, peak_flops
+from workbench.machine.gpus import canonical_precision
+from workbench.machine.peaks import peak_flops
 from workbench.machine.rates import Calibration, known_rates, rate_key, remember, settle
 
 # ----------------------------------------------------------------------------- calibration
@@ -22,14 +23,10 @@ from workbench.machine.rates import Calibration, known_rates, rate_key, remember
 _CALIBRATIONS: dict[tuple[str, str, int | None], Calibration] = {}
 
 
-def _precision(precision: str) -> str:
-    return PRECISION_ALIASES.get(precision.lower(), precision.lower())
-
-
 def time_matmul(device: str = "cpu", precision: str = "fp32", seconds: float = 0.3, warmup: int = 3) -> float:
     """Matmul FLOP/s on ``device`` at ``precision`` now: the best of short windows (at least one) over about
     ``seconds`` after ``warmup`` products. fp32 on CUDA means strict FP32; ask for "tf32" to allow TF32."""
-    prec = _precision(precision)
+    prec = canonical_precision(precision)
     dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
              "fp16": torch.float16}.get(prec)
     if dtype is None:
@@ -82,7 +79,7 @@ def calibrate(device: str = "cpu", precision: str = "fp32", seconds: float | Non
     other processes kept the CPU meanwhile, and settled against the best rate measured on this machine before
     (``workbench.machine.rates``), which it raises when it beats it. Once per process for a device, precision and
     CPU thread count."""
-    prec = _precision(precision)
+    prec = canonical_precision(precision)
     threads = torch.get_num_threads() if torch.device(device).type == "cpu" else None
     key = (device, prec, threads)
     if key in _CALIBRATIONS:
@@ -112,7 +109,7 @@ def calibration_here(device: str, precision: str) -> Calibration | None:
     """This process's calibration of ``device`` at ``precision`` with torch's current threads, if it made
     one (none where the peak came from the GPU table)."""
     threads = torch.get_num_threads() if torch.device(device).type == "cpu" else None
-    return _CALIBRATIONS.get((device, _precision(precision), threads))
+    return _CALIBRATIONS.get((device, canonical_precision(precision), threads))
 
 
 def mfu_peak(device: str, precision: str, gpu_name: str | None = None) -> tuple[float, str]:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.fs import cache_root, read_json, write_json_atomic
-from workbench.machine.gpus import PRECISION_ALIASES
+from workbench.machine.gpus import canonical_precision
 
 RATES_FILE = "matmul_rates.json"
 BUSY_SHARE = 0.2    # other processes using this share of the CPUs make a measurement one "under load"
@@ -117,8 +117,7 @@ def kept_rate(machine: str, device: str, precision: str, threads: int | None) ->
     """The peak kept for ``device`` at ``precision`` (and on a CPU, ``threads``) of ``machine``, or None: what a
     calibration there would settle on, unless it beat it (torch-free: a command that needs the peak asks here
     first, and imports torch to measure only where nothing is kept)."""
-    entry = known_rates(machine).get(rate_key(device, PRECISION_ALIASES.get(precision.lower(), precision.lower()),
-                                              threads))
+    entry = known_rates(machine).get(rate_key(device, canonical_precision(precision), threads))
     return float(entry["flops"]) if entry else None
 
 
