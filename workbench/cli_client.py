@@ -4,7 +4,8 @@ resume, stop and queue runs (so neither imports torch: the command does, in its 
 Every command is ``sys.executable -m workbench COMMAND ... --runs-dir DIR``, so it runs with the interpreter and
 venv of its caller. :func:`run_cli` blocks until the command exits: the TUI calls it from thread workers. A
 command that streams (a sample, a chat server, an eval's progress) is started with :func:`popen`. Under the tests,
-both fork the command from the tests' spawn server instead of starting an interpreter (:class:`Forked`). Here,
+both fork the command from the tests' spawn server instead of starting an interpreter (:class:`Forked`), as
+:func:`spawn_detached` does a detached trainer. Here,
 below every package, because the queue and the TUI (above it) both need it and it needs nothing but the one
 exception.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -84,7 +86,6 @@ class Forked:
 
     def _read(self) -> None:
         """What the connection has brought, without waiting: the exit status, or its end (killed)."""
-        import select
         while self.returncode is None and (b"\n" in self._buf or select.select([self._conn], [], [], 0)[0]):
             if b"\n" not in self._buf:
                 chunk = self._conn.recv(4096)
@@ -138,19 +139,54 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
-def _forked(argv: list[str], streams: tuple[Any, Any, Any], env: dict[str, str], session: bool,
-            cwd: str | None) -> Forked | None:
-    """:func:`popen`'s child from the spawn server, or None where there is none to ask."""
+def _ask(path: str, req: dict[str, Any], fds: list[int]) -> tuple[Any, int, bytes] | None:
+    """Send ``req`` (and ``fds``, the child's stdin, stdout and stderr) to the tests' spawn server at ``path``: (the
+    connection, the child's pid, what came after the pid's line), or None where it cannot be asked."""
     import socket
 
-    path = env.get("WORKBENCH_TEST_SPAWN", "")
-    if not path or len(argv) < 3 or argv[1] != "-m":
-        return None
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(30)
         s.connect(path)
-    except OSError:
+        data = (json.dumps(req) + "\n").encode()
+        if fds:
+            socket.send_fds(s, [data], fds)
+        else:
+            s.sendall(data)
+        reply = b""
+        while b"\n" not in reply:
+            chunk = s.recv(4096)
+            if not chunk:
+                raise OSError("the spawn server closed the connection")
+            reply += chunk
+        line, _, rest = reply.partition(b"\n")
+        pid = int(json.loads(line)["pid"])
+    except (OSError, ValueError, KeyError):
+        s.close()
+        return None
+    s.settimeout(None)
+    return s, pid, rest
+
+
+def spawn_detached(cmd: list[str], log: Path, env: dict[str, str]) -> int | None:
+    """The pid of ``cmd`` (``python -m MODULE ARGS``) started detached by the tests' spawn server named in
+    ``WORKBENCH_TEST_SPAWN``, its output appended to ``log``; None when none is named (every real run) or it cannot
+    be reached (the caller then starts the command itself)."""
+    path = env.get("WORKBENCH_TEST_SPAWN", "")
+    if not path or len(cmd) < 3 or cmd[1] != "-m":
+        return None
+    asked = _ask(path, {"argv": cmd[2:], "cwd": os.getcwd(), "env": dict(env), "log": str(log)}, [])
+    if asked is None:
+        return None
+    asked[0].close()
+    return asked[1]
+
+
+def _forked(argv: list[str], streams: tuple[Any, Any, Any], env: dict[str, str], session: bool,
+            cwd: str | None) -> Forked | None:
+    """:func:`popen`'s child from the spawn server, or None where there is none to ask."""
+    path = env.get("WORKBENCH_TEST_SPAWN", "")
+    if not path or len(argv) < 3 or argv[1] != "-m":
         return None
     fds: list[int] = []     # what the child gets as its stdin, stdout and stderr
     opened: list[int] = []  # of those, the ones made here (closed here once the child has them)
@@ -172,31 +208,21 @@ def _forked(argv: list[str], streams: tuple[Any, Any, Any], env: dict[str, str],
             fds.append(spec if isinstance(spec, int) else spec.fileno())
     req = {"argv": argv[2:], "cwd": os.path.abspath(cwd or os.getcwd()), "env": env, "wait": True, "session": session}
     try:
-        socket.send_fds(s, [(json.dumps(req) + "\n").encode()], fds)
-        reply = b""
-        while b"\n" not in reply:
-            chunk = s.recv(4096)
-            if not chunk:
-                raise OSError("the spawn server closed the connection")
-            reply += chunk
-        line, _, rest = reply.partition(b"\n")
-        pid = int(json.loads(line)["pid"])
-    except (OSError, ValueError, KeyError):
-        s.close()
-        for end in ends.values():
-            end.close()
-        return None
+        asked = _ask(path, req, fds)
     finally:
         for fd in opened:
             os.close(fd)
-    s.settimeout(None)
-    return Forked(argv, s, pid, ends, rest)
+    if asked is None:
+        for end in ends.values():
+            end.close()
+        return None
+    return Forked(argv, *asked[:2], ends, asked[2])
 
 
 def popen(argv: list[str], *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
           env: dict[str, str] | None = None, start_new_session: bool = False, cwd: str | Path | None = None) -> Any:
     """``subprocess.Popen(argv, ...)`` for a ``python -m workbench ...`` command (binary pipes). Where the tests'
-    spawn server is named (``WORKBENCH_TEST_SPAWN``, tests/support/spawner.py; see workbench.faults), the command
+    spawn server is named (``WORKBENCH_TEST_SPAWN``, tests/support/spawner.py), the command
     is a child forked from it, torch already imported, with these same streams, directory and environment: a
     :class:`Forked`. Every real run gets the Popen."""
     env = dict(os.environ if env is None else env)

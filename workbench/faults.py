@@ -19,8 +19,8 @@ each point is a cheap attribute check.
                                        DIR/rank<R>.jsonl, a line a micro-batch: a test compares runs' token streams
     WORKBENCH_TEST_SPAWN=SOCKET        a detached trainer is forked by the tests' spawn server listening there
                                        (tests/support/spawner.py: torch already imported) instead of started in a
-                                       fresh interpreter (:func:`spawn_detached`), and so is a command the TUI, the
-                                       queue or a bench runs (``workbench.cli_client.popen``)
+                                       fresh interpreter, and so is a command the TUI, the queue or a bench runs
+                                       (``workbench.cli_client``: ``spawn_detached``, ``popen``)
 
 No torch here: corpus preparation (``workbench data prepare``) uses it too.
 """
@@ -124,30 +124,3 @@ class Faults:
 
 
 NO_FAULTS = Faults()
-
-
-def spawn_detached(cmd: list[str], log: Path, env: dict) -> int | None:
-    """The pid of ``cmd`` (``python -m MODULE ARGS``) started detached by the tests' spawn server named in
-    ``WORKBENCH_TEST_SPAWN``, its output appended to ``log``; None when none is named (every real run) or it cannot
-    be reached (the caller then starts the command itself)."""
-    import json
-    import socket
-    path = env.get("WORKBENCH_TEST_SPAWN", "")
-    if not path or len(cmd) < 3 or cmd[1] != "-m":
-        return None
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(30)
-            s.connect(path)
-            s.sendall((json.dumps({"argv": cmd[2:], "cwd": os.getcwd(), "env": dict(env), "log": str(log)})
-                       + "\n").encode())
-            reply = b""
-            while not reply.endswith(b"\n"):
-                chunk = s.recv(4096)
-                if not chunk:
-                    return None
-                reply += chunk
-        return int(json.loads(reply)["pid"])
-    except (OSError, ValueError, KeyError):
-        return None
-

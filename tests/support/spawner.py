@@ -8,7 +8,7 @@ torch and ~2.3 s more for ``torch._dynamo`` (torch's optimizers import it on fir
 tiny test run trains in under a second, and the suite starts a hundred or more of them.
 
 With ``WORKBENCH_TEST_SPAWN`` naming this server's Unix socket (the test session sets it, so every process the
-tests start inherits it), ``start_detached`` sends the command here (:func:`workbench.faults.spawn_detached`)
+tests start inherits it), ``start_detached`` sends the command here (:func:`workbench.cli_client.spawn_detached`)
 and this server forks a child that becomes what the product would have started: a new session
 (``os.setsid``), stdin from /dev/null, stdout and stderr appended to the log, the command's environment and
 working directory, ``runpy`` running the module as ``-m`` would (workbench imported afresh in the child, so

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from workbench import faults, rundir
+from workbench import cli_client, rundir
 from workbench.config import Preset
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
@@ -105,7 +105,7 @@ def start_detached(run_dir: Path, resume: bool = False, checkpoint: str | None =
     topo = topo or Topology()
     cmd = trainer_command(run_dir, topo, resume, checkpoint, detached=True)
     env = _env() if topo.distributed else dict(os.environ, PYTHONUNBUFFERED="1")
-    pid = None if topo.distributed else faults.spawn_detached(cmd, Path(run_dir) / rundir.LOG_FILE, env)
+    pid = None if topo.distributed else cli_client.spawn_detached(cmd, Path(run_dir) / rundir.LOG_FILE, env)
     if pid is None:
         log = open(Path(run_dir) / rundir.LOG_FILE, "a", encoding="utf-8")
         pid = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
