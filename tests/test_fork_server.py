@@ -129,3 +129,35 @@ def test_the_cli_client_forks_its_commands_from_the_spawn_server_and_reads_them_
         cli_client.run([*long[:6], "long2", *long[7:]], 3)
     st = rundir.read_status(tmp_path / "long2")
     wait_until(lambda: not rundir.pid_alive(st.pid), 10, "the timed-out command killed")
+
+
+def test_a_fresh_trainer_stands_in_for_one_forked_from_the_spawn_server(tmp_path):
+    """What torchrun starts for each rank, ``python -m workbench.train RUN`` in a fresh interpreter, under the tests
+    stands in for a trainer forked from the spawn server (cli_client.stand_in): the run's pid is that child's, the
+    stand-in's SIGTERM reaches it (a checkpoint, then "stopped") and its exit status is the stand-in's; a stand-in
+    killed outright takes the trainer with it."""
+    import signal
+    import sys
+
+    import psutil
+
+    long = tiny("train.max_iters=1000000", "train.eval_interval=1000000", "train.ckpt_interval=1000000")
+    wb("train", "cpu-small", "--name", "r", "--runs-dir", str(tmp_path), "--detach", "--yes", *long, check=True)
+    d = tmp_path / "r"
+    wait_until(lambda: rundir.read_status(d).state == "running", 60, "the run training")
+    assert wb("stop", "r", "--runs-dir", str(tmp_path)).returncode == 0
+    for sig, code in ((signal.SIGTERM, 0), (signal.SIGKILL, -signal.SIGKILL)):
+        last = rundir.read_status(d).pid
+        stand_in = subprocess.Popen([sys.executable, "-m", "workbench.train", str(d), "--resume", "--detached"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: (st := rundir.read_status(d)).state == "running" and st.pid != last
+                   or stand_in.poll() is not None, 60, "the resumed run training")
+        trainer = rundir.read_status(d).pid
+        assert trainer != stand_in.pid
+        assert psutil.Process(trainer).parent().cmdline()[-1] == os.environ["WORKBENCH_TEST_SPAWN"]
+        before = rundir.list_checkpoints(d)[-1]["step"]
+        stand_in.send_signal(sig)
+        assert stand_in.wait(60) == code
+        wait_until(lambda: not rundir.pid_alive(trainer), 30, "the trainer gone with its stand-in")
+        if sig == signal.SIGTERM:
+            assert rundir.read_status(d).state == "stopped" and rundir.list_checkpoints(d)[-1]["step"] > before

@@ -119,9 +119,10 @@ class Forked:
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() > deadline:
+            left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+            if left <= 0:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            time.sleep(0.02)
+            select.select([self._conn], [], [], left)  # the exit status, or the end of the connection
         return code
 
     def send_signal(self, sig: int) -> None:
@@ -217,6 +218,32 @@ def _forked(argv: list[str], streams: tuple[Any, Any, Any], env: dict[str, str],
             end.close()
         return None
     return Forked(argv, *asked[:2], ends, asked[2])
+
+
+def stand_in(module: str, argv: list[str]) -> int | None:
+    """In a fresh interpreter under the tests (``WORKBENCH_TEST_SPAWN`` names their spawn server; torch not imported
+    yet): ``python -m MODULE ARGV`` forked from the spawn server with this process's streams, directory and
+    environment, this process standing in for it until it exits: the signals it is sent are passed on, and the
+    child's exit status is returned (its signal is ours). The tests' torchrun ranks start so: torchrun starts each
+    rank as a new interpreter, which would import torch and ``torch._dynamo`` afresh (~2.4 CPU-s a rank). The
+    child is tied to this process: it is killed if this one dies. None where there is no server to ask (every
+    real run): the caller runs the module itself."""
+    path = os.environ.get("WORKBENCH_TEST_SPAWN", "")
+    if not path or "torch" in sys.modules:  # a real run, or already a child of the server
+        return None
+    req = {"argv": [module, *argv], "cwd": os.getcwd(), "env": dict(os.environ), "wait": True, "session": True,
+           "tied": True}
+    asked = _ask(path, req, [0, 1, 2])
+    if asked is None:
+        return None
+    child = Forked([sys.executable, "-m", module, *argv], asked[0], asked[1], {}, asked[2])
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    code = child.wait()
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
 
 
 def popen(argv: list[str], *, stdin: Any = None, stdout: Any = None, stderr: Any = None,

@@ -16,8 +16,12 @@ what it reads from the environment at import time is the command's), torch's thr
 ``OMP_NUM_THREADS`` as a fresh interpreter would read it. The pid it reports is the trainer's: status files,
 ``workbench stop``, kill -9 and the queue's adoption see the process they would see. What differs from a fresh
 interpreter is only the already-imported third-party modules and the parent pid (this server, not the
-command that asked). Where the server cannot be reached the product falls back to its own ``Popen``; several
-processes (torchrun) always do.
+command that asked). Where the server cannot be reached the product falls back to its own ``Popen``.
+
+Several processes: torchrun starts each rank as ``python -m workbench.train RUN``, a fresh interpreter, which
+stands in for a trainer forked from here (:func:`workbench.cli_client.stand_in`: this server's "tied" child,
+killed if its stand-in dies). The rank is then this server's child, not torchrun's: a test of the ranks'
+process tree sets ``WORKBENCH_TEST_SPAWN=`` (tests/train/test_distributed.py's dying rank).
 
 Set ``WORKBENCH_TEST_SPAWN=`` (empty) in a test's environment for a trainer that must start in a fresh
 interpreter (its imports, its peak memory from its own start).
@@ -95,6 +99,17 @@ while True:
                 # the caller's own streams; it is told the pid, then the exit status (none if killed)
                 become(req, fds)
                 conn.sendall((json.dumps({"pid": os.getpid()}) + "\n").encode())
+                if req.get("tied"):  # it dies with the process standing in for it (cli_client.stand_in)
+                    import threading
+
+                    def watch():
+                        try:
+                            while conn.recv(4096):
+                                pass
+                        except OSError:
+                            pass
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    threading.Thread(target=watch, daemon=True).start()
             else:
                 conn.close()
                 fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

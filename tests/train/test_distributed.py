@@ -84,11 +84,14 @@ def test_stop_and_resume_under_ddp_is_exact(tmp_path):
 def test_a_dying_rank_fails_the_run_clearly_and_its_resume_stops_every_rank_cleanly(tmp_path):
     """A rank killed: the run fails with a line that says so and how to go on. That resume trains on from the last
     checkpoint, and `workbench stop` ends torchrun and both ranks cleanly: no error in the resume's log, its last
-    checkpoint at the step it stopped at. (One detached run for both: each costs a torchrun and two fresh ranks.)"""
+    checkpoint at the step it stopped at. (One detached run for both: each costs a torchrun and two fresh ranks.)
+    The ranks are torchrun's own children, fresh interpreters, as a user's are: not forked from the tests' spawn
+    server (cli_client.stand_in), whose children they would be."""
     root = str(tmp_path)
+    fresh = {"WORKBENCH_TEST_SPAWN": ""}
     wb("train", "cpu-small", "--name", "r", "--runs-dir", root, "--nproc", "2", "--detach",
        *tiny("train.max_iters=100000", "train.ckpt_interval=5", "train.eval_interval=1000", "train.batch_size=4"),
-       check=True)
+       env=fresh, check=True)
     d = tmp_path / "r"
     st = wait_running(d, 6)
     rank0 = psutil.Process(st.pid)
@@ -106,7 +109,7 @@ def test_a_dying_rank_fails_the_run_clearly_and_its_resume_stops_every_rank_clea
     assert not any(p.is_running() for p in first)
     failed_log = len((d / "train.log").read_text())
 
-    wb("resume", "r", "--runs-dir", root, "--detach", check=True)
+    wb("resume", "r", "--runs-dir", root, "--detach", env=fresh, check=True)
     st = wait_running(d, last + 3)
     assert st.state == "running" and st.step >= last + 3, st
     rank0 = psutil.Process(st.pid)

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from workbench import cli_client
 from workbench.errors import WorkbenchError
-from workbench.train.loop import Trainer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", default=None)
     ap.add_argument("--detached", action="store_true", help="stdout is train.log already")
     args = ap.parse_args(argv)
+    from workbench.train.loop import Trainer  # imports torch
+
     try:
         return Trainer(Path(args.run_dir), args.resume, args.checkpoint, echo=not args.detached).run()
     except WorkbenchError as e:
@@ -26,4 +28,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # under the tests, a fresh interpreter (a torchrun rank) stands in for the trainer forked from their spawn server
+    code = cli_client.stand_in("workbench.train", sys.argv[1:])
+    raise SystemExit(main() if code is None else code)
