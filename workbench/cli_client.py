@@ -248,7 +248,7 @@ def stand_in(module: str, argv: list[str]) -> int | None:
 
 def popen(argv: list[str], *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
           env: dict[str, str] | None = None, start_new_session: bool = False, cwd: str | Path | None = None) -> Any:
-    """``subprocess.Popen(argv, ...)`` for a ``python -m workbench ...`` command (binary pipes). Where the tests'
+    """``subprocess.Popen(argv, ...)`` for a ``python -m MODULE ...`` command (binary pipes). Where the tests'
     spawn server is named (``WORKBENCH_TEST_SPAWN``, tests/support/spawner.py), the command
     is a child forked from it, torch already imported, with these same streams, directory and environment: a
     :class:`Forked`. Every real run gets the Popen."""

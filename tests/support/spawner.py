@@ -18,10 +18,12 @@ what it reads from the environment at import time is the command's), torch's thr
 interpreter is only the already-imported third-party modules and the parent pid (this server, not the
 command that asked). Where the server cannot be reached the product falls back to its own ``Popen``.
 
-Several processes: torchrun starts each rank as ``python -m workbench.train RUN``, a fresh interpreter, which
-stands in for a trainer forked from here (:func:`workbench.cli_client.stand_in`: this server's "tied" child,
-killed if its stand-in dies). The rank is then this server's child, not torchrun's: a test of the ranks'
-process tree sets ``WORKBENCH_TEST_SPAWN=`` (tests/train/test_distributed.py's dying rank).
+Several processes: torchrun itself (``python -m torch.distributed.run``, detached or not) is forked from here
+too, and it starts each rank as ``python -m workbench.train RUN``, a fresh interpreter, which stands in for a
+trainer forked from here (:func:`workbench.cli_client.stand_in`: this server's "tied" child, killed if its
+stand-in dies). torchrun and the ranks are then this server's children, not the CLI's and torchrun's: a test of
+that process tree sets ``WORKBENCH_TEST_SPAWN=`` (the dying rank in tests/train/test_distributed.py, the SIGKILL
+of a whole run in tests/train/test_mixture_ddp.py).
 
 Set ``WORKBENCH_TEST_SPAWN=`` (empty) in a test's environment for a trainer that must start in a fresh
 interpreter (its imports, its peak memory from its own start).

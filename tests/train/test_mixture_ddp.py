@@ -41,10 +41,12 @@ def _corpora(d: Path) -> list[str]:
 
 def _killed_at(args: list[str], log: Path, step: int) -> None:
     """Run ``workbench ARGS`` (two processes under torchrun) until rank 0 has drawn the rows of ``step``, then
-    SIGKILL it whole: the CLI, torchrun and both ranks (each rank is in a session of its own)."""
+    SIGKILL it whole: the CLI, torchrun and both ranks (each rank is in a session of its own). Fresh interpreters,
+    as a user's are: forked from the tests' spawn server, torchrun and the ranks would be its children, not the
+    CLI's descendants."""
     p = cli_client.popen([sys.executable, "-m", "workbench", *args], stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                         env=dict(os.environ, WORKBENCH_TEST_BATCH_LOG=str(log)))
+                         env=dict(os.environ, WORKBENCH_TEST_BATCH_LOG=str(log), WORKBENCH_TEST_SPAWN=""))
     end = time.time() + 120
     while max((r["step"] for r in _records(log, 0)), default=0) < step:
         assert p.poll() is None and time.time() < end, f"the run ended before step {step} ({p.returncode})"

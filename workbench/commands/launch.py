@@ -105,7 +105,7 @@ def start_detached(run_dir: Path, resume: bool = False, checkpoint: str | None =
     topo = topo or Topology()
     cmd = trainer_command(run_dir, topo, resume, checkpoint, detached=True)
     env = _env() if topo.distributed else dict(os.environ, PYTHONUNBUFFERED="1")
-    pid = None if topo.distributed else cli_client.spawn_detached(cmd, Path(run_dir) / rundir.LOG_FILE, env)
+    pid = cli_client.spawn_detached(cmd, Path(run_dir) / rundir.LOG_FILE, env)
     if pid is None:
         log = open(Path(run_dir) / rundir.LOG_FILE, "a", encoding="utf-8")
         pid = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -128,9 +128,10 @@ def run_foreground(run_dir: Path, resume: bool = False, checkpoint: str | None =
         rc = trainer.run()
         return INTERRUPTED_EXIT if rc == 0 and trainer.interrupted else rc
     # Several processes: torchrun in this terminal's process group, so Ctrl-C reaches every rank
-    # (each finishes its step; rank 0 saves) and torchrun.
+    # (each finishes its step; rank 0 saves) and torchrun. (Under the tests, cli_client forks it from their spawn
+    # server.)
     cmd = trainer_command(run_dir, topo, resume, checkpoint, detached=False)
-    proc = subprocess.Popen(cmd, env=_env())
+    proc = cli_client.popen(cmd, env=_env())
     interrupted = False
     try:
         rc = proc.wait()
