@@ -86,8 +86,10 @@ def test_runs_lists_the_run(trained_run):
     # Measured memory beside the estimate: the process's peak RSS vs `workbench estimate` for cpu.
     assert r["device"] == "cpu" and r["est_mem_mb"] > 0 and r["mem_mb"] > 0
     # Measured here: -11 % (tokenizer from the cache) and -3 % (tokenizer trained in the process, whose
-    # peak stays in the RSS); for this tiny model the figure is mostly the framework's memory.
-    assert abs(r["mem_err_pct"]) < 15, r
+    # peak stays in the RSS); for this tiny model the figure is mostly the framework's memory, and the pages of
+    # torch's libraries mapped in depend on how they were written: installed by pip 26.3 (large folios) the same
+    # run measured +13 % and +20 % (docs/limits.md).
+    assert abs(r["mem_err_pct"]) < 25, r
     table = wb("runs", "--runs-dir", str(trained_run.parent), check=True).stdout
     assert "tiny" in table and "finished" in table and "60/60" in table and "EST MB" in table
 
