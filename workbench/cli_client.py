@@ -12,6 +12,7 @@ exception.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
@@ -21,7 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from workbench.errors import WorkbenchError
 
@@ -184,7 +185,7 @@ def spawn_detached(cmd: list[str], log: Path, env: dict[str, str]) -> int | None
 
 
 def _forked(argv: list[str], streams: tuple[Any, Any, Any], env: dict[str, str], session: bool,
-            cwd: str | None) -> Forked | None:
+            cwd: str | None, tied: int | None = None) -> Forked | None:
     """:func:`popen`'s child from the spawn server, or None where there is none to ask."""
     path = env.get("WORKBENCH_TEST_SPAWN", "")
     if not path or len(argv) < 3 or argv[1] != "-m":
@@ -207,7 +208,8 @@ def _forked(argv: list[str], streams: tuple[Any, Any, Any], env: dict[str, str],
             ends[name] = os.fdopen(w, "wb") if n == 0 else os.fdopen(r, "rb")
         else:
             fds.append(spec if isinstance(spec, int) else spec.fileno())
-    req = {"argv": argv[2:], "cwd": os.path.abspath(cwd or os.getcwd()), "env": env, "wait": True, "session": session}
+    req = {"argv": argv[2:], "cwd": os.path.abspath(cwd or os.getcwd()), "env": env, "wait": True, "session": session,
+           "tied": tied}
     try:
         asked = _ask(path, req, fds)
     finally:
@@ -226,13 +228,13 @@ def stand_in(module: str, argv: list[str]) -> int | None:
     environment, this process standing in for it until it exits: the signals it is sent are passed on, and the
     child's exit status is returned (its signal is ours). The tests' torchrun ranks start so: torchrun starts each
     rank as a new interpreter, which would import torch and ``torch._dynamo`` afresh (~2.4 CPU-s a rank). The
-    child is tied to this process: it is killed if this one dies. None where there is no server to ask (every
+    child is tied to this process: killed if this one dies. None where there is no server to ask (every
     real run): the caller runs the module itself."""
     path = os.environ.get("WORKBENCH_TEST_SPAWN", "")
     if not path or "torch" in sys.modules:  # a real run, or already a child of the server
         return None
     req = {"argv": [module, *argv], "cwd": os.getcwd(), "env": dict(os.environ), "wait": True, "session": True,
-           "tied": True}
+           "tied": int(signal.SIGKILL)}
     asked = _ask(path, req, [0, 1, 2])
     if asked is None:
         return None
@@ -246,17 +248,32 @@ def stand_in(module: str, argv: list[str]) -> int | None:
     return code
 
 
+def _die_with_parent(sig: int) -> Callable[[], None]:
+    """What the child runs before it execs: ``sig`` when its parent dies (``PR_SET_PDEATHSIG``; Linux only)."""
+    def preexec() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    return preexec
+
+
 def popen(argv: list[str], *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
-          env: dict[str, str] | None = None, start_new_session: bool = False, cwd: str | Path | None = None) -> Any:
+          env: dict[str, str] | None = None, start_new_session: bool = False, cwd: str | Path | None = None,
+          parent_death_signal: int | None = None) -> Any:
     """``subprocess.Popen(argv, ...)`` for a ``python -m MODULE ...`` command (binary pipes). Where the tests'
     spawn server is named (``WORKBENCH_TEST_SPAWN``, tests/support/spawner.py), the command
     is a child forked from it, torch already imported, with these same streams, directory and environment: a
-    :class:`Forked`. Every real run gets the Popen."""
+    :class:`Forked`. Every real run gets the Popen. ``parent_death_signal``: the signal the command gets when this
+    process dies, however it dies (Linux: ``PR_SET_PDEATHSIG``; forked, when its connection to this process
+    ends)."""
     env = dict(os.environ if env is None else env)
     where = None if cwd is None else str(cwd)
-    return (_forked(argv, (stdin, stdout, stderr), env, start_new_session, where)
+    dies = parent_death_signal if sys.platform == "linux" else None
+    return (_forked(argv, (stdin, stdout, stderr), env, start_new_session, where, dies)
             or subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
-                                start_new_session=start_new_session, cwd=where))
+                                start_new_session=start_new_session, cwd=where,
+                                preexec_fn=None if dies is None else _die_with_parent(dies)))
 
 
 def run(argv: list[str], timeout: float | None = None, env: dict[str, str] | None = None,

@@ -101,16 +101,16 @@ while True:
                 # the caller's own streams; it is told the pid, then the exit status (none if killed)
                 become(req, fds)
                 conn.sendall((json.dumps({"pid": os.getpid()}) + "\n").encode())
-                if req.get("tied"):  # it dies with the process standing in for it (cli_client.stand_in)
-                    import threading
+                if req.get("tied"):  # the signal it gets when the process that asked dies (PR_SET_PDEATHSIG's
+                    import threading  # stand-in here: cli_client.popen's parent_death_signal, stand_in)
 
-                    def watch():
+                    def watch(sig=int(req["tied"])):
                         try:
                             while conn.recv(4096):
                                 pass
                         except OSError:
                             pass
-                        os.kill(os.getpid(), signal.SIGKILL)
+                        os.kill(os.getpid(), sig)
                     threading.Thread(target=watch, daemon=True).start()
             else:
                 conn.close()

@@ -28,20 +28,18 @@ nothing of the URL is written into a run's files.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import os
 import platform
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench import rundir
+from workbench import cli_client, rundir
 from workbench.cli_client import cli_argv
 from workbench.errors import WorkbenchError
 from workbench.machine.detect import Machine
@@ -158,14 +156,6 @@ class Heartbeat:
     def __exit__(self, *exc: object) -> None:
         self.stop_event.set()
         self.thread.join(timeout=5)
-
-
-def _die_with_parent() -> None:
-    """In the trainer's process before it execs: SIGTERM when the worker dies (Linux; elsewhere nothing)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def visible_gpu_sets(env: dict[str, str], run_sets: tuple[str, ...]) -> tuple[str, ...]:
@@ -398,8 +388,8 @@ class Worker:
         pruning = SharedPruning(study, spec, trial) if spec.pruner != "none" else None
         stop_asked = False
         with open(out, "a", encoding="utf-8") as f:
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+            proc = cli_client.popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    parent_death_signal=signal.SIGTERM)
             while proc.poll() is None:
                 time.sleep(self.poll)
                 if pruning is None or stop_asked or not (run_dir / rundir.STATUS_FILE).is_file():
