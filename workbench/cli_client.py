@@ -123,16 +123,24 @@ class Forked:
             left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
             if left <= 0:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            select.select([self._conn], [], [], left)  # the exit status, or the end of the connection
+            try:
+                select.select([self._conn], [], [], left)  # the exit status, or the end of the connection
+            except (ValueError, OSError):  # closed by another thread's poll, which has the status
+                pass
         return code
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            self._signal = int(sig)
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
+            self.pass_signal(sig)
+
+    def pass_signal(self, sig: int) -> None:
+        """``send_signal`` without asking first whether the child is alive: what a signal handler may call, which
+        can interrupt :meth:`poll` in its own thread with the lock held."""
+        self._signal = int(sig)
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -240,7 +248,7 @@ def stand_in(module: str, argv: list[str]) -> int | None:
         return None
     child = Forked([sys.executable, "-m", module, *argv], asked[0], asked[1], {}, asked[2])
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+        signal.signal(sig, lambda signum, _frame: child.pass_signal(signum))
     code = child.wait()
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)
