@@ -240,6 +240,9 @@ def arg_groups(files: list[TestFile]) -> list[tuple[str, list[str]]]:
     that runs ``chat RUN ...`` with the caller's flags) counts the strings of the helper's body as its own."""
     helpers = {fn.name: strings(fn) for tf in files for fn in ast.walk(tf.tree)
                if isinstance(fn, ast.FunctionDef) and not fn.name.startswith("test")}
+    # a class the tests call as a helper (tests/tui/test_serve.py: ``Served(tmp, "--host", ...)``): its __init__
+    helpers |= {cls.name: strings(init) for tf in files for cls in ast.walk(tf.tree) if isinstance(cls, ast.ClassDef)
+                for init in cls.body if isinstance(init, ast.FunctionDef) and init.name == "__init__"}
     out = []
     for tf in files:
         # a list spliced in (``*extra``, ``*tiny(...)``): its words, from the lists the file assigns to that name
@@ -327,6 +330,11 @@ def presses(files: list[TestFile]) -> list[tuple[str, list[tuple[str, str | None
                    and n.name.startswith("test")):
             events: list[tuple[tuple[int, int], str, str]] = []   # (where, "press" | "tab", value)
             words: set[str] = set()
+            # ``for key in ("f6", "f5"): ... press(key)``: the keys a loop variable takes
+            looped = {n.target.id: [e.value for e in n.iter.elts] for n in ast.walk(fn)
+                      if isinstance(n, ast.For) and isinstance(n.target, ast.Name)
+                      and isinstance(n.iter, (ast.Tuple, ast.List)) and n.iter.elts
+                      and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in n.iter.elts)}
             for n in ast.walk(fn):
                 if isinstance(n, ast.Call):
                     where = (n.lineno, n.col_offset)
@@ -336,7 +344,7 @@ def presses(files: list[TestFile]) -> list[tuple[str, list[tuple[str, str | None
                             ks = [a.value] if isinstance(a, ast.Constant) and isinstance(a.value, str) else \
                                 list(a.value.value) if isinstance(a, ast.Starred) \
                                 and isinstance(a.value, ast.Constant) \
-                                else []
+                                else looped.get(a.id, []) if isinstance(a, ast.Name) else []
                             for k in ks:
                                 events.append((where, "press", k))
                                 if k in TAB_KEYS:

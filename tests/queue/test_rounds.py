@@ -21,6 +21,7 @@ import pytest
 from tests.support.chat import conversations, write_jsonl
 from tests.support.cli import tiny, wb
 from tests.support.runs import read_jsonl, tree, wait_until
+from workbench import rundir
 from workbench.queue.store import QueueStore
 
 ROUND_SETS = ["model.seq_len=64", "train.batch_size=4", "train.warmup_iters=0", "train.eval_interval=2",
@@ -133,6 +134,42 @@ def test_a_killed_two_round_chain_resumes_and_each_round_starts_from_the_last(so
     assert other.returncode == 2 and other.stderr.strip().count("\n") == 0, other.stderr
     assert ("chain chat-rpo was made with other settings (reward: 'length:12' then, 'length:20' now;" in other.stderr
             and tree(root) == before), other.stderr
+
+
+def test_every_rounds_flag_reaches_the_chain_and_its_first_round(source, tmp_path):
+    """The flags only this test gives, each off its default, read back from what the chain records: its spec and
+    queue entry (--name, --checkpoint, --yes; --queue-only: the round queued, no runner here), the pairs round 1
+    sampled (--top-k, --top-p and --reward-timeout in the pairs file's settings, from --checkpoint's step) and round
+    1's run (the checkpoint it starts from, --sft-weight's NLL weight, --time-budget's budget, --preset's values)."""
+    root = fresh_root(source, tmp_path)
+    wb("resume", "chat", "--more", "2", "--runs-dir", str(root), check=True)  # checkpoints at 24 and 26: latest 26
+    preset = tmp_path / "rounds-preset.toml"   # cpu-small (the source's preset) but for a weight decay of its own
+    text = (Path(__file__).resolve().parents[2] / "presets" / "cpu-small.toml").read_text()
+    preset.write_text(text.replace('name = "cpu-small"', 'name = "rounds-preset"')
+                      .replace("[train]\n", "[train]\nweight_decay = 0.037\n", 1))
+    cp = wb("rounds", "chat", "--runs-dir", str(root), "--prompts", str(source.parent.parent / "prompts.jsonl"),
+            "--reward", "length:12", "--rounds", "1", "--samples", "3", "--temperature", "1.0", "--max-new-tokens",
+            "12", "--seed", "3", "--device", "cpu", "--checkpoint", "24", "--reward-timeout", "7.5", "--time-budget",
+            "2s", "--sft-weight", "0.25", "--preset", str(preset), "--name", "mine", "--top-k", "5", "--top-p", "0.9",
+            "--yes", "--queue-only", "--set", *ROUND_SETS)
+    assert cp.returncode == 0 and "`workbench queue run` starts it" in cp.stdout, cp.stdout + cp.stderr
+    item = QueueStore(root).get("mine-r1")
+    assert item.state == "queued" and not (root / "mine-r1").exists()          # --queue-only: nothing ran
+    assert (item.init_from, item.time_budget, item.force) == ("chat:24", "2s", True), item
+    assert item.preset == str(preset) and "train.pref_sft_weight=0.25" in item.sets, item
+    spec = json.loads((root / "mine.rounds" / "rounds.json").read_text())
+    assert spec["reward_timeout"] == 7.5 and (spec["sampling"]["top_k"], spec["sampling"]["top_p"]) == (5, 0.9)
+
+    wb("queue", "run", "--runs-dir", str(root), check=True)
+    meta = json.loads((root / "mine.rounds" / "round-1-pairs.jsonl.meta.json").read_text())
+    assert (meta["settings"]["run"], meta["settings"]["step"], meta["reward_timeout_s"]) == ("chat", 24, 7.5), meta
+    assert (meta["settings"]["sampling"]["top_k"], meta["settings"]["sampling"]["top_p"]) == (5, 0.9), meta
+    run = root / "mine-r1"
+    trained = tomllib.loads((run / "preset.toml").read_text())
+    assert trained["init"] == {"run": "chat", "step": 24}
+    assert trained["train"]["pref_sft_weight"] == 0.25 and trained["train"]["weight_decay"] == 0.037, trained["train"]
+    st = rundir.read_status(run)
+    assert st.state == "finished" and st.budget_s == 2.0, st
 
 
 def test_a_round_without_a_pair_stops_the_chain_in_one_line(source, tmp_path):

@@ -282,3 +282,12 @@ def test_packed_conversations_train_alike_with_flex_attention_and_sdpa_with_the_
     assert "flex attention" not in (tmp_path / "sdpa" / "train.log").read_text()
     a, b = losses(tmp_path / "flex"), losses(tmp_path / "sdpa")
     assert sorted(a) == list(range(1, 7)) and all(abs(a[s] - b[s]) < 5e-5 * b[s] for s in a), (a, b)
+
+
+def test_fit_probes_the_gpu_with_the_steps_given(tmp_path):
+    """`fit --steps`: on a GPU each trial is a real probe of that many optimizer steps (on a CPU fit decides from
+    the estimate, which takes no steps: this flag has its effect only here)."""
+    r = wb("fit", "cpu-small", "--device", "cuda", "--steps", "2", "--out", "probed",
+           env={"WORKBENCH_PRESETS_DIR": str(tmp_path)}, check=True)
+    assert "real probe, 2 steps per trial" in r.stdout, r.stdout
+    assert (tmp_path / "probed.toml").is_file()

@@ -234,6 +234,21 @@ def test_off_localhost_a_request_needs_the_token(browser, tmp_path):
     assert srv.proc.returncode == 0, out
 
 
+def test_a_token_given_on_loopback_is_required_there_too(tmp_path):
+    """`serve --token T` on 127.0.0.1: every request needs T (a request without it, or with another, is refused and
+    starts no app); the URL printed carries it."""
+    srv = Served(tmp_path, "--host", "127.0.0.1", "--token", "given-token-42")
+    try:
+        assert srv.url.endswith("?token=given-token-42"), srv.url
+        assert status(srv.local("/"))[0] == 403 and status(srv.local("/?token=given-token-4"))[0] == 403
+        code, page = status(srv.local("/?token=given-token-42"))
+        assert code == 200 and "textual-terminal" in page
+        assert srv.apps() == []   # the page alone starts no app (its websocket would)
+    finally:
+        out = srv.stop()
+    assert srv.proc.returncode == 0, out
+
+
 def test_bad_inputs_get_one_line_and_exit_2(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
