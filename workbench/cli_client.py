@@ -13,6 +13,7 @@ exception.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import select
@@ -22,7 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from workbench.errors import WorkbenchError
 
@@ -238,15 +239,12 @@ def stand_in(module: str, argv: list[str]) -> int | None:
     rank as a new interpreter, which would import torch and ``torch._dynamo`` afresh (~2.4 CPU-s a rank). The
     child is tied to this process: killed if this one dies. None where there is no server to ask (every
     real run): the caller runs the module itself."""
-    path = os.environ.get("WORKBENCH_TEST_SPAWN", "")
-    if not path or "torch" in sys.modules:  # a real run, or already a child of the server
+    if "torch" in sys.modules:  # already a child of the server
         return None
-    req = {"argv": [module, *argv], "cwd": os.getcwd(), "env": dict(os.environ), "wait": True, "session": True,
-           "tied": int(signal.SIGKILL)}
-    asked = _ask(path, req, [0, 1, 2])
-    if asked is None:
+    child = _forked([sys.executable, "-m", module, *argv], (None, None, None), dict(os.environ), True, None,
+                    int(signal.SIGKILL))
+    if child is None:  # a real run
         return None
-    child = Forked([sys.executable, "-m", module, *argv], asked[0], asked[1], {}, asked[2])
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda signum, _frame: child.pass_signal(signum))
     code = child.wait()
@@ -256,14 +254,15 @@ def stand_in(module: str, argv: list[str]) -> int | None:
     return code
 
 
-def _die_with_parent(sig: int) -> Callable[[], None]:
-    """What the child runs before it execs: ``sig`` when its parent dies (``PR_SET_PDEATHSIG``; Linux only)."""
-    def preexec() -> None:
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    return preexec
+def die_with_parent(sig: int) -> None:
+    """This process gets ``sig`` when its parent dies (``PR_SET_PDEATHSIG``; Linux only, elsewhere nothing): in a
+    child before it execs (:func:`popen`), or in a forked worker (data.text.encode's encoding processes)."""
+    if sys.platform != "linux":
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def popen(argv: list[str], *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
@@ -281,7 +280,7 @@ def popen(argv: list[str], *, stdin: Any = None, stdout: Any = None, stderr: Any
     return (_forked(argv, (stdin, stdout, stderr), env, start_new_session, where, dies)
             or subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
                                 start_new_session=start_new_session, cwd=where,
-                                preexec_fn=None if dies is None else _die_with_parent(dies)))
+                                preexec_fn=None if dies is None else functools.partial(die_with_parent, dies)))
 
 
 def run(argv: list[str], timeout: float | None = None, env: dict[str, str] | None = None,

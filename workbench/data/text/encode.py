@@ -6,7 +6,6 @@ And the progress both passes report (bytes done, MB/s, ETA)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import ctypes
 import hashlib
 import multiprocessing as mp
 import os
@@ -22,6 +21,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from workbench.cli_client import die_with_parent
 from workbench.data.corpus.documents import Corpus, CorpusError, Piece, Source, Stats
 from workbench.data.text.tokenizer import AnyTokenizer, tokenizer_from_spec
 from workbench.faults import NO_FAULTS, Faults
@@ -79,7 +79,7 @@ def _init_worker(spec: tuple, parent: int | None = None) -> None:
     global _TOKENIZER
     _TOKENIZER = tokenizer_from_spec(spec)
     if parent is not None and sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        die_with_parent(signal.SIGKILL)
         if os.getppid() != parent:  # the parent died before the promise was made
             os._exit(1)
 
